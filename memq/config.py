@@ -1,0 +1,262 @@
+"""Configuration: dataclasses, loaded from a TOML file and `MEMQ_*` environment variables.
+
+One naming scheme everywhere: the TOML key `[section] field` is the environment variable
+`MEMQ_SECTION_FIELD` (upper case). Environment wins over the file. Unknown keys and bad
+values fail at start with a `ConfigError` that names the setting, never later at run time.
+Topic settings live in `TopicConfig` only, so the governor can own them later.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tomllib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Mapping
+
+from memq.errors import ConfigError
+
+MiB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class S3Config:
+    """An S3 endpoint (AWS, MinIO, moto). `endpoint_url=None` means AWS itself."""
+
+    endpoint_url: str | None = None
+    bucket: str = "memq"
+    region: str = "us-east-1"
+    access_key_id: str | None = None
+    secret_access_key: str | None = None
+    connect_timeout_s: float = 5.0
+    read_timeout_s: float = 30.0
+    max_attempts: int = 6
+    base_backoff_s: float = 0.05
+    max_backoff_s: float = 2.0
+    max_pool_connections: int = 32
+
+
+@dataclass(frozen=True)
+class StorageConfig:
+    """Where batches are stored: `s3`, or `file` (a local/NFS directory at `root_dir`)."""
+
+    kind: Literal["s3", "file"] = "s3"
+    root_dir: str | None = None
+
+
+@dataclass(frozen=True)
+class KafkaConfig:
+    """The notification queue."""
+
+    bootstrap_servers: str = "127.0.0.1:9092"
+    request_timeout_ms: int = 30_000
+    replication_factor: int = 1
+
+
+@dataclass(frozen=True)
+class ZooKeeperConfig:
+    hosts: str = "127.0.0.1:2181"
+    root: str = "/memq"
+    session_timeout_s: float = 6.0
+    connect_timeout_s: float = 10.0
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    name: str = "dev"
+
+
+@dataclass(frozen=True)
+class TopicConfig:
+    """A topic's settings. Batches seal at `batch_bytes`, `batch_messages` or `batch_ms` age."""
+
+    name: str
+    read_partitions: int = 3
+    batch_bytes: int = 8 * MiB
+    batch_messages: int = 1_000_000
+    batch_ms: int = 250
+    ring_slots: int = 4
+    max_message_bytes: int = 4 * MiB
+    expected_mbps: float = 1.0
+    notification_topic: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.name or not all(c.isalnum() or c in "._-" for c in self.name):
+            raise ConfigError(f"topic name {self.name!r}: use letters, digits, '.', '_', '-'")
+        for attr in ("read_partitions", "batch_bytes", "batch_messages", "batch_ms",
+                     "ring_slots", "max_message_bytes"):
+            if getattr(self, attr) <= 0:
+                raise ConfigError(f"topic {self.name}: {attr} must be > 0")
+        if self.ring_slots < 2:
+            raise ConfigError(f"topic {self.name}: ring_slots must be >= 2 (one filling, one uploading)")
+        if self.max_message_bytes > self.batch_bytes:
+            raise ConfigError(f"topic {self.name}: max_message_bytes must be <= batch_bytes")
+
+    def notification_topic_for(self, cluster: str) -> str:
+        """The Kafka topic that carries this topic's notifications."""
+        return self.notification_topic or f"memq.{cluster}.{self.name}"
+
+
+@dataclass(frozen=True)
+class BrokerConfig:
+    broker_id: str = "b1"
+    host: str = "127.0.0.1"
+    port: int = 0
+    rack: str = ""
+    capacity_mbps: float = 100.0
+    advertised_url: str = ""
+
+
+@dataclass(frozen=True)
+class ProducerConfig:
+    """Client-side produce settings. `brokers`: comma-separated broker URLs (http://host:port)."""
+
+    brokers: str = ""
+    ack: Literal["0", "1", "all"] = "all"
+    codec: Literal["none", "zstd", "gzip"] = "zstd"
+    linger_ms: int = 5
+    max_message_bytes: int = 1 * MiB
+    max_in_flight_bytes: int = 64 * MiB
+    max_block_ms: int = 60_000
+    request_timeout_ms: int = 30_000
+    retries: int = 5
+    retry_backoff_ms: int = 100
+
+
+@dataclass(frozen=True)
+class ConsumerConfig:
+    group_id: str = "memq-consumer"
+    auto_offset_reset: Literal["earliest", "latest"] = "earliest"
+    enable_auto_commit: bool = False
+    prefetch_bytes: int = 64 * MiB
+    fetch_concurrency: int = 8
+    dedup_window: int = 0
+    on_data_loss: Literal["raise", "skip"] = "raise"
+
+
+@dataclass(frozen=True)
+class MemqConfig:
+    """Everything a memq process needs; `topics` are the statically configured topics."""
+
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    s3: S3Config = field(default_factory=S3Config)
+    storage: StorageConfig = field(default_factory=StorageConfig)
+    kafka: KafkaConfig = field(default_factory=KafkaConfig)
+    zookeeper: ZooKeeperConfig = field(default_factory=ZooKeeperConfig)
+    broker: BrokerConfig = field(default_factory=BrokerConfig)
+    producer: ProducerConfig = field(default_factory=ProducerConfig)
+    consumer: ConsumerConfig = field(default_factory=ConsumerConfig)
+    topics: tuple[TopicConfig, ...] = ()
+
+    def topic(self, name: str) -> TopicConfig:
+        for t in self.topics:
+            if t.name == name:
+                return t
+        raise ConfigError(f"topic {name!r} is not configured")
+
+
+# --- loading ---------------------------------------------------------------------------------
+
+
+def _coerce(value: Any, tp: Any, where: str) -> Any:
+    """Turn a TOML or environment value into the field's type, or raise naming `where`."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        if value is None or (isinstance(value, str) and value == "" and type(None) in typing.get_args(tp)):
+            return None
+        return _coerce(value, args[0], where)
+    if origin is Literal:
+        allowed = typing.get_args(tp)
+        sval = str(value).lower() if not isinstance(value, bool) else str(value)
+        for a in allowed:
+            if str(a) == sval:
+                return a
+        raise ConfigError(f"{where}: {value!r} is not one of {', '.join(map(str, allowed))}")
+    try:
+        if tp is bool:
+            if isinstance(value, bool):
+                return value
+            s = str(value).strip().lower()
+            if s in ("1", "true", "yes", "on"):
+                return True
+            if s in ("0", "false", "no", "off"):
+                return False
+            raise ValueError(value)
+        if tp is int:
+            if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+                raise ValueError(value)
+            return int(value)
+        if tp is float:
+            if isinstance(value, bool):
+                raise ValueError(value)
+            return float(value)
+        if tp is str:
+            if not isinstance(value, (str, int, float)) or isinstance(value, bool):
+                raise ValueError(value)
+            return str(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{where}: {value!r} is not a valid {tp.__name__}") from None
+    raise ConfigError(f"{where}: unsupported setting type {tp!r}")
+
+
+def build(cls: type, values: Mapping[str, Any], where: str) -> Any:
+    """Build dataclass `cls` from a mapping, rejecting unknown keys and bad values."""
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = set(values) - names
+    if unknown:
+        raise ConfigError(f"{where}: unknown setting(s) {', '.join(sorted(unknown))}")
+    kwargs = {k: _coerce(v, hints[k], f"{where}.{k}") for k, v in values.items()}
+    try:
+        return cls(**kwargs)
+    except TypeError as e:
+        raise ConfigError(f"{where}: {e}") from None
+
+
+_SECTIONS = {f.name: f for f in dataclasses.fields(MemqConfig) if f.name != "topics"}
+
+
+def load_config(path: str | os.PathLike[str] | None = None,
+                env: Mapping[str, str] | None = None) -> MemqConfig:
+    """Load a config from an optional TOML file, then `MEMQ_SECTION_FIELD` variables.
+
+    Topics come from `[[topics]]` tables in the file. A missing or unreadable file, an
+    unknown section or key, or a bad value raises `ConfigError` naming it.
+    """
+    env = os.environ if env is None else env
+    raw: dict[str, Any] = {}
+    if path is not None:
+        p = Path(path)
+        try:
+            raw = tomllib.loads(p.read_text())
+        except FileNotFoundError:
+            raise ConfigError(f"config file {p} does not exist") from None
+        except (OSError, tomllib.TOMLDecodeError) as e:
+            raise ConfigError(f"config file {p}: {e}") from None
+    unknown = set(raw) - set(_SECTIONS) - {"topics"}
+    if unknown:
+        raise ConfigError(f"config: unknown section(s) {', '.join(sorted(unknown))}")
+    sections: dict[str, Any] = {}
+    for name, f in _SECTIONS.items():
+        values = dict(raw.get(name, {}))
+        if not isinstance(raw.get(name, {}), dict):
+            raise ConfigError(f"config: [{name}] must be a table")
+        cls = typing.get_type_hints(MemqConfig)[name]
+        for fld in dataclasses.fields(cls):
+            var = f"MEMQ_{name}_{fld.name}".upper()
+            if var in env:
+                values[fld.name] = env[var]
+        sections[name] = build(cls, values, name)
+    topics_raw = raw.get("topics", [])
+    if not isinstance(topics_raw, list):
+        raise ConfigError("config: topics must be an array of tables ([[topics]])")
+    topics = []
+    for i, t in enumerate(topics_raw):
+        if not isinstance(t, dict) or "name" not in t:
+            raise ConfigError(f"config: topics[{i}] needs a name")
+        topics.append(build(TopicConfig, t, f"topics[{i}]"))
+    return MemqConfig(**sections, topics=tuple(topics))

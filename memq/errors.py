@@ -1,0 +1,137 @@
+"""The one error hierarchy of memq.
+
+Every error memq raises on purpose derives from `MemqError`, so callers can catch memq's
+failures without catching programming errors. Subclasses say *what* went wrong; the message
+says *where* (object key, topic, setting name, byte offset).
+"""
+
+from __future__ import annotations
+
+
+class MemqError(Exception):
+    """Base of every error memq raises on purpose."""
+
+
+# --- configuration and input ---------------------------------------------------------------
+
+
+class ConfigError(MemqError):
+    """A setting is missing, unknown or has a bad value; the message names the setting."""
+
+
+class InvalidInputError(MemqError):
+    """The caller passed a value memq cannot accept (wrong type, too large, empty topic...)."""
+
+
+# --- data formats ---------------------------------------------------------------------------
+
+
+class FormatError(MemqError):
+    """Bytes could not be decoded into a memq structure."""
+
+
+class CorruptDataError(FormatError):
+    """Bytes are truncated, have a bad magic, a bad length or a checksum mismatch."""
+
+
+class UnsupportedVersionError(FormatError):
+    """Bytes carry a format version (or notification `v`) this reader does not know."""
+
+
+class UnsupportedCodecError(FormatError):
+    """A Message names a compression codec this reader does not know."""
+
+
+# --- storage -------------------------------------------------------------------------------
+
+
+class StorageError(MemqError):
+    """A storage operation failed."""
+
+
+class ObjectNotFoundError(StorageError):
+    """The object (batch) does not exist, e.g. it was deleted or expired."""
+
+
+class RetryBudgetExhaustedError(StorageError):
+    """A retriable storage failure persisted through every allowed attempt."""
+
+
+# --- notification queue (Kafka) -------------------------------------------------------------
+
+
+class NotifyError(MemqError):
+    """Publishing or reading notifications on Kafka failed."""
+
+
+# --- coordination (ZooKeeper) ---------------------------------------------------------------
+
+
+class CoordinationError(MemqError):
+    """A ZooKeeper operation failed or the registry is in an unexpected state."""
+
+
+class AssignmentError(CoordinationError):
+    """Topics cannot be placed, e.g. the cluster is out of capacity."""
+
+
+# --- broker / client protocol ---------------------------------------------------------------
+
+
+class ProtocolError(MemqError):
+    """A peer sent a frame that does not follow the memq wire protocol."""
+
+
+class UnknownTopicError(MemqError):
+    """The topic does not exist (or is not hosted where it was asked for)."""
+
+
+class NotLeaderForTopicError(UnknownTopicError):
+    """This broker does not host the topic; `brokers` lists where it lives now."""
+
+    def __init__(self, message: str, brokers: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.brokers = brokers
+
+
+class MessageTooLargeError(InvalidInputError):
+    """A Message or LogMessage exceeds the configured size limit."""
+
+
+class BrokerBusyError(MemqError):
+    """The broker's TopicProcessor has no free batch slot; retry later (backpressure)."""
+
+
+class ProduceError(MemqError):
+    """A Message could not be stored; the message says why (from the broker's error ack)."""
+
+
+class ProducerTimeoutError(ProduceError):
+    """`send` waited longer than `max_block_ms`, or a Message got no ack within its timeout."""
+
+
+class ProducerClosedError(ProduceError):
+    """The producer was closed; no more sends are accepted."""
+
+
+class BrokerUnavailableError(MemqError):
+    """No broker could be reached for a topic within the allowed time."""
+
+
+# --- consumer -------------------------------------------------------------------------------
+
+
+class ConsumerError(MemqError):
+    """The consumer failed."""
+
+
+class DataLossError(ConsumerError):
+    """A batch named by a notification is missing or corrupt; names the object and position."""
+
+    def __init__(self, message: str, *, topic: str = "", partition: int = -1, offset: int = -1,
+                 location: str = "") -> None:
+        super().__init__(message)
+        self.topic = topic
+        self.partition = partition
+        self.offset = offset
+        self.location = location

@@ -1,0 +1,1 @@
+"""memq.format"""

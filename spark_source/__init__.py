@@ -1,0 +1,1 @@
+"""Spark DataSource "memq"."""
