@@ -108,6 +108,11 @@ class BrokerConfig:
     rack: str = ""
     capacity_mbps: float = 100.0
     advertised_url: str = ""
+    max_frame_bytes: int = 16 * MiB        # larger WebSocket frames close the connection (1009)
+    busy_wait_ms: int = 5_000              # wait for a free batch slot, then answer BUSY
+    ack_write_timeout_ms: int = 10_000     # a client not reading its acks this long is closed
+    max_pending_acks: int = 100_000        # per connection; more means a slow client: closed
+    shutdown_timeout_ms: int = 30_000      # SIGTERM: time to flush, store and ack in-flight batches
 
 
 @dataclass(frozen=True)
@@ -138,6 +143,42 @@ class ConsumerConfig:
 
 
 @dataclass(frozen=True)
+class AuditConfig:
+    """End-to-end audit: clients emit records to the audit topic, the auditor balances the books.
+
+    `enabled = false` means clients get no audit emitter at all (zero cost). `topic` defaults to
+    `memq.<cluster>.__audit`. Times: a Message acked but not consumed `grace_s` after its ack is
+    lost; matching state is kept `retention_s`; lag over `warn_lag_s` is WARN, pending Messages
+    with no consumption for `stall_s` is STALL.
+    """
+
+    enabled: bool = True
+    topic: str = ""
+    partitions: int = 1
+    buffer_records: int = 100_000
+    flush_ms: int = 200
+    grace_s: float = 60.0
+    retention_s: float = 900.0
+    warn_lag_s: float = 30.0
+    stall_s: float = 60.0
+    db_path: str = "memq-audit.db"
+    http_host: str = "127.0.0.1"
+    http_port: int = 8090
+
+    def __post_init__(self) -> None:
+        for attr in ("partitions", "buffer_records", "flush_ms", "grace_s", "retention_s",
+                     "warn_lag_s", "stall_s"):
+            if getattr(self, attr) <= 0:
+                raise ConfigError(f"audit.{attr} must be > 0")
+        if self.retention_s < self.grace_s:
+            raise ConfigError("audit.retention_s must be >= audit.grace_s")
+
+    def topic_for(self, cluster: str) -> str:
+        """The Kafka topic that carries this cluster's audit records."""
+        return self.topic or f"memq.{cluster}.__audit"
+
+
+@dataclass(frozen=True)
 class MemqConfig:
     """Everything a memq process needs; `topics` are the statically configured topics."""
 
@@ -149,6 +190,7 @@ class MemqConfig:
     broker: BrokerConfig = field(default_factory=BrokerConfig)
     producer: ProducerConfig = field(default_factory=ProducerConfig)
     consumer: ConsumerConfig = field(default_factory=ConsumerConfig)
+    audit: AuditConfig = field(default_factory=AuditConfig)
     topics: tuple[TopicConfig, ...] = ()
 
     def topic(self, name: str) -> TopicConfig:
