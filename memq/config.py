@@ -136,6 +136,7 @@ class ConsumerConfig:
     group_id: str = "memq-consumer"
     auto_offset_reset: Literal["earliest", "latest"] = "earliest"
     enable_auto_commit: bool = False
+    auto_commit_interval_ms: int = 5_000
     prefetch_bytes: int = 64 * MiB
     fetch_concurrency: int = 8
     dedup_window: int = 0
