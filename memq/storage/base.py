@@ -1,0 +1,68 @@
+"""The storage contract: where a batch lives, what a listing returns, and the handler protocol."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+Chunks = bytes | bytearray | memoryview | Sequence[bytes | bytearray | memoryview]
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectLocation:
+    """One stored batch. The file handler uses bucket "" and a key relative to its root_dir."""
+
+    bucket: str
+    key: str
+
+    def __str__(self) -> str:
+        return f"s3://{self.bucket}/{self.key}" if self.bucket else self.key
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectInfo:
+    """A listing entry; `timestamp_ms` comes from the key, so listing needs no object reads."""
+
+    location: ObjectLocation
+    size: int
+    timestamp_ms: int
+
+
+@runtime_checkable
+class StorageHandler(Protocol):
+    """Async batch storage, safe to share across tasks.
+
+    Errors: `ObjectNotFoundError` for a missing object, `RetryBudgetExhaustedError` when
+    transient failures outlast the retry budget, `StorageError` for anything else (naming
+    the object and the cause). Time ranges are half-open: start_ms <= t < end_ms.
+    """
+
+    async def put_batch(self, topic: str, data: Chunks, *, first_request_id: int,
+                        timestamp_ms: int, broker_id: str) -> ObjectLocation:
+        """Store one batch (chunks are concatenated once); each retry goes under its own key."""
+        ...
+
+    async def get(self, loc: ObjectLocation) -> bytes:
+        """The whole object."""
+        ...
+
+    async def get_range(self, loc: ObjectLocation, start: int, length: int) -> bytes:
+        """Bytes [start, start + length), cut short at the end of the object."""
+        ...
+
+    async def list_topic(self, topic: str, start_ms: int, end_ms: int) -> list[ObjectInfo]:
+        """Every object of the topic (all 256 prefixes) with start_ms <= t < end_ms, by time.
+
+        Includes objects left by abandoned attempts of a retried put; the notification
+        names the one attempt that counts.
+        """
+        ...
+
+    async def delete(self, loc: ObjectLocation) -> None:
+        """Remove the object; deleting a missing object is not an error."""
+        ...
+
+    async def close(self) -> None:
+        """Release connections and threads."""
+        ...

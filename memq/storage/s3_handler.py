@@ -1,0 +1,245 @@
+"""S3 storage handler: boto3 in a bounded thread pool, with memq's own retries.
+
+botocore's retries are off (total_max_attempts=1) so that memq decides what is retried,
+how long it waits (full-jitter exponential backoff) and, for a PUT, that every attempt goes
+under its own key: a slow earlier attempt that lands late can never overwrite the object a
+notification points to. Why boto3 and not aiobotocore: see docs/ARCHITECTURE.md, Decisions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import secrets
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+import boto3
+import botocore.config
+import botocore.exceptions as bce
+from prometheus_client import CollectorRegistry
+
+from memq.config import S3Config
+from memq.errors import (InvalidInputError, ObjectNotFoundError, RetryBudgetExhaustedError,
+                         StorageError)
+from memq.storage.base import Chunks, ObjectInfo, ObjectLocation
+from memq.storage.metrics import StorageMetrics
+from memq.storage.naming import PREFIXES, make_key, parse_key, start_after, topic_dir
+from memq.storage.payload import check_range, join_chunks
+from memq.storage.retry import RetryPolicy
+
+T = TypeVar("T")
+
+# Error codes S3 (and S3-compatible stores) use to ask a client to slow down.
+_THROTTLE_CODES = frozenset({"SlowDown", "Throttling", "ThrottlingException", "RequestLimitExceeded",
+                             "TooManyRequestsException", "RequestThrottled", "ServiceUnavailable"})
+_TRANSIENT_CODES = frozenset({"RequestTimeout", "InternalError", "OperationAborted"})
+_NOT_FOUND_CODES = frozenset({"NoSuchKey", "404", "NotFound"})
+_RETRIABLE = frozenset({"throttle", "server_error", "timeout", "connection", "checksum"})
+
+
+def classify(exc: BaseException) -> tuple[str, str] | None:
+    """(reason, code) of a botocore failure, or None if it is not one (a bug: let it raise).
+
+    reason is one of throttle, server_error, timeout, connection, checksum (all retried),
+    not_found, client_error (never retried).
+    """
+    if isinstance(exc, bce.ClientError):
+        code = str(exc.response.get("Error", {}).get("Code", ""))
+        status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
+        if code in _NOT_FOUND_CODES:
+            return "not_found", code
+        if code in _THROTTLE_CODES or status in (429, 503):
+            return "throttle", code or str(status)
+        if status >= 500 or code in _TRANSIENT_CODES:
+            return "server_error", code or str(status)
+        return "client_error", code or str(status)
+    if isinstance(exc, (bce.ReadTimeoutError, bce.ConnectTimeoutError)):
+        return "timeout", type(exc).__name__
+    if isinstance(exc, (bce.HTTPClientError, bce.ConnectionError, bce.IncompleteReadError)):
+        return "connection", type(exc).__name__
+    if isinstance(exc, bce.FlexibleChecksumError):
+        return "checksum", type(exc).__name__
+    if isinstance(exc, bce.BotoCoreError):
+        return "client_error", type(exc).__name__
+    return None
+
+
+class S3StorageHandler:
+    """`StorageHandler` on S3 (AWS, MinIO, moto). Safe to share across tasks of one event loop."""
+
+    backend = "s3"
+
+    def __init__(self, s3: S3Config, *, cluster: str, metrics: StorageMetrics | None = None,
+                 rng: random.Random | None = None) -> None:
+        if s3.max_pool_connections < 1:
+            raise InvalidInputError(f"s3.max_pool_connections {s3.max_pool_connections} must be >= 1")
+        if not s3.bucket:
+            raise InvalidInputError("s3.bucket is empty")
+        self.bucket = s3.bucket
+        self.cluster = cluster
+        self._policy = RetryPolicy(s3.max_attempts, s3.base_backoff_s, s3.max_backoff_s)
+        self._metrics = metrics or StorageMetrics(CollectorRegistry())
+        self._rng = rng or random.Random()
+        session = boto3.session.Session(aws_access_key_id=s3.access_key_id,
+                                        aws_secret_access_key=s3.secret_access_key,
+                                        region_name=s3.region)
+        self._client = session.client("s3", endpoint_url=s3.endpoint_url, config=botocore.config.Config(
+            connect_timeout=s3.connect_timeout_s, read_timeout=s3.read_timeout_s,
+            retries={"total_max_attempts": 1, "mode": "standard"},
+            max_pool_connections=s3.max_pool_connections))
+        self._pool = ThreadPoolExecutor(max_workers=s3.max_pool_connections, thread_name_prefix="memq-s3")
+        # Listing fans out over 256 prefixes; leave half the pool to puts and gets meanwhile.
+        self._list_slots = asyncio.Semaphore(max(1, s3.max_pool_connections // 2))
+
+    # --- the retry loop ------------------------------------------------------------------------
+
+    async def _run(self, op: str, attempt_call: Callable[[int], tuple[str, Callable[[], T]]]) -> T:
+        """Run `attempt_call(n)`'s blocking function for n = 0, 1, ... until it succeeds or fails for good.
+
+        `attempt_call` returns (the object key this attempt touches, the function), so a PUT
+        can use a fresh key per attempt and errors can name the object.
+        """
+        loop = asyncio.get_running_loop()
+        started = time.perf_counter()
+        last: tuple[str, str, str, BaseException] | None = None
+        try:
+            for attempt in range(self._policy.max_attempts):
+                if attempt:
+                    await asyncio.sleep(self._policy.delay_s(attempt, self._rng))
+                key, fn = attempt_call(attempt)
+                self._metrics.attempts.labels(self.backend, op).inc()
+                try:
+                    return await loop.run_in_executor(self._pool, fn)
+                except Exception as exc:
+                    kind = classify(exc)
+                    if kind is None:
+                        raise
+                    reason, code = kind
+                    if reason not in _RETRIABLE:
+                        self._metrics.failures.labels(self.backend, op, reason).inc()
+                        raise self._final_error(op, key, reason, code, exc) from exc
+                    last = (key, reason, code, exc)
+                    if attempt + 1 < self._policy.max_attempts:
+                        self._metrics.retries.labels(self.backend, op, reason).inc()
+            assert last is not None
+            key, reason, code, exc = last
+            self._metrics.failures.labels(self.backend, op, "exhausted").inc()
+            raise RetryBudgetExhaustedError(
+                f"{op} s3://{self.bucket}/{key}: gave up after {self._policy.max_attempts} attempts; "
+                f"last error {reason} ({code}): {exc}") from exc
+        finally:
+            self._metrics.latency.labels(self.backend, op).observe(time.perf_counter() - started)
+
+    def _final_error(self, op: str, key: str, reason: str, code: str, exc: BaseException) -> StorageError:
+        where = f"s3://{self.bucket}/{key}" if key else f"s3://{self.bucket}"
+        if reason == "not_found":
+            return ObjectNotFoundError(f"{op} {where}: object does not exist ({code})")
+        return StorageError(f"{op} {where}: {code}: {exc}")
+
+    # --- StorageHandler ------------------------------------------------------------------------
+
+    async def put_batch(self, topic: str, data: Chunks, *, first_request_id: int,
+                        timestamp_ms: int, broker_id: str) -> ObjectLocation:
+        body = join_chunks(data)
+        unique = secrets.token_hex(8)
+
+        def attempt_call(attempt: int) -> tuple[str, Callable[[], str]]:
+            key = str(make_key(cluster=self.cluster, topic=topic, first_request_id=first_request_id,
+                               timestamp_ms=timestamp_ms, broker_id=broker_id, unique=unique,
+                               attempt=attempt))
+            return key, lambda: self._put_blocking(key, body)
+
+        key = await self._run("put", attempt_call)
+        self._metrics.bytes.labels(self.backend, "put").inc(len(body))
+        return ObjectLocation(self.bucket, key)
+
+    def _put_blocking(self, key: str, body: bytes) -> str:
+        self._client.put_object(Bucket=self.bucket, Key=key, Body=body)
+        return key
+
+    async def get(self, loc: ObjectLocation) -> bytes:
+        data = await self._run("get", lambda _: (loc.key, lambda: self._get_blocking(loc, None)))
+        self._metrics.bytes.labels(self.backend, "get").inc(len(data))
+        return data
+
+    async def get_range(self, loc: ObjectLocation, start: int, length: int) -> bytes:
+        check_range(start, length)
+        rng = f"bytes={start}-{start + length - 1}"
+        data = await self._run("get_range", lambda _: (loc.key, lambda: self._get_blocking(loc, rng)))
+        self._metrics.bytes.labels(self.backend, "get_range").inc(len(data))
+        return data
+
+    def _get_blocking(self, loc: ObjectLocation, byte_range: str | None) -> bytes:
+        kwargs: dict[str, Any] = {"Bucket": loc.bucket, "Key": loc.key}
+        if byte_range:
+            kwargs["Range"] = byte_range
+        resp = self._client.get_object(**kwargs)
+        with resp["Body"] as body:
+            return body.read()
+
+    async def list_topic(self, topic: str, start_ms: int, end_ms: int) -> list[ObjectInfo]:
+        make_key(cluster=self.cluster, topic=topic, first_request_id=0, timestamp_ms=0,
+                 broker_id="x", unique="0", attempt=0)  # validates the topic name
+        if end_ms <= start_ms:
+            return []
+
+        async def one(prefix: str) -> list[ObjectInfo]:
+            async with self._list_slots:
+                return await self._run("list", lambda _: (
+                    topic_dir(prefix, self.cluster, topic),
+                    lambda: self._list_blocking(prefix, topic, start_ms, end_ms)))
+
+        found = [info for part in await asyncio.gather(*(one(p) for p in PREFIXES)) for info in part]
+        found.sort(key=lambda i: (i.timestamp_ms, i.location.key))
+        return found
+
+    def _list_blocking(self, prefix: str, topic: str, start_ms: int, end_ms: int) -> list[ObjectInfo]:
+        out: list[ObjectInfo] = []
+        kwargs: dict[str, Any] = {"Bucket": self.bucket, "Prefix": topic_dir(prefix, self.cluster, topic),
+                                  "StartAfter": start_after(prefix, self.cluster, topic, start_ms)}
+        while True:
+            resp = self._client.list_objects_v2(**kwargs)
+            for item in resp.get("Contents", ()):
+                try:
+                    ts = parse_key(item["Key"]).timestamp_ms
+                except InvalidInputError:
+                    continue  # not a memq batch (a stray upload); never ours to return
+                if ts >= end_ms:
+                    return out  # keys sort by time inside a prefix: nothing later can match
+                out.append(ObjectInfo(ObjectLocation(self.bucket, item["Key"]), int(item["Size"]), ts))
+            if not resp.get("IsTruncated"):
+                return out
+            kwargs["ContinuationToken"] = resp["NextContinuationToken"]
+
+    async def delete(self, loc: ObjectLocation) -> None:
+        await self._run("delete", lambda _: (
+            loc.key, lambda: self._client.delete_object(Bucket=loc.bucket, Key=loc.key)))
+
+    async def close(self) -> None:
+        await asyncio.to_thread(self._pool.shutdown, True)
+        self._client.close()
+
+    # --- setup ---------------------------------------------------------------------------------
+
+    async def ensure_bucket(self) -> None:
+        """Create the configured bucket unless it exists (dev clusters, tests)."""
+        def blocking() -> None:
+            try:
+                self._client.head_bucket(Bucket=self.bucket)
+                return
+            except bce.ClientError as exc:
+                if classify(exc) != ("not_found", "404"):
+                    raise
+            region = self._client.meta.region_name
+            extra = {} if region == "us-east-1" else {
+                "CreateBucketConfiguration": {"LocationConstraint": region}}
+            try:
+                self._client.create_bucket(Bucket=self.bucket, **extra)
+            except bce.ClientError as exc:
+                if exc.response.get("Error", {}).get("Code") != "BucketAlreadyOwnedByYou":
+                    raise
+
+        await self._run("create_bucket", lambda _: ("", blocking))
