@@ -1,0 +1,159 @@
+"""The produce wire protocol: frames on the `/v1/produce` WebSocket.
+
+Client -> broker: one binary frame per Message, a small fixed header (magic, version, ack
+level, request id, topic) followed by the Message bytes, which the broker keeps as a
+zero-copy slice of the frame. Broker -> client: binary frames holding a msgpack list of acks,
+several per frame when they are ready together, in any order. Acks travel as msgpack maps
+so that new fields can be added without breaking old clients.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from enum import IntEnum, StrEnum
+from typing import Any, Sequence
+
+import msgpack
+
+from memq.errors import ProtocolError
+
+WIRE_MAGIC = b"MQ"
+WIRE_VERSION = 1
+_REQUEST = struct.Struct(">2sBBQH")   # magic, version, ack level, request id, topic length
+REQUEST_HEADER_SIZE = _REQUEST.size
+MAX_TOPIC_BYTES = 255
+
+
+class AckLevel(IntEnum):
+    """How much the producer waits for: nothing, the broker has it, stored and notified."""
+
+    NONE = 0
+    LEADER = 1
+    ALL = 2
+
+    @classmethod
+    def parse(cls, value: str | int) -> AckLevel:
+        """`"0"`, `"1"` or `"all"` (the ProducerConfig spelling) to an AckLevel."""
+        names = {"0": cls.NONE, "1": cls.LEADER, "all": cls.ALL, "-1": cls.ALL}
+        key = str(value).lower()
+        if key not in names:
+            raise ProtocolError(f"ack level {value!r}: use 0, 1 or all")
+        return names[key]
+
+
+class AckCode(StrEnum):
+    OK = "OK"
+    BUSY = "BUSY"
+    NOT_HERE = "NOT_HERE"
+    UNKNOWN_TOPIC = "UNKNOWN_TOPIC"
+    CORRUPT = "CORRUPT"
+    TOO_LARGE = "TOO_LARGE"
+    STORAGE = "STORAGE"
+    NOTIFY = "NOTIFY"
+    PROTOCOL = "PROTOCOL"
+    CLOSING = "CLOSING"
+
+
+#: Codes after which sending the same Message again (same producer id/epoch/sequence) may work.
+RETRIABLE_CODES = frozenset({AckCode.BUSY, AckCode.NOT_HERE, AckCode.STORAGE, AckCode.NOTIFY,
+                             AckCode.CLOSING})
+
+#: Request id used for acks about a frame whose request id could not be read.
+NO_REQUEST_ID = -1
+
+
+@dataclass(frozen=True, slots=True)
+class ProduceRequest:
+    request_id: int
+    ack: AckLevel
+    topic: str
+    message: memoryview       # the Message bytes (header + body), a slice of the frame
+
+
+@dataclass(frozen=True, slots=True)
+class Ack:
+    """The broker's answer about one request; location fields are set on ack=all success."""
+
+    id: int
+    ok: bool
+    code: str = AckCode.OK
+    error: str = ""
+    bucket: str = ""
+    key: str = ""
+    index: int = -1
+    partition: int = -1
+    offset: int = -1
+    brokers: tuple[str, ...] = ()
+
+
+def encode_request_header(request_id: int, ack: AckLevel, topic: str) -> bytes:
+    """The fixed header in front of a Message; send `header + message` as one frame."""
+    tb = topic.encode()
+    if not tb or len(tb) > MAX_TOPIC_BYTES:
+        raise ProtocolError(f"topic {topic!r}: must be 1..{MAX_TOPIC_BYTES} bytes")
+    return _REQUEST.pack(WIRE_MAGIC, WIRE_VERSION, int(ack), request_id, len(tb)) + tb
+
+
+def encode_request(request_id: int, ack: AckLevel, topic: str, message: bytes) -> bytes:
+    return encode_request_header(request_id, ack, topic) + message
+
+
+def peek_request_id(frame: bytes | memoryview) -> int:
+    """The request id of a frame, or NO_REQUEST_ID when the frame is too short to hold one."""
+    if len(frame) < REQUEST_HEADER_SIZE:
+        return NO_REQUEST_ID
+    return _REQUEST.unpack_from(frame)[3]
+
+
+def decode_request(frame: bytes | memoryview) -> ProduceRequest:
+    """Parse one client frame; raises ProtocolError naming what is wrong."""
+    n = len(frame)
+    if n < REQUEST_HEADER_SIZE:
+        raise ProtocolError(f"produce frame of {n} bytes is shorter than the {REQUEST_HEADER_SIZE}-byte header")
+    magic, version, ack, request_id, tlen = _REQUEST.unpack_from(frame)
+    if magic != WIRE_MAGIC:
+        raise ProtocolError(f"produce frame has bad magic {magic!r} (expected {WIRE_MAGIC!r})")
+    if version != WIRE_VERSION:
+        raise ProtocolError(f"produce frame version {version} is not supported (this broker speaks {WIRE_VERSION})")
+    if ack > AckLevel.ALL:
+        raise ProtocolError(f"request {request_id}: ack level {ack} is not 0, 1 or 2 (all)")
+    end = REQUEST_HEADER_SIZE + tlen
+    if tlen == 0 or end > n:
+        raise ProtocolError(f"request {request_id}: topic length {tlen} does not fit a {n}-byte frame")
+    view = memoryview(frame)
+    try:
+        topic = bytes(view[REQUEST_HEADER_SIZE:end]).decode()
+    except UnicodeDecodeError:
+        raise ProtocolError(f"request {request_id}: topic is not UTF-8") from None
+    return ProduceRequest(request_id, AckLevel(ack), topic, view[end:])
+
+
+def _ack_to_map(a: Ack) -> dict[str, Any]:
+    d: dict[str, Any] = {"id": a.id, "ok": a.ok, "code": str(a.code)}
+    if a.error:
+        d["error"] = a.error
+    if a.key:
+        d.update(bucket=a.bucket, key=a.key, index=a.index, partition=a.partition, offset=a.offset)
+    if a.brokers:
+        d["brokers"] = list(a.brokers)
+    return d
+
+
+def encode_acks(acks: Sequence[Ack]) -> bytes:
+    return msgpack.packb([_ack_to_map(a) for a in acks])
+
+
+def decode_acks(frame: bytes) -> list[Ack]:
+    """Parse one broker frame; raises ProtocolError on anything that is not a list of acks."""
+    try:
+        items = msgpack.unpackb(frame)
+        if not isinstance(items, list):
+            raise TypeError("not a list")
+        return [Ack(id=int(d["id"]), ok=bool(d["ok"]), code=str(d["code"]), error=str(d.get("error", "")),
+                    bucket=str(d.get("bucket", "")), key=str(d.get("key", "")),
+                    index=int(d.get("index", -1)), partition=int(d.get("partition", -1)),
+                    offset=int(d.get("offset", -1)), brokers=tuple(d.get("brokers", ())))
+                for d in items]
+    except (ValueError, TypeError, KeyError, AttributeError) as e:   # msgpack's errors are ValueErrors
+        raise ProtocolError(f"ack frame of {len(frame)} bytes is malformed: {e}") from None
