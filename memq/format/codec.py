@@ -1,0 +1,95 @@
+"""Compression codecs of a Message body, with size-guarded decompression."""
+
+from __future__ import annotations
+
+import zlib
+from enum import IntEnum
+
+import zstandard
+
+from memq.errors import CorruptDataError, UnsupportedCodecError
+
+# Largest body (compressed or not) a Message may declare; bounds memory on hostile input.
+MAX_BODY_BYTES = 256 * 1024 * 1024
+ZSTD_LEVEL = 3
+GZIP_LEVEL = 6
+_GZIP_WBITS = 31  # gzip container
+
+
+class Codec(IntEnum):
+    NONE = 0
+    ZSTD = 1
+    GZIP = 2
+
+
+def codec_of(value: int) -> Codec:
+    try:
+        return Codec(value)
+    except ValueError:
+        raise UnsupportedCodecError(f"unknown codec id {value}") from None
+
+
+class Compressors:
+    """Reusable (de)compressor state for one thread or event loop; not thread-safe.
+
+    Building zstd contexts costs about as much as decompressing a 100 KB body, so
+    producers and consumers keep one of these; one-off callers may let the functions
+    make a fresh one.
+    """
+
+    __slots__ = ("_zc", "_zd")
+
+    def __init__(self, zstd_level: int = ZSTD_LEVEL) -> None:
+        self._zc = zstandard.ZstdCompressor(level=zstd_level)
+        self._zd = zstandard.ZstdDecompressor()
+
+    def compress(self, codec: Codec, raw: bytes) -> bytes:
+        if codec is Codec.NONE:
+            return raw
+        if codec is Codec.ZSTD:
+            return self._zc.compress(raw)
+        if codec is Codec.GZIP:
+            return zlib.compress(raw, GZIP_LEVEL, wbits=_GZIP_WBITS)
+        raise UnsupportedCodecError(f"unknown codec {codec!r}")
+
+    def decompress(self, codec: Codec, body: bytes | memoryview,
+                   raw_length: int) -> bytes | memoryview:
+        """Decompress `body` to exactly `raw_length` bytes, else CorruptDataError."""
+        if raw_length > MAX_BODY_BYTES:
+            raise CorruptDataError(f"declared raw length {raw_length} exceeds {MAX_BODY_BYTES}")
+        if codec is Codec.NONE:
+            raw = body
+        elif codec is Codec.ZSTD:
+            raw = self._zstd(body, raw_length)
+        elif codec is Codec.GZIP:
+            raw = _gunzip(body, raw_length)
+        else:
+            raise UnsupportedCodecError(f"unknown codec {codec!r}")
+        if len(raw) != raw_length:
+            raise CorruptDataError(
+                f"{codec.name} body decompressed to {len(raw)} bytes, header says {raw_length}")
+        return raw
+
+    def _zstd(self, body: bytes | memoryview, raw_length: int) -> bytes:
+        # The decompressor allocates a frame's declared content size whatever the output
+        # cap, so the frame must declare exactly the header's size (memq always writes it).
+        try:
+            declared = zstandard.get_frame_parameters(body).content_size
+            if declared != raw_length:
+                raise CorruptDataError(
+                    f"zstd frame declares {declared} bytes, header says {raw_length}")
+            return self._zd.decompress(body, max_output_size=raw_length, allow_extra_data=False)
+        except zstandard.ZstdError as exc:
+            raise CorruptDataError(f"zstd body does not decompress: {exc}") from exc
+
+
+def _gunzip(body: bytes | memoryview, raw_length: int) -> bytes:
+    # Room for one byte more than declared: a longer stream shows up as a length mismatch.
+    d = zlib.decompressobj(wbits=_GZIP_WBITS)
+    try:
+        raw = d.decompress(body, raw_length + 1)
+    except zlib.error as exc:
+        raise CorruptDataError(f"gzip body does not decompress: {exc}") from exc
+    if not d.eof or d.unused_data:
+        raise CorruptDataError(f"gzip body does not end after the declared {raw_length} bytes")
+    return raw

@@ -1,0 +1,124 @@
+"""Message: the producer's upload unit, a fixed binary header plus an encoded body.
+
+Header (little-endian, 72 bytes, `_HEADER`): magic "MQMS", version, codec, header size,
+producer id u64, epoch u32, sequence u64, LogMessage count u32, min/max timestamp and
+created time (i64 ms), body length u32, raw (uncompressed) body length u32, CRC32C of the
+body, CRC32C of the header bytes before it. The broker checks header and body CRCs without
+decompressing; the header CRC keeps a flipped id or timestamp from passing as a real one.
+"""
+
+from __future__ import annotations
+
+import struct
+import time
+from dataclasses import dataclass
+from typing import Sequence
+
+from crc32c import crc32c
+
+from memq.errors import CorruptDataError, InvalidInputError, UnsupportedVersionError
+from memq.format.codec import MAX_BODY_BYTES, Codec, Compressors, codec_of
+from memq.format.records import LogMessage, pack_records, timestamp_range, unpack_records
+
+Buffer = bytes | bytearray | memoryview
+
+MESSAGE_MAGIC = b"MQMS"
+MESSAGE_VERSION = 1
+_HEADER = struct.Struct("<4sBBHQIQIqqqIIII")
+MESSAGE_HEADER_SIZE = _HEADER.size
+_CRC_END = MESSAGE_HEADER_SIZE - 4  # the header CRC covers every byte before itself
+_MAX_U32 = 0xFFFFFFFF
+
+
+@dataclass(frozen=True, slots=True)
+class MessageHeader:
+    """The decoded fixed header in front of every Message."""
+
+    version: int
+    codec: Codec
+    producer_id: int
+    epoch: int
+    sequence: int
+    count: int
+    min_timestamp_ms: int
+    max_timestamp_ms: int
+    created_ms: int
+    body_length: int
+    body_crc32c: int
+    header_size: int
+    raw_length: int  # body length before compression
+
+    @property
+    def total_size(self) -> int:
+        return self.header_size + self.body_length
+
+
+def encode_message(records: Sequence[LogMessage], *, producer_id: int, epoch: int,
+                   sequence: int, codec: Codec = Codec.ZSTD, created_ms: int | None = None,
+                   compressors: Compressors | None = None) -> bytes:
+    """Encode LogMessages into one Message (header + body)."""
+    if len(records) > _MAX_U32:
+        raise InvalidInputError(f"a Message holds at most {_MAX_U32} LogMessages")
+    raw = pack_records(records)
+    body = (compressors or Compressors()).compress(codec_of(codec), raw)
+    if len(raw) > MAX_BODY_BYTES or len(body) > MAX_BODY_BYTES:
+        raise InvalidInputError(f"Message body of {len(raw)} bytes exceeds {MAX_BODY_BYTES}")
+    lo, hi = timestamp_range(records)
+    created = time.time_ns() // 1_000_000 if created_ms is None else created_ms
+    try:
+        head = _HEADER.pack(MESSAGE_MAGIC, MESSAGE_VERSION, codec, MESSAGE_HEADER_SIZE,
+                            producer_id, epoch, sequence, len(records), lo, hi, created,
+                            len(body), len(raw), crc32c(body), 0)
+    except struct.error as exc:
+        raise InvalidInputError(
+            f"Message header field out of range (producer_id u64, epoch u32, sequence u64, "
+            f"timestamps i64): {exc}") from exc
+    return b"".join((head[:_CRC_END], crc32c(head[:_CRC_END]).to_bytes(4, "little"), body))
+
+
+def decode_message_header(buf: Buffer) -> MessageHeader:
+    """Decode and check the header only (magic, version, header CRC, lengths)."""
+    n = len(buf)
+    if n < 5:
+        raise CorruptDataError(f"Message truncated: {n} bytes, need {MESSAGE_HEADER_SIZE}")
+    if buf[:4] != MESSAGE_MAGIC:
+        raise CorruptDataError(f"bad Message magic {bytes(buf[:4])!r}, want {MESSAGE_MAGIC!r}")
+    if buf[4] != MESSAGE_VERSION:
+        raise UnsupportedVersionError(
+            f"Message version {buf[4]}, this reader knows {MESSAGE_VERSION}")
+    if n < MESSAGE_HEADER_SIZE:
+        raise CorruptDataError(f"Message header truncated: {n} of {MESSAGE_HEADER_SIZE} bytes")
+    (_, version, codec, header_size, producer_id, epoch, sequence, count, lo, hi, created,
+     body_length, raw_length, body_crc, header_crc) = _HEADER.unpack_from(buf)
+    if crc32c(buf[:_CRC_END]) != header_crc:
+        raise CorruptDataError("Message header CRC32C mismatch")
+    if header_size != MESSAGE_HEADER_SIZE:
+        raise CorruptDataError(f"Message header size {header_size}, want {MESSAGE_HEADER_SIZE}")
+    if body_length > MAX_BODY_BYTES or raw_length > MAX_BODY_BYTES:
+        raise CorruptDataError(f"Message body length {max(body_length, raw_length)} exceeds "
+                               f"{MAX_BODY_BYTES}")
+    if lo > hi:
+        raise CorruptDataError(f"Message min timestamp {lo} is after max timestamp {hi}")
+    return MessageHeader(version, codec_of(codec), producer_id, epoch, sequence, count, lo, hi,
+                         created, body_length, body_crc, header_size, raw_length)
+
+
+def verify_message(buf: Buffer) -> MessageHeader:
+    """Check header, exact length and body CRC without decompressing (the broker's check)."""
+    header = decode_message_header(buf)
+    total = header.total_size
+    if len(buf) != total:
+        what = "truncated" if len(buf) < total else "has trailing bytes"
+        raise CorruptDataError(f"Message {what}: {len(buf)} bytes, header says {total}")
+    if crc32c(memoryview(buf)[header.header_size:]) != header.body_crc32c:
+        raise CorruptDataError("Message body CRC32C mismatch")
+    return header
+
+
+def decode_message(buf: Buffer, *, compressors: Compressors | None = None
+                   ) -> tuple[MessageHeader, list[LogMessage]]:
+    """Verify, decompress and unpack a Message into its LogMessages."""
+    header = verify_message(buf)
+    body = memoryview(buf)[header.header_size:]
+    raw = (compressors or Compressors()).decompress(header.codec, body, header.raw_length)
+    return header, unpack_records(raw, header.count)

@@ -1,0 +1,64 @@
+"""LogMessage and the bulk msgpack encoding of a Message body.
+
+A body is one msgpack array of records, each record the 5-array
+`[value, key, headers, timestamp_ms, message_id]` in `LogMessage` field order. Packing and
+unpacking run inside msgpack's C code; the only per-record Python-visible step on decode is
+re-typing each decoded tuple as a `LogMessage` (`tuple.__new__` via `map`, still C). Decision
+and measurements: docs/ARCHITECTURE.md, "Decisions".
+"""
+
+from __future__ import annotations
+
+from itertools import repeat
+from operator import itemgetter
+from typing import NamedTuple, Sequence
+
+import msgpack
+
+from memq.errors import CorruptDataError, InvalidInputError
+
+RECORD_FIELDS = 5
+_timestamp_of = itemgetter(3)
+_tuple_new = tuple.__new__
+
+
+class LogMessage(NamedTuple):
+    """What applications write and read. A NamedTuple: decoding builds them in bulk in C."""
+
+    value: bytes
+    key: bytes | None = None
+    headers: tuple[tuple[str, bytes], ...] = ()
+    timestamp_ms: int = 0  # 0 = "stamp with now" at send time
+    message_id: bytes | None = None
+
+
+def timestamp_range(records: Sequence[LogMessage]) -> tuple[int, int]:
+    """(min, max) timestamp_ms of `records`, (0, 0) when empty."""
+    if not records:
+        return 0, 0
+    stamps = list(map(_timestamp_of, records))
+    return min(stamps), max(stamps)
+
+
+def pack_records(records: Sequence[LogMessage]) -> bytes:
+    """msgpack the records as arrays; InvalidInputError if one is not a 5-field record."""
+    if records and set(map(len, records)) != {RECORD_FIELDS}:
+        raise InvalidInputError(f"every record must be a LogMessage ({RECORD_FIELDS} fields)")
+    try:
+        return msgpack.packb(records if isinstance(records, list) else list(records))
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise InvalidInputError(f"LogMessage fields cannot be encoded: {exc}") from exc
+
+
+def unpack_records(raw: bytes, count: int) -> list[LogMessage]:
+    """Decode a body into exactly `count` LogMessages; CorruptDataError on any mismatch."""
+    try:
+        rows = msgpack.unpackb(raw, use_list=False)
+    except Exception as exc:  # msgpack raises several unrelated types on malformed input
+        raise CorruptDataError(f"Message body is not valid msgpack: {exc!r}") from exc
+    if type(rows) is not tuple or len(rows) != count:
+        got = len(rows) if type(rows) is tuple else type(rows).__name__
+        raise CorruptDataError(f"Message body holds {got} records, header says {count}")
+    if rows and (set(map(type, rows)) != {tuple} or set(map(len, rows)) != {RECORD_FIELDS}):
+        raise CorruptDataError(f"Message body records are not {RECORD_FIELDS}-field arrays")
+    return list(map(_tuple_new, repeat(LogMessage), rows))
