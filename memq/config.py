@@ -58,10 +58,26 @@ class KafkaConfig:
 
 @dataclass(frozen=True)
 class ZooKeeperConfig:
+    """`enabled`: brokers register in ZooKeeper and follow the governor's assignments."""
+
+    enabled: bool = False
     hosts: str = "127.0.0.1:2181"
     root: str = "/memq"
     session_timeout_s: float = 6.0
     connect_timeout_s: float = 10.0
+
+
+@dataclass(frozen=True)
+class GovernorConfig:
+    """Placement: a topic gets ceil(expected_mbps / topic_share_mbps) brokers (at least 2);
+    at most `max_rebalance_moves` optional moves per `rebalance_interval_s`."""
+
+    interval_s: float = 5.0
+    reconcile_interval_s: float = 2.0
+    topic_share_mbps: float = 25.0
+    max_rebalance_moves: int = 2
+    rebalance_interval_s: float = 10.0
+    imbalance_threshold: float = 0.2
 
 
 @dataclass(frozen=True)
@@ -188,6 +204,7 @@ class MemqConfig:
     storage: StorageConfig = field(default_factory=StorageConfig)
     kafka: KafkaConfig = field(default_factory=KafkaConfig)
     zookeeper: ZooKeeperConfig = field(default_factory=ZooKeeperConfig)
+    governor: GovernorConfig = field(default_factory=GovernorConfig)
     broker: BrokerConfig = field(default_factory=BrokerConfig)
     producer: ProducerConfig = field(default_factory=ProducerConfig)
     consumer: ConsumerConfig = field(default_factory=ConsumerConfig)

@@ -75,6 +75,10 @@ class AssignmentError(CoordinationError):
     """Topics cannot be placed, e.g. the cluster is out of capacity."""
 
 
+class LeadershipLostError(CoordinationError):
+    """This governor's election znode is gone (session ended): it must stop writing."""
+
+
 # --- broker / client protocol ---------------------------------------------------------------
 
 

@@ -1,0 +1,174 @@
+"""The broker's side of the governor: registration, election, and following assignments.
+
+Runs inside a broker process when `zookeeper.enabled` is set. Kazoo calls run in threads;
+watch callbacks only wake the asyncio reconcile loop, which reads the registry, re-registers
+the broker if its session expired (no restart needed), and starts or stops TopicProcessors
+to match the broker's assignment. It also runs a `Governor` (one broker wins the election).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any, Protocol
+
+from kazoo.protocol.states import KazooState
+
+from memq.config import MemqConfig, TopicConfig
+from memq.errors import CoordinationError, MemqError
+
+from .assignment import BrokerInfo, CapacityAssignment
+from .governor import Governor, GovernorMetrics
+from .registry import ClusterState, Registry
+
+log = logging.getLogger(__name__)
+
+
+class HostingBroker(Protocol):
+    """What the agent drives (memq.broker.Broker fits)."""
+
+    broker_id: str
+    url: str
+
+    async def add_topic(self, topic: TopicConfig) -> None: ...
+    async def remove_topic(self, name: str, *, moved_to: tuple[str, ...] = ()) -> None: ...
+
+
+class BrokerAgent:
+    def __init__(self, broker: HostingBroker, config: MemqConfig,
+                 metrics: GovernorMetrics | None = None) -> None:
+        self.broker = broker
+        self.config = config
+        gc = config.governor
+        self.registry = Registry(config.zookeeper, config.cluster.name)
+        self.governor = Governor(
+            self.registry, broker.broker_id,
+            strategy=CapacityAssignment(topic_share_mbps=gc.topic_share_mbps,
+                                        max_rebalance_moves=gc.max_rebalance_moves,
+                                        imbalance_threshold=gc.imbalance_threshold),
+            interval_s=gc.interval_s, rebalance_interval_s=gc.rebalance_interval_s, metrics=metrics)
+        self.view: ClusterState | None = None
+        self.hosted: dict[str, TopicConfig] = {}
+        self.registrations = 0
+        self._poke = asyncio.Event()
+        self._changed = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    @property
+    def info(self) -> BrokerInfo:
+        bc = self.config.broker
+        return BrokerInfo(self.broker.broker_id, self.broker.url, bc.rack, bc.capacity_mbps)
+
+    async def start(self) -> None:
+        """Connect, register, clear a drain flag left by an earlier run, join the election."""
+        self._loop = asyncio.get_running_loop()
+        await asyncio.to_thread(self.registry.start)
+        self.registry.add_listener(self._on_state)
+        await asyncio.to_thread(self.registry.set_drain, self.broker.broker_id, False)
+        await self._reconcile()
+        self.governor.start()
+        self._task = asyncio.create_task(self._run(), name=f"memq-agent-{self.broker.broker_id}")
+
+    async def stop(self) -> None:
+        """Leave the election and the registry; hosted topics stay with the broker."""
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        await asyncio.to_thread(self.governor.stop)
+        await asyncio.to_thread(self.registry.close)
+
+    async def drain(self, timeout_s: float = 30.0) -> bool:
+        """Ask the governor to move this broker's topics away; wait until they are gone.
+
+        Returns True once nothing is hosted here, False on timeout or when no other broker
+        could take the topics (then the broker keeps them: stopping would drop service).
+        """
+        await asyncio.to_thread(self.registry.set_drain, self.broker.broker_id, True)
+        self._poke.set()
+        deadline = time.monotonic() + timeout_s
+        while self.hosted:
+            view = self.view
+            if view is not None and not any(not b.draining and b.id != self.broker.broker_id
+                                            for b in view.brokers.values()):
+                log.warning("drain of %s: no other broker can take its topics", self.broker.broker_id)
+                return False
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            self._changed.clear()
+            try:
+                await asyncio.wait_for(self._changed.wait(), min(remaining, 1.0))
+            except TimeoutError:
+                pass
+        return True
+
+    def metadata(self) -> dict[str, Any]:
+        """The cluster part of /v1/metadata, from the registry view."""
+        view = self.view
+        if view is None:
+            return {}
+        cluster = self.config.cluster.name
+        return {
+            "brokers": [{"id": b.id, "url": b.url, "rack": b.rack} for b in view.brokers.values()],
+            "topics": {name: {"brokers": view.topic_urls(name),
+                              "notification_topic": cfg.notification_topic_for(cluster),
+                              "read_partitions": cfg.read_partitions}
+                       for name, cfg in view.topics.items() if view.topic_urls(name)},
+        }
+
+    # --- internals -------------------------------------------------------------------------
+    def _wake(self, *_: object) -> None:
+        """Called from kazoo threads: wake the reconcile loop."""
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(self._poke.set)
+
+    def _on_state(self, state: KazooState) -> None:
+        log.info("broker %s: ZooKeeper session %s", self.broker.broker_id, state)
+        self._wake()
+
+    async def _run(self) -> None:
+        interval = self.config.governor.reconcile_interval_s
+        while True:
+            try:
+                await asyncio.wait_for(self._poke.wait(), interval)
+            except TimeoutError:
+                pass
+            self._poke.clear()
+            try:
+                await self._reconcile()
+            except MemqError as e:
+                log.warning("broker %s: reconcile failed, retrying: %s", self.broker.broker_id, e)
+
+    def _read(self) -> ClusterState:
+        if not self.registry.connected:
+            raise CoordinationError("ZooKeeper not connected")
+        if self.registry.register_broker(self.info):
+            self.registrations += 1
+            log.info("broker %s registered (%d)", self.broker.broker_id, self.registrations)
+        return self.registry.snapshot(watch=self._wake)
+
+    async def _reconcile(self) -> None:
+        state = await asyncio.to_thread(self._read)
+        self.view = state
+        me = self.broker.broker_id
+        mine = {t: state.topics[t] for t, bs in state.assignments.items() if me in bs and t in state.topics}
+        gone = sorted(set(self.hosted) - set(mine))
+        for name in gone:
+            log.info("broker %s: topic %s moves to %s", me, name, state.topic_urls(name))
+        await asyncio.gather(*(self.broker.remove_topic(
+            name, moved_to=tuple(u for u in state.topic_urls(name) if u != self.broker.url))
+            for name in gone))
+        for name in gone:
+            del self.hosted[name]
+        for name, cfg in sorted(mine.items()):
+            if self.hosted.get(name) == cfg:
+                continue
+            if name in self.hosted:  # altered: restart its processor with the new settings
+                await self.broker.remove_topic(name, moved_to=tuple(state.topic_urls(name)))
+            log.info("broker %s: hosting topic %s", me, name)
+            await self.broker.add_topic(cfg)
+            self.hosted[name] = cfg
+        self._changed.set()

@@ -1,0 +1,179 @@
+"""The governor: one elected process recomputes topic placement and writes assignments.
+
+Every broker runs a `Governor`; a kazoo Lock elects one. The leader recomputes on every
+change it watches (brokers come and go, topics change, drain flags) and every
+`interval_s`, and writes assignments fenced by its lock znode, so a governor whose session
+ended can never overwrite its successor. All state lives in ZooKeeper: a new governor
+carries on from there.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import threading
+import time
+from collections.abc import Callable
+
+from kazoo.exceptions import KazooException, LockTimeout
+from kazoo.protocol.states import KazooState
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from memq.errors import CoordinationError, LeadershipLostError
+
+from .assignment import (REPAIR_REASONS, AssignmentResult, AssignmentStrategy, CapacityAssignment,
+                         TopicSpec)
+from .registry import Registry
+
+log = logging.getLogger(__name__)
+
+
+class GovernorMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        self.leader = Gauge("memq_governor_leader", "1 while this process is the governor",
+                            registry=self.registry)
+        self.out_of_capacity = Gauge("memq_governor_out_of_capacity",
+                                     "1 when topics want more than the brokers offer",
+                                     registry=self.registry)
+        self.cycles = Counter("memq_governor_cycles", "assignment computations", registry=self.registry)
+        self.moves = Counter("memq_governor_moves", "topic placement changes written",
+                             ["reason"], registry=self.registry)
+        self.brokers = Gauge("memq_governor_brokers", "live brokers seen", registry=self.registry)
+        self.topics = Gauge("memq_governor_topics", "topics seen", registry=self.registry)
+
+
+class Governor:
+    """Takes part in the election; while leading, keeps assignments up to date."""
+
+    def __init__(self, registry: Registry, identifier: str, *,
+                 strategy: AssignmentStrategy | None = None, interval_s: float = 5.0,
+                 rebalance_interval_s: float | None = None, metrics: GovernorMetrics | None = None,
+                 on_result: Callable[[AssignmentResult], None] | None = None) -> None:
+        self.registry = registry
+        self.identifier = identifier
+        self.strategy: AssignmentStrategy = strategy or CapacityAssignment()
+        self.interval_s = interval_s
+        self.rebalance_interval_s = interval_s if rebalance_interval_s is None else rebalance_interval_s
+        self._last_rebalance = -math.inf
+        self.metrics = metrics or GovernorMetrics()
+        self.on_result = on_result
+        self._poke = threading.Event()
+        self._stop = threading.Event()
+        self._session_lost = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.leading = threading.Event()
+        registry.add_listener(self._on_state)
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name=f"memq-governor-{self.identifier}",
+                                        daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        self._stop.set()
+        self._poke.set()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+
+    def poke(self, *_: object) -> None:
+        """Recompute soon (watch callback; cheap and thread-safe)."""
+        self._poke.set()
+
+    def _on_state(self, state: KazooState) -> None:
+        if state == KazooState.LOST:
+            self._session_lost.set()
+        self._poke.set()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            lock = self.registry.client.Lock(self.registry.election_path, self.identifier)
+            try:
+                if not self.registry.connected:
+                    self._stop.wait(0.2)
+                    continue
+                self._session_lost.clear()
+                lock.acquire(timeout=1.0)
+            except LockTimeout:
+                continue
+            except KazooException as e:
+                log.warning("governor election: %s", e)
+                self._stop.wait(0.5)
+                continue
+            try:
+                self._lead(f"{self.registry.election_path}/{lock.node}")
+            finally:
+                self.leading.clear()
+                self.metrics.leader.set(0)
+                try:
+                    if self.registry.connected:
+                        lock.release()
+                except KazooException:
+                    pass
+
+    def _lead(self, fence: str) -> None:
+        log.info("broker %s is now the governor", self.identifier)
+        self.leading.set()
+        self.metrics.leader.set(1)
+        self._poke.set()
+        while not self._stop.is_set() and not self._session_lost.is_set():
+            self._poke.wait(self.interval_s)
+            self._poke.clear()
+            if self._stop.is_set() or self._session_lost.is_set():
+                return
+            if not self.registry.connected:
+                continue  # suspended: wait for reconnect or loss
+            try:
+                self.cycle(fence)
+            except LeadershipLostError as e:
+                log.warning("%s", e)
+                return
+            except CoordinationError as e:
+                log.warning("governor cycle failed, retrying: %s", e)
+                self._stop.wait(0.5)
+                self._poke.set()
+
+    def cycle(self, fence: str | None = None) -> AssignmentResult:
+        """Read the registry (re-arming watches), compute, write what changed."""
+        state = self.registry.snapshot(watch=self.poke)
+        specs = [TopicSpec(name, cfg.expected_mbps) for name, cfg in state.topics.items()]
+        current = {t: bs for t, bs in state.assignments.items()}
+        result = self._rate_limited(self.strategy(list(state.brokers.values()), specs, current), current)
+        changes: dict[str, tuple[str, ...] | None] = {
+            t: bs for t, bs in result.assignment.items() if current.get(t) != bs}
+        changes.update({t: None for t in current if t not in result.assignment})
+        self.registry.write_assignments(changes, fence=fence)
+        self.metrics.cycles.inc()
+        self.metrics.out_of_capacity.set(1 if result.out_of_capacity else 0)
+        self.metrics.brokers.set(len(state.brokers))
+        self.metrics.topics.set(len(state.topics))
+        for m in result.moves:
+            self.metrics.moves.labels(m.reason).inc()
+            log.info("governor: topic %s %s: -%s +%s", m.topic, m.reason, list(m.removed), list(m.added))
+        for w in result.warnings:
+            log.warning("governor: %s", w)
+        if self.on_result is not None:
+            self.on_result(result)
+        return result
+
+    def _rate_limited(self, result: AssignmentResult, current: dict[str, tuple[str, ...]]) -> AssignmentResult:
+        """Optional moves at most once per `rebalance_interval_s`, however often watches fire.
+
+        The strategy caps moves per computation; this caps computations that move, so a
+        burst of registry events cannot turn into a burst of migrations.
+        """
+        optional = {m.topic for m in result.moves if m.reason not in REPAIR_REASONS}
+        if not optional:
+            return result
+        now = time.monotonic()
+        wait = self._last_rebalance + self.rebalance_interval_s - now
+        if wait <= 0:
+            self._last_rebalance = now
+            return result
+        timer = threading.Timer(wait, self.poke)
+        timer.daemon = True
+        timer.start()
+        kept = {t: (current[t] if t in optional else bs) for t, bs in result.assignment.items()}
+        moves = tuple(m for m in result.moves if m.topic not in optional)
+        return dataclasses.replace(result, assignment=kept, moves=moves)

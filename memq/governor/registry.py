@@ -1,0 +1,298 @@
+"""The cluster registry in ZooKeeper (kazoo): brokers, topics, assignments, drain flags.
+
+Layout under `<zookeeper.root>/<cluster>`:
+  brokers/<id>       ephemeral, JSON BrokerInfo: gone when the broker's session ends
+  topics/<name>      persistent, JSON TopicConfig
+  assignments/<name> persistent, JSON {"brokers": [ids]}, written only by the governor
+  drain/<id>         persistent flag: the governor moves every topic off that broker
+  governor/          kazoo Lock: its first contender is the governor
+
+Every call has a timeout (`ZooKeeperConfig.connect_timeout_s`) and kazoo failures become
+`CoordinationError`s naming the path, so callers never hang on a lost connection.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from kazoo.client import KazooClient
+from kazoo.exceptions import (BadVersionError, KazooException, NodeExistsError,
+                              NoNodeError, RolledBackError)
+from kazoo.protocol.states import KazooState, WatchedEvent
+
+from memq.config import TopicConfig, ZooKeeperConfig, build
+from memq.errors import ConfigError, CoordinationError, LeadershipLostError, UnknownTopicError
+
+from .assignment import BrokerInfo
+
+log = logging.getLogger(__name__)
+
+Watch = Callable[[WatchedEvent], None]
+
+
+@dataclass(frozen=True)
+class ClusterState:
+    """One consistent-enough read of the registry (each znode read once)."""
+
+    brokers: dict[str, BrokerInfo]
+    topics: dict[str, TopicConfig]
+    assignments: dict[str, tuple[str, ...]]
+
+    def topic_urls(self, topic: str) -> list[str]:
+        """URLs of the live brokers assigned `topic`, in assignment order."""
+        return [self.brokers[b].url for b in self.assignments.get(topic, ()) if b in self.brokers]
+
+
+def topic_to_json(cfg: TopicConfig) -> bytes:
+    return json.dumps(dataclasses.asdict(cfg), sort_keys=True).encode()
+
+
+def topic_from_json(data: bytes, where: str) -> TopicConfig:
+    try:
+        values = json.loads(data)
+    except ValueError as e:
+        raise CoordinationError(f"{where}: topic config is not JSON: {e}") from None
+    if not isinstance(values, dict):
+        raise CoordinationError(f"{where}: topic config must be a JSON object")
+    try:
+        cfg: TopicConfig = build(TopicConfig, values, where)
+    except ConfigError as e:
+        raise CoordinationError(str(e)) from None
+    return cfg
+
+
+class Registry:
+    """A kazoo client bound to one cluster's subtree; thread-safe like kazoo itself."""
+
+    def __init__(self, zk: ZooKeeperConfig, cluster: str) -> None:
+        self.zk = zk
+        self.base = f"{zk.root.rstrip('/')}/{cluster}"
+        self.timeout_s = zk.connect_timeout_s
+        self.client = KazooClient(hosts=zk.hosts, timeout=zk.session_timeout_s,
+                                  connection_retry={"max_tries": -1, "max_delay": 1.0},
+                                  command_retry={"max_tries": 3, "max_delay": 1.0})
+
+    # --- paths ---------------------------------------------------------------------------
+    @property
+    def brokers_path(self) -> str:
+        return f"{self.base}/brokers"
+
+    @property
+    def topics_path(self) -> str:
+        return f"{self.base}/topics"
+
+    @property
+    def assignments_path(self) -> str:
+        return f"{self.base}/assignments"
+
+    @property
+    def drain_path(self) -> str:
+        return f"{self.base}/drain"
+
+    @property
+    def election_path(self) -> str:
+        return f"{self.base}/governor"
+
+    # --- lifecycle -----------------------------------------------------------------------
+    def start(self) -> Registry:
+        try:
+            self.client.start(timeout=self.timeout_s)
+        except self.client.handler.timeout_exception:
+            self.client.stop()
+            raise CoordinationError(f"ZooKeeper {self.zk.hosts}: no connection within "
+                                    f"{self.timeout_s:g}s (zookeeper.connect_timeout_s)") from None
+        for path in (self.brokers_path, self.topics_path, self.assignments_path,
+                     self.drain_path, self.election_path):
+            self._wait(self.client.ensure_path_async(path), path)
+        return self
+
+    def close(self) -> None:
+        self.client.stop()
+        self.client.close()
+
+    def __enter__(self) -> Registry:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def add_listener(self, fn: Callable[[KazooState], None]) -> None:
+        self.client.add_listener(fn)
+
+    @property
+    def connected(self) -> bool:
+        return self.client.state == KazooState.CONNECTED
+
+    def _wait(self, async_result: Any, what: str) -> Any:
+        """Wait for a kazoo async call with the timeout; kazoo errors -> CoordinationError."""
+        try:
+            return async_result.get(timeout=self.timeout_s)
+        except self.client.handler.timeout_exception:
+            raise CoordinationError(f"ZooKeeper {what}: no answer within {self.timeout_s:g}s") from None
+        except (NoNodeError, NodeExistsError, BadVersionError, RolledBackError):
+            raise
+        except KazooException as e:
+            raise CoordinationError(f"ZooKeeper {what}: {type(e).__name__} {e}") from None
+
+    def _children(self, path: str, watch: Watch | None) -> list[str]:
+        return sorted(self._wait(self.client.get_children_async(path, watch=watch), path))
+
+    def _get(self, path: str, watch: Watch | None = None) -> bytes | None:
+        try:
+            data, _ = self._wait(self.client.get_async(path, watch=watch), path)
+        except NoNodeError:
+            return None
+        return bytes(data or b"")
+
+    # --- brokers -------------------------------------------------------------------------
+    def register_broker(self, info: BrokerInfo) -> bool:
+        """Create this broker's ephemeral znode; True if it had to be (re)created.
+
+        A znode left by an earlier session (a crashed process of the same id) is replaced.
+        """
+        path = f"{self.brokers_path}/{info.id}"
+        data = json.dumps({"id": info.id, "url": info.url, "rack": info.rack,
+                           "capacity_mbps": info.capacity_mbps}).encode()
+        session_id = self.client.client_id[0] if self.client.client_id else None
+        try:
+            _, stat = self._wait(self.client.get_async(path), path)
+            if stat.ephemeralOwner == session_id:
+                return False
+            self._wait(self.client.delete_async(path, version=stat.version), path)
+        except (NoNodeError, BadVersionError):
+            pass
+        try:
+            self._wait(self.client.create_async(path, data, ephemeral=True), path)
+        except NodeExistsError:
+            raise CoordinationError(f"{path}: another process registered broker {info.id}") from None
+        return True
+
+    def brokers(self, watch: Watch | None = None) -> dict[str, BrokerInfo]:
+        """Live brokers, with `draining` set from the drain flags."""
+        drains = set(self._children(self.drain_path, watch))
+        out: dict[str, BrokerInfo] = {}
+        for bid in self._children(self.brokers_path, watch):
+            data = self._get(f"{self.brokers_path}/{bid}")
+            if data is None:
+                continue  # went away between list and read
+            try:
+                d = json.loads(data)
+                out[bid] = BrokerInfo(bid, d["url"], d.get("rack", ""), float(d["capacity_mbps"]),
+                                      draining=bid in drains)
+            except (ValueError, KeyError, TypeError, ConfigError) as e:
+                log.error("ignoring broker znode %s/%s: %s", self.brokers_path, bid, e)
+        return out
+
+    def set_drain(self, broker_id: str, on: bool = True) -> None:
+        """Ask the governor to move every topic off `broker_id` (or stop asking)."""
+        path = f"{self.drain_path}/{broker_id}"
+        try:
+            if on:
+                self._wait(self.client.create_async(path, b""), path)
+            else:
+                self._wait(self.client.delete_async(path), path)
+        except (NodeExistsError, NoNodeError):
+            pass
+
+    def drains(self) -> set[str]:
+        return set(self._children(self.drain_path, None))
+
+    # --- topics --------------------------------------------------------------------------
+    def create_topic(self, cfg: TopicConfig) -> None:
+        path = f"{self.topics_path}/{cfg.name}"
+        try:
+            self._wait(self.client.create_async(path, topic_to_json(cfg)), path)
+        except NodeExistsError:
+            raise CoordinationError(f"topic {cfg.name} already exists") from None
+
+    def alter_topic(self, cfg: TopicConfig) -> None:
+        path = f"{self.topics_path}/{cfg.name}"
+        try:
+            self._wait(self.client.set_async(path, topic_to_json(cfg)), path)
+        except NoNodeError:
+            raise UnknownTopicError(f"topic {cfg.name} does not exist") from None
+
+    def delete_topic(self, name: str) -> None:
+        """Delete the topic; the governor then drops its assignment and brokers stop it."""
+        path = f"{self.topics_path}/{name}"
+        try:
+            self._wait(self.client.delete_async(path), path)
+        except NoNodeError:
+            raise UnknownTopicError(f"topic {name} does not exist") from None
+
+    def topic(self, name: str) -> TopicConfig:
+        path = f"{self.topics_path}/{name}"
+        data = self._get(path)
+        if data is None:
+            raise UnknownTopicError(f"topic {name} does not exist")
+        return topic_from_json(data, path)
+
+    def topics(self, watch: Watch | None = None) -> dict[str, TopicConfig]:
+        out: dict[str, TopicConfig] = {}
+        for name in self._children(self.topics_path, watch):
+            path = f"{self.topics_path}/{name}"
+            data = self._get(path, watch)
+            if data is None:
+                continue
+            try:
+                out[name] = topic_from_json(data, path)
+            except CoordinationError as e:
+                log.error("ignoring %s", e)
+        return out
+
+    # --- assignments ---------------------------------------------------------------------
+    def assignments(self, watch: Watch | None = None) -> dict[str, tuple[str, ...]]:
+        out: dict[str, tuple[str, ...]] = {}
+        for name in self._children(self.assignments_path, watch):
+            path = f"{self.assignments_path}/{name}"
+            data = self._get(path, watch)
+            if data is None:
+                continue
+            try:
+                out[name] = tuple(str(b) for b in json.loads(data)["brokers"])
+            except (ValueError, KeyError, TypeError) as e:
+                log.error("ignoring assignment %s: %s", path, e)
+        return out
+
+    def write_assignments(self, changes: dict[str, tuple[str, ...] | None], *,
+                          fence: str | None = None) -> None:
+        """Apply assignment changes (None deletes) in one transaction.
+
+        `fence` is the governor's lock znode: if it is gone (the session that won the
+        election ended), the transaction fails and nothing is written.
+        """
+        if not changes:
+            return
+        existing = set(self._children(self.assignments_path, None))
+        tx = self.client.transaction()
+        if fence is not None:
+            tx.check(fence, 0)  # lock znodes are created once and never written: version 0
+        for topic, brokers in sorted(changes.items()):
+            path = f"{self.assignments_path}/{topic}"
+            if brokers is None:
+                if topic in existing:
+                    tx.delete(path)
+            elif topic in existing:
+                tx.set_data(path, json.dumps({"brokers": list(brokers)}).encode())
+            else:
+                tx.create(path, json.dumps({"brokers": list(brokers)}).encode())
+        results = self._wait(tx.commit_async(), self.assignments_path)
+        failed = [r for r in results if isinstance(r, Exception)]
+        if fence is not None and isinstance(results[0], NoNodeError):
+            raise LeadershipLostError(f"{fence} is gone: this governor lost its election")
+        if failed:
+            raise CoordinationError(f"assignment write failed: {failed[0]!r}")
+
+    def snapshot(self, watch: Watch | None = None) -> ClusterState:
+        return ClusterState(self.brokers(watch), self.topics(watch), self.assignments(watch))
+
+    # --- governor ------------------------------------------------------------------------
+    def governor(self) -> str | None:
+        """Id of the current governor (first contender of the election lock), if any."""
+        contenders: Iterable[str] = self.client.Lock(self.election_path).contenders()
+        return next(iter(contenders), None)

@@ -1,0 +1,62 @@
+"""Topic administration through ZooKeeper: create, alter, delete.
+
+The topic znode is the source of truth; its Kafka notification topic is created first (with
+`read_partitions` partitions), so a broker that is assigned the topic can publish at once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Protocol
+
+from memq.config import TopicConfig, build
+from memq.errors import InvalidInputError
+
+from .registry import Registry
+
+
+class NotificationTopics(Protocol):
+    """What topic admin needs from Kafka (memq.notify.TopicAdmin fits)."""
+
+    def create_topic(self, name: str, partitions: int) -> None: ...
+    def delete_topic(self, name: str) -> None: ...
+
+
+FIXED_FIELDS = ("read_partitions", "notification_topic")
+"""Settings alter cannot change: Kafka cannot shrink partitions, and consumers follow the
+notification topic by name."""
+
+
+class TopicManager:
+    def __init__(self, registry: Registry, kafka: NotificationTopics, cluster: str) -> None:
+        self.registry = registry
+        self.kafka = kafka
+        self.cluster = cluster
+
+    def create(self, cfg: TopicConfig) -> TopicConfig:
+        self.kafka.create_topic(cfg.notification_topic_for(self.cluster), cfg.read_partitions)
+        self.registry.create_topic(cfg)
+        return cfg
+
+    def alter(self, name: str, **changes: Any) -> TopicConfig:
+        """Change settings of an existing topic (validated like the config file)."""
+        current = self.registry.topic(name)
+        if "name" in changes and changes["name"] != name:
+            raise InvalidInputError(f"topic {name}: cannot rename a topic")
+        fixed = [f for f in FIXED_FIELDS if f in changes and changes[f] != getattr(current, f)]
+        if fixed:
+            raise InvalidInputError(f"topic {name}: {', '.join(fixed)} cannot be altered")
+        values = dataclasses.asdict(current) | changes
+        cfg: TopicConfig = build(TopicConfig, values, f"topic {name}")
+        self.registry.alter_topic(cfg)
+        return cfg
+
+    def delete(self, name: str, *, delete_notifications: bool = False) -> None:
+        """Delete the topic; its batches in S3 and (unless asked) its notifications stay."""
+        cfg = self.registry.topic(name)
+        self.registry.delete_topic(name)
+        if delete_notifications:
+            self.kafka.delete_topic(cfg.notification_topic_for(self.cluster))
+
+    def list(self) -> dict[str, TopicConfig]:
+        return self.registry.topics()

@@ -1,0 +1,185 @@
+"""Registry, election and governor against a real ZooKeeper (no broker processes)."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable, Iterator
+
+import pytest
+from kazoo.client import KazooClient
+
+from memq.config import TopicConfig, ZooKeeperConfig
+from memq.errors import CoordinationError, LeadershipLostError, UnknownTopicError
+from memq.governor.assignment import BrokerInfo, CapacityAssignment
+from memq.governor.governor import Governor
+from memq.governor.registry import Registry
+
+pytestmark = pytest.mark.integration
+
+
+def wait_for(cond: Callable[[], object], timeout_s: float, what: str) -> object:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = cond()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+
+
+@pytest.fixture
+def zk(devcluster) -> ZooKeeperConfig:
+    """A fresh root per test, short sessions so expiry tests stay fast."""
+    return ZooKeeperConfig(enabled=True, hosts=devcluster.zk_hosts, root=f"/t-{uuid.uuid4().hex[:8]}",
+                           session_timeout_s=4.0, connect_timeout_s=5.0)
+
+
+@pytest.fixture
+def registries(zk: ZooKeeperConfig) -> Iterator[Callable[[], Registry]]:
+    made: list[Registry] = []
+
+    def make() -> Registry:
+        r = Registry(zk, "c1").start()
+        made.append(r)
+        return r
+
+    yield make
+    for r in made:
+        r.close()
+
+
+def broker(i: int, rack: str = "") -> BrokerInfo:
+    return BrokerInfo(f"b{i}", f"http://127.0.0.1:{7000 + i}", rack, 100.0)
+
+
+def test_registry_roundtrip_topics_brokers_drain(registries) -> None:
+    r = registries()
+    assert r.register_broker(broker(1, "ra")) is True
+    assert r.register_broker(broker(1, "ra")) is False          # same session: nothing to do
+    cfg = TopicConfig("orders", read_partitions=4, expected_mbps=30)
+    r.create_topic(cfg)
+    with pytest.raises(CoordinationError, match="already exists"):
+        r.create_topic(cfg)
+    assert r.topic("orders") == cfg
+    r.alter_topic(TopicConfig("orders", read_partitions=4, expected_mbps=60))
+    assert r.topics()["orders"].expected_mbps == 60
+    r.set_drain("b1")
+    assert r.brokers() == {"b1": BrokerInfo("b1", "http://127.0.0.1:7001", "ra", 100.0, draining=True)}
+    r.set_drain("b1", False)
+    assert not r.brokers()["b1"].draining
+    r.delete_topic("orders")
+    with pytest.raises(UnknownTopicError):
+        r.topic("orders")
+    with pytest.raises(UnknownTopicError):
+        r.delete_topic("orders")
+
+
+def test_ephemeral_registration_disappears_with_session_and_is_replaced_on_restart(registries) -> None:
+    r1, observer = registries(), registries()
+    r1.register_broker(broker(1))
+    r1.close()                                       # process gone: session ends
+    assert "b1" not in observer.brokers()
+    # a SIGKILLed process leaves its znode until its session times out; a restart replaces it
+    crashed = registries()
+    crashed.register_broker(broker(2))
+    restarted = registries()
+    assert restarted.register_broker(broker(2)) is True
+    assert observer.brokers()["b2"].url == broker(2).url
+
+
+def test_unreachable_zookeeper_fails_with_clear_error() -> None:
+    zk = ZooKeeperConfig(hosts="127.0.0.1:1", root="/x", session_timeout_s=4, connect_timeout_s=1)
+    with pytest.raises(CoordinationError, match="connect_timeout_s"):
+        Registry(zk, "c1").start()
+
+
+def test_one_governor_assigns_and_successor_takes_over(registries) -> None:
+    regs = [registries() for _ in range(3)]
+    racks = ["ra", "rb", "rc"]
+    for i, r in enumerate(regs):
+        r.register_broker(broker(i, racks[i]))
+    admin = registries()
+    for n in range(4):
+        admin.create_topic(TopicConfig(f"t{n}", expected_mbps=5))
+    govs = [Governor(r, f"b{i}", interval_s=0.5) for i, r in enumerate(regs)]
+    for g in govs:
+        g.start()
+    try:
+        wait_for(lambda: len(admin.assignments()) == 4, 10, "assignments")
+        assert sum(g.leading.is_set() for g in govs) == 1
+        leader = next(i for i, g in enumerate(govs) if g.leading.is_set())
+        assert admin.governor() == f"b{leader}"
+        for t, bs in admin.assignments().items():
+            assert len(bs) == 2 and len({racks[int(b[1:])] for b in bs}) == 2, (t, bs)
+        # the governor's broker dies: its session ends, another governor takes over and
+        # moves the dead broker's topics to the survivors
+        govs[leader].stop()
+        regs[leader].close()
+        dead = f"b{leader}"
+        new = wait_for(lambda: [i for i, g in enumerate(govs) if i != leader and g.leading.is_set()],
+                       10, "a new governor")
+        assert len(new) == 1
+        wait_for(lambda: all(dead not in bs and len(bs) == 2 for bs in admin.assignments().values()),
+                 10, "reassignment after governor death")
+        # a later failure is still handled
+        other = next(i for i in range(3) if i not in (leader, new[0]))
+        regs[other].close()
+        wait_for(lambda: all(bs == (f"b{new[0]}",) for bs in admin.assignments().values()),
+                 10, "reassignment of the second failure")
+        # topic deletion removes its assignment
+        admin.delete_topic("t0")
+        wait_for(lambda: "t0" not in admin.assignments(), 10, "assignment of a deleted topic removed")
+    finally:
+        for g in govs:
+            g.stop()
+
+
+def test_stale_governor_cannot_write(registries) -> None:
+    r = registries()
+    r.register_broker(broker(1))
+    lock = r.client.Lock(r.election_path, "b1")
+    assert lock.acquire(timeout=5)
+    fence = f"{r.election_path}/{lock.node}"
+    r.write_assignments({"a": ("b1",)}, fence=fence)
+    assert r.assignments() == {"a": ("b1",)}
+    lock.release()
+    with pytest.raises(LeadershipLostError):
+        r.write_assignments({"a": ("b2",)}, fence=fence)
+    assert r.assignments() == {"a": ("b1",)}
+
+
+def test_drain_flag_moves_topics_and_rebalance_is_rate_limited(registries) -> None:
+    regs = [registries() for _ in range(3)]
+    for i, r in enumerate(regs):
+        r.register_broker(broker(i))
+    admin = registries()
+    for n in range(6):
+        admin.create_topic(TopicConfig(f"t{n}", expected_mbps=12))
+    strategy = CapacityAssignment(max_rebalance_moves=1, imbalance_threshold=0.05)
+    gov = Governor(regs[0], "b0", strategy=strategy, interval_s=0.3, rebalance_interval_s=1.5)
+    gov.start()
+    try:
+        wait_for(lambda: len(admin.assignments()) == 6, 10, "assignments")
+        admin.set_drain("b1")
+        wait_for(lambda: all("b1" not in bs for bs in admin.assignments().values()), 5, "drain")
+        # b1 comes back (flag cleared): load is uneven, at most 1 topic per 1.5 s moves back
+        before = admin.assignments()
+        admin.set_drain("b1", False)
+        history: list[tuple[float, dict[str, tuple[str, ...]]]] = [(time.monotonic(), before)]
+        deadline = time.monotonic() + 8
+        while time.monotonic() < deadline:
+            a = admin.assignments()
+            if a != history[-1][1]:
+                history.append((time.monotonic(), a))
+            time.sleep(0.05)
+        changes = history[1:]
+        assert len(changes) >= 2, "rebalance did not happen"
+        for (t0, a0), (t1, a1) in zip(history, history[1:]):
+            moved = [t for t in a1 if a1[t] != a0.get(t)]
+            assert len(moved) == 1, moved
+        gaps = [t1 - t0 for (t0, _), (t1, _) in zip(changes, changes[1:])]
+        assert all(g > 1.2 for g in gaps), gaps
+        assert any("b1" in bs for bs in history[-1][1].values())
+    finally:
+        gov.stop()
