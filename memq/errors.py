@@ -139,3 +139,10 @@ class DataLossError(ConsumerError):
         self.partition = partition
         self.offset = offset
         self.location = location
+
+
+# --- local dev infrastructure ---------------------------------------------------------------
+
+
+class DevClusterError(MemqError):
+    """A local dev server (moto S3, tansu, ZooKeeper) failed to start, answer or stop."""
