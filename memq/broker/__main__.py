@@ -1,0 +1,46 @@
+"""`python -m memq.broker --config FILE`: run one broker until SIGTERM/SIGINT, then drain."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+
+from memq.config import MemqConfig, load_config
+from memq.errors import MemqError
+
+from .server import Broker
+
+
+async def serve(config: MemqConfig) -> None:
+    """Run a broker until SIGTERM or SIGINT, then stop gracefully (flush, store, ack)."""
+    broker = Broker(config)
+    await broker.start()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    print(f"memq broker {broker.broker_id} listening on {broker.url}", flush=True)
+    await stop.wait()
+    logging.getLogger(__name__).info("signal received: draining broker %s", broker.broker_id)
+    await broker.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m memq.broker", description=__doc__)
+    parser.add_argument("--config", required=True, help="TOML config file (MEMQ_* variables override it)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        config = load_config(args.config)
+        asyncio.run(serve(config))
+    except MemqError as e:
+        print(f"memq broker: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

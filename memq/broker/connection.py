@@ -1,0 +1,157 @@
+"""One producer's `/v1/produce` WebSocket: read Message frames, write batched acks.
+
+Frames are handled one at a time, so while a TopicProcessor has no free slot this connection
+stops reading and TCP pushes back on the producer. Acks go through a bounded queue drained by
+one writer task, several per frame. Every bad frame gets an error ack naming the problem; a
+client that does not read its acks (queue full, or a write that does not finish within
+`write_timeout_s`) is closed cleanly, and other connections are not affected.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from typing import TYPE_CHECKING
+
+from aiohttp import WSCloseCode, WSMsgType, web
+
+from memq.errors import FormatError, ProtocolError
+from memq.format import verify_message
+from memq.format.wire import NO_REQUEST_ID, Ack, AckCode, AckLevel, decode_request, encode_acks, peek_request_id
+
+if TYPE_CHECKING:
+    from .server import Broker
+
+log = logging.getLogger(__name__)
+
+MAX_ACKS_PER_FRAME = 4096
+
+
+class ProduceConnection:
+    def __init__(self, ws: web.WebSocketResponse, broker: Broker, *, max_pending_acks: int,
+                 write_timeout_s: float) -> None:
+        self._ws = ws
+        self._broker = broker
+        self._metrics = broker.metrics
+        self._max_pending = max_pending_acks
+        self._write_timeout_s = write_timeout_s
+        self._pending: deque[tuple[Ack, str, float]] = deque()
+        self._wakeup = asyncio.Event()
+        self._closed = False
+        self._ack_stage = broker.metrics.stage_seconds
+
+    async def run(self) -> None:
+        writer = asyncio.create_task(self._write_acks(), name="ack-writer")
+        self._metrics.connections.inc()
+        try:
+            async for msg in self._ws:
+                if self._closed:
+                    break
+                if msg.type == WSMsgType.BINARY:
+                    await self._handle(msg.data)
+                elif msg.type == WSMsgType.TEXT:
+                    self._reject(NO_REQUEST_ID, "", AckCode.PROTOCOL,
+                                 "text frame: the produce protocol uses binary frames only")
+                elif msg.type == WSMsgType.ERROR:
+                    log.info("produce connection error: %s", self._ws.exception())
+                    break
+            # let queued acks (e.g. from a final batch) go out before closing
+            if not self._closed and not self._ws.closed:
+                self._wakeup.set()
+        finally:
+            self._metrics.connections.dec()
+            self._closed = True
+            self._wakeup.set()
+            await writer
+            await self._ws.close()
+
+    async def shutdown(self, timeout_s: float) -> None:
+        """Broker shutdown: let queued acks go out (up to `timeout_s`), then close GOING_AWAY."""
+        deadline = time.monotonic() + timeout_s
+        while self._pending and not self._ws.closed and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        self._closed = True
+        self._wakeup.set()
+        await self._ws.close(code=WSCloseCode.GOING_AWAY, message=b"broker shutting down")
+
+    def _reply(self, ack: Ack, topic: str) -> None:
+        if self._closed:
+            return
+        if len(self._pending) >= self._max_pending:
+            self._close_slow(f"client did not read its acks ({self._max_pending} pending)")
+            return
+        self._pending.append((ack, topic, time.monotonic()))
+        self._wakeup.set()
+
+    def _reject(self, request_id: int, topic: str, code: AckCode, why: str,
+                brokers: tuple[str, ...] = ()) -> None:
+        self._metrics.rejected.labels(str(code)).inc()
+        self._reply(Ack(request_id, False, code, why, brokers=brokers), topic)
+
+    async def _handle(self, data: bytes) -> None:
+        try:
+            req = decode_request(data)
+        except ProtocolError as e:
+            self._reject(peek_request_id(data), "", AckCode.PROTOCOL, str(e))
+            return
+        topic = req.topic
+        quiet = req.ack is AckLevel.NONE
+        proc = self._broker.processor(topic)
+        if proc is None:
+            code, why, brokers = self._broker.where_is(topic)
+            if not quiet:
+                self._reject(req.request_id, topic, code, why, brokers)
+            return
+        limit = proc.config.max_message_bytes
+        if len(req.message) > limit:
+            if not quiet:
+                self._reject(req.request_id, topic, AckCode.TOO_LARGE,
+                             f"Message of {len(req.message)} bytes exceeds topic {topic}'s "
+                             f"max_message_bytes={limit}")
+            return
+        try:
+            header = verify_message(req.message)
+        except FormatError as e:
+            if not quiet:
+                self._reject(req.request_id, topic, AckCode.CORRUPT, f"request {req.request_id}: {e}")
+            return
+        ack = await proc.append(req.message, header, req.request_id, req.ack,
+                                lambda a: self._reply(a, topic))
+        if ack is not None and not quiet:
+            if not ack.ok:
+                self._metrics.rejected.labels(ack.code).inc()
+            self._reply(ack, topic)
+
+    def _close_slow(self, why: str) -> None:
+        if self._closed:
+            return
+        log.warning("closing produce connection: %s", why)
+        self._metrics.slow_clients.inc()
+        self._closed = True
+        self._pending.clear()
+        self._wakeup.set()
+        asyncio.get_running_loop().create_task(
+            self._ws.close(code=WSCloseCode.TRY_AGAIN_LATER, message=why[:120].encode()))
+
+    async def _write_acks(self) -> None:
+        while True:
+            await self._wakeup.wait()
+            self._wakeup.clear()
+            while self._pending and not self._ws.closed:
+                n = min(len(self._pending), MAX_ACKS_PER_FRAME)
+                items = [self._pending.popleft() for _ in range(n)]
+                try:
+                    async with asyncio.timeout(self._write_timeout_s):
+                        await self._ws.send_bytes(encode_acks([a for a, _, _ in items]))
+                except TimeoutError:
+                    self._close_slow(f"ack write did not finish within {self._write_timeout_s:g}s")
+                    return
+                except (ConnectionError, RuntimeError):
+                    return   # the peer went away; nothing left to tell it
+                now = time.monotonic()
+                for _, topic, t in items:
+                    self._ack_stage.labels(topic, "ack").observe(now - t)
+            if self._closed:
+                return

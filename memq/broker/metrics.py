@@ -1,0 +1,43 @@
+"""Prometheus metrics of one broker, in its own registry (several brokers may share a process).
+
+Per-stage latency follows the full-link idea: each Message's time at the broker is split into
+queue wait (waiting for a free batch slot), batch fill (batch open -> sealed), upload (S3
+PUT), notify (Kafka publish) and ack (ack ready -> written to the socket), so a slow stage
+shows up by name.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+STAGES = ("queue_wait", "batch_fill", "upload", "notify", "ack")
+_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+
+@dataclass
+class BrokerMetrics:
+    broker_id: str
+    registry: CollectorRegistry = field(default_factory=lambda: CollectorRegistry(auto_describe=True))
+
+    def __post_init__(self) -> None:
+        r = self.registry
+        self.stage_seconds = Histogram("memq_broker_stage_seconds", "Time spent per produce stage",
+                                       ["topic", "stage"], buckets=_BUCKETS, registry=r)
+        self.messages = Counter("memq_broker_messages", "Messages accepted into a batch", ["topic"], registry=r)
+        self.logmessages = Counter("memq_broker_logmessages", "LogMessages accepted into a batch",
+                                   ["topic"], registry=r)
+        self.bytes = Counter("memq_broker_message_bytes", "Message bytes accepted into a batch", ["topic"],
+                             registry=r)
+        self.batches = Counter("memq_broker_batches", "Batches finished, by result (ok, STORAGE, NOTIFY)",
+                               ["topic", "result"], registry=r)
+        self.batch_bytes = Histogram("memq_broker_batch_bytes", "Size of stored batch objects", ["topic"],
+                                     buckets=tuple(2.0 ** i for i in range(10, 27)), registry=r)
+        self.rejected = Counter("memq_broker_rejected", "Requests answered with an error ack, by code",
+                                ["code"], registry=r)
+        self.busy_slots = Gauge("memq_broker_ring_busy_slots", "Batch slots filling or uploading", ["topic"],
+                                registry=r)
+        self.connections = Gauge("memq_broker_connections", "Open produce connections", registry=r)
+        self.slow_clients = Counter("memq_broker_slow_client_closes",
+                                    "Connections closed because the client did not read its acks", registry=r)

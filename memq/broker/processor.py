@@ -1,0 +1,211 @@
+"""TopicProcessor: one topic's bounded ring of batch slots on a broker.
+
+One slot fills while the others upload concurrently. A batch seals when it holds at least
+`batch_bytes` or `batch_messages` LogMessages, or when it is `batch_ms` old. Each slot is a
+permit of a semaphore, so at most `ring_slots` batches exist at once: when every slot is
+busy, `append` waits (the connection stops reading its socket) up to `busy_wait_s`, then
+answers BUSY. Memory is therefore bounded by `ring_slots * (batch_bytes + max_message_bytes)`.
+
+A stored batch is announced on Kafka before any ack=all Message in it is acked; if the PUT or
+the publish fails for good, every ack=all Message of that batch gets an error ack naming why.
+Message bodies are never decoded: the caller has verified header and CRC.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Protocol
+
+from memq.config import TopicConfig
+from memq.errors import MemqError
+from memq.format import NOTIFICATION_VERSION, MessageHeader, Notification, encode_batch, object_crc32c
+from memq.format.wire import Ack, AckCode, AckLevel
+from memq.storage import ObjectLocation, StorageHandler
+from memq.storage.naming import parse_key
+
+from .metrics import BrokerMetrics
+
+log = logging.getLogger(__name__)
+
+#: Called with an ack for a Message that asked for ack=all (from the processor's upload task).
+Reply = Callable[[Ack], None]
+
+
+class Publisher(Protocol):
+    async def publish(self, kafka_topic: str, n: Notification) -> tuple[int, int]: ...
+
+
+@dataclass(slots=True)
+class _Batch:
+    opened: float
+    messages: list[memoryview] = field(default_factory=list)
+    headers: list[MessageHeader] = field(default_factory=list)
+    waiters: list[tuple[int, int, Reply]] = field(default_factory=list)   # (request id, index, reply)
+    nbytes: int = 0
+    logcount: int = 0
+    timer: asyncio.TimerHandle | None = None
+
+
+class TopicProcessor:
+    def __init__(self, topic: TopicConfig, *, cluster: str, broker_id: str, storage: StorageHandler,
+                 publisher: Publisher, metrics: BrokerMetrics, busy_wait_s: float = 5.0) -> None:
+        self.config = topic
+        self.notification_topic = topic.notification_topic_for(cluster)
+        self._broker_id = broker_id
+        self._storage = storage
+        self._publisher = publisher
+        self._busy_wait_s = busy_wait_s
+        self._slots = asyncio.Semaphore(topic.ring_slots)
+        self._busy = 0
+        self._filling: _Batch | None = None
+        self._uploads: set[asyncio.Task[None]] = set()
+        self._closing = False
+        name = topic.name
+        self._m_stage = {s: metrics.stage_seconds.labels(name, s) for s in ("queue_wait", "batch_fill",
+                                                                            "upload", "notify")}
+        self._m_messages = metrics.messages.labels(name)
+        self._m_logmessages = metrics.logmessages.labels(name)
+        self._m_bytes = metrics.bytes.labels(name)
+        self._m_busy = metrics.busy_slots.labels(name)
+        self._m_batch_bytes = metrics.batch_bytes.labels(name)
+        self._metrics = metrics
+
+    @property
+    def busy_slots(self) -> int:
+        return self._busy
+
+    async def append(self, message: memoryview, header: MessageHeader, request_id: int, ack: AckLevel,
+                     reply: Reply) -> Ack | None:
+        """Put one verified Message into the filling batch.
+
+        Returns the ack to send now (ack=1 success, BUSY, CLOSING), or None when the ack comes
+        later through `reply` (ack=all) or never (ack=0).
+        """
+        size = len(message)
+        batch = self._filling
+        if batch is None or self._closing:
+            batch = await self._open_batch()
+            if batch is None:
+                code = AckCode.CLOSING if self._closing else AckCode.BUSY
+                why = ("topic is closing on this broker" if self._closing else
+                       f"all {self.config.ring_slots} batch slots busy for {self._busy_wait_s:g}s")
+                return Ack(request_id, False, code, f"topic {self.config.name}: {why}")
+        if ack is AckLevel.ALL:
+            batch.waiters.append((request_id, len(batch.messages), reply))
+        batch.messages.append(message)
+        batch.headers.append(header)
+        batch.nbytes += size
+        batch.logcount += header.count
+        self._m_messages.inc()
+        self._m_logmessages.inc(header.count)
+        self._m_bytes.inc(size)
+        if batch.nbytes >= self.config.batch_bytes or batch.logcount >= self.config.batch_messages:
+            self._seal(batch)
+        if ack is AckLevel.LEADER:
+            return Ack(request_id, True)
+        return None
+
+    async def _open_batch(self) -> _Batch | None:
+        """The filling batch, opening one when a slot frees up; None if closing or still busy."""
+        t0 = time.monotonic()
+        while self._filling is None:
+            if self._closing:
+                return None
+            remaining = self._busy_wait_s - (time.monotonic() - t0)
+            try:
+                async with asyncio.timeout(max(remaining, 0.0)):
+                    await self._slots.acquire()
+            except TimeoutError:
+                return None
+            if self._filling is not None or self._closing:   # another request opened one meanwhile
+                self._slots.release()
+                continue
+            self._busy += 1
+            self._m_busy.set(self._busy)
+            batch = _Batch(opened=time.monotonic())
+            batch.timer = asyncio.get_running_loop().call_later(self.config.batch_ms / 1000, self._seal, batch)
+            self._filling = batch
+        self._m_stage["queue_wait"].observe(time.monotonic() - t0)
+        return self._filling
+
+    def _seal(self, batch: _Batch) -> None:
+        if self._filling is not batch:
+            return   # already sealed (the age timer raced a size seal)
+        self._filling = None
+        if batch.timer is not None:
+            batch.timer.cancel()
+        if not batch.messages:
+            self._release_slot()
+            return
+        self._m_stage["batch_fill"].observe(time.monotonic() - batch.opened)
+        task = asyncio.get_running_loop().create_task(self._upload(batch), name=f"upload-{self.config.name}")
+        self._uploads.add(task)
+        task.add_done_callback(self._uploads.discard)
+
+    def _release_slot(self) -> None:
+        self._busy -= 1
+        self._m_busy.set(self._busy)
+        self._slots.release()
+
+    async def _upload(self, batch: _Batch) -> None:
+        topic = self.config.name
+        try:
+            created_ms = int(time.time() * 1000)
+            chunks = encode_batch(batch.messages, batch.headers, broker_id=self._broker_id, created_ms=created_ms)
+            size = sum(len(c) for c in chunks)
+            first = batch.headers[0]
+            t0 = time.monotonic()
+            try:
+                loc = await self._storage.put_batch(topic, chunks, first_request_id=first.producer_id ^ first.sequence,
+                                                    timestamp_ms=created_ms, broker_id=self._broker_id)
+            except Exception as e:   # a storage failure must fail this batch only, never the broker
+                self._fail(batch, AckCode.STORAGE, f"storing batch of topic {topic} failed: {e}")
+                return
+            self._m_stage["upload"].observe(time.monotonic() - t0)
+            self._m_batch_bytes.observe(size)
+            note = Notification(
+                v=NOTIFICATION_VERSION, topic=topic, bucket=loc.bucket, key=loc.key, size=size,
+                header_size=len(chunks[0]),
+                message_count=len(batch.headers), logmessage_count=batch.logcount,
+                min_timestamp_ms=min(h.min_timestamp_ms for h in batch.headers),
+                max_timestamp_ms=max(h.max_timestamp_ms for h in batch.headers),
+                crc32c=object_crc32c(chunks), broker_id=self._broker_id, attempt=parse_key(loc.key).attempt, created_ms=created_ms)
+            t0 = time.monotonic()
+            try:
+                partition, offset = await self._publisher.publish(self.notification_topic, note)
+            except Exception as e:   # as above: the batch fails, the broker goes on
+                self._fail(batch, AckCode.NOTIFY, f"notifying batch {loc.key} of topic {topic} failed: {e}")
+                await self._delete_orphan(loc)
+                return
+            self._m_stage["notify"].observe(time.monotonic() - t0)
+            self._metrics.batches.labels(topic, "ok").inc()
+            for request_id, index, reply in batch.waiters:
+                reply(Ack(request_id, True, AckCode.OK, "", loc.bucket, loc.key, index, partition, offset))
+        finally:
+            batch.messages.clear()   # drop the frames now, the acks are out
+            self._release_slot()
+
+    def _fail(self, batch: _Batch, code: AckCode, why: str) -> None:
+        log.warning("%s (%d Messages get error acks)", why, len(batch.headers))
+        self._metrics.batches.labels(self.config.name, str(code)).inc()
+        for request_id, _index, reply in batch.waiters:
+            reply(Ack(request_id, False, code, why))
+
+    async def _delete_orphan(self, loc: ObjectLocation) -> None:
+        """An object without a notification is invisible to consumers; remove it if storage lets us."""
+        try:
+            await self._storage.delete(loc)
+        except MemqError as e:
+            log.warning("could not delete unannounced batch %s: %s", loc.key, e)
+
+    async def close(self) -> None:
+        """Stop taking writes, seal the filling batch and wait until every batch is acked."""
+        self._closing = True
+        if self._filling is not None:
+            self._seal(self._filling)
+        while self._uploads:
+            await asyncio.gather(*list(self._uploads))
+

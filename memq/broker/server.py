@@ -1,0 +1,174 @@
+"""The broker: an aiohttp app hosting TopicProcessors behind `/v1/produce`.
+
+`Broker` owns the hosted topics (`add_topic` / `remove_topic`, which the governor drives;
+until then the topics of the config), the storage handler and the notification publisher.
+`stop()` is the graceful shutdown: refuse new connections, answer CLOSING to new writes,
+seal, store, notify and ack every batch in flight, then close the connections.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import time
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from memq.config import MemqConfig, TopicConfig
+from memq.format.wire import AckCode
+from memq.notify import NotificationPublisher, TopicAdmin
+from memq.storage import StorageHandler, StorageMetrics, make_storage
+
+from .connection import ProduceConnection
+from .metrics import BrokerMetrics
+from .processor import Publisher, TopicProcessor
+
+log = logging.getLogger(__name__)
+
+
+class Broker:
+    def __init__(self, config: MemqConfig, *, storage: StorageHandler | None = None,
+                 publisher: Publisher | None = None, admin: TopicAdmin | None = None) -> None:
+        self.config = config
+        self.broker_id = config.broker.broker_id
+        self.metrics = BrokerMetrics(self.broker_id)
+        self._storage = storage
+        self._publisher = publisher
+        self._admin = admin
+        self._processors: dict[str, TopicProcessor] = {}
+        self._moved: dict[str, tuple[str, ...]] = {}
+        self._connections: set[ProduceConnection] = set()
+        self._draining = False
+        self._runner: web.AppRunner | None = None
+        self.url = ""
+        self.app = web.Application()
+        self.app.add_routes([web.get("/v1/produce", self._produce), web.get("/v1/metadata", self._metadata),
+                             web.get("/healthz", self._healthz), web.get("/metrics", self._prometheus)])
+
+    # --- lifecycle ---------------------------------------------------------------------------
+
+    async def start(self) -> str:
+        """Listen on the configured host/port (0 = any free port), host the configured topics."""
+        bc = self.config.broker
+        if self._storage is None:
+            self._storage = make_storage(self.config, metrics=StorageMetrics(self.metrics.registry))
+        if self._publisher is None:
+            self._publisher = NotificationPublisher(self.config.kafka, client_id=f"memq-broker-{self.broker_id}")
+        if self._admin is None:
+            self._admin = TopicAdmin(self.config.kafka)
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((bc.host, bc.port))
+        self._runner = web.AppRunner(self.app, handle_signals=False, access_log=None)
+        await self._runner.setup()
+        await web.SockSite(self._runner, sock).start()
+        self.url = bc.advertised_url or f"http://{bc.host}:{sock.getsockname()[1]}"
+        for topic in self.config.topics:
+            await self.add_topic(topic)
+        log.info("broker %s listening on %s, topics %s", self.broker_id, self.url, sorted(self._processors))
+        return self.url
+
+    async def stop(self) -> None:
+        """Graceful shutdown: flush and ack everything in flight, then close."""
+        self._draining = True
+        timeout = self.config.broker.shutdown_timeout_ms / 1000
+        deadline = time.monotonic() + timeout
+        names = list(self._processors)
+        try:
+            async with asyncio.timeout(timeout):
+                await asyncio.gather(*(self.remove_topic(n) for n in names))
+        except TimeoutError:
+            log.error("shutdown: batches of %s not finished within %gs", names, timeout)
+        await asyncio.gather(*(c.shutdown(max(deadline - time.monotonic(), 0.5)) for c in list(self._connections)))
+        if self._runner is not None:
+            await self._runner.cleanup()
+        if self._publisher is not None and hasattr(self._publisher, "close"):
+            await asyncio.to_thread(self._publisher.close)
+        if self._storage is not None:
+            await self._storage.close()
+
+    async def __aenter__(self) -> Broker:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    # --- topics (the governor drives these) ----------------------------------------------------
+
+    async def add_topic(self, topic: TopicConfig) -> None:
+        """Host `topic` here; creates its notification topic with `read_partitions` partitions."""
+        if topic.name in self._processors:
+            return
+        assert self._storage is not None and self._publisher is not None and self._admin is not None, "start() first"
+        cluster = self.config.cluster.name
+        await asyncio.to_thread(self._admin.create_topic, topic.notification_topic_for(cluster),
+                                topic.read_partitions)
+        self._processors[topic.name] = TopicProcessor(
+            topic, cluster=cluster, broker_id=self.broker_id, storage=self._storage, publisher=self._publisher,
+            metrics=self.metrics, busy_wait_s=self.config.broker.busy_wait_ms / 1000)
+        self._moved.pop(topic.name, None)
+
+    async def remove_topic(self, name: str, *, moved_to: tuple[str, ...] = ()) -> None:
+        """Stop writes (later requests get NOT_HERE naming `moved_to`), seal, upload, ack, drop."""
+        proc = self._processors.pop(name, None)
+        if proc is None:
+            return
+        self._moved[name] = tuple(moved_to)
+        await proc.close()
+
+    def processor(self, topic: str) -> TopicProcessor | None:
+        return self._processors.get(topic)
+
+    def where_is(self, topic: str) -> tuple[AckCode, str, tuple[str, ...]]:
+        """The error ack for a topic not hosted here: (code, reason, brokers that host it)."""
+        if topic in self._moved:
+            return AckCode.NOT_HERE, f"topic {topic} is not hosted on broker {self.broker_id}", self._moved[topic]
+        if self._draining:
+            return AckCode.CLOSING, f"broker {self.broker_id} is shutting down", ()
+        return AckCode.UNKNOWN_TOPIC, f"topic {topic!r} is not known to broker {self.broker_id}", ()
+
+    # --- HTTP handlers -----------------------------------------------------------------------
+
+    async def _produce(self, request: web.Request) -> web.StreamResponse:
+        if self._draining:
+            raise web.HTTPServiceUnavailable(text=f"broker {self.broker_id} is shutting down")
+        bc = self.config.broker
+        ws = web.WebSocketResponse(max_msg_size=bc.max_frame_bytes, heartbeat=30.0, compress=False)
+        await ws.prepare(request)
+        conn = ProduceConnection(ws, self, max_pending_acks=bc.max_pending_acks,
+                                 write_timeout_s=bc.ack_write_timeout_ms / 1000)
+        self._connections.add(conn)
+        try:
+            await conn.run()
+        finally:
+            self._connections.discard(conn)
+        return ws
+
+    def metadata(self) -> dict[str, object]:
+        c = self.config
+        return {
+            "cluster": c.cluster.name,
+            "broker_id": self.broker_id,
+            "brokers": [{"id": self.broker_id, "url": self.url, "rack": c.broker.rack}],
+            "topics": {name: {"brokers": [self.url], "notification_topic": p.notification_topic,
+                              "read_partitions": p.config.read_partitions}
+                       for name, p in self._processors.items()},
+            "kafka": {"bootstrap_servers": c.kafka.bootstrap_servers},
+            "storage": {"kind": c.storage.kind, "bucket": c.s3.bucket, "endpoint_url": c.s3.endpoint_url,
+                        "region": c.s3.region, "root_dir": c.storage.root_dir},
+        }
+
+    async def _metadata(self, request: web.Request) -> web.Response:
+        return web.json_response(self.metadata())
+
+    async def _healthz(self, request: web.Request) -> web.Response:
+        body = {"status": "draining" if self._draining else "ok", "broker_id": self.broker_id,
+                "topics": sorted(self._processors)}
+        return web.json_response(body, status=503 if self._draining else 200)
+
+    async def _prometheus(self, request: web.Request) -> web.Response:
+        return web.Response(body=generate_latest(self.metrics.registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
+

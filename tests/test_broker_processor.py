@@ -1,0 +1,205 @@
+"""TopicProcessor on its own: sealing, ring backpressure, failures, close.
+
+Storage is the real file handler in a temp dir (wrapped so a test can hold or fail PUTs);
+the publisher records notifications in memory. The Kafka/S3 path is in test_broker_*.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from memq.broker.metrics import BrokerMetrics
+from memq.broker.processor import TopicProcessor
+from memq.config import TopicConfig
+from memq.errors import NotifyError, StorageError
+from memq.format import Codec, LogMessage, Notification, decode_batch, encode_message, verify_message
+from memq.format.wire import Ack, AckCode, AckLevel
+from memq.storage import FileStorageHandler, ObjectLocation
+
+
+class GatedStorage:
+    """The file handler, with PUTs that can be held at a gate or made to fail."""
+
+    def __init__(self, root: Path) -> None:
+        self.inner = FileStorageHandler(str(root), cluster="test")
+        self.gate = asyncio.Event()
+        self.gate.set()
+        self.fail = False
+        self.puts: list[ObjectLocation] = []
+        self.deleted: list[ObjectLocation] = []
+        self.active = 0
+        self.max_active = 0
+
+    async def put_batch(self, topic: str, data: Any, **kw: Any) -> ObjectLocation:
+        self.active += 1
+        self.max_active = max(self.max_active, self.active)
+        try:
+            await self.gate.wait()
+            if self.fail:
+                raise StorageError("injected: bucket unavailable")
+            loc = await self.inner.put_batch(topic, data, **kw)
+            self.puts.append(loc)
+            return loc
+        finally:
+            self.active -= 1
+
+    async def get(self, loc: ObjectLocation) -> bytes:
+        return await self.inner.get(loc)
+
+    async def delete(self, loc: ObjectLocation) -> None:
+        self.deleted.append(loc)
+        await self.inner.delete(loc)
+
+
+class MemoryPublisher:
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, Notification]] = []
+        self.fail = False
+
+    async def publish(self, kafka_topic: str, n: Notification) -> tuple[int, int]:
+        if self.fail:
+            raise NotifyError("injected: kafka down")
+        self.sent.append((kafka_topic, n))
+        return 0, len(self.sent) - 1
+
+
+def message(seq: int, n: int = 3, size: int = 100) -> bytes:
+    recs = [LogMessage(bytes([seq % 256]) * size, key=b"k%d" % i, timestamp_ms=1000 + seq) for i in range(n)]
+    return encode_message(recs, producer_id=42, epoch=1, sequence=seq, codec=Codec.NONE)
+
+
+class Harness:
+    def __init__(self, tmp_path: Path, **topic: Any) -> None:
+        self.storage = GatedStorage(tmp_path)
+        self.publisher = MemoryPublisher()
+        self.acks: list[Ack] = []
+        cfg = TopicConfig(name="t1", **{"batch_ms": 10_000, "batch_bytes": 1 << 20, "max_message_bytes": 1 << 20, **topic})
+        self.proc = TopicProcessor(cfg, cluster="test", broker_id="b1", storage=self.storage,  # type: ignore[arg-type]
+                                   publisher=self.publisher, metrics=BrokerMetrics("b1"), busy_wait_s=0.2)
+
+    async def append(self, seq: int, ack: AckLevel = AckLevel.ALL, **kw: Any) -> Ack | None:
+        data = message(seq, **kw)
+        return await self.proc.append(memoryview(data), verify_message(data), seq, ack, self.acks.append)
+
+    async def wait_acks(self, n: int, timeout: float = 5.0) -> None:
+        async with asyncio.timeout(timeout):
+            while len(self.acks) < n:
+                await asyncio.sleep(0.005)
+
+
+async def test_seals_on_bytes_and_acks_all_with_location(tmp_path: Path) -> None:
+    h = Harness(tmp_path, batch_bytes=4 * 400, max_message_bytes=1000)
+    for seq in range(8):
+        assert await h.append(seq) is None
+    await h.wait_acks(8)
+    assert all(a.ok for a in h.acks) and sorted(a.id for a in h.acks) == list(range(8))
+    assert len(h.storage.puts) == 2 and len(h.publisher.sent) == 2
+    for loc in h.storage.puts:
+        header, msgs = decode_batch(await h.storage.get(loc))
+        acked = sorted((a.index, a.id) for a in h.acks if a.key == loc.key)
+        assert [i for i, _ in acked] == list(range(header.message_count))
+        assert [mh.sequence for mh, _ in msgs] == [seq for _, seq in acked]
+    topic, note = h.publisher.sent[0]
+    assert topic == "memq.test.t1"
+    assert (note.message_count, note.logmessage_count, note.broker_id) == (4, 12, "b1")
+    assert note.key == h.storage.puts[0].key and note.min_timestamp_ms == 1000
+
+
+async def test_seals_on_age_and_on_logmessage_count(tmp_path: Path) -> None:
+    h = Harness(tmp_path, batch_ms=50)
+    t0 = time.monotonic()
+    await h.append(1)
+    await h.wait_acks(1)
+    assert 0.04 <= time.monotonic() - t0 < 2.0
+    h2 = Harness(tmp_path / "2", batch_messages=6)
+    await h2.append(1)
+    await h2.append(2)   # 6 LogMessages: sealed at once, long before batch_ms
+    await h2.wait_acks(2, timeout=1.0)
+    assert len(h2.storage.puts) == 1
+
+
+async def test_ack_one_is_immediate_and_ack_zero_silent(tmp_path: Path) -> None:
+    h = Harness(tmp_path)
+    ack = await h.append(1, AckLevel.LEADER)
+    assert ack is not None and ack.ok and ack.id == 1
+    assert await h.append(2, AckLevel.NONE) is None
+    await h.proc.close()
+    assert h.acks == [] and len(h.storage.puts) == 1
+
+
+async def test_ring_full_waits_then_busy_and_never_exceeds_slots(tmp_path: Path) -> None:
+    h = Harness(tmp_path, ring_slots=2, batch_bytes=400, max_message_bytes=400)
+    h.storage.gate.clear()                      # storage stalls
+    await h.append(1)                           # batch 1 sealed (>= 400 bytes), uploading
+    await h.append(2)                           # batch 2 sealed, uploading: ring full
+    t0 = time.monotonic()
+    busy = await h.append(3)
+    assert busy is not None and busy.code == AckCode.BUSY and "batch slots busy" in busy.error
+    assert time.monotonic() - t0 >= 0.19
+    assert h.proc.busy_slots == 2
+    waiter = asyncio.create_task(h.append(4))   # waits for a slot ...
+    await asyncio.sleep(0.05)
+    assert not waiter.done()
+    h.storage.gate.set()                        # ... and gets one when storage recovers
+    assert await waiter is None
+    await h.proc.close()
+    assert sorted(a.id for a in h.acks if a.ok) == [1, 2, 4]
+    assert h.storage.max_active <= 2
+
+
+async def test_storage_failure_fails_every_message_of_batch(tmp_path: Path) -> None:
+    h = Harness(tmp_path, batch_bytes=800, max_message_bytes=800)
+    h.storage.fail = True
+    await h.append(1)
+    await h.append(2)
+    await h.wait_acks(2)
+    assert {(a.id, a.ok, a.code) for a in h.acks} == {(1, False, "STORAGE"), (2, False, "STORAGE")}
+    assert "bucket unavailable" in h.acks[0].error
+    h.storage.fail = False                      # the processor goes on with the next batch
+    await h.append(3)
+    await h.append(4)
+    await h.wait_acks(4)
+    assert [a.ok for a in h.acks[2:]] == [True, True]
+
+
+async def test_notify_failure_fails_batch_and_deletes_orphan(tmp_path: Path) -> None:
+    h = Harness(tmp_path, batch_bytes=400, max_message_bytes=400)
+    h.publisher.fail = True
+    await h.append(1)
+    await h.wait_acks(1)
+    assert (h.acks[0].ok, h.acks[0].code) == (False, "NOTIFY") and "kafka down" in h.acks[0].error
+    assert h.storage.deleted == h.storage.puts and len(h.storage.puts) == 1
+
+
+async def test_close_flushes_then_answers_closing(tmp_path: Path) -> None:
+    h = Harness(tmp_path)
+    await h.append(1)
+    await h.proc.close()
+    assert [a.ok for a in h.acks] == [True]
+    late = await h.append(2)
+    assert late is not None and late.code == AckCode.CLOSING
+
+
+@pytest.mark.parametrize("slots", [2, 4])
+async def test_many_concurrent_appenders_each_message_once(tmp_path: Path, slots: int) -> None:
+    h = Harness(tmp_path, ring_slots=slots, batch_bytes=2000, max_message_bytes=2000, batch_ms=20)
+
+    async def appender(base: int) -> None:
+        for i in range(50):
+            ack = await h.append(base + i)
+            assert ack is None
+
+    await asyncio.gather(*(appender(k * 1000) for k in range(4)))
+    await h.proc.close()
+    assert sorted(a.id for a in h.acks) == sorted(k * 1000 + i for k in range(4) for i in range(50))
+    assert all(a.ok for a in h.acks)
+    seqs = []
+    for loc in h.storage.puts:
+        seqs += [mh.sequence for mh, _ in decode_batch(await h.storage.get(loc))[1]]
+    assert sorted(seqs) == sorted(a.id for a in h.acks)
+    assert len(h.publisher.sent) == len(h.storage.puts)
