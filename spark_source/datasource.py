@@ -1,0 +1,232 @@
+"""The "memq" DataSource: batch reads and streaming reads of a memq topic."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+from typing import Iterable, Iterator, List
+
+import pyarrow as pa
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceReader,
+    DataSourceStreamReader,
+    EqualTo,
+    Filter,
+    GreaterThan,
+    GreaterThanOrEqual,
+    In,
+    InputPartition,
+    LessThan,
+    LessThanOrEqual,
+)
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
+from pyspark.sql.types import StructType
+
+from spark_source.options import EARLIEST, LATEST, OffsetSpec, SourceOptions, parse_options
+from spark_source.plan import Bounds, MemqPartition, NotificationLog, list_objects, split
+from spark_source.read import read_partition
+from spark_source.schema import SCHEMA
+
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
+
+
+class MemqDataSource(DataSource):
+    """`spark.read.format("memq")` / `spark.readStream.format("memq")`; options in the README."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "memq"
+
+    def schema(self) -> StructType:
+        return SCHEMA
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        opts = parse_options(self.options)
+        return MemqPushdownReader(opts) if opts.push_filters else MemqBatchReader(opts)
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        return MemqStreamReader(parse_options(self.options))
+
+
+class MemqBatchReader(DataSourceReader):
+    """Reads [startingOffsets, endingOffsets) and [startingTimestamp, endingTimestamp)."""
+
+    def __init__(self, opts: SourceOptions) -> None:
+        self.opts = opts
+        self.bounds = Bounds(start_ms=opts.starting_timestamp_ms, end_ms=opts.ending_timestamp_ms)
+
+    def partitions(self) -> List[InputPartition]:
+        opts, bounds = self.opts, self.bounds
+        if opts.mode == "s3list":
+            refs = list_objects(opts, bounds.start_ms, bounds.end_ms)
+            return list(split([refs], opts.min_partitions))
+        nlog = NotificationLog(opts)
+        try:
+            ranges = {}
+            for p, (low, high) in nlog.watermarks().items():
+                if bounds.partitions is not None and p not in bounds.partitions:
+                    continue
+                start = opts.starting.resolve(p, low, high, default=EARLIEST) if opts.starting else low
+                end = min(opts.ending.resolve(p, low, high, default=LATEST), high)
+                if bounds.min_offset is not None:
+                    start = max(start, bounds.min_offset)
+                if bounds.max_offset is not None:
+                    end = min(end, bounds.max_offset + 1)
+                if start < end:
+                    ranges[p] = (nlog.check_start(p, start, low), end)
+            groups = nlog.read(ranges)
+        finally:
+            nlog.close()
+        return list(split(([r for r in g if bounds.keeps(r)] for _, g in sorted(groups.items())),
+                          opts.min_partitions))
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        assert isinstance(partition, MemqPartition)
+        return read_partition(self.opts, partition.refs, self.bounds)
+
+
+def _micros(value: object) -> int | None:
+    """Spark's timestamp literal as microseconds since the epoch (naive = UTC)."""
+    if not isinstance(value, dt.datetime):
+        return None
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=dt.timezone.utc)
+    return (value - _EPOCH) // dt.timedelta(microseconds=1)
+
+
+class MemqPushdownReader(MemqBatchReader):
+    """Also takes Spark's filters on partition, offset and timestamp (exactly, so Spark drops them).
+
+    Needs `spark.sql.python.filterPushdown.enabled=true`; `spark_source.register()` sets it.
+    """
+
+    def pushFilters(self, filters: List[Filter]) -> Iterable[Filter]:
+        for f in filters:
+            bounds = self._absorb(f)
+            if bounds is None:
+                yield f
+            else:
+                self.bounds = bounds
+
+    def _absorb(self, f: Filter) -> Bounds | None:
+        """Bounds narrowed by `f`, or None if `f` is not one memq applies exactly."""
+        b = self.bounds
+        column = f.attribute if isinstance(f, (EqualTo, GreaterThan, GreaterThanOrEqual, LessThan,
+                                                LessThanOrEqual, In)) else ()
+        if column == ("partition",) and self.opts.mode == "notifications":
+            if isinstance(f, EqualTo) and isinstance(f.value, int):
+                wanted = {f.value}
+            elif isinstance(f, In) and all(isinstance(v, int) for v in f.value):
+                wanted = set(f.value)
+            else:
+                return None
+            return dataclasses.replace(b, partitions=frozenset(wanted if b.partitions is None
+                                                               else wanted & b.partitions))
+        if column == ("offset",) and self.opts.mode == "notifications" and isinstance(f.value, int):
+            lo, hi = {EqualTo: (f.value, f.value), GreaterThan: (f.value + 1, None),
+                      GreaterThanOrEqual: (f.value, None), LessThan: (None, f.value - 1),
+                      LessThanOrEqual: (None, f.value)}.get(type(f), (None, None))
+            if lo is None and hi is None:
+                return None
+            return dataclasses.replace(
+                b, min_offset=lo if b.min_offset is None else max(b.min_offset, lo if lo is not None else b.min_offset),
+                max_offset=hi if b.max_offset is None else min(b.max_offset, hi if hi is not None else b.max_offset))
+        if column == ("timestamp",) and (us := _micros(getattr(f, "value", None))) is not None:
+            floor_ms, ceil_ms = us // 1000, -(-us // 1000)   # rows are whole milliseconds
+            start, end = {EqualTo: (ceil_ms, floor_ms + 1), GreaterThan: (floor_ms + 1, None),
+                          GreaterThanOrEqual: (ceil_ms, None), LessThan: (None, ceil_ms),
+                          LessThanOrEqual: (None, floor_ms + 1)}.get(type(f), (None, None))
+            if start is None and end is None:
+                return None
+            return dataclasses.replace(
+                b, start_ms=start if b.start_ms is None else max(b.start_ms, start if start is not None else b.start_ms),
+                end_ms=end if b.end_ms is None else min(b.end_ms, end if end is not None else b.end_ms))
+        return None
+
+
+def rate_limit(start: dict[int, int], latest: dict[int, int], max_offsets: int) -> dict[int, int]:
+    """At most `max_offsets` notifications past `start`, shared fairly across partitions."""
+    avail = {p: latest[p] - start[p] for p in latest}
+    end = dict(start)
+    left = max_offsets
+    for i, p in enumerate(sorted(avail, key=lambda q: (avail[q], q))):
+        take = min(avail[p], left // (len(avail) - i))
+        end[p] = start[p] + take
+        left -= take
+    return end
+
+
+class MemqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """Offsets are `{"<read partition>": next notification offset}`.
+
+    `maxOffsetsPerTrigger` caps the notifications (= batch objects, not messages) per
+    micro-batch. Kafka is only touched on the driver, lazily: Spark also pickles this
+    reader to executors, which only call `read`.
+    """
+
+    def __init__(self, opts: SourceOptions) -> None:
+        self.opts = opts
+        self._nlog: NotificationLog | None = None
+        self._target: dict[int, int] | None = None
+
+    @property
+    def nlog(self) -> NotificationLog:
+        if self._nlog is None:
+            self._nlog = NotificationLog(self.opts)
+        return self._nlog
+
+    def initialOffset(self) -> dict:
+        marks = self.nlog.watermarks()
+        if self.opts.starting is None and self.opts.starting_timestamp_ms is not None:
+            found = self.nlog.offsets_for_times(self.opts.starting_timestamp_ms)
+            return {str(p): found.get(p, high) if found.get(p, -1) >= 0 else high
+                    for p, (_, high) in marks.items()}
+        spec = self.opts.starting or OffsetSpec("latest")
+        return {str(p): spec.resolve(p, low, high, default=EARLIEST) for p, (low, high) in marks.items()}
+
+    def _latest(self) -> dict[int, int]:
+        return {p: high for p, (_, high) in self.nlog.watermarks().items()}
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        self._target = self._latest()
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        n = self.opts.max_offsets_per_trigger
+        return ReadAllAvailable() if n is None else ReadMaxRows(n)
+
+    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+        latest = self._target if self._target is not None else self._latest()
+        lows = {p: low for p, (low, _) in self.nlog.watermarks().items()} if set(map(str, latest)) - set(start) else {}
+        begin = {p: int(start[str(p)]) if str(p) in start else lows[p] for p in latest}
+        latest = {p: max(latest[p], begin[p]) for p in latest}
+        if isinstance(limit, ReadMaxRows):
+            latest = rate_limit(begin, latest, limit.max_rows)
+        return {str(p): o for p, o in sorted(latest.items())}
+
+    def reportLatestOffset(self) -> dict:
+        return {str(p): o for p, o in sorted(self._latest().items())}
+
+    def partitions(self, start: dict, end: dict) -> List[InputPartition]:
+        marks = self.nlog.watermarks()
+        ranges = {}
+        for key, stop in end.items():
+            p = int(key)
+            low = marks.get(p, (0, 0))[0]
+            begin = int(start.get(key, low))
+            if begin < stop:
+                ranges[p] = (self.nlog.check_start(p, begin, low), int(stop))
+        groups = self.nlog.read(ranges)
+        return list(split((g for _, g in sorted(groups.items())), self.opts.min_partitions))
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        assert isinstance(partition, MemqPartition)
+        return read_partition(self.opts, partition.refs, Bounds())
+
+    def commit(self, end: dict) -> None:
+        """Nothing to do: Spark's checkpoint holds the offsets; memq keeps no reader state."""
+
+    def stop(self) -> None:
+        if self._nlog is not None:
+            self._nlog.close()
+            self._nlog = None

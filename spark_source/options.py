@@ -1,0 +1,241 @@
+"""Options of the "memq" DataSource: parsed and validated once, on the driver.
+
+Names follow Spark's Kafka source where the meaning carries over (`startingOffsets`,
+`endingOffsets`, `startingTimestamp`, `endingTimestamp`, `maxOffsetsPerTrigger`,
+`minPartitions`, `failOnDataLoss`, `kafka.bootstrap.servers`). A bad option raises
+`ConfigError` naming it, before any task runs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from typing import Literal, Mapping
+
+from memq.config import ClusterConfig, KafkaConfig, MemqConfig, S3Config, StorageConfig, TopicConfig, load_config
+from memq.errors import ConfigError, UnknownTopicError
+
+EARLIEST = -2  # Kafka's sentinels inside JSON offsets
+LATEST = -1
+
+# option name (lower case, as Spark hands them over) -> what it sets
+_CONNECTION = {
+    "memq.config": "a memq TOML config file",
+    "memq.broker": "a memq broker URL; Kafka, storage and cluster come from its /v1/metadata",
+    "kafka.bootstrap.servers": "Kafka bootstrap servers",
+    "kafka.request.timeout.ms": "timeout of each Kafka call",
+    "cluster": "memq cluster name",
+    "notificationtopic": "Kafka topic carrying the notifications",
+    "storage.kind": "s3 or file",
+    "storage.rootdir": "root directory of the file storage",
+    "s3.endpoint": "S3 endpoint URL",
+    "s3.bucket": "S3 bucket",
+    "s3.region": "S3 region",
+    "s3.accesskeyid": "S3 access key id",
+    "s3.secretaccesskey": "S3 secret access key",
+    "s3.connecttimeoutms": "S3 connect timeout",
+    "s3.readtimeoutms": "S3 read timeout",
+    "s3.maxattempts": "S3 attempts per request",
+}
+_READ = {"topic", "mode", "startingoffsets", "endingoffsets", "startingtimestamp", "endingtimestamp",
+         "maxoffsetspertrigger", "minpartitions", "failondataloss", "fetchconcurrency",
+         "s3list.slackms", "pushfilters"}
+KNOWN_OPTIONS = frozenset(_CONNECTION) | _READ
+
+
+@dataclass(frozen=True)
+class OffsetSpec:
+    """`earliest`, `latest`, or explicit next offsets per read partition (-2/-1 = earliest/latest)."""
+
+    kind: Literal["earliest", "latest", "json"]
+    per_partition: tuple[tuple[int, int], ...] = ()
+
+    def resolve(self, partition: int, low: int, high: int, *, default: int) -> int:
+        """The offset this spec means for `partition` (log spans [low, high)); `default` if unnamed."""
+        if self.kind == "earliest":
+            return low
+        if self.kind == "latest":
+            return high
+        value = dict(self.per_partition).get(partition, default)
+        return low if value == EARLIEST else high if value == LATEST else value
+
+
+@dataclass(frozen=True)
+class SourceOptions:
+    """Everything the reader needs; picklable, so it travels to the executors."""
+
+    topic: str
+    notification_topic: str
+    config: MemqConfig
+    mode: Literal["notifications", "s3list"] = "notifications"
+    starting: OffsetSpec | None = None      # None = the mode's default (earliest batch, latest stream)
+    ending: OffsetSpec = OffsetSpec("latest")
+    starting_timestamp_ms: int | None = None
+    ending_timestamp_ms: int | None = None
+    max_offsets_per_trigger: int | None = None
+    min_partitions: int | None = None
+    fail_on_data_loss: bool = True
+    fetch_concurrency: int = 4
+    s3list_slack_ms: int = 60_000
+    push_filters: bool = True
+
+
+def _int(options: Mapping[str, str], name: str, *, minimum: int) -> int | None:
+    raw = options.get(name.lower())
+    if raw is None:
+        return None
+    try:
+        value = int(str(raw).strip())
+    except ValueError:
+        raise ConfigError(f"option {name}: {raw!r} is not an integer") from None
+    if value < minimum:
+        raise ConfigError(f"option {name}: {value} must be >= {minimum}")
+    return value
+
+
+def _bool(options: Mapping[str, str], name: str, default: bool) -> bool:
+    raw = options.get(name.lower())
+    if raw is None:
+        return default
+    s = str(raw).strip().lower()
+    if s not in ("true", "false"):
+        raise ConfigError(f"option {name}: {raw!r} must be true or false")
+    return s == "true"
+
+
+def parse_offsets(name: str, raw: str | None, topic: str, *, allow_earliest: bool = True) -> OffsetSpec | None:
+    """Parse `earliest`, `latest`, `{"<topic>": {"0": 12}}` (Kafka's form) or `{"0": 12}`."""
+    if raw is None:
+        return None
+    text = str(raw).strip()
+    if text.lower() in ("earliest", "latest"):
+        if text.lower() == "earliest" and not allow_earliest:
+            raise ConfigError(f"option {name}: 'earliest' is not allowed here")
+        return OffsetSpec(text.lower())  # type: ignore[arg-type]
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError:
+        raise ConfigError(f"option {name}: {raw!r} is not earliest, latest or JSON offsets") from None
+    if isinstance(doc, dict) and len(doc) == 1 and isinstance(next(iter(doc.values())), dict):
+        (named, doc), = doc.items()
+        if named != topic:
+            raise ConfigError(f"option {name}: names topic {named!r}, but the topic is {topic!r}")
+    if not isinstance(doc, dict) or not doc:
+        raise ConfigError(f'option {name}: JSON offsets must look like {{"0": 12, "1": -2}}')
+    pairs = []
+    for p, off in doc.items():
+        try:
+            part, value = int(p), off
+        except ValueError:
+            raise ConfigError(f"option {name}: partition {p!r} is not an integer") from None
+        if not isinstance(value, int) or isinstance(value, bool) or value < EARLIEST:
+            raise ConfigError(f"option {name}: offset {value!r} of partition {part} is not an offset, -1 or -2")
+        if value == EARLIEST and not allow_earliest:
+            raise ConfigError(f"option {name}: -2 (earliest) is not allowed here")
+        pairs.append((part, value))
+    return OffsetSpec("json", tuple(sorted(pairs)))
+
+
+def fetch_metadata(broker_url: str, timeout_s: float) -> dict:
+    """GET `<broker>/v1/metadata`; a clear error if the broker cannot be reached."""
+    url = broker_url.rstrip("/") + "/v1/metadata"
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as resp:
+            return json.loads(resp.read())
+    except (urllib.error.URLError, OSError, json.JSONDecodeError) as e:
+        raise ConfigError(f"option memq.broker: cannot read {url}: {e}") from None
+
+
+def _connection(options: Mapping[str, str], topic: str) -> tuple[MemqConfig, str]:
+    """Build the MemqConfig (and notification topic) from file, broker metadata and options."""
+    path = options.get("memq.config")
+    config = load_config(path, env={}) if path else MemqConfig()
+    kafka = dataclasses.asdict(config.kafka)
+    s3 = dataclasses.asdict(config.s3)
+    storage = dataclasses.asdict(config.storage)
+    cluster = config.cluster.name
+    notification_topic = ""
+    try:
+        notification_topic = config.topic(topic).notification_topic
+    except ConfigError:
+        pass
+    broker = options.get("memq.broker")
+    if broker:
+        meta = fetch_metadata(str(broker), kafka["request_timeout_ms"] / 1000)
+        info = meta.get("topics", {}).get(topic)
+        if info is None:
+            raise UnknownTopicError(f"topic {topic!r} is unknown to memq broker {broker}")
+        cluster = meta.get("cluster", cluster)
+        notification_topic = info.get("notification_topic") or notification_topic
+        kafka["bootstrap_servers"] = meta.get("kafka", {}).get("bootstrap_servers", kafka["bootstrap_servers"])
+        st = meta.get("storage", {})
+        storage["kind"] = st.get("kind", storage["kind"])
+        storage["root_dir"] = st.get("root_dir", storage["root_dir"])
+        s3["bucket"] = st.get("bucket") or s3["bucket"]
+        s3["endpoint_url"] = st.get("endpoint_url", s3["endpoint_url"])
+        s3["region"] = st.get("region") or s3["region"]
+    simple = {"kafka.bootstrap.servers": (kafka, "bootstrap_servers"), "storage.kind": (storage, "kind"),
+              "storage.rootdir": (storage, "root_dir"), "s3.endpoint": (s3, "endpoint_url"),
+              "s3.bucket": (s3, "bucket"), "s3.region": (s3, "region"),
+              "s3.accesskeyid": (s3, "access_key_id"), "s3.secretaccesskey": (s3, "secret_access_key")}
+    for opt, (section, field) in simple.items():
+        if options.get(opt):
+            section[field] = str(options[opt])
+    for opt, (section, field) in {"kafka.request.timeout.ms": (kafka, "request_timeout_ms"),
+                                  "s3.maxattempts": (s3, "max_attempts")}.items():
+        value = _int(options, opt, minimum=1)
+        if value is not None:
+            section[field] = value
+    for opt, field in (("s3.connectTimeoutMs", "connect_timeout_s"), ("s3.readTimeoutMs", "read_timeout_s")):
+        value = _int(options, opt, minimum=1)
+        if value is not None:
+            s3[field] = value / 1000
+    if storage["kind"] not in ("s3", "file"):
+        raise ConfigError(f"option storage.kind: {storage['kind']!r} is not s3 or file")
+    cluster = str(options.get("cluster") or cluster)
+    notification_topic = (str(options.get("notificationtopic") or "") or notification_topic
+                          or TopicConfig(name=topic).notification_topic_for(cluster))
+    config = dataclasses.replace(config, kafka=KafkaConfig(**kafka), s3=S3Config(**s3),
+                                 storage=StorageConfig(**storage), cluster=ClusterConfig(name=cluster))
+    return config, notification_topic
+
+
+def parse_options(options: Mapping[str, str]) -> SourceOptions:
+    """Validate Spark's (case-insensitive) options into `SourceOptions`."""
+    opts = {str(k).lower(): v for k, v in options.items()}
+    unknown = sorted(set(opts) - KNOWN_OPTIONS - {"path"})
+    if unknown:
+        raise ConfigError(f"memq source: unknown option(s) {', '.join(unknown)}; "
+                          f"known: {', '.join(sorted(KNOWN_OPTIONS))}")
+    topic = str(opts.get("topic") or opts.get("path") or "")
+    if not topic:
+        raise ConfigError("memq source: option topic is required")
+    TopicConfig(name=topic)  # validates the name
+    mode = str(opts.get("mode", "notifications")).lower()
+    if mode not in ("notifications", "s3list"):
+        raise ConfigError(f"option mode: {mode!r} is not notifications or s3list")
+    config, notification_topic = _connection(opts, topic)
+    start_ts = _int(opts, "startingTimestamp", minimum=0)
+    end_ts = _int(opts, "endingTimestamp", minimum=0)
+    if start_ts is not None and end_ts is not None and end_ts < start_ts:
+        raise ConfigError(f"option endingTimestamp: {end_ts} is before startingTimestamp {start_ts}")
+    return SourceOptions(
+        topic=topic,
+        notification_topic=notification_topic,
+        config=config,
+        mode=mode,  # type: ignore[arg-type]
+        starting=parse_offsets("startingOffsets", opts.get("startingoffsets"), topic),
+        ending=parse_offsets("endingOffsets", opts.get("endingoffsets"), topic, allow_earliest=False)
+        or OffsetSpec("latest"),
+        starting_timestamp_ms=start_ts,
+        ending_timestamp_ms=end_ts,
+        max_offsets_per_trigger=_int(opts, "maxOffsetsPerTrigger", minimum=1),
+        min_partitions=_int(opts, "minPartitions", minimum=1),
+        fail_on_data_loss=_bool(opts, "failOnDataLoss", True),
+        fetch_concurrency=_int(opts, "fetchConcurrency", minimum=1) or 4,
+        s3list_slack_ms=_int(opts, "s3list.slackMs", minimum=0) if "s3list.slackms" in opts else 60_000,
+        push_filters=_bool(opts, "pushFilters", True),
+    )

@@ -1,0 +1,211 @@
+"""Driver-side planning: which batch objects a query reads, split into Spark InputPartitions.
+
+Notifications are small (a pointer per batch object), so the driver reads the requested
+notification ranges itself: that prunes objects by time before any task starts, and lets
+tasks be balanced by object bytes rather than by offset counts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+from pyspark.sql.datasource import InputPartition
+
+from memq.errors import DataLossError, NotifyError, StorageError, UnknownTopicError
+from memq.notify import NotificationConsumer, TopicAdmin
+from memq.storage import ObjectLocation, make_storage
+from spark_source.options import SourceOptions
+
+log = logging.getLogger("memq.spark")
+
+TARGET_PARTITION_BYTES = 128 * 1024 * 1024  # like spark.sql.files.maxPartitionBytes
+
+
+@dataclass(frozen=True, slots=True)
+class BatchRef:
+    """One batch object to read, and where it sits in the notification log (None in s3list mode)."""
+
+    partition: int | None
+    offset: int | None
+    location: ObjectLocation
+    size: int
+    min_timestamp_ms: int | None = None
+    max_timestamp_ms: int | None = None
+    crc32c: int | None = None
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """Row bounds from options and pushed-down filters; offsets inclusive, timestamps [start, end)."""
+
+    partitions: frozenset[int] | None = None
+    min_offset: int | None = None
+    max_offset: int | None = None
+    start_ms: int | None = None
+    end_ms: int | None = None
+
+    def keeps(self, ref: BatchRef) -> bool:
+        """False only if no row of `ref` can be within the bounds."""
+        if ref.partition is not None:
+            if self.partitions is not None and ref.partition not in self.partitions:
+                return False
+            if self.min_offset is not None and ref.offset is not None and ref.offset < self.min_offset:
+                return False
+            if self.max_offset is not None and ref.offset is not None and ref.offset > self.max_offset:
+                return False
+        if self.start_ms is not None and ref.max_timestamp_ms is not None and ref.max_timestamp_ms < self.start_ms:
+            return False
+        if self.end_ms is not None and ref.min_timestamp_ms is not None and ref.min_timestamp_ms >= self.end_ms:
+            return False
+        return True
+
+
+class MemqPartition(InputPartition):
+    """A Spark task's share: batch objects read in order."""
+
+    def __init__(self, refs: Sequence[BatchRef]) -> None:
+        super().__init__(len(refs))
+        self.refs = tuple(refs)
+
+
+def split(groups: Iterable[Sequence[BatchRef]], min_partitions: int | None) -> list[MemqPartition]:
+    """Cut each group (one read partition's range) into contiguous chunks of similar bytes.
+
+    A group becomes one task unless it is larger than TARGET_PARTITION_BYTES or
+    `minPartitions` asks for more tasks than there are groups (then bytes are shared out).
+    """
+    groups = [list(g) for g in groups if g]
+    total = sum(r.size for g in groups for r in g) or 1
+    out: list[MemqPartition] = []
+    for g in groups:
+        size = sum(r.size for r in g)
+        n = math.ceil(size / TARGET_PARTITION_BYTES)
+        if min_partitions and min_partitions > len(groups):
+            n = max(n, round(min_partitions * size / total))
+        out.extend(_cut(g, max(1, min(n, len(g)))))
+    return out
+
+
+def _cut(refs: list[BatchRef], n: int) -> list[MemqPartition]:
+    """`n` contiguous chunks of `refs` with roughly equal bytes."""
+    size = sum(r.size for r in refs)
+    chunks: list[MemqPartition] = []
+    current: list[BatchRef] = []
+    acc = 0
+    for r in refs:
+        current.append(r)
+        acc += r.size
+        if len(chunks) < n - 1 and acc >= size * (len(chunks) + 1) / n:
+            chunks.append(MemqPartition(current))
+            current = []
+    if current:
+        chunks.append(MemqPartition(current))
+    return chunks
+
+
+class NotificationLog:
+    """The notification topic seen from the driver: bounds per partition and range reads."""
+
+    def __init__(self, opts: SourceOptions) -> None:
+        self.opts = opts
+        kafka = opts.config.kafka
+        self.timeout_s = kafka.request_timeout_ms / 1000
+        try:
+            self.num_partitions = TopicAdmin(kafka).partitions(opts.notification_topic)
+        except UnknownTopicError as e:
+            raise UnknownTopicError(f"topic {opts.topic}: no notification topic {opts.notification_topic} "
+                                    f"on Kafka {kafka.bootstrap_servers} ({e})") from e
+        except NotifyError as e:
+            raise NotifyError(f"topic {opts.topic}: Kafka {kafka.bootstrap_servers} failed: {e}") from e
+        self.consumer = NotificationConsumer(kafka, opts.notification_topic,
+                                             group_id=f"memq-spark-{uuid.uuid4().hex}")
+
+    def partitions(self) -> list[int]:
+        return list(range(self.num_partitions))
+
+    def watermarks(self) -> dict[int, tuple[int, int]]:
+        return {p: self.consumer.watermarks(p) for p in self.partitions()}
+
+    def offsets_for_times(self, ts_ms: int) -> dict[int, int]:
+        return self.consumer.offsets_for_times(ts_ms)
+
+    def check_start(self, partition: int, start: int, low: int) -> int:
+        """Where reading `partition` can start: `low` if `start` expired (or fail on data loss)."""
+        if start >= low:
+            return start
+        msg = (f"topic {self.opts.topic}: notifications {start}..{low - 1} of partition {partition} "
+               f"expired from {self.opts.notification_topic} before they were read")
+        if self.opts.fail_on_data_loss:
+            raise DataLossError(msg + " (set failOnDataLoss=false to skip them)", topic=self.opts.topic,
+                                partition=partition, offset=start)
+        log.warning("%s; skipped (failOnDataLoss=false)", msg)
+        return low
+
+    def read(self, ranges: dict[int, tuple[int, int]]) -> dict[int, list[BatchRef]]:
+        """The batch objects named by notifications [start, end) of each partition."""
+        todo = {p: (s, e) for p, (s, e) in ranges.items() if e > s}
+        out: dict[int, list[BatchRef]] = {p: [] for p in ranges}
+        if not todo:
+            return out
+        self.consumer.assign({p: s for p, (s, _) in todo.items()})
+        deadline = time.monotonic() + self.timeout_s
+        while todo:
+            records = self.consumer.poll(min(1.0, self.timeout_s), 10_000)
+            if records:
+                deadline = time.monotonic() + self.timeout_s
+            for rec in records:
+                if rec.partition not in todo or rec.offset >= todo[rec.partition][1]:
+                    continue
+                n = rec.notification
+                out[rec.partition].append(BatchRef(
+                    rec.partition, rec.offset, ObjectLocation(n.bucket, n.key), n.size,
+                    n.min_timestamp_ms, n.max_timestamp_ms, n.crc32c))
+                if rec.offset >= todo[rec.partition][1] - 1:
+                    del todo[rec.partition]
+            for p in list(todo):
+                if self.consumer.position().get(p, -1) >= todo[p][1]:
+                    del todo[p]
+            if todo and time.monotonic() > deadline:
+                raise NotifyError(f"topic {self.opts.topic}: no notifications from "
+                                  f"{self.opts.notification_topic} partitions {sorted(todo)} within "
+                                  f"{self.timeout_s:.0f}s (kafka.request.timeout.ms)")
+        return out
+
+    def close(self) -> None:
+        self.consumer.close()
+
+
+def list_objects(opts: SourceOptions, start_ms: int | None, end_ms: int | None) -> list[BatchRef]:
+    """s3list mode: the topic's objects with a key time near [start_ms, end_ms), oldest first.
+
+    Key times are when the broker stored the batch, so the range is widened by
+    `s3list.slackMs`; rows are cut to the exact range when read.
+    """
+    lo = 0 if start_ms is None else max(0, start_ms - opts.s3list_slack_ms)
+    hi = (1 << 62) if end_ms is None else end_ms + opts.s3list_slack_ms
+
+    async def run() -> list:
+        storage = make_storage(opts.config)
+        try:
+            return await storage.list_topic(opts.topic, lo, hi)
+        finally:
+            await storage.close()
+
+    try:
+        infos = asyncio.run(run())
+    except StorageError as e:
+        raise StorageError(f"topic {opts.topic}: listing {describe_storage(opts)} failed: {e}") from e
+    return [BatchRef(None, None, info.location, info.size) for info in infos]
+
+
+def describe_storage(opts: SourceOptions) -> str:
+    """Where batches live, for error messages."""
+    if opts.config.storage.kind == "file":
+        return f"directory {opts.config.storage.root_dir}"
+    return f"S3 {opts.config.s3.endpoint_url or 'AWS'} bucket {opts.config.s3.bucket}"

@@ -1,0 +1,113 @@
+"""Executor-side reading: fetch batch objects (a few ahead) and decode them to Arrow."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections import deque
+from concurrent.futures import Future
+from typing import Any, Iterator, Sequence
+
+import pyarrow as pa
+
+from memq.errors import CorruptDataError, DataLossError, FormatError, ObjectNotFoundError, StorageError
+from memq.format import decode_batch, object_crc32c
+from memq.storage import StorageHandler, make_storage
+from spark_source.options import SourceOptions
+from spark_source.plan import BatchRef, Bounds, describe_storage
+from spark_source.schema import BatchContext, to_record_batch
+
+log = logging.getLogger("memq.spark")
+
+
+class _Fetcher:
+    """An event loop on a side thread running the async StorageHandler's GETs."""
+
+    def __init__(self, opts: SourceOptions) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="memq-fetch", daemon=True)
+        self.thread.start()
+        self.storage: StorageHandler = self._call(self._open(opts)).result()
+
+    @staticmethod
+    async def _open(opts: SourceOptions) -> StorageHandler:
+        return make_storage(opts.config)
+
+    def _call(self, coro) -> Future:  # type: ignore[no-untyped-def]
+        return asyncio.run_coroutine_threadsafe(coro, self.loop)
+
+    def get(self, ref: BatchRef) -> Future:
+        return self._call(self.storage.get(ref.location))
+
+    def close(self) -> None:
+        try:
+            self._call(self.storage.close()).result(timeout=10)
+        finally:
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self.thread.join(timeout=10)
+            self.loop.close()
+
+
+def _where(topic: str, ref: BatchRef) -> str:
+    place = f"s3://{ref.location.bucket}/{ref.location.key}"
+    if ref.partition is None:
+        return f"topic {topic}: batch {place}"
+    return f"topic {topic}: batch {place} (partition {ref.partition}, offset {ref.offset})"
+
+
+def _load(opts: SourceOptions, ref: BatchRef, fut: Future) -> tuple[str, Any]:
+    """("", decoded batch), or (what is wrong, None) when the object is lost or corrupt."""
+    try:
+        obj = fut.result()
+        if ref.crc32c is not None and object_crc32c([obj]) != ref.crc32c:
+            raise CorruptDataError(f"checksum mismatch over {len(obj)} bytes")
+        return "", decode_batch(obj)
+    except ObjectNotFoundError:
+        return "is missing", None
+    except FormatError as e:
+        return f"is corrupt: {e}", None
+    except StorageError as e:   # not data loss: the store failed; never skipped
+        raise StorageError(f"{_where(opts.topic, ref)}: {describe_storage(opts)}: {e}") from e
+
+
+def read_partition(opts: SourceOptions, refs: Sequence[BatchRef], bounds: Bounds) -> Iterator[pa.RecordBatch]:
+    """RecordBatches of the rows of `refs` within `bounds`, one per object, in order.
+
+    A missing or corrupt object raises DataLossError, or is skipped with a warning on the
+    `memq.spark` logger when failOnDataLoss=false.
+    """
+    fetcher = _Fetcher(opts)
+    try:
+        ahead: deque[tuple[BatchRef, Future]] = deque()
+        todo = iter(refs)
+        for ref in todo:
+            ahead.append((ref, fetcher.get(ref)))
+            if len(ahead) >= opts.fetch_concurrency:
+                break
+        while ahead:
+            ref, fut = ahead.popleft()
+            nxt = next(todo, None)
+            if nxt is not None:
+                ahead.append((nxt, fetcher.get(nxt)))
+            problem, decoded = _load(opts, ref, fut)
+            if decoded is None:
+                msg = f"{_where(opts.topic, ref)} {problem}"
+                if opts.fail_on_data_loss:
+                    raise DataLossError(msg + " (set failOnDataLoss=false to skip it)", topic=opts.topic,
+                                        partition=-1 if ref.partition is None else ref.partition,
+                                        offset=-1 if ref.offset is None else ref.offset,
+                                        location=f"{ref.location.bucket}/{ref.location.key}")
+                log.warning("%s; skipped (failOnDataLoss=false)", msg)
+                continue
+            header, messages = decoded
+            if (bounds.start_ms is not None and header.max_timestamp_ms < bounds.start_ms) or \
+                    (bounds.end_ms is not None and header.min_timestamp_ms >= bounds.end_ms):
+                continue
+            ctx = BatchContext(opts.topic, ref.partition, ref.offset, ref.location.bucket, ref.location.key)
+            batch = to_record_batch(ctx, [(mh.producer_id, logs) for mh, logs in messages],
+                                    bounds.start_ms, bounds.end_ms)
+            if batch.num_rows:
+                yield batch
+    finally:
+        fetcher.close()

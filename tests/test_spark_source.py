@@ -1,0 +1,268 @@
+"""The Spark DataSource "memq" on the real dev cluster with one shared local Spark session.
+
+Test data is written the way a broker writes it (format -> storage PUT -> notification),
+so every row's partition, offset and object are known exactly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import random
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from memq.config import MemqConfig
+from memq.devcluster import DevCluster
+from memq.format import (
+    NOTIFICATION_VERSION,
+    LogMessage,
+    Notification,
+    decode_message_header,
+    encode_batch,
+    encode_message,
+    object_crc32c,
+)
+from memq.notify import NotificationPublisher, TopicAdmin
+from memq.storage import ObjectLocation, make_storage
+
+pyspark = pytest.importorskip("pyspark")
+from pyspark.sql import DataFrame, SparkSession  # noqa: E402
+from pyspark.sql import functions as F  # noqa: E402
+
+from spark_source import local_session  # noqa: E402
+
+pytestmark = [pytest.mark.spark, pytest.mark.integration, pytest.mark.timeout(240)]
+
+T0 = 1_700_000_000_000
+N = 200_000
+PER_BATCH = 5_000
+PER_MESSAGE = 1_000
+PARTITIONS = 3
+
+
+@dataclass(frozen=True)
+class Stored:
+    partition: int
+    offset: int
+    location: ObjectLocation
+    first: int   # message number of the batch's first LogMessage
+    count: int
+
+
+def make_record(i: int) -> LogMessage:
+    headers = ((("seq", b"%d" % i),) if i % 3 == 0 else (("a", b"1"), ("b", b"")) if i % 3 == 1 else ())
+    return LogMessage(value=b"v%08d-" % i + bytes(range(i % 7, i % 7 + 40)), key=b"k%08d" % i,
+                      headers=headers, timestamp_ms=T0 + i // 2)
+
+
+async def _write(config: MemqConfig, topic: str, ranges: list[range], *, partitions: int) -> list[Stored]:
+    """Store one batch per range of message numbers and publish its notification."""
+    kafka_topic = f"memq.{config.cluster.name}.{topic}"
+    TopicAdmin(config.kafka).create_topic(kafka_topic, partitions)
+    storage = make_storage(config)
+    publisher = NotificationPublisher(config.kafka, client_id=f"spark-test-{topic}")
+    producer_id = random.getrandbits(64)
+    out = []
+    try:
+        for seq, r in enumerate(ranges):
+            records = [make_record(i) for i in r]
+            msgs = [encode_message(records[j:j + PER_MESSAGE], producer_id=producer_id, epoch=0,
+                                   sequence=seq * 1000 + j) for j in range(0, len(records), PER_MESSAGE)]
+            headers = [decode_message_header(m) for m in msgs]
+            created = max(h.max_timestamp_ms for h in headers)
+            chunks = encode_batch(msgs, headers, broker_id="test", created_ms=created)
+            loc = await storage.put_batch(topic, chunks, first_request_id=producer_id ^ seq,
+                                          timestamp_ms=created, broker_id="test")
+            note = Notification(
+                v=NOTIFICATION_VERSION, topic=topic, bucket=loc.bucket, key=loc.key,
+                size=sum(len(c) for c in chunks), header_size=len(chunks[0]), message_count=len(msgs),
+                logmessage_count=len(records), min_timestamp_ms=min(h.min_timestamp_ms for h in headers),
+                max_timestamp_ms=created, crc32c=object_crc32c(chunks), broker_id="test", attempt=0,
+                created_ms=created)
+            p, off = await publisher.publish(kafka_topic, note)
+            out.append(Stored(p, off, loc, r.start, len(r)))
+    finally:
+        publisher.close()
+        await storage.close()
+    return out
+
+
+def write(config: MemqConfig, topic: str, ranges: list[range], partitions: int = PARTITIONS) -> list[Stored]:
+    return asyncio.run(_write(config, topic, ranges, partitions=partitions))
+
+
+def chunks_of(start: int, stop: int, size: int) -> list[range]:
+    return [range(i, min(i + size, stop)) for i in range(start, stop, size)]
+
+
+def connection(config: MemqConfig) -> dict[str, str]:
+    return {"kafka.bootstrap.servers": config.kafka.bootstrap_servers, "cluster": config.cluster.name,
+            "s3.endpoint": config.s3.endpoint_url or "", "s3.bucket": config.s3.bucket,
+            "s3.region": config.s3.region, "s3.accessKeyId": config.s3.access_key_id or "",
+            "s3.secretAccessKey": config.s3.secret_access_key or "", "kafka.request.timeout.ms": "10000"}
+
+
+@pytest.fixture(scope="module")
+def spark() -> Iterator[SparkSession]:
+    session = local_session("memq-tests", "local[2]", {
+        "spark.sql.shuffle.partitions": "2",
+        "spark.sql.pyspark.worker.logging.enabled": "true",
+    })
+    yield session
+    session.stop()
+
+
+@pytest.fixture(scope="module")
+def config(devcluster: DevCluster) -> MemqConfig:
+    return devcluster.config(cluster="sparktest")
+
+
+@pytest.fixture(scope="module")
+def big(config: MemqConfig) -> tuple[str, list[Stored]]:
+    topic = f"spark-big-{uuid.uuid4().hex[:8]}"
+    return topic, write(config, topic, chunks_of(0, N, PER_BATCH))
+
+
+def read(spark: SparkSession, config: MemqConfig, topic: str, **options: str) -> DataFrame:
+    return spark.read.format("memq").options(**connection(config)).option("topic", topic).options(**options).load()
+
+
+def keys_of(df: DataFrame) -> list[int]:
+    return sorted(int(r.key[1:]) for r in df.select("key").collect())
+
+
+def test_count_and_sample_equal_what_was_produced(spark: SparkSession, config: MemqConfig,
+                                                  big: tuple[str, list[Stored]]) -> None:
+    topic, stored = big
+    df = read(spark, config, topic)
+    assert df.count() == N
+    sample = random.Random(7).sample(range(N), 300)
+    rows = (df.filter(F.col("key").isin([b"k%08d" % i for i in sample]))
+            .select("key", "value", "headers", F.unix_millis("timestamp").alias("ts"), "topic", "partition",
+                    "offset", "index", "bucket", "objectKey").collect())
+    assert len(rows) == len(sample)
+    where = {s.first + j: s for s in stored for j in range(s.count)}
+    for row in rows:
+        i = int(row.key[1:])
+        want = make_record(i)
+        assert row.value == want.value
+        assert tuple((h.key, bytes(h.value)) for h in row.headers) == want.headers
+        assert row.ts == want.timestamp_ms
+        s = where[i]
+        assert (row.topic, row.partition, row.offset, row.index) == (topic, s.partition, s.offset, i - s.first)
+        assert (row.bucket, row.objectKey) == (s.location.bucket, s.location.key)
+
+
+def test_offset_ranges_and_pushed_filters_select_exact_batches(spark: SparkSession, config: MemqConfig,
+                                                                big: tuple[str, list[Stored]]) -> None:
+    topic, stored = big
+    on_p0 = sorted(s.offset for s in stored if s.partition == 0)
+    lo, hi = on_p0[1], on_p0[3] + 1
+    df = read(spark, config, topic, startingOffsets=f'{{"{topic}": {{"0": {lo}, "1": -1, "2": -1}}}}',
+              endingOffsets=f'{{"{topic}": {{"0": {hi}, "1": -1, "2": -1}}}}')
+    want = sorted(s.first + j for s in stored if s.partition == 0 and lo <= s.offset < hi for j in range(s.count))
+    assert keys_of(df) == want
+
+    on_p1 = sorted(s.offset for s in stored if s.partition == 1)
+    filtered = read(spark, config, topic).filter((F.col("partition") == 1) & (F.col("offset") >= on_p1[0])
+                                                 & (F.col("offset") <= on_p1[1]))
+    want = sorted(s.first + j for s in stored if s.partition == 1 and s.offset in on_p1[:2] for j in range(s.count))
+    assert keys_of(filtered) == want
+    assert filtered.rdd.getNumPartitions() == 1  # pushed down: only partition 1's two objects planned
+
+
+def test_timestamp_ranges_return_exact_rows(spark: SparkSession, config: MemqConfig,
+                                            big: tuple[str, list[Stored]]) -> None:
+    topic, _ = big
+    start, end = T0 + 30_000, T0 + 70_000          # message i has timestamp T0 + i // 2
+    want = list(range(60_000, 140_000))
+    by_option = read(spark, config, topic, startingTimestamp=str(start), endingTimestamp=str(end))
+    assert keys_of(by_option) == want
+    utc = dt.timezone.utc
+    by_filter = read(spark, config, topic).filter(
+        (F.col("timestamp") >= F.lit(dt.datetime.fromtimestamp(start / 1000, utc)))
+        & (F.col("timestamp") < F.lit(dt.datetime.fromtimestamp(end / 1000, utc))))
+    assert keys_of(by_filter) == want
+
+
+def _digest(df: DataFrame) -> tuple[int, int]:
+    row = df.agg(F.count("*").alias("n"),
+                 F.sum(F.xxhash64("key", "value", "headers", "timestamp")).alias("h")).collect()[0]
+    return row.n, row.h
+
+
+def test_s3list_mode_returns_the_same_rows(spark: SparkSession, config: MemqConfig,
+                                           big: tuple[str, list[Stored]]) -> None:
+    topic, _ = big
+    assert _digest(read(spark, config, topic, mode="s3list")) == _digest(read(spark, config, topic))
+    window = {"startingTimestamp": str(T0 + 30_000), "endingTimestamp": str(T0 + 70_000)}
+    assert keys_of(read(spark, config, topic, mode="s3list", **window)) == list(range(60_000, 140_000))
+
+
+def test_streaming_available_now_resumes_from_checkpoint(spark: SparkSession, config: MemqConfig,
+                                                         tmp_path: Path) -> None:
+    topic = f"spark-stream-{uuid.uuid4().hex[:8]}"
+    out, checkpoint = tmp_path / "out", tmp_path / "checkpoint"
+
+    def run_query() -> int:
+        stream = (spark.readStream.format("memq").options(**connection(config)).option("topic", topic)
+                  .option("startingOffsets", "earliest").option("maxOffsetsPerTrigger", "2").load())
+        query = (stream.select("key", "partition", "offset").writeStream.format("parquet")
+                 .option("path", str(out)).option("checkpointLocation", str(checkpoint))
+                 .trigger(availableNow=True).start())
+        assert query.awaitTermination(120)
+        assert query.exception() is None
+        return sum(1 for p in query.recentProgress if p["numInputRows"] > 0)
+
+    write(config, topic, chunks_of(0, 700, 100))
+    assert run_query() >= 4                         # 7 notifications, at most 2 per micro-batch
+    assert keys_of(spark.read.parquet(str(out))) == list(range(700))
+    write(config, topic, chunks_of(700, 1_200, 100))
+    run_query()                                     # a new query on the same checkpoint
+    assert keys_of(spark.read.parquet(str(out))) == list(range(1_200))   # no duplicates, no gaps
+    run_query()                                     # nothing new: nothing read
+    assert keys_of(spark.read.parquet(str(out))) == list(range(1_200))
+
+
+def test_deleted_batch_fails_or_is_skipped_and_reported(spark: SparkSession, config: MemqConfig) -> None:
+    topic = f"spark-loss-{uuid.uuid4().hex[:8]}"
+    stored = write(config, topic, chunks_of(0, 400, 100))
+    gone = stored[2]
+
+    async def delete() -> None:
+        storage = make_storage(config)
+        await storage.delete(gone.location)
+        await storage.close()
+
+    asyncio.run(delete())
+    with pytest.raises(Exception, match=gone.location.key):
+        read(spark, config, topic).count()
+    assert keys_of(read(spark, config, topic, failOnDataLoss="false")) == \
+        [i for i in range(400) if i not in range(gone.first, gone.first + gone.count)]
+    logs = (spark.tvf.python_worker_logs().filter(F.col("logger") == "memq.spark")
+            .filter(F.col("msg").contains(gone.location.key)).collect())
+    assert logs and logs[0].level == "WARNING"
+
+
+def test_clear_errors(spark: SparkSession, config: MemqConfig, big: tuple[str, list[Stored]]) -> None:
+    topic, _ = big
+    with pytest.raises(Exception, match="no-such-topic"):
+        read(spark, config, "no-such-topic").count()
+    with pytest.raises(Exception, match="startingOffsets"):
+        read(spark, config, topic, startingOffsets="yesterday").count()
+    t = time.monotonic()
+    with pytest.raises(Exception, match="127.0.0.1:1"):
+        (spark.read.format("memq").options(**connection(config))
+         .options(**{"kafka.bootstrap.servers": "127.0.0.1:1", "kafka.request.timeout.ms": "2000"})
+         .option("topic", topic).load().count())
+    with pytest.raises(Exception, match="127.0.0.1:1"):
+        (spark.read.format("memq").options(**connection(config))
+         .options(**{"s3.endpoint": "http://127.0.0.1:1", "s3.maxAttempts": "1", "s3.connectTimeoutMs": "500"})
+         .option("topic", topic).option("mode", "s3list").load().count())
+    assert time.monotonic() - t < 60
