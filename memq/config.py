@@ -78,6 +78,7 @@ class GovernorConfig:
     max_rebalance_moves: int = 2
     rebalance_interval_s: float = 10.0
     imbalance_threshold: float = 0.2
+    drain_timeout_s: float = 30.0
 
 
 @dataclass(frozen=True)

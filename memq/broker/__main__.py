@@ -11,6 +11,8 @@ import sys
 from memq.config import MemqConfig, load_config
 from memq.errors import MemqError
 
+from memq.governor.agent import start_agent
+
 from .server import Broker
 
 
@@ -18,6 +20,9 @@ async def serve(config: MemqConfig) -> None:
     """Run a broker until SIGTERM or SIGINT, then stop gracefully (flush, store, ack)."""
     broker = Broker(config)
     await broker.start()
+    agent = await start_agent(broker, config)   # None unless zookeeper.enabled
+    if agent is not None:
+        broker.cluster_view = agent.metadata
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -25,6 +30,8 @@ async def serve(config: MemqConfig) -> None:
     print(f"memq broker {broker.broker_id} listening on {broker.url}", flush=True)
     await stop.wait()
     logging.getLogger(__name__).info("signal received: draining broker %s", broker.broker_id)
+    if agent is not None:
+        await agent.close(drain=True)   # governed: topics move to other brokers first
     await broker.stop()
 
 

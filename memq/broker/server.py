@@ -12,6 +12,8 @@ import asyncio
 import logging
 import socket
 import time
+from collections.abc import Callable
+from typing import Any
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -42,6 +44,7 @@ class Broker:
         self._connections: set[ProduceConnection] = set()
         self._draining = False
         self._runner: web.AppRunner | None = None
+        self.cluster_view: Callable[[], dict[str, Any]] | None = None   # governed: brokers/topics from ZooKeeper
         self.url = ""
         self.app = web.Application()
         self.app.add_routes([web.get("/v1/produce", self._produce), web.get("/v1/metadata", self._metadata),
@@ -149,7 +152,7 @@ class Broker:
 
     def metadata(self) -> dict[str, object]:
         c = self.config
-        return {
+        md: dict[str, object] = {
             "cluster": c.cluster.name,
             "broker_id": self.broker_id,
             "brokers": [{"id": self.broker_id, "url": self.url, "rack": c.broker.rack}],
@@ -160,6 +163,9 @@ class Broker:
             "storage": {"kind": c.storage.kind, "bucket": c.s3.bucket, "endpoint_url": c.s3.endpoint_url,
                         "region": c.s3.region, "root_dir": c.storage.root_dir},
         }
+        if self.cluster_view is not None:
+            md.update(self.cluster_view())
+        return md
 
     async def _metadata(self, request: web.Request) -> web.Response:
         return web.json_response(self.metadata())

@@ -9,7 +9,9 @@ to match the broker's assignment. It also runs a `Governor` (one broker wins the
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import signal
 import time
 from typing import Any, Protocol
 
@@ -54,6 +56,7 @@ class BrokerAgent:
         self._poke = asyncio.Event()
         self._changed = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._drain_task: asyncio.Future[bool] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
     @property
@@ -62,11 +65,20 @@ class BrokerAgent:
         return BrokerInfo(self.broker.broker_id, self.broker.url, bc.rack, bc.capacity_mbps)
 
     async def start(self) -> None:
-        """Connect, register, clear a drain flag left by an earlier run, join the election."""
+        """Connect, register, clear a drain flag left by an earlier run, join the election.
+
+        Topics of the config file are created in ZooKeeper if missing and count as hosted
+        here, so the assignment decides whether the broker keeps them.
+        """
         self._loop = asyncio.get_running_loop()
         await asyncio.to_thread(self.registry.start)
         self.registry.add_listener(self._on_state)
         await asyncio.to_thread(self.registry.set_drain, self.broker.broker_id, False)
+        known = await asyncio.to_thread(self.registry.topics)
+        for cfg in self.config.topics:
+            if cfg.name not in known:
+                await asyncio.to_thread(self.registry.create_topic, cfg)
+            self.hosted[cfg.name] = cfg
         await self._reconcile()
         self.governor.start()
         self._task = asyncio.create_task(self._run(), name=f"memq-agent-{self.broker.broker_id}")
@@ -78,6 +90,17 @@ class BrokerAgent:
             await asyncio.gather(self._task, return_exceptions=True)
         await asyncio.to_thread(self.governor.stop)
         await asyncio.to_thread(self.registry.close)
+
+    def request_drain(self) -> None:
+        """Signal handler (SIGUSR1): start draining; the broker keeps running, empty."""
+        self._drain_task = asyncio.ensure_future(self.drain(self.config.governor.drain_timeout_s))
+
+    async def close(self, *, drain: bool) -> None:
+        """Before the broker stops: optionally drain (bounded), then leave the registry."""
+        if drain:
+            done = await self.drain(self.config.governor.drain_timeout_s)
+            log.info("broker %s drained: %s", self.broker.broker_id, "yes" if done else "no (timeout)")
+        await self.stop()
 
     async def drain(self, timeout_s: float = 30.0) -> bool:
         """Ask the governor to move this broker's topics away; wait until they are gone.
@@ -172,3 +195,14 @@ class BrokerAgent:
             await self.broker.add_topic(cfg)
             self.hosted[name] = cfg
         self._changed.set()
+
+
+async def start_agent(broker: HostingBroker, config: MemqConfig) -> BrokerAgent | None:
+    """The broker's hook: with `zookeeper.enabled`, start an agent; SIGUSR1 drains."""
+    if not config.zookeeper.enabled:
+        return None
+    agent = BrokerAgent(broker, config)
+    await agent.start()
+    with contextlib.suppress(ValueError, NotImplementedError):  # not the main thread / platform
+        asyncio.get_running_loop().add_signal_handler(signal.SIGUSR1, agent.request_drain)
+    return agent
