@@ -221,25 +221,3 @@ class S3StorageHandler:
     async def close(self) -> None:
         await asyncio.to_thread(self._pool.shutdown, True)
         self._client.close()
-
-    # --- setup ---------------------------------------------------------------------------------
-
-    async def ensure_bucket(self) -> None:
-        """Create the configured bucket unless it exists (dev clusters, tests)."""
-        def blocking() -> None:
-            try:
-                self._client.head_bucket(Bucket=self.bucket)
-                return
-            except bce.ClientError as exc:
-                if classify(exc) != ("not_found", "404"):
-                    raise
-            region = self._client.meta.region_name
-            extra = {} if region == "us-east-1" else {
-                "CreateBucketConfiguration": {"LocationConstraint": region}}
-            try:
-                self._client.create_bucket(Bucket=self.bucket, **extra)
-            except bce.ClientError as exc:
-                if exc.response.get("Error", {}).get("Code") != "BucketAlreadyOwnedByYou":
-                    raise
-
-        await self._run("create_bucket", lambda _: ("", blocking))
