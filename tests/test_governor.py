@@ -183,3 +183,38 @@ def test_drain_flag_moves_topics_and_rebalance_is_rate_limited(registries) -> No
         assert any("b1" in bs for bs in history[-1][1].values())
     finally:
         gov.stop()
+
+
+def test_cli_drain_status_undrain(registries, zk: ZooKeeperConfig) -> None:
+    from click.testing import CliRunner
+
+    from memq.cli._common import CliState
+    from memq.cli.governor import governor
+
+    regs = [registries() for _ in range(2)]
+    for i, r in enumerate(regs):
+        r.register_broker(broker(i, f"r{i}"))
+    admin = registries()
+    admin.create_topic(TopicConfig("cli-topic", expected_mbps=5))
+    gov = Governor(regs[0], "b0", interval_s=0.3)
+    gov.start()
+    env = {"MEMQ_ZOOKEEPER_HOSTS": zk.hosts, "MEMQ_ZOOKEEPER_ROOT": zk.root, "MEMQ_CLUSTER_NAME": "c1"}
+    runner = CliRunner()
+    try:
+        wait_for(lambda: admin.assignments().get("cli-topic"), 10, "assignment")
+        out = runner.invoke(governor, ["status"], obj=CliState(None), env=env, terminal_width=200)
+        assert out.exit_code == 0, out.output
+        assert "governor: b0" in out.output and "cli-topic" in out.output
+        # one broker drained: with only one other broker the topic shrinks onto it
+        out = runner.invoke(governor, ["drain", "b1", "--timeout", "10"], obj=CliState(None), env=env)
+        assert out.exit_code == 0, out.output
+        assert "no topics assigned" in out.output
+        assert admin.assignments()["cli-topic"] == ("b0",)
+        out = runner.invoke(governor, ["undrain", "b1"], obj=CliState(None), env=env)
+        assert out.exit_code == 0 and not admin.drains()
+        wait_for(lambda: len(admin.assignments()["cli-topic"]) == 2, 10, "topic back on 2 brokers")
+        out = runner.invoke(governor, ["topic", "create", "bad", "--set", "batch_ms=-1"],
+                            obj=CliState(None), env=env)
+        assert out.exit_code != 0 and "batch_ms" in (out.output + str(out.exception))
+    finally:
+        gov.stop()

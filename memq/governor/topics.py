@@ -43,11 +43,11 @@ class TopicManager:
         current = self.registry.topic(name)
         if "name" in changes and changes["name"] != name:
             raise InvalidInputError(f"topic {name}: cannot rename a topic")
-        fixed = [f for f in FIXED_FIELDS if f in changes and changes[f] != getattr(current, f)]
-        if fixed:
-            raise InvalidInputError(f"topic {name}: {', '.join(fixed)} cannot be altered")
         values = dataclasses.asdict(current) | changes
         cfg: TopicConfig = build(TopicConfig, values, f"topic {name}")
+        fixed = [f for f in FIXED_FIELDS if getattr(cfg, f) != getattr(current, f)]
+        if fixed:
+            raise InvalidInputError(f"topic {name}: {', '.join(fixed)} cannot be altered")
         self.registry.alter_topic(cfg)
         return cfg
 
