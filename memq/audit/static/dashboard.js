@@ -1,0 +1,145 @@
+// memq audit dashboard: polls the JSON API and draws one card of uPlot charts per topic.
+"use strict";
+
+const REFRESH_MS = 2000;
+const COLORS = ["#1565c0", "#2e7d32", "#6a1b9a", "#00838f", "#ef6c00", "#5d4037"];
+// window.memqCharts[topic] = {rate, latency, lag} uPlot instances (read by the browser test).
+window.memqCharts = {};
+const cards = {};   // topic -> {el, sig, charts}
+
+function fmt(v, digits = 0) {
+  return v === null || v === undefined ? "–" : Number(v).toFixed(digits);
+}
+
+function cell(text, cls) {
+  const td = document.createElement("td");
+  td.textContent = text;
+  if (cls) td.className = cls;
+  return td;
+}
+
+function renderSummary(rows) {
+  const body = document.querySelector("#summary tbody");
+  body.replaceChildren(...rows.map((r) => {
+    const tr = document.createElement("tr");
+    tr.dataset.topic = r.topic;
+    tr.dataset.group = r.group;
+    const st = document.createElement("td");
+    const badge = document.createElement("span");
+    badge.className = "status " + r.status;
+    badge.textContent = r.status;
+    st.append(badge);
+    tr.append(st, cell(r.topic, "name"), cell(r.group || "(none)", "name"),
+      cell(r.produced), cell(r.consumed), cell(r.lost, "lost" + (r.lost ? " bad" : "")),
+      cell(r.duplicates, "duplicates" + (r.duplicates ? " bad" : "")),
+      cell(r.mismatches, "mismatches" + (r.mismatches ? " bad" : "")),
+      cell(r.lag_messages), cell(fmt(r.lag_s, 1)), cell(fmt(r.p50_ms)), cell(fmt(r.p99_ms)),
+      cell(r.p50_ms === null ? "–" : r.max_ms));
+    return tr;
+  }));
+}
+
+const SPAN_S = 15 * 60;                 // the charts show the last 15 minutes
+const fromZero = (u, min, max) => [0, max > 0 ? max * 1.1 : 1];
+
+function chartOpts(title, series, axes, card) {
+  const scales = { x: { time: true, range: () => card.xRange } };
+  for (const s of series) scales[s.scale || "y"] = { range: fromZero };
+  return { title, width: 460, height: 220, series: [{}, ...series], axes: [{}, ...axes],
+    scales, legend: { live: false } };
+}
+
+function buildCard(topic, groups) {
+  const el = document.createElement("div");
+  el.className = "topic";
+  el.dataset.topic = topic;
+  const h = document.createElement("h2");
+  h.textContent = topic;
+  const row = document.createElement("div");
+  row.className = "charts";
+  el.append(h, row);
+  const card = { el, h, xRange: [0, 1] };
+  const rateSeries = [{ label: "produced/s", stroke: "#333", width: 2, scale: "rate" }];
+  const latSeries = [];
+  const lagSeries = [];
+  groups.forEach((g, i) => {
+    const c = COLORS[i % COLORS.length];
+    rateSeries.push({ label: `${g} consumed/s`, stroke: c, scale: "rate" });
+    rateSeries.push({ label: `${g} lost`, stroke: "#c62828", fill: "rgba(198,40,40,0.15)",
+      scale: "lost", paths: uPlot.paths.bars({ size: [0.6, 40] }) });
+    latSeries.push({ label: `${g} p50 ms`, stroke: c });
+    latSeries.push({ label: `${g} p99 ms`, stroke: c, dash: [6, 4] });
+    latSeries.push({ label: `${g} max ms`, stroke: c, dash: [2, 3], width: 1 });
+    lagSeries.push({ label: `${g} lag msgs`, stroke: c, scale: "msgs" });
+    lagSeries.push({ label: `${g} lag s`, stroke: c, dash: [6, 4], scale: "s" });
+  });
+  const rate = new uPlot(chartOpts("produced vs consumed (msg/s), lost (msgs)", rateSeries,
+    [{ scale: "rate", label: "msg/s" }, { scale: "lost", side: 1, label: "lost", stroke: "#c62828", grid: { show: false } }], card),
+    [[], ...rateSeries.map(() => [])], row);
+  const latency = new uPlot(chartOpts("end-to-end latency (ms)", latSeries, [{ label: "ms" }], card),
+    [[], ...latSeries.map(() => [])], row);
+  const lag = new uPlot(chartOpts("consumer lag", lagSeries,
+    [{ scale: "msgs", label: "msgs" }, { scale: "s", side: 1, label: "s", grid: { show: false } }], card),
+    [[], ...lagSeries.map(() => [])], row);
+  document.getElementById("topics").append(el);
+  card.charts = { rate, latency, lag };
+  return card;
+}
+
+function updateCard(card, s) {
+  const gs = Object.keys(s.groups).sort();
+  const now = Date.now() / 1000;
+  card.xRange = [now - SPAN_S, now + s.size_s];
+  const rate = [s.t, s.produced_rate];
+  const lat = [s.t];
+  const lag = [s.t];
+  for (const g of gs) {
+    const d = s.groups[g];
+    rate.push(d.consumed_rate, d.lost);
+    lat.push(d.p50_ms, d.p99_ms, d.max_ms);
+    lag.push(d.lag_messages, d.lag_s);
+  }
+  card.charts.rate.setData(rate);
+  card.charts.latency.setData(lat);
+  card.charts.lag.setData(lag);
+}
+
+async function getJSON(url) {
+  const r = await fetch(url);
+  if (!r.ok) throw new Error(`${url}: HTTP ${r.status}`);
+  return r.json();
+}
+
+async function refresh() {
+  try {
+    const size = document.getElementById("size").value;
+    const sum = await getJSON("/api/summary");
+    document.getElementById("cluster").textContent = sum.cluster;
+    renderSummary(sum.rows);
+    const topics = [...new Set(sum.rows.map((r) => r.topic))];   // worst first
+    for (const topic of topics) {
+      const s = await getJSON(`/api/series?topic=${encodeURIComponent(topic)}&size=${size}&minutes=15`);
+      const groups = Object.keys(s.groups).sort();
+      const sig = groups.join("\u0000");
+      let card = cards[topic];
+      if (!card || card.sig !== sig) {
+        if (card) card.el.remove();
+        card = cards[topic] = buildCard(topic, groups);
+        card.sig = sig;
+        window.memqCharts[topic] = card.charts;
+      }
+      const worst = sum.rows.find((r) => r.topic === topic);
+      card.h.textContent = `${topic} — ${worst.status}`;
+      updateCard(card, s);
+      document.getElementById("topics").append(card.el);     // keep worst-first order
+    }
+    document.getElementById("updated").textContent = new Date().toLocaleTimeString();
+    document.getElementById("error").textContent = "";
+  } catch (e) {
+    document.getElementById("error").textContent = String(e);
+  }
+}
+
+document.getElementById("size").addEventListener("change", refresh);
+refresh();
+setInterval(refresh, REFRESH_MS);
