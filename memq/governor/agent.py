@@ -164,6 +164,8 @@ class BrokerAgent:
                 await self._reconcile()
             except MemqError as e:
                 log.warning("broker %s: reconcile failed, retrying: %s", self.broker.broker_id, e)
+            except Exception:  # the loop must outlive any one failure: the broker depends on it
+                log.exception("broker %s: reconcile failed, retrying", self.broker.broker_id)
 
     def _read(self) -> ClusterState:
         if not self.registry.connected:

@@ -18,6 +18,7 @@ from collections.abc import Callable
 
 from kazoo.exceptions import KazooException, LockTimeout
 from kazoo.protocol.states import KazooState
+from kazoo.recipe.lock import Lock
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from memq.errors import CoordinationError, LeadershipLostError
@@ -63,6 +64,7 @@ class Governor:
         self._stop = threading.Event()
         self._session_lost = threading.Event()
         self._thread: threading.Thread | None = None
+        self._lock: Lock | None = None
         self.leading = threading.Event()
         registry.add_listener(self._on_state)
 
@@ -74,6 +76,8 @@ class Governor:
     def stop(self, timeout_s: float = 10.0) -> None:
         self._stop.set()
         self._poke.set()
+        if self._lock is not None:
+            self._lock.cancel()  # wakes a contender waiting in acquire()
         if self._thread is not None:
             self._thread.join(timeout_s)
 
@@ -88,13 +92,13 @@ class Governor:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            lock = self.registry.client.Lock(self.registry.election_path, self.identifier)
+            lock = self._lock = self.registry.client.Lock(self.registry.election_path, self.identifier)
             try:
                 if not self.registry.connected:
                     self._stop.wait(0.2)
                     continue
                 self._session_lost.clear()
-                lock.acquire(timeout=1.0)
+                lock.acquire(timeout=max(self.interval_s, 1.0))  # wakes at once when the holder goes
             except LockTimeout:
                 continue
             except KazooException as e:
