@@ -1,7 +1,8 @@
-"""Unit tests of the object key layout and the retry schedule (pure, no I/O)."""
+"""Unit tests of the object key layout, listing merge and retry schedule (no I/O)."""
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import random
 import subprocess
@@ -12,6 +13,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from memq.errors import ConfigError, InvalidInputError
+from memq.storage.base import ObjectInfo, ObjectLocation
+from memq.storage.listing import list_all_prefixes
 from memq.storage.naming import (MAX_TIMESTAMP_MS, PREFIXES, make_key, parse_key, prefix_for,
                                  start_after, topic_dir)
 from memq.storage.retry import RetryPolicy
@@ -112,3 +115,20 @@ def test_full_jitter_backoff_stays_under_the_exponential_cap() -> None:
 def test_retry_policy_rejects_bad_settings(args: tuple[int, float, float]) -> None:
     with pytest.raises(ConfigError):
         RetryPolicy(*args)
+
+
+async def test_listing_keeps_only_the_latest_attempt_of_each_batch() -> None:
+    def info(ts: int, unique: str, attempt: int, rid: int = 1) -> ObjectInfo:
+        key = str(make_key(cluster="c", topic="t", first_request_id=rid, timestamp_ms=ts, broker_id="b",
+                           unique=unique, attempt=attempt))
+        return ObjectInfo(ObjectLocation("bk", key), 10, ts)
+
+    stored = {prefix_for(1): [info(5, "aa", 0), info(5, "aa", 2), info(3, "bb", 0), info(5, "aa", 10)],
+              prefix_for(2): [info(4, "aa", 0, rid=2), info(4, "aa", 1, rid=2)]}
+
+    async def list_prefix(prefix: str) -> list[ObjectInfo]:
+        await asyncio.sleep(0)
+        return stored.get(prefix, [])
+
+    got = await list_all_prefixes(list_prefix, concurrency=4)
+    assert got == [info(3, "bb", 0), info(4, "aa", 1, rid=2), info(5, "aa", 10)]

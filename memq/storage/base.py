@@ -52,10 +52,10 @@ class StorageHandler(Protocol):
         ...
 
     async def list_topic(self, topic: str, start_ms: int, end_ms: int) -> list[ObjectInfo]:
-        """Every object of the topic (all 256 prefixes) with start_ms <= t < end_ms, by time.
+        """Every batch of the topic (all 256 prefixes) with start_ms <= t < end_ms, by time.
 
-        Includes objects left by abandoned attempts of a retried put; the notification
-        names the one attempt that counts.
+        Of a batch whose put was retried, only the highest stored attempt is listed
+        (see `memq.storage.listing`).
         """
         ...
 

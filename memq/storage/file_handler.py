@@ -13,7 +13,7 @@ import os
 import secrets
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TypeVar
@@ -23,7 +23,8 @@ from prometheus_client import CollectorRegistry
 from memq.errors import InvalidInputError, ObjectNotFoundError, StorageError
 from memq.storage.base import Chunks, ObjectInfo, ObjectLocation
 from memq.storage.metrics import StorageMetrics
-from memq.storage.naming import PREFIXES, make_key, parse_key, parse_name, topic_dir
+from memq.storage.listing import list_all_prefixes
+from memq.storage.naming import check_name, make_key, parse_key, parse_name, topic_dir
 from memq.storage.payload import check_range
 
 T = TypeVar("T")
@@ -43,8 +44,8 @@ class FileStorageHandler:
             self.root.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise StorageError(f"storage.root_dir {self.root}: cannot create: {exc.strerror}") from exc
+        self._max_workers = max_workers
         self._pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="memq-file")
-        self._list_slots = asyncio.Semaphore(max_workers)
 
     async def _run(self, op: str, what: str, fn: Callable[[], T]) -> T:
         """Run a blocking call in the pool; map OS errors to memq's storage errors naming `what`."""
@@ -126,19 +127,15 @@ class FileStorageHandler:
         return data
 
     async def list_topic(self, topic: str, start_ms: int, end_ms: int) -> list[ObjectInfo]:
-        make_key(cluster=self.cluster, topic=topic, first_request_id=0, timestamp_ms=0,
-                 broker_id="x", unique="0", attempt=0)  # validates the topic name
+        check_name("topic", topic)
         if end_ms <= start_ms:
             return []
 
-        async def one(prefix: str) -> list[ObjectInfo]:
+        def list_prefix(prefix: str) -> Awaitable[list[ObjectInfo]]:
             rel = topic_dir(prefix, self.cluster, topic)
-            async with self._list_slots:
-                return await self._run("list", rel, lambda: self._list_dir(rel, start_ms, end_ms))
+            return self._run("list", rel, lambda: self._list_dir(rel, start_ms, end_ms))
 
-        found = [info for part in await asyncio.gather(*(one(p) for p in PREFIXES)) for info in part]
-        found.sort(key=lambda i: (i.timestamp_ms, i.location.key))
-        return found
+        return await list_all_prefixes(list_prefix, self._max_workers)
 
     def _list_dir(self, rel: str, start_ms: int, end_ms: int) -> list[ObjectInfo]:
         out: list[ObjectInfo] = []

@@ -42,7 +42,8 @@ class ObjectKey:
                 f"{self.timestamp_ms:013d}-{self.broker_id}-{self.unique}-a{self.attempt}")
 
 
-def _check_part(what: str, value: str) -> None:
+def check_name(what: str, value: str) -> None:
+    """A cluster, topic or broker name becomes one key segment: no '/', nothing exotic."""
     if not isinstance(value, str) or not _NAME_PART.fullmatch(value):
         raise InvalidInputError(f"{what} {value!r}: use letters, digits, '.', '_', '-'")
 
@@ -63,9 +64,9 @@ def topic_dir(prefix: str, cluster: str, topic: str) -> str:
 def make_key(*, cluster: str, topic: str, first_request_id: int, timestamp_ms: int,
              broker_id: str, unique: str, attempt: int) -> ObjectKey:
     """Validate the parts and build a key; every part ends up in the name, so none may hold '/'."""
-    _check_part("cluster", cluster)
-    _check_part("topic", topic)
-    _check_part("broker_id", broker_id)
+    check_name("cluster", cluster)
+    check_name("topic", topic)
+    check_name("broker_id", broker_id)
     if not _UNIQUE.fullmatch(unique):
         raise InvalidInputError(f"unique {unique!r}: use lowercase hex digits")
     if isinstance(timestamp_ms, bool) or not isinstance(timestamp_ms, int) \

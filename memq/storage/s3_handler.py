@@ -26,7 +26,8 @@ from memq.errors import (InvalidInputError, ObjectNotFoundError, RetryBudgetExha
                          StorageError)
 from memq.storage.base import Chunks, ObjectInfo, ObjectLocation
 from memq.storage.metrics import StorageMetrics
-from memq.storage.naming import PREFIXES, make_key, parse_key, start_after, topic_dir
+from memq.storage.listing import list_all_prefixes
+from memq.storage.naming import check_name, make_key, parse_key, start_after, topic_dir
 from memq.storage.payload import check_range, join_chunks
 from memq.storage.retry import RetryPolicy
 
@@ -92,7 +93,7 @@ class S3StorageHandler:
             max_pool_connections=s3.max_pool_connections))
         self._pool = ThreadPoolExecutor(max_workers=s3.max_pool_connections, thread_name_prefix="memq-s3")
         # Listing fans out over 256 prefixes; leave half the pool to puts and gets meanwhile.
-        self._list_slots = asyncio.Semaphore(max(1, s3.max_pool_connections // 2))
+        self._list_concurrency = max(1, s3.max_pool_connections // 2)
 
     # --- the retry loop ------------------------------------------------------------------------
 
@@ -181,20 +182,12 @@ class S3StorageHandler:
             return body.read()
 
     async def list_topic(self, topic: str, start_ms: int, end_ms: int) -> list[ObjectInfo]:
-        make_key(cluster=self.cluster, topic=topic, first_request_id=0, timestamp_ms=0,
-                 broker_id="x", unique="0", attempt=0)  # validates the topic name
+        check_name("topic", topic)
         if end_ms <= start_ms:
             return []
-
-        async def one(prefix: str) -> list[ObjectInfo]:
-            async with self._list_slots:
-                return await self._run("list", lambda _: (
-                    topic_dir(prefix, self.cluster, topic),
-                    lambda: self._list_blocking(prefix, topic, start_ms, end_ms)))
-
-        found = [info for part in await asyncio.gather(*(one(p) for p in PREFIXES)) for info in part]
-        found.sort(key=lambda i: (i.timestamp_ms, i.location.key))
-        return found
+        return await list_all_prefixes(lambda prefix: self._run("list", lambda _: (
+            topic_dir(prefix, self.cluster, topic),
+            lambda: self._list_blocking(prefix, topic, start_ms, end_ms))), self._list_concurrency)
 
     def _list_blocking(self, prefix: str, topic: str, start_ms: int, end_ms: int) -> list[ObjectInfo]:
         out: list[ObjectInfo] = []
@@ -209,6 +202,8 @@ class S3StorageHandler:
                     continue  # not a memq batch (a stray upload); never ours to return
                 if ts >= end_ms:
                     return out  # keys sort by time inside a prefix: nothing later can match
+                if ts < start_ms:
+                    continue  # StartAfter cannot express a start beyond 13 digits
                 out.append(ObjectInfo(ObjectLocation(self.bucket, item["Key"]), int(item["Size"]), ts))
             if not resp.get("IsTruncated"):
                 return out
