@@ -1,0 +1,25 @@
+"""`memq broker --config FILE`: run one broker in this process until SIGTERM or Ctrl-C."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import click
+
+from memq.cli._common import CliState, config_of
+
+
+@click.command()
+@click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None,
+              help="TOML config file (same as `memq --config FILE broker`).")
+@click.pass_context
+def broker(ctx: click.Context, config_path: str | None) -> None:
+    """Run one broker; on a signal it seals, stores and acks what it holds, then exits."""
+    from memq.broker.__main__ import serve  # the broker pulls in aiohttp and storage: load on use
+
+    if config_path is not None:
+        ctx.find_object(CliState).config_path = config_path  # type: ignore[union-attr]
+    config = config_of(ctx)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    asyncio.run(serve(config))

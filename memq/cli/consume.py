@@ -1,0 +1,82 @@
+"""`memq consume TOPIC`: print values (one per line), or count them with a live rate."""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+import click
+from rich.console import Console
+from rich.live import Live
+
+from memq.cli._common import config_of
+
+if TYPE_CHECKING:
+    from memq.client.consumer import Consumer
+
+
+@click.command()
+@click.argument("topic")
+@click.option("--group", "-g", default=None, help="Consumer group (default: consumer.group_id).")
+@click.option("--from-beginning", is_flag=True, help="Start at the first batch, not the committed position.")
+@click.option("--max-messages", "-n", type=click.IntRange(min=1), default=None, help="Stop after N messages.")
+@click.option("--count", "count_only", is_flag=True, help="Do not print messages: show the count and rate.")
+@click.option("--idle-timeout", type=click.FloatRange(min=0), default=None,
+              help="Stop when no message came for this many seconds.")
+@click.option("--keys", is_flag=True, help="Print 'key<TAB>value'.")
+@click.pass_context
+def consume(ctx: click.Context, topic: str, group: str | None, from_beginning: bool,
+            max_messages: int | None, count_only: bool, idle_timeout: float | None, keys: bool) -> None:
+    """Read TOPIC; commits after each batch (at-least-once) and on exit."""
+    config = config_of(ctx)
+    from memq.client.consumer import Consumer  # after the config: bad settings fail first
+
+    if from_beginning:
+        config = replace(config, consumer=replace(config.consumer, auto_offset_reset="earliest"))
+    err = Console(stderr=True)
+    out = sys.stdout.buffer
+    seen = 0
+    start = last = time.monotonic()
+    with Consumer(config, topic, group_id=group) as consumer, \
+            Live(console=err, transient=False, refresh_per_second=4, redirect_stdout=False) as live:
+        if from_beginning:
+            _wait_assignment(consumer, idle_timeout)
+            consumer.seek_to_beginning()
+        try:
+            while max_messages is None or seen < max_messages:
+                got = 0
+                for record in consumer.poll(0.5):
+                    got += 1
+                    if not count_only:
+                        if keys:
+                            out.write((record.key or b"") + b"\t")
+                        out.write(record.value + b"\n")
+                    if max_messages is not None and seen + got >= max_messages:
+                        break
+                seen += got
+                now = time.monotonic()
+                if got:
+                    last = now
+                    out.flush()
+                    consumer.commit(asynchronous=True)
+                elif idle_timeout is not None and now - last >= idle_timeout:
+                    break
+                if count_only:
+                    live.update(f"[bold]{topic}[/]: {seen:,} messages, {seen / max(now - start, 1e-9):,.0f} msg/s")
+        except KeyboardInterrupt:
+            pass
+        finally:
+            consumer.commit()
+    elapsed = time.monotonic() - start
+    err.print(f"{seen:,} messages from {topic} in {elapsed:.1f} s ({seen / max(elapsed, 1e-9):,.0f} msg/s)")
+
+
+def _wait_assignment(consumer: Consumer, timeout: float | None) -> None:
+    """Join the group before seeking: partitions are only known once assigned."""
+    deadline = time.monotonic() + (timeout if timeout is not None else 60.0)
+    while not consumer.assignment():
+        if time.monotonic() >= deadline:
+            raise click.ClickException(f"no partition of {consumer.topic} was assigned to this consumer")
+        consumer.poll(0.2)  # not iterated: the seek below drops anything it fetched

@@ -1,0 +1,179 @@
+"""`memq dev`: the whole system on this machine, with live demo traffic.
+
+Starts the dev cluster (moto S3, tansu Kafka, ZooKeeper), N broker processes, creates a
+demo topic, writes a client config file, then runs a demo producer and consumer showing live
+counts. Ctrl-C or SIGTERM (or `--duration`) stops everything, children first; every server
+also dies with this process if it is killed outright.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import signal
+import threading
+import time
+from contextlib import ExitStack
+from pathlib import Path
+
+import click
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
+from memq.config import BrokerConfig, MemqConfig, TopicConfig
+from memq.errors import MemqError
+
+_DEMO_GROUP = "memq-dev-demo"
+
+
+@click.command()
+@click.option("--brokers", "broker_count", type=click.IntRange(1, 16), default=1, show_default=True,
+              help="Broker processes to start.")
+@click.option("--topic", "topic_name", default="demo", show_default=True, help="Demo topic.")
+@click.option("--partitions", type=click.IntRange(min=1), default=3, show_default=True,
+              help="Read partitions of the demo topic.")
+@click.option("--rate", type=click.FloatRange(min=0), default=1000.0, show_default=True,
+              help="Demo messages per second (0: no demo traffic).")
+@click.option("--duration", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="Stop by itself after this many seconds.")
+@click.option("--run-dir", type=click.Path(file_okay=False, path_type=Path), default=Path(".memq-run/dev"),
+              show_default=True, help="Logs, ZooKeeper data and the generated client config.")
+def dev(broker_count: int, topic_name: str, partitions: int, rate: float, duration: float | None,
+        run_dir: Path) -> None:
+    """Run memq locally: S3, Kafka, ZooKeeper, brokers and demo traffic (Ctrl-C stops)."""
+    from memq.client.consumer import notification_topic
+    from memq.devcluster import DevCluster
+    from memq.devcluster.broker_process import BrokerProcess, config_toml
+    from memq.notify import TopicAdmin
+
+    console = Console()
+    # SIGTERM ends the run like Ctrl-C, so every `finally` below stops what it started.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    run_dir = run_dir.resolve()
+    try:
+        with ExitStack() as stack:
+            console.print("starting S3, Kafka and ZooKeeper...")
+            cluster = stack.enter_context(DevCluster(run_dir / "cluster"))
+            topic = TopicConfig(name=topic_name, read_partitions=partitions)
+            config = cluster.config(topics=[topic])
+            TopicAdmin(config.kafka).create_topic(notification_topic(config, topic_name), partitions)
+            brokers = []
+            for i in range(1, broker_count + 1):
+                bc = dataclasses.replace(config, broker=BrokerConfig(broker_id=f"b{i}"))
+                brokers.append(stack.enter_context(BrokerProcess(bc, run_dir / "brokers")))
+            client = dataclasses.replace(config, producer=dataclasses.replace(
+                config.producer, brokers=",".join(b.url for b in brokers)))
+            config_path = run_dir / "memq.toml"
+            config_path.write_text(config_toml(client))
+            endpoints = {
+                "S3": f"{cluster.s3_endpoint}  (bucket {cluster.bucket})",
+                "Kafka": cluster.kafka_bootstrap or "",
+                "ZooKeeper": cluster.zk_hosts or "",
+                "brokers": " ".join(b.url for b in brokers),
+            }
+            # Further services (e.g. the audit dashboard) start here and add their endpoint.
+            endpoints["config"] = str(config_path)
+            endpoints["logs"] = str(run_dir)
+            _print_endpoints(console, endpoints, config_path, topic_name)
+            demo = stack.enter_context(DemoTraffic(client, topic_name, rate)) if rate > 0 else None
+            _watch(console, demo, duration)
+    except KeyboardInterrupt:
+        pass
+    except MemqError as e:
+        raise click.ClickException(f"{type(e).__name__}: {e}") from None
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    console.print("memq dev stopped")
+
+
+def _print_endpoints(console: Console, endpoints: dict[str, str], config_path: Path, topic: str) -> None:
+    table = Table(title="memq dev", show_header=False)
+    for name, value in endpoints.items():
+        table.add_row(name, value)
+    console.print(table)
+    console.print(f"try:  memq --config {config_path} consume {topic} --count\n"
+                  f"      echo hello | memq --config {config_path} produce {topic}\n"
+                  "Ctrl-C stops everything.", highlight=False)
+
+
+def _watch(console: Console, demo: DemoTraffic | None, duration: float | None) -> None:
+    """Show live demo counts until `duration` passes (or forever, until Ctrl-C/SIGTERM)."""
+    start = time.monotonic()
+    end = start + duration if duration is not None else float("inf")
+    with Live(console=console, refresh_per_second=4, transient=False) as live:
+        while time.monotonic() < end:
+            if demo is not None:
+                elapsed = max(time.monotonic() - start, 1e-9)
+                demo.check()
+                live.update(f"demo: produced {demo.acked:,} ({demo.acked / elapsed:,.0f}/s)  "
+                            f"consumed {demo.consumed:,} ({demo.consumed / elapsed:,.0f}/s)")
+            time.sleep(min(0.25, max(0.0, end - time.monotonic())))
+    console.print("duration reached, stopping")
+
+
+class DemoTraffic:
+    """A producer at `rate` msg/s and a consumer of the demo topic, each in its own thread."""
+
+    def __init__(self, config: MemqConfig, topic: str, rate: float) -> None:
+        self.acked = 0
+        self.consumed = 0
+        self._config = config
+        self._topic = topic
+        self._rate = rate
+        self._stop = threading.Event()
+        self._errors: list[BaseException] = []
+        self._threads = [threading.Thread(target=self._guard, args=(fn,), name=f"memq-dev-{fn.__name__}")
+                         for fn in (self._produce, self._consume)]
+
+    def __enter__(self) -> DemoTraffic:
+        for t in self._threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join(30)
+
+    def check(self) -> None:
+        """Re-raise a failure of the demo threads in the caller."""
+        if self._errors:
+            raise self._errors[0]
+
+    def _guard(self, fn: object) -> None:
+        try:
+            fn()  # type: ignore[operator]
+        except BaseException as e:  # surfaced by check() in the main thread
+            self._errors.append(e)
+
+    def _produce(self) -> None:
+        from memq.client.producer import Producer
+
+        async def run() -> None:
+            start = time.monotonic()
+            sent = 0
+            pending: list[asyncio.Future[list]] = []
+            async with Producer(self._config.producer) as producer:
+                while not self._stop.is_set():
+                    due = int((time.monotonic() - start) * self._rate) - sent
+                    if due > 0:
+                        values = [b"demo message %d" % i for i in range(sent, sent + due)]
+                        pending.append(await producer.send_many(self._topic, values))
+                        sent += due
+                    for fut in [f for f in pending if f.done()]:
+                        pending.remove(fut)
+                        self.acked += sum(d.count for d in fut.result())
+                    await asyncio.sleep(0.05)
+
+        asyncio.run(run())
+
+    def _consume(self) -> None:
+        from memq.client.consumer import Consumer
+
+        with Consumer(self._config, self._topic, group_id=_DEMO_GROUP) as consumer:
+            while not self._stop.is_set():
+                got = sum(1 for _ in consumer.poll(0.25))
+                if got:
+                    self.consumed += got
+                    consumer.commit(asynchronous=True)

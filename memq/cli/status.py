@@ -1,0 +1,55 @@
+"""`memq status`: is each part of the cluster reachable, and which broker hosts what."""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from memq.cli._common import config_of
+from memq.errors import MemqError
+
+_TIMEOUT_S = 3.0
+
+
+def broker_metadata(url: str) -> dict:
+    """A broker's `/v1/metadata`, or raises OSError/ValueError."""
+    with urllib.request.urlopen(f"{url.rstrip('/')}/v1/metadata", timeout=_TIMEOUT_S) as resp:
+        return json.loads(resp.read())
+
+
+@click.command()
+@click.option("--brokers", default=None, help="Comma-separated broker URLs (default: producer.brokers).")
+@click.pass_context
+def status(ctx: click.Context, brokers: str | None) -> None:
+    """Show brokers (health, topics) and the notification queue; exit 1 if anything is down."""
+    config = config_of(ctx)
+    from memq.notify import TopicAdmin
+
+    console = Console()
+    healthy = True
+    table = Table(title=f"memq cluster {config.cluster.name}")
+    for col in ("component", "address", "state", "detail"):
+        table.add_column(col)
+    for url in filter(None, (u.strip() for u in (brokers or config.producer.brokers).split(","))):
+        try:
+            meta = broker_metadata(url)
+            topics = ", ".join(sorted(meta.get("topics", {}))) or "-"
+            table.add_row(f"broker {meta.get('broker_id', '?')}", url, "[green]up[/]", f"topics: {topics}")
+        except (OSError, ValueError) as e:
+            healthy = False
+            table.add_row("broker", url, "[red]down[/]", str(e))
+    try:
+        prefix = f"memq.{config.cluster.name}."
+        count = sum(t.startswith(prefix) for t in TopicAdmin(config.kafka).list_topics())
+        table.add_row("kafka", config.kafka.bootstrap_servers, "[green]up[/]", f"{count} memq topics")
+    except MemqError as e:
+        healthy = False
+        table.add_row("kafka", config.kafka.bootstrap_servers, "[red]down[/]", str(e))
+    console.print(table)
+    if not healthy:
+        ctx.exit(1)

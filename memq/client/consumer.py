@@ -1,0 +1,471 @@
+"""The polling Consumer: notifications from a Kafka consumer group, batches from storage.
+
+Each notification on a topic's notification topic points at one batch object. `poll()`
+reads pointers, fetches the objects ahead of the application (several at once, bounded in
+bytes), checks them against the notification's size and CRC32C, decodes them in bulk and
+hands LogMessages over as `ConsumerRecord`s, one batch per `poll()`.
+
+Delivery is at-least-once: the offset of a notification becomes committable only once the
+last record of its batch was handed to the application (the iterator returned by `poll()`
+was exhausted). An iterator abandoned half way is resumed by the next `poll()`, so records
+are neither skipped nor handed twice within one consumer's life.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import time
+import uuid
+from collections import OrderedDict, deque
+from collections.abc import AsyncIterator, Iterable, Iterator
+from dataclasses import dataclass, field, replace
+from itertools import repeat
+from operator import add
+from typing import NamedTuple
+
+from memq.client._fetcher import FetchLoop
+from memq.config import MemqConfig, TopicConfig
+from memq.errors import (ConsumerError, DataLossError, FormatError, InvalidInputError,
+                         ObjectNotFoundError)
+from memq.format import (Compressors, LogMessage, MessageHeader, decode_batch, decode_batch_header,
+                         decode_message, object_crc32c)
+from memq.notify import NotificationConsumer, NotificationRecord
+from memq.storage import ObjectLocation
+
+log = logging.getLogger(__name__)
+_tuple_new = tuple.__new__
+
+
+class ConsumerRecord(NamedTuple):
+    """One LogMessage as handed to the application, with where it came from.
+
+    A NamedTuple whose first five fields are LogMessage's, so a batch's records are built in
+    bulk (tuple concatenation in C) rather than one Python constructor call each.
+    """
+
+    value: bytes
+    key: bytes | None
+    headers: tuple[tuple[str, bytes], ...]
+    timestamp_ms: int
+    message_id: bytes | None
+    topic: str
+    partition: int                 # read partition = notification topic partition
+    offset: int                    # notification offset (the batch)
+    index: int                     # LogMessage index inside the batch
+    producer_id: int
+    epoch: int
+    sequence: int
+    location: ObjectLocation
+
+
+@dataclass
+class ConsumerMetrics:
+    """Counters of one Consumer (plain numbers: a client has no metrics endpoint)."""
+
+    records: int = 0
+    batches: int = 0
+    bytes: int = 0
+    duplicates_dropped: int = 0
+    data_loss_skipped: int = 0
+    commits: int = 0
+
+
+_Decoded = list[tuple[MessageHeader, list[ConsumerRecord]]]
+
+
+@dataclass(slots=True, eq=False)
+class _Batch:
+    """One notification on its way to the application."""
+
+    rec: NotificationRecord
+    future: concurrent.futures.Future[_Decoded] | None = None
+    messages: _Decoded = field(default_factory=list)
+    next_msg: int = 0
+    cur: Iterator[ConsumerRecord] = field(default_factory=lambda: iter(()))
+    cur_header: MessageHeader | None = None
+
+
+def _where(topic: str, rec: NotificationRecord) -> str:
+    n = rec.notification
+    obj = f"{n.bucket}/{n.key}" if n.bucket else n.key
+    return f"batch {obj} (topic {topic}, read partition {rec.partition}, offset {rec.offset})"
+
+
+def notification_topic(config: MemqConfig, topic: str) -> str:
+    """The Kafka topic carrying `topic`'s notifications (configured, or the default name)."""
+    configured = next((t for t in config.topics if t.name == topic), None)
+    return (configured or TopicConfig(name=topic)).notification_topic_for(config.cluster.name)
+
+
+class Consumer:
+    """Reads one memq topic as a member of a consumer group. Not thread-safe: one thread
+    (or one asyncio task) drives it, as with Kafka's consumer.
+
+    `audit` (an `AuditSink`) is told when the last LogMessage of each Message was handed over.
+    """
+
+    def __init__(self, config: MemqConfig, topic: str, *, group_id: str | None = None,
+                 audit: object | None = None, subscribe: bool = True) -> None:
+        cc = config.consumer if group_id is None else replace(config.consumer, group_id=group_id)
+        if cc.prefetch_bytes <= 0 or cc.fetch_concurrency <= 0 or cc.dedup_window < 0:
+            raise InvalidInputError("consumer.prefetch_bytes and consumer.fetch_concurrency must be "
+                                    "> 0, consumer.dedup_window >= 0")
+        self.topic = topic
+        self.group_id = cc.group_id
+        self.metrics = ConsumerMetrics()
+        self._cc = cc
+        self._audit = audit
+        self._kafka_topic = notification_topic(config, topic)
+        self._queue: deque[_Batch] = deque()        # polled, in order; some being fetched
+        self._current: _Batch | None = None         # the batch being handed over
+        self._inflight_bytes = 0                    # object bytes of submitted, unfinished batches
+        self._handed: dict[int, int] = {}           # partition -> next offset, batches fully handed
+        self._committed: dict[int, int] = {}        # what we last committed
+        self._seen: OrderedDict[tuple[int, int, int], None] = OrderedDict()
+        self._last_auto_commit = time.monotonic()
+        self._closed = False
+        self._notify = NotificationConsumer(config.kafka, self._kafka_topic, group_id=cc.group_id,
+                                            auto_offset_reset=cc.auto_offset_reset)
+        try:
+            self._fetch = FetchLoop(config, cc.fetch_concurrency)
+        except BaseException:
+            self._notify.close()
+            raise
+        self._kafka_config = config.kafka
+        self._compressors = Compressors()
+        if subscribe:
+            self._notify.subscribe(on_assign=self._on_assign, on_revoke=self._on_revoke)
+
+    # --- reading -------------------------------------------------------------------------
+
+    def poll(self, timeout: float = 1.0) -> Iterator[ConsumerRecord]:
+        """Records of the next batch (or the rest of an unfinished one); empty if none came
+        within `timeout` seconds. Raises `DataLossError` for a missing or corrupt batch when
+        `on_data_loss` is "raise" (again on every poll, until the application seeks past it)."""
+        self._check_open()
+        deadline = time.monotonic() + timeout
+        while True:
+            if self._current is not None:
+                return self._deliver(self._current)
+            self._maybe_auto_commit()
+            self._top_up(wait_s=0.0 if self._queue else max(0.0, deadline - time.monotonic()))
+            if self._queue:
+                head = self._queue[0]
+                assert head.future is not None
+                try:
+                    head.messages = head.future.result(timeout=max(0.0, deadline - time.monotonic()))
+                except concurrent.futures.TimeoutError:
+                    return iter(())
+                except DataLossError as e:
+                    if self._cc.on_data_loss == "raise":
+                        raise
+                    log.warning("skipping lost batch: %s", e)
+                    self.metrics.data_loss_skipped += 1
+                    self._queue.popleft()
+                    self._finish(head)
+                    continue
+                except Exception:
+                    head.future = self._fetch.submit(self._fetch_batch(head.rec))  # transient: retry next poll
+                    raise
+                self._queue.popleft()
+                self._current = head
+                self._next_message(head)
+                continue
+            if time.monotonic() >= deadline:
+                return iter(())
+
+    def __iter__(self) -> Iterator[ConsumerRecord]:
+        """Every record, forever (until `close()`); a blocking loop around `poll()`."""
+        while not self._closed:
+            yield from self.poll(1.0)
+
+    async def __aiter__(self) -> AsyncIterator[ConsumerRecord]:
+        """`async for record in consumer`: waits in a worker thread, hands records on the loop."""
+        while not self._closed:
+            batch = await asyncio.to_thread(self.poll, 0.5)
+            for record in batch:
+                yield record
+
+    def _next_message(self, b: _Batch) -> bool:
+        """Move `b` to its next not-duplicate Message; False when the batch is exhausted."""
+        while b.next_msg < len(b.messages):
+            header, records = b.messages[b.next_msg]
+            b.next_msg += 1
+            if self._cc.dedup_window and self._is_duplicate(header):
+                self.metrics.duplicates_dropped += len(records)
+                continue
+            b.cur_header, b.cur = header, iter(records)
+            return True
+        b.cur_header, b.cur = None, iter(())
+        return False
+
+    def _deliver(self, b: _Batch) -> Iterator[ConsumerRecord]:
+        audit = self._audit
+        while True:
+            yield from b.cur                    # shared iterator: an abandoned poll resumes here
+            if self._current is not b:          # seek or revocation dropped this batch
+                return
+            header = b.cur_header
+            if header is not None and audit is not None:
+                now = int(time.time() * 1000)
+                audit.consumed(topic=self.topic, group=self.group_id, producer_id=header.producer_id,  # type: ignore[attr-defined]
+                               epoch=header.epoch, sequence=header.sequence, count=header.count,
+                               digest=header.body_crc32c, created_ms=header.created_ms, consumed_ms=now)
+            if not self._next_message(b):
+                break
+        self._current = None
+        self._finish(b)
+
+    def _finish(self, b: _Batch) -> None:
+        """`b` is fully handed over (or skipped): its offset may be committed."""
+        self._handed[b.rec.partition] = b.rec.offset + 1
+        self._inflight_bytes -= b.rec.notification.size
+        self.metrics.batches += 1
+        self.metrics.records += sum(len(r) for _, r in b.messages)
+        self.metrics.bytes += b.rec.notification.size
+
+    def _is_duplicate(self, h: MessageHeader) -> bool:
+        key = (h.producer_id, h.epoch, h.sequence)
+        if key in self._seen:
+            return True
+        self._seen[key] = None
+        if len(self._seen) > self._cc.dedup_window:
+            self._seen.popitem(last=False)
+        return False
+
+    # --- fetching ahead ------------------------------------------------------------------
+
+    def _top_up(self, wait_s: float) -> None:
+        """Start fetches within the byte budget; read more notifications if all are started."""
+        self._submit_queued()
+        if self._inflight_bytes >= self._cc.prefetch_bytes or any(b.future is None for b in self._queue):
+            return
+        records = self._notify.poll(wait_s, max_records=2 * self._cc.fetch_concurrency)
+        self._queue.extend(_Batch(r) for r in records)
+        self._submit_queued()
+
+    def _submit_queued(self) -> None:
+        for b in self._queue:
+            if b.future is not None:
+                continue
+            # always let one batch through, however large, so progress never stops
+            if self._inflight_bytes >= self._cc.prefetch_bytes and self._inflight_bytes > 0:
+                break
+            self._inflight_bytes += b.rec.notification.size
+            b.future = self._fetch.submit(self._fetch_batch(b.rec))
+
+    async def _fetch_batch(self, rec: NotificationRecord) -> _Decoded:
+        n = rec.notification
+        loc = ObjectLocation(n.bucket, n.key)
+        try:
+            obj = await self._fetch.get(loc)
+        except ObjectNotFoundError as e:
+            raise DataLossError(f"{_where(self.topic, rec)} is missing: {e}", topic=self.topic,
+                                partition=rec.partition, offset=rec.offset, location=n.key) from e
+        return await self._fetch.cpu(self._decode, rec, loc, obj)
+
+    def _decode(self, rec: NotificationRecord, loc: ObjectLocation, obj: bytes) -> _Decoded:
+        n = rec.notification
+
+        def lost(why: str) -> DataLossError:
+            return DataLossError(f"{_where(self.topic, rec)} is corrupt: {why}", topic=self.topic,
+                                 partition=rec.partition, offset=rec.offset, location=n.key)
+
+        if len(obj) != n.size:
+            raise lost(f"{len(obj)} bytes, the notification says {n.size}")
+        if object_crc32c((obj,)) != n.crc32c:
+            raise lost("CRC32C of the object does not match the notification")
+        try:
+            _, messages = decode_batch(obj, compressors=self._compressors)  # CPU worker only
+        except FormatError as e:
+            raise lost(str(e)) from e
+        return self._records(rec, loc, messages)
+
+    def _records(self, rec: NotificationRecord, loc: ObjectLocation,
+                 messages: Iterable[tuple[MessageHeader, list[LogMessage]]]) -> _Decoded:
+        """Bulk-build ConsumerRecords: LogMessage + position tuple, concatenated and re-typed in C."""
+        topic, partition, offset = self.topic, rec.partition, rec.offset
+        out: _Decoded = []
+        first = 0
+        for h, logs in messages:
+            pid, epoch, seq = h.producer_id, h.epoch, h.sequence
+            tails = [(topic, partition, offset, i, pid, epoch, seq, loc)
+                     for i in range(first, first + len(logs))]
+            out.append((h, list(map(_tuple_new, repeat(ConsumerRecord), map(add, logs, tails)))))
+            first += len(logs)
+        return out
+
+    # --- random access -------------------------------------------------------------------
+
+    def read(self, partition: int, offset: int, index: int, timeout: float = 10.0) -> ConsumerRecord:
+        """One LogMessage by position, with ranged GETs: the batch header, then its Message."""
+        self._check_open()
+        rec = self._notification_at(partition, offset, timeout)
+        n = rec.notification
+        loc = ObjectLocation(n.bucket, n.key)
+        return self._fetch.run(self._read_one(rec, loc, index), timeout_s=timeout)
+
+    async def _read_one(self, rec: NotificationRecord, loc: ObjectLocation, index: int) -> ConsumerRecord:
+        n = rec.notification
+        if not 0 <= index < n.logmessage_count:
+            raise InvalidInputError(f"index {index} is outside {_where(self.topic, rec)} "
+                                    f"({n.logmessage_count} LogMessages)")
+        try:
+            bh = decode_batch_header(await self._fetch.get_range(loc, 0, n.header_size))
+            first = 0
+            for (start, end), count in zip(bh.message_ranges, bh.message_counts):
+                if index < first + count:
+                    header, logs = decode_message(await self._fetch.get_range(loc, start, end - start))
+                    break
+                first += count
+            else:
+                raise FormatError(f"header counts {sum(bh.message_counts)} LogMessages, "
+                                  f"notification {n.logmessage_count}")
+        except ObjectNotFoundError as e:
+            raise DataLossError(f"{_where(self.topic, rec)} is missing: {e}", topic=self.topic,
+                                partition=rec.partition, offset=rec.offset, location=n.key) from e
+        except FormatError as e:
+            raise DataLossError(f"{_where(self.topic, rec)} is corrupt: {e}", topic=self.topic,
+                                partition=rec.partition, offset=rec.offset, location=n.key) from e
+        return ConsumerRecord(*logs[index - first], self.topic, rec.partition, rec.offset, index,
+                              header.producer_id, header.epoch, header.sequence, loc)
+
+    def _notification_at(self, partition: int, offset: int, timeout: float) -> NotificationRecord:
+        """The notification at (partition, offset), read by a throw-away assigned consumer so
+        this consumer's own positions are untouched."""
+        probe = NotificationConsumer(self._kafka_config, self._kafka_topic,
+                                     group_id=f"{self.group_id}.read.{uuid.uuid4().hex[:8]}")
+        try:
+            probe.assign({partition: offset})
+            deadline = time.monotonic() + timeout
+            while time.monotonic() < deadline:
+                for r in probe.poll(min(0.5, max(0.0, deadline - time.monotonic())), max_records=1):
+                    if r.partition == partition and r.offset == offset:
+                        return r
+                    raise InvalidInputError(f"no notification at topic {self.topic} read partition "
+                                            f"{partition} offset {offset} (next is {r.offset})")
+        finally:
+            probe.close()
+        raise ConsumerError(f"no notification at topic {self.topic} read partition {partition} "
+                            f"offset {offset} within {timeout}s")
+
+    # --- offsets -------------------------------------------------------------------------
+
+    def commit(self, asynchronous: bool = False) -> dict[int, int]:
+        """Commit every fully handed batch; returns the committed {partition: next offset}."""
+        self._check_open()
+        offsets = {p: o for p, o in self._handed.items() if self._committed.get(p) != o}
+        if offsets:
+            self._notify.commit(offsets, asynchronous=asynchronous)
+            self._committed.update(offsets)
+            self.metrics.commits += 1
+        return offsets
+
+    def _maybe_auto_commit(self) -> None:
+        if not self._cc.enable_auto_commit:
+            return
+        now = time.monotonic()
+        if now - self._last_auto_commit >= self._cc.auto_commit_interval_ms / 1000:
+            self._last_auto_commit = now
+            self.commit(asynchronous=True)
+
+    def committed(self, partitions: Iterable[int] | None = None) -> dict[int, int | None]:
+        self._check_open()
+        return self._notify.committed(list(self.assignment() if partitions is None else partitions))
+
+    def position(self) -> dict[int, int]:
+        """Per assigned partition, the notification offset of the next batch to be handed over."""
+        self._check_open()
+        pos = {p: o for p, o in self._notify.position().items() if o is not None and o >= 0}
+        for b in reversed([*([self._current] if self._current else []), *self._queue]):
+            pos[b.rec.partition] = b.rec.offset
+        return pos
+
+    def assignment(self) -> list[int]:
+        return sorted(self._notify.assignment())
+
+    def seek(self, partition: int, offset: int) -> None:
+        """Continue `partition` at notification `offset`; drops what was fetched ahead for it."""
+        self._check_open()
+        self._drop({partition})
+        self._notify.seek(partition, offset)
+
+    def seek_to_beginning(self, partitions: Iterable[int] | None = None) -> None:
+        for p in self.assignment() if partitions is None else partitions:
+            self.seek(p, self._notify.watermarks(p)[0])
+
+    def seek_to_end(self, partitions: Iterable[int] | None = None) -> None:
+        for p in self.assignment() if partitions is None else partitions:
+            self.seek(p, self._notify.watermarks(p)[1])
+
+    def seek_to_timestamp(self, timestamp_ms: int) -> dict[int, int]:
+        """Seek every assigned partition to the first batch notified at or after `timestamp_ms`
+        (Kafka's offsets-for-times on the notification topic); past the end if none is."""
+        self._check_open()
+        found = self._notify.offsets_for_times(timestamp_ms)
+        targets = {}
+        for p in self.assignment():
+            o = found.get(p, -1)
+            targets[p] = o if o is not None and o >= 0 else self._notify.watermarks(p)[1]
+            self.seek(p, targets[p])
+        return targets
+
+    def _drop(self, partitions: set[int]) -> None:
+        """Forget fetched-ahead and current batches of `partitions` (seek, revocation)."""
+        for b in [b for b in self._queue if b.rec.partition in partitions]:
+            self._queue.remove(b)
+            if b.future is not None:
+                b.future.cancel()
+                self._inflight_bytes -= b.rec.notification.size
+        cur = self._current
+        if cur is not None and cur.rec.partition in partitions:
+            cur.cur, cur.next_msg = iter(()), len(cur.messages)
+            self._current = None
+            self._inflight_bytes -= cur.rec.notification.size
+
+    def _on_assign(self, partitions: list[int]) -> None:
+        log.info("consumer %s/%s assigned %s", self.group_id, self.topic, partitions)
+
+    def _on_revoke(self, partitions: list[int]) -> None:
+        """Commit what was handed over for the partitions leaving us, then drop the rest."""
+        mine = set(partitions)
+        offsets = {p: o for p, o in self._handed.items() if p in mine and self._committed.get(p) != o}
+        if offsets:
+            try:
+                self._notify.commit(offsets, asynchronous=False)
+                self._committed.update(offsets)
+            except Exception as e:  # the group already moved on; at-least-once covers it
+                log.warning("commit on revoke failed for %s: %s", sorted(offsets), e)
+        self._drop(mine)
+        for p in mine:
+            self._handed.pop(p, None)
+            self._committed.pop(p, None)
+
+    # --- life cycle ----------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ConsumerError(f"consumer of topic {self.topic} is closed")
+
+    def close(self) -> None:
+        """Commit (if auto-commit is on), leave the group, stop fetching."""
+        if self._closed:
+            return
+        try:
+            if self._cc.enable_auto_commit:
+                self.commit()
+        finally:
+            self._closed = True
+            self._drop(set(self.assignment()) | {b.rec.partition for b in self._queue})
+            try:
+                self._notify.close()
+            finally:
+                self._fetch.close()
+
+    def __enter__(self) -> Consumer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
