@@ -1,0 +1,93 @@
+"""The producer's WebSocket to one broker: many requests in flight, acks matched by id."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Callable
+
+import aiohttp
+
+from memq.errors import BrokerUnavailableError, ProtocolError
+from memq.format.wire import Ack, decode_acks
+
+log = logging.getLogger(__name__)
+
+
+class BrokerConnection:
+    """Frames go out with `send`; a reader task hands every ack to `on_ack`, and calls
+    `on_lost` once when the connection ends, so the producer can retry what was in flight."""
+
+    def __init__(self, url: str, session: aiohttp.ClientSession, *, on_ack: Callable[[Ack], None],
+                 on_lost: Callable[[BrokerConnection, str], None], timeout_s: float, max_frame_bytes: int) -> None:
+        self.url = url
+        self._session = session
+        self._on_ack = on_ack
+        self._on_lost = on_lost
+        self._timeout_s = timeout_s
+        self._max_frame_bytes = max_frame_bytes
+        self._ws: aiohttp.ClientWebSocketResponse | None = None
+        self._reader: asyncio.Task[None] | None = None
+        self.closed = False
+
+    async def connect(self) -> None:
+        try:
+            async with asyncio.timeout(self._timeout_s):
+                self._ws = await self._session.ws_connect(
+                    self.url.rstrip("/") + "/v1/produce", heartbeat=30.0, compress=0,
+                    max_msg_size=self._max_frame_bytes)
+        except (aiohttp.ClientError, OSError, TimeoutError) as e:
+            self.closed = True
+            raise BrokerUnavailableError(f"cannot open a produce connection to {self.url}: {e!r}") from None
+        self._reader = asyncio.create_task(self._read(), name=f"acks-{self.url}")
+
+    async def send(self, frame: bytes) -> None:
+        """Write one frame; waits (bounded) while the broker pushes back."""
+        ws = self._ws
+        if ws is None or self.closed or ws.closed:
+            raise BrokerUnavailableError(f"produce connection to {self.url} is closed")
+        try:
+            async with asyncio.timeout(self._timeout_s):
+                await ws.send_bytes(frame)
+        except (aiohttp.ClientError, ConnectionError, RuntimeError) as e:
+            self._lost(f"write failed: {e!r}")
+            raise BrokerUnavailableError(f"writing to {self.url} failed: {e!r}") from None
+        except TimeoutError:
+            self._lost(f"write did not finish within {self._timeout_s:g}s")
+            raise BrokerUnavailableError(f"writing to {self.url} timed out after {self._timeout_s:g}s") from None
+
+    async def _read(self) -> None:
+        assert self._ws is not None
+        why = "closed by broker"
+        try:
+            async for msg in self._ws:
+                if msg.type == aiohttp.WSMsgType.BINARY:
+                    for ack in decode_acks(msg.data):
+                        self._on_ack(ack)
+                elif msg.type == aiohttp.WSMsgType.ERROR:
+                    why = f"connection error: {self._ws.exception()!r}"
+                    break
+            if self._ws.close_code is not None and self._ws.close_code != 1000:
+                why = f"closed by broker with code {self._ws.close_code}"
+        except ProtocolError as e:
+            why = str(e)
+        except (aiohttp.ClientError, ConnectionError) as e:
+            why = f"connection error: {e!r}"
+        self._lost(why)
+
+    def _lost(self, why: str) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        log.info("produce connection to %s lost: %s", self.url, why)
+        if self._ws is not None and not self._ws.closed:
+            asyncio.get_running_loop().create_task(self._ws.close())
+        self._on_lost(self, why)
+
+    async def close(self) -> None:
+        self.closed = True
+        if self._ws is not None:
+            await self._ws.close()
+        if self._reader is not None:
+            self._reader.cancel()
+            await asyncio.gather(self._reader, return_exceptions=True)
