@@ -5,6 +5,7 @@ from __future__ import annotations
 import zlib
 from enum import IntEnum
 
+import msgpack
 import zstandard
 
 from memq.errors import CorruptDataError, UnsupportedCodecError
@@ -30,23 +31,28 @@ def codec_of(value: int) -> Codec:
 
 
 class Compressors:
-    """Reusable (de)compressor state for one thread or event loop; not thread-safe.
+    """Reusable codec state (zstd contexts, a msgpack Packer) for one thread or event loop.
 
-    Building zstd contexts costs about as much as decompressing a 100 KB body, so
-    producers and consumers keep one of these; one-off callers may let the functions
-    make a fresh one.
+    Not thread-safe. Building zstd contexts costs about as much as decompressing a 100 KB
+    body, and a reused Packer keeps its grown buffer (~20% faster than `packb`), so
+    producers and consumers keep one of these; one-off callers may let the functions make
+    a fresh one.
     """
 
-    __slots__ = ("_zc", "_zd")
+    __slots__ = ("_level", "_zc", "_zd", "packer")
 
     def __init__(self, zstd_level: int = ZSTD_LEVEL) -> None:
-        self._zc = zstandard.ZstdCompressor(level=zstd_level)
-        self._zd = zstandard.ZstdDecompressor()
+        self._level = zstd_level
+        self.packer = msgpack.Packer()
+        self._zc: zstandard.ZstdCompressor | None = None  # built on first use:
+        self._zd: zstandard.ZstdDecompressor | None = None  # readers never need a compressor
 
     def compress(self, codec: Codec, raw: bytes) -> bytes:
         if codec is Codec.NONE:
             return raw
         if codec is Codec.ZSTD:
+            if self._zc is None:
+                self._zc = zstandard.ZstdCompressor(level=self._level)
             return self._zc.compress(raw)
         if codec is Codec.GZIP:
             return zlib.compress(raw, GZIP_LEVEL, wbits=_GZIP_WBITS)
@@ -78,6 +84,8 @@ class Compressors:
             if declared != raw_length:
                 raise CorruptDataError(
                     f"zstd frame declares {declared} bytes, header says {raw_length}")
+            if self._zd is None:
+                self._zd = zstandard.ZstdDecompressor()
             return self._zd.decompress(body, max_output_size=raw_length, allow_extra_data=False)
         except zstandard.ZstdError as exc:
             raise CorruptDataError(f"zstd body does not decompress: {exc}") from exc

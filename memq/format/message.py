@@ -59,8 +59,9 @@ def encode_message(records: Sequence[LogMessage], *, producer_id: int, epoch: in
     """Encode LogMessages into one Message (header + body)."""
     if len(records) > _MAX_U32:
         raise InvalidInputError(f"a Message holds at most {_MAX_U32} LogMessages")
-    raw = pack_records(records)
-    body = (compressors or Compressors()).compress(codec_of(codec), raw)
+    comp = compressors or Compressors()
+    raw = pack_records(records, comp.packer)
+    body = comp.compress(codec_of(codec), raw)
     if len(raw) > MAX_BODY_BYTES or len(body) > MAX_BODY_BYTES:
         raise InvalidInputError(f"Message body of {len(raw)} bytes exceeds {MAX_BODY_BYTES}")
     lo, hi = timestamp_range(records)

@@ -37,15 +37,18 @@ def timestamp_range(records: Sequence[LogMessage]) -> tuple[int, int]:
     if not records:
         return 0, 0
     stamps = list(map(_timestamp_of, records))
-    return min(stamps), max(stamps)
+    # Sorting is linear on the usual non-decreasing stamps and, with its int-only compare,
+    # about twice as fast as min() plus max().
+    stamps.sort()
+    return stamps[0], stamps[-1]
 
 
-def pack_records(records: Sequence[LogMessage]) -> bytes:
+def pack_records(records: Sequence[LogMessage], packer: msgpack.Packer) -> bytes:
     """msgpack the records as arrays; InvalidInputError if one is not a 5-field record."""
     if records and set(map(len, records)) != {RECORD_FIELDS}:
         raise InvalidInputError(f"every record must be a LogMessage ({RECORD_FIELDS} fields)")
     try:
-        return msgpack.packb(records if isinstance(records, list) else list(records))
+        return packer.pack(records if isinstance(records, list) else list(records))
     except (TypeError, ValueError, OverflowError) as exc:
         raise InvalidInputError(f"LogMessage fields cannot be encoded: {exc}") from exc
 

@@ -1,0 +1,467 @@
+"""memq.format: round trips for every codec, and totality of every decoder on bad bytes."""
+
+from __future__ import annotations
+
+import struct
+import zlib
+
+import pytest
+import zstandard
+from crc32c import crc32c
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from memq.errors import (CorruptDataError, FormatError, InvalidInputError,
+                         UnsupportedCodecError, UnsupportedVersionError)
+from memq.format import (BATCH_PREFIX_SIZE, MAX_BODY_BYTES, MESSAGE_HEADER_SIZE, Codec,
+                         Compressors, LogMessage, batch_header_size, decode_batch,
+                         decode_batch_header, decode_message, decode_message_header,
+                         encode_batch, encode_message, iter_batch_messages, object_crc32c,
+                         verify_message)
+from memq.format.batch import _ENTRY, _FIXED, _PREFIX
+from memq.format.message import _HEADER
+
+I64 = st.integers(-(2**63), 2**63 - 1)
+log_messages = st.builds(
+    LogMessage,
+    value=st.binary(max_size=64),
+    key=st.none() | st.binary(max_size=16),
+    headers=st.lists(st.tuples(st.text(max_size=8), st.binary(max_size=8)),
+                     max_size=3).map(tuple),
+    timestamp_ms=I64,
+    message_id=st.none() | st.binary(max_size=16),
+)
+record_lists = st.lists(log_messages, max_size=20)
+codecs = st.sampled_from(list(Codec))
+FAST = settings(max_examples=60, deadline=None,
+                suppress_health_check=[HealthCheck.too_slow])
+
+
+def records(n: int = 5, base: int = 1_000) -> list[LogMessage]:
+    return [LogMessage(b"value-%d" % i, b"k%d" % i if i % 2 else None, (("h", b"%d" % i),),
+                       base + i, b"id%d" % i if i % 3 else None) for i in range(n)]
+
+
+def message(recs: list[LogMessage] | None = None, codec: Codec = Codec.ZSTD,
+            sequence: int = 7) -> bytes:
+    return encode_message(records() if recs is None else recs, producer_id=2**64 - 1,
+                          epoch=3, sequence=sequence, codec=codec, created_ms=123)
+
+
+def batch(n_messages: int = 3, codec: Codec = Codec.ZSTD) -> tuple[bytes, list[bytes]]:
+    msgs = [message(records(4, base=100 * i), codec, sequence=i) for i in range(n_messages)]
+    chunks = encode_batch(msgs, [verify_message(m) for m in msgs], broker_id="broker-ü",
+                          created_ms=456)
+    return b"".join(chunks), msgs
+
+
+def reheader(msg: bytes, **changes: int) -> bytes:
+    """Rewrite Message header fields and re-seal the header CRC (valid-looking lies)."""
+    names = ["magic", "version", "codec", "header_size", "producer_id", "epoch", "sequence",
+             "count", "lo", "hi", "created", "body_length", "raw_length", "body_crc", "crc"]
+    fields = dict(zip(names, _HEADER.unpack_from(msg)))
+    fields.update(changes)
+    head = _HEADER.pack(*fields.values())[:-4]
+    return head + struct.pack("<I", crc32c(head)) + msg[MESSAGE_HEADER_SIZE:]
+
+
+def rebody(msg: bytes, body: bytes, **changes: int) -> bytes:
+    """Replace the body, with a correct body CRC and length unless overridden."""
+    fields = {"body_length": len(body), "body_crc": crc32c(body), **changes}
+    return reheader(msg[:MESSAGE_HEADER_SIZE] + body, **fields)
+
+
+def reseal_batch(head: bytes) -> bytes:
+    """Recompute the batch header CRC over a modified header (without its CRC)."""
+    return head + struct.pack("<I", crc32c(head))
+
+
+# --- round trips ---------------------------------------------------------------------------
+
+
+@FAST
+@given(recs=record_lists, codec=codecs, producer_id=st.integers(0, 2**64 - 1),
+       epoch=st.integers(0, 2**32 - 1), sequence=st.integers(0, 2**64 - 1), created=I64)
+def test_message_round_trip(recs, codec, producer_id, epoch, sequence, created):
+    buf = encode_message(recs, producer_id=producer_id, epoch=epoch, sequence=sequence,
+                         codec=codec, created_ms=created)
+    header, out = decode_message(buf)
+    assert out == recs
+    assert all(type(r) is LogMessage for r in out)
+    assert (header.codec, header.producer_id, header.epoch, header.sequence, header.count,
+            header.created_ms) == (codec, producer_id, epoch, sequence, len(recs), created)
+    stamps = [r.timestamp_ms for r in recs] or [0]
+    assert (header.min_timestamp_ms, header.max_timestamp_ms) == (min(stamps), max(stamps))
+    assert verify_message(buf) == header == decode_message_header(buf[:MESSAGE_HEADER_SIZE])
+    assert header.total_size == len(buf)
+
+
+@FAST
+@given(groups=st.lists(st.tuples(record_lists, codecs), max_size=6),
+       broker_id=st.text(max_size=20), created=I64)
+def test_batch_round_trip_and_ranged_reads(groups, broker_id, created):
+    msgs = [encode_message(recs, producer_id=1, epoch=0, sequence=i, codec=codec)
+            for i, (recs, codec) in enumerate(groups)]
+    chunks = encode_batch([memoryview(m) for m in msgs], [verify_message(m) for m in msgs],
+                          broker_id=broker_id, created_ms=created)
+    assert all(c is m or c.obj is m for c, m in zip(chunks[1:], msgs))  # bodies not copied
+    obj = b"".join(chunks)
+    size = batch_header_size(obj[:BATCH_PREFIX_SIZE])
+    header = decode_batch_header(obj[:size])
+    assert header.header_size == size and header.object_size == len(obj)
+    assert (header.message_count, header.broker_id, header.created_ms) == (
+        len(msgs), broker_id, created)
+    assert header.logmessage_count == sum(len(r) for r, _ in groups)
+    stamps = [r.timestamp_ms for recs, _ in groups for r in recs] or [0]
+    assert (header.min_timestamp_ms, header.max_timestamp_ms) == (min(stamps), max(stamps))
+    for (start, end), (recs, _) in zip(header.message_ranges, groups):
+        assert decode_message(obj[start:end])[1] == recs
+    assert [bytes(v) for v in iter_batch_messages(obj)] == msgs
+    same_header, decoded = decode_batch(obj)
+    assert same_header == header
+    assert [out for _, out in decoded] == [recs for recs, _ in groups]
+    assert object_crc32c(chunks) == crc32c(obj)
+
+
+def test_compressors_are_reusable_across_codecs():
+    comp = Compressors()
+    for i in range(20):
+        codec = list(Codec)[i % 3]
+        recs = records(i)
+        buf = encode_message(recs, producer_id=1, epoch=1, sequence=i, codec=codec,
+                             compressors=comp)
+        assert decode_message(buf, compressors=comp)[1] == recs
+
+
+def test_large_message_compresses_and_round_trips():
+    recs = [LogMessage(b"x" * 1000, b"key", (), i) for i in range(2000)]
+    plain, packed = message(recs, Codec.NONE), message(recs, Codec.ZSTD)
+    assert len(packed) < len(plain) / 10
+    assert decode_message(packed)[1] == recs == decode_message(message(recs, Codec.GZIP))[1]
+
+
+# --- totality: truncation and bit flips ------------------------------------------------------
+
+
+def assert_rejected_or_equal(decode, buf: bytes, expected) -> None:
+    try:
+        got = decode(buf)
+    except FormatError:
+        return
+    assert got == expected
+
+
+@pytest.mark.parametrize("codec", list(Codec))
+def test_every_truncation_of_a_batch_is_rejected(codec):
+    obj, _ = batch(2, codec)
+    for n in range(len(obj)):
+        with pytest.raises(FormatError):
+            decode_batch(obj[:n])
+        with pytest.raises(FormatError):
+            list(iter_batch_messages(obj[:n]))
+
+
+@pytest.mark.parametrize("codec", list(Codec))
+def test_every_truncation_of_a_message_is_rejected(codec):
+    buf = message(codec=codec)
+    for n in range(len(buf)):
+        with pytest.raises(FormatError):
+            decode_message(buf[:n])
+
+
+BATCHES = {codec: batch(2, codec)[0] for codec in Codec}
+
+
+@settings(max_examples=300, deadline=None)
+@given(codec=codecs, data=st.data())
+def test_random_byte_flips_in_a_batch_are_rejected_or_harmless(codec, data):
+    obj = BATCHES[codec]
+    expected = decode_batch(obj)
+    flips = data.draw(st.lists(st.tuples(st.integers(0, len(obj) - 1), st.integers(1, 255)),
+                               min_size=1, max_size=4))
+    bad = bytearray(obj)
+    for pos, mask in flips:
+        bad[pos] ^= mask
+    assert_rejected_or_equal(decode_batch, bytes(bad), expected)
+
+
+@settings(max_examples=200, deadline=None)
+@given(codec=codecs, pos=st.integers(0, 10_000), mask=st.integers(1, 255))
+def test_single_byte_flip_in_a_message_is_rejected(codec, pos, mask):
+    buf = bytearray(message(codec=codec))
+    buf[pos % len(buf)] ^= mask
+    with pytest.raises(FormatError):
+        decode_message(bytes(buf))
+
+
+@settings(max_examples=200, deadline=None)
+@given(junk=st.binary(max_size=200))
+def test_arbitrary_bytes_never_escape_as_other_errors(junk):
+    for decode in (decode_message, decode_batch, decode_batch_header, batch_header_size):
+        with pytest.raises(FormatError):
+            decode(junk)
+    with pytest.raises(FormatError):
+        decode_message(b"MQMS\x01" + junk)
+    with pytest.raises(FormatError):
+        decode_batch(b"MQBT\x01" + junk)
+
+
+# --- Message error cases ---------------------------------------------------------------------
+
+
+def test_message_bad_magic():
+    with pytest.raises(CorruptDataError, match="magic"):
+        decode_message_header(b"XXXX" + message()[4:])
+
+
+def test_message_newer_version():
+    buf = bytearray(message())
+    buf[4] = 2
+    with pytest.raises(UnsupportedVersionError, match="version 2"):
+        decode_message(bytes(buf))
+
+
+def test_message_header_crc_mismatch():
+    buf = bytearray(message())
+    buf[20] ^= 1  # inside producer_id
+    with pytest.raises(CorruptDataError, match="header CRC32C"):
+        decode_message_header(bytes(buf))
+
+
+def test_message_truncated_header_and_body():
+    buf = message()
+    with pytest.raises(CorruptDataError, match="truncated"):
+        decode_message_header(buf[:MESSAGE_HEADER_SIZE - 1])
+    with pytest.raises(CorruptDataError, match="truncated"):
+        verify_message(buf[:-1])
+
+
+def test_message_trailing_bytes():
+    with pytest.raises(CorruptDataError, match="trailing"):
+        verify_message(message() + b"\0")
+
+
+def test_message_body_crc_mismatch():
+    buf = bytearray(message())
+    buf[-1] ^= 0x40
+    with pytest.raises(CorruptDataError, match="body CRC32C"):
+        verify_message(bytes(buf))
+
+
+def test_message_unknown_codec():
+    with pytest.raises(UnsupportedCodecError, match="codec id 9"):
+        decode_message_header(reheader(message(), codec=9))
+
+
+def test_message_wrong_header_size():
+    with pytest.raises(CorruptDataError, match="header size"):
+        decode_message_header(reheader(message(), header_size=80))
+
+
+def test_message_oversized_lengths():
+    with pytest.raises(CorruptDataError, match="exceeds"):
+        decode_message_header(reheader(message(), body_length=MAX_BODY_BYTES + 1))
+    with pytest.raises(CorruptDataError, match="exceeds"):
+        decode_message_header(reheader(message(), raw_length=2**32 - 1))
+
+
+def test_message_timestamps_out_of_order():
+    with pytest.raises(CorruptDataError, match="after max"):
+        decode_message_header(reheader(message(), lo=10, hi=5))
+
+
+@pytest.mark.parametrize("codec", list(Codec))
+@pytest.mark.parametrize("delta", [-1, 1])
+def test_declared_raw_length_must_match(codec, delta):
+    buf = message(codec=codec)
+    raw_length = _HEADER.unpack_from(buf)[12]
+    with pytest.raises(CorruptDataError):
+        decode_message(reheader(buf, raw_length=raw_length + delta))
+
+
+def test_zstd_bomb_is_refused_before_allocation():
+    bomb = zstandard.ZstdCompressor().compress(b"\0" * 50_000_000)
+    with pytest.raises(CorruptDataError, match="declares 50000000"):
+        decode_message(rebody(message(), bomb, raw_length=10))
+
+
+def test_zstd_frame_without_content_size_is_refused():
+    raw = _raw_body(records())
+    cobj = zstandard.ZstdCompressor(write_content_size=False)
+    body = cobj.compress(raw)
+    with pytest.raises(CorruptDataError, match="zstd frame declares"):
+        decode_message(rebody(message(), body, raw_length=len(raw)))
+
+
+@pytest.mark.parametrize("tail", [b"", b"junk"])
+def test_gzip_stream_must_end_exactly(tail):
+    raw = _raw_body(records())
+    body = zlib.compress(raw, wbits=31)
+    buf = message(codec=Codec.GZIP)
+    if tail:
+        with pytest.raises(CorruptDataError, match="gzip"):
+            decode_message(rebody(buf, body + tail))
+    else:
+        assert decode_message(rebody(buf, body))[1] == records()
+        with pytest.raises(CorruptDataError, match="gzip"):
+            decode_message(rebody(buf, body[:-3]))
+
+
+def _raw_body(recs: list[LogMessage]) -> bytes:
+    return Compressors().packer.pack(recs)
+
+
+@pytest.mark.parametrize("raw, match", [
+    (b"\xc1", "not valid msgpack"),                     # reserved msgpack byte
+    (b"\x91\x01\x02", "not valid msgpack"),              # extra data after the array
+    (b"\x05", "records"),                                # an int, not an array
+    (b"\x92\x93\x01\x02\x03\x93\x01\x02\x03", "5-field"),  # 3-field records
+    (b"\x92\xa5abcde\xa5abcde", "5-field"),              # strings, not arrays
+])
+def test_body_that_is_not_records_is_corrupt(raw, match):
+    buf = rebody(message(codec=Codec.NONE), raw, raw_length=len(raw), count=2)
+    with pytest.raises(CorruptDataError, match=match):
+        decode_message(buf)
+
+
+def test_record_count_must_match_header():
+    buf = message(codec=Codec.NONE)
+    with pytest.raises(CorruptDataError, match="header says 4"):
+        decode_message(reheader(buf, count=4))
+
+
+def test_encode_rejects_bad_input():
+    with pytest.raises(InvalidInputError, match="5 fields"):
+        encode_message([(b"v", None)], producer_id=1, epoch=1, sequence=1)
+    with pytest.raises(InvalidInputError, match="cannot be encoded"):
+        encode_message([LogMessage(object())], producer_id=1, epoch=1, sequence=1)
+    with pytest.raises(InvalidInputError, match="out of range"):
+        encode_message(records(), producer_id=-1, epoch=1, sequence=1)
+    with pytest.raises(InvalidInputError, match="out of range"):
+        encode_message(records(), producer_id=1, epoch=2**32, sequence=1)
+    with pytest.raises(UnsupportedCodecError):
+        encode_message(records(), producer_id=1, epoch=1, sequence=1, codec=7)
+    # a failed encode leaves a shared Compressors usable
+    comp = Compressors()
+    with pytest.raises(InvalidInputError):
+        encode_message([LogMessage(b"v", headers=((1, object()),))], producer_id=1, epoch=1,
+                       sequence=1, compressors=comp)
+    buf = encode_message(records(), producer_id=1, epoch=1, sequence=1, compressors=comp)
+    assert decode_message(buf)[1] == records()
+
+
+# --- Batch error cases -----------------------------------------------------------------------
+
+
+def test_batch_prefix_errors():
+    obj, _ = batch()
+    with pytest.raises(CorruptDataError, match="magic"):
+        batch_header_size(b"MQMS" + obj[4:BATCH_PREFIX_SIZE])
+    with pytest.raises(UnsupportedVersionError, match="batch version 9"):
+        batch_header_size(obj[:4] + b"\x09" + obj[5:BATCH_PREFIX_SIZE])
+    with pytest.raises(CorruptDataError, match="prefix truncated"):
+        batch_header_size(obj[:BATCH_PREFIX_SIZE - 1])
+    for size in (0, 10, 2**31):
+        with pytest.raises(CorruptDataError, match="header size"):
+            batch_header_size(_PREFIX.pack(b"MQBT", 1, size))
+
+
+def test_batch_header_crc_and_truncation():
+    obj, _ = batch()
+    size = batch_header_size(obj)
+    with pytest.raises(CorruptDataError, match="header truncated"):
+        decode_batch_header(obj[:size - 1])
+    bad = bytearray(obj)
+    bad[BATCH_PREFIX_SIZE + 1] ^= 1  # message_count
+    with pytest.raises(CorruptDataError, match="header CRC32C"):
+        decode_batch_header(bytes(bad))
+
+
+def _batch_parts(obj: bytes) -> tuple[list, str, list, bytes]:
+    size = batch_header_size(obj)
+    fixed = list(_FIXED.unpack_from(obj, _PREFIX.size))
+    bid_at = _PREFIX.size + _FIXED.size
+    bid = obj[bid_at:bid_at + fixed[-1]]
+    entries = [list(e) for e in _ENTRY.iter_unpack(obj[bid_at + fixed[-1]:size - 4])]
+    return fixed, bid, entries, obj[size:]
+
+
+def _rebuild(fixed: list, bid: bytes, entries: list, rest: bytes, size: int | None = None
+             ) -> bytes:
+    body = _FIXED.pack(*fixed) + bid + b"".join(_ENTRY.pack(*e) for e in entries)
+    size = size if size is not None else _PREFIX.size + len(body) + 4
+    return reseal_batch(_PREFIX.pack(b"MQBT", 1, size) + body) + rest
+
+
+def test_batch_rebuild_helper_is_faithful():
+    obj, _ = batch()
+    assert _rebuild(*_batch_parts(obj)) == obj
+
+
+def test_batch_index_must_be_contiguous():
+    obj, _ = batch()
+    fixed, bid, entries, rest = _batch_parts(obj)
+    entries[1][0] += 1
+    with pytest.raises(CorruptDataError, match="Message 1 starts at"):
+        decode_batch_header(_rebuild(fixed, bid, entries, rest))
+
+
+def test_batch_counts_must_agree():
+    obj, _ = batch()
+    fixed, bid, entries, rest = _batch_parts(obj)
+    fixed[1] += 1  # logmessage_count
+    with pytest.raises(CorruptDataError, match="index sums"):
+        decode_batch_header(_rebuild(fixed, bid, entries, rest))
+    fixed[1] -= 1
+    fixed[0] += 1  # message_count no longer fits the header size
+    with pytest.raises(CorruptDataError, match="does not fit"):
+        decode_batch_header(_rebuild(fixed, bid, entries, rest))
+    fixed[0] -= 1
+    entries[0][2] += 1
+    fixed[1] += 1  # index and header agree, the Message itself disagrees
+    with pytest.raises(CorruptDataError, match="Message 0 holds 4"):
+        decode_batch(_rebuild(fixed, bid, entries, rest))
+
+
+def test_batch_timestamps_must_cover_messages():
+    obj, _ = batch()
+    fixed, bid, entries, rest = _batch_parts(obj)
+    fixed[3] = fixed[2]  # max = min
+    with pytest.raises(CorruptDataError, match="outside the batch range"):
+        decode_batch(_rebuild(fixed, bid, entries, rest))
+    fixed[2] = fixed[3] + 1
+    with pytest.raises(CorruptDataError, match="after max"):
+        decode_batch_header(_rebuild(fixed, bid, entries, rest))
+
+
+def test_batch_broker_id_must_be_utf8():
+    obj, _ = batch()
+    fixed, bid, entries, rest = _batch_parts(obj)
+    with pytest.raises(CorruptDataError, match="UTF-8"):
+        decode_batch_header(_rebuild(fixed, b"\xff" * len(bid), entries, rest))
+
+
+def test_batch_object_size_must_match():
+    obj, _ = batch()
+    with pytest.raises(CorruptDataError, match="trailing"):
+        list(iter_batch_messages(obj + b"\0"))
+    with pytest.raises(CorruptDataError, match="truncated"):
+        decode_batch(obj[:-1])
+
+
+def test_encode_batch_rejects_bad_input():
+    _, msgs = batch()
+    headers = [verify_message(m) for m in msgs]
+    with pytest.raises(InvalidInputError, match="headers"):
+        encode_batch(msgs, headers[:-1], broker_id="b", created_ms=1)
+    with pytest.raises(InvalidInputError, match="Message 1 has"):
+        encode_batch([msgs[0], msgs[1][:-1]], headers[:2], broker_id="b", created_ms=1)
+    with pytest.raises(InvalidInputError, match="broker_id"):
+        encode_batch(msgs, headers, broker_id="x" * 70_000, created_ms=1)
+
+
+def test_empty_batch_round_trips():
+    obj = b"".join(encode_batch([], [], broker_id="b", created_ms=9))
+    header, messages = decode_batch(obj)
+    assert (header.message_count, header.logmessage_count, header.object_size, messages) == (
+        0, 0, len(obj), [])
