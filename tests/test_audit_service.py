@@ -1,0 +1,146 @@
+"""Emitter -> real Kafka (tansu) -> auditor -> SQLite -> dashboard API, on the dev cluster.
+
+The emitter is driven directly here (exact control over what each tier reports); the
+end-to-end proof through the real producer, broker, S3 and consumer is test_audit_e2e.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from memq.audit.books import LIVE_MS, Status
+from memq.audit.dashboard import AuditService
+from memq.audit.emitter import AuditEmitter, make_audit_sink
+from memq.config import MemqConfig
+
+pytestmark = pytest.mark.integration
+GRACE_S = 2.0
+
+
+def audit_config(memq_config: MemqConfig, unique_name: Callable[[str], str], **audit: object) -> MemqConfig:
+    """The dev cluster's config with a private audit topic and a short grace period."""
+    settings = {"topic": unique_name("audit"), "grace_s": GRACE_S, "flush_ms": 50, **audit}
+    a = dataclasses.replace(memq_config.audit, **settings)
+    return dataclasses.replace(memq_config, audit=a)
+
+
+async def wait_for(cond: Callable[[], bool], timeout_s: float = 20.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+        await asyncio.sleep(0.1)
+
+
+def emit_traffic(em: AuditEmitter, topic: str, group: str, *, messages: int, count: int,
+                 lose: range = range(0), duplicate: range = range(0), corrupt: range = range(0),
+                 first_seq: int = 0) -> int:
+    """Report `messages` Messages as produced, and as consumed except `lose`; returns now_ms."""
+    now = int(time.time() * 1000)
+    for s in range(first_seq, first_seq + messages):
+        created = now - 500 + s % 100
+        em.produced(topic=topic, producer_id=42, epoch=1, sequence=s, count=count, digest=1000 + s,
+                    created_ms=created)
+        if s in lose:
+            continue
+        for _ in range(2 if s in duplicate else 1):
+            em.consumed(topic=topic, group=group, producer_id=42, epoch=1, sequence=s, count=count,
+                        digest=1000 + s + (s in corrupt), created_ms=created, consumed_ms=created + 80)
+    assert em.flush(10) == 0 and em.stats().failed == 0 and em.stats().dropped == 0
+    return now
+
+
+def summary(service: AuditService) -> dict[tuple[str, str], object]:
+    rows = service.auditor.read(lambda b: b.summary(int(time.time() * 1000)))
+    return {(r.topic, r.group): r for r in rows}
+
+
+async def test_books_balance_and_survive_a_restart(memq_config: MemqConfig, unique_name: Callable[[str], str],
+                                                   tmp_path: Path) -> None:
+    cfg = audit_config(memq_config, unique_name)
+    em = make_audit_sink(cfg, client_id="test")
+    assert em is not None
+    ok, bad = unique_name("ok"), unique_name("bad")
+    emit_traffic(em, ok, "g1", messages=50, count=20)
+    now = emit_traffic(em, bad, "g1", messages=40, count=25, lose=range(10, 13), duplicate=range(20, 22),
+                       corrupt=range(30, 31))
+    expected_records = 50 * 2 + 40 + 37 + 2
+    db = tmp_path / "audit.db"
+    service = AuditService(cfg, db_path=str(db), port=0)
+    url = await service.start()
+    try:
+        await wait_for(lambda: service.auditor.stats().records == expected_records, what="all records")
+        await asyncio.sleep(GRACE_S + 1.0)           # losses are decided after the grace period
+        rows = summary(service)
+        good, poor = rows[(ok, "g1")], rows[(bad, "g1")]
+        assert (good.produced, good.consumed, good.lost, good.duplicates, good.mismatches) == (1000, 1000, 0, 0, 0)
+        assert good.status is Status.OK and good.lag_messages == 0
+        assert (poor.produced, poor.consumed, poor.lost, poor.duplicates, poor.mismatches) == (1000, 925, 75, 50, 25)
+        assert poor.status is Status.WARN
+        assert poor.p50_ms == pytest.approx(80, rel=0.05) and poor.max_ms == 80
+        assert list(rows)[0] == (bad, "g1")                         # worst first
+        created_window = (now - 500) - (now - 500) % LIVE_MS
+        lost_by_window = service.auditor.read(
+            lambda b: {s: w.lost for s, w in b.series(LIVE_MS, bad, "g1", 0) if w.lost})
+        assert sum(lost_by_window.values()) == 75 and set(lost_by_window) <= {created_window, created_window + LIVE_MS}
+
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as http:
+            async with http.get(url + "api/summary") as r:
+                api = {(x["topic"], x["group"]): x for x in (await r.json())["rows"]}
+            assert api[(bad, "g1")]["lost"] == 75 and api[(bad, "g1")]["status"] == "WARN"
+            async with http.get(url + f"api/series?topic={bad}&size=10") as r:
+                series = await r.json()
+            assert sum(series["groups"]["g1"]["lost"]) == 75
+            assert sum(series["produced_rate"]) * 10 == 1000
+            async with http.get(url + "metrics") as r:
+                metrics = await r.text()
+            assert f'memq_audit_lost_messages{{group="g1",topic="{bad}"}} 75.0' in metrics
+            assert f'memq_audit_produced_total{{topic="{ok}"}} 1000.0' in metrics
+            async with http.get(url + "api/series?topic=x&size=7") as r:
+                assert r.status == 400
+    finally:
+        await service.stop()
+
+    emit_traffic(em, ok, "g1", messages=10, count=20, first_seq=50)      # while the auditor is down
+    em.close()
+    service = AuditService(cfg, db_path=str(db), port=0)
+    await service.start()
+    try:
+        rows = summary(service)                                          # restored from SQLite
+        assert (rows[(bad, "g1")].lost, rows[(bad, "g1")].duplicates) == (75, 50)
+        await wait_for(lambda: summary(service)[(ok, "g1")].consumed == 1200, what="new records")
+        await asyncio.sleep(0.6)                                         # nothing counted twice
+        rows = summary(service)
+        assert (rows[(ok, "g1")].produced, rows[(ok, "g1")].consumed, rows[(ok, "g1")].lost) == (1200, 1200, 0)
+        assert service.auditor.stats().records == 20
+    finally:
+        await service.stop()
+
+
+def test_switched_off_means_no_emitter(memq_config: MemqConfig) -> None:
+    off = dataclasses.replace(memq_config, audit=dataclasses.replace(memq_config.audit, enabled=False))
+    assert make_audit_sink(off) is None
+
+
+def test_emitter_never_blocks_and_counts_drops(memq_config: MemqConfig, unique_name: Callable[[str], str]) -> None:
+    cfg = audit_config(memq_config, unique_name, buffer_records=1000, flush_ms=60_000)
+    em = AuditEmitter(cfg.kafka, cfg.audit, cfg.cluster.name)
+    try:
+        n = 50_000
+        t0 = time.perf_counter()
+        for s in range(n):
+            em.produced(topic="t", producer_id=1, epoch=0, sequence=s, count=1, digest=s, created_ms=1)
+        per_call_us = (time.perf_counter() - t0) / n * 1e6
+        st = em.stats()
+        assert st.buffered == 1000 and st.dropped == n - 1000
+        assert per_call_us < 20, f"{per_call_us:.2f} us per audit call"
+        assert em.flush(10) == 0 and em.stats().sent == 1000
+    finally:
+        em.close()

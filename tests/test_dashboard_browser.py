@@ -1,0 +1,87 @@
+"""The audit dashboard in a real headless chromium (Debian's, driven by Playwright).
+
+Injected loss must be visible on the page, the charts must hold data points, and the page
+must log no console errors. The screenshot is kept in test-artifacts/ for people to look at.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from test_audit_service import GRACE_S, audit_config, emit_traffic, wait_for
+
+from memq.audit.dashboard import AuditService
+from memq.audit.emitter import make_audit_sink
+from memq.config import MemqConfig
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+ARTIFACTS = Path(__file__).resolve().parents[1] / "test-artifacts"
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+
+pytestmark = [
+    pytest.mark.integration, pytest.mark.browser,
+    pytest.mark.skipif(not Path(CHROMIUM).exists(),
+                       reason="chromium not found (scripts/test.sh installs Debian's chromium)"),
+]
+
+
+async def test_dashboard_shows_injected_loss(memq_config: MemqConfig, unique_name: Callable[[str], str],
+                                             tmp_path: Path) -> None:
+    from playwright.async_api import async_playwright
+
+    cfg = audit_config(memq_config, unique_name)
+    em = make_audit_sink(cfg)
+    assert em is not None
+    healthy, lossy = unique_name("healthy"), unique_name("lossy")
+    emit_traffic(em, healthy, "app", messages=30, count=10)
+    emit_traffic(em, lossy, "app", messages=30, count=10, lose=range(5, 9))
+    em.close()
+    service = AuditService(cfg, db_path=str(tmp_path / "audit.db"), port=0)
+    url = await service.start()
+    try:
+        await wait_for(lambda: service.auditor.stats().records == 30 * 2 + 30 + 26, what="records")
+        await asyncio.sleep(GRACE_S + 1.0)
+        async with async_playwright() as pw:
+            browser = await pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, timeout=30_000)
+            try:
+                page = await browser.new_page(viewport={"width": 1500, "height": 1100})
+                errors: list[str] = []
+                page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+                page.on("pageerror", lambda e: errors.append(str(e)))
+                await page.goto(url, timeout=20_000)
+                await page.wait_for_function(
+                    f"window.memqCharts[{lossy!r}] && window.memqCharts[{healthy!r}]", timeout=15_000)
+                await page.wait_for_timeout(500)
+
+                first = page.locator("#summary tbody tr").first
+                assert await first.get_attribute("data-topic") == lossy          # worst first
+                lost_cell = page.locator(f'#summary tr[data-topic="{lossy}"] td.lost')
+                assert await lost_cell.inner_text() == "40"
+                assert "bad" in (await lost_cell.get_attribute("class") or "")
+                assert await page.locator(f'#summary tr[data-topic="{lossy}"] .status').inner_text() == "WARN"
+                assert await page.locator(f'#summary tr[data-topic="{healthy}"] td.lost').inner_text() == "0"
+
+                points = await page.evaluate("""(t) => {
+                    const c = window.memqCharts[t];
+                    const count = (u) => u.data.slice(1).map(s => s.filter(v => v !== null && v !== 0).length);
+                    return {x: c.rate.data[0].length, rate: count(c.rate), latency: count(c.latency),
+                            lost: c.rate.data[3].reduce((a, b) => a + b, 0)};
+                }""", lossy)
+                assert points["x"] >= 1
+                assert all(n >= 1 for n in points["rate"]), points      # produced, consumed, lost
+                assert all(n >= 1 for n in points["latency"]), points
+                assert points["lost"] == 40
+                assert await page.locator("canvas").count() >= 6         # 3 charts per topic
+
+                ARTIFACTS.mkdir(exist_ok=True)
+                await page.screenshot(path=str(ARTIFACTS / "audit-dashboard.png"), full_page=True)
+                assert errors == []
+            finally:
+                await browser.close()
+    finally:
+        await service.stop()
