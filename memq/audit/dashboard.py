@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import threading
 import time
 from pathlib import Path
 from typing import Any, Iterator
@@ -196,3 +197,39 @@ class AuditService:
             await self._runner.cleanup()
             self._runner = None
         await asyncio.get_running_loop().run_in_executor(None, self.auditor.stop)
+
+
+class AuditThread:
+    """`AuditService` on its own thread and event loop, for synchronous hosts like `memq dev`.
+
+    `with AuditThread(config, db_path=...) as audit: print(audit.url)`; start errors are
+    raised in the caller.
+    """
+
+    def __init__(self, config: MemqConfig, *, db_path: str | None = None,
+                 host: str | None = None, port: int | None = None) -> None:
+        self.service = AuditService(config, db_path=db_path, host=host, port=port)
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="memq-audit-service",
+                                        daemon=True)
+        self.url = ""
+
+    def __enter__(self) -> AuditThread:
+        self._thread.start()
+        try:
+            self.url = asyncio.run_coroutine_threadsafe(self.service.start(), self._loop).result(60)
+        except BaseException:
+            self._shutdown()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            asyncio.run_coroutine_threadsafe(self.service.stop(), self._loop).result(30)
+        finally:
+            self._shutdown()
+
+    def _shutdown(self) -> None:
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
+        self._loop.close()

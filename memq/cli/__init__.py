@@ -6,6 +6,7 @@ import click
 
 from memq import __version__
 from memq.cli._common import CliState, MemqGroup
+from memq.cli.audit import audit
 from memq.cli.broker import broker
 from memq.cli.consume import consume
 from memq.cli.dev import dev
@@ -32,3 +33,4 @@ main.add_command(consume)
 main.add_command(broker)
 main.add_command(status)
 main.add_command(governor)
+main.add_command(audit)
