@@ -20,7 +20,7 @@ import pytest
 from faultproxy import FaultPlan, FaultProxy
 from prometheus_client import CollectorRegistry
 
-from memq.config import MemqConfig, StorageConfig
+from memq.config import MemqConfig, S3Config, StorageConfig
 from memq.errors import (ConfigError, InvalidInputError, ObjectNotFoundError, RetryBudgetExhaustedError,
                          StorageError)
 from memq.storage import (FileStorageHandler, ObjectLocation, S3StorageHandler, StorageHandler,
@@ -169,6 +169,10 @@ async def test_file_handler_writes_atomically_under_the_key_layout(tmp_path: Pat
 def test_make_storage_picks_the_handler_and_checks_settings(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="root_dir"):
         make_storage(MemqConfig(storage=StorageConfig(kind="file")))
+    with pytest.raises(ConfigError, match="s3.max_attempts"):
+        make_storage(MemqConfig(s3=S3Config(max_attempts=0)))
+    with pytest.raises(ConfigError, match="s3.read_timeout_s"):
+        make_storage(MemqConfig(s3=S3Config(read_timeout_s=0)))
     assert isinstance(make_storage(MemqConfig(storage=StorageConfig(kind="file", root_dir=str(tmp_path)))),
                       FileStorageHandler)
     assert isinstance(make_storage(MemqConfig()), S3StorageHandler)
@@ -235,10 +239,10 @@ async def test_retries_through_a_stalled_response(memq_config: MemqConfig, proxy
                                                   unique_name: Callable[[str], str]) -> None:
     handler = faulty_handler(memq_config, proxy.url, registry, unique_name("c"))
     try:
-        proxy.set_plan(FaultPlan(mode="stall", first_n=1, stall_s=1.5, methods=frozenset({"PUT"})))
+        proxy.set_plan(FaultPlan(mode="stall", first_n=1, stall_s=3.0, methods=frozenset({"PUT"})))
         t0 = time.monotonic()
         loc = await handler.put_batch("t", b"late", first_request_id=5, timestamp_ms=BASE_MS, broker_id="b")
-        assert 0.5 <= time.monotonic() - t0 < 1.5  # one read timeout, then a quick retry
+        assert 0.5 <= time.monotonic() - t0 < 2.5  # one read timeout (not the whole stall), then a retry
         assert parse_key(loc.key).attempt == 1
         # The stalled attempt did land in S3 under its own key: it cannot clobber the real one,
         # and a listing shows the batch once, as the attempt that succeeded.
@@ -289,11 +293,11 @@ async def test_gives_up_after_the_retry_budget(memq_config: MemqConfig, proxy: F
         assert metric(registry, "memq_storage_failures_total", backend="s3", op="put", reason="exhausted") == 1
 
         loc = ObjectLocation(handler.bucket, keys[0].split("/", 2)[2])
-        proxy.set_plan(FaultPlan(mode="stall", fraction=1.0, stall_s=1.0, methods=frozenset({"GET"})))
+        proxy.set_plan(FaultPlan(mode="stall", fraction=1.0, stall_s=3.0, methods=frozenset({"GET"})))
         t0 = time.monotonic()
         with pytest.raises(RetryBudgetExhaustedError, match="timeout"):
             await handler.get(loc)
-        assert time.monotonic() - t0 < 4 * 0.5 + 1.0
+        assert time.monotonic() - t0 < 4.5  # 4 read timeouts of 0.5 s, not 4 stalls of 3 s
         assert len(proxy.faults()) == 4
     finally:
         await handler.close()

@@ -37,6 +37,9 @@ class FileStorageHandler:
 
     def __init__(self, root_dir: str | os.PathLike[str], *, cluster: str,
                  metrics: StorageMetrics | None = None, max_workers: int = 8) -> None:
+        check_name("cluster.name", cluster)
+        if max_workers < 1:
+            raise InvalidInputError(f"max_workers {max_workers} must be >= 1")
         self.root = Path(root_dir).resolve()
         self.cluster = cluster
         self._metrics = metrics or StorageMetrics(CollectorRegistry())

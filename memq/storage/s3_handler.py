@@ -22,7 +22,7 @@ import botocore.exceptions as bce
 from prometheus_client import CollectorRegistry
 
 from memq.config import S3Config
-from memq.errors import (InvalidInputError, ObjectNotFoundError, RetryBudgetExhaustedError,
+from memq.errors import (ConfigError, InvalidInputError, ObjectNotFoundError, RetryBudgetExhaustedError,
                          StorageError)
 from memq.storage.base import Chunks, ObjectInfo, ObjectLocation
 from memq.storage.metrics import StorageMetrics
@@ -76,9 +76,13 @@ class S3StorageHandler:
     def __init__(self, s3: S3Config, *, cluster: str, metrics: StorageMetrics | None = None,
                  rng: random.Random | None = None) -> None:
         if s3.max_pool_connections < 1:
-            raise InvalidInputError(f"s3.max_pool_connections {s3.max_pool_connections} must be >= 1")
+            raise ConfigError(f"s3.max_pool_connections {s3.max_pool_connections} must be >= 1")
         if not s3.bucket:
-            raise InvalidInputError("s3.bucket is empty")
+            raise ConfigError("s3.bucket is empty")
+        if s3.connect_timeout_s <= 0 or s3.read_timeout_s <= 0:
+            raise ConfigError(f"s3.connect_timeout_s {s3.connect_timeout_s} / s3.read_timeout_s "
+                              f"{s3.read_timeout_s} must be > 0")
+        check_name("cluster.name", cluster)
         self.bucket = s3.bucket
         self.cluster = cluster
         self._policy = RetryPolicy(s3.max_attempts, s3.base_backoff_s, s3.max_backoff_s)
