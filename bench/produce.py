@@ -1,0 +1,150 @@
+"""Produce throughput: memq Producer -> broker -> S3 (ack=all) against its peers, in one run.
+
+Cases, all on one dev cluster started here (moto S3 server, tansu Kafka) and one broker process:
+- small_vs_kafka: 100-byte values, memq at ack=all vs confluent-kafka -> tansu at acks=all;
+  msg/s of each, ratio memq/kafka.
+- large_vs_raw_put: 64 KiB values, memq MB/s at ack=all vs raw boto3 PUTs of objects the size
+  of memq's batches, with as many in flight as the broker's ring uploads, to the same S3 server.
+- puts_per_gib: batch objects stored per GiB in the large case, against the ideal
+  GiB / batch_bytes (target <= 1.05x of it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+import re
+import tempfile
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import boto3
+from botocore.config import Config
+from confluent_kafka import Producer as KafkaProducer
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from memq.client.producer import Producer
+from memq.config import BrokerConfig, ProducerConfig, TopicConfig
+from memq.devcluster import DevCluster
+from memq.devcluster.broker_process import BrokerProcess
+
+GiB = 1024 ** 3
+MiB = 1024 ** 2
+SMALL = 100
+LARGE = 64 * 1024
+BATCH_BYTES = 8 * MiB
+RING_SLOTS = 4
+CHUNK = 20_000        # values per send_many call
+
+
+def _values(size: int, n: int) -> list[bytes]:
+    """`n` distinct-ish values of `size` bytes: hex of random bytes (compressible like text)."""
+    pool = [os.urandom(size // 2).hex().encode()[:size] for _ in range(1024)]
+    return [pool[i % 1024] for i in range(n)]
+
+
+async def _memq(url: str, topic: str, values: list[bytes]) -> float:
+    """Seconds to send every value and get every ack=all."""
+    cfg = ProducerConfig(brokers=url, ack="all", linger_ms=5, max_in_flight_bytes=128 * MiB)
+    async with Producer(cfg) as producer:
+        t0 = time.perf_counter()
+        futures = [await producer.send_many(topic, values[i:i + CHUNK]) for i in range(0, len(values), CHUNK)]
+        await producer.flush()
+        results = await asyncio.gather(*futures)
+        elapsed = time.perf_counter() - t0
+    acked = sum(d.count for r in results for d in r)
+    assert acked == len(values), f"{acked} of {len(values)} acked"
+    return elapsed
+
+
+def _kafka(bootstrap: str, topic: str, values: list[bytes]) -> float:
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin.create_topics([NewTopic(topic, 3, 1)])[topic].result(30)
+    p = KafkaProducer({"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 5,
+                       "batch.num.messages": 10_000, "queue.buffering.max.messages": 2_000_000,
+                       "queue.buffering.max.kbytes": 1_048_576})
+    delivered = 0
+
+    def on_delivery(err: object, _msg: object) -> None:
+        nonlocal delivered
+        if err is None:
+            delivered += 1
+
+    t0 = time.perf_counter()
+    produce = p.produce
+    for v in values:
+        try:
+            produce(topic, v, on_delivery=on_delivery)
+        except BufferError:
+            p.poll(0.01)
+            produce(topic, v, on_delivery=on_delivery)
+    p.flush(120)
+    elapsed = time.perf_counter() - t0
+    assert delivered == len(values), f"kafka delivered {delivered} of {len(values)}"
+    return elapsed
+
+
+def _raw_put_mbps(endpoint: str, bucket: str, total_bytes: int) -> float:
+    """MB/s of boto3 PUTs of BATCH_BYTES objects, RING_SLOTS - 1 in flight (the broker's uploads)."""
+    s3 = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id="testing",
+                      aws_secret_access_key="testing", config=Config(max_pool_connections=16, retries={"max_attempts": 3}))
+    body = os.urandom(BATCH_BYTES)
+    n = max(total_bytes // BATCH_BYTES, RING_SLOTS)
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(RING_SLOTS - 1) as pool:
+        list(pool.map(lambda i: s3.put_object(Bucket=bucket, Key=f"raw/{i:06d}", Body=body), range(n)))
+    return n * BATCH_BYTES / MiB / (time.perf_counter() - t0)
+
+
+def _broker_batches(url: str, topic: str) -> tuple[int, float]:
+    """(batch objects, bytes stored) for `topic`, from the broker's Prometheus metrics."""
+    text = urllib.request.urlopen(url + "/metrics", timeout=10).read().decode()
+    count = re.search(rf'memq_broker_batch_bytes_count{{topic="{topic}"}} (\S+)', text)
+    total = re.search(rf'memq_broker_batch_bytes_sum{{topic="{topic}"}} (\S+)', text)
+    assert count and total, "broker metrics lack memq_broker_batch_bytes"
+    return int(float(count[1])), float(total[1])
+
+
+def run(quick: bool) -> dict:
+    n_small = 400_000 if quick else 2_000_000
+    large_bytes = 256 * MiB if quick else 1 * GiB
+    with tempfile.TemporaryDirectory(prefix="memq-bench-") as tmp, \
+            DevCluster(Path(tmp) / "cluster", zookeeper=False) as dc:
+        topics = (TopicConfig("bench-small", batch_bytes=BATCH_BYTES, ring_slots=RING_SLOTS),
+                  TopicConfig("bench-large", batch_bytes=BATCH_BYTES, ring_slots=RING_SLOTS))
+        config = dc.config(topics=topics)
+        config = dataclasses.replace(config, broker=BrokerConfig(broker_id="bench1"))
+        with BrokerProcess(config, Path(tmp) / "brokers") as broker:
+            print(f"broker at {broker.url}; S3 {dc.s3_endpoint}; Kafka {dc.kafka_bootstrap}", flush=True)
+            small = _values(SMALL, n_small)
+            asyncio.run(_memq(broker.url, "bench-small", small[:20_000]))       # warm up connections
+            memq_s = asyncio.run(_memq(broker.url, "bench-small", small))
+            memq_rate = n_small / memq_s
+            print(f"memq  ack=all {SMALL} B: {memq_rate:,.0f} msg/s", flush=True)
+            kafka_s = _kafka(dc.kafka_bootstrap or "", "bench-kafka-small", small)
+            kafka_rate = n_small / kafka_s
+            print(f"kafka acks=all {SMALL} B: {kafka_rate:,.0f} msg/s", flush=True)
+            del small
+
+            large = [os.urandom(LARGE) for _ in range(large_bytes // LARGE)]
+            memq_large_s = asyncio.run(_memq(broker.url, "bench-large", large))
+            memq_mbps = large_bytes / MiB / memq_large_s
+            print(f"memq  ack=all 64 KiB: {memq_mbps:,.1f} MB/s", flush=True)
+            batches, stored = _broker_batches(broker.url, "bench-large")
+            del large
+            raw_mbps = _raw_put_mbps(dc.s3_endpoint or "", config.s3.bucket, large_bytes)
+            print(f"raw boto3 PUT {BATCH_BYTES // MiB} MiB x{RING_SLOTS - 1}: {raw_mbps:,.1f} MB/s", flush=True)
+    puts_per_gib = batches / (stored / GiB)
+    ideal = GiB / BATCH_BYTES
+    print(f"puts per GiB: {puts_per_gib:.1f} (ideal {ideal:.0f}, target <= {1.05 * ideal:.1f})", flush=True)
+    return {
+        "ratios": {"small_vs_kafka": round(memq_rate / kafka_rate, 3),
+                   "large_vs_raw_put": round(memq_mbps / raw_mbps, 3)},
+        "memq_small_msg_s": round(memq_rate), "kafka_small_msg_s": round(kafka_rate),
+        "memq_large_mb_s": round(memq_mbps, 1), "raw_put_mb_s": round(raw_mbps, 1),
+        "puts_per_gib": round(puts_per_gib, 1), "puts_per_gib_target": round(1.05 * ideal, 1),
+        "batch_bytes": BATCH_BYTES, "small_messages": n_small, "large_bytes": large_bytes,
+    }

@@ -1,0 +1,189 @@
+"""Producer -> broker -> S3 -> Kafka on the real dev cluster (moto S3 server, tansu).
+
+The broker runs in this process; what was stored is checked by reading the S3 objects and
+the notification topic directly (storage listing + format.decode_batch, confluent-kafka),
+not through memq's consumer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections import Counter
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import pytest
+from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+
+from memq.broker import Broker
+from memq.client.producer import Delivery, Producer
+from memq.config import MemqConfig, ProducerConfig, TopicConfig
+from memq.devcluster import DevCluster
+from memq.errors import MessageTooLargeError, UnknownTopicError
+from memq.format import Notification, decode_batch
+from memq.storage import make_storage
+
+pytestmark = pytest.mark.integration
+
+# a stored LogMessage: (producer id, epoch, sequence, position in Message) -> (key, value, headers)
+Stored = dict[tuple[int, int, int, int], tuple[bytes | None, bytes, tuple]]
+
+
+@asynccontextmanager
+async def running_broker(config: MemqConfig) -> AsyncIterator[Broker]:
+    broker = Broker(config)
+    await broker.start()
+    try:
+        yield broker
+    finally:
+        await broker.stop()
+
+
+async def read_stored(config: MemqConfig, topic: str) -> tuple[Stored, dict[str, int], list[str]]:
+    """Every LogMessage in the topic's S3 objects; duplicates counted; object keys listed."""
+    storage = make_storage(config)
+    try:
+        infos = await storage.list_topic(topic, 0, 2**62)
+        stored: Stored = {}
+        dups: Counter[tuple[int, int, int, int]] = Counter()
+        for info in infos:
+            _, messages = decode_batch(await storage.get(info.location))
+            for mh, records in messages:
+                for pos, r in enumerate(records):
+                    ident = (mh.producer_id, mh.epoch, mh.sequence, pos)
+                    dups[ident] += ident in stored
+                    stored[ident] = (r.key, r.value, tuple(map(tuple, r.headers)))
+        return stored, {str(k): v for k, v in dups.items() if v}, [i.location.key for i in infos]
+    finally:
+        await storage.close()
+
+
+def read_notifications(bootstrap: str, kafka_topic: str, timeout_s: float = 30) -> list[Notification]:
+    """Every notification on the topic, read from the beginning up to the high watermarks."""
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"verify-{uuid.uuid4().hex}",
+                  "enable.auto.commit": False, "auto.offset.reset": "earliest"})
+    try:
+        parts = list(c.list_topics(kafka_topic, timeout=10).topics[kafka_topic].partitions)
+        high = {p: c.get_watermark_offsets(TopicPartition(kafka_topic, p), timeout=10)[1] for p in parts}
+        c.assign([TopicPartition(kafka_topic, p, OFFSET_BEGINNING) for p in parts])
+        pos = {p: 0 for p in parts}
+        out: list[Notification] = []
+        deadline = time.monotonic() + timeout_s
+        while any(pos[p] < high[p] for p in parts):
+            assert time.monotonic() < deadline, f"notifications not read within {timeout_s}s: {pos} of {high}"
+            for m in c.consume(500, 0.5):
+                if m.error() is None:
+                    out.append(Notification.from_bytes(m.value()))
+                    pos[m.partition()] = m.offset() + 1
+        return out
+    finally:
+        c.close()
+
+
+def topic_config(name: str, **kw: Any) -> TopicConfig:
+    return TopicConfig(name, **{"batch_bytes": 2 * 1024 * 1024, "max_message_bytes": 1024 * 1024, "batch_ms": 100,
+                              "read_partitions": 3, **kw})
+
+
+def producer_config(url: str, **kw: Any) -> ProducerConfig:
+    return ProducerConfig(brokers=url, **{"linger_ms": 5, "request_timeout_ms": 20_000, **kw})
+
+
+async def test_several_producers_100k_ack_all_exactly_once(devcluster: DevCluster,
+                                                           unique_name: Callable[[str], str]) -> None:
+    topic = unique_name("ack-all")
+    config = devcluster.config(topics=[topic_config(topic)])
+    sent: dict[tuple[int, int], tuple[bytes, bytes, tuple]] = {}   # (producer, n) -> record
+
+    async def produce(k: int, url: str, total: int) -> list[Delivery]:
+        futures: list[asyncio.Future[Any]] = []
+        hdrs = (("src", b"p%d" % k),)
+        async with Producer(producer_config(url)) as p:
+            n = 0
+            while n < total:   # bulk calls of 1000, and a single send after each
+                values = [b"p%d-v%d" % (k, n + i) for i in range(1000)] + [b"p%d-v%d" % (k, n + 1000)]
+                keys = [b"key-%d" % ((n + i) % 97) for i in range(1000)] + [b"solo"]
+                for i, v in enumerate(values):
+                    sent[(p.producer_id, n + i)] = (keys[i], v, hdrs)
+                futures.append(await p.send_many(topic, values[:-1], keys=keys[:-1], headers=hdrs))
+                futures.append(await p.send(topic, values[-1], key=b"solo", headers=hdrs))
+                n += 1001
+            done = await asyncio.gather(*futures)
+        return [d for r in done for d in (r if isinstance(r, list) else [r])]
+
+    async with running_broker(config) as broker:
+        results = await asyncio.wait_for(asyncio.gather(*(produce(k, broker.url, 33_367) for k in range(3))), 90)
+    deliveries = [d for r in results for d in r]
+    acked = sum(d.count for d in deliveries)
+    assert acked == len(sent) >= 100_000
+    assert all(d.key and d.partition >= 0 and d.offset >= 0 for d in deliveries)
+
+    stored, dups, keys = await read_stored(config, topic)
+    assert dups == {}
+    found = {(pid, v): (k, v, h) for (pid, _e, _s, _p), (k, v, h) in stored.items()}
+    by_value = {(pid, v): rec for (pid, _n), rec in sent.items() for v in [rec[1]]}
+    assert set(found) == set(by_value)                        # every acked record, exactly once
+    assert all(found[x] == by_value[x] for x in by_value)     # with its key and headers
+    for d in deliveries[:50]:                                 # a Delivery names where the Message is
+        assert any(d.key == k for k in keys)
+
+    notes = read_notifications(devcluster.kafka_bootstrap or "", f"memq.dev.{topic}")
+    assert sorted(n.key for n in notes) == sorted(keys)       # one notification per object
+    assert sum(n.logmessage_count for n in notes) == len(sent)
+
+
+async def test_ack_one_before_storage_ack_zero_fire_and_forget(devcluster: DevCluster,
+                                                               unique_name: Callable[[str], str]) -> None:
+    topic = unique_name("acks")
+    config = devcluster.config(topics=[topic_config(topic, batch_ms=1500)])
+    async with running_broker(config) as broker:
+        async with Producer(producer_config(broker.url, ack="1")) as p1:
+            t0 = time.monotonic()
+            d1 = await (await p1.send(topic, b"one", key=b"k"))
+            assert time.monotonic() - t0 < 1.0     # the batch is still filling (batch_ms=1500)
+            assert d1.key == "" and d1.sequence == 0
+        async with Producer(producer_config(broker.url, ack="0")) as p0:
+            fut = await p0.send_many(topic, [b"zero-%d" % i for i in range(100)])
+            await asyncio.wait_for(p0.flush(), 2.0)
+            assert sum(d.count for d in await fut) == 100
+        async with Producer(producer_config(broker.url, ack="all")) as pa:
+            t0 = time.monotonic()
+            da = await (await pa.send(topic, b"all"))
+            assert da.key and time.monotonic() - t0 >= 1.0   # only after the batch was stored
+    stored, dups, _ = await read_stored(config, topic)   # graceful stop stored everything
+    values = sorted(v for _, v, _ in stored.values())
+    assert values == sorted([b"one", b"all"] + [b"zero-%d" % i for i in range(100)]) and dups == {}
+
+
+async def test_unknown_topic_and_too_large_are_clear(devcluster: DevCluster, unique_name: Callable[[str], str]) -> None:
+    topic = unique_name("errs")
+    config = devcluster.config(topics=[topic_config(topic)])
+    async with running_broker(config) as broker:
+        async with Producer(producer_config(broker.url, max_message_bytes=64 * 1024)) as p:
+            with pytest.raises(UnknownTopicError, match="no-such-topic"):
+                await p.send("no-such-topic", b"x")
+            with pytest.raises(MessageTooLargeError, match="max_message_bytes"):
+                await p.send(topic, b"x" * 100_000)
+            assert (await (await p.send(topic, b"fine"))).key
+
+
+async def test_metadata_health_and_stage_metrics(devcluster: DevCluster, unique_name: Callable[[str], str]) -> None:
+    import aiohttp
+    topic = unique_name("meta")
+    config = devcluster.config(topics=[topic_config(topic, read_partitions=2)])
+    async with running_broker(config) as broker:
+        async with Producer(producer_config(broker.url)) as p:
+            await (await p.send(topic, b"m"))
+        async with aiohttp.ClientSession() as s:
+            md = await (await s.get(broker.url + "/v1/metadata")).json()
+            assert md["topics"][topic] == {"brokers": [broker.url], "notification_topic": f"memq.dev.{topic}",
+                                           "read_partitions": 2}
+            assert md["kafka"]["bootstrap_servers"] == devcluster.kafka_bootstrap
+            assert (await s.get(broker.url + "/healthz")).status == 200
+            metrics = await (await s.get(broker.url + "/metrics")).text()
+    for stage in ("queue_wait", "batch_fill", "upload", "notify", "ack"):
+        assert f'memq_broker_stage_seconds_count{{stage="{stage}",topic="{topic}"}} 1.0' in metrics
+    assert "memq_storage_latency_seconds" in metrics
