@@ -69,7 +69,7 @@ def classify(exc: BaseException) -> tuple[str, str] | None:
 
 
 class S3StorageHandler:
-    """`StorageHandler` on S3 (AWS, MinIO, moto). Safe to share across tasks of one event loop."""
+    """`StorageHandler` on S3 (AWS, MinIO, moto). Safe to share across tasks and event loops."""
 
     backend = "s3"
 
@@ -104,7 +104,7 @@ class S3StorageHandler:
     async def _run(self, op: str, attempt_call: Callable[[int], tuple[str, Callable[[], T]]]) -> T:
         """Run `attempt_call(n)`'s blocking function for n = 0, 1, ... until it succeeds or fails for good.
 
-        `attempt_call` returns (the object key this attempt touches, the function), so a PUT
+        `attempt_call` returns (the s3:// URL this attempt touches, the function), so a PUT
         can use a fresh key per attempt and errors can name the object.
         """
         loop = asyncio.get_running_loop()
@@ -114,7 +114,7 @@ class S3StorageHandler:
             for attempt in range(self._policy.max_attempts):
                 if attempt:
                     await asyncio.sleep(self._policy.delay_s(attempt, self._rng))
-                key, fn = attempt_call(attempt)
+                where, fn = attempt_call(attempt)
                 self._metrics.attempts.labels(self.backend, op).inc()
                 try:
                     return await loop.run_in_executor(self._pool, fn)
@@ -125,21 +125,21 @@ class S3StorageHandler:
                     reason, code = kind
                     if reason not in _RETRIABLE:
                         self._metrics.failures.labels(self.backend, op, reason).inc()
-                        raise self._final_error(op, key, reason, code, exc) from exc
-                    last = (key, reason, code, exc)
+                        raise self._final_error(op, where, reason, code, exc) from exc
+                    last = (where, reason, code, exc)
                     if attempt + 1 < self._policy.max_attempts:
                         self._metrics.retries.labels(self.backend, op, reason).inc()
             assert last is not None
-            key, reason, code, exc = last
+            where, reason, code, exc = last
             self._metrics.failures.labels(self.backend, op, "exhausted").inc()
             raise RetryBudgetExhaustedError(
-                f"{op} s3://{self.bucket}/{key}: gave up after {self._policy.max_attempts} attempts; "
+                f"{op} {where}: gave up after {self._policy.max_attempts} attempts; "
                 f"last error {reason} ({code}): {exc}") from exc
         finally:
             self._metrics.latency.labels(self.backend, op).observe(time.perf_counter() - started)
 
-    def _final_error(self, op: str, key: str, reason: str, code: str, exc: BaseException) -> StorageError:
-        where = f"s3://{self.bucket}/{key}" if key else f"s3://{self.bucket}"
+    @staticmethod
+    def _final_error(op: str, where: str, reason: str, code: str, exc: BaseException) -> StorageError:
         if reason == "not_found":
             return ObjectNotFoundError(f"{op} {where}: object does not exist ({code})")
         return StorageError(f"{op} {where}: {code}: {exc}")
@@ -155,7 +155,7 @@ class S3StorageHandler:
             key = str(make_key(cluster=self.cluster, topic=topic, first_request_id=first_request_id,
                                timestamp_ms=timestamp_ms, broker_id=broker_id, unique=unique,
                                attempt=attempt))
-            return key, lambda: self._put_blocking(key, body)
+            return f"s3://{self.bucket}/{key}", lambda: self._put_blocking(key, body)
 
         key = await self._run("put", attempt_call)
         self._metrics.bytes.labels(self.backend, "put").inc(len(body))
@@ -166,14 +166,14 @@ class S3StorageHandler:
         return key
 
     async def get(self, loc: ObjectLocation) -> bytes:
-        data = await self._run("get", lambda _: (loc.key, lambda: self._get_blocking(loc, None)))
+        data = await self._run("get", lambda _: (str(loc), lambda: self._get_blocking(loc, None)))
         self._metrics.bytes.labels(self.backend, "get").inc(len(data))
         return data
 
     async def get_range(self, loc: ObjectLocation, start: int, length: int) -> bytes:
         check_range(start, length)
         rng = f"bytes={start}-{start + length - 1}"
-        data = await self._run("get_range", lambda _: (loc.key, lambda: self._get_blocking(loc, rng)))
+        data = await self._run("get_range", lambda _: (str(loc), lambda: self._get_blocking(loc, rng)))
         self._metrics.bytes.labels(self.backend, "get_range").inc(len(data))
         return data
 
@@ -190,7 +190,7 @@ class S3StorageHandler:
         if end_ms <= start_ms:
             return []
         return await list_all_prefixes(lambda prefix: self._run("list", lambda _: (
-            topic_dir(prefix, self.cluster, topic),
+            f"s3://{self.bucket}/{topic_dir(prefix, self.cluster, topic)}",
             lambda: self._list_blocking(prefix, topic, start_ms, end_ms))), self._list_concurrency)
 
     def _list_blocking(self, prefix: str, topic: str, start_ms: int, end_ms: int) -> list[ObjectInfo]:
@@ -215,7 +215,7 @@ class S3StorageHandler:
 
     async def delete(self, loc: ObjectLocation) -> None:
         await self._run("delete", lambda _: (
-            loc.key, lambda: self._client.delete_object(Bucket=loc.bucket, Key=loc.key)))
+            str(loc), lambda: self._client.delete_object(Bucket=loc.bucket, Key=loc.key)))
 
     async def close(self) -> None:
         await asyncio.to_thread(self._pool.shutdown, True)
