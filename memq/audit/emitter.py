@@ -122,7 +122,10 @@ class AuditEmitter:
         """Stop the thread, ship the rest, wait up to timeout_s for it to be acknowledged."""
         self._stop.set()
         self._thread.join(timeout_s)
-        self.flush(timeout_s)
+        if self.flush(timeout_s):        # Kafka unreachable: give up rather than hang in close()
+            self._producer.purge()
+            self._producer.poll(0)
+        self._producer.close()
 
 
 def make_audit_sink(config: MemqConfig, *, client_id: str = "memq-audit") -> AuditEmitter | None:
