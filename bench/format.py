@@ -3,15 +3,16 @@
 Both sides handle the same records in the same groups (one Message = `PER_MESSAGE`
 records): the peer is `msgpack.packb(group)` / `msgpack.unpackb(packed)`, memq is
 `encode_message` / `decode_message` with codec NONE (header, CRCs, checks, LogMessage
-objects). zstd figures are printed alongside. Rounds alternate peer and memq so machine
-noise hits both; each side's best round counts.
+objects); zstd figures are printed alongside. The machine is shared, so each group is
+timed for both sides back to back (order alternating, so neither always finds the records
+in cache) in CPU time (`process_time`), and each side's best round counts.
 """
 
 from __future__ import annotations
 
 import random
 import time
-from typing import Callable
+from typing import Any, Callable
 
 import msgpack
 
@@ -19,6 +20,8 @@ from memq.format import Codec, Compressors, LogMessage, decode_message, encode_m
 
 PER_MESSAGE = 1000
 VALUE_BYTES = 100
+
+Step = Callable[[Any], object]
 
 
 def make_records(n: int, seed: int = 7) -> list[LogMessage]:
@@ -28,63 +31,65 @@ def make_records(n: int, seed: int = 7) -> list[LogMessage]:
                        base + i, None) for i in range(n)]
 
 
-def _rate(n: int, fn: Callable[[], object]) -> float:
-    start = time.perf_counter()
-    fn()
-    return n / (time.perf_counter() - start)
+def _paired_rates(peer: Step, memq: Step, peer_inputs: list, memq_inputs: list,
+                  n: int) -> tuple[float, float]:
+    """One round: records/s of `peer` and `memq`, each group timed for both back to back."""
+    clock = time.process_time
+    spent = [0.0, 0.0]
+    for i, pair in enumerate(zip(peer_inputs, memq_inputs)):
+        for side in ((0, 1) if i % 2 == 0 else (1, 0)):
+            fn = peer if side == 0 else memq
+            start = clock()
+            fn(pair[side])
+            spent[side] += clock() - start
+    return n / spent[0], n / spent[1]
 
 
 def run(quick: bool = False) -> dict:
     n = 50_000 if quick else 200_000
-    rounds = 3 if quick else 5
+    rounds = 5 if quick else 9
     records = make_records(n)
     groups = [records[i:i + PER_MESSAGE] for i in range(0, n, PER_MESSAGE)]
     comp = Compressors()
-    packed = [msgpack.packb(g) for g in groups]
-    encoded = {c: [encode_message(g, producer_id=1, epoch=1, sequence=i, codec=c,
-                                  compressors=comp) for i, g in enumerate(groups)]
-               for c in (Codec.NONE, Codec.ZSTD)}
-    print(f"format bench: {n} records of {VALUE_BYTES} B values, {PER_MESSAGE} per Message, "
-          f"{rounds} rounds", flush=True)
 
-    def consume(fn: Callable[[object], object], items: list) -> Callable[[], None]:
-        def go() -> None:
-            for item in items:
-                fn(item)
-        return go
-
-    def memq_encode(codec: Codec) -> Callable[[list[LogMessage]], bytes]:
+    def encoder(codec: Codec) -> Step:
         return lambda g: encode_message(g, producer_id=1, epoch=1, sequence=0, codec=codec,
                                         compressors=comp)
 
-    cases: dict[str, Callable[[], None]] = {
-        "msgpack_encode": consume(msgpack.packb, groups),
-        "memq_encode": consume(memq_encode(Codec.NONE), groups),
-        "msgpack_decode": consume(msgpack.unpackb, packed),
-        "memq_decode": consume(lambda m: decode_message(m, compressors=comp),
-                               encoded[Codec.NONE]),
-        "memq_zstd_encode": consume(memq_encode(Codec.ZSTD), groups),
-        "memq_zstd_decode": consume(lambda m: decode_message(m, compressors=comp),
-                                    encoded[Codec.ZSTD]),
+    def decoder(m: bytes) -> object:
+        return decode_message(m, compressors=comp)
+
+    packed = [msgpack.packb(g) for g in groups]
+    plain = list(map(encoder(Codec.NONE), groups))
+    zstd = list(map(encoder(Codec.ZSTD), groups))
+    print(f"format bench: {n} records, {VALUE_BYTES} B values, {PER_MESSAGE} per Message, "
+          f"{rounds} rounds, CPU time", flush=True)
+    pairs = {
+        "encode": (msgpack.packb, encoder(Codec.NONE), groups, groups),
+        "decode": (msgpack.unpackb, decoder, packed, plain),
+        "zstd_encode": (msgpack.packb, encoder(Codec.ZSTD), groups, groups),
+        "zstd_decode": (msgpack.unpackb, decoder, packed, zstd),
     }
-    best = dict.fromkeys(cases, 0.0)
+    best = {name: [0.0, 0.0] for name in pairs}
     for r in range(rounds):
-        for name, fn in cases.items():
-            best[name] = max(best[name], _rate(n, fn))
-        print(f"round {r + 1}/{rounds}: " + ", ".join(f"{k} {v / 1e6:.2f}M/s"
-                                                     for k, v in best.items()), flush=True)
-    raw = sum(map(len, encoded[Codec.NONE]))
-    zstd = sum(map(len, encoded[Codec.ZSTD]))
+        for name, (peer, memq, peer_in, memq_in) in pairs.items():
+            rates = _paired_rates(peer, memq, peer_in, memq_in, n)
+            best[name] = [max(b, x) for b, x in zip(best[name], rates)]
+        print(f"round {r + 1}/{rounds}: " + ", ".join(
+            f"{name} msgpack {p / 1e6:.2f}M/s memq {m / 1e6:.2f}M/s"
+            for name, (p, m) in best.items()), flush=True)
     return {
-        "ratios": {"encode": round(best["memq_encode"] / best["msgpack_encode"], 3),
-                   "decode": round(best["memq_decode"] / best["msgpack_decode"], 3)},
-        "encode_msgs_per_s": round(best["memq_encode"]),
-        "decode_msgs_per_s": round(best["memq_decode"]),
-        "msgpack_encode_per_s": round(best["msgpack_encode"]),
-        "msgpack_decode_per_s": round(best["msgpack_decode"]),
-        "zstd_encode_msgs_per_s": round(best["memq_zstd_encode"]),
-        "zstd_decode_msgs_per_s": round(best["memq_zstd_decode"]),
-        "zstd_size_ratio": round(zstd / raw, 3),
+        "ratios": {"encode": round(best["encode"][1] / best["encode"][0], 3),
+                   "decode": round(best["decode"][1] / best["decode"][0], 3)},
+        "encode_msgs_per_s": round(best["encode"][1]),
+        "decode_msgs_per_s": round(best["decode"][1]),
+        "msgpack_encode_per_s": round(best["encode"][0]),
+        "msgpack_decode_per_s": round(best["decode"][0]),
+        "zstd_encode_msgs_per_s": round(best["zstd_encode"][1]),
+        "zstd_decode_msgs_per_s": round(best["zstd_decode"][1]),
+        "zstd_vs_msgpack": {"encode": round(best["zstd_encode"][1] / best["zstd_encode"][0], 3),
+                            "decode": round(best["zstd_decode"][1] / best["zstd_decode"][0], 3)},
+        "zstd_size_ratio": round(sum(map(len, zstd)) / sum(map(len, plain)), 3),
         "records": n,
         "records_per_message": PER_MESSAGE,
     }

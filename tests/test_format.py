@@ -331,8 +331,11 @@ def test_record_count_must_match_header():
 
 
 def test_encode_rejects_bad_input():
-    with pytest.raises(InvalidInputError, match="5 fields"):
-        encode_message([(b"v", None)], producer_id=1, epoch=1, sequence=1)
+    for bad in ([(b"v", None)], [5], [b"abcde"], [dict.fromkeys("abcde")], [[b"v"] * 5]):
+        with pytest.raises(InvalidInputError, match="LogMessages"):
+            encode_message(bad, producer_id=1, epoch=1, sequence=1)
+    plain = [tuple(r) for r in records()]
+    assert decode_message(encode_message(plain, producer_id=1, epoch=1, sequence=1))[1] == plain
     with pytest.raises(InvalidInputError, match="cannot be encoded"):
         encode_message([LogMessage(object())], producer_id=1, epoch=1, sequence=1)
     with pytest.raises(InvalidInputError, match="out of range"):

@@ -58,8 +58,10 @@ def _field(obj: dict[str, Any], name: str, kind: type) -> Any:
     if name not in obj:
         raise CorruptDataError(f"notification lacks field {name!r}")
     value = obj[name]
-    # bool is an int subclass; JSON true must not pass as a count.
-    if type(value) is not kind or (kind is int and value < 0):
-        raise CorruptDataError(f"notification field {name!r} is {value!r}, want a "
-                               f"{'non-negative int' if kind is int else 'string'}")
+    # bool is an int subclass; JSON true must not pass as a count. Timestamps (i64 in the
+    # batch) may be negative; sizes, counts, checksum and attempt may not.
+    signed = name.endswith("_ms")
+    if type(value) is not kind or (kind is int and not signed and value < 0):
+        want = "string" if kind is str else "int" if signed else "non-negative int"
+        raise CorruptDataError(f"notification field {name!r} is {value!r}, want a {want}")
     return value

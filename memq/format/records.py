@@ -44,13 +44,21 @@ def timestamp_range(records: Sequence[LogMessage]) -> tuple[int, int]:
 
 
 def pack_records(records: Sequence[LogMessage], packer: msgpack.Packer) -> bytes:
-    """msgpack the records as arrays; InvalidInputError if one is not a 5-field record."""
-    if records and set(map(len, records)) != {RECORD_FIELDS}:
-        raise InvalidInputError(f"every record must be a LogMessage ({RECORD_FIELDS} fields)")
+    """msgpack the records as arrays; InvalidInputError unless each is a 5-field record.
+
+    Packs first, then checks the records while they are still in the CPU cache (measured
+    faster); one `type` pass settles the usual all-LogMessage case.
+    """
     try:
-        return packer.pack(records if isinstance(records, list) else list(records))
+        raw = packer.pack(records if isinstance(records, list) else list(records))
     except (TypeError, ValueError, OverflowError) as exc:
         raise InvalidInputError(f"LogMessage fields cannot be encoded: {exc}") from exc
+    kinds = set(map(type, records))
+    if kinds and kinds != {LogMessage} and not (
+            kinds <= {LogMessage, tuple} and set(map(len, records)) == {RECORD_FIELDS}):
+        raise InvalidInputError(
+            f"records must be LogMessages (or {RECORD_FIELDS}-tuples), got {sorted(map(str, kinds))}")
+    return raw
 
 
 def unpack_records(raw: bytes, count: int) -> list[LogMessage]:
