@@ -1,0 +1,113 @@
+"""The broker agent in-process against a real ZooKeeper, driving a broker that records calls.
+
+The broker processes themselves are covered by test_governor_cluster.py; here the agent's
+own rules are pinned down fast: following assignments, drain, and session expiry.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+
+import pytest
+from kazoo.client import KazooClient
+
+from memq.config import GovernorConfig, MemqConfig, TopicConfig, ZooKeeperConfig, ClusterConfig, BrokerConfig
+from memq.governor.agent import BrokerAgent
+from memq.governor.registry import Registry
+
+pytestmark = pytest.mark.integration
+
+
+class RecordingBroker:
+    """Hosts topics as a set; what a real Broker does with them is tested elsewhere."""
+
+    def __init__(self, broker_id: str) -> None:
+        self.broker_id = broker_id
+        self.url = f"http://{broker_id}.invalid:1"
+        self.topics: dict[str, TopicConfig] = {}
+        self.removed: list[tuple[str, tuple[str, ...]]] = []
+
+    async def add_topic(self, topic: TopicConfig) -> None:
+        self.topics[topic.name] = topic
+
+    async def remove_topic(self, name: str, *, moved_to: tuple[str, ...] = ()) -> None:
+        self.topics.pop(name, None)
+        self.removed.append((name, moved_to))
+
+
+async def until(cond: Callable[[], object], timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+        await asyncio.sleep(0.05)
+
+
+@pytest.fixture
+async def setup(devcluster) -> AsyncIterator[tuple[MemqConfig, Registry, list]]:
+    zk = ZooKeeperConfig(enabled=True, hosts=devcluster.zk_hosts, root=f"/a-{uuid.uuid4().hex[:8]}",
+                         session_timeout_s=2.0, connect_timeout_s=5.0)
+    config = MemqConfig(cluster=ClusterConfig("c1"), zookeeper=zk,
+                        governor=GovernorConfig(interval_s=0.5, reconcile_interval_s=0.3, drain_timeout_s=10))
+    admin = Registry(zk, "c1").start()
+    agents: list[BrokerAgent] = []
+    yield config, admin, agents
+    for a in agents:
+        await a.stop()
+    admin.close()
+
+
+async def start(config: MemqConfig, agents: list, bid: str, rack: str) -> tuple[BrokerAgent, RecordingBroker]:
+    broker = RecordingBroker(bid)
+    cfg = MemqConfig(cluster=config.cluster, zookeeper=config.zookeeper, governor=config.governor,
+                     broker=BrokerConfig(broker_id=bid, rack=rack))
+    agent = BrokerAgent(broker, cfg)
+    await agent.start()
+    agents.append(agent)
+    return agent, broker
+
+
+async def test_agents_follow_assignments_and_drain(setup) -> None:
+    config, admin, agents = setup
+    a1, b1 = await start(config, agents, "b1", "ra")
+    a2, b2 = await start(config, agents, "b2", "rb")
+    a3, b3 = await start(config, agents, "b3", "rc")
+    admin.create_topic(TopicConfig("x", expected_mbps=5))
+    await until(lambda: sum("x" in b.topics for b in (b1, b2, b3)) == 2, 10, "x on two brokers")
+    md = next(a for a, b in ((a1, b1), (a2, b2), (a3, b3)) if "x" not in b.topics).metadata()
+    assert sorted(md["topics"]["x"]["brokers"]) == sorted(b.url for b in (b1, b2, b3) if "x" in b.topics)
+    host_agent, host = next((a, b) for a, b in ((a1, b1), (a2, b2), (a3, b3)) if "x" in b.topics)
+    assert await host_agent.drain(timeout_s=10)
+    assert "x" not in host.topics
+    name, moved_to = host.removed[-1]
+    assert name == "x" and len(moved_to) == 2 and host.url not in moved_to
+    await until(lambda: sum("x" in b.topics for b in (b1, b2, b3)) == 2, 10, "x back on two brokers")
+    # altering a topic restarts its processors with the new settings
+    admin.alter_topic(TopicConfig("x", expected_mbps=5, batch_ms=50))
+    await until(lambda: all(b.topics["x"].batch_ms == 50 for b in (b1, b2, b3) if "x" in b.topics),
+                10, "altered settings applied")
+    admin.delete_topic("x")
+    await until(lambda: not any("x" in b.topics for b in (b1, b2, b3)), 10, "deleted topic stopped")
+
+
+async def test_session_expiry_reregisters_and_resumes(setup, devcluster) -> None:
+    config, admin, agents = setup
+    a1, b1 = await start(config, agents, "b1", "ra")
+    a2, b2 = await start(config, agents, "b2", "rb")
+    admin.create_topic(TopicConfig("y", expected_mbps=5))
+    await until(lambda: "y" in b1.topics and "y" in b2.topics, 10, "y placed")
+    old_session = a1.registry.client.client_id
+    # kazoo's documented trick: a second client on the same session id closes it -> expiry
+    thief = KazooClient(hosts=devcluster.zk_hosts, client_id=old_session, timeout=2.0)
+    await asyncio.to_thread(thief.start, 5)
+    await asyncio.to_thread(thief.stop)
+    await until(lambda: a1.registrations >= 2, 15, "re-registration after expiry")
+    assert a1.registry.client.client_id[0] != old_session[0]
+    assert "b1" in admin.brokers()
+    # and it still follows the governor: a new topic lands on both brokers
+    admin.create_topic(TopicConfig("z", expected_mbps=5))
+    await until(lambda: "z" in b1.topics and "z" in b2.topics, 10, "new topic after expiry")
+    assert a1.governor.leading.is_set() or a2.governor.leading.is_set()
