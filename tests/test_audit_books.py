@@ -171,3 +171,18 @@ def test_restore_from_changes_resumes_exactly() -> None:
         books.advance(T0 + 60_000)
     assert b.summary(T0 + 60_000) == again.summary(T0 + 60_000)
     assert again.summary(T0 + 60_000)[0].lost == 10
+
+
+def test_a_group_that_appears_after_the_grace_period_gets_its_own() -> None:
+    b = Books(SETTINGS)
+    for s in range(3):
+        b.add(prod(s, created=T0 + s))
+    b.advance(T0 + 30_000)                   # all settled, no group yet: nothing to blame
+    b.add(cons(0, created=T0, consumed=T0 + 30_000))
+    b.advance(T0 + 30_000 + SETTINGS.grace_ms - 1)
+    assert b.summary(T0 + 34_000)[0].lost == 0          # still catching up on history
+    b.add(cons(2, created=T0 + 2, consumed=T0 + 31_000))
+    b.advance(T0 + 30_000 + SETTINGS.grace_ms)
+    [row] = b.summary(T0 + 36_000)
+    assert (row.consumed, row.lost) == (20, 10)
+    assert b.window(BOOKS_MS, "t", "g", T0).lost == 10

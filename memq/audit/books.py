@@ -3,7 +3,8 @@
 A Message is identified by (producer id, epoch, sequence) within its topic. Every consumer
 group that has consumed from a topic is expected to consume every Message of that topic
 created at or after the oldest Message the group ever consumed (so a group that starts at
-"latest" is not blamed for history it never meant to read). Per (topic, group) and window:
+"latest" is not blamed for history it never meant to read). A new group gets its own grace
+period (from its first record) for the Messages acked before it appeared. Per (topic, group) and window:
 
 - produced (topic level, window of the Message's creation), consumed (distinct Messages'
   LogMessages, window of consumption), duplicates (re-deliveries), mismatches (consumed
@@ -75,6 +76,8 @@ class Delivery:
 class GroupState:
     since_ms: int
     last_consumed_ms: int
+    first_seen_ms: int                # consume time of its first record
+    caught_up: bool = False           # Messages settled before it appeared were checked
     consumed: int = 0
     lost: int = 0
     duplicates: int = 0
@@ -172,6 +175,7 @@ class Books:
         self._settle_heap: list[tuple[int, str, MsgKey]] = []
         self._evict_heap: list[tuple[int, str, MsgKey]] = []
         self._orphan_heap: list[tuple[int, str, str, MsgKey]] = []  # consumed, never produced
+        self._catchup_heap: list[tuple[int, str, str]] = []        # new groups' own grace
         self._d_produced: set[tuple[str, MsgKey]] = set()
         self._d_deliveries: set[tuple[str, str, MsgKey]] = set()
         self._d_groups: set[tuple[str, str]] = set()
@@ -215,7 +219,8 @@ class Books:
         groups = self._groups.setdefault(topic, {})
         g = groups.get(group)
         if g is None:
-            g = groups[group] = GroupState(rec.created_ms, rec.ts_ms)
+            g = groups[group] = GroupState(rec.created_ms, rec.ts_ms, rec.ts_ms)
+            heapq.heappush(self._catchup_heap, (rec.ts_ms + self.settings.grace_ms, topic, group))
         g.since_ms = min(g.since_ms, rec.created_ms)
         g.last_consumed_ms = max(g.last_consumed_ms, rec.ts_ms)
         self._d_groups.add((topic, group))
@@ -274,6 +279,7 @@ class Books:
     def advance(self, now_ms: int) -> None:
         """Decide losses whose grace is over, forget old state, measure lag at now_ms."""
         self._settle(now_ms)
+        self._catch_up(now_ms)
         self._evict(now_ms)
         self._measure_lag(now_ms)
         horizon = now_ms - self.settings.memory_ms
@@ -292,13 +298,30 @@ class Books:
             p.settled = True
             self._d_produced.add((topic, key))
             for group, g in self._groups.get(topic, {}).items():
-                if g.since_ms <= p.created_ms and key not in g.deliveries:
-                    g.deliveries[key] = Delivery(0, 0, 0, lost=True)
-                    g.lost += p.count
-                    self._d_groups.add((topic, group))
-                    self._d_deliveries.add((topic, group, key))
-                    for w in self._touch(topic, group, p.created_ms):
-                        w.lost += p.count
+                if g.caught_up:
+                    self._check(topic, group, g, key, p)
+
+    def _catch_up(self, now_ms: int) -> None:
+        """A group's grace is over: check the Messages settled before it was caught up."""
+        heap = self._catchup_heap
+        while heap and heap[0][0] <= now_ms:
+            _, topic, group = heapq.heappop(heap)
+            g = self._groups[topic][group]
+            for key, p in self._produced.get(topic, {}).items():
+                if p.settled:
+                    self._check(topic, group, g, key, p)
+            g.caught_up = True
+            self._d_groups.add((topic, group))
+
+    def _check(self, topic: str, group: str, g: GroupState, key: MsgKey, p: Produced) -> None:
+        """Grace is over for Message `key` and group g: lost unless consumed."""
+        if g.since_ms <= p.created_ms and key not in g.deliveries:
+            g.deliveries[key] = Delivery(0, 0, 0, lost=True)
+            g.lost += p.count
+            self._d_groups.add((topic, group))
+            self._d_deliveries.add((topic, group, key))
+            for w in self._touch(topic, group, p.created_ms):
+                w.lost += p.count
 
     def _evict(self, now_ms: int) -> None:
         heap = self._evict_heap
@@ -342,8 +365,7 @@ class Books:
         """Everything modified since the last call (the store writes it in one transaction)."""
         ch = Changes(
             produced={(t, k): self._produced.get(t, {}).get(k) for t, k in self._d_produced},
-            deliveries={(t, g, k): self._groups.get(t, {}).get(g, GroupState(0, 0)).deliveries.get(k)
-                        for t, g, k in self._d_deliveries},
+            deliveries={(t, g, k): self._delivery(t, g, k) for t, g, k in self._d_deliveries},
             groups={(t, g): self._groups[t][g] for t, g in self._d_groups},
             topics={t: self._produced_total[t] for t in self._d_topics},
             windows={(s, t, g, st): w for s, t, g, st in self._d_windows
@@ -352,6 +374,10 @@ class Books:
         self._d_produced, self._d_deliveries, self._d_groups = set(), set(), set()
         self._d_topics, self._d_windows = set(), set()
         return ch
+
+    def _delivery(self, topic: str, group: str, key: MsgKey) -> Delivery | None:
+        g = self._groups.get(topic, {}).get(group)
+        return None if g is None else g.deliveries.get(key)
 
     def restore(self, changes: Changes) -> None:
         """Load persisted state (a `Changes` holding every row) into empty books."""
@@ -365,6 +391,9 @@ class Books:
                 heapq.heappush(self._settle_heap, (p.acked_ms + self.settings.grace_ms, topic, key))
         for (topic, group), g in changes.groups.items():
             self._groups.setdefault(topic, {})[group] = g
+            if not g.caught_up:
+                heapq.heappush(self._catchup_heap,
+                               (g.first_seen_ms + self.settings.grace_ms, topic, group))
         for (topic, group, key), d in changes.deliveries.items():
             g = self._groups.get(topic, {}).get(group)
             if d is None or g is None:
@@ -417,7 +446,7 @@ class Books:
         rows = []
         for topic in self.topics():
             produced = self._produced_total.get(topic, 0)
-            groups = self._groups.get(topic) or {"": GroupState(0, 0)}
+            groups = self._groups.get(topic) or {"": GroupState(0, 0, 0)}
             for group, g in groups.items():
                 last = self.merged(LIVE_MS, topic, group, now_ms - BOOKS_MS)
                 rows.append(GroupSummary(

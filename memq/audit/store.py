@@ -29,9 +29,9 @@ CREATE TABLE IF NOT EXISTS deliveries (
     deliveries INTEGER, digest INTEGER, consumed_ms INTEGER, lost INTEGER,
     PRIMARY KEY (topic, grp, pid, epoch, seq));
 CREATE TABLE IF NOT EXISTS groups (
-    topic TEXT, grp TEXT, since_ms INTEGER, last_consumed_ms INTEGER, consumed INTEGER,
-    lost INTEGER, duplicates INTEGER, mismatches INTEGER, lag_messages INTEGER, lag_ms INTEGER,
-    PRIMARY KEY (topic, grp));
+    topic TEXT, grp TEXT, since_ms INTEGER, last_consumed_ms INTEGER, first_seen_ms INTEGER,
+    caught_up INTEGER, consumed INTEGER, lost INTEGER, duplicates INTEGER, mismatches INTEGER,
+    lag_messages INTEGER, lag_ms INTEGER, PRIMARY KEY (topic, grp));
 CREATE TABLE IF NOT EXISTS windows (
     size_ms INTEGER, topic TEXT, grp TEXT, start_ms INTEGER,
     produced INTEGER, consumed INTEGER, lost INTEGER, duplicates INTEGER, mismatches INTEGER,
@@ -73,7 +73,8 @@ class AuditStore:
                     for t, p, e, s, c, d, cr, ak, st in q("SELECT * FROM produced")}
         deliveries = {(t, g, _key(p, e, s)): Delivery(n, d, cm, bool(lost))
                       for t, g, p, e, s, n, d, cm, lost in q("SELECT * FROM deliveries")}
-        groups = {(t, g): GroupState(*rest) for t, g, *rest in q("SELECT * FROM groups")}
+        groups = {(t, g): GroupState(since, last, first, bool(caught), *rest)
+                  for t, g, since, last, first, caught, *rest in q("SELECT * FROM groups")}
         topics = dict(q("SELECT topic, produced FROM topics").fetchall())
         windows = {}
         for size, t, g, start, pr, co, lo, du, mi, lat, lmax, lagm, lagms in q(
@@ -104,8 +105,9 @@ class AuditStore:
                     db.execute("INSERT OR REPLACE INTO deliveries VALUES (?,?,?,?,?,?,?,?,?)",
                                (t, g, _s(p), e, _s(s), d.deliveries, d.digest, d.consumed_ms,
                                 int(d.lost)))
-            db.executemany("INSERT OR REPLACE INTO groups VALUES (?,?,?,?,?,?,?,?,?,?)",
-                           [(t, g, gs.since_ms, gs.last_consumed_ms, gs.consumed, gs.lost,
+            db.executemany("INSERT OR REPLACE INTO groups VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
+                           [(t, g, gs.since_ms, gs.last_consumed_ms, gs.first_seen_ms,
+                             int(gs.caught_up), gs.consumed, gs.lost,
                              gs.duplicates, gs.mismatches, gs.lag_messages, gs.lag_ms)
                             for (t, g), gs in ch.groups.items()])
             db.executemany("INSERT OR REPLACE INTO topics VALUES (?,?)", list(ch.topics.items()))
