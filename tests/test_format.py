@@ -33,7 +33,7 @@ log_messages = st.builds(
 )
 record_lists = st.lists(log_messages, max_size=20)
 codecs = st.sampled_from(list(Codec))
-FAST = settings(max_examples=60, deadline=None,
+FAST = settings(max_examples=150, deadline=None,
                 suppress_health_check=[HealthCheck.too_slow])
 
 
@@ -172,7 +172,7 @@ def test_every_truncation_of_a_message_is_rejected(codec):
 BATCHES = {codec: batch(2, codec)[0] for codec in Codec}
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=1000, deadline=None)
 @given(codec=codecs, data=st.data())
 def test_random_byte_flips_in_a_batch_are_rejected_or_harmless(codec, data):
     obj = BATCHES[codec]
