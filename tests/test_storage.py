@@ -144,6 +144,8 @@ async def test_missing_objects_and_bad_arguments(storage: StorageHandler) -> Non
         await storage.list_topic("../etc", 0, 1)
     with pytest.raises(InvalidInputError):
         await storage.put_batch("t", "text", first_request_id=1, timestamp_ms=1, broker_id="b")  # type: ignore[arg-type]
+    with pytest.raises(InvalidInputError):
+        await storage.put_batch("t", 42, first_request_id=1, timestamp_ms=1, broker_id="b")  # type: ignore[arg-type]
     assert await storage.list_topic("t", 10, 10) == []
 
 

@@ -79,9 +79,9 @@ class FileStorageHandler:
         key = str(make_key(cluster=self.cluster, topic=topic, first_request_id=first_request_id,
                            timestamp_ms=timestamp_ms, broker_id=broker_id,
                            unique=secrets.token_hex(8), attempt=0))
-        chunks = [data] if isinstance(data, (bytes, bytearray, memoryview)) else list(data)
-        try:
-            views = [memoryview(c) for c in chunks]
+        try:  # written chunk by chunk: no concatenation at all
+            views = [memoryview(data)] if isinstance(data, (bytes, bytearray, memoryview)) \
+                else [memoryview(c) for c in data]
         except TypeError:
             raise InvalidInputError(f"batch data must be bytes or a sequence of bytes-like chunks, "
                                     f"not {type(data).__name__}") from None
