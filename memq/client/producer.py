@@ -207,7 +207,8 @@ class Producer:
         # cut the records into runs that fill the topic's pending Message, then new ones
         i, n, base = 0, len(records), 0
         while i < n:
-            room = max(self._seal_bytes - self._pending_for(topic).nbytes, 1)
+            p = self._pending.get(topic)
+            room = max(self._seal_bytes - (p.nbytes if p else 0), 1)
             j = min(max(bisect_left(cum, base + room, lo=i) + 1, i + 1), n)
             run_bytes = cum[j - 1] - base
             await self._admit(topic, run_bytes)
