@@ -5,6 +5,8 @@ Cases, all on one dev cluster started here (moto S3 server, tansu Kafka) and one
   msg/s of each, ratio memq/kafka.
 - large_vs_raw_put: 64 KiB values, memq MB/s at ack=all vs raw boto3 PUTs of objects the size
   of memq's batches, with as many in flight as the broker's ring uploads, to the same S3 server.
+- audit_on_vs_off: the small case again with an AuditEmitter on the producer (msg/s on / off,
+  same run): the cost of end-to-end auditing on the produce path.
 - puts_per_gib: batch objects stored per GiB in the large case, against the ideal
   GiB / batch_bytes (target <= 1.05x of it).
 """
@@ -26,6 +28,7 @@ from botocore.config import Config
 from confluent_kafka import Producer as KafkaProducer
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from memq.audit.emitter import AuditEmitter
 from memq.client.producer import Producer
 from memq.config import BrokerConfig, ProducerConfig, TopicConfig
 from memq.devcluster import DevCluster
@@ -46,10 +49,10 @@ def _values(size: int, n: int) -> list[bytes]:
     return [pool[i % 1024] for i in range(n)]
 
 
-async def _memq(url: str, topic: str, values: list[bytes]) -> float:
+async def _memq(url: str, topic: str, values: list[bytes], audit: AuditEmitter | None = None) -> float:
     """Seconds to send every value and get every ack=all."""
     cfg = ProducerConfig(brokers=url, ack="all", linger_ms=5, max_in_flight_bytes=128 * MiB)
-    async with Producer(cfg) as producer:
+    async with Producer(cfg, audit=audit) as producer:
         t0 = time.perf_counter()
         futures = [await producer.send_many(topic, values[i:i + CHUNK]) for i in range(0, len(values), CHUNK)]
         await producer.flush()
@@ -124,6 +127,18 @@ def run(quick: bool) -> dict:
             memq_s = asyncio.run(_memq(broker.url, "bench-small", small))
             memq_rate = n_small / memq_s
             print(f"memq  ack=all {SMALL} B: {memq_rate:,.0f} msg/s", flush=True)
+            # Audit on vs off: interleaved pairs, best of each, so drift on a shared machine cancels.
+            sink = AuditEmitter(config.kafka, config.audit, config.cluster.name, client_id="bench")
+            try:
+                audited_rate, off_rate = 0.0, memq_rate
+                for _ in range(2):
+                    audited_rate = max(audited_rate, n_small / asyncio.run(
+                        _memq(broker.url, "bench-small", small, audit=sink)))
+                    off_rate = max(off_rate, n_small / asyncio.run(_memq(broker.url, "bench-small", small)))
+            finally:
+                sink.close()
+            print(f"memq  ack=all {SMALL} B, audit on: {audited_rate:,.0f} msg/s vs off {off_rate:,.0f} "
+                  f"({sink.stats().sent} audit records sent)", flush=True)
             kafka_s = _kafka(dc.kafka_bootstrap or "", "bench-kafka-small", small)
             kafka_rate = n_small / kafka_s
             print(f"kafka acks=all {SMALL} B: {kafka_rate:,.0f} msg/s", flush=True)
@@ -142,8 +157,10 @@ def run(quick: bool) -> dict:
     print(f"puts per GiB: {puts_per_gib:.1f} (ideal {ideal:.0f}, target <= {1.05 * ideal:.1f})", flush=True)
     return {
         "ratios": {"small_vs_kafka": round(memq_rate / kafka_rate, 3),
-                   "large_vs_raw_put": round(memq_mbps / raw_mbps, 3)},
+                   "large_vs_raw_put": round(memq_mbps / raw_mbps, 3),
+                   "audit_on_vs_off": round(audited_rate / off_rate, 3)},
         "memq_small_msg_s": round(memq_rate), "kafka_small_msg_s": round(kafka_rate),
+        "memq_small_audited_msg_s": round(audited_rate), "memq_small_unaudited_msg_s": round(off_rate),
         "memq_large_mb_s": round(memq_mbps, 1), "raw_put_mb_s": round(raw_mbps, 1),
         "puts_per_gib": round(puts_per_gib, 1), "puts_per_gib_target": round(1.05 * ideal, 1),
         "batch_bytes": BATCH_BYTES, "small_messages": n_small, "large_bytes": large_bytes,
