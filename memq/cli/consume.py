@@ -42,7 +42,7 @@ def consume(ctx: click.Context, topic: str, group: str | None, from_beginning: b
     with Consumer(config, topic, group_id=group) as consumer, \
             Live(console=err, transient=False, refresh_per_second=4, redirect_stdout=False) as live:
         if from_beginning:
-            _wait_assignment(consumer, idle_timeout)
+            _wait_assignment(consumer, 30.0)
             consumer.seek_to_beginning()
         try:
             while max_messages is None or seen < max_messages:
@@ -73,9 +73,9 @@ def consume(ctx: click.Context, topic: str, group: str | None, from_beginning: b
     err.print(f"{seen:,} messages from {topic} in {elapsed:.1f} s ({seen / max(elapsed, 1e-9):,.0f} msg/s)")
 
 
-def _wait_assignment(consumer: Consumer, timeout: float | None) -> None:
+def _wait_assignment(consumer: Consumer, timeout_s: float) -> None:
     """Join the group before seeking: partitions are only known once assigned."""
-    deadline = time.monotonic() + (timeout if timeout is not None else 60.0)
+    deadline = time.monotonic() + timeout_s
     while not consumer.assignment():
         if time.monotonic() >= deadline:
             raise click.ClickException(f"no partition of {consumer.topic} was assigned to this consumer")

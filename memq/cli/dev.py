@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import signal
+import sys
 import threading
 import time
 from contextlib import ExitStack
@@ -19,7 +20,6 @@ from pathlib import Path
 import click
 from rich.console import Console
 from rich.live import Live
-from rich.table import Table
 
 from memq.config import BrokerConfig, MemqConfig, TopicConfig
 from memq.errors import MemqError
@@ -75,7 +75,7 @@ def dev(broker_count: int, topic_name: str, partitions: int, rate: float, durati
             # Further services (e.g. the audit dashboard) start here and add their endpoint.
             endpoints["config"] = str(config_path)
             endpoints["logs"] = str(run_dir)
-            _print_endpoints(console, endpoints, config_path, topic_name)
+            _print_endpoints(endpoints, config_path, topic_name)
             demo = stack.enter_context(DemoTraffic(client, topic_name, rate)) if rate > 0 else None
             _watch(console, demo, duration)
     except KeyboardInterrupt:
@@ -87,14 +87,15 @@ def dev(broker_count: int, topic_name: str, partitions: int, rate: float, durati
     console.print("memq dev stopped")
 
 
-def _print_endpoints(console: Console, endpoints: dict[str, str], config_path: Path, topic: str) -> None:
-    table = Table(title="memq dev", show_header=False)
+def _print_endpoints(endpoints: dict[str, str], config_path: Path, topic: str) -> None:
+    """Plain `name: value` lines (never wrapped), so scripts can read them too."""
+    width = max(map(len, endpoints)) + 1
     for name, value in endpoints.items():
-        table.add_row(name, value)
-    console.print(table)
-    console.print(f"try:  memq --config {config_path} consume {topic} --count\n"
-                  f"      echo hello | memq --config {config_path} produce {topic}\n"
-                  "Ctrl-C stops everything.", highlight=False)
+        click.echo(f"{name + ':':<{width}} {value}")
+    click.echo(f"try:  memq --config {config_path} consume {topic} --count\n"
+               f"      echo hello | memq --config {config_path} produce {topic}\n"
+               "Ctrl-C stops everything.")
+    sys.stdout.flush()
 
 
 def _watch(console: Console, demo: DemoTraffic | None, duration: float | None) -> None:

@@ -123,6 +123,7 @@ class Consumer:
         self._inflight_bytes = 0                    # object bytes of submitted, unfinished batches
         self._handed: dict[int, int] = {}           # partition -> next offset, batches fully handed
         self._committed: dict[int, int] = {}        # what we last committed
+        self._fetched_to: dict[int, int] = {}       # partition -> next notification offset to read
         self._seen: OrderedDict[tuple[int, int, int], None] = OrderedDict()
         self._last_auto_commit = time.monotonic()
         self._closed = False
@@ -197,6 +198,7 @@ class Consumer:
                 self.metrics.duplicates_dropped += len(records)
                 continue
             b.cur_header, b.cur = header, iter(records)
+            self.metrics.records += len(records)
             return True
         b.cur_header, b.cur = None, iter(())
         return False
@@ -223,7 +225,6 @@ class Consumer:
         self._handed[b.rec.partition] = b.rec.offset + 1
         self._inflight_bytes -= b.rec.notification.size
         self.metrics.batches += 1
-        self.metrics.records += sum(len(r) for _, r in b.messages)
         self.metrics.bytes += b.rec.notification.size
 
     def _is_duplicate(self, h: MessageHeader) -> bool:
@@ -242,7 +243,13 @@ class Consumer:
         self._submit_queued()
         if self._inflight_bytes >= self._cc.prefetch_bytes or any(b.future is None for b in self._queue):
             return
-        records = self._notify.poll(wait_s, max_records=2 * self._cc.fetch_concurrency)
+        # librdkafka's batch consume waits its whole timeout unless it fills up: wait for one
+        # notification, then take what else is already there without waiting.
+        records = self._notify.poll(wait_s, max_records=1)
+        if records:
+            records += self._notify.poll(0.0, max_records=2 * self._cc.fetch_concurrency)
+        for r in records:
+            self._fetched_to[r.partition] = r.offset + 1
         self._queue.extend(_Batch(r) for r in records)
         self._submit_queued()
 
@@ -378,7 +385,8 @@ class Consumer:
     def position(self) -> dict[int, int]:
         """Per assigned partition, the notification offset of the next batch to be handed over."""
         self._check_open()
-        pos = {p: o for p, o in self._notify.position().items() if o is not None and o >= 0}
+        pos = {p: o for p, o in self._notify.position().items() if o is not None}
+        pos.update((p, o) for p, o in self._fetched_to.items() if p in pos or p in self.assignment())
         for b in reversed([*([self._current] if self._current else []), *self._queue]):
             pos[b.rec.partition] = b.rec.offset
         return pos
@@ -391,6 +399,7 @@ class Consumer:
         self._check_open()
         self._drop({partition})
         self._notify.seek(partition, offset)
+        self._fetched_to[partition] = offset
 
     def seek_to_beginning(self, partitions: Iterable[int] | None = None) -> None:
         for p in self.assignment() if partitions is None else partitions:
@@ -442,6 +451,7 @@ class Consumer:
         for p in mine:
             self._handed.pop(p, None)
             self._committed.pop(p, None)
+            self._fetched_to.pop(p, None)
 
     # --- life cycle ----------------------------------------------------------------------
 

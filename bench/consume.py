@@ -1,0 +1,129 @@
+"""Consumer throughput: the same N messages (100-byte values) read through memq's Consumer
+(notifications from tansu, batches from moto S3) and through confluent-kafka's consumer
+straight from tansu, in one run on one dev cluster.
+
+Both rates are measured from the first message received to the N-th, so the group join
+(the same Kafka protocol on both sides) does not count; totals with the join are reported
+too. Ratio `vs_kafka` = memq msg/s / Kafka msg/s, higher is better.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+from confluent_kafka import Consumer as KafkaConsumer
+from confluent_kafka import Producer as KafkaProducer
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from memq.client.consumer import Consumer
+from memq.client.producer import Producer
+from memq.config import BrokerConfig, MemqConfig, TopicConfig
+from memq.devcluster import DevCluster
+from memq.devcluster.broker_process import BrokerProcess
+
+VALUE_BYTES = 100
+PARTITIONS = 3
+TIMEOUT_S = 120.0
+
+
+def _produce_memq(config: MemqConfig, topic: str, n: int) -> None:
+    values = [b"%099d" % i + b"\n" for i in range(n)]   # 100 bytes each, all different
+
+    async def send() -> None:
+        async with Producer(config.producer) as producer:
+            futures = [await producer.send_many(topic, values[i:i + 20_000]) for i in range(0, n, 20_000)]
+            await asyncio.gather(*futures)
+
+    asyncio.run(asyncio.wait_for(send(), TIMEOUT_S))
+
+
+def _produce_kafka(bootstrap: str, topic: str, n: int) -> None:
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin.create_topics([NewTopic(topic, PARTITIONS, 1)])[topic].result(30)
+    producer = KafkaProducer({"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 20,
+                              "batch.size": 1 << 20, "queue.buffering.max.messages": 1_000_000})
+    for i in range(n):
+        while True:
+            try:
+                producer.produce(topic, b"%099d" % i + b"\n")
+                break
+            except BufferError:
+                producer.poll(0.05)
+    if producer.flush(60) != 0:
+        raise RuntimeError("Kafka producer did not deliver every message")
+
+
+def _read_memq(config: MemqConfig, topic: str, n: int) -> tuple[float, float]:
+    """(seconds from first to n-th record, seconds including the group join)."""
+    t0 = time.monotonic()
+    first = 0.0
+    got = 0
+    with Consumer(config, topic, group_id=f"bench-{uuid.uuid4().hex[:6]}") as c:
+        deadline = t0 + TIMEOUT_S
+        while got < n and time.monotonic() < deadline:
+            records = c.poll(1.0)
+            if not first:
+                for _ in records:       # the clock starts when the first record is in hand
+                    first = time.monotonic()
+                    got += 1
+                    break
+            got += sum(1 for _ in records)
+        end = time.monotonic()
+    if got < n:
+        raise RuntimeError(f"memq consumer read {got} of {n}")
+    return end - first, end - t0
+
+
+def _read_kafka(bootstrap: str, topic: str, n: int) -> tuple[float, float]:
+    t0 = time.monotonic()
+    c = KafkaConsumer({"bootstrap.servers": bootstrap, "group.id": f"bench-{uuid.uuid4().hex[:6]}",
+                       "auto.offset.reset": "earliest", "enable.auto.commit": False})
+    first = 0.0
+    got = 0
+    try:
+        c.subscribe([topic])
+        deadline = t0 + TIMEOUT_S
+        while got < n and time.monotonic() < deadline:
+            messages = c.consume(num_messages=10_000, timeout=1.0)
+            if messages and not first:
+                first = time.monotonic()
+            for m in messages:
+                if m.error() is None:
+                    got += 1
+        end = time.monotonic()
+    finally:
+        c.close()
+    if got < n:
+        raise RuntimeError(f"Kafka consumer read {got} of {n}")
+    return end - first, end - t0
+
+
+def run(quick: bool) -> dict:
+    n = 200_000 if quick else 1_000_000
+    name = f"bench-consume-{uuid.uuid4().hex[:6]}"
+    with tempfile.TemporaryDirectory(prefix="memq-bench-") as tmp, DevCluster(Path(tmp) / "cluster") as dc:
+        config = dc.config(topics=[TopicConfig(name=name, read_partitions=PARTITIONS)])
+        with BrokerProcess(dataclasses.replace(config, broker=BrokerConfig(broker_id="bench")), Path(tmp)) as broker:
+            config = dataclasses.replace(config, producer=dataclasses.replace(config.producer, brokers=broker.url))
+            print(f"producing {n:,} messages of {VALUE_BYTES} B to memq and to Kafka", flush=True)
+            _produce_memq(config, name, n)
+            assert dc.kafka_bootstrap is not None
+            _produce_kafka(dc.kafka_bootstrap, name + "-kafka", n)
+            memq_s, memq_total_s = _read_memq(config, name, n)
+            print(f"memq consumer:  {n / memq_s:,.0f} msg/s ({memq_total_s:.1f} s with group join)", flush=True)
+            kafka_s, kafka_total_s = _read_kafka(dc.kafka_bootstrap, name + "-kafka", n)
+            print(f"kafka consumer: {n / kafka_s:,.0f} msg/s ({kafka_total_s:.1f} s with group join)", flush=True)
+    return {
+        "ratios": {"vs_kafka": round(kafka_s / memq_s, 2)},
+        "messages": n,
+        "value_bytes": VALUE_BYTES,
+        "memq_msgs_per_s": round(n / memq_s),
+        "kafka_msgs_per_s": round(n / kafka_s),
+        "memq_total_s": round(memq_total_s, 2),
+        "kafka_total_s": round(kafka_total_s, 2),
+    }

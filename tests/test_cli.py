@@ -1,0 +1,151 @@
+"""The `memq` command through its console-script entry point, against real servers."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from memq.config import BrokerConfig, MemqConfig, TopicConfig
+from memq.devcluster import DevCluster
+from memq.devcluster.broker_process import BrokerProcess, config_toml
+
+pytestmark = [pytest.mark.integration]
+
+MEMQ = str(Path(sys.executable).with_name("memq"))
+
+
+def memq(*args: str, config: Path | None = None, input: bytes | None = None, timeout: float = 60,
+         env: dict[str, str] | None = None) -> subprocess.CompletedProcess[bytes]:
+    argv = [MEMQ, *(["--config", str(config)] if config else []), *args]
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("MEMQ_")}
+    return subprocess.run(argv, input=input, capture_output=True, timeout=timeout, env={**clean, **(env or {})})
+
+
+@pytest.fixture(scope="module")
+def served(devcluster: DevCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, str]]:
+    """A broker process hosting one topic, and a client config file naming it."""
+    name = f"cli-{uuid.uuid4().hex[:8]}"
+    run_dir = tmp_path_factory.mktemp("cli")
+    config = devcluster.config(topics=[TopicConfig(name=name, read_partitions=2)])
+    with BrokerProcess(dataclasses.replace(config, broker=BrokerConfig(broker_id="cli")), run_dir) as broker:
+        client: MemqConfig = dataclasses.replace(config, producer=dataclasses.replace(config.producer, brokers=broker.url))
+        path = run_dir / "client.toml"
+        path.write_text(config_toml(client))
+        yield path, name
+
+
+@pytest.mark.timeout(60)
+def test_bad_or_missing_setting_exits_2_naming_it(tmp_path: Path) -> None:
+    r = memq("consume", "t", env={"MEMQ_CONSUMER_PREFETCH_BYTES": "lots"})
+    assert r.returncode == 2 and b"consumer.prefetch_bytes" in r.stderr
+    r = memq("produce", "t", input=b"x\n")
+    assert r.returncode == 2 and b"producer.brokers" in r.stderr
+    r = memq("status", config=tmp_path / "nope.toml")
+    assert r.returncode == 2 and b"nope.toml" in r.stderr
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[consumer]\nno_such_setting = 1\n")
+    r = memq("consume", "t", config=bad)
+    assert r.returncode == 2 and b"no_such_setting" in r.stderr
+
+
+@pytest.mark.timeout(120)
+def test_produce_then_consume_round_trip(served: tuple[Path, str]) -> None:
+    path, topic = served
+    lines = [f"key{i}\tline {i} {'x' * (i % 50)}" for i in range(3000)]
+    r = memq("produce", topic, "--keys", "--ack", "all", config=path, input=("\n".join(lines) + "\n").encode())
+    assert r.returncode == 0, r.stderr.decode()
+    assert b"3,000 messages" in r.stderr
+    group = f"g-{uuid.uuid4().hex[:6]}"
+    r = memq("consume", topic, "--group", group, "--keys", "--max-messages", "3000", "--idle-timeout", "20",
+             config=path)
+    assert r.returncode == 0, r.stderr.decode()
+    got = r.stdout.decode().splitlines()
+    assert sorted(got) == sorted(lines)             # partitions interleave; each line exactly once
+    # the group committed: nothing left for it
+    r = memq("consume", topic, "--group", group, "--idle-timeout", "2", config=path)
+    assert r.returncode == 0 and r.stdout == b""
+    # generated load, counted
+    r = memq("produce", topic, "--generate", "5000", "--size", "64", config=path)
+    assert r.returncode == 0, r.stderr.decode()
+    r = memq("consume", topic, "--group", group, "--count", "--max-messages", "5000", "--idle-timeout", "20",
+             config=path)
+    assert r.returncode == 0 and b"5,000 messages" in r.stderr, r.stderr.decode()
+
+
+@pytest.mark.timeout(60)
+def test_topic_commands(devcluster: DevCluster, tmp_path: Path) -> None:
+    path = tmp_path / "c.toml"
+    path.write_text(config_toml(devcluster.config(cluster="clitopics")))
+    name = f"tt-{uuid.uuid4().hex[:6]}"
+    r = memq("topic", "create", name, "--partitions", "4", config=path)
+    assert r.returncode == 0, r.stderr.decode()
+    assert name in memq("topic", "list", config=path).stdout.decode().split()
+    out = memq("topic", "describe", name, config=path).stdout.decode()
+    assert re.search(r"\b3\s+0\s+0\s+0\b", out), out     # partition 3 exists and is empty
+    r = memq("topic", "delete", name, "--yes", config=path)
+    assert r.returncode == 0, r.stderr.decode()
+    assert name not in memq("topic", "list", config=path).stdout.decode().split()
+
+
+def _processes_under(run_dir: Path) -> list[int]:
+    """Live processes whose command line or working directory points into `run_dir`."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            cwd = os.readlink(entry / "cwd")
+        except OSError:
+            continue
+        if str(run_dir) in cmd or cwd.startswith(str(run_dir)):
+            found.append(int(entry.name))
+    return found
+
+
+@pytest.mark.timeout(180)
+def test_memq_dev_serves_a_round_trip_and_stops_clean(tmp_path: Path) -> None:
+    run_dir = (tmp_path / "dev").resolve()
+    proc = subprocess.Popen([MEMQ, "dev", "--rate", "200", "--duration", "150", "--run-dir", str(run_dir)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        endpoints: dict[str, str] = {}
+        deadline = time.monotonic() + 90
+        assert proc.stdout is not None
+        while "config" not in endpoints:
+            assert time.monotonic() < deadline and proc.poll() is None, f"memq dev did not start: {endpoints}"
+            line = proc.stdout.readline().decode()
+            if m := re.match(r"^(\w[\w ]*):\s+(\S.*)$", line):
+                endpoints[m.group(1)] = m.group(2).strip()
+        assert {"S3", "Kafka", "ZooKeeper", "brokers"} <= endpoints.keys()
+        config = Path(endpoints["config"])
+        marker = uuid.uuid4().hex
+        r = memq("produce", "demo", config=config, input=f"{marker} one\n{marker} two\n".encode())
+        assert r.returncode == 0, r.stderr.decode()
+        r = memq("consume", "demo", "--group", f"check-{marker}", "--from-beginning", "--idle-timeout", "5",
+                 config=config, timeout=90)
+        assert r.returncode == 0, r.stderr.decode()
+        values = r.stdout.decode().splitlines()
+        assert f"{marker} one" in values and f"{marker} two" in values
+        assert any(v.startswith("demo message") for v in values)     # the demo producer runs
+        assert _processes_under(run_dir)                              # (the check below can see them)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+    deadline = time.monotonic() + 10
+    while (left := _processes_under(run_dir)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert left == [], f"processes left behind: {left}"
