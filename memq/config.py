@@ -54,6 +54,9 @@ class KafkaConfig:
     bootstrap_servers: str = "127.0.0.1:9092"
     request_timeout_ms: int = 30_000
     replication_factor: int = 1
+    # Consumer group session. tansu lets a new member join only after about half of it, so
+    # the default is far below Kafka's 45 s; the heartbeats run on librdkafka's own thread.
+    session_timeout_ms: int = 6_000
 
 
 @dataclass(frozen=True)

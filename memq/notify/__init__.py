@@ -1,1 +1,7 @@
-"""memq.notify"""
+"""memq.notify: notification topics on Kafka (confluent-kafka): admin, publisher, consumer."""
+
+from memq.notify.admin import TopicAdmin
+from memq.notify.consumer import NotificationConsumer, NotificationRecord
+from memq.notify.publisher import NotificationPublisher
+
+__all__ = ["NotificationConsumer", "NotificationPublisher", "NotificationRecord", "TopicAdmin"]

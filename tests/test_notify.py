@@ -1,0 +1,187 @@
+"""memq.notify against a real Kafka (tansu): topic admin, publisher, consumer."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import pytest
+from confluent_kafka import Producer
+
+from memq.config import KafkaConfig
+from memq.devcluster import DevCluster
+from memq.devcluster.process import free_port
+from memq.errors import CorruptDataError, NotifyError, UnknownTopicError, UnsupportedVersionError
+from memq.format import NOTIFICATION_VERSION, Notification
+from memq.notify import NotificationConsumer, NotificationPublisher, NotificationRecord, TopicAdmin
+
+pytestmark = pytest.mark.integration
+
+PARTITIONS = 4
+
+
+def note(i: int, topic: str = "orders") -> Notification:
+    return Notification(v=NOTIFICATION_VERSION, topic=topic, bucket="memq", key=f"ab/dev/topics/{topic}/{i:013d}",
+                        size=1000 + i, header_size=64, message_count=3, logmessage_count=30 + i,
+                        min_timestamp_ms=1_700_000_000_000 + i, max_timestamp_ms=1_700_000_000_500 + i,
+                        crc32c=i * 7919 % 2**32, broker_id="b1", attempt=0, created_ms=1_700_000_001_000 + i)
+
+
+@pytest.fixture
+def kafka(devcluster: DevCluster) -> KafkaConfig:
+    return devcluster.config().kafka
+
+
+@pytest.fixture
+def topic(kafka: KafkaConfig, unique_name) -> str:
+    name = unique_name("n")
+    TopicAdmin(kafka).create_topic(name, PARTITIONS)
+    return name
+
+
+async def publish_all(kafka: KafkaConfig, topic: str, notes: list[Notification]) -> list[tuple[int, int]]:
+    pub = NotificationPublisher(kafka, client_id="test")
+    try:
+        return await asyncio.gather(*(pub.publish(topic, n) for n in notes))
+    finally:
+        pub.close()
+
+
+def read_until(consumer: NotificationConsumer, count: int, timeout_s: float = 20) -> list[NotificationRecord]:
+    out: list[NotificationRecord] = []
+    deadline = time.monotonic() + timeout_s
+    while len(out) < count and time.monotonic() < deadline:
+        out += consumer.poll(0.5, max_records=1000)
+    return out
+
+
+def test_topic_admin(kafka: KafkaConfig, unique_name) -> None:
+    admin = TopicAdmin(kafka)
+    name = unique_name("adm")
+    admin.create_topic(name, 3)
+    admin.create_topic(name, 3)  # idempotent with the same partitions
+    with pytest.raises(NotifyError, match=f"{name}.*3 partitions"):
+        admin.create_topic(name, 5)
+    assert admin.partitions(name) == 3
+    assert name in admin.list_topics()
+    admin.delete_topic(name)
+    with pytest.raises(UnknownTopicError, match=name):
+        admin.partitions(name)
+    with pytest.raises(UnknownTopicError, match=name):
+        admin.delete_topic(name)
+    never = unique_name("never")
+    with pytest.raises(UnknownTopicError):
+        admin.partitions(never)
+    assert never not in admin.list_topics()  # asking about it did not create it
+
+
+async def test_publish_then_consume_everything(kafka: KafkaConfig, topic: str) -> None:
+    notes = [note(i) for i in range(2000)]
+    placed = await publish_all(kafka, topic, notes)
+    assert len(set(placed)) == len(notes)
+    assert {p for p, _ in placed} == set(range(PARTITIONS))  # spread over the read partitions
+
+    consumer = NotificationConsumer(kafka, topic, group_id="g-all")
+    try:
+        consumer.assign({p: 0 for p in range(PARTITIONS)})
+        records = read_until(consumer, len(notes))
+        assert len(records) == len(notes)
+        by_place = {(r.partition, r.offset): r.notification for r in records}
+        assert by_place == dict(zip(placed, notes))
+        now = time.time() * 1000
+        assert all(now - 60_000 < r.timestamp_ms <= now + 1000 for r in records)
+        for p in range(PARTITIONS):
+            assert consumer.watermarks(p) == (0, sum(1 for q, _ in placed if q == p))
+        assert consumer.poll(0.2) == []
+    finally:
+        consumer.close()
+
+
+async def test_group_commit_committed_seek_position(kafka: KafkaConfig, topic: str, unique_name) -> None:
+    placed = await publish_all(kafka, topic, [note(i) for i in range(200)])
+    group = unique_name("g")
+    assigned: list[list[int]] = []
+    first = NotificationConsumer(kafka, topic, group_id=group)
+    try:
+        first.subscribe(on_assign=assigned.append)
+        records = read_until(first, 200)
+        assert len(records) == 200 and assigned == [list(range(PARTITIONS))]
+        assert first.assignment() == list(range(PARTITIONS))
+        ends = {p: max(r.offset for r in records if r.partition == p) + 1 for p in range(PARTITIONS)}
+        assert first.position() == ends
+        assert first.committed(range(PARTITIONS)) == {p: None for p in range(PARTITIONS)}
+        half = {p: o // 2 for p, o in ends.items()}
+        first.commit(half)
+        assert first.committed(range(PARTITIONS)) == half
+        first.seek(0, 1)  # re-read partition 0 from offset 1
+        again = read_until(first, ends[0] - 1)
+        assert [(r.partition, r.offset) for r in again] == [(0, o) for o in range(1, ends[0])]
+    finally:
+        first.close()
+
+    second = NotificationConsumer(kafka, topic, group_id=group)  # resumes at the commit
+    try:
+        second.subscribe()
+        rest = read_until(second, sum(ends[p] - half[p] for p in ends))
+        assert sorted((r.partition, r.offset) for r in rest) == sorted(
+            (p, o) for p, o in placed if o >= half[p])
+    finally:
+        second.close()
+
+
+async def test_offsets_for_times(kafka: KafkaConfig, topic: str) -> None:
+    before = await publish_all(kafka, topic, [note(i) for i in range(40)])
+    await asyncio.sleep(0.05)
+    t_mid = int(time.time() * 1000)
+    await asyncio.sleep(0.05)
+    after = await publish_all(kafka, topic, [note(i) for i in range(40, 100)])
+    consumer = NotificationConsumer(kafka, topic, group_id="g-time")
+    try:
+        ends = {p: consumer.watermarks(p)[1] for p in range(PARTITIONS)}
+        want = {p: min([o for q, o in after if q == p], default=ends[p]) for p in range(PARTITIONS)}
+        assert consumer.offsets_for_times(t_mid) == want
+        assert consumer.offsets_for_times(0) == {p: 0 for p in range(PARTITIONS)}
+        assert consumer.offsets_for_times(t_mid + 3_600_000) == ends
+        assert before  # both phases landed
+    finally:
+        consumer.close()
+
+
+async def test_bad_payloads_name_partition_and_offset(kafka: KafkaConfig, topic: str) -> None:
+    raw = Producer({"bootstrap.servers": kafka.bootstrap_servers, "acks": "all"})
+    newer = json.loads(note(9).to_bytes()) | {"v": NOTIFICATION_VERSION + 1}
+    for value in (note(0).to_bytes(), note(1).to_bytes(), b"\x00garbage", json.dumps(newer).encode(),
+                  note(4).to_bytes()):
+        raw.produce(topic, value, partition=2)
+    assert raw.flush(10) == 0
+
+    consumer = NotificationConsumer(kafka, topic, group_id="g-bad")
+    try:
+        consumer.assign({2: 0})
+        good = read_until(consumer, 2)
+        assert [(r.offset, r.notification) for r in good] == [(0, note(0)), (1, note(1))]
+        for _ in range(2):  # the position stays on the bad record until the caller moves on
+            with pytest.raises(CorruptDataError, match=f"{topic}.*partition 2 offset 2"):
+                consumer.poll(5)
+        consumer.seek(2, 3)
+        with pytest.raises(UnsupportedVersionError, match="partition 2 offset 3"):
+            consumer.poll(5)
+        consumer.seek(2, 4)
+        assert [(r.offset, r.notification) for r in read_until(consumer, 1)] == [(4, note(4))]
+    finally:
+        consumer.close()
+
+
+async def test_publish_without_kafka_fails_naming_topic() -> None:
+    dead = KafkaConfig(bootstrap_servers=f"127.0.0.1:{free_port()}", request_timeout_ms=1500)
+    pub = NotificationPublisher(dead, client_id="test-dead")
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(NotifyError, match="nowhere"):
+            await pub.publish("nowhere", note(0))
+        assert time.monotonic() - t0 < 10
+    finally:
+        pub.close(timeout_s=1)
+    with pytest.raises(NotifyError, match="closed"):
+        await pub.publish("nowhere", note(0))
