@@ -7,7 +7,8 @@ It forwards requests to an upstream (the moto S3 server) and, for the requests a
 - `error`: any status and S3 error code (e.g. 403 AccessDenied), without touching the upstream;
 - `stall`: forward the request (so a PUT does land upstream), then hold the response for
   `stall_s`, longer than the client's read timeout: the client sees a timeout while the
-  object exists, which is what makes per-attempt keys matter.
+  object exists, which is what makes per-attempt keys matter;
+- `reset`: drop the TCP connection without an answer (a crashed or restarted endpoint).
 
 Every request is logged as (method, path, fault or "") so tests can check what happened.
 """
@@ -31,7 +32,7 @@ _HOP_HEADERS = frozenset({"host", "content-length", "transfer-encoding", "connec
 class FaultPlan:
     """Which requests to fault: the first `first_n` matching ones, then a `fraction` of the rest."""
 
-    mode: Literal["none", "slowdown", "error", "stall"] = "none"
+    mode: Literal["none", "slowdown", "error", "stall", "reset"] = "none"
     first_n: int = 0
     fraction: float = 0.0
     methods: frozenset[str] = frozenset({"GET", "PUT", "HEAD", "DELETE", "POST"})
@@ -129,6 +130,9 @@ class FaultProxy:
             return web.Response(status=plan.status, body=s3_error_body(plan.code, "injected by faultproxy",
                                                                        request.path),
                                 content_type="application/xml")
+        if fault == "reset" and request.transport is not None:
+            request.transport.abort()
+            raise web.HTTPServiceUnavailable()  # never sent: the connection is gone
         upstream = await self._forward(request)
         if fault == "stall":
             await asyncio.sleep(plan.stall_s)

@@ -236,7 +236,7 @@ async def test_retries_through_slowdown_with_a_new_key_per_attempt(
         await handler.close()
 
 
-async def test_retries_through_a_stalled_response(memq_config: MemqConfig, proxy: FaultProxy,
+async def test_retries_through_stalled_responses_and_dropped_connections(memq_config: MemqConfig, proxy: FaultProxy,
                                                   registry: CollectorRegistry,
                                                   unique_name: Callable[[str], str]) -> None:
     handler = faulty_handler(memq_config, proxy.url, registry, unique_name("c"))
@@ -257,6 +257,11 @@ async def test_retries_through_a_stalled_response(memq_config: MemqConfig, proxy
                                  path_contains=loc.key))
         assert await handler.get_range(loc, 1, 2) == b"at"
         assert len(proxy.faults()) == 1
+
+        proxy.set_plan(FaultPlan(mode="reset", first_n=2, methods=frozenset({"GET"}), path_contains=loc.key))
+        assert await handler.get(loc) == b"late"
+        assert len(proxy.faults()) == 2
+        assert metric(registry, "memq_storage_retries_total", backend="s3", op="get", reason="connection") == 2
     finally:
         await handler.close()
 
