@@ -57,6 +57,7 @@ class BrokerAgent:
         self._changed = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._drain_task: asyncio.Future[bool] | None = None
+        self._closing = False
         self._loop: asyncio.AbstractEventLoop | None = None
 
     @property
@@ -85,9 +86,13 @@ class BrokerAgent:
 
     async def stop(self) -> None:
         """Leave the election and the registry; hosted topics stay with the broker."""
+        self._closing = True
+        self._poke.set()
         if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+            # a flag, not cancel(): wait_for() in 3.11 can swallow a cancel racing a wake-up
+            _, pending = await asyncio.wait({self._task}, timeout=10)
+            for task in pending:
+                task.cancel()
         await asyncio.to_thread(self.governor.stop)
         await asyncio.to_thread(self.registry.close)
 
@@ -154,12 +159,14 @@ class BrokerAgent:
 
     async def _run(self) -> None:
         interval = self.config.governor.reconcile_interval_s
-        while True:
+        while not self._closing:
             try:
                 await asyncio.wait_for(self._poke.wait(), interval)
             except TimeoutError:
                 pass
             self._poke.clear()
+            if self._closing:
+                return
             try:
                 await self._reconcile()
             except MemqError as e:
