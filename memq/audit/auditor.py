@@ -65,7 +65,10 @@ class Auditor:
         state, self._offsets = store.load(now - self._books.settings.memory_ms)
         self._books.restore(state)
         timeout_ms = self.config.kafka.request_timeout_ms
-        TopicAdmin(self.config.kafka).create_topic(self.topic, self.config.audit.partitions)
+        try:
+            TopicAdmin(self.config.kafka).create_topic(self.topic, self.config.audit.partitions)
+        except NotifyError as e:        # e.g. auto-created with other partitions: we read them all
+            log.warning("audit topic %s: %s", self.topic, e)
         consumer = confluent_kafka.Consumer({
             "bootstrap.servers": self.config.kafka.bootstrap_servers,
             "group.id": f"memq-auditor-{self.config.cluster.name}",

@@ -50,6 +50,7 @@ class AuditEmitter:
         self._buf: deque[tuple] = deque()
         self._dropped = self._sent = self._failed = 0
         self._stop = threading.Event()
+        self._ready = threading.Event()   # topic ensured: producing earlier would auto-create it
         self._producer = confluent_kafka.Producer({
             "bootstrap.servers": kafka.bootstrap_servers, "client.id": client_id,
             "acks": "all", "enable.idempotence": True, "linger.ms": 20,
@@ -84,6 +85,7 @@ class AuditEmitter:
             TopicAdmin(self._kafka).create_topic(self.topic, self._partitions)
         except MemqError as e:      # keep emitting: the topic may exist or be auto-created
             log.warning("audit topic %s could not be ensured: %s", self.topic, e)
+        self._ready.set()
         while not self._stop.wait(self._flush_s):
             self._ship()
 
@@ -112,6 +114,7 @@ class AuditEmitter:
 
     def flush(self, timeout_s: float = 10.0) -> int:
         """Ship everything buffered and wait for Kafka's acks; returns records still unacked."""
+        self._ready.wait(timeout_s)
         self._ship()
         return self._producer.flush(timeout_s)
 
