@@ -188,6 +188,7 @@ def test_drain_flag_moves_topics_and_rebalance_is_rate_limited(registries) -> No
 def test_cli_drain_status_undrain(registries, zk: ZooKeeperConfig) -> None:
     from click.testing import CliRunner
 
+    from memq.cli import main
     from memq.cli._common import CliState
     from memq.cli.governor import governor
 
@@ -206,7 +207,7 @@ def test_cli_drain_status_undrain(registries, zk: ZooKeeperConfig) -> None:
         assert out.exit_code == 0, out.output
         assert "governor: b0" in out.output and "cli-topic" in out.output
         # one broker drained: with only one other broker the topic shrinks onto it
-        out = runner.invoke(governor, ["drain", "b1", "--timeout", "10"], obj=CliState(None), env=env)
+        out = runner.invoke(main, ["broker", "drain", "b1", "--timeout", "10"], env=env)
         assert out.exit_code == 0, out.output
         assert "no topics assigned" in out.output
         assert admin.assignments()["cli-topic"] == ("b0",)
