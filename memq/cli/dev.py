@@ -21,6 +21,7 @@ import click
 from rich.console import Console
 from rich.live import Live
 
+from memq.audit.emitter import make_audit_sink
 from memq.config import BrokerConfig, MemqConfig, TopicConfig
 from memq.errors import MemqError
 
@@ -73,6 +74,10 @@ def dev(broker_count: int, topic_name: str, partitions: int, rate: float, durati
                 "brokers": " ".join(b.url for b in brokers),
             }
             # Further services (e.g. the audit dashboard) start here and add their endpoint.
+            if config.audit.enabled:
+                from memq.audit.dashboard import AuditThread
+                audit = stack.enter_context(AuditThread(config, db_path=str(run_dir / "audit.db")))
+                endpoints["audit"] = audit.url
             endpoints["config"] = str(config_path)
             endpoints["logs"] = str(run_dir)
             _print_endpoints(endpoints, config_path, topic_name)
@@ -124,6 +129,7 @@ class DemoTraffic:
         self._rate = rate
         self._stop = threading.Event()
         self._errors: list[BaseException] = []
+        self._audit = make_audit_sink(config, client_id="memq-dev-demo")
         self._threads = [threading.Thread(target=self._guard, args=(fn,), name=f"memq-dev-{fn.__name__}")
                          for fn in (self._produce, self._consume)]
 
@@ -136,6 +142,8 @@ class DemoTraffic:
         self._stop.set()
         for t in self._threads:
             t.join(30)
+        if self._audit is not None:
+            self._audit.close()
 
     def check(self) -> None:
         """Re-raise a failure of the demo threads in the caller."""
@@ -155,7 +163,7 @@ class DemoTraffic:
             start = time.monotonic()
             sent = 0
             pending: list[asyncio.Future[list]] = []
-            async with Producer(self._config.producer) as producer:
+            async with Producer(self._config.producer, audit=self._audit) as producer:
                 while not self._stop.is_set():
                     due = int((time.monotonic() - start) * self._rate) - sent
                     if due > 0:
@@ -172,7 +180,7 @@ class DemoTraffic:
     def _consume(self) -> None:
         from memq.client.consumer import Consumer
 
-        with Consumer(self._config, self._topic, group_id=_DEMO_GROUP) as consumer:
+        with Consumer(self._config, self._topic, group_id=_DEMO_GROUP, audit=self._audit) as consumer:
             while not self._stop.is_set():
                 got = sum(1 for _ in consumer.poll(0.25))
                 if got:
