@@ -5,6 +5,7 @@ from __future__ import annotations
 import struct
 import zlib
 
+import msgpack
 import pytest
 import zstandard
 from crc32c import crc32c
@@ -308,7 +309,7 @@ def test_gzip_stream_must_end_exactly(tail):
 
 
 def _raw_body(recs: list[LogMessage]) -> bytes:
-    return Compressors().packer.pack(recs)
+    return msgpack.packb(recs)
 
 
 @pytest.mark.parametrize("raw, match", [
@@ -316,7 +317,8 @@ def _raw_body(recs: list[LogMessage]) -> bytes:
     (b"\x91\x01\x02", "not valid msgpack"),              # extra data after the array
     (b"\x05", "records"),                                # an int, not an array
     (b"\x92\x93\x01\x02\x03\x93\x01\x02\x03", "5-field"),  # 3-field records
-    (b"\x92\xa5abcde\xa5abcde", "5-field"),              # strings, not arrays
+    (b"\x92\x01\x02", "not arrays"),                      # ints, not arrays
+    (b"\x92\xa3abc\xa3abc", "5-field"),                  # 3-char strings, not arrays
 ])
 def test_body_that_is_not_records_is_corrupt(raw, match):
     buf = rebody(message(codec=Codec.NONE), raw, raw_length=len(raw), count=2)
@@ -349,8 +351,12 @@ def test_encode_rejects_bad_input():
     with pytest.raises(InvalidInputError):
         encode_message([LogMessage(b"v", headers=((1, object()),))], producer_id=1, epoch=1,
                        sequence=1, compressors=comp)
-    buf = encode_message(records(), producer_id=1, epoch=1, sequence=1, compressors=comp)
-    assert decode_message(buf)[1] == records()
+    with pytest.raises(InvalidInputError, match="out of range"):  # fails after packing
+        encode_message(records(), producer_id=-1, epoch=1, sequence=1, compressors=comp)
+    for codec in Codec:
+        buf = encode_message(records(), producer_id=1, epoch=1, sequence=1, codec=codec,
+                             compressors=comp)
+        assert decode_message(buf)[1] == records()
 
 
 # --- Batch error cases -----------------------------------------------------------------------

@@ -34,7 +34,7 @@ class Compressors:
     """Reusable codec state (zstd contexts, a msgpack Packer) for one thread or event loop.
 
     Not thread-safe. Building zstd contexts costs about as much as decompressing a 100 KB
-    body, and a reused Packer keeps its grown buffer (~20% faster than `packb`), so
+    body, and a reused Packer keeps its grown buffer (faster than `packb`), so
     producers and consumers keep one of these; one-off callers may let the functions make
     a fresh one.
     """
@@ -43,11 +43,11 @@ class Compressors:
 
     def __init__(self, zstd_level: int = ZSTD_LEVEL) -> None:
         self._level = zstd_level
-        self.packer = msgpack.Packer()
+        self.packer = msgpack.Packer(autoreset=False)  # see records.packed_records
         self._zc: zstandard.ZstdCompressor | None = None  # built on first use:
         self._zd: zstandard.ZstdDecompressor | None = None  # readers never need a compressor
 
-    def compress(self, codec: Codec, raw: bytes) -> bytes:
+    def compress(self, codec: Codec, raw: bytes | memoryview) -> bytes | memoryview:
         if codec is Codec.NONE:
             return raw
         if codec is Codec.ZSTD:

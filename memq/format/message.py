@@ -18,7 +18,7 @@ from crc32c import crc32c
 
 from memq.errors import CorruptDataError, InvalidInputError, UnsupportedVersionError
 from memq.format.codec import MAX_BODY_BYTES, Codec, Compressors, codec_of
-from memq.format.records import LogMessage, pack_records, timestamp_range, unpack_records
+from memq.format.records import LogMessage, packed_records, timestamp_range, unpack_records
 
 Buffer = bytes | bytearray | memoryview
 
@@ -60,21 +60,21 @@ def encode_message(records: Sequence[LogMessage], *, producer_id: int, epoch: in
     if len(records) > _MAX_U32:
         raise InvalidInputError(f"a Message holds at most {_MAX_U32} LogMessages")
     comp = compressors or Compressors()
-    raw = pack_records(records, comp.packer)
-    body = comp.compress(codec_of(codec), raw)
-    if len(raw) > MAX_BODY_BYTES or len(body) > MAX_BODY_BYTES:
-        raise InvalidInputError(f"Message body of {len(raw)} bytes exceeds {MAX_BODY_BYTES}")
-    lo, hi = timestamp_range(records)
-    created = time.time_ns() // 1_000_000 if created_ms is None else created_ms
-    try:
-        head = _HEADER.pack(MESSAGE_MAGIC, MESSAGE_VERSION, codec, MESSAGE_HEADER_SIZE,
-                            producer_id, epoch, sequence, len(records), lo, hi, created,
-                            len(body), len(raw), crc32c(body), 0)
-    except struct.error as exc:
-        raise InvalidInputError(
-            f"Message header field out of range (producer_id u64, epoch u32, sequence u64, "
-            f"timestamps i64): {exc}") from exc
-    return b"".join((head[:_CRC_END], crc32c(head[:_CRC_END]).to_bytes(4, "little"), body))
+    with packed_records(records, comp.packer) as raw:
+        body = comp.compress(codec_of(codec), raw)
+        if len(raw) > MAX_BODY_BYTES or len(body) > MAX_BODY_BYTES:
+            raise InvalidInputError(f"Message body of {len(raw)} bytes exceeds {MAX_BODY_BYTES}")
+        lo, hi = timestamp_range(records)
+        created = time.time_ns() // 1_000_000 if created_ms is None else created_ms
+        try:
+            head = _HEADER.pack(MESSAGE_MAGIC, MESSAGE_VERSION, codec, MESSAGE_HEADER_SIZE,
+                                producer_id, epoch, sequence, len(records), lo, hi, created,
+                                len(body), len(raw), crc32c(body), 0)
+        except struct.error as exc:
+            raise InvalidInputError(
+                f"Message header field out of range (producer_id u64, epoch u32, sequence u64, "
+                f"timestamps i64): {exc}") from exc
+        return b"".join((head[:_CRC_END], crc32c(head[:_CRC_END]).to_bytes(4, "little"), body))
 
 
 def decode_message_header(buf: Buffer) -> MessageHeader:

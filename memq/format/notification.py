@@ -30,7 +30,9 @@ class Notification:
     created_ms: int
 
     def to_bytes(self) -> bytes:
-        return json.dumps(dataclasses.asdict(self), separators=(",", ":")).encode()
+        # vars(), not dataclasses.asdict(): the fields are flat, and asdict's deep copy was
+        # a third of the publisher's time.
+        return json.dumps(vars(self), separators=(",", ":")).encode()
 
     @classmethod
     def from_bytes(cls, data: bytes | bytearray | memoryview) -> Notification:
