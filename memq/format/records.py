@@ -69,7 +69,7 @@ def packed_records(records: Sequence[LogMessage], packer: msgpack.Packer
         packer.reset()
 
 
-def unpack_records(raw: bytes, count: int) -> list[LogMessage]:
+def unpack_records(raw: bytes | memoryview, count: int) -> list[LogMessage]:
     """Decode a body into exactly `count` LogMessages; CorruptDataError on any mismatch."""
     try:
         rows = msgpack.unpackb(raw, use_list=False)
