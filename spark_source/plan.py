@@ -156,7 +156,8 @@ class NotificationLog:
         self.consumer.assign({p: s for p, (s, _) in todo.items()})
         deadline = time.monotonic() + self.timeout_s
         while todo:
-            records = self.consumer.poll(min(1.0, self.timeout_s), 10_000)
+            wanted = min(10_000, sum(end - start for start, end in todo.values()))  # poll returns once it has them
+            records = self.consumer.poll(min(1.0, self.timeout_s), wanted)
             if records:
                 deadline = time.monotonic() + self.timeout_s
             for rec in records:
@@ -168,8 +169,10 @@ class NotificationLog:
                     n.min_timestamp_ms, n.max_timestamp_ms, n.crc32c))
                 if rec.offset >= todo[rec.partition][1] - 1:
                     del todo[rec.partition]
-            for p in list(todo):
-                if self.consumer.position().get(p, -1) >= todo[p][1]:
+                else:
+                    todo[rec.partition] = (rec.offset + 1, todo[rec.partition][1])
+            for p, at in self.consumer.position(list(todo)).items():
+                if at is not None and at >= todo[p][1]:
                     del todo[p]
             if todo and time.monotonic() > deadline:
                 raise NotifyError(f"topic {self.opts.topic}: no notifications from "

@@ -17,18 +17,10 @@ from typing import Iterator
 
 import pytest
 
+from bench.spark import store_batches
 from memq.config import MemqConfig
 from memq.devcluster import DevCluster
-from memq.format import (
-    NOTIFICATION_VERSION,
-    LogMessage,
-    Notification,
-    decode_message_header,
-    encode_batch,
-    encode_message,
-    object_crc32c,
-)
-from memq.notify import NotificationPublisher, TopicAdmin
+from memq.format import LogMessage
 from memq.storage import ObjectLocation, make_storage
 
 pyspark = pytest.importorskip("pyspark")
@@ -42,7 +34,6 @@ pytestmark = [pytest.mark.spark, pytest.mark.integration, pytest.mark.timeout(24
 T0 = 1_700_000_000_000
 N = 200_000
 PER_BATCH = 5_000
-PER_MESSAGE = 1_000
 PARTITIONS = 3
 
 
@@ -61,40 +52,11 @@ def make_record(i: int) -> LogMessage:
                       headers=headers, timestamp_ms=T0 + i // 2)
 
 
-async def _write(config: MemqConfig, topic: str, ranges: list[range], *, partitions: int) -> list[Stored]:
-    """Store one batch per range of message numbers and publish its notification."""
-    kafka_topic = f"memq.{config.cluster.name}.{topic}"
-    TopicAdmin(config.kafka).create_topic(kafka_topic, partitions)
-    storage = make_storage(config)
-    publisher = NotificationPublisher(config.kafka, client_id=f"spark-test-{topic}")
-    producer_id = random.getrandbits(64)
-    out = []
-    try:
-        for seq, r in enumerate(ranges):
-            records = [make_record(i) for i in r]
-            msgs = [encode_message(records[j:j + PER_MESSAGE], producer_id=producer_id, epoch=0,
-                                   sequence=seq * 1000 + j) for j in range(0, len(records), PER_MESSAGE)]
-            headers = [decode_message_header(m) for m in msgs]
-            created = max(h.max_timestamp_ms for h in headers)
-            chunks = encode_batch(msgs, headers, broker_id="test", created_ms=created)
-            loc = await storage.put_batch(topic, chunks, first_request_id=producer_id ^ seq,
-                                          timestamp_ms=created, broker_id="test")
-            note = Notification(
-                v=NOTIFICATION_VERSION, topic=topic, bucket=loc.bucket, key=loc.key,
-                size=sum(len(c) for c in chunks), header_size=len(chunks[0]), message_count=len(msgs),
-                logmessage_count=len(records), min_timestamp_ms=min(h.min_timestamp_ms for h in headers),
-                max_timestamp_ms=created, crc32c=object_crc32c(chunks), broker_id="test", attempt=0,
-                created_ms=created)
-            p, off = await publisher.publish(kafka_topic, note)
-            out.append(Stored(p, off, loc, r.start, len(r)))
-    finally:
-        publisher.close()
-        await storage.close()
-    return out
-
-
 def write(config: MemqConfig, topic: str, ranges: list[range], partitions: int = PARTITIONS) -> list[Stored]:
-    return asyncio.run(_write(config, topic, ranges, partitions=partitions))
+    """One batch per range of message numbers, written as a broker writes them."""
+    batches = [[make_record(i) for i in r] for r in ranges]
+    stored = asyncio.run(store_batches(config, topic, batches, partitions=partitions))
+    return [Stored(s.partition, s.offset, s.location, r.start, len(r)) for s, r in zip(stored, ranges)]
 
 
 def chunks_of(start: int, stop: int, size: int) -> list[range]:
@@ -155,7 +117,7 @@ def test_count_and_sample_equal_what_was_produced(spark: SparkSession, config: M
         assert tuple((h.key, bytes(h.value)) for h in row.headers) == want.headers
         assert row.ts == want.timestamp_ms
         s = where[i]
-        assert (row.topic, row.partition, row.offset, row.index) == (topic, s.partition, s.offset, i - s.first)
+        assert (row.topic, row.partition, row.offset, row["index"]) == (topic, s.partition, s.offset, i - s.first)
         assert (row.bucket, row.objectKey) == (s.location.bucket, s.location.key)
 
 
@@ -191,10 +153,10 @@ def test_timestamp_ranges_return_exact_rows(spark: SparkSession, config: MemqCon
     assert keys_of(by_filter) == want
 
 
-def _digest(df: DataFrame) -> tuple[int, int]:
-    row = df.agg(F.count("*").alias("n"),
-                 F.sum(F.xxhash64("key", "value", "headers", "timestamp")).alias("h")).collect()[0]
-    return row.n, row.h
+def _digest(df: DataFrame) -> tuple[int, int, int]:
+    h = F.xxhash64("key", "value", "headers", "timestamp")
+    row = df.agg(F.count("*").alias("n"), F.sum(h % 1_000_003).alias("s"), F.bit_xor(h).alias("x")).collect()[0]
+    return row.n, row.s, row.x
 
 
 def test_s3list_mode_returns_the_same_rows(spark: SparkSession, config: MemqConfig,

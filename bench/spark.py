@@ -1,0 +1,148 @@
+"""Spark DataSource "memq" against memq's own Consumer, reading the same N messages.
+
+One DevCluster, one topic written the way brokers write it (batch objects on S3,
+notifications on Kafka). memq's side: a local[2] Spark session (started and warmed up
+before timing) runs `count(*), sum(length(value))` over the topic, which moves every row
+through Arrow. The peer: one `memq.client.Consumer` iterating the same messages. Ratio
+`vs_consumer` = consumer seconds / Spark seconds (higher is better).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Sequence
+
+from memq.config import MemqConfig
+from memq.format import (
+    NOTIFICATION_VERSION,
+    LogMessage,
+    Notification,
+    decode_message_header,
+    encode_batch,
+    encode_message,
+    object_crc32c,
+)
+from memq.notify import NotificationPublisher, TopicAdmin
+from memq.storage import ObjectLocation, make_storage
+
+PER_MESSAGE = 1_000
+
+
+@dataclass(frozen=True)
+class Stored:
+    """Where one written batch landed."""
+
+    partition: int
+    offset: int
+    location: ObjectLocation
+    count: int
+
+
+async def store_batches(config: MemqConfig, topic: str, batches: Sequence[Sequence[LogMessage]], *,
+                        partitions: int) -> list[Stored]:
+    """Write each batch as a broker does (encode, PUT, notify) into `topic`'s notification topic."""
+    kafka_topic = f"memq.{config.cluster.name}.{topic}"
+    TopicAdmin(config.kafka).create_topic(kafka_topic, partitions)
+    storage = make_storage(config)
+    publisher = NotificationPublisher(config.kafka, client_id=f"bench-{topic}")
+    producer_id = random.getrandbits(64)
+    out = []
+    try:
+        for seq, records in enumerate(batches):
+            msgs = [encode_message(records[j:j + PER_MESSAGE], producer_id=producer_id, epoch=0,
+                                   sequence=seq * 1_000_000 + j) for j in range(0, len(records), PER_MESSAGE)]
+            headers = [decode_message_header(m) for m in msgs]
+            created = max(h.max_timestamp_ms for h in headers)
+            chunks = encode_batch(msgs, headers, broker_id="bench", created_ms=created)
+            loc = await storage.put_batch(topic, chunks, first_request_id=producer_id ^ seq,
+                                          timestamp_ms=created, broker_id="bench")
+            note = Notification(
+                v=NOTIFICATION_VERSION, topic=topic, bucket=loc.bucket, key=loc.key,
+                size=sum(len(c) for c in chunks), header_size=len(chunks[0]), message_count=len(msgs),
+                logmessage_count=len(records), min_timestamp_ms=min(h.min_timestamp_ms for h in headers),
+                max_timestamp_ms=created, crc32c=object_crc32c(chunks), broker_id="bench", attempt=0,
+                created_ms=created)
+            p, off = await publisher.publish(kafka_topic, note)
+            out.append(Stored(p, off, loc, len(records)))
+    finally:
+        publisher.close()
+        await storage.close()
+    return out
+
+
+def _records(n: int, per_batch: int) -> list[list[LogMessage]]:
+    rnd = random.Random(1)
+    base = 1_700_000_000_000
+    recs = [LogMessage(rnd.randbytes(100), b"key-%08d" % i, (("source", b"bench"),), base + i, None)
+            for i in range(n)]
+    return [recs[i:i + per_batch] for i in range(0, n, per_batch)]
+
+
+def _spark_read(spark, options: dict[str, str]) -> tuple[float, int, int]:  # type: ignore[no-untyped-def]
+    from pyspark.sql import functions as F
+
+    t = time.perf_counter()
+    row = (spark.read.format("memq").options(**options).load()
+           .agg(F.count("*").alias("n"), F.sum(F.length("value")).alias("b")).collect()[0])
+    return time.perf_counter() - t, row.n, row.b
+
+
+def _consumer_read(config: MemqConfig, topic: str, n: int) -> tuple[float, int, int]:
+    from memq.client.consumer import Consumer
+
+    t = time.perf_counter()
+    got = size = 0
+    consumer = Consumer(config, topic, group_id=f"bench-{uuid.uuid4().hex}")
+    try:
+        deadline = time.monotonic() + 300
+        while got < n and time.monotonic() < deadline:
+            for rec in consumer.poll(1.0):
+                got += 1
+                size += len(rec.value)
+    finally:
+        consumer.close()
+    return time.perf_counter() - t, got, size
+
+
+def run(quick: bool = False) -> dict:
+    from memq.devcluster import DevCluster
+    from spark_source import local_session
+
+    n = 200_000 if quick else 1_000_000
+    per_batch = 20_000
+    with DevCluster() as dc:
+        config = dc.config(cluster="bench")
+        topic = f"bench-spark-{uuid.uuid4().hex[:6]}"
+        t = time.perf_counter()
+        asyncio.run(store_batches(config, topic, _records(n, per_batch), partitions=4))
+        print(f"wrote {n} messages in {n // per_batch} batches: {time.perf_counter() - t:.1f}s", flush=True)
+        options = {"topic": topic, "kafka.bootstrap.servers": config.kafka.bootstrap_servers,
+                   "cluster": config.cluster.name, "s3.endpoint": config.s3.endpoint_url or "",
+                   "s3.bucket": config.s3.bucket, "s3.accessKeyId": config.s3.access_key_id or "",
+                   "s3.secretAccessKey": config.s3.secret_access_key or ""}
+        t = time.perf_counter()
+        spark = local_session("memq-bench", "local[2]")
+        try:
+            _spark_read(spark, {**options, "endingOffsets": '{"0": 1, "1": 0, "2": 0, "3": 0}'})  # warm-up
+            print(f"spark session ready: {time.perf_counter() - t:.1f}s", flush=True)
+            rounds = 1 if quick else 2
+            spark_runs = []
+            consumer_runs = []
+            for _ in range(rounds):
+                spark_runs.append(_spark_read(spark, options))
+                print(f"spark datasource: {spark_runs[-1][1]} rows in {spark_runs[-1][0]:.2f}s", flush=True)
+                consumer_runs.append(_consumer_read(config, topic, n))
+                print(f"memq consumer: {consumer_runs[-1][1]} records in {consumer_runs[-1][0]:.2f}s", flush=True)
+        finally:
+            spark.stop()
+    s_time, s_rows, s_bytes = min(spark_runs)
+    c_time, c_rows, c_bytes = min(consumer_runs)
+    if (s_rows, s_bytes) != (n, c_bytes) or c_rows != n:
+        raise RuntimeError(f"reads disagree: spark {s_rows} rows/{s_bytes} B, consumer {c_rows}/{c_bytes} B, want {n}")
+    return {"ratios": {"vs_consumer": round(c_time / s_time, 3)},
+            "messages": n, "spark_s": round(s_time, 3), "consumer_s": round(c_time, 3),
+            "spark_msgs_per_s": round(n / s_time), "consumer_msgs_per_s": round(n / c_time)}
