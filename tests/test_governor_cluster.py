@@ -281,11 +281,11 @@ async def test_sigkill_of_hosting_broker_under_ack_all_load(gcluster: GovCluster
     after = sorted(t for v, t in load.acked.items() if load.sent[v] >= t_kill)
     assert after, f"no write acked after the kill; errors: {load.errors[:3]}"
     resume_s = after[0] - t_kill
-    acks = sorted(load.acked.values())
-    gap = max((b - a for a, b in zip(acks, acks[1:]) if b > t_kill), default=0.0)
+    around = [load.acked[v] - t for v, t in load.sent.items() if v in load.acked and t_kill - 1 <= t <= t_kill + 1]
     print(f"\nFAILOVER: SIGKILL {victim}: first ack of a write sent after the kill {resume_s:.2f}s, "
-          f"longest ack gap {gap:.2f}s, topic back on 2 live brokers after {recovered[0]:.2f}s "
-          f"(session timeout {SESSION_S:g}s); producer errors {len(load.errors)}")
+          f"slowest ack of a write sent within 1 s of the kill {max(around):.2f}s (retries), "
+          f"topic back on 2 live brokers after {recovered[0]:.2f}s (session timeout {SESSION_S:g}s); "
+          f"producer errors {len(load.errors)}")
     assert resume_s <= SESSION_S + 2
     assert recovered[0] <= SESSION_S + 2 + 2   # + governor cycle and processor start
     assert not load.errors, load.errors[:3]
