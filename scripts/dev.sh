@@ -4,4 +4,4 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 source scripts/_venv.sh
 ensure_venv dev
-exec .venv/bin/python -m memq.devcluster "$@"
+exec .venv/bin/memq dev "$@"

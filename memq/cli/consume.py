@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 import time
+from contextlib import nullcontext
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
@@ -38,13 +39,14 @@ def consume(ctx: click.Context, topic: str, group: str | None, from_beginning: b
     err = Console(stderr=True)
     out = sys.stdout.buffer
     seen = 0
-    start = last = time.monotonic()
-    with Consumer(config, topic, group_id=group) as consumer, \
-            Live(console=err, transient=False, refresh_per_second=4, redirect_stdout=False) as live:
-        if from_beginning:
-            _wait_assignment(consumer, 30.0)
-            consumer.seek_to_beginning()
+    start = time.monotonic()
+    live = Live(console=err, transient=False, refresh_per_second=4, redirect_stdout=False)
+    with Consumer(config, topic, group_id=group) as consumer, live if count_only else nullcontext():
         try:
+            _wait_assignment(consumer, 30.0)
+            if from_beginning:
+                consumer.seek_to_beginning()
+            start = last = time.monotonic()      # idle time counts once this member has partitions
             while max_messages is None or seen < max_messages:
                 got = 0
                 for record in consumer.poll(0.5):
@@ -74,9 +76,10 @@ def consume(ctx: click.Context, topic: str, group: str | None, from_beginning: b
 
 
 def _wait_assignment(consumer: Consumer, timeout_s: float) -> None:
-    """Join the group before seeking: partitions are only known once assigned."""
+    """Join the group first: partitions are only known once assigned, and a member that
+    leaves in the middle of a join can stall the group on some brokers (tansu)."""
     deadline = time.monotonic() + timeout_s
     while not consumer.assignment():
         if time.monotonic() >= deadline:
             raise click.ClickException(f"no partition of {consumer.topic} was assigned to this consumer")
-        consumer.poll(0.2)  # not iterated: the seek below drops anything it fetched
+        consumer.poll(0.2)  # not iterated: the next poll resumes it (or a seek drops it)

@@ -115,6 +115,8 @@ def _watch(console: Console, demo: DemoTraffic | None, duration: float | None) -
                 live.update(f"demo: produced {demo.acked:,} ({demo.acked / elapsed:,.0f}/s)  "
                             f"consumed {demo.consumed:,} ({demo.consumed / elapsed:,.0f}/s)")
             time.sleep(min(0.25, max(0.0, end - time.monotonic())))
+    if not console.is_terminal:
+        console.line()                      # Live's last frame ends without a newline
     console.print("duration reached, stopping")
 
 

@@ -6,9 +6,9 @@ bytes), checks them against the notification's size and CRC32C, decodes them in 
 hands LogMessages over as `ConsumerRecord`s, one batch per `poll()`.
 
 Delivery is at-least-once: the offset of a notification becomes committable only once the
-last record of its batch was handed to the application (the iterator returned by `poll()`
-was exhausted). An iterator abandoned half way is resumed by the next `poll()`, so records
-are neither skipped nor handed twice within one consumer's life.
+last record of its batch was handed to the application; the application commits after it
+processed what it got. An iterator abandoned half way is resumed by the next `poll()`, so
+records are neither skipped nor handed twice within one consumer's life.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ import uuid
 from collections import OrderedDict, deque
 from collections.abc import AsyncIterator, Iterable, Iterator
 from dataclasses import dataclass, field, replace
-from itertools import repeat
-from operator import add
+from itertools import islice, repeat
+from operator import add, length_hint
 from typing import NamedTuple
 
 from memq.client._fetcher import FetchLoop
@@ -171,8 +171,10 @@ class Consumer:
                     head.future = self._fetch.submit(self._fetch_batch(head.rec))  # transient: retry next poll
                     raise
                 self._queue.popleft()
-                self._current = head
-                self._next_message(head)
+                if self._next_message(head):
+                    self._current = head
+                else:                               # nothing left after dropping duplicates
+                    self._finish(head)
                 continue
             if time.monotonic() >= deadline:
                 return iter(())
@@ -204,21 +206,29 @@ class Consumer:
         return False
 
     def _deliver(self, b: _Batch) -> Iterator[ConsumerRecord]:
-        audit = self._audit
-        while True:
-            yield from b.cur                    # shared iterator: an abandoned poll resumes here
-            if self._current is not b:          # seek or revocation dropped this batch
-                return
-            header = b.cur_header
-            if header is not None and audit is not None:
-                now = int(time.time() * 1000)
-                audit.consumed(topic=self.topic, group=self.group_id, producer_id=header.producer_id,  # type: ignore[attr-defined]
-                               epoch=header.epoch, sequence=header.sequence, count=header.count,
-                               digest=header.body_crc32c, created_ms=header.created_ms, consumed_ms=now)
-            if not self._next_message(b):
-                break
-        self._current = None
-        self._finish(b)
+        """Hand over `b`'s records. All but the last of a Message stream from the shared list
+        iterator (an abandoned poll resumes there); the last one is yielded after its Message
+        was accounted for (audit, and the batch made committable when it is its last)."""
+        while self._current is b:
+            left = length_hint(b.cur)
+            if left > 1:
+                yield from islice(b.cur, left - 1)
+                continue
+            last = next(b.cur, None)
+            self._message_done(b)
+            if last is not None:
+                yield last
+
+    def _message_done(self, b: _Batch) -> None:
+        header = b.cur_header
+        if header is not None and self._audit is not None:
+            self._audit.consumed(topic=self.topic, group=self.group_id, producer_id=header.producer_id,  # type: ignore[attr-defined]
+                                 epoch=header.epoch, sequence=header.sequence, count=header.count,
+                                 digest=header.body_crc32c, created_ms=header.created_ms,
+                                 consumed_ms=int(time.time() * 1000))
+        if not self._next_message(b):
+            self._current = None
+            self._finish(b)
 
     def _finish(self, b: _Batch) -> None:
         """`b` is fully handed over (or skipped): its offset may be committed."""
@@ -430,7 +440,8 @@ class Consumer:
                 self._inflight_bytes -= b.rec.notification.size
         cur = self._current
         if cur is not None and cur.rec.partition in partitions:
-            cur.cur, cur.next_msg = iter(()), len(cur.messages)
+            deque(cur.cur, maxlen=0)                # exhaust it: a live poll iterator stops too
+            cur.next_msg = len(cur.messages)
             self._current = None
             self._inflight_bytes -= cur.rec.notification.size
 
