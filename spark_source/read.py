@@ -1,52 +1,22 @@
-"""Executor-side reading: fetch batch objects (a few ahead) and decode them to Arrow."""
+"""Executor-side reading: fetch batch objects (a few ahead, on the Consumer's FetchLoop) and decode them to Arrow."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import threading
 from collections import deque
 from concurrent.futures import Future
 from typing import Any, Iterator, Sequence
 
 import pyarrow as pa
 
+from memq.client._fetcher import FetchLoop
 from memq.errors import CorruptDataError, DataLossError, FormatError, ObjectNotFoundError, StorageError
 from memq.format import decode_batch, object_crc32c
-from memq.storage import StorageHandler, make_storage
 from spark_source.options import SourceOptions
 from spark_source.plan import BatchRef, Bounds, describe_storage
 from spark_source.schema import BatchContext, to_record_batch
 
 log = logging.getLogger("memq.spark")
-
-
-class _Fetcher:
-    """An event loop on a side thread running the async StorageHandler's GETs."""
-
-    def __init__(self, opts: SourceOptions) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, name="memq-fetch", daemon=True)
-        self.thread.start()
-        self.storage: StorageHandler = self._call(self._open(opts)).result()
-
-    @staticmethod
-    async def _open(opts: SourceOptions) -> StorageHandler:
-        return make_storage(opts.config)
-
-    def _call(self, coro) -> Future:  # type: ignore[no-untyped-def]
-        return asyncio.run_coroutine_threadsafe(coro, self.loop)
-
-    def get(self, ref: BatchRef) -> Future:
-        return self._call(self.storage.get(ref.location))
-
-    def close(self) -> None:
-        try:
-            self._call(self.storage.close()).result(timeout=10)
-        finally:
-            self.loop.call_soon_threadsafe(self.loop.stop)
-            self.thread.join(timeout=10)
-            self.loop.close()
 
 
 def _where(topic: str, ref: BatchRef) -> str:
@@ -77,19 +47,19 @@ def read_partition(opts: SourceOptions, refs: Sequence[BatchRef], bounds: Bounds
     A missing or corrupt object raises DataLossError, or is skipped with a warning on the
     `memq.spark` logger when failOnDataLoss=false.
     """
-    fetcher = _Fetcher(opts)
+    fetcher = FetchLoop(opts.config, opts.fetch_concurrency)
     try:
         ahead: deque[tuple[BatchRef, Future]] = deque()
         todo = iter(refs)
         for ref in todo:
-            ahead.append((ref, fetcher.get(ref)))
+            ahead.append((ref, fetcher.submit(fetcher.get(ref.location))))
             if len(ahead) >= opts.fetch_concurrency:
                 break
         while ahead:
             ref, fut = ahead.popleft()
             nxt = next(todo, None)
             if nxt is not None:
-                ahead.append((nxt, fetcher.get(nxt)))
+                ahead.append((nxt, fetcher.submit(fetcher.get(nxt.location))))
             problem, decoded = _load(opts, ref, fut)
             if decoded is None:
                 msg = f"{_where(opts.topic, ref)} {problem}"
