@@ -7,8 +7,10 @@ so every row's partition, offset and object are known exactly.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import datetime as dt
 import random
+import threading
 import time
 import uuid
 from dataclasses import dataclass
@@ -228,3 +230,44 @@ def test_clear_errors(spark: SparkSession, config: MemqConfig, big: tuple[str, l
          .options(**{"s3.endpoint": "http://127.0.0.1:1", "s3.maxAttempts": "1", "s3.connectTimeoutMs": "500"})
          .option("topic", topic).option("mode", "s3list").load().count())
     assert time.monotonic() - t < 60
+
+
+def test_real_producer_and_broker_discovery(spark: SparkSession, config: MemqConfig) -> None:
+    """Messages sent by memq's Producer through a broker; the source finds Kafka and S3 via the broker."""
+    from memq.broker.server import Broker
+    from memq.client.producer import Producer
+    from memq.config import ProducerConfig, TopicConfig
+
+    topic = f"spark-prod-{uuid.uuid4().hex[:8]}"
+    broker_config = dataclasses.replace(config, topics=(TopicConfig(name=topic, read_partitions=2),))
+    n = 50_000
+    values = [b"value-%06d" % i for i in range(n)]
+    keys = [b"key-%06d" % i for i in range(n)]
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    broker = Broker(broker_config)
+
+    async def produce(url: str) -> None:
+        producer = Producer(ProducerConfig(brokers=url, ack="all"))
+        try:
+            for i in range(0, n, 10_000):
+                await (await producer.send_many(topic, values[i:i + 10_000], keys=keys[i:i + 10_000],
+                                                headers=[("source", b"producer")]))
+        finally:
+            await producer.close()
+
+    try:
+        url = asyncio.run_coroutine_threadsafe(broker.start(), loop).result(30)
+        asyncio.run_coroutine_threadsafe(produce(url), loop).result(120)
+        df = (spark.read.format("memq").option("memq.broker", url).option("topic", topic)
+              .option("s3.accessKeyId", config.s3.access_key_id or "")
+              .option("s3.secretAccessKey", config.s3.secret_access_key or "").load())
+        rows = df.select("key", "value", "headers", "partition").collect()
+    finally:
+        asyncio.run_coroutine_threadsafe(broker.stop(), loop).result(60)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
+    assert sorted((r.key, r.value) for r in rows) == sorted(zip(keys, values))
+    assert all([(h.key, bytes(h.value)) for h in r.headers] == [("source", b"producer")] for r in rows)
+    assert {r.partition for r in rows} <= {0, 1}
