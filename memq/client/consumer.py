@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import gc
 import logging
 import time
 import uuid
 from collections import OrderedDict, deque
-from collections.abc import AsyncIterator, Iterable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from itertools import islice, repeat
 from operator import add, length_hint
@@ -87,6 +89,20 @@ class _Batch:
     cur_header: MessageHeader | None = None
 
 
+@contextmanager
+def _gc_paused() -> Iterator[None]:
+    """Pause the cyclic GC while a batch is decoded: building ~10^5 acyclic tuples otherwise
+    triggers repeated full collections over every live record, 3-4x the decode itself (see
+    docs/ARCHITECTURE.md, Decisions). Only the thread that paused it resumes it."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
 def _where(topic: str, rec: NotificationRecord) -> str:
     n = rec.notification
     obj = f"{n.bucket}/{n.key}" if n.bucket else n.key
@@ -104,10 +120,14 @@ class Consumer:
     (or one asyncio task) drives it, as with Kafka's consumer.
 
     `audit` (an `AuditSink`) is told when the last LogMessage of each Message was handed over.
+    `on_assign`/`on_revoke` get read partition numbers on rebalances (called inside `poll`;
+    on revocation, what was handed over was already committed).
     """
 
     def __init__(self, config: MemqConfig, topic: str, *, group_id: str | None = None,
-                 audit: object | None = None, subscribe: bool = True) -> None:
+                 audit: object | None = None, subscribe: bool = True,
+                 on_assign: Callable[[list[int]], None] | None = None,
+                 on_revoke: Callable[[list[int]], None] | None = None) -> None:
         cc = config.consumer if group_id is None else replace(config.consumer, group_id=group_id)
         if cc.prefetch_bytes <= 0 or cc.fetch_concurrency <= 0 or cc.dedup_window < 0:
             raise InvalidInputError("consumer.prefetch_bytes and consumer.fetch_concurrency must be "
@@ -135,6 +155,7 @@ class Consumer:
             self._notify.close()
             raise
         self._kafka_config = config.kafka
+        self._user_on_assign, self._user_on_revoke = on_assign, on_revoke
         self._compressors = Compressors()
         if subscribe:
             self._notify.subscribe(on_assign=self._on_assign, on_revoke=self._on_revoke)
@@ -294,11 +315,12 @@ class Consumer:
             raise lost(f"{len(obj)} bytes, the notification says {n.size}")
         if object_crc32c((obj,)) != n.crc32c:
             raise lost("CRC32C of the object does not match the notification")
-        try:
-            _, messages = decode_batch(obj, compressors=self._compressors)  # CPU worker only
-        except FormatError as e:
-            raise lost(str(e)) from e
-        return self._records(rec, loc, messages)
+        with _gc_paused():
+            try:
+                _, messages = decode_batch(obj, compressors=self._compressors)  # CPU worker only
+            except FormatError as e:
+                raise lost(str(e)) from e
+            return self._records(rec, loc, messages)
 
     def _records(self, rec: NotificationRecord, loc: ObjectLocation,
                  messages: Iterable[tuple[MessageHeader, list[LogMessage]]]) -> _Decoded:
@@ -447,6 +469,8 @@ class Consumer:
 
     def _on_assign(self, partitions: list[int]) -> None:
         log.info("consumer %s/%s assigned %s", self.group_id, self.topic, partitions)
+        if self._user_on_assign is not None:
+            self._user_on_assign(partitions)
 
     def _on_revoke(self, partitions: list[int]) -> None:
         """Commit what was handed over for the partitions leaving us, then drop the rest."""
@@ -463,6 +487,8 @@ class Consumer:
             self._handed.pop(p, None)
             self._committed.pop(p, None)
             self._fetched_to.pop(p, None)
+        if self._user_on_revoke is not None:
+            self._user_on_revoke(partitions)
 
     # --- life cycle ----------------------------------------------------------------------
 
