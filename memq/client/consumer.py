@@ -29,7 +29,7 @@ from typing import NamedTuple
 
 from memq.client._fetcher import FetchLoop
 from memq.config import MemqConfig, TopicConfig
-from memq.errors import (ConsumerError, DataLossError, FormatError, InvalidInputError,
+from memq.errors import (ConfigError, ConsumerError, DataLossError, FormatError, InvalidInputError,
                          ObjectNotFoundError)
 from memq.format import (Compressors, LogMessage, MessageHeader, decode_batch, decode_batch_header,
                          decode_message, object_crc32c)
@@ -38,6 +38,7 @@ from memq.storage import ObjectLocation
 
 log = logging.getLogger(__name__)
 _tuple_new = tuple.__new__
+_RECORD_OVERHEAD = 200      # bytes of Python objects per record beyond its raw bytes (tuples, bytes headers)
 
 
 class ConsumerRecord(NamedTuple):
@@ -87,6 +88,7 @@ class _Batch:
     next_msg: int = 0
     cur: Iterator[ConsumerRecord] = field(default_factory=lambda: iter(()))
     cur_header: MessageHeader | None = None
+    cost: int = 0                                   # bytes reserved in the prefetch budget
 
 
 @contextmanager
@@ -130,8 +132,8 @@ class Consumer:
                  on_revoke: Callable[[list[int]], None] | None = None) -> None:
         cc = config.consumer if group_id is None else replace(config.consumer, group_id=group_id)
         if cc.prefetch_bytes <= 0 or cc.fetch_concurrency <= 0 or cc.dedup_window < 0:
-            raise InvalidInputError("consumer.prefetch_bytes and consumer.fetch_concurrency must be "
-                                    "> 0, consumer.dedup_window >= 0")
+            raise ConfigError("consumer.prefetch_bytes and consumer.fetch_concurrency must be "
+                              "> 0, consumer.dedup_window >= 0")
         self.topic = topic
         self.group_id = cc.group_id
         self.metrics = ConsumerMetrics()
@@ -140,7 +142,8 @@ class Consumer:
         self._kafka_topic = notification_topic(config, topic)
         self._queue: deque[_Batch] = deque()        # polled, in order; some being fetched
         self._current: _Batch | None = None         # the batch being handed over
-        self._inflight_bytes = 0                    # object bytes of submitted, unfinished batches
+        self._inflight_bytes = 0                    # estimated memory of submitted, unfinished batches
+        self._expansion = 1.0                       # decoded bytes per object byte, measured
         self._handed: dict[int, int] = {}           # partition -> next offset, batches fully handed
         self._committed: dict[int, int] = {}        # what we last committed
         self._fetched_to: dict[int, int] = {}       # partition -> next notification offset to read
@@ -192,6 +195,7 @@ class Consumer:
                     head.future = self._fetch.submit(self._fetch_batch(head.rec))  # transient: retry next poll
                     raise
                 self._queue.popleft()
+                self._measure(head)
                 if self._next_message(head):
                     self._current = head
                 else:                               # nothing left after dropping duplicates
@@ -254,7 +258,7 @@ class Consumer:
     def _finish(self, b: _Batch) -> None:
         """`b` is fully handed over (or skipped): its offset may be committed."""
         self._handed[b.rec.partition] = b.rec.offset + 1
-        self._inflight_bytes -= b.rec.notification.size
+        self._inflight_bytes -= b.cost
         self.metrics.batches += 1
         self.metrics.bytes += b.rec.notification.size
 
@@ -284,6 +288,13 @@ class Consumer:
         self._queue.extend(_Batch(r) for r in records)
         self._submit_queued()
 
+    def _measure(self, b: _Batch) -> None:
+        """Learn how much memory a batch takes once decoded (records are Python objects, the
+        object is compressed), so the budget bounds memory rather than object bytes."""
+        decoded = sum(h.raw_length + _RECORD_OVERHEAD * h.count for h, _ in b.messages)
+        ratio = decoded / max(1, b.rec.notification.size)
+        self._expansion = ratio if self.metrics.batches == 0 else 0.8 * self._expansion + 0.2 * ratio
+
     def _submit_queued(self) -> None:
         for b in self._queue:
             if b.future is not None:
@@ -291,7 +302,8 @@ class Consumer:
             # always let one batch through, however large, so progress never stops
             if self._inflight_bytes >= self._cc.prefetch_bytes and self._inflight_bytes > 0:
                 break
-            self._inflight_bytes += b.rec.notification.size
+            b.cost = int(b.rec.notification.size * self._expansion)
+            self._inflight_bytes += b.cost
             b.future = self._fetch.submit(self._fetch_batch(b.rec))
 
     async def _fetch_batch(self, rec: NotificationRecord) -> _Decoded:
@@ -423,6 +435,12 @@ class Consumer:
             pos[b.rec.partition] = b.rec.offset
         return pos
 
+    @property
+    def buffered_bytes(self) -> int:
+        """Estimated memory held by batches fetched ahead (bounded by consumer.prefetch_bytes,
+        or one batch if a single one is larger)."""
+        return self._inflight_bytes
+
     def assignment(self) -> list[int]:
         return sorted(self._notify.assignment())
 
@@ -459,13 +477,13 @@ class Consumer:
             self._queue.remove(b)
             if b.future is not None:
                 b.future.cancel()
-                self._inflight_bytes -= b.rec.notification.size
+                self._inflight_bytes -= b.cost
         cur = self._current
         if cur is not None and cur.rec.partition in partitions:
             deque(cur.cur, maxlen=0)                # exhaust it: a live poll iterator stops too
             cur.next_msg = len(cur.messages)
             self._current = None
-            self._inflight_bytes -= cur.rec.notification.size
+            self._inflight_bytes -= cur.cost
 
     def _on_assign(self, partitions: list[int]) -> None:
         log.info("consumer %s/%s assigned %s", self.group_id, self.topic, partitions)
