@@ -83,6 +83,16 @@ def test_produce_then_consume_round_trip(served: tuple[Path, str]) -> None:
 
 
 @pytest.mark.timeout(60)
+def test_status_shows_brokers_and_fails_when_one_is_down(served: tuple[Path, str]) -> None:
+    path, topic = served
+    r = memq("status", config=path)
+    assert r.returncode == 0, r.stderr.decode()
+    assert b"broker cli" in r.stdout and topic.encode() in r.stdout and b"kafka" in r.stdout
+    r = memq("status", "--brokers", "http://127.0.0.1:9", config=path)   # nothing listens there
+    assert r.returncode == 1 and b"down" in r.stdout
+
+
+@pytest.mark.timeout(60)
 def test_topic_commands(devcluster: DevCluster, tmp_path: Path) -> None:
     path = tmp_path / "c.toml"
     path.write_text(config_toml(devcluster.config(cluster="clitopics")))
