@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -90,6 +91,28 @@ def test_status_shows_brokers_and_fails_when_one_is_down(served: tuple[Path, str
     assert b"broker cli" in r.stdout and topic.encode() in r.stdout and b"kafka" in r.stdout
     r = memq("status", "--brokers", "http://127.0.0.1:9", config=path)   # nothing listens there
     assert r.returncode == 1 and b"down" in r.stdout
+
+
+@pytest.mark.timeout(90)
+def test_broker_command_serves_until_sigterm(devcluster: DevCluster, tmp_path: Path) -> None:
+    path = tmp_path / "broker.toml"
+    config = devcluster.config(topics=[TopicConfig(name=f"bk-{uuid.uuid4().hex[:6]}")])
+    path.write_text(config_toml(dataclasses.replace(config, broker=BrokerConfig(broker_id="clib"))))
+    proc = subprocess.Popen([MEMQ, "broker", "--config", str(path)], stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline().decode()
+        url = re.search(r"listening on (\S+)", line)
+        assert url, line
+        with urllib.request.urlopen(url.group(1) + "/healthz", timeout=5) as resp:
+            assert resp.status == 200
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
 
 
 @pytest.mark.timeout(60)
