@@ -25,7 +25,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from itertools import islice, repeat
 from operator import add, length_hint
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 from memq.client._fetcher import FetchLoop
 from memq.config import MemqConfig, TopicConfig
@@ -61,6 +61,13 @@ class ConsumerRecord(NamedTuple):
     epoch: int
     sequence: int
     location: ObjectLocation
+
+
+class ConsumedSink(Protocol):
+    """The consumer half of docs/ARCHITECTURE.md's AuditSink."""
+
+    def consumed(self, *, topic: str, group: str, producer_id: int, epoch: int, sequence: int,
+                 count: int, digest: int, created_ms: int, consumed_ms: int) -> None: ...
 
 
 @dataclass
@@ -127,7 +134,7 @@ class Consumer:
     """
 
     def __init__(self, config: MemqConfig, topic: str, *, group_id: str | None = None,
-                 audit: object | None = None, subscribe: bool = True,
+                 audit: ConsumedSink | None = None, subscribe: bool = True,
                  on_assign: Callable[[list[int]], None] | None = None,
                  on_revoke: Callable[[list[int]], None] | None = None) -> None:
         cc = config.consumer if group_id is None else replace(config.consumer, group_id=group_id)
@@ -247,7 +254,7 @@ class Consumer:
     def _message_done(self, b: _Batch) -> None:
         header = b.cur_header
         if header is not None and self._audit is not None:
-            self._audit.consumed(topic=self.topic, group=self.group_id, producer_id=header.producer_id,  # type: ignore[attr-defined]
+            self._audit.consumed(topic=self.topic, group=self.group_id, producer_id=header.producer_id,
                                  epoch=header.epoch, sequence=header.sequence, count=header.count,
                                  digest=header.body_crc32c, created_ms=header.created_ms,
                                  consumed_ms=int(time.time() * 1000))
