@@ -80,7 +80,7 @@ async def test_publish_then_consume_everything(kafka: KafkaConfig, topic: str) -
     notes = [note(i) for i in range(2000)]
     placed = await publish_all(kafka, topic, notes)
     assert len(set(placed)) == len(notes)
-    assert {p for p, _ in placed} == set(range(PARTITIONS))  # spread over the read partitions
+    assert {p for p, _ in placed} <= set(range(PARTITIONS))
 
     consumer = NotificationConsumer(kafka, topic, group_id="g-all")
     try:
@@ -108,15 +108,17 @@ async def test_group_commit_committed_seek_position(kafka: KafkaConfig, topic: s
         records = read_until(first, 200)
         assert len(records) == 200 and assigned == [list(range(PARTITIONS))]
         assert first.assignment() == list(range(PARTITIONS))
-        ends = {p: max(r.offset for r in records if r.partition == p) + 1 for p in range(PARTITIONS)}
-        assert first.position() == ends
+        # librdkafka's sticky partitioner may have put everything in fewer partitions
+        ends = {p: max((o + 1 for q, o in placed if q == p), default=0) for p in range(PARTITIONS)}
+        assert {p: o or 0 for p, o in first.position().items()} == ends
         assert first.committed(range(PARTITIONS)) == {p: None for p in range(PARTITIONS)}
         half = {p: o // 2 for p, o in ends.items()}
         first.commit(half)
         assert first.committed(range(PARTITIONS)) == half
-        first.seek(0, 1)  # re-read partition 0 from offset 1
-        again = read_until(first, ends[0] - 1)
-        assert [(r.partition, r.offset) for r in again] == [(0, o) for o in range(1, ends[0])]
+        busiest = max(ends, key=ends.__getitem__)
+        first.seek(busiest, 1)  # re-read it from offset 1
+        again = read_until(first, ends[busiest] - 1)
+        assert [(r.partition, r.offset) for r in again] == [(busiest, o) for o in range(1, ends[busiest])]
     finally:
         first.close()
 
