@@ -10,21 +10,17 @@ count; totals with the join are reported too. Each side reads every message in P
 from __future__ import annotations
 
 import asyncio
-import dataclasses
-import tempfile
 import time
 import uuid
-from pathlib import Path
 
 from confluent_kafka import Consumer as KafkaConsumer
 from confluent_kafka import Producer as KafkaProducer
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from bench._cluster import bench_cluster
 from memq.client.consumer import Consumer
 from memq.client.producer import Producer
-from memq.config import BrokerConfig, KafkaConfig, MemqConfig, TopicConfig
-from memq.devcluster import DevCluster
-from memq.devcluster.broker_process import BrokerProcess
+from memq.config import KafkaConfig, MemqConfig, TopicConfig
 
 VALUE_BYTES = 100
 PARTITIONS = 3
@@ -101,18 +97,16 @@ def _read_kafka(kafka: KafkaConfig, topic: str, n: int) -> tuple[float, float]:
 def run(quick: bool) -> dict:
     n = 1_000_000 if quick else 2_000_000
     name = f"bench-consume-{uuid.uuid4().hex[:6]}"
-    with tempfile.TemporaryDirectory(prefix="memq-bench-") as tmp, DevCluster(Path(tmp) / "cluster") as dc:
-        config = dc.config(topics=[TopicConfig(name=name, read_partitions=PARTITIONS)])
-        with BrokerProcess(dataclasses.replace(config, broker=BrokerConfig(broker_id="bench")), Path(tmp)) as broker:
-            config = dataclasses.replace(config, producer=dataclasses.replace(config.producer, brokers=broker.url))
-            print(f"producing {n:,} messages of {VALUE_BYTES} B to memq and to Kafka", flush=True)
-            _produce_memq(config, name, n)
-            assert dc.kafka_bootstrap is not None
-            _produce_kafka(dc.kafka_bootstrap, name + "-kafka", n)
-            memq_s, memq_total_s = _read_memq(config, name, n)
-            print(f"memq consumer:  {n / memq_s:,.0f} msg/s ({memq_total_s:.1f} s with group join)", flush=True)
-            kafka_s, kafka_total_s = _read_kafka(config.kafka, name + "-kafka", n)
-            print(f"kafka consumer: {n / kafka_s:,.0f} msg/s ({kafka_total_s:.1f} s with group join)", flush=True)
+    with bench_cluster([TopicConfig(name=name, read_partitions=PARTITIONS)]) as bc:
+        dc, config = bc.dc, bc.config
+        print(f"producing {n:,} messages of {VALUE_BYTES} B to memq and to Kafka", flush=True)
+        _produce_memq(config, name, n)
+        assert dc.kafka_bootstrap is not None
+        _produce_kafka(dc.kafka_bootstrap, name + "-kafka", n)
+        memq_s, memq_total_s = _read_memq(config, name, n)
+        print(f"memq consumer:  {n / memq_s:,.0f} msg/s ({memq_total_s:.1f} s with group join)", flush=True)
+        kafka_s, kafka_total_s = _read_kafka(config.kafka, name + "-kafka", n)
+        print(f"kafka consumer: {n / kafka_s:,.0f} msg/s ({kafka_total_s:.1f} s with group join)", flush=True)
     return {
         "ratios": {"vs_kafka": round(kafka_s / memq_s, 2)},
         "messages": n,

@@ -14,25 +14,19 @@ Cases, all on one dev cluster started here (moto S3 server, tansu Kafka) and one
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import os
-import re
-import tempfile
 import time
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import boto3
 from botocore.config import Config
 from confluent_kafka import Producer as KafkaProducer
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from bench._cluster import bench_cluster, broker_samples
 from memq.audit.emitter import AuditEmitter
 from memq.client.producer import Producer
-from memq.config import BrokerConfig, ProducerConfig, TopicConfig
-from memq.devcluster import DevCluster
-from memq.devcluster.broker_process import BrokerProcess
+from memq.config import ProducerConfig, TopicConfig
 
 GiB = 1024 ** 3
 MiB = 1024 ** 2
@@ -104,54 +98,48 @@ def _raw_put_mbps(endpoint: str, bucket: str, total_bytes: int) -> float:
 
 def _broker_batches(url: str, topic: str) -> tuple[int, float]:
     """(batch objects, bytes stored) for `topic`, from the broker's Prometheus metrics."""
-    text = urllib.request.urlopen(url + "/metrics", timeout=10).read().decode()
-    count = re.search(rf'memq_broker_batch_bytes_count{{topic="{topic}"}} (\S+)', text)
-    total = re.search(rf'memq_broker_batch_bytes_sum{{topic="{topic}"}} (\S+)', text)
-    assert count and total, "broker metrics lack memq_broker_batch_bytes"
-    return int(float(count[1])), float(total[1])
+    mine = {s.name: s.value for s in broker_samples(url, "memq_broker_batch_bytes") if s.labels.get("topic") == topic}
+    return int(mine["memq_broker_batch_bytes_count"]), mine["memq_broker_batch_bytes_sum"]
 
 
 def run(quick: bool) -> dict:
     n_small = 400_000 if quick else 2_000_000
     large_bytes = 256 * MiB if quick else 1 * GiB
-    with tempfile.TemporaryDirectory(prefix="memq-bench-") as tmp, \
-            DevCluster(Path(tmp) / "cluster", zookeeper=False) as dc:
-        topics = (TopicConfig("bench-small", batch_bytes=BATCH_BYTES, ring_slots=RING_SLOTS),
-                  TopicConfig("bench-large", batch_bytes=BATCH_BYTES, ring_slots=RING_SLOTS))
-        config = dc.config(topics=topics)
-        config = dataclasses.replace(config, broker=BrokerConfig(broker_id="bench1"))
-        with BrokerProcess(config, Path(tmp) / "brokers") as broker:
-            print(f"broker at {broker.url}; S3 {dc.s3_endpoint}; Kafka {dc.kafka_bootstrap}", flush=True)
-            small = _values(SMALL, n_small)
-            asyncio.run(_memq(broker.url, "bench-small", small[:20_000]))       # warm up connections
-            memq_s = asyncio.run(_memq(broker.url, "bench-small", small))
-            memq_rate = n_small / memq_s
-            print(f"memq  ack=all {SMALL} B: {memq_rate:,.0f} msg/s", flush=True)
-            # Audit on vs off: interleaved pairs, best of each, so drift on a shared machine cancels.
-            sink = AuditEmitter(config.kafka, config.audit, config.cluster.name, client_id="bench")
-            try:
-                audited_rate, off_rate = 0.0, memq_rate
-                for _ in range(2):
-                    audited_rate = max(audited_rate, n_small / asyncio.run(
-                        _memq(broker.url, "bench-small", small, audit=sink)))
-                    off_rate = max(off_rate, n_small / asyncio.run(_memq(broker.url, "bench-small", small)))
-            finally:
-                sink.close()
-            print(f"memq  ack=all {SMALL} B, audit on: {audited_rate:,.0f} msg/s vs off {off_rate:,.0f} "
-                  f"({sink.stats().sent} audit records sent)", flush=True)
-            kafka_s = _kafka(dc.kafka_bootstrap or "", "bench-kafka-small", small)
-            kafka_rate = n_small / kafka_s
-            print(f"kafka acks=all {SMALL} B: {kafka_rate:,.0f} msg/s", flush=True)
-            del small
+    topics = (TopicConfig("bench-small", batch_bytes=BATCH_BYTES, ring_slots=RING_SLOTS),
+              TopicConfig("bench-large", batch_bytes=BATCH_BYTES, ring_slots=RING_SLOTS))
+    with bench_cluster(topics, broker_id="bench1", zookeeper=False) as bc:
+        dc, config, broker = bc.dc, bc.config, bc.broker
+        print(f"broker at {broker.url}; S3 {dc.s3_endpoint}; Kafka {dc.kafka_bootstrap}", flush=True)
+        small = _values(SMALL, n_small)
+        asyncio.run(_memq(broker.url, "bench-small", small[:20_000]))       # warm up connections
+        memq_s = asyncio.run(_memq(broker.url, "bench-small", small))
+        memq_rate = n_small / memq_s
+        print(f"memq  ack=all {SMALL} B: {memq_rate:,.0f} msg/s", flush=True)
+        # Audit on vs off: interleaved pairs, best of each, so drift on a shared machine cancels.
+        sink = AuditEmitter(config.kafka, config.audit, config.cluster.name, client_id="bench")
+        try:
+            audited_rate, off_rate = 0.0, memq_rate
+            for _ in range(2):
+                audited_rate = max(audited_rate, n_small / asyncio.run(
+                    _memq(broker.url, "bench-small", small, audit=sink)))
+                off_rate = max(off_rate, n_small / asyncio.run(_memq(broker.url, "bench-small", small)))
+        finally:
+            sink.close()
+        print(f"memq  ack=all {SMALL} B, audit on: {audited_rate:,.0f} msg/s vs off {off_rate:,.0f} "
+              f"({sink.stats().sent} audit records sent)", flush=True)
+        kafka_s = _kafka(dc.kafka_bootstrap or "", "bench-kafka-small", small)
+        kafka_rate = n_small / kafka_s
+        print(f"kafka acks=all {SMALL} B: {kafka_rate:,.0f} msg/s", flush=True)
+        del small
 
-            large = [os.urandom(LARGE) for _ in range(large_bytes // LARGE)]
-            memq_large_s = asyncio.run(_memq(broker.url, "bench-large", large))
-            memq_mbps = large_bytes / MiB / memq_large_s
-            print(f"memq  ack=all 64 KiB: {memq_mbps:,.1f} MB/s", flush=True)
-            batches, stored = _broker_batches(broker.url, "bench-large")
-            del large
-            raw_mbps = _raw_put_mbps(dc.s3_endpoint or "", config.s3.bucket, large_bytes)
-            print(f"raw boto3 PUT {BATCH_BYTES // MiB} MiB x{RING_SLOTS - 1}: {raw_mbps:,.1f} MB/s", flush=True)
+        large = [os.urandom(LARGE) for _ in range(large_bytes // LARGE)]
+        memq_large_s = asyncio.run(_memq(broker.url, "bench-large", large))
+        memq_mbps = large_bytes / MiB / memq_large_s
+        print(f"memq  ack=all 64 KiB: {memq_mbps:,.1f} MB/s", flush=True)
+        batches, stored = _broker_batches(broker.url, "bench-large")
+        del large
+        raw_mbps = _raw_put_mbps(dc.s3_endpoint or "", config.s3.bucket, large_bytes)
+        print(f"raw boto3 PUT {BATCH_BYTES // MiB} MiB x{RING_SLOTS - 1}: {raw_mbps:,.1f} MB/s", flush=True)
     puts_per_gib = batches / (stored / GiB)
     ideal = GiB / BATCH_BYTES
     print(f"puts per GiB: {puts_per_gib:.1f} (ideal {ideal:.0f}, target <= {1.05 * ideal:.1f})", flush=True)
