@@ -1,13 +1,23 @@
-"""Which brokers host a topic, learned from any broker's `/v1/metadata` and from NOT_HERE acks."""
+"""Which brokers host a topic, learned from any broker's `/v1/metadata` and from NOT_HERE acks.
+
+A broker whose connection failed is skipped for `DOWN_S` (unless every broker of the topic
+is down), and the topics it hosted are re-learned from the other brokers, so retries go to
+survivors at once instead of waiting for the cluster's view (the governor's, after a
+ZooKeeper session timeout) to drop it.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import itertools
+import time
 
 import aiohttp
 
 from memq.errors import BrokerUnavailableError, UnknownTopicError
+
+
+DOWN_S = 10.0   # longer than a governor needs to move a dead broker's topics (session timeout + a cycle)
 
 
 class TopicRouter:
@@ -19,6 +29,8 @@ class TopicRouter:
         self._timeout_s = timeout_s
         self._topics: dict[str, list[str]] = {}
         self._cursor: dict[str, itertools.cycle[str]] = {}
+        self._down: dict[str, float] = {}                # url -> monotonic time it may be tried again
+        self._refreshing: dict[str, asyncio.Future[list[str]]] = {}
 
     async def brokers_for(self, topic: str) -> list[str]:
         """The brokers hosting `topic`; asks the cluster on a miss. UnknownTopicError if none does."""
@@ -28,12 +40,41 @@ class TopicRouter:
         return await self.refresh(topic)
 
     async def next_broker(self, topic: str) -> str:
-        """Round-robin over the topic's brokers, to spread its Messages."""
+        """Round-robin over the topic's usable brokers, to spread its Messages."""
         brokers = await self.brokers_for(topic)
         cursor = self._cursor.get(topic)
         if cursor is None:
             cursor = self._cursor[topic] = itertools.cycle(brokers)
-        return next(cursor)
+        for _ in brokers:
+            url = next(cursor)
+            if not self._is_down(url):
+                return url
+        return next(cursor)   # all down: try anyway (a restarted broker comes back on its URL)
+
+    def broker_failed(self, url: str) -> None:
+        """A connection to `url` failed: skip it for DOWN_S and re-learn the topics it hosted."""
+        self._down[url] = time.monotonic() + DOWN_S
+        for topic, brokers in list(self._topics.items()):
+            if url in brokers:
+                self.forget(topic)
+
+    def can_fail_over(self, topic: str) -> bool:
+        """Whether a retry may find a usable broker for `topic` now: one is known, or the
+        topic is about to be re-learned."""
+        brokers = self._topics.get(topic)
+        return not brokers or any(not self._is_down(b) for b in brokers)
+
+    def broker_ok(self, url: str) -> None:
+        self._down.pop(url, None)
+
+    def _is_down(self, url: str) -> bool:
+        until = self._down.get(url)
+        if until is None:
+            return False
+        if until <= time.monotonic():
+            del self._down[url]
+            return False
+        return True
 
     def redirect(self, topic: str, brokers: tuple[str, ...]) -> None:
         """A NOT_HERE ack named where the topic lives now (or nothing: forget and ask again)."""
@@ -48,11 +89,30 @@ class TopicRouter:
         self._cursor.pop(topic, None)
 
     async def refresh(self, topic: str) -> list[str]:
-        """Ask every known broker for metadata (concurrently) and merge what they host."""
-        results = await asyncio.gather(*(self._fetch(u) for u in list(self._known)), return_exceptions=True)
+        """Ask every known usable broker for metadata (concurrently) and merge what they host;
+        concurrent callers for one topic share one round."""
+        pending = self._refreshing.get(topic)
+        if pending is not None:
+            return await asyncio.shield(pending)
+        fut: asyncio.Future[list[str]] = asyncio.get_running_loop().create_future()
+        self._refreshing[topic] = fut
+        try:
+            brokers = await self._refresh(topic)
+            fut.set_result(brokers)
+            return brokers
+        except BaseException as e:
+            fut.set_exception(e)
+            fut.exception()   # mark retrieved: waiters re-raise it themselves
+            raise
+        finally:
+            del self._refreshing[topic]
+
+    async def _refresh(self, topic: str) -> list[str]:
+        asked = [u for u in self._known if not self._is_down(u)] or list(self._known)
+        results = await asyncio.gather(*(self._fetch(u) for u in asked), return_exceptions=True)
         answered = [r for r in results if isinstance(r, dict)]
         if not answered:
-            raise BrokerUnavailableError(f"no broker answered /v1/metadata (tried {', '.join(self._known)}): "
+            raise BrokerUnavailableError(f"no broker answered /v1/metadata (tried {', '.join(asked)}): "
                                          f"{results[0]!r}")
         hosting: dict[str, None] = {}
         for md in answered:

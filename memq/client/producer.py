@@ -113,6 +113,7 @@ class _Message:
     waiters: list[_Waiter]
     done: asyncio.Future[None]
     attempt: int = 0
+    failed_over: bool = False            # the last retry skipped its backoff (only one in a row may)
     request_id: int = 0
     conn: BrokerConnection | None = None
     timer: asyncio.TimerHandle | None = None
@@ -327,14 +328,20 @@ class Producer:
         request_id = self._next_request_id
         self._next_request_id += 1
         msg.request_id = request_id
+        router = self._router_for()
         try:
-            url = await self._router_for().next_broker(msg.topic)
-            conn = await self._connection(url)
+            url = await router.next_broker(msg.topic)
         except UnknownTopicError as e:
             self._finish(msg, e)
             return
         except BrokerUnavailableError as e:
             self._retry_or_fail(msg, str(e), ProduceError)
+            return
+        try:
+            conn = await self._connection(url)
+        except BrokerUnavailableError as e:
+            router.broker_failed(url)
+            self._retry_or_fail(msg, str(e), ProduceError, failover=True)
             return
         msg.conn = conn
         self._in_flight[request_id] = msg
@@ -346,7 +353,8 @@ class Producer:
         except BrokerUnavailableError as e:
             if self._in_flight.pop(request_id, None) is msg:
                 self._cancel_timer(msg)
-                self._retry_or_fail(msg, str(e), ProduceError)
+                self._router_for().broker_failed(conn.url)
+                self._retry_or_fail(msg, str(e), ProduceError, failover=True)
             return
         if self._ack is AckLevel.NONE:
             self._in_flight.pop(request_id, None)
@@ -379,11 +387,13 @@ class Producer:
     def _on_lost(self, conn: BrokerConnection, why: str) -> None:
         if self._conns.get(conn.url) is conn:
             del self._conns[conn.url]
+        if not self._closed:
+            self._router_for().broker_failed(conn.url)
         for rid, msg in list(self._in_flight.items()):
             if msg.conn is conn:
                 del self._in_flight[rid]
                 self._cancel_timer(msg)
-                self._retry_or_fail(msg, f"connection to {conn.url} lost: {why}", ProduceError)
+                self._retry_or_fail(msg, f"connection to {conn.url} lost: {why}", ProduceError, failover=True)
 
     def _timed_out(self, msg: _Message, request_id: int) -> None:
         if self._in_flight.pop(request_id, None) is not msg:
@@ -391,15 +401,21 @@ class Producer:
         self._retry_or_fail(msg, f"topic {msg.topic} sequence {msg.sequence}: no ack within "
                                  f"request_timeout_ms={self.config.request_timeout_ms}", ProducerTimeoutError)
 
-    def _retry_or_fail(self, msg: _Message, why: str, error: type[MemqError]) -> None:
+    def _retry_or_fail(self, msg: _Message, why: str, error: type[MemqError], *, failover: bool = False) -> None:
+        """Retry after a jittered exponential backoff; a broker's failure (`failover`) is retried at
+        once on another broker when the topic has one (never twice in a row, so a cluster that
+        is all down still gets backoff)."""
         if msg.attempt > self.config.retries or self._closed:
             self._finish(msg, error(f"{why} (after {msg.attempt} attempts)"))
             return
-        backoff = min(self.config.retry_backoff_ms / 1000 * 2 ** (msg.attempt - 1), _MAX_BACKOFF_S)
+        msg.failed_over = (failover and not msg.failed_over and self._router_for().can_fail_over(msg.topic))
+        backoff = 0.0 if msg.failed_over else min(self.config.retry_backoff_ms / 1000 * 2 ** (msg.attempt - 1),
+                                                  _MAX_BACKOFF_S)
         log.info("retrying %s in %.2fs: %s", msg.topic, backoff, why)
 
         async def later() -> None:
-            await asyncio.sleep(backoff * (0.5 + random.random() / 2))
+            if backoff:
+                await asyncio.sleep(backoff * (0.5 + random.random() / 2))
             await self._attempt(msg)
         self._spawn(later())
 
@@ -459,6 +475,7 @@ class Producer:
                                     timeout_s=self._timeout_s,
                                     max_frame_bytes=self.config.max_message_bytes + REQUEST_HEADER_SIZE)
             await conn.connect()
+            self._router_for().broker_ok(url)
             self._conns[url] = conn
             fut.set_result(conn)
             return conn
