@@ -15,8 +15,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from confluent_kafka import OFFSET_BEGINNING, TopicPartition
+from confluent_kafka import Consumer as KafkaConsumer
 
-from memq.config import BrokerConfig, MemqConfig, TopicConfig
+from memq.audit.records import AuditRecord, Kind, decode_records
+from memq.config import BrokerConfig, MemqConfig, TopicConfig, load_config
 from memq.devcluster import DevCluster
 from memq.devcluster.broker_process import BrokerProcess, config_toml
 
@@ -81,6 +84,33 @@ def test_produce_then_consume_round_trip(served: tuple[Path, str]) -> None:
     r = memq("consume", topic, "--group", group, "--count", "--max-messages", "5000", "--idle-timeout", "20",
              config=path)
     assert r.returncode == 0 and b"5,000 messages" in r.stderr, r.stderr.decode()
+    # both commands emitted audit records (flushed before they exited)
+    records = [r for r in audit_records(load_config(path)) if r.topic == topic]
+    assert sum(r.count for r in records if r.kind == Kind.PRODUCED) == 3000 + 5000
+    assert sum(r.count for r in records if r.kind == Kind.CONSUMED and r.group == group) == 3000 + 5000
+
+
+def audit_records(config: MemqConfig, timeout_s: float = 30) -> list[AuditRecord]:
+    """Every record on the cluster's audit topic, read from the beginning to the high watermarks."""
+    name = config.audit.topic_for(config.cluster.name)
+    c = KafkaConsumer({"bootstrap.servers": config.kafka.bootstrap_servers, "group.id": f"v-{uuid.uuid4().hex}",
+                       "enable.auto.commit": False})
+    try:
+        parts = list(c.list_topics(name, timeout=10).topics[name].partitions)
+        high = {p: c.get_watermark_offsets(TopicPartition(name, p), timeout=10)[1] for p in parts}
+        c.assign([TopicPartition(name, p, OFFSET_BEGINNING) for p in parts])
+        pos = dict.fromkeys(parts, 0)
+        out: list[AuditRecord] = []
+        deadline = time.monotonic() + timeout_s
+        while any(pos[p] < high[p] for p in parts):
+            assert time.monotonic() < deadline, f"audit topic not read within {timeout_s}s: {pos} of {high}"
+            for m in c.consume(500, 0.5):
+                if m.error() is None:
+                    out.extend(decode_records(m.value())[1])
+                    pos[m.partition()] = m.offset() + 1
+        return out
+    finally:
+        c.close()
 
 
 @pytest.mark.timeout(60)
@@ -181,7 +211,11 @@ def test_memq_dev_serves_a_round_trip_and_stops_clean(tmp_path: Path) -> None:
             line = proc.stdout.readline().decode()
             if m := re.match(r"^(\w[\w ]*):\s+(\S.*)$", line):
                 endpoints[m.group(1)] = m.group(2).strip()
-        assert {"S3", "Kafka", "ZooKeeper", "brokers"} <= endpoints.keys()
+        assert {"S3", "Kafka", "ZooKeeper", "brokers", "audit"} <= endpoints.keys()
+        audit = re.fullmatch(r"http://127\.0\.0\.1:(\d+)/", endpoints["audit"])
+        assert audit and int(audit[1]) != 8090, endpoints["audit"]      # a free port, not a fixed one
+        with urllib.request.urlopen(endpoints["audit"], timeout=10) as resp:
+            assert resp.status == 200
         config = Path(endpoints["config"])
         marker = uuid.uuid4().hex
         r = memq("produce", "demo", config=config, input=f"{marker} one\n{marker} two\n".encode())

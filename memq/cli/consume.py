@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 import time
-from contextlib import nullcontext
+from contextlib import closing, nullcontext
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
@@ -12,6 +12,7 @@ import click
 from rich.console import Console
 from rich.live import Live
 
+from memq.audit.emitter import make_audit_sink
 from memq.cli._common import config_of
 
 if TYPE_CHECKING:
@@ -41,7 +42,10 @@ def consume(ctx: click.Context, topic: str, group: str | None, from_beginning: b
     seen = 0
     start = time.monotonic()
     live = Live(console=err, transient=False, refresh_per_second=4, redirect_stdout=False)
-    with Consumer(config, topic, group_id=group) as consumer, live if count_only else nullcontext():
+    audit = make_audit_sink(config, client_id="memq-consume")   # None when [audit] enabled = false
+    with closing(audit) if audit is not None else nullcontext(), \
+            Consumer(config, topic, group_id=group, audit=audit) as consumer, \
+            live if count_only else nullcontext():
         try:
             _wait_assignment(consumer, 30.0)
             if from_beginning:

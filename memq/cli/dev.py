@@ -38,10 +38,12 @@ _DEMO_GROUP = "memq-dev-demo"
               help="Demo messages per second (0: no demo traffic).")
 @click.option("--duration", type=click.FloatRange(min=0, min_open=True), default=None,
               help="Stop by itself after this many seconds.")
+@click.option("--audit-port", type=click.IntRange(0, 65535), default=0, show_default=True,
+              help="Port of the audit dashboard (0: a free one, printed as 'audit:').")
 @click.option("--run-dir", type=click.Path(file_okay=False, path_type=Path), default=Path(".memq-run/dev"),
               show_default=True, help="Logs, ZooKeeper data and the generated client config.")
 def dev(broker_count: int, topic_name: str, partitions: int, rate: float, duration: float | None,
-        run_dir: Path) -> None:
+        audit_port: int, run_dir: Path) -> None:
     """Run memq locally: S3, Kafka, ZooKeeper, brokers and demo traffic (Ctrl-C stops)."""
     from memq.client.consumer import notification_topic
     from memq.devcluster import DevCluster
@@ -76,7 +78,8 @@ def dev(broker_count: int, topic_name: str, partitions: int, rate: float, durati
             # Further services (e.g. the audit dashboard) start here and add their endpoint.
             if config.audit.enabled:
                 from memq.audit.dashboard import AuditThread
-                audit = stack.enter_context(AuditThread(config, db_path=str(run_dir / "audit.db")))
+                audit = stack.enter_context(AuditThread(config, db_path=str(run_dir / "audit.db"),
+                                                             port=audit_port))
                 endpoints["audit"] = audit.url
             endpoints["config"] = str(config_path)
             endpoints["logs"] = str(run_dir)

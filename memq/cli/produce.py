@@ -15,11 +15,12 @@ import click
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from memq.audit.emitter import make_audit_sink
 from memq.cli._common import config_of, require
 from memq.config import ProducerConfig
 
 if TYPE_CHECKING:
-    from memq.client.producer import Delivery
+    from memq.client.producer import AuditSink, Delivery
 
 _CHUNK = 10_000          # records per send_batch call
 _READ_BYTES = 1 << 16
@@ -45,10 +46,15 @@ def produce(ctx: click.Context, topic: str, ack: str | None, brokers: str | None
     require(pc.brokers, "producer.brokers", "--brokers")
     err = Console(stderr=True)
     start = time.monotonic()
-    if generate is not None:
-        sent = asyncio.run(_generated(pc, topic, generate, size, rate, err))
-    else:
-        sent = asyncio.run(_send(pc, topic, _stdin_chunks(keys)))
+    audit = make_audit_sink(config, client_id="memq-produce")   # None when [audit] enabled = false
+    try:
+        if generate is not None:
+            sent = asyncio.run(_generated(pc, topic, generate, size, rate, err, audit))
+        else:
+            sent = asyncio.run(_send(pc, topic, _stdin_chunks(keys), audit))
+    finally:
+        if audit is not None:
+            audit.close()
     elapsed = time.monotonic() - start
     err.print(f"{sent:,} messages to {topic} in {elapsed:.1f} s ({sent / max(elapsed, 1e-9):,.0f} msg/s, ack={pc.ack})")
 
@@ -73,12 +79,13 @@ def _split(line: bytes, keys: bool) -> tuple[bytes, bytes | None]:
     return (value, key) if tab else (line, None)
 
 
-async def _send(pc: ProducerConfig, topic: str, chunks: AsyncIterator[list[tuple[bytes, bytes | None]]]) -> int:
+async def _send(pc: ProducerConfig, topic: str, chunks: AsyncIterator[list[tuple[bytes, bytes | None]]],
+                audit: AuditSink | None) -> int:
     from memq.client.producer import Producer
 
     sent = 0
     pending: deque[asyncio.Future[list[Delivery]]] = deque()
-    async with Producer(pc) as producer:
+    async with Producer(pc, audit=audit) as producer:
         async for chunk in chunks:
             values = [v for v, _ in chunk]
             ks = [k for _, k in chunk]
@@ -92,7 +99,7 @@ async def _send(pc: ProducerConfig, topic: str, chunks: AsyncIterator[list[tuple
 
 
 async def _generated(pc: ProducerConfig, topic: str, count: int, size: int, rate: float | None,
-                     err: Console) -> int:
+                     err: Console, audit: AuditSink | None) -> int:
     from memq.client.producer import Producer
 
     value = (b"memq" * (size // 4 + 1))[:size]
@@ -101,7 +108,7 @@ async def _generated(pc: ProducerConfig, topic: str, count: int, size: int, rate
     start = time.monotonic()
     with Progress(*columns, console=err, transient=False) as progress:
         task = progress.add_task(f"producing to {topic}", total=count)
-        async with Producer(pc) as producer:
+        async with Producer(pc, audit=audit) as producer:
             sent = 0
             while sent < count:
                 n = min(_CHUNK if rate is None else max(1, int(rate / 10)), count - sent)
