@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import struct
 import zlib
 
@@ -19,8 +20,11 @@ from memq.format import (BATCH_PREFIX_SIZE, MAX_BODY_BYTES, MESSAGE_HEADER_SIZE,
                          decode_batch_header, decode_message, decode_message_header,
                          encode_batch, encode_message, iter_batch_messages, object_crc32c,
                          verify_message)
+from memq.format import batch as format_batch
+from memq.format import message as format_message
 from memq.format.batch import _ENTRY, _FIXED, _PREFIX
 from memq.format.message import _HEADER
+from memq.format.records import gc_paused
 
 I64 = st.integers(-(2**63), 2**63 - 1)
 log_messages = st.builds(
@@ -474,3 +478,70 @@ def test_empty_batch_round_trips():
     header, messages = decode_batch(obj)
     assert (header.message_count, header.logmessage_count, header.object_size, messages) == (
         0, 0, len(obj), [])
+
+
+# --- GC pause around decoding --------------------------------------------------------------
+
+
+@pytest.fixture
+def gc_state():
+    """Restores the interpreter's GC flag whatever a test leaves behind."""
+    was = gc.isenabled()
+    yield
+    (gc.enable if was else gc.disable)()
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_decoders_restore_gc_state_also_when_they_raise(gc_state, enabled):
+    (gc.enable if enabled else gc.disable)()
+    obj, msgs = batch()
+    fixed, bid, entries, rest = _batch_parts(obj)
+    entries[0][2] += 1
+    fixed[1] += 1  # the Message disagrees with the index: raises inside the batch's pause
+    bad_body = rebody(message(codec=Codec.NONE), b"\x92\x01\x02", raw_length=3, count=2)
+    assert decode_message(msgs[0])[1] == records(4, base=0)
+    assert gc.isenabled() is enabled
+    assert len(decode_batch(obj)[1]) == 3
+    assert gc.isenabled() is enabled
+    with pytest.raises(CorruptDataError, match="not arrays"):
+        decode_message(bad_body)
+    assert gc.isenabled() is enabled
+    with pytest.raises(CorruptDataError, match="Message 0 holds 4"):
+        decode_batch(_rebuild(fixed, bid, entries, rest))
+    assert gc.isenabled() is enabled
+
+
+def test_records_are_unpacked_with_the_gc_paused_for_the_whole_batch(gc_state, monkeypatch):
+    gc.enable()
+    seen: list[tuple[str, bool]] = []
+
+    def spy(name, fn):
+        def wrapped(*args, **kwargs):
+            seen.append((name, gc.isenabled()))
+            return fn(*args, **kwargs)
+        return wrapped
+
+    monkeypatch.setattr(format_message, "unpack_records",
+                        spy("unpack", format_message.unpack_records))
+    monkeypatch.setattr(format_batch, "decode_message", spy("message", decode_message))
+    obj, msgs = batch(n_messages=2)
+    decode_message(msgs[0])
+    decode_batch(obj)
+    # Between a batch's Messages too: collections there would rescan its decoded records.
+    assert seen == [("unpack", False), ("message", False), ("unpack", False),
+                    ("message", False), ("unpack", False)]
+    assert gc.isenabled()
+
+
+def test_gc_paused_nests_and_leaves_a_disabled_gc_alone(gc_state):
+    gc.enable()
+    with gc_paused():
+        with gc_paused():
+            assert not gc.isenabled()
+        assert not gc.isenabled()  # the inner block does not resume it early
+    assert gc.isenabled()
+    gc.disable()
+    with pytest.raises(ValueError):
+        with gc_paused():
+            raise ValueError("boom")
+    assert not gc.isenabled()

@@ -15,13 +15,11 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import gc
 import logging
 import time
 import uuid
 from collections import OrderedDict, deque
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from itertools import islice, repeat
 from operator import add, length_hint
@@ -33,6 +31,7 @@ from memq.errors import (ConfigError, ConsumerError, DataLossError, FormatError,
                          ObjectNotFoundError)
 from memq.format import (Compressors, LogMessage, MessageHeader, decode_batch, decode_batch_header,
                          decode_message, object_crc32c)
+from memq.format.records import gc_paused
 from memq.notify import NotificationConsumer, NotificationRecord
 from memq.storage import ObjectLocation
 
@@ -96,20 +95,6 @@ class _Batch:
     cur: Iterator[ConsumerRecord] = field(default_factory=lambda: iter(()))
     cur_header: MessageHeader | None = None
     cost: int = 0                                   # bytes reserved in the prefetch budget
-
-
-@contextmanager
-def _gc_paused() -> Iterator[None]:
-    """Pause the cyclic GC while a batch is decoded: building ~10^5 acyclic tuples otherwise
-    triggers repeated full collections over every live record, 3-4x the decode itself (see
-    docs/ARCHITECTURE.md, Decisions). Only the thread that paused it resumes it."""
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
 
 
 def _where(topic: str, rec: NotificationRecord) -> str:
@@ -334,7 +319,7 @@ class Consumer:
             raise lost(f"{len(obj)} bytes, the notification says {n.size}")
         if object_crc32c((obj,)) != n.crc32c:
             raise lost("CRC32C of the object does not match the notification")
-        with _gc_paused():
+        with gc_paused():  # covers the ConsumerRecord pass too: the records stay alive
             try:
                 _, messages = decode_batch(obj, compressors=self._compressors)  # CPU worker only
             except FormatError as e:

@@ -21,7 +21,7 @@ from crc32c import crc32c
 from memq.errors import CorruptDataError, InvalidInputError, UnsupportedVersionError
 from memq.format.codec import Compressors
 from memq.format.message import Buffer, MessageHeader, decode_message
-from memq.format.records import LogMessage
+from memq.format.records import LogMessage, gc_paused
 
 BATCH_MAGIC = b"MQBT"
 BATCH_VERSION = 1
@@ -159,19 +159,24 @@ def _message_views(obj: Buffer, header: BatchHeader) -> Iterator[memoryview]:
 
 def decode_batch(obj: Buffer, *, compressors: Compressors | None = None
                  ) -> tuple[BatchHeader, list[tuple[MessageHeader, list[LogMessage]]]]:
-    """Decode a whole object; every Message must agree with the batch index."""
+    """Decode a whole object; every Message must agree with the batch index.
+
+    One GC pause for the whole object, not one per Message: the records stay alive, so
+    collections between Messages would rescan them (see `gc_paused`)."""
     header = decode_batch_header(obj)
     comp = compressors or Compressors()
     out = []
-    for i, msg in enumerate(_message_views(obj, header)):
-        mh, records = decode_message(msg, compressors=comp)
-        if mh.count != header.message_counts[i]:
-            raise CorruptDataError(f"batch Message {i} holds {mh.count} LogMessages, index "
-                                   f"says {header.message_counts[i]}")
-        if mh.count and not (header.min_timestamp_ms <= mh.min_timestamp_ms
-                             and mh.max_timestamp_ms <= header.max_timestamp_ms):
-            raise CorruptDataError(f"batch Message {i} timestamps fall outside the batch range")
-        out.append((mh, records))
+    with gc_paused():
+        for i, msg in enumerate(_message_views(obj, header)):
+            mh, records = decode_message(msg, compressors=comp)
+            if mh.count != header.message_counts[i]:
+                raise CorruptDataError(f"batch Message {i} holds {mh.count} LogMessages, index "
+                                       f"says {header.message_counts[i]}")
+            if mh.count and not (header.min_timestamp_ms <= mh.min_timestamp_ms
+                                 and mh.max_timestamp_ms <= header.max_timestamp_ms):
+                raise CorruptDataError(f"batch Message {i} timestamps fall outside the batch "
+                                       f"range")
+            out.append((mh, records))
     return header, out
 
 

@@ -18,7 +18,8 @@ from crc32c import crc32c
 
 from memq.errors import CorruptDataError, InvalidInputError, UnsupportedVersionError
 from memq.format.codec import MAX_BODY_BYTES, Codec, Compressors, codec_of
-from memq.format.records import LogMessage, packed_records, timestamp_range, unpack_records
+from memq.format.records import (LogMessage, gc_paused, packed_records, timestamp_range,
+                                 unpack_records)
 
 Buffer = bytes | bytearray | memoryview
 
@@ -118,8 +119,9 @@ def verify_message(buf: Buffer) -> MessageHeader:
 
 def decode_message(buf: Buffer, *, compressors: Compressors | None = None
                    ) -> tuple[MessageHeader, list[LogMessage]]:
-    """Verify, decompress and unpack a Message into its LogMessages."""
+    """Verify, decompress and unpack a Message into its LogMessages (with the GC paused)."""
     header = verify_message(buf)
     body = memoryview(buf)[header.header_size:]
     raw = (compressors or Compressors()).decompress(header.codec, body, header.raw_length)
-    return header, unpack_records(raw, header.count)
+    with gc_paused():
+        return header, unpack_records(raw, header.count)

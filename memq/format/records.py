@@ -3,12 +3,13 @@
 A body is one msgpack array of records, each record the 5-array
 `[value, key, headers, timestamp_ms, message_id]` in `LogMessage` field order. Packing and
 unpacking run inside msgpack's C code; the only per-record Python-visible step on decode is
-re-typing each decoded tuple as a `LogMessage` (`tuple.__new__` via `map`, still C). Decision
-and measurements: docs/ARCHITECTURE.md, "Decisions".
+re-typing each decoded tuple as a `LogMessage` (`tuple.__new__` via `map`, still C). Decoders
+run under `gc_paused`. Decision and measurements: docs/ARCHITECTURE.md, "Decisions".
 """
 
 from __future__ import annotations
 
+import gc
 from contextlib import contextmanager
 from itertools import repeat
 from operator import itemgetter
@@ -42,6 +43,29 @@ def timestamp_range(records: Sequence[LogMessage]) -> tuple[int, int]:
     # about twice as fast as min() plus max().
     stamps.sort()
     return stamps[0], stamps[-1]
+
+
+@contextmanager
+def gc_paused() -> Iterator[None]:
+    """Defer the cyclic GC for the block: the one place decoders pause it.
+
+    Decoding builds thousands of tuples per Message (~10^5 per batch), each a counted GC
+    allocation, so young collections keep scanning the fresh records (and, in a consumer,
+    escalate to full collections over every live record). Decoded records hold only bytes,
+    ints, str and tuples of them, so they form no reference cycles and deferring is safe.
+    The enabled flag is process-wide: nested blocks, or a block entered while the GC is off,
+    change nothing and the outermost block restores it. The trade-off is that other threads'
+    garbage waits for the few ms of a decode, and a thread that turns the GC off during
+    another thread's block finds it back on when that block ends.
+    """
+    if not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
 
 
 @contextmanager
