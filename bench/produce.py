@@ -35,6 +35,7 @@ LARGE = 64 * 1024
 BATCH_BYTES = 8 * MiB
 RING_SLOTS = 4
 CHUNK = 20_000        # values per send_many call
+LARGE_BATCH_MS = 2_000
 
 
 def _values(size: int, n: int) -> list[bytes]:
@@ -105,15 +106,17 @@ def _broker_batches(url: str, topic: str) -> tuple[int, float]:
 def run(quick: bool) -> dict:
     n_small = 400_000 if quick else 2_000_000
     large_bytes = 256 * MiB if quick else 1 * GiB
+    # The large topic's batch_ms is long enough that its batches seal by size (8 MiB arrive in
+    # well under a second at the rates measured here): puts_per_gib checks size sealing, and at
+    # the default 250 ms a producer at ~35 MB/s made time-sealed objects just short of 8 MiB.
     topics = (TopicConfig("bench-small", batch_bytes=BATCH_BYTES, ring_slots=RING_SLOTS),
-              TopicConfig("bench-large", batch_bytes=BATCH_BYTES, ring_slots=RING_SLOTS))
+              TopicConfig("bench-large", batch_bytes=BATCH_BYTES, ring_slots=RING_SLOTS, batch_ms=LARGE_BATCH_MS))
     with bench_cluster(topics, broker_id="bench1", zookeeper=False) as bc:
         dc, config, broker = bc.dc, bc.config, bc.broker
         print(f"broker at {broker.url}; S3 {dc.s3_endpoint}; Kafka {dc.kafka_bootstrap}", flush=True)
         small = _values(SMALL, n_small)
         asyncio.run(_memq(broker.url, "bench-small", small[:20_000]))       # warm up connections
-        memq_s = asyncio.run(_memq(broker.url, "bench-small", small))
-        memq_rate = n_small / memq_s
+        memq_rate = n_small / asyncio.run(_memq(broker.url, "bench-small", small))
         print(f"memq  ack=all {SMALL} B: {memq_rate:,.0f} msg/s", flush=True)
         # Audit on vs off: interleaved pairs, best of each, so drift on a shared machine cancels.
         sink = AuditEmitter(config.kafka, config.audit, config.cluster.name, client_id="bench")
@@ -127,9 +130,12 @@ def run(quick: bool) -> dict:
             sink.close()
         print(f"memq  ack=all {SMALL} B, audit on: {audited_rate:,.0f} msg/s vs off {off_rate:,.0f} "
               f"({sink.stats().sent} audit records sent)", flush=True)
-        kafka_s = _kafka(dc.kafka_bootstrap or "", "bench-kafka-small", small)
-        kafka_rate = n_small / kafka_s
-        print(f"kafka acks=all {SMALL} B: {kafka_rate:,.0f} msg/s", flush=True)
+        # both sides best of 3 runs (memq: the unaudited runs above)
+        best_memq = off_rate
+        kafka_rates = [n_small / _kafka(dc.kafka_bootstrap or "", f"bench-kafka-small-{i}", small) for i in range(3)]
+        kafka_rate = max(kafka_rates)
+        print(f"kafka acks=all {SMALL} B: {', '.join(f'{r:,.0f}' for r in kafka_rates)} msg/s; "
+              f"best memq {best_memq:,.0f} vs kafka {kafka_rate:,.0f}", flush=True)
         del small
 
         large = [os.urandom(LARGE) for _ in range(large_bytes // LARGE)]
@@ -144,10 +150,10 @@ def run(quick: bool) -> dict:
     ideal = GiB / BATCH_BYTES
     print(f"puts per GiB: {puts_per_gib:.1f} (ideal {ideal:.0f}, target <= {1.05 * ideal:.1f})", flush=True)
     return {
-        "ratios": {"small_vs_kafka": round(memq_rate / kafka_rate, 3),
+        "ratios": {"small_vs_kafka": round(best_memq / kafka_rate, 3),
                    "large_vs_raw_put": round(memq_mbps / raw_mbps, 3),
                    "audit_on_vs_off": round(audited_rate / off_rate, 3)},
-        "memq_small_msg_s": round(memq_rate), "kafka_small_msg_s": round(kafka_rate),
+        "memq_small_msg_s": round(best_memq), "kafka_small_msg_s": round(kafka_rate),
         "memq_small_audited_msg_s": round(audited_rate), "memq_small_unaudited_msg_s": round(off_rate),
         "memq_large_mb_s": round(memq_mbps, 1), "raw_put_mb_s": round(raw_mbps, 1),
         "puts_per_gib": round(puts_per_gib, 1), "puts_per_gib_target": round(1.05 * ideal, 1),

@@ -185,14 +185,20 @@ class Producer:
         if not values:
             raise InvalidInputError("send_many: no values")
         hdrs = tuple(headers) if headers else ()
+        overhead = _RECORD_OVERHEAD + sum(len(k) + len(v) for k, v in hdrs)
+        sizes = map(add, map(len, values), repeat(overhead))
+        if keys is None:
+            self._check_size(max(map(len, values)) + overhead)   # one C pass, no per-record list
+        else:
+            sizes = map(add, sizes, (len(k) if k else 0 for k in keys))
         # plain 5-tuples in LogMessage field order: msgpack packs them alike, without a
         # NamedTuple per record (the producer's hottest line)
-        sizes = map(add, map(len, values), repeat(_RECORD_OVERHEAD + sum(len(k) + len(v) for k, v in hdrs)))
-        if keys is not None:
-            sizes = map(add, sizes, (len(k) if k else 0 for k in keys))
         records = list(zip(values, repeat(None) if keys is None else keys, repeat(hdrs),
                            repeat(timestamp or _now_ms()), repeat(None)))
-        return await self._enqueue(topic, records, list(accumulate(sizes)))
+        cum = list(accumulate(sizes))
+        if keys is not None:
+            self._check_size(_largest_step(cum))
+        return await self._enqueue(topic, records, cum)
 
     async def send_batch(self, topic: str, records: Sequence[LogMessage]) -> asyncio.Future[list[Delivery]]:
         """Queue LogMessages; one future for all, resolving with the Deliveries in record order.
@@ -203,11 +209,13 @@ class Producer:
         if 0 in map(_timestamp_of, records):
             now = _now_ms()
             records = [r if r[3] else r._replace(timestamp_ms=now) for r in records]
-        return await self._enqueue(topic, records, list(accumulate(map(_record_size, records))))
+        cum = list(accumulate(map(_record_size, records)))
+        self._check_size(_largest_step(cum))
+        return await self._enqueue(topic, records, cum)
 
     async def _enqueue(self, topic: str, records: list[tuple], cum: list[int]) -> asyncio.Future[list[Delivery]]:
-        """Add records (with cumulative size estimates `cum`) to the topic's Messages."""
-        self._check_size(max(map(sub, cum, [0, *cum[:-1]])))
+        """Add records (with cumulative size estimates `cum`, each checked against the
+        Message size by the caller) to the topic's Messages."""
         loop = asyncio.get_running_loop()
         many = _Many(loop.create_future(), 0)
         # cut the records into runs that fill the topic's pending Message, then new ones
@@ -493,6 +501,11 @@ def _fail_waiter(w: _Waiter, e: BaseException) -> None:
             w[0].set_exception(e)
     else:
         w[0].fail(e)
+
+
+def _largest_step(cum: list[int]) -> int:
+    """The largest record size, from cumulative sizes."""
+    return max(map(sub, cum, [0, *cum[:-1]]))
 
 
 def _record_size(r: tuple) -> int:
