@@ -305,7 +305,7 @@ def load_config(path: str | os.PathLike[str] | None = None,
     if unknown:
         raise ConfigError(f"config: unknown section(s) {', '.join(sorted(unknown))}")
     sections: dict[str, Any] = {}
-    for name, f in _SECTIONS.items():
+    for name in _SECTIONS:
         values = dict(raw.get(name, {}))
         if not isinstance(raw.get(name, {}), dict):
             raise ConfigError(f"config: [{name}] must be a table")

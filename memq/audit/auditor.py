@@ -120,9 +120,10 @@ class Auditor:
             store.close()
 
     def _take(self, m: confluent_kafka.Message) -> None:
-        if m.error() is not None:
-            if m.error().code() != confluent_kafka.KafkaError._PARTITION_EOF:
-                log.warning("audit topic %s: %s", self.topic, m.error())
+        err = m.error()
+        if err is not None:
+            if err.code() != confluent_kafka.KafkaError._PARTITION_EOF:
+                log.warning("audit topic %s: %s", self.topic, err)
             return
         self._offsets[m.partition()] = m.offset() + 1
         try:

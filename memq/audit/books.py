@@ -339,8 +339,8 @@ class Books:
             _, topic, group, key = heapq.heappop(orphans)
             if key in self._produced.get(topic, {}):
                 continue            # its ack arrived later: evicted with the produced entry
-            g = self._groups.get(topic, {}).get(group)
-            if g is not None and g.deliveries.pop(key, None) is not None:
+            owner = self._groups.get(topic, {}).get(group)
+            if owner is not None and owner.deliveries.pop(key, None) is not None:
                 self._d_deliveries.add((topic, group, key))
 
     def _measure_lag(self, now_ms: int) -> None:
@@ -395,10 +395,10 @@ class Books:
                 heapq.heappush(self._catchup_heap,
                                (g.first_seen_ms + self.settings.grace_ms, topic, group))
         for (topic, group, key), d in changes.deliveries.items():
-            g = self._groups.get(topic, {}).get(group)
-            if d is None or g is None:
+            owner = self._groups.get(topic, {}).get(group)
+            if d is None or owner is None:
                 continue
-            g.deliveries[key] = d
+            owner.deliveries[key] = d
             if key not in self._produced.get(topic, {}):
                 heapq.heappush(self._orphan_heap,
                                (d.consumed_ms + self.settings.retention_ms, topic, group, key))

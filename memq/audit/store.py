@@ -69,10 +69,12 @@ class AuditStore:
     def load(self, memory_since_ms: int) -> tuple[Changes, dict[int, int]]:
         """Every persisted row (windows from memory_since_ms on) and the audit offsets."""
         q = self._db.execute
-        produced = {(t, _key(p, e, s)): Produced(c, d, cr, ak, bool(st))
-                    for t, p, e, s, c, d, cr, ak, st in q("SELECT * FROM produced")}
-        deliveries = {(t, g, _key(p, e, s)): Delivery(n, d, cm, bool(lost))
-                      for t, g, p, e, s, n, d, cm, lost in q("SELECT * FROM deliveries")}
+        produced: dict[tuple[str, MsgKey], Produced | None] = {
+            (t, _key(p, e, s)): Produced(c, d, cr, ak, bool(st))
+            for t, p, e, s, c, d, cr, ak, st in q("SELECT * FROM produced")}
+        deliveries: dict[tuple[str, str, MsgKey], Delivery | None] = {
+            (t, g, _key(p, e, s)): Delivery(n, d, cm, bool(lost))
+            for t, g, p, e, s, n, d, cm, lost in q("SELECT * FROM deliveries")}
         groups = {(t, g): GroupState(since, last, first, bool(caught), *rest)
                   for t, g, since, last, first, caught, *rest in q("SELECT * FROM groups")}
         topics = dict(q("SELECT topic, produced FROM topics").fetchall())

@@ -130,11 +130,11 @@ class S3StorageHandler:
                     if attempt + 1 < self._policy.max_attempts:
                         self._metrics.retries.labels(self.backend, op, reason).inc()
             assert last is not None
-            where, reason, code, exc = last
+            where, reason, code, last_exc = last
             self._metrics.failures.labels(self.backend, op, "exhausted").inc()
             raise RetryBudgetExhaustedError(
                 f"{op} {where}: gave up after {self._policy.max_attempts} attempts; "
-                f"last error {reason} ({code}): {exc}") from exc
+                f"last error {reason} ({code}): {last_exc}") from last_exc
         finally:
             self._metrics.latency.labels(self.backend, op).observe(time.perf_counter() - started)
 
