@@ -19,6 +19,7 @@ from memq.audit.books import LIVE_MS, Status
 from memq.audit.dashboard import AuditService
 from memq.audit.emitter import AuditEmitter, make_audit_sink
 from memq.config import MemqConfig
+from waiting import async_wait_for
 
 pytestmark = pytest.mark.integration
 GRACE_S = 2.0
@@ -29,14 +30,6 @@ def audit_config(memq_config: MemqConfig, unique_name: Callable[[str], str], **a
     settings = {"topic": unique_name("audit"), "grace_s": GRACE_S, "flush_ms": 50, **audit}
     a = dataclasses.replace(memq_config.audit, **settings)
     return dataclasses.replace(memq_config, audit=a)
-
-
-async def wait_for(cond: Callable[[], bool], timeout_s: float = 20.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
-        await asyncio.sleep(0.1)
 
 
 def emit_traffic(em: AuditEmitter, topic: str, group: str, *, messages: int, count: int,
@@ -76,7 +69,7 @@ async def test_books_balance_and_survive_a_restart(memq_config: MemqConfig, uniq
     service = AuditService(cfg, db_path=str(db), port=0)
     url = await service.start()
     try:
-        await wait_for(lambda: service.auditor.stats().records == expected_records, what="all records")
+        await async_wait_for(lambda: service.auditor.stats().records == expected_records, 20, "all records")
         await asyncio.sleep(GRACE_S + 1.0)           # losses are decided after the grace period
         rows = summary(service)
         good, poor = rows[(ok, "g1")], rows[(bad, "g1")]
@@ -115,7 +108,7 @@ async def test_books_balance_and_survive_a_restart(memq_config: MemqConfig, uniq
     try:
         rows = summary(service)                                          # restored from SQLite
         assert (rows[(bad, "g1")].lost, rows[(bad, "g1")].duplicates) == (75, 50)
-        await wait_for(lambda: summary(service)[(ok, "g1")].consumed == 1200, what="new records")
+        await async_wait_for(lambda: summary(service)[(ok, "g1")].consumed == 1200, 20, "new records")
         await asyncio.sleep(0.6)                                         # nothing counted twice
         rows = summary(service)
         assert (rows[(ok, "g1")].produced, rows[(ok, "g1")].consumed, rows[(ok, "g1")].lost) == (1200, 1200, 0)

@@ -7,25 +7,15 @@ import uuid
 from collections.abc import Callable, Iterator
 
 import pytest
-from kazoo.client import KazooClient
 
 from memq.config import TopicConfig, ZooKeeperConfig
 from memq.errors import CoordinationError, LeadershipLostError, UnknownTopicError
 from memq.governor.assignment import BrokerInfo, CapacityAssignment
 from memq.governor.governor import Governor
 from memq.governor.registry import Registry
+from waiting import wait_for
 
 pytestmark = pytest.mark.integration
-
-
-def wait_for(cond: Callable[[], object], timeout_s: float, what: str) -> object:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = cond()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
 
 
 @pytest.fixture
@@ -175,7 +165,7 @@ def test_drain_flag_moves_topics_and_rebalance_is_rate_limited(registries) -> No
             time.sleep(0.05)
         changes = history[1:]
         assert len(changes) >= 2, "rebalance did not happen"
-        for (t0, a0), (t1, a1) in zip(history, history[1:]):
+        for (_, a0), (_, a1) in zip(history, history[1:]):
             moved = [t for t in a1 if a1[t] != a0.get(t)]
             assert len(moved) == 1, moved
         gaps = [t1 - t0 for (t0, _), (t1, _) in zip(changes, changes[1:])]

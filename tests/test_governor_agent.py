@@ -7,9 +7,8 @@ own rules are pinned down fast: following assignments, drain, and session expiry
 from __future__ import annotations
 
 import asyncio
-import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 
 import pytest
 from kazoo.client import KazooClient
@@ -17,6 +16,7 @@ from kazoo.client import KazooClient
 from memq.config import GovernorConfig, MemqConfig, TopicConfig, ZooKeeperConfig, ClusterConfig, BrokerConfig
 from memq.governor.agent import BrokerAgent
 from memq.governor.registry import Registry
+from waiting import async_wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -36,14 +36,6 @@ class RecordingBroker:
     async def remove_topic(self, name: str, *, moved_to: tuple[str, ...] = ()) -> None:
         self.topics.pop(name, None)
         self.removed.append((name, moved_to))
-
-
-async def until(cond: Callable[[], object], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
-        await asyncio.sleep(0.05)
 
 
 @pytest.fixture
@@ -76,7 +68,7 @@ async def test_agents_follow_assignments_and_drain(setup) -> None:
     a2, b2 = await start(config, agents, "b2", "rb")
     a3, b3 = await start(config, agents, "b3", "rc")
     admin.create_topic(TopicConfig("x", expected_mbps=5))
-    await until(lambda: sum("x" in b.topics for b in (b1, b2, b3)) == 2, 10, "x on two brokers")
+    await async_wait_for(lambda: sum("x" in b.topics for b in (b1, b2, b3)) == 2, 10, "x on two brokers")
     md = next(a for a, b in ((a1, b1), (a2, b2), (a3, b3)) if "x" not in b.topics).metadata()
     assert sorted(md["topics"]["x"]["brokers"]) == sorted(b.url for b in (b1, b2, b3) if "x" in b.topics)
     host_agent, host = next((a, b) for a, b in ((a1, b1), (a2, b2), (a3, b3)) if "x" in b.topics)
@@ -84,13 +76,13 @@ async def test_agents_follow_assignments_and_drain(setup) -> None:
     assert "x" not in host.topics
     name, moved_to = host.removed[-1]
     assert name == "x" and len(moved_to) == 2 and host.url not in moved_to
-    await until(lambda: sum("x" in b.topics for b in (b1, b2, b3)) == 2, 10, "x back on two brokers")
+    await async_wait_for(lambda: sum("x" in b.topics for b in (b1, b2, b3)) == 2, 10, "x back on two brokers")
     # altering a topic restarts its processors with the new settings
     admin.alter_topic(TopicConfig("x", expected_mbps=5, batch_ms=50))
-    await until(lambda: all(b.topics["x"].batch_ms == 50 for b in (b1, b2, b3) if "x" in b.topics),
-                10, "altered settings applied")
+    await async_wait_for(lambda: all(b.topics["x"].batch_ms == 50 for b in (b1, b2, b3) if "x" in b.topics),
+                         10, "altered settings applied")
     admin.delete_topic("x")
-    await until(lambda: not any("x" in b.topics for b in (b1, b2, b3)), 10, "deleted topic stopped")
+    await async_wait_for(lambda: not any("x" in b.topics for b in (b1, b2, b3)), 10, "deleted topic stopped")
 
 
 async def test_session_expiry_reregisters_and_resumes(setup, devcluster) -> None:
@@ -98,16 +90,16 @@ async def test_session_expiry_reregisters_and_resumes(setup, devcluster) -> None
     a1, b1 = await start(config, agents, "b1", "ra")
     a2, b2 = await start(config, agents, "b2", "rb")
     admin.create_topic(TopicConfig("y", expected_mbps=5))
-    await until(lambda: "y" in b1.topics and "y" in b2.topics, 10, "y placed")
+    await async_wait_for(lambda: "y" in b1.topics and "y" in b2.topics, 10, "y placed")
     old_session = a1.registry.client.client_id
     # kazoo's documented trick: a second client on the same session id closes it -> expiry
     thief = KazooClient(hosts=devcluster.zk_hosts, client_id=old_session, timeout=2.0)
     await asyncio.to_thread(thief.start, 5)
     await asyncio.to_thread(thief.stop)
-    await until(lambda: a1.registrations >= 2, 15, "re-registration after expiry")
+    await async_wait_for(lambda: a1.registrations >= 2, 15, "re-registration after expiry")
     assert a1.registry.client.client_id[0] != old_session[0]
     assert "b1" in admin.brokers()
     # and it still follows the governor: a new topic lands on both brokers
     admin.create_topic(TopicConfig("z", expected_mbps=5))
-    await until(lambda: "z" in b1.topics and "z" in b2.topics, 10, "new topic after expiry")
+    await async_wait_for(lambda: "z" in b1.topics and "z" in b2.topics, 10, "new topic after expiry")
     assert a1.governor.leading.is_set() or a2.governor.leading.is_set()

@@ -30,20 +30,11 @@ from memq.devcluster.process import ManagedProcess, spawn
 from memq.governor.registry import Registry
 from memq.governor.topics import TopicManager
 from memq.notify import TopicAdmin
+from waiting import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
 SESSION_S = 4.0
-
-
-def wait_for(cond: Callable[[], object], timeout_s: float, what: str) -> object:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = cond()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
 
 
 def env_of(config: MemqConfig) -> dict[str, str]:
@@ -247,7 +238,7 @@ def test_placement_spreads_racks_and_rebalance_is_rate_limited(gcluster: GovClus
     assert len(history[-1][1]["p0"]) == 3
     assert any("b4" in bs for bs in history[-1][1].values()), history[-1]
     optional = []
-    for (t0, a0), (t1, a1) in zip(history, history[1:]):
+    for (_, a0), (t1, a1) in zip(history, history[1:]):
         changed = [t for t in a1 if a1[t] != a0.get(t)]
         rebalanced = [t for t in changed if len(a1[t]) == len(a0[t])]   # same count: a move
         assert len(rebalanced) <= 1, (a0, a1)
