@@ -16,6 +16,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Sequence
 
+from memq.client.consumer import notification_topic
 from memq.config import MemqConfig
 from memq.format import (
     NOTIFICATION_VERSION,
@@ -45,7 +46,7 @@ class Stored:
 async def store_batches(config: MemqConfig, topic: str, batches: Sequence[Sequence[LogMessage]], *,
                         partitions: int) -> list[Stored]:
     """Write each batch as a broker does (encode, PUT, notify) into `topic`'s notification topic."""
-    kafka_topic = f"memq.{config.cluster.name}.{topic}"
+    kafka_topic = notification_topic(config, topic)
     TopicAdmin(config.kafka).create_topic(kafka_topic, partitions)
     storage = make_storage(config)
     publisher = NotificationPublisher(config.kafka, client_id=f"bench-{topic}")

@@ -38,6 +38,8 @@ class HostingBroker(Protocol):
 
 
 class BrokerAgent:
+    """One broker's membership: keeps it registered, in the election, and hosting its assignment."""
+
     def __init__(self, broker: HostingBroker, config: MemqConfig,
                  metrics: GovernorMetrics | None = None) -> None:
         self.broker = broker

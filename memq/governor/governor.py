@@ -31,6 +31,8 @@ log = logging.getLogger(__name__)
 
 
 class GovernorMetrics:
+    """The governor's Prometheus metrics, on a registry of its own unless one is passed in."""
+
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
         self.leader = Gauge("memq_governor_leader", "1 while this process is the governor",

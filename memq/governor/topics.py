@@ -28,6 +28,8 @@ notification topic by name."""
 
 
 class TopicManager:
+    """Topic admin for `memq topic`: keeps the ZooKeeper topic and its Kafka notification topic in step."""
+
     def __init__(self, registry: Registry, kafka: NotificationTopics, cluster: str) -> None:
         self.registry = registry
         self.kafka = kafka
