@@ -187,3 +187,23 @@ async def test_metadata_health_and_stage_metrics(devcluster: DevCluster, unique_
     for stage in ("queue_wait", "batch_fill", "upload", "notify", "ack"):
         assert f'memq_broker_stage_seconds_count{{stage="{stage}",topic="{topic}"}} 1.0' in metrics
     assert "memq_storage_latency_seconds" in metrics
+
+
+async def test_flush_sends_now_instead_of_waiting_batch_ms(devcluster: DevCluster,
+                                                          unique_name: Callable[[str], str]) -> None:
+    topic = unique_name("flush")
+    config = devcluster.config(topics=[topic_config(topic, batch_ms=5000)])
+    async with running_broker(config) as broker:
+        # small Messages, so several are in flight and only the last asks for the seal
+        async with Producer(producer_config(broker.url, max_message_bytes=16 * 1024)) as p:
+            fut = await p.send_many(topic, [b"v-%d" % i for i in range(2000)])
+            t0 = time.monotonic()
+            await asyncio.wait_for(p.flush(), 4.0)
+            took = time.monotonic() - t0
+            deliveries = await fut
+        sealed = broker.metrics.registry.get_sample_value("memq_broker_flush_seals_total", {"topic": topic})
+    assert took < 2.5, f"flush took {took:.2f}s: the broker waited batch_ms=5s"
+    assert sum(d.count for d in deliveries) == 2000 and all(d.key for d in deliveries)
+    assert len({d.sequence for d in deliveries}) > 1 and sealed == 1
+    stored, dups, keys = await read_stored(config, topic)
+    assert len(stored) == 2000 and dups == {} and len(keys) == 1

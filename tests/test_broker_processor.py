@@ -78,13 +78,14 @@ class Harness:
         self.storage = GatedStorage(tmp_path)
         self.publisher = MemoryPublisher()
         self.acks: list[Ack] = []
+        self.metrics = BrokerMetrics("b1")
         cfg = TopicConfig(name="t1", **{"batch_ms": 10_000, "batch_bytes": 1 << 20, "max_message_bytes": 1 << 20, **topic})
         self.proc = TopicProcessor(cfg, cluster="test", broker_id="b1", storage=self.storage,  # type: ignore[arg-type]
-                                   publisher=self.publisher, metrics=BrokerMetrics("b1"), busy_wait_s=0.2)
+                                   publisher=self.publisher, metrics=self.metrics, busy_wait_s=0.2)
 
-    async def append(self, seq: int, ack: AckLevel = AckLevel.ALL, **kw: Any) -> Ack | None:
+    async def append(self, seq: int, ack: AckLevel = AckLevel.ALL, *, seal: bool = False, **kw: Any) -> Ack | None:
         data = message(seq, **kw)
-        return await self.proc.append(memoryview(data), verify_message(data), seq, ack, self.acks.append)
+        return await self.proc.append(memoryview(data), verify_message(data), seq, ack, self.acks.append, seal=seal)
 
     async def wait_acks(self, n: int, timeout: float = 5.0) -> None:
         async with asyncio.timeout(timeout):
@@ -121,6 +122,21 @@ async def test_seals_on_age_and_on_logmessage_count(tmp_path: Path) -> None:
     await h2.append(2)   # 6 LogMessages: sealed at once, long before batch_ms
     await h2.wait_acks(2, timeout=1.0)
     assert len(h2.storage.puts) == 1
+
+
+async def test_flagged_message_seals_at_once_without_waiting_batch_ms(tmp_path: Path) -> None:
+    h = Harness(tmp_path)                       # batch_ms 10 s, batch_bytes 1 MiB: neither is reached
+    await h.append(1)
+    t0 = time.monotonic()
+    await h.append(2, seal=True)                # the producer's flush: send now
+    await h.wait_acks(2, timeout=2.0)
+    assert time.monotonic() - t0 < 2.0 and [a.ok for a in h.acks] == [True, True]
+    assert len(h.storage.puts) == 1 and {a.key for a in h.acks} == {h.storage.puts[0].key}
+    assert h.proc.busy_slots == 0               # the slot is free again, no timer left behind
+    await h.append(3)                           # the next Message opens a fresh batch
+    await asyncio.sleep(0.05)
+    assert len(h.acks) == 2
+    assert h.metrics.registry.get_sample_value("memq_broker_flush_seals_total", {"topic": "t1"}) == 1
 
 
 async def test_ack_one_is_immediate_and_ack_zero_silent(tmp_path: Path) -> None:

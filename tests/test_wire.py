@@ -8,8 +8,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from memq.errors import ProtocolError
-from memq.format.wire import (NO_REQUEST_ID, REQUEST_HEADER_SIZE, Ack, AckCode, AckLevel, decode_acks,
-                              decode_request, encode_acks, encode_request, peek_request_id)
+from memq.format.wire import (NO_REQUEST_ID, REQUEST_HEADER_SIZE, Ack, AckCode, AckLevel, RequestFlag,
+                              decode_acks, decode_request, encode_acks, encode_request, peek_request_id)
 
 
 def test_request_round_trip_keeps_message_bytes_without_copy() -> None:
@@ -33,6 +33,27 @@ def test_request_round_trip_keeps_message_bytes_without_copy() -> None:
 def test_bad_request_frames_raise_protocol_error_naming_problem(frame: bytes, words: str) -> None:
     with pytest.raises(ProtocolError, match=words):
         decode_request(frame)
+
+
+def test_seal_flag_round_trips_and_unknown_flags_are_refused() -> None:
+    assert decode_request(encode_request(3, AckLevel.ALL, "t", b"m")).flags == RequestFlag.NONE
+    req = decode_request(encode_request(3, AckLevel.ALL, "t", b"m", RequestFlag.SEAL))
+    assert req.flags & RequestFlag.SEAL and bytes(req.message) == b"m"
+    frame = bytearray(encode_request(3, AckLevel.ALL, "t", b"m"))
+    frame[4] = 0x80
+    with pytest.raises(ProtocolError, match="unknown flags 0x80"):
+        decode_request(bytes(frame))
+
+
+def test_version_1_frames_without_flags_still_parse() -> None:
+    """A producer from before the flags byte: same fields, no flags, one byte shorter."""
+    v1 = b"MQ\x01\x02" + (77).to_bytes(8, "big") + (3).to_bytes(2, "big") + b"abc" + b"MSG"
+    req = decode_request(v1)
+    assert (req.request_id, req.ack, req.topic, bytes(req.message), req.flags) == \
+        (77, AckLevel.ALL, "abc", b"MSG", RequestFlag.NONE)
+    assert peek_request_id(v1) == 77
+    with pytest.raises(ProtocolError, match="topic length 3"):
+        decode_request(v1[:15])
 
 
 def test_peek_request_id_of_short_frame() -> None:

@@ -19,7 +19,8 @@ from aiohttp import WSCloseCode, WSMsgType, web
 
 from memq.errors import FormatError, ProtocolError
 from memq.format import verify_message
-from memq.format.wire import NO_REQUEST_ID, Ack, AckCode, AckLevel, decode_request, encode_acks, peek_request_id
+from memq.format.wire import (NO_REQUEST_ID, Ack, AckCode, AckLevel, RequestFlag, decode_request, encode_acks,
+                              peek_request_id)
 
 if TYPE_CHECKING:
     from .server import Broker
@@ -118,7 +119,7 @@ class ProduceConnection:
                 self._reject(req.request_id, topic, AckCode.CORRUPT, f"request {req.request_id}: {e}")
             return
         ack = await proc.append(req.message, header, req.request_id, req.ack,
-                                lambda a: self._reply(a, topic))
+                                lambda a: self._reply(a, topic), seal=bool(req.flags & RequestFlag.SEAL))
         if ack is not None and not quiet:
             if not ack.ok:
                 self._metrics.rejected.labels(ack.code).inc()

@@ -34,6 +34,9 @@ class BrokerMetrics:
                                ["topic", "result"], registry=r)
         self.batch_bytes = Histogram("memq_broker_batch_bytes", "Size of stored batch objects", ["topic"],
                                      buckets=tuple(2.0 ** i for i in range(10, 27)), registry=r)
+        self.flush_seals = Counter("memq_broker_flush_seals",
+                                   "Batches sealed early because a producer flushed (RequestFlag.SEAL)",
+                                   ["topic"], registry=r)
         self.rejected = Counter("memq_broker_rejected", "Requests answered with an error ack, by code",
                                 ["code"], registry=r)
         self.busy_slots = Gauge("memq_broker_ring_busy_slots", "Batch slots filling or uploading", ["topic"],

@@ -1,7 +1,10 @@
 """TopicProcessor: one topic's bounded ring of batch slots on a broker.
 
 One slot fills while the others upload concurrently. A batch seals when it holds at least
-`batch_bytes` or `batch_messages` LogMessages, or when it is `batch_ms` old. Each slot is a
+`batch_bytes` or `batch_messages` LogMessages, or when it is `batch_ms` old, or at once when a
+Message asks for it (`seal=True`: the producer flushed and wants its acks now, not in
+batch_ms). An early seal costs a smaller object, so more PUTs and notifications per GiB; a
+producer flushing often trades storage requests for latency, which is its call. Each slot is a
 permit of a semaphore, so at most `ring_slots` batches exist at once: when every slot is
 busy, `append` waits (the connection stops reading its socket) up to `busy_wait_s`, then
 answers BUSY. Memory is therefore bounded by `ring_slots * (batch_bytes + max_message_bytes)`.
@@ -71,6 +74,7 @@ class TopicProcessor:
         self._m_bytes = metrics.bytes.labels(name)
         self._m_busy = metrics.busy_slots.labels(name)
         self._m_batch_bytes = metrics.batch_bytes.labels(name)
+        self._m_flush_seals = metrics.flush_seals.labels(name)
         self._metrics = metrics
 
     @property
@@ -78,8 +82,8 @@ class TopicProcessor:
         return self._busy
 
     async def append(self, message: memoryview, header: MessageHeader, request_id: int, ack: AckLevel,
-                     reply: Reply) -> Ack | None:
-        """Put one verified Message into the filling batch.
+                     reply: Reply, *, seal: bool = False) -> Ack | None:
+        """Put one verified Message into the filling batch, sealing it after when `seal`.
 
         Returns the ack to send now (ack=1 success, BUSY, CLOSING), or None when the ack comes
         later through `reply` (ack=all) or never (ack=0).
@@ -103,6 +107,9 @@ class TopicProcessor:
         self._m_logmessages.inc(header.count)
         self._m_bytes.inc(size)
         if batch.nbytes >= self.config.batch_bytes or batch.logcount >= self.config.batch_messages:
+            self._seal(batch)
+        elif seal:
+            self._m_flush_seals.inc()
             self._seal(batch)
         if ack is AckLevel.LEADER:
             return Ack(request_id, True)

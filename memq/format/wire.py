@@ -1,8 +1,9 @@
 """The produce wire protocol: frames on the `/v1/produce` WebSocket.
 
 Client -> broker: one binary frame per Message, a small fixed header (magic, version, ack
-level, request id, topic) followed by the Message bytes, which the broker keeps as a
-zero-copy slice of the frame. Broker -> client: binary frames holding a msgpack list of acks,
+level, flags, request id, topic) followed by the Message bytes, which the broker keeps as a
+zero-copy slice of the frame. Version 2 added the flags byte (`RequestFlag`); brokers still
+parse version 1 frames (no flags), so old producers keep working against new brokers. Broker -> client: binary frames holding a msgpack list of acks,
 several per frame when they are ready together, in any order. Acks travel as msgpack maps
 so that new fields can be added without breaking old clients.
 """
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
-from enum import IntEnum, StrEnum
+from enum import IntEnum, IntFlag, StrEnum
 from typing import Any, Sequence
 
 import msgpack
@@ -19,9 +20,11 @@ import msgpack
 from memq.errors import ProtocolError
 
 WIRE_MAGIC = b"MQ"
-WIRE_VERSION = 1
-_REQUEST = struct.Struct(">2sBBQH")   # magic, version, ack level, request id, topic length
-REQUEST_HEADER_SIZE = _REQUEST.size
+WIRE_VERSION = 2
+_REQUEST = struct.Struct(">2sBBBQH")   # magic, version, ack level, flags, request id, topic length
+_REQUEST_V1 = struct.Struct(">2sBBQH")  # version 1: no flags byte
+_LAYOUTS = {1: _REQUEST_V1, WIRE_VERSION: _REQUEST}
+REQUEST_HEADER_SIZE = _REQUEST.size   # of the frames this module writes
 MAX_TOPIC_BYTES = 255
 
 
@@ -40,6 +43,15 @@ class AckLevel(IntEnum):
         if key not in names:
             raise ProtocolError(f"ack level {value!r}: use 0, 1 or all")
         return names[key]
+
+
+class RequestFlag(IntFlag):
+    """Per-request hints to the broker (version 2 frames)."""
+
+    NONE = 0
+    #: Seal the filling batch right after appending this Message instead of waiting for
+    #: batch_ms: the producer's flush() sets it on its last Messages ("send now", as in Kafka).
+    SEAL = 1
 
 
 class AckCode(StrEnum):
@@ -69,6 +81,7 @@ class ProduceRequest:
     ack: AckLevel
     topic: str
     message: memoryview       # the Message bytes (header + body), a slice of the frame
+    flags: RequestFlag = RequestFlag.NONE
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,46 +100,63 @@ class Ack:
     brokers: tuple[str, ...] = ()
 
 
-def encode_request_header(request_id: int, ack: AckLevel, topic: str) -> bytes:
+def encode_request_header(request_id: int, ack: AckLevel, topic: str,
+                          flags: RequestFlag = RequestFlag.NONE) -> bytes:
     """The fixed header in front of a Message; send `header + message` as one frame."""
     tb = topic.encode()
     if not tb or len(tb) > MAX_TOPIC_BYTES:
         raise ProtocolError(f"topic {topic!r}: must be 1..{MAX_TOPIC_BYTES} bytes")
-    return _REQUEST.pack(WIRE_MAGIC, WIRE_VERSION, int(ack), request_id, len(tb)) + tb
+    return _REQUEST.pack(WIRE_MAGIC, WIRE_VERSION, int(ack), int(flags), request_id, len(tb)) + tb
 
 
-def encode_request(request_id: int, ack: AckLevel, topic: str, message: bytes) -> bytes:
-    return encode_request_header(request_id, ack, topic) + message
+def encode_request(request_id: int, ack: AckLevel, topic: str, message: bytes,
+                   flags: RequestFlag = RequestFlag.NONE) -> bytes:
+    return encode_request_header(request_id, ack, topic, flags) + message
+
+
+def _layout(frame: bytes | memoryview) -> struct.Struct | None:
+    """The header layout of the frame's version, None if unknown or too short to tell."""
+    return _LAYOUTS.get(frame[2]) if len(frame) > 2 else None
 
 
 def peek_request_id(frame: bytes | memoryview) -> int:
     """The request id of a frame, or NO_REQUEST_ID when the frame is too short to hold one."""
-    if len(frame) < REQUEST_HEADER_SIZE:
+    layout = _layout(frame)
+    if layout is None or len(frame) < layout.size:
         return NO_REQUEST_ID
-    return _REQUEST.unpack_from(frame)[3]
+    return layout.unpack_from(frame)[-2]
 
 
 def decode_request(frame: bytes | memoryview) -> ProduceRequest:
-    """Parse one client frame; raises ProtocolError naming what is wrong."""
+    """Parse one client frame (version 1 or 2); raises ProtocolError naming what is wrong."""
     n = len(frame)
-    if n < REQUEST_HEADER_SIZE:
-        raise ProtocolError(f"produce frame of {n} bytes is shorter than the {REQUEST_HEADER_SIZE}-byte header")
-    magic, version, ack, request_id, tlen = _REQUEST.unpack_from(frame)
+    layout = _layout(frame) or _REQUEST
+    size = layout.size
+    if n < size:
+        raise ProtocolError(f"produce frame of {n} bytes is shorter than the {size}-byte header")
+    if layout is _REQUEST_V1:
+        magic, version, ack, request_id, tlen = layout.unpack_from(frame)
+        flags = 0
+    else:
+        magic, version, ack, flags, request_id, tlen = layout.unpack_from(frame)
     if magic != WIRE_MAGIC:
         raise ProtocolError(f"produce frame has bad magic {magic!r} (expected {WIRE_MAGIC!r})")
-    if version != WIRE_VERSION:
-        raise ProtocolError(f"produce frame version {version} is not supported (this broker speaks {WIRE_VERSION})")
+    if version not in _LAYOUTS:
+        raise ProtocolError(f"produce frame version {version} is not supported (this broker speaks "
+                            f"{', '.join(map(str, _LAYOUTS))})")
     if ack > AckLevel.ALL:
         raise ProtocolError(f"request {request_id}: ack level {ack} is not 0, 1 or 2 (all)")
-    end = REQUEST_HEADER_SIZE + tlen
+    if flags & ~int(RequestFlag.SEAL):   # int: ~ of an IntFlag drops the unknown bits
+        raise ProtocolError(f"request {request_id}: unknown flags {flags:#04x}")
+    end = size + tlen
     if tlen == 0 or end > n:
         raise ProtocolError(f"request {request_id}: topic length {tlen} does not fit a {n}-byte frame")
     view = memoryview(frame)
     try:
-        topic = bytes(view[REQUEST_HEADER_SIZE:end]).decode()
+        topic = bytes(view[size:end]).decode()
     except UnicodeDecodeError:
         raise ProtocolError(f"request {request_id}: topic is not UTF-8") from None
-    return ProduceRequest(request_id, AckLevel(ack), topic, view[end:])
+    return ProduceRequest(request_id, AckLevel(ack), topic, view[end:], RequestFlag(flags))
 
 
 def _ack_to_map(a: Ack) -> dict[str, Any]:
