@@ -17,7 +17,8 @@ from pathlib import Path
 
 import boto3
 import pytest
-from test_audit_service import GRACE_S, audit_config, wait_for
+from test_audit_service import GRACE_S, audit_config
+from waiting import async_wait_for
 
 from memq.audit.books import BOOKS_MS
 from memq.audit.dashboard import AuditService
@@ -110,8 +111,8 @@ async def test_audit_through_the_real_clients(devcluster: DevCluster, unique_nam
         got_lossy = await asyncio.to_thread(consume, config, lossy, "g-lossy", total - lost, reread=again)
         assert got_clean == total and got_lossy == total - lost + dup
 
-        await wait_for(lambda: service.auditor.read(
-            lambda b: b.summary(int(time.time() * 1000))[0].produced) == total, what="audit records")
+        await async_wait_for(lambda: service.auditor.read(
+            lambda b: b.summary(int(time.time() * 1000))[0].produced) == total, 20, "audit records")
         await asyncio.sleep(GRACE_S + 1.5)
         rows = {r.topic: r for r in service.auditor.read(lambda b: b.summary(int(time.time() * 1000)))}
         c, x = rows[clean], rows[lossy]

@@ -12,7 +12,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from test_audit_service import GRACE_S, audit_config, emit_traffic, wait_for
+from test_audit_service import GRACE_S, audit_config, emit_traffic
+from waiting import async_wait_for
 
 from memq.audit.dashboard import AuditService
 from memq.audit.emitter import make_audit_sink
@@ -44,7 +45,7 @@ async def test_dashboard_shows_injected_loss(memq_config: MemqConfig, unique_nam
     service = AuditService(cfg, db_path=str(tmp_path / "audit.db"), port=0)
     url = await service.start()
     try:
-        await wait_for(lambda: service.auditor.stats().records == 30 * 2 + 30 + 26, what="records")
+        await async_wait_for(lambda: service.auditor.stats().records == 30 * 2 + 30 + 26, 20, "records")
         await asyncio.sleep(GRACE_S + 1.0)
         async with async_playwright() as pw:
             browser = await pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, timeout=30_000)
