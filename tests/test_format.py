@@ -336,6 +336,15 @@ def test_record_count_must_match_header():
         decode_message(reheader(buf, count=4))
 
 
+def test_caller_known_timestamps_and_shape_skip_the_record_passes():
+    rows = [(b"v%d" % i, None, (), 500 + i, None) for i in range(10)]
+    buf = encode_message(rows, producer_id=1, epoch=1, sequence=1, timestamps=(500, 509), shaped=True)
+    header, got = decode_message(buf)
+    assert (header.min_timestamp_ms, header.max_timestamp_ms, header.count) == (500, 509, 10)
+    assert got == rows and buf == encode_message(rows, producer_id=1, epoch=1, sequence=1,
+                                                 created_ms=header.created_ms)
+
+
 def test_encode_rejects_bad_input():
     for bad in ([(b"v", None)], [5], [b"abcde"], [dict.fromkeys("abcde")], [[b"v"] * 5]):
         with pytest.raises(InvalidInputError, match="LogMessages"):
@@ -344,6 +353,9 @@ def test_encode_rejects_bad_input():
     assert decode_message(encode_message(plain, producer_id=1, epoch=1, sequence=1))[1] == plain
     with pytest.raises(InvalidInputError, match="cannot be encoded"):
         encode_message([LogMessage(object())], producer_id=1, epoch=1, sequence=1)
+    with pytest.raises(InvalidInputError, match="cannot be encoded: record 2"):
+        encode_message([LogMessage(b"a"), LogMessage(b"b"), LogMessage(b"c", key=1.5j)],
+                       producer_id=1, epoch=1, sequence=1)
     with pytest.raises(InvalidInputError, match="out of range"):
         encode_message(records(), producer_id=-1, epoch=1, sequence=1)
     with pytest.raises(InvalidInputError, match="out of range"):

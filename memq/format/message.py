@@ -18,8 +18,8 @@ from crc32c import crc32c
 
 from memq.errors import CorruptDataError, InvalidInputError, UnsupportedVersionError
 from memq.format.codec import MAX_BODY_BYTES, Codec, Compressors, codec_of
-from memq.format.records import (LogMessage, gc_paused, packed_records, timestamp_range,
-                                 unpack_records)
+from memq.format.records import (LogMessage, check_records, gc_paused, packed_records,
+                                 timestamp_range, unpack_records)
 
 Buffer = bytes | bytearray | memoryview
 
@@ -56,16 +56,25 @@ class MessageHeader:
 
 def encode_message(records: Sequence[LogMessage], *, producer_id: int, epoch: int,
                    sequence: int, codec: Codec = Codec.ZSTD, created_ms: int | None = None,
-                   compressors: Compressors | None = None) -> bytes:
-    """Encode LogMessages into one Message (header + body)."""
+                   compressors: Compressors | None = None, timestamps: tuple[int, int] | None = None,
+                   shaped: bool = False) -> bytes:
+    """Encode LogMessages (or 5-tuples in their field order) into one Message (header + body).
+
+    A caller that knows more skips per-record passes: `timestamps` is the records' (min, max)
+    timestamp_ms (else computed here), `shaped=True` says it built the 5-tuples itself (else
+    `check_records` checks them). The producer passes both, so its records only go through
+    msgpack's C loop.
+    """
     if len(records) > _MAX_U32:
         raise InvalidInputError(f"a Message holds at most {_MAX_U32} LogMessages")
     comp = compressors or Compressors()
     with packed_records(records, comp.packer) as raw:
+        if not shaped:
+            check_records(records)   # after packing, while the records are still in cache
         body = comp.compress(codec_of(codec), raw)
         if len(raw) > MAX_BODY_BYTES or len(body) > MAX_BODY_BYTES:
             raise InvalidInputError(f"Message body of {len(raw)} bytes exceeds {MAX_BODY_BYTES}")
-        lo, hi = timestamp_range(records)
+        lo, hi = timestamp_range(records) if timestamps is None else timestamps
         created = time.time_ns() // 1_000_000 if created_ms is None else created_ms
         try:
             head = _HEADER.pack(MESSAGE_MAGIC, MESSAGE_VERSION, codec, MESSAGE_HEADER_SIZE,

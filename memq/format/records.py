@@ -68,29 +68,47 @@ def gc_paused() -> Iterator[None]:
         gc.enable()
 
 
+def check_records(records: Sequence[LogMessage]) -> None:
+    """InvalidInputError unless each record is a LogMessage or a 5-tuple in its field order.
+
+    One `type` pass (in C) settles the usual all-LogMessage case; callers that built the
+    tuples themselves (the producer) skip it.
+    """
+    kinds = set(map(type, records))
+    if kinds and kinds != {LogMessage} and not (
+            kinds <= {LogMessage, tuple} and set(map(len, records)) == {RECORD_FIELDS}):
+        raise InvalidInputError(f"records must be LogMessages (or {RECORD_FIELDS}-tuples), "
+                                f"got {sorted(map(str, kinds))}")
+
+
 @contextmanager
 def packed_records(records: Sequence[LogMessage], packer: msgpack.Packer
                    ) -> Iterator[memoryview]:
-    """The records msgpacked as arrays: a view into `packer`'s buffer, valid in the block.
+    """The records msgpacked as arrays, in one `pack` call: a view into `packer`'s buffer,
+    valid in the block (viewing instead of taking `bytes` saves a body copy).
 
-    InvalidInputError unless each record is a 5-field record. Packs first, then checks the
-    records while they are still in the CPU cache; one `type` pass settles the usual
-    all-LogMessage case. Viewing the buffer instead of taking `bytes` saves a body copy.
+    Field types are left to msgpack; when it refuses one, a fallback scan (only then) names
+    the first record it cannot pack in the InvalidInputError.
     """
     try:
         try:
             packer.pack(records if isinstance(records, list) else list(records))
         except (TypeError, ValueError, OverflowError) as exc:
-            raise InvalidInputError(f"LogMessage fields cannot be encoded: {exc}") from exc
-        kinds = set(map(type, records))
-        if kinds and kinds != {LogMessage} and not (
-                kinds <= {LogMessage, tuple} and set(map(len, records)) == {RECORD_FIELDS}):
-            raise InvalidInputError(f"records must be LogMessages (or {RECORD_FIELDS}-tuples), "
-                                    f"got {sorted(map(str, kinds))}")
+            raise InvalidInputError(f"LogMessage fields cannot be encoded: {_first_unpackable(records)}: "
+                                    f"{exc}") from exc
         with packer.getbuffer() as raw:
             yield raw
     finally:
         packer.reset()
+
+
+def _first_unpackable(records: Sequence[LogMessage]) -> str:
+    for i, r in enumerate(records):
+        try:
+            msgpack.packb(r)
+        except (TypeError, ValueError, OverflowError):
+            return f"record {i}"
+    return "a record"
 
 
 def unpack_records(raw: bytes | memoryview, count: int) -> list[LogMessage]:
