@@ -22,6 +22,7 @@ from memq.audit.records import AuditRecord, Kind, decode_records
 from memq.config import BrokerConfig, MemqConfig, TopicConfig, load_config
 from memq.devcluster import DevCluster
 from memq.devcluster.broker_process import BrokerProcess, config_toml
+from memq.governor.registry import Registry
 
 pytestmark = [pytest.mark.integration]
 
@@ -197,36 +198,31 @@ def _consume_until(config: Path, topic: str, wanted: set[str], timeout_s: float 
     return values
 
 
-@pytest.mark.timeout(180)
-def test_memq_dev_serves_a_round_trip_and_stops_clean(tmp_path: Path) -> None:
-    run_dir = (tmp_path / "dev").resolve()
-    proc = subprocess.Popen([MEMQ, "dev", "--rate", "200", "--duration", "150", "--run-dir", str(run_dir)],
+def _start_dev(run_dir: Path, *args: str) -> tuple[subprocess.Popen[bytes], dict[str, str]]:
+    """`memq dev` in its own session, and the `name: value` endpoint lines it printed."""
+    proc = subprocess.Popen([MEMQ, "dev", "--duration", "150", "--run-dir", str(run_dir), *args],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    endpoints: dict[str, str] = {}
+    deadline = time.monotonic() + 90
+    assert proc.stdout is not None
+    while "config" not in endpoints:
+        if time.monotonic() > deadline or proc.poll() is not None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            raise AssertionError(f"memq dev did not start: {endpoints}")
+        line = proc.stdout.readline().decode()
+        if m := re.match(r"^(\w[\w ]*):\s+(\S.*)$", line):
+            endpoints[m.group(1)] = m.group(2).strip()
+    return proc, endpoints
+
+
+def _stop_dev(proc: subprocess.Popen[bytes], run_dir: Path) -> str:
+    """SIGTERM `memq dev`: it exits 0 and leaves no process behind. Returns its last output."""
     try:
-        endpoints: dict[str, str] = {}
-        deadline = time.monotonic() + 90
-        assert proc.stdout is not None
-        while "config" not in endpoints:
-            assert time.monotonic() < deadline and proc.poll() is None, f"memq dev did not start: {endpoints}"
-            line = proc.stdout.readline().decode()
-            if m := re.match(r"^(\w[\w ]*):\s+(\S.*)$", line):
-                endpoints[m.group(1)] = m.group(2).strip()
-        assert {"S3", "Kafka", "ZooKeeper", "brokers", "audit"} <= endpoints.keys()
-        audit = re.fullmatch(r"http://127\.0\.0\.1:(\d+)/", endpoints["audit"])
-        assert audit and int(audit[1]) != 8090, endpoints["audit"]      # a free port, not a fixed one
-        with urllib.request.urlopen(endpoints["audit"], timeout=10) as resp:
-            assert resp.status == 200
-        config = Path(endpoints["config"])
-        marker = uuid.uuid4().hex
-        r = memq("produce", "demo", config=config, input=f"{marker} one\n{marker} two\n".encode())
-        assert r.returncode == 0, r.stderr.decode()
-        values = _consume_until(config, "demo", {f"{marker} one", f"{marker} two"})
-        assert any(v.startswith("demo message") for v in values)     # the demo producer runs
-        assert _processes_under(run_dir)                              # (the check below can see them)
-        proc.send_signal(signal.SIGTERM)
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
         assert proc.wait(60) == 0
+        assert proc.stdout is not None
         tail = proc.stdout.read().decode()
-        assert re.search(r"consumed [1-9]", tail), tail            # the live demo counts
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
@@ -235,3 +231,57 @@ def test_memq_dev_serves_a_round_trip_and_stops_clean(tmp_path: Path) -> None:
     while (left := _processes_under(run_dir)) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert left == [], f"processes left behind: {left}"
+    return tail
+
+
+def _governed(config: Path, topic: str) -> tuple[str, dict[str, str]]:
+    """The governor named by `memq governor status`, and `topic`'s brokers -> racks from ZooKeeper."""
+    r = memq("governor", "status", config=config)
+    assert r.returncode == 0, r.stderr.decode()
+    gov = re.search(r"governor: (\w+)", r.stdout.decode())
+    assert gov, r.stdout.decode()
+    cfg = load_config(config)
+    with Registry(cfg.zookeeper, cfg.cluster.name) as registry:
+        state = registry.snapshot()
+    return gov[1], {b: state.brokers[b].rack for b in state.assignments.get(topic, ())}
+
+
+@pytest.mark.timeout(180)
+def test_memq_dev_serves_a_round_trip_and_stops_clean(tmp_path: Path) -> None:
+    run_dir = (tmp_path / "dev").resolve()
+    proc, endpoints = _start_dev(run_dir, "--rate", "200")
+    try:
+        assert {"S3", "Kafka", "ZooKeeper", "brokers", "governor", "placement", "audit"} <= endpoints.keys()
+        audit = re.fullmatch(r"http://127\.0\.0\.1:(\d+)/", endpoints["audit"])
+        assert audit and int(audit[1]) != 8090, endpoints["audit"]      # a free port, not a fixed one
+        with urllib.request.urlopen(endpoints["audit"], timeout=10) as resp:
+            assert resp.status == 200
+        config = Path(endpoints["config"])
+        # governed: a broker won the election and placed the demo topic on 2 brokers of 2 racks
+        governor, placed = _governed(config, "demo")
+        assert governor in {"b1", "b2"} and endpoints["governor"].startswith(governor), endpoints
+        assert sorted(placed) == ["b1", "b2"] and len(set(placed.values())) == 2, placed
+        marker = uuid.uuid4().hex
+        r = memq("produce", "demo", config=config, input=f"{marker} one\n{marker} two\n".encode())
+        assert r.returncode == 0, r.stderr.decode()
+        values = _consume_until(config, "demo", {f"{marker} one", f"{marker} two"})
+        assert any(v.startswith("demo message") for v in values)     # the demo producer runs
+        assert _processes_under(run_dir)                              # (the check below can see them)
+    finally:
+        tail = _stop_dev(proc, run_dir)
+    assert re.search(r"consumed [1-9]", tail), tail            # the live demo counts
+
+
+@pytest.mark.timeout(120)
+def test_memq_dev_with_one_broker_places_the_topic_there_and_says_so(tmp_path: Path) -> None:
+    run_dir = (tmp_path / "dev1").resolve()
+    proc, endpoints = _start_dev(run_dir, "--brokers", "1", "--rate", "0")
+    try:
+        assert "no failover" in endpoints["placement"], endpoints
+        config = Path(endpoints["config"])
+        assert _governed(config, "demo") == ("b1", {"b1": "rack-a"})
+        r = memq("produce", "demo", config=config, input=b"solo\n")
+        assert r.returncode == 0, r.stderr.decode()
+        assert _consume_until(config, "demo", {"solo"}) == ["solo"]
+    finally:
+        _stop_dev(proc, run_dir)

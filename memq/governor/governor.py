@@ -60,6 +60,7 @@ class Governor:
         self.interval_s = interval_s
         self.rebalance_interval_s = interval_s if rebalance_interval_s is None else rebalance_interval_s
         self._last_rebalance = -math.inf
+        self._warned: tuple[str, ...] = ()
         self.metrics = metrics or GovernorMetrics()
         self.on_result = on_result
         self._poke = threading.Event()
@@ -157,8 +158,10 @@ class Governor:
         for m in result.moves:
             self.metrics.moves.labels(m.reason).inc()
             log.info("governor: topic %s %s: -%s +%s", m.topic, m.reason, list(m.removed), list(m.added))
-        for w in result.warnings:
-            log.warning("governor: %s", w)
+        if result.warnings != self._warned:    # a standing condition is logged once, not every cycle
+            self._warned = result.warnings
+            for w in result.warnings:
+                log.warning("governor: %s", w)
         if self.on_result is not None:
             self.on_result(result)
         return result
