@@ -23,7 +23,7 @@ from memq.client.producer import Delivery, Producer
 from memq.config import MemqConfig, ProducerConfig, TopicConfig
 from memq.devcluster import DevCluster
 from memq.errors import MessageTooLargeError, UnknownTopicError
-from memq.format import Notification, decode_batch
+from memq.format import LogMessage, Notification, decode_batch
 from memq.storage import make_storage
 
 pytestmark = pytest.mark.integration
@@ -196,14 +196,25 @@ async def test_flush_sends_now_instead_of_waiting_batch_ms(devcluster: DevCluste
     async with running_broker(config) as broker:
         # small Messages, so several are in flight and only the last asks for the seal
         async with Producer(producer_config(broker.url, max_message_bytes=16 * 1024)) as p:
-            fut = await p.send_many(topic, [b"v-%d" % i for i in range(2000)])
+            fut = await p.send_many(topic, [b"v-%d" % i for i in range(2000)], timestamp=7000)
+            # mixed timestamps (0 = now): each Message's header range must match its records
+            batch = await p.send_batch(topic, [LogMessage(b"b-%d" % i, timestamp_ms=(i * 7919) % 5000)
+                                               for i in range(1500)])
             t0 = time.monotonic()
             await asyncio.wait_for(p.flush(), 4.0)
             took = time.monotonic() - t0
-            deliveries = await fut
+            deliveries = await fut + await batch
         sealed = broker.metrics.registry.get_sample_value("memq_broker_flush_seals_total", {"topic": topic})
     assert took < 2.5, f"flush took {took:.2f}s: the broker waited batch_ms=5s"
-    assert sum(d.count for d in deliveries) == 2000 and all(d.key for d in deliveries)
-    assert len({d.sequence for d in deliveries}) > 1 and sealed == 1
+    assert sum(d.count for d in deliveries) == 3500 and all(d.key for d in deliveries)
+    assert len({d.sequence for d in deliveries}) > 2 and sealed == 1
     stored, dups, keys = await read_stored(config, topic)
-    assert len(stored) == 2000 and dups == {} and len(keys) == 1
+    assert len(stored) == 3500 and dups == {} and len(keys) == 1
+    storage = make_storage(config)
+    try:
+        [info] = await storage.list_topic(topic, 0, 2**62)
+        for mh, records in decode_batch(await storage.get(info.location))[1]:
+            stamps = [r.timestamp_ms for r in records]
+            assert (mh.min_timestamp_ms, mh.max_timestamp_ms) == (min(stamps), max(stamps))
+    finally:
+        await storage.close()
