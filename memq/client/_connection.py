@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 from typing import Callable
 
 import aiohttp
@@ -12,6 +13,12 @@ from memq.errors import BrokerUnavailableError, ProtocolError
 from memq.format.wire import Ack, decode_acks
 
 log = logging.getLogger(__name__)
+
+# Socket send buffer for produce connections. A frame is up to max_message_bytes (1 MiB); with
+# the default (autotuned from 16 KiB) send() takes part of it and asyncio copies the rest into
+# its bytearray buffer, reallocating as it drains: that copying was over half the producer's CPU
+# at 64 KiB values. A buffer larger than a frame lets send() take the whole frame in one go.
+SEND_BUFFER_BYTES = 4 * 1024 * 1024
 
 
 class BrokerConnection:
@@ -28,6 +35,7 @@ class BrokerConnection:
         self._max_frame_bytes = max_frame_bytes
         self._ws: aiohttp.ClientWebSocketResponse | None = None
         self._reader: asyncio.Task[None] | None = None
+        self._send_lock = asyncio.Lock()
         self.closed = False
 
     async def connect(self) -> None:
@@ -39,13 +47,26 @@ class BrokerConnection:
         except (aiohttp.ClientError, OSError, TimeoutError) as e:
             self.closed = True
             raise BrokerUnavailableError(f"cannot open a produce connection to {self.url}: {e!r}") from None
+        _widen_send_buffer(self._ws)
         self._reader = asyncio.create_task(self._read(), name=f"acks-{self.url}")
 
     async def send(self, frame: bytes) -> None:
-        """Write one frame; waits (bounded) while the broker pushes back."""
-        ws = self._ws
-        if ws is None or self.closed or ws.closed:
-            raise BrokerUnavailableError(f"produce connection to {self.url} is closed")
+        """Write one frame; waits (bounded) while the broker pushes back.
+
+        One frame at a time: aiohttp writes a frame into the transport before it waits for the
+        transport to drain, so concurrent senders would pile every in-flight frame into
+        asyncio's write buffer (tens of MiB), and each append and partial send then copied that
+        whole bytearray again (quadratic; most of the producer's CPU at 64 KiB values). Waiters
+        queue here without a deadline; the sender ahead of them has one, and if it fails the
+        connection is closed and they fail at once.
+        """
+        async with self._send_lock:
+            ws = self._ws
+            if ws is None or self.closed or ws.closed:
+                raise BrokerUnavailableError(f"produce connection to {self.url} is closed")
+            await self._send_locked(ws, frame)
+
+    async def _send_locked(self, ws: aiohttp.ClientWebSocketResponse, frame: bytes) -> None:
         try:
             async with asyncio.timeout(self._timeout_s):
                 await ws.send_bytes(frame)
@@ -91,3 +112,9 @@ class BrokerConnection:
         if self._reader is not None:
             self._reader.cancel()
             await asyncio.gather(self._reader, return_exceptions=True)
+
+
+def _widen_send_buffer(ws: aiohttp.ClientWebSocketResponse) -> None:
+    sock = ws.get_extra_info("socket")
+    if sock is not None:   # the kernel caps it at net.core.wmem_max
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER_BYTES)
