@@ -14,6 +14,7 @@ Cases, all on one dev cluster started here (moto S3 server, tansu Kafka) and one
 from __future__ import annotations
 
 import asyncio
+import base64
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -21,6 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 import boto3
 from botocore.config import Config
 from confluent_kafka import Producer as KafkaProducer
+from crc32c import crc32c
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from bench._cluster import bench_cluster, broker_samples
@@ -86,15 +88,23 @@ def _kafka(bootstrap: str, topic: str, values: list[bytes]) -> float:
 
 
 def _raw_put_mbps(endpoint: str, bucket: str, total_bytes: int) -> float:
-    """MB/s of boto3 PUTs of BATCH_BYTES objects, RING_SLOTS - 1 in flight (the broker's uploads)."""
+    """MB/s of boto3 PUTs of BATCH_BYTES objects, RING_SLOTS - 1 in flight (the broker's uploads).
+
+    Configured as memq's S3 handler puts: each PUT carries the body's CRC32C, computed per PUT.
+    """
     s3 = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id="testing",
                       aws_secret_access_key="testing", config=Config(max_pool_connections=16, retries={"max_attempts": 3}))
     body = os.urandom(BATCH_BYTES)
     n = max(total_bytes // BATCH_BYTES, RING_SLOTS)
     t0 = time.perf_counter()
     with ThreadPoolExecutor(RING_SLOTS - 1) as pool:
-        list(pool.map(lambda i: s3.put_object(Bucket=bucket, Key=f"raw/{i:06d}", Body=body), range(n)))
+        list(pool.map(lambda i: s3.put_object(Bucket=bucket, Key=f"raw/{i:06d}", Body=body, ChecksumCRC32C=_crc32c_b64(body)),
+                      range(n)))
     return n * BATCH_BYTES / MiB / (time.perf_counter() - t0)
+
+
+def _crc32c_b64(body: bytes) -> str:
+    return base64.b64encode(crc32c(body).to_bytes(4, "big")).decode()
 
 
 def _broker_batches(url: str, topic: str) -> tuple[int, float]:

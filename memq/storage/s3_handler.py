@@ -9,6 +9,7 @@ notification points to. Why boto3 and not aiobotocore: see docs/ARCHITECTURE.md,
 from __future__ import annotations
 
 import asyncio
+import base64
 import random
 import secrets
 import time
@@ -19,6 +20,7 @@ from typing import Any, TypeVar
 import boto3
 import botocore.config
 import botocore.exceptions as bce
+from crc32c import crc32c
 from prometheus_client import CollectorRegistry
 
 from memq.config import S3Config
@@ -149,20 +151,25 @@ class S3StorageHandler:
     async def put_batch(self, topic: str, data: Chunks, *, first_request_id: int,
                         timestamp_ms: int, broker_id: str) -> ObjectLocation:
         body = join_chunks(data)
+        # memq supplies the body's CRC32C (hardware CRC, ~1 ms per 8 MiB) for S3 to verify on
+        # arrival. botocore then skips its own CRC32 of the body (pure-Python-driven chunking,
+        # ~10% of the broker's CPU at 64 KiB values), and the checksum matches memq's own
+        # object CRC32C, so S3 and consumers check the same thing.
+        checksum = base64.b64encode(crc32c(body).to_bytes(4, "big")).decode()
         unique = secrets.token_hex(8)
 
         def attempt_call(attempt: int) -> tuple[str, Callable[[], str]]:
             key = str(make_key(cluster=self.cluster, topic=topic, first_request_id=first_request_id,
                                timestamp_ms=timestamp_ms, broker_id=broker_id, unique=unique,
                                attempt=attempt))
-            return f"s3://{self.bucket}/{key}", lambda: self._put_blocking(key, body)
+            return f"s3://{self.bucket}/{key}", lambda: self._put_blocking(key, body, checksum)
 
         key = await self._run("put", attempt_call)
         self._metrics.bytes.labels(self.backend, "put").inc(len(body))
         return ObjectLocation(self.bucket, key)
 
-    def _put_blocking(self, key: str, body: bytes) -> str:
-        self._client.put_object(Bucket=self.bucket, Key=key, Body=body)
+    def _put_blocking(self, key: str, body: bytes, crc32c_b64: str) -> str:
+        self._client.put_object(Bucket=self.bucket, Key=key, Body=body, ChecksumCRC32C=crc32c_b64)
         return key
 
     async def get(self, loc: ObjectLocation) -> bytes:
