@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import random
 import struct
 import zlib
 
@@ -143,6 +144,24 @@ def test_large_message_compresses_and_round_trips():
     plain, packed = message(recs, Codec.NONE), message(recs, Codec.ZSTD)
     assert len(packed) < len(plain) / 10
     assert decode_message(packed)[1] == recs == decode_message(message(recs, Codec.GZIP))[1]
+
+
+@pytest.mark.parametrize("codec", [Codec.ZSTD, Codec.GZIP])
+@pytest.mark.parametrize("n_values", [1, 16])   # one small body (judged whole), one sampled
+def test_adaptive_encode_skips_compression_only_when_it_does_not_pay(codec, n_values):
+    rng = random.Random(n_values)
+    noise = [LogMessage(rng.randbytes(4096), None, (), i) for i in range(n_values)]
+    text = [LogMessage(rng.randbytes(2048).hex().encode(), b"k", (), i) for i in range(n_values)]
+    for recs, want in ((noise, Codec.NONE), (text, codec)):
+        buf = encode_message(recs, producer_id=1, epoch=1, sequence=1, codec=codec, adaptive=True)
+        header, got = decode_message(buf)
+        assert (header.codec, got) == (want, recs)
+        if want is Codec.NONE:   # stored as is: body = the packed records, nothing added
+            assert header.body_length == header.raw_length
+        else:
+            assert header.body_length < header.raw_length * 0.95
+    # without adaptive the configured codec is always used
+    assert decode_message_header(message(noise, codec)).codec is codec
 
 
 # --- totality: truncation and bit flips ------------------------------------------------------

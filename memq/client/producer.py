@@ -356,7 +356,7 @@ class Producer:
         try:
             data = encode_message(p.records, producer_id=self.producer_id, epoch=self.epoch, sequence=seq,
                                   codec=self._codec, created_ms=created, compressors=self._compressors,
-                                  timestamps=(p.lo, p.hi), shaped=True)
+                                  timestamps=(p.lo, p.hi), shaped=True, adaptive=True)
         except MemqError as e:
             self._buffered -= p.nbytes
             self._room.set()

@@ -57,8 +57,11 @@ class MessageHeader:
 def encode_message(records: Sequence[LogMessage], *, producer_id: int, epoch: int,
                    sequence: int, codec: Codec = Codec.ZSTD, created_ms: int | None = None,
                    compressors: Compressors | None = None, timestamps: tuple[int, int] | None = None,
-                   shaped: bool = False) -> bytes:
+                   shaped: bool = False, adaptive: bool = False) -> bytes:
     """Encode LogMessages (or 5-tuples in their field order) into one Message (header + body).
+
+    `adaptive=True` stores the body uncompressed (Codec.NONE in the header) when `codec` would
+    not shrink it by >= 5% (`Compressors.compress_if_pays`); the producer always asks for it.
 
     A caller that knows more skips per-record passes: `timestamps` is the records' (min, max)
     timestamp_ms (else computed here), `shaped=True` says it built the 5-tuples itself (else
@@ -71,7 +74,11 @@ def encode_message(records: Sequence[LogMessage], *, producer_id: int, epoch: in
     with packed_records(records, comp.packer) as raw:
         if not shaped:
             check_records(records)   # after packing, while the records are still in cache
-        body = comp.compress(codec_of(codec), raw)
+        codec = codec_of(codec)
+        if adaptive:
+            codec, body = comp.compress_if_pays(codec, raw)
+        else:
+            body = comp.compress(codec, raw)
         if len(raw) > MAX_BODY_BYTES or len(body) > MAX_BODY_BYTES:
             raise InvalidInputError(f"Message body of {len(raw)} bytes exceeds {MAX_BODY_BYTES}")
         lo, hi = timestamp_range(records) if timestamps is None else timestamps
