@@ -182,16 +182,18 @@ def _watch(console: Console, demo: DemoTraffic | None, duration: float | None) -
     """Show live demo counts until `duration` passes (or forever, until Ctrl-C/SIGTERM)."""
     start = time.monotonic()
     end = start + duration if duration is not None else float("inf")
-    with Live(console=console, refresh_per_second=4, transient=False) as live:
-        while time.monotonic() < end:
-            if demo is not None:
-                elapsed = max(time.monotonic() - start, 1e-9)
-                demo.check()
-                live.update(f"demo: produced {demo.acked:,} ({demo.acked / elapsed:,.0f}/s)  "
-                            f"consumed {demo.consumed:,} ({demo.consumed / elapsed:,.0f}/s)")
-            time.sleep(min(0.25, max(0.0, end - time.monotonic())))
-    if not console.is_terminal:
-        console.line()                      # Live's last frame ends without a newline
+    try:
+        with Live(console=console, refresh_per_second=4, transient=False) as live:
+            while time.monotonic() < end:
+                if demo is not None:
+                    elapsed = max(time.monotonic() - start, 1e-9)
+                    demo.check()
+                    live.update(f"demo: produced {demo.acked:,} ({demo.acked / elapsed:,.0f}/s)  "
+                                f"consumed {demo.consumed:,} ({demo.consumed / elapsed:,.0f}/s)")
+                time.sleep(min(0.25, max(0.0, end - time.monotonic())))
+    finally:
+        if not console.is_terminal:
+            console.line()                  # Live's last frame ends without a newline
     console.print("duration reached, stopping")
 
 
