@@ -79,6 +79,31 @@ async def test_dashboard_shows_injected_loss(memq_config: MemqConfig, unique_nam
                 assert points["lost"] == 40
                 assert await page.locator("canvas").count() >= 6         # 3 charts per topic
 
+                # The x axis is fitted to the data (not a fixed 15-minute span with every point
+                # squashed at its right edge), and each latency value is drawn as a point inside
+                # the plot area, so even a single window of data is visible.
+                drawn = await page.evaluate("""(t) => {
+                    const c = window.memqCharts[t];
+                    const x = c.latency.scales.x, y = c.latency.scales.y;
+                    const inside = c.latency.series.slice(1).map((s, i) => {
+                        const ys = c.latency.data[i + 1];
+                        const j = ys.findIndex(v => v !== null);
+                        const tx = c.latency.data[0][j];
+                        return j >= 0 && s.show && s.points.show(c.latency, i + 1) === true && s.points.size >= 5
+                            && tx >= x.min && tx <= x.max && ys[j] >= y.min && ys[j] <= y.max;
+                    });
+                    return {first: c.rate.data[0][0], xmin: x.min, xmax: x.max, now: Date.now() / 1000,
+                            inside, legend: [...c.latency.root.querySelectorAll(
+                                ".u-legend .u-series td.u-value")].map(e => e.textContent)};
+                }""", lossy)
+                assert all(drawn["inside"]), drawn
+                assert 0 < drawn["first"] - drawn["xmin"] <= 120, drawn
+                assert drawn["xmax"] - drawn["xmin"] <= 5 * 60, drawn
+                assert abs(drawn["xmax"] - drawn["now"]) <= 30, drawn
+                # The legend shows the latest figures without hovering: p50 matches the table.
+                p50 = await page.locator(f'#summary tr[data-topic="{lossy}"] td').nth(10).inner_text()
+                assert drawn["legend"][1] == p50, drawn      # [0] is the time of the latest window
+
                 ARTIFACTS.mkdir(exist_ok=True)
                 await page.screenshot(path=str(ARTIFACTS / "audit-dashboard.png"), full_page=True)
                 assert errors == []

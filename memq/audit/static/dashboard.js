@@ -39,14 +39,45 @@ function renderSummary(rows) {
   }));
 }
 
-const SPAN_S = 15 * 60;                 // the charts show the last 15 minutes
+const SPAN_S = 15 * 60;                 // the API is asked for the last 15 minutes
+const MIN_WINDOWS = 6;                  // the x axis spans at least this many windows
 const fromZero = (u, min, max) => [0, max > 0 ? max * 1.1 : 1];
+const POINT_SIZE = 7;                  // one window of data is still a visible dot
+
+/** The x range fitted to the data: from one window before the first point to now,
+ *  at least MIN_WINDOWS windows wide, at most SPAN_S. */
+function fitX(t, size_s) {
+  const now = Date.now() / 1000;
+  const hi = Math.max(now, t.length ? t[t.length - 1] + size_s : now);
+  const first = t.length ? t[0] - size_s : hi;
+  return [Math.max(hi - SPAN_S, Math.min(first, hi - MIN_WINDOWS * size_s)), hi];
+}
+
+/** Per series, the index of its latest non-null value (the x series takes the last index). */
+function latestIdxs(data) {
+  const last = data[0].length - 1;
+  return data.map((s, i) => {
+    if (i === 0) return last;
+    let j = last;
+    while (j >= 0 && (s[j] === null || s[j] === undefined)) j--;
+    return j >= 0 ? j : null;
+  });
+}
+
+/** With no cursor on the chart the legend shows each series' latest value. */
+function legendLatest(u) {
+  if (u.cursor.idx == null && u.data && u.data[0].length) u.setLegend({ idxs: latestIdxs(u.data) }, false);
+}
 
 function chartOpts(title, series, axes, card) {
   const scales = { x: { time: true, range: () => card.xRange } };
-  for (const s of series) scales[s.scale || "y"] = { range: fromZero };
-  return { title, width: 460, height: 220, series: [{}, ...series], axes: [{}, ...axes],
-    scales, legend: { live: false } };
+  for (const s of series) {
+    scales[s.scale || "y"] = { range: fromZero };
+    s.points = { show: !s.paths, size: POINT_SIZE, fill: s.stroke };
+    s.value = (u, v) => fmt(v, s.digits || 0);
+  }
+  return { title, width: 460, height: 220, series: [{ label: "window", value: "{h}:{mm}:{ss}{aa}" }, ...series], axes: [{}, ...axes],
+    scales, legend: { live: true }, hooks: { setLegend: [legendLatest] } };
 }
 
 function buildCard(topic, groups) {
@@ -59,19 +90,19 @@ function buildCard(topic, groups) {
   row.className = "charts";
   el.append(h, row);
   const card = { el, h, xRange: [0, 1] };
-  const rateSeries = [{ label: "produced/s", stroke: "#333", width: 2, scale: "rate" }];
+  const rateSeries = [{ label: "produced/s", stroke: "#333", width: 2, scale: "rate", digits: 1 }];
   const latSeries = [];
   const lagSeries = [];
   groups.forEach((g, i) => {
     const c = COLORS[i % COLORS.length];
-    rateSeries.push({ label: `${g} consumed/s`, stroke: c, scale: "rate" });
+    rateSeries.push({ label: `${g} consumed/s`, stroke: c, scale: "rate", digits: 1 });
     rateSeries.push({ label: `${g} lost`, stroke: "#c62828", fill: "rgba(198,40,40,0.15)",
       scale: "lost", paths: uPlot.paths.bars({ size: [0.6, 40] }) });
     latSeries.push({ label: `${g} p50 ms`, stroke: c });
     latSeries.push({ label: `${g} p99 ms`, stroke: c, dash: [6, 4] });
     latSeries.push({ label: `${g} max ms`, stroke: c, dash: [2, 3], width: 1 });
     lagSeries.push({ label: `${g} lag msgs`, stroke: c, scale: "msgs" });
-    lagSeries.push({ label: `${g} lag s`, stroke: c, dash: [6, 4], scale: "s" });
+    lagSeries.push({ label: `${g} lag s`, stroke: c, dash: [6, 4], scale: "s", digits: 1 });
   });
   const rate = new uPlot(chartOpts("produced vs consumed (msg/s), lost (msgs)", rateSeries,
     [{ scale: "rate", label: "msg/s" }, { scale: "lost", side: 1, label: "lost", stroke: "#c62828", grid: { show: false } }], card),
@@ -88,8 +119,7 @@ function buildCard(topic, groups) {
 
 function updateCard(card, s) {
   const gs = Object.keys(s.groups).sort();
-  const now = Date.now() / 1000;
-  card.xRange = [now - SPAN_S, now + s.size_s];
+  card.xRange = fitX(s.t, s.size_s);
   const rate = [s.t, s.produced_rate];
   const lat = [s.t];
   const lag = [s.t];
@@ -102,6 +132,7 @@ function updateCard(card, s) {
   card.charts.rate.setData(rate);
   card.charts.latency.setData(lat);
   card.charts.lag.setData(lag);
+  for (const u of Object.values(card.charts)) legendLatest(u);
 }
 
 async function getJSON(url) {
