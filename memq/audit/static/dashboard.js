@@ -42,7 +42,7 @@ function renderSummary(rows) {
 const SPAN_S = 15 * 60;                 // the API is asked for the last 15 minutes
 const MIN_WINDOWS = 6;                  // the x axis spans at least this many windows
 const fromZero = (u, min, max) => [0, max > 0 ? max * 1.1 : 1];
-const POINT_SIZE = 7;                  // one window of data is still a visible dot
+const POINT_SIZE = 7;                   // one window of data is still a visible dot
 
 /** The x range fitted to the data: from one window before the first point to now,
  *  at least MIN_WINDOWS windows wide, at most SPAN_S. */
@@ -76,8 +76,8 @@ function chartOpts(title, series, axes, card) {
     s.points = { show: !s.paths, size: POINT_SIZE, fill: s.stroke };
     s.value = (u, v) => fmt(v, s.digits || 0);
   }
-  return { title, width: 460, height: 220, series: [{ label: "window", value: "{h}:{mm}:{ss}{aa}" }, ...series], axes: [{}, ...axes],
-    scales, legend: { live: true }, hooks: { setLegend: [legendLatest] } };
+  const x = { label: "window", value: "{h}:{mm}:{ss}{aa}" };
+  return { title, width: 460, height: 220, series: [x, ...series], axes: [{}, ...axes], scales, legend: { live: true }, hooks: { setLegend: [legendLatest] } };
 }
 
 function buildCard(topic, groups) {
