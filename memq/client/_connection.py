@@ -50,7 +50,7 @@ class BrokerConnection:
         _widen_send_buffer(self._ws)
         self._reader = asyncio.create_task(self._read(), name=f"acks-{self.url}")
 
-    async def send(self, frame: bytes) -> None:
+    async def send(self, frame: bytes | bytearray) -> None:
         """Write one frame; waits (bounded) while the broker pushes back.
 
         One frame at a time: aiohttp writes a frame into the transport before it waits for the
@@ -66,7 +66,7 @@ class BrokerConnection:
                 raise BrokerUnavailableError(f"produce connection to {self.url} is closed")
             await self._send_locked(ws, frame)
 
-    async def _send_locked(self, ws: aiohttp.ClientWebSocketResponse, frame: bytes) -> None:
+    async def _send_locked(self, ws: aiohttp.ClientWebSocketResponse, frame: bytes | bytearray) -> None:
         try:
             async with asyncio.timeout(self._timeout_s):
                 await ws.send_bytes(frame)

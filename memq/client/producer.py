@@ -34,8 +34,8 @@ from memq.errors import (BrokerUnavailableError, InvalidInputError, MemqError, M
 from memq.format.codec import Codec, Compressors
 from memq.format.message import decode_message_header, encode_message
 from memq.format.records import LogMessage, check_records, gc_paused, timestamp_range
-from memq.format.wire import (RETRIABLE_CODES, Ack, AckCode, AckLevel, RequestFlag, encode_request_header,
-                              REQUEST_HEADER_SIZE, MAX_TOPIC_BYTES)
+from memq.format.wire import (RETRIABLE_CODES, Ack, AckCode, AckLevel, RequestFlag, pack_request_header_into,
+                              request_header_size, REQUEST_HEADER_SIZE, MAX_TOPIC_BYTES)
 
 from ._connection import BrokerConnection
 from ._metadata import TopicRouter
@@ -111,7 +111,8 @@ class _Pending:
 class _Message:
     topic: str
     sequence: int
-    data: bytes
+    frame: bytearray                     # request header (rewritten per attempt) + the Message
+    message_at: int                      # where the Message starts in `frame`
     count: int
     nbytes: int                          # accounted in-flight bytes (raw estimate)
     created_ms: int
@@ -353,17 +354,18 @@ class Producer:
         self._sequences[topic] = seq + 1
         created = _now_ms()
         loop = asyncio.get_running_loop()
+        headroom = request_header_size(topic)
         try:
-            data = encode_message(p.records, producer_id=self.producer_id, epoch=self.epoch, sequence=seq,
-                                  codec=self._codec, created_ms=created, compressors=self._compressors,
-                                  timestamps=(p.lo, p.hi), shaped=True, adaptive=True)
+            frame = encode_message(p.records, producer_id=self.producer_id, epoch=self.epoch, sequence=seq,
+                                   codec=self._codec, created_ms=created, compressors=self._compressors,
+                                   timestamps=(p.lo, p.hi), shaped=True, adaptive=True, headroom=headroom)
         except MemqError as e:
             self._buffered -= p.nbytes
             self._room.set()
             for w in p.waiters:
                 _fail_waiter(w, e)
             return
-        msg = _Message(topic, seq, data, len(p.records), p.nbytes, created, p.waiters, loop.create_future())
+        msg = _Message(topic, seq, frame, headroom, len(p.records), p.nbytes, created, p.waiters, loop.create_future())
         self._outstanding.add(msg)
         self._spawn(self._attempt(msg))
 
@@ -399,9 +401,9 @@ class Producer:
         self._in_flight[request_id] = msg
         if self._ack is not AckLevel.NONE:
             msg.timer = asyncio.get_running_loop().call_later(self._timeout_s, self._timed_out, msg, request_id)
-        frame = encode_request_header(request_id, self._ack, msg.topic, msg.flags) + msg.data
+        pack_request_header_into(msg.frame, request_id, self._ack, msg.topic, msg.flags)
         try:
-            await conn.send(frame)
+            await conn.send(msg.frame)
         except BrokerUnavailableError as e:
             if self._in_flight.pop(request_id, None) is msg:
                 self._cancel_timer(msg)
@@ -489,7 +491,7 @@ class Producer:
         assert ack is not None
         if self._audit is not None and self._ack is not AckLevel.NONE:
             self._audit.produced(topic=msg.topic, producer_id=self.producer_id, epoch=self.epoch,
-                                 sequence=msg.sequence, count=msg.count, digest=decode_message_header(msg.data).body_crc32c,
+                                 sequence=msg.sequence, count=msg.count, digest=decode_message_header(memoryview(msg.frame)[msg.message_at:]).body_crc32c,
                                  created_ms=msg.created_ms)
         for w in msg.waiters:
             if len(w) == 2:

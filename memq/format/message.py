@@ -29,6 +29,7 @@ _HEADER = struct.Struct("<4sBBHQIQIqqqIIII")
 MESSAGE_HEADER_SIZE = _HEADER.size
 _CRC_END = MESSAGE_HEADER_SIZE - 4  # the header CRC covers every byte before itself
 _MAX_U32 = 0xFFFFFFFF
+_U32 = struct.Struct("<I")
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,11 +58,14 @@ class MessageHeader:
 def encode_message(records: Sequence[LogMessage], *, producer_id: int, epoch: int,
                    sequence: int, codec: Codec = Codec.ZSTD, created_ms: int | None = None,
                    compressors: Compressors | None = None, timestamps: tuple[int, int] | None = None,
-                   shaped: bool = False, adaptive: bool = False) -> bytes:
+                   shaped: bool = False, adaptive: bool = False, headroom: int = 0) -> bytearray:
     """Encode LogMessages (or 5-tuples in their field order) into one Message (header + body).
 
     `adaptive=True` stores the body uncompressed (Codec.NONE in the header) when `codec` would
     not shrink it by >= 5% (`Compressors.compress_if_pays`); the producer always asks for it.
+    `headroom` bytes (zeroed) precede the Message in the returned buffer, so a caller can write
+    its own frame header there instead of copying the Message behind it (the producer puts the
+    ProduceRequest header there).
 
     A caller that knows more skips per-record passes: `timestamps` is the records' (min, max)
     timestamp_ms (else computed here), `shaped=True` says it built the 5-tuples itself (else
@@ -83,15 +87,19 @@ def encode_message(records: Sequence[LogMessage], *, producer_id: int, epoch: in
             raise InvalidInputError(f"Message body of {len(raw)} bytes exceeds {MAX_BODY_BYTES}")
         lo, hi = timestamp_range(records) if timestamps is None else timestamps
         created = time.time_ns() // 1_000_000 if created_ms is None else created_ms
+        out = bytearray(headroom + MESSAGE_HEADER_SIZE + len(body))
         try:
-            head = _HEADER.pack(MESSAGE_MAGIC, MESSAGE_VERSION, codec, MESSAGE_HEADER_SIZE,
-                                producer_id, epoch, sequence, len(records), lo, hi, created,
-                                len(body), len(raw), crc32c(body), 0)
+            _HEADER.pack_into(out, headroom, MESSAGE_MAGIC, MESSAGE_VERSION, codec, MESSAGE_HEADER_SIZE,
+                              producer_id, epoch, sequence, len(records), lo, hi, created,
+                              len(body), len(raw), crc32c(body), 0)
         except struct.error as exc:
             raise InvalidInputError(
                 f"Message header field out of range (producer_id u64, epoch u32, sequence u64, "
                 f"timestamps i64): {exc}") from exc
-        return b"".join((head[:_CRC_END], crc32c(head[:_CRC_END]).to_bytes(4, "little"), body))
+        crc_at = headroom + _CRC_END
+        _U32.pack_into(out, crc_at, crc32c(memoryview(out)[headroom:crc_at]))
+        out[crc_at + 4:] = body
+        return out
 
 
 def decode_message_header(buf: Buffer) -> MessageHeader:

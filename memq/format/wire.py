@@ -100,13 +100,34 @@ class Ack:
     brokers: tuple[str, ...] = ()
 
 
-def encode_request_header(request_id: int, ack: AckLevel, topic: str,
-                          flags: RequestFlag = RequestFlag.NONE) -> bytes:
-    """The fixed header in front of a Message; send `header + message` as one frame."""
+def _topic_bytes(topic: str) -> bytes:
     tb = topic.encode()
     if not tb or len(tb) > MAX_TOPIC_BYTES:
         raise ProtocolError(f"topic {topic!r}: must be 1..{MAX_TOPIC_BYTES} bytes")
-    return _REQUEST.pack(WIRE_MAGIC, WIRE_VERSION, int(ack), int(flags), request_id, len(tb)) + tb
+    return tb
+
+
+def request_header_size(topic: str) -> int:
+    """Bytes of the request header in front of a Message for `topic`."""
+    return _REQUEST.size + len(_topic_bytes(topic))
+
+
+def pack_request_header_into(frame: bytearray, request_id: int, ack: AckLevel, topic: str,
+                             flags: RequestFlag = RequestFlag.NONE) -> None:
+    """Write the request header into the first `request_header_size(topic)` bytes of `frame`,
+    whose rest holds the Message: the producer encodes each Message with that much headroom
+    and rewrites only this header per attempt, so a 1 MiB frame is never copied to prepend it."""
+    tb = _topic_bytes(topic)
+    _REQUEST.pack_into(frame, 0, WIRE_MAGIC, WIRE_VERSION, int(ack), int(flags), request_id, len(tb))
+    frame[_REQUEST.size:_REQUEST.size + len(tb)] = tb
+
+
+def encode_request_header(request_id: int, ack: AckLevel, topic: str,
+                          flags: RequestFlag = RequestFlag.NONE) -> bytes:
+    """The fixed header in front of a Message; send `header + message` as one frame."""
+    head = bytearray(request_header_size(topic))
+    pack_request_header_into(head, request_id, ack, topic, flags)
+    return bytes(head)
 
 
 def encode_request(request_id: int, ack: AckLevel, topic: str, message: bytes,
