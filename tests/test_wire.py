@@ -9,7 +9,9 @@ from hypothesis import strategies as st
 
 from memq.errors import ProtocolError
 from memq.format.wire import (NO_REQUEST_ID, REQUEST_HEADER_SIZE, Ack, AckCode, AckLevel, RequestFlag,
-                              decode_acks, decode_request, encode_acks, encode_request, peek_request_id)
+                              decode_acks, decode_request, encode_acks, encode_request, pack_request_header_into,
+                              peek_request_id, request_header_size)
+from memq.format.message import encode_message, verify_message
 
 
 def test_request_round_trip_keeps_message_bytes_without_copy() -> None:
@@ -19,6 +21,19 @@ def test_request_round_trip_keeps_message_bytes_without_copy() -> None:
     assert isinstance(req.message, memoryview) and req.message.obj is frame
     assert bytes(req.message) == b"MESSAGE-BYTES"
     assert peek_request_id(frame) == 2**64 - 1
+
+
+def test_message_encoded_with_headroom_is_a_frame_whose_header_is_rewritten_per_attempt() -> None:
+    records = [(b"v" * 100, None, (), 5, None)]
+    plain = encode_message(records, producer_id=1, epoch=2, sequence=3, created_ms=4)
+    frame = encode_message(records, producer_id=1, epoch=2, sequence=3, created_ms=4,
+                           headroom=request_header_size("orders.ü"))
+    for request_id, ack, flags in ((1, AckLevel.ALL, RequestFlag.NONE), (2, AckLevel.LEADER, RequestFlag.SEAL)):
+        pack_request_header_into(frame, request_id, ack, "orders.ü", flags)
+        assert bytes(frame) == encode_request(request_id, ack, "orders.ü", plain, flags)
+        req = decode_request(frame)
+        assert (req.request_id, req.ack, req.flags, req.topic) == (request_id, ack, flags, "orders.ü")
+        assert verify_message(req.message).sequence == 3
 
 
 @pytest.mark.parametrize("frame, words", [
