@@ -2,14 +2,17 @@
 
 `bench_cluster` starts the servers (moto S3, tansu, optionally ZooKeeper) in a temporary
 directory, one broker process for `topics`, and yields a config whose producer points at that
-broker; everything is stopped and removed on exit.
+broker; everything is stopped and removed on exit. `read_memq` times memq's Consumer the one
+way every bench compares it: from the group assignment to the N-th record.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import tempfile
+import time
 import urllib.request
+import uuid
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -18,6 +21,7 @@ from pathlib import Path
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
+from memq.client.consumer import Consumer
 from memq.config import BrokerConfig, MemqConfig, TopicConfig
 from memq.devcluster import DevCluster
 from memq.devcluster.broker_process import BrokerProcess
@@ -48,3 +52,31 @@ def broker_samples(url: str, metric: str) -> list[Sample]:
         if family.name == metric:
             return list(family.samples)
     raise RuntimeError(f"broker {url} exports no metric {metric}")
+
+
+@dataclass(frozen=True)
+class ConsumerRead:
+    """One Consumer pass over a topic: `read_s` from group assignment to the n-th record."""
+
+    read_s: float
+    total_s: float              # including the group join (tansu admits members late)
+    records: int
+    value_bytes: int
+
+
+def read_memq(config: MemqConfig, topic: str, n: int, timeout_s: float = 120.0) -> ConsumerRead:
+    """Read `n` records with a fresh consumer group, every record in the application's hands."""
+    t0 = time.monotonic()
+    assigned: list[float] = []
+    got = size = 0
+    with Consumer(config, topic, group_id=f"bench-{uuid.uuid4().hex[:6]}",
+                  on_assign=lambda _: assigned.append(time.monotonic())) as c:
+        deadline = t0 + timeout_s
+        while got < n and time.monotonic() < deadline:
+            for rec in c.poll(1.0):
+                got += 1
+                size += len(rec.value)
+        end = time.monotonic()
+    if got < n or not assigned:
+        raise RuntimeError(f"memq consumer read {got} of {n} from topic {topic} within {timeout_s:.0f}s")
+    return ConsumerRead(end - assigned[0], end - t0, got, size)

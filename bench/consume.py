@@ -17,8 +17,7 @@ from confluent_kafka import Consumer as KafkaConsumer
 from confluent_kafka import Producer as KafkaProducer
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from bench._cluster import bench_cluster
-from memq.client.consumer import Consumer
+from bench._cluster import bench_cluster, read_memq
 from memq.client.producer import Producer
 from memq.config import KafkaConfig, MemqConfig, TopicConfig
 
@@ -54,22 +53,6 @@ def _produce_kafka(bootstrap: str, topic: str, n: int) -> None:
         raise RuntimeError("Kafka producer did not deliver every message")
 
 
-def _read_memq(config: MemqConfig, topic: str, n: int) -> tuple[float, float]:
-    """(seconds from the group assignment to the n-th record, seconds including the join)."""
-    t0 = time.monotonic()
-    assigned: list[float] = []
-    got = 0
-    with Consumer(config, topic, group_id=f"bench-{uuid.uuid4().hex[:6]}",
-                  on_assign=lambda _: assigned.append(time.monotonic())) as c:
-        deadline = t0 + TIMEOUT_S
-        while got < n and time.monotonic() < deadline:
-            got += sum(1 for _ in c.poll(1.0))
-        end = time.monotonic()
-    if got < n:
-        raise RuntimeError(f"memq consumer read {got} of {n}")
-    return end - assigned[0], end - t0
-
-
 def _read_kafka(kafka: KafkaConfig, topic: str, n: int) -> tuple[float, float]:
     t0 = time.monotonic()
     assigned: list[float] = []
@@ -103,7 +86,8 @@ def run(quick: bool) -> dict:
         _produce_memq(config, name, n)
         assert dc.kafka_bootstrap is not None
         _produce_kafka(dc.kafka_bootstrap, name + "-kafka", n)
-        memq_s, memq_total_s = _read_memq(config, name, n)
+        memq = read_memq(config, name, n, TIMEOUT_S)
+        memq_s, memq_total_s = memq.read_s, memq.total_s
         print(f"memq consumer:  {n / memq_s:,.0f} msg/s ({memq_total_s:.1f} s with group join)", flush=True)
         kafka_s, kafka_total_s = _read_kafka(config.kafka, name + "-kafka", n)
         print(f"kafka consumer: {n / kafka_s:,.0f} msg/s ({kafka_total_s:.1f} s with group join)", flush=True)

@@ -3,8 +3,10 @@
 One DevCluster, one topic written the way brokers write it (batch objects on S3,
 notifications on Kafka). memq's side: a local[2] Spark session (started and warmed up
 before timing) runs `count(*), sum(length(value))` over the topic, which moves every row
-through Arrow. The peer: one `memq.client.Consumer` iterating the same messages. Ratio
-`vs_consumer` = consumer seconds / Spark seconds (higher is better).
+through Arrow; timed from `load()` (planning included) to the collected result. The peer:
+one `memq.client.Consumer` iterating the same messages, timed as `bench consume` times it
+(`bench._cluster.read_memq`: group assignment to the N-th record, so tansu's slow group join
+counts on neither side). Ratio `vs_consumer` = consumer seconds / Spark seconds (higher is better).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Sequence
 
+from bench._cluster import read_memq
 from memq.client.consumer import notification_topic
 from memq.config import MemqConfig
 from memq.format import (
@@ -84,29 +87,13 @@ def _records(n: int, per_batch: int) -> list[list[LogMessage]]:
 
 
 def _spark_read(spark, options: dict[str, str]) -> tuple[float, int, int]:  # type: ignore[no-untyped-def]
+    """(seconds from `load()` (planning included) to the collected row, rows, value bytes)."""
     from pyspark.sql import functions as F
 
+    reader = spark.read.format("memq").options(**options)
     t = time.perf_counter()
-    row = (spark.read.format("memq").options(**options).load()
-           .agg(F.count("*").alias("n"), F.sum(F.length("value")).alias("b")).collect()[0])
+    row = reader.load().agg(F.count("*").alias("n"), F.sum(F.length("value")).alias("b")).collect()[0]
     return time.perf_counter() - t, row.n, row.b
-
-
-def _consumer_read(config: MemqConfig, topic: str, n: int) -> tuple[float, int, int]:
-    from memq.client.consumer import Consumer
-
-    t = time.perf_counter()
-    got = size = 0
-    consumer = Consumer(config, topic, group_id=f"bench-{uuid.uuid4().hex}")
-    try:
-        deadline = time.monotonic() + 300
-        while got < n and time.monotonic() < deadline:
-            for rec in consumer.poll(1.0):
-                got += 1
-                size += len(rec.value)
-    finally:
-        consumer.close()
-    return time.perf_counter() - t, got, size
 
 
 def run(quick: bool = False) -> dict:
@@ -136,14 +123,17 @@ def run(quick: bool = False) -> dict:
             for _ in range(rounds):
                 spark_runs.append(_spark_read(spark, options))
                 print(f"spark datasource: {spark_runs[-1][1]} rows in {spark_runs[-1][0]:.2f}s", flush=True)
-                consumer_runs.append(_consumer_read(config, topic, n))
-                print(f"memq consumer: {consumer_runs[-1][1]} records in {consumer_runs[-1][0]:.2f}s", flush=True)
+                c = read_memq(config, topic, n, timeout_s=300)
+                consumer_runs.append((c.read_s, c.records, c.value_bytes, c.total_s))
+                print(f"memq consumer: {c.records} records in {c.read_s:.2f}s from assignment "
+                      f"({c.total_s:.2f}s with group join)", flush=True)
         finally:
             spark.stop()
     s_time, s_rows, s_bytes = min(spark_runs)
-    c_time, c_rows, c_bytes = min(consumer_runs)
+    c_time, c_rows, c_bytes, c_total = min(consumer_runs)
     if (s_rows, s_bytes) != (n, c_bytes) or c_rows != n:
         raise RuntimeError(f"reads disagree: spark {s_rows} rows/{s_bytes} B, consumer {c_rows}/{c_bytes} B, want {n}")
     return {"ratios": {"vs_consumer": round(c_time / s_time, 3)},
             "messages": n, "spark_s": round(s_time, 3), "consumer_s": round(c_time, 3),
+            "consumer_with_join_s": round(c_total, 3),
             "spark_msgs_per_s": round(n / s_time), "consumer_msgs_per_s": round(n / c_time)}
