@@ -7,6 +7,7 @@ import copy
 import pytest
 
 from memq.audit.books import BOOKS_MS, LIVE_MS, Books, BooksSettings, Status
+from memq.audit.dashboard import series_json
 from memq.audit.records import AuditRecord, Kind, decode_records, encode_records
 from memq.errors import CorruptDataError, UnsupportedVersionError
 
@@ -141,6 +142,24 @@ def test_lag_warn_and_stall() -> None:
     b.advance(T0 + 4_500)
     assert b.status("t", "g", T0 + 4_500) is Status.STALL       # nothing consumed for 4.49 s
     assert b.window(LIVE_MS, "t", "g", T0).lag_messages == 21
+
+
+def test_lost_messages_leave_the_lag_of_table_and_chart_alike() -> None:
+    b = Books(SETTINGS)
+    b.add(prod(0, created=T0))
+    b.add(cons(0, created=T0, consumed=T0 + 10))
+    b.add(prod(1, count=40, created=T0 + 100))                  # injected loss: never consumed
+    b.advance(T0 + 2_200)
+    [row] = b.summary(T0 + 2_200)
+    assert (row.lag_messages, row.lag_s) == (40, 2.1)
+    b.advance(T0 + 5_200)                                       # grace over: reported lost
+    [row] = b.summary(T0 + 5_200)
+    assert (row.lost, row.lag_messages, row.lag_s) == (40, 0, 0)
+    for size in (LIVE_MS, BOOKS_MS):                            # the chart's newest window
+        [(start, w)] = b.series(size, "t", "g", T0)
+        assert (start, w.lost, w.lag_messages, w.lag_ms) == (T0, 40, 0, 0)
+    chart = series_json(b, "t", LIVE_MS, T0)["groups"]["g"]
+    assert (chart["lag_messages"][-1], chart["lag_s"][-1]) == (row.lag_messages, row.lag_s)
 
 
 def test_state_is_forgotten_after_retention() -> None:

@@ -12,7 +12,7 @@ period (from its first record) for the Messages acked before it appeared. Per (t
   `grace_ms` after the ack; counted in the creation window, and taken back if it arrives late),
 - end-to-end latency (consume time - producer seal time) as a log histogram, so windows merge,
 - lag: LogMessages acked within the grace period and not yet consumed, and the age of the
-  oldest of them.
+  oldest of them (a lost Message is not lag); a window holds the latest lag measured in it.
 
 Time comes in as arguments (`advance(now_ms)`), so this module is deterministic. Changes since
 the last `drain_changes()` are tracked so the store can persist them incrementally.
@@ -100,6 +100,7 @@ class Window:
     lag_ms: int = 0
 
     def merge(self, other: Window) -> None:
+        """Add `other`, the later window: its lag (the later measurement) replaces this one's."""
         self.produced += other.produced
         self.consumed += other.consumed
         self.lost += other.lost
@@ -108,8 +109,7 @@ class Window:
         for b, n in other.latency.items():
             self.latency[b] = self.latency.get(b, 0) + n
         self.latency_max_ms = max(self.latency_max_ms, other.latency_max_ms)
-        self.lag_messages = max(self.lag_messages, other.lag_messages)
-        self.lag_ms = max(self.lag_ms, other.lag_ms)
+        self.lag_messages, self.lag_ms = other.lag_messages, other.lag_ms
 
     def percentile_ms(self, q: float) -> float | None:
         """Latency at quantile q (0..1), within the 4% bucket width; None without samples."""
@@ -344,6 +344,12 @@ class Books:
                 self._d_deliveries.add((topic, group, key))
 
     def _measure_lag(self, now_ms: int) -> None:
+        """Each group's lag at now_ms, for the table and for the window holding now_ms alike.
+
+        Lag counts only Messages in their grace period: once settled they were consumed or
+        reported lost, and a lost Message is not lag. A window keeps the latest measurement
+        in it (not its peak), so the newest window always shows the table's figure.
+        """
         for topic, groups in self._groups.items():
             open_entries = self._open.get(topic, {})
             for group, g in groups.items():
@@ -352,12 +358,12 @@ class Books:
                     if p.created_ms >= g.since_ms and key not in g.deliveries:
                         messages += p.count
                         oldest = min(oldest, p.created_ms)
-                g.lag_messages, g.lag_ms = messages, (now_ms - oldest if messages else 0)
-                if messages or g.lag_messages:
+                lag = (messages, now_ms - oldest if messages else 0)
+                if lag != (g.lag_messages, g.lag_ms):
                     self._d_groups.add((topic, group))
+                g.lag_messages, g.lag_ms = lag
                 for w in self._touch(topic, group, now_ms):
-                    w.lag_messages = max(w.lag_messages, g.lag_messages)
-                    w.lag_ms = max(w.lag_ms, g.lag_ms)
+                    w.lag_messages, w.lag_ms = lag
 
     # --- persistence ---------------------------------------------------------------------
 

@@ -39,7 +39,8 @@ def summary_json(rows: list[GroupSummary]) -> list[dict[str, Any]]:
 
 
 def series_json(books: Books, topic: str, size_ms: int, since_ms: int) -> dict[str, Any]:
-    """Aligned per-window arrays for the charts: rates in LogMessages/s, the rest per window."""
+    """Aligned per-window arrays for the charts: rates in LogMessages/s, the rest per window
+    (lag as last measured in it: the newest window shows the summary's lag)."""
     groups = books.groups(topic)
     produced = dict(books.series(size_ms, topic, "", since_ms))
     per_group = {g: dict(books.series(size_ms, topic, g, since_ms)) for g in groups}
