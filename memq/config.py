@@ -20,6 +20,7 @@ from typing import Any, Literal, Mapping
 from memq.errors import ConfigError
 
 MiB = 1024 * 1024
+INTERNAL_PREFIX = "__"      # topic names reserved for memq's own topics (the audit topic)
 
 
 @dataclass(frozen=True)
@@ -106,6 +107,9 @@ class TopicConfig:
     def __post_init__(self) -> None:
         if not self.name or not all(c.isalnum() or c in "._-" for c in self.name):
             raise ConfigError(f"topic name {self.name!r}: use letters, digits, '.', '_', '-'")
+        if self.name.startswith(INTERNAL_PREFIX):
+            raise ConfigError(f"topic name {self.name!r}: names starting with {INTERNAL_PREFIX!r} "
+                              "are reserved for memq's internal topics")
         for attr in ("read_partitions", "batch_bytes", "batch_messages", "batch_ms",
                      "ring_slots", "max_message_bytes"):
             if getattr(self, attr) <= 0:
@@ -118,6 +122,16 @@ class TopicConfig:
     def notification_topic_for(self, cluster: str) -> str:
         """The Kafka topic that carries this topic's notifications."""
         return self.notification_topic or f"memq.{cluster}.{self.name}"
+
+
+def memq_topic_of(kafka_topic: str, cluster: str) -> str | None:
+    """The user topic whose default notification topic is `kafka_topic`, or None for any other
+    Kafka topic, including memq's internal ones such as `memq.<cluster>.__audit`."""
+    prefix = f"memq.{cluster}."
+    if not kafka_topic.startswith(prefix):
+        return None
+    name = kafka_topic[len(prefix):]
+    return None if name.startswith(INTERNAL_PREFIX) else name
 
 
 @dataclass(frozen=True)

@@ -19,10 +19,12 @@ from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 from confluent_kafka import Consumer as KafkaConsumer
 
 from memq.audit.records import AuditRecord, Kind, decode_records
-from memq.config import BrokerConfig, MemqConfig, TopicConfig, load_config
+from memq.config import BrokerConfig, MemqConfig, TopicConfig, load_config, memq_topic_of
 from memq.devcluster import DevCluster
 from memq.devcluster.broker_process import BrokerProcess, config_toml
+from memq.errors import ConfigError
 from memq.governor.registry import Registry
+from memq.notify import TopicAdmin
 
 pytestmark = [pytest.mark.integration]
 
@@ -149,16 +151,29 @@ def test_broker_command_serves_until_sigterm(devcluster: DevCluster, tmp_path: P
 @pytest.mark.timeout(60)
 def test_topic_commands(devcluster: DevCluster, tmp_path: Path) -> None:
     path = tmp_path / "c.toml"
-    path.write_text(config_toml(devcluster.config(cluster="clitopics")))
+    config = devcluster.config(cluster="clitopics")
+    path.write_text(config_toml(config))
+    TopicAdmin(config.kafka).create_topic(config.audit.topic_for("clitopics"), 1)   # memq.clitopics.__audit
     name = f"tt-{uuid.uuid4().hex[:6]}"
     r = memq("topic", "create", name, "--partitions", "4", config=path)
     assert r.returncode == 0, r.stderr.decode()
-    assert name in memq("topic", "list", config=path).stdout.decode().split()
+    names = memq("topic", "list", config=path).stdout.decode().split()
+    assert name in names and "__audit" not in names
+    status = memq("status", config=path).stdout.decode()
+    assert f"{len(names)} memq topics" in status, status
     out = memq("topic", "describe", name, config=path).stdout.decode()
     assert re.search(r"\b3\W+0\W+0\W+0\b", out), out     # partition 3 exists and is empty
     r = memq("topic", "delete", name, "--yes", config=path)
     assert r.returncode == 0, r.stderr.decode()
     assert name not in memq("topic", "list", config=path).stdout.decode().split()
+
+
+def test_internal_topic_names_are_reserved() -> None:
+    with pytest.raises(ConfigError, match="'__audit'.*reserved"):
+        TopicConfig(name="__audit")
+    assert memq_topic_of("memq.c1.orders", "c1") == "orders"
+    assert memq_topic_of("memq.c1.__audit", "c1") is None
+    assert memq_topic_of("memq.c2.orders", "c1") is None
 
 
 def _processes_under(run_dir: Path) -> list[int]:

@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from memq.cli._common import config_of
+from memq.config import memq_topic_of
 from memq.errors import MemqError
 
 _TIMEOUT_S = 3.0
@@ -44,8 +45,8 @@ def status(ctx: click.Context, brokers: str | None) -> None:
             healthy = False
             table.add_row("broker", url, "[red]down[/]", str(e))
     try:
-        prefix = f"memq.{config.cluster.name}."
-        count = sum(t.startswith(prefix) for t in TopicAdmin(config.kafka).list_topics())
+        kafka_topics = TopicAdmin(config.kafka).list_topics()
+        count = sum(memq_topic_of(t, config.cluster.name) is not None for t in kafka_topics)
         table.add_row("kafka", config.kafka.bootstrap_servers, "[green]up[/]", f"{count} memq topics")
     except MemqError as e:
         healthy = False

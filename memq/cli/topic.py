@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from memq.cli._common import config_of
+from memq.config import memq_topic_of
 
 
 @click.group()
@@ -46,8 +47,8 @@ def list_(ctx: click.Context) -> None:
     config = config_of(ctx)
     from memq.notify import TopicAdmin
 
-    prefix = f"memq.{config.cluster.name}."
-    names = {t[len(prefix):] for t in TopicAdmin(config.kafka).list_topics() if t.startswith(prefix)}
+    kafka_topics = TopicAdmin(config.kafka).list_topics()
+    names = {n for t in kafka_topics if (n := memq_topic_of(t, config.cluster.name)) is not None}
     for name in sorted(names):
         click.echo(name)
 
