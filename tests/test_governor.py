@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -123,6 +124,25 @@ def test_one_governor_assigns_and_successor_takes_over(registries) -> None:
     finally:
         for g in govs:
             g.stop()
+
+
+def test_stopping_a_waiting_governor_logs_no_warning(registries, caplog: pytest.LogCaptureFixture) -> None:
+    leader, waiting = Governor(registries(), "b1", interval_s=0.5), Governor(registries(), "b2", interval_s=5)
+    leader.start()
+    try:
+        wait_for(leader.leading.is_set, 10, "a governor")
+        waiting.start()
+        def contenders() -> int:
+            return len(leader.registry.client.get_children(leader.registry.election_path))
+
+        wait_for(lambda: contenders() == 2, 10, "the second contender")
+        with caplog.at_level(logging.WARNING, logger="memq.governor.governor"):
+            waiting.stop()               # cancels its lock wait: kazoo raises an empty CancelledError
+        assert caplog.records == []
+        wait_for(lambda: contenders() == 1, 10, "the stopped contender's znode removed")
+        assert leader.leading.is_set()
+    finally:
+        leader.stop()
 
 
 def test_stale_governor_cannot_write(registries) -> None:

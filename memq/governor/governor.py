@@ -105,7 +105,10 @@ class Governor:
             except LockTimeout:
                 continue
             except KazooException as e:
-                log.warning("governor election: %s", e)
+                if self._stop.is_set():
+                    return  # stop() cancelled the wait (kazoo's CancelledError): not a failure
+                # repr: kazoo's connection errors often carry no message, only their type
+                log.warning("governor election failed, retrying: %r", e)
                 self._stop.wait(0.5)
                 continue
             try:
@@ -116,8 +119,9 @@ class Governor:
                 try:
                     if self.registry.connected:
                         lock.release()
-                except KazooException:
-                    pass
+                except KazooException as e:
+                    # its znode stays until the session ends, ahead of any new contender of ours
+                    log.warning("governor could not release its election lock: %r", e)
 
     def _lead(self, fence: str) -> None:
         log.info("broker %s is now the governor", self.identifier)
