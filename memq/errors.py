@@ -71,10 +71,6 @@ class CoordinationError(MemqError):
     """A ZooKeeper operation failed or the registry is in an unexpected state."""
 
 
-class AssignmentError(CoordinationError):
-    """Topics cannot be placed, e.g. the cluster is out of capacity."""
-
-
 class LeadershipLostError(CoordinationError):
     """This governor's election znode is gone (session ended): it must stop writing."""
 
@@ -90,20 +86,8 @@ class UnknownTopicError(MemqError):
     """The topic does not exist (or is not hosted where it was asked for)."""
 
 
-class NotLeaderForTopicError(UnknownTopicError):
-    """This broker does not host the topic; `brokers` lists where it lives now."""
-
-    def __init__(self, message: str, brokers: tuple[str, ...] = ()) -> None:
-        super().__init__(message)
-        self.brokers = brokers
-
-
 class MessageTooLargeError(InvalidInputError):
     """A Message or LogMessage exceeds the configured size limit."""
-
-
-class BrokerBusyError(MemqError):
-    """The broker's TopicProcessor has no free batch slot; retry later (backpressure)."""
 
 
 class ProduceError(MemqError):
