@@ -1,4 +1,5 @@
-"""Static checks: ruff finds no defect (pyproject.toml's [tool.ruff.lint] rules) and no dead error classes."""
+"""Static checks: ruff finds no defect (pyproject.toml's [tool.ruff.lint] rules), mypy none in
+memq/format, and memq/errors.py holds no dead error classes."""
 
 from __future__ import annotations
 
@@ -13,6 +14,13 @@ ROOT = Path(__file__).resolve().parent.parent
 def test_ruff_finds_no_defects() -> None:
     r = subprocess.run([sys.executable, "-m", "ruff", "check", "--no-cache", "memq", "spark_source", "bench", "tests"],
                        cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_mypy_finds_no_type_errors_in_format() -> None:
+    """The data formats type-check (third-party modules without stubs count as Any)."""
+    r = subprocess.run([sys.executable, "-m", "mypy", "--no-incremental", "--ignore-missing-imports",
+                        "memq/format"], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr
 
 

@@ -62,8 +62,16 @@ def _field(obj: dict[str, Any], name: str, kind: type) -> Any:
     value = obj[name]
     # bool is an int subclass; JSON true must not pass as a count. Timestamps (i64 in the
     # batch) may be negative; sizes, counts, checksum and attempt may not.
-    signed = name.endswith("_ms")
-    if type(value) is not kind or (kind is int and not signed and value < 0):
-        want = "string" if kind is str else "int" if signed else "non-negative int"
-        raise CorruptDataError(f"notification field {name!r} is {value!r}, want a {want}")
-    return value
+    if kind is str:
+        if type(value) is str:
+            return value
+        want = "string"
+    elif name.endswith("_ms"):
+        if type(value) is int:
+            return value
+        want = "int"
+    else:
+        if type(value) is int and value >= 0:
+            return value
+        want = "non-negative int"
+    raise CorruptDataError(f"notification field {name!r} is {value!r}, want a {want}")
