@@ -115,7 +115,8 @@ def run(quick: bool = False) -> dict:
         t = time.perf_counter()
         spark = local_session("memq-bench", "local[2]")
         try:
-            _spark_read(spark, {**options, "endingOffsets": '{"0": 1, "1": 0, "2": 0, "3": 0}'})  # warm-up
+            # warm-up: one object per read partition = 4 tasks, so both Python workers are started
+            _spark_read(spark, {**options, "endingOffsets": '{"0": 1, "1": 1, "2": 1, "3": 1}'})
             print(f"spark session ready: {time.perf_counter() - t:.1f}s", flush=True)
             rounds = 1 if quick else 2
             spark_runs = []
