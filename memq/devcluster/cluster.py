@@ -1,6 +1,6 @@
 """`DevCluster`: real moto S3, tansu Kafka and ZooKeeper on free loopback ports.
 
-Used by the pytest session fixture and by `python -m memq.devcluster` (later `memq dev`).
+Used by the pytest session fixture, by `python -m memq.devcluster` and by `memq dev`.
 Servers start in parallel, each on a fresh port; a server that loses its port to another
 process (the port was free when chosen) is restarted on a new one. Logs go to
 `run_dir/logs/<server>.log`. Data lives in memory (moto, tansu) or under `run_dir`
