@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from itertools import chain
 from typing import Sequence
 
 import numpy as np
@@ -42,6 +41,9 @@ SCHEMA = StructType([
 # Spark checks read()'s RecordBatches against exactly this Arrow schema.
 ARROW_SCHEMA: pa.Schema = to_arrow_schema(SCHEMA, timezone="UTC")
 _HEADER_TYPE = ARROW_SCHEMA.field("headers").type
+# A LogMessage as an Arrow struct, fields in its tuple order.
+_LOG_TYPE = pa.struct([("value", pa.binary()), ("key", pa.binary()), ("headers", _HEADER_TYPE),
+                       ("timestamp_ms", pa.int64()), ("message_id", pa.binary())])
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,27 +69,18 @@ def to_record_batch(ctx: BatchContext, messages: Sequence[tuple[int, Sequence[Lo
     """
     logs = [m for _, msgs in messages for m in msgs]
     n = len(logs)
-    values, keys, headers_per_row, stamps, _ = zip(*logs) if n else ((),) * 5
+    # One C pass converts the LogMessage tuples; its children are the columns (no transpose).
+    value, key, headers, ts_ms, _ = pa.array(logs, _LOG_TYPE).flatten()
     producer_ids = np.repeat(np.array([_signed64(p) for p, _ in messages], dtype=np.int64),
                              [len(msgs) for _, msgs in messages])
-    header_offsets = np.zeros(n + 1, dtype=np.int32)
-    np.cumsum(np.fromiter(map(len, headers_per_row), dtype=np.int32, count=n), out=header_offsets[1:])
-    flat = list(chain.from_iterable(headers_per_row))
-    header_keys, header_values = zip(*flat) if flat else ((), ())
-    headers = pa.ListArray.from_arrays(
-        pa.array(header_offsets),
-        pa.StructArray.from_arrays([pa.array(header_keys, pa.string()), pa.array(header_values, pa.binary())],
-                                   fields=list(_HEADER_TYPE.value_type)),
-        type=_HEADER_TYPE)
-    ts_ms = np.fromiter(stamps, dtype=np.int64, count=n)
     columns = [
-        pa.array(keys, pa.binary()),
-        pa.array(values, pa.binary()),
+        key,
+        value,
         pa.repeat(ctx.topic, n),
         pa.nulls(n, pa.int32()) if ctx.partition is None else pa.array(np.full(n, ctx.partition, np.int32)),
         pa.nulls(n, pa.int64()) if ctx.offset is None else pa.array(np.full(n, ctx.offset, np.int64)),
         pa.array(np.arange(n, dtype=np.int32)),
-        pa.array(ts_ms * 1000, ARROW_SCHEMA.field("timestamp").type),
+        pc.multiply(ts_ms, 1000).cast(ARROW_SCHEMA.field("timestamp").type),
         headers,
         pa.repeat(ctx.bucket, n),
         pa.repeat(ctx.key, n),
@@ -96,7 +89,6 @@ def to_record_batch(ctx: BatchContext, messages: Sequence[tuple[int, Sequence[Lo
     batch = pa.RecordBatch.from_arrays(columns, schema=ARROW_SCHEMA)
     if start_ms is None and end_ms is None:
         return batch
-    ts = pa.array(ts_ms)
-    keep = pc.and_(pc.greater_equal(ts, start_ms if start_ms is not None else np.iinfo(np.int64).min),
-                   pc.less(ts, end_ms if end_ms is not None else np.iinfo(np.int64).max))
+    keep = pc.and_(pc.greater_equal(ts_ms, start_ms if start_ms is not None else np.iinfo(np.int64).min),
+                   pc.less(ts_ms, end_ms if end_ms is not None else np.iinfo(np.int64).max))
     return batch.filter(keep)
