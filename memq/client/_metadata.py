@@ -16,6 +16,8 @@ import aiohttp
 
 from memq.errors import BrokerUnavailableError, UnknownTopicError
 
+from ._singleflight import SingleFlight
+
 
 DOWN_S = 10.0   # longer than a governor needs to move a dead broker's topics (session timeout + a cycle)
 
@@ -30,7 +32,7 @@ class TopicRouter:
         self._topics: dict[str, list[str]] = {}
         self._cursor: dict[str, itertools.cycle[str]] = {}
         self._down: dict[str, float] = {}                # url -> monotonic time it may be tried again
-        self._refreshing: dict[str, asyncio.Future[list[str]]] = {}
+        self._refreshing: SingleFlight[str, list[str]] = SingleFlight()
 
     async def brokers_for(self, topic: str) -> list[str]:
         """The brokers hosting `topic`; asks the cluster on a miss. UnknownTopicError if none does."""
@@ -91,21 +93,7 @@ class TopicRouter:
     async def refresh(self, topic: str) -> list[str]:
         """Ask every known usable broker for metadata (concurrently) and merge what they host;
         concurrent callers for one topic share one round."""
-        pending = self._refreshing.get(topic)
-        if pending is not None:
-            return await asyncio.shield(pending)
-        fut: asyncio.Future[list[str]] = asyncio.get_running_loop().create_future()
-        self._refreshing[topic] = fut
-        try:
-            brokers = await self._refresh(topic)
-            fut.set_result(brokers)
-            return brokers
-        except BaseException as e:
-            fut.set_exception(e)
-            fut.exception()   # mark retrieved: waiters re-raise it themselves
-            raise
-        finally:
-            del self._refreshing[topic]
+        return await self._refreshing.run(topic, lambda: self._refresh(topic))
 
     async def _refresh(self, topic: str) -> list[str]:
         asked = [u for u in self._known if not self._is_down(u)] or list(self._known)

@@ -39,6 +39,7 @@ from memq.format.wire import (RETRIABLE_CODES, Ack, AckCode, AckLevel, RequestFl
 
 from ._connection import BrokerConnection
 from ._metadata import TopicRouter
+from ._singleflight import SingleFlight
 
 log = logging.getLogger(__name__)
 
@@ -147,7 +148,7 @@ class Producer:
         self._in_flight: dict[int, _Message] = {}        # request id -> Message being attempted
         self._outstanding: set[_Message] = set()         # sealed, not finished
         self._conns: dict[str, BrokerConnection] = {}
-        self._connecting: dict[str, asyncio.Future[BrokerConnection]] = {}
+        self._connecting: SingleFlight[str, BrokerConnection] = SingleFlight()
         self._tasks: set[asyncio.Task[None]] = set()
         self._buffered = 0
         self._room = asyncio.Event()
@@ -518,27 +519,17 @@ class Producer:
         conn = self._conns.get(url)
         if conn is not None and not conn.closed:
             return conn
-        pending = self._connecting.get(url)
-        if pending is not None:
-            return await asyncio.shield(pending)
-        fut: asyncio.Future[BrokerConnection] = asyncio.get_running_loop().create_future()
-        self._connecting[url] = fut
-        try:
-            assert self._session is not None
-            conn = BrokerConnection(url, self._session, on_ack=self._on_ack, on_lost=self._on_lost,
-                                    timeout_s=self._timeout_s,
-                                    max_frame_bytes=self.config.max_message_bytes + REQUEST_HEADER_SIZE)
-            await conn.connect()
-            self._router_for().broker_ok(url)
-            self._conns[url] = conn
-            fut.set_result(conn)
-            return conn
-        except BaseException as e:
-            fut.set_exception(e)
-            fut.exception()   # mark retrieved: waiters re-raise it themselves
-            raise
-        finally:
-            del self._connecting[url]
+        return await self._connecting.run(url, lambda: self._connect(url))
+
+    async def _connect(self, url: str) -> BrokerConnection:
+        assert self._session is not None
+        conn = BrokerConnection(url, self._session, on_ack=self._on_ack, on_lost=self._on_lost,
+                                timeout_s=self._timeout_s,
+                                max_frame_bytes=self.config.max_message_bytes + REQUEST_HEADER_SIZE)
+        await conn.connect()
+        self._router_for().broker_ok(url)
+        self._conns[url] = conn
+        return conn
 
 
 def _fail_waiter(w: _Waiter, e: BaseException) -> None:
