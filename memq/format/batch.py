@@ -18,9 +18,9 @@ from typing import Iterable, Iterator, Sequence
 
 from crc32c import crc32c
 
-from memq.errors import CorruptDataError, InvalidInputError, UnsupportedVersionError
+from memq.errors import CorruptDataError, InvalidInputError
 from memq.format.codec import Compressors
-from memq.format.message import Buffer, MessageHeader, decode_message
+from memq.format.message import Buffer, MessageHeader, check_magic_and_version, decode_message
 from memq.format.records import LogMessage, gc_paused
 
 BATCH_MAGIC = b"MQBT"
@@ -92,13 +92,7 @@ def encode_batch(messages: Sequence[Buffer], headers: Sequence[MessageHeader], *
 def batch_header_size(prefix: Buffer) -> int:
     """The header size, from the first BATCH_PREFIX_SIZE bytes of an object."""
     n = len(prefix)
-    if n < 5:
-        raise CorruptDataError(f"batch truncated: {n} bytes, need {BATCH_PREFIX_SIZE}")
-    if prefix[:4] != BATCH_MAGIC:
-        raise CorruptDataError(f"bad batch magic {bytes(prefix[:4])!r}, want {BATCH_MAGIC!r}")
-    if prefix[4] != BATCH_VERSION:
-        raise UnsupportedVersionError(f"batch version {prefix[4]}, this reader knows "
-                                      f"{BATCH_VERSION}")
+    check_magic_and_version(prefix, "batch", BATCH_MAGIC, BATCH_VERSION, BATCH_PREFIX_SIZE)
     if n < BATCH_PREFIX_SIZE:
         raise CorruptDataError(f"batch prefix truncated: {n} of {BATCH_PREFIX_SIZE} bytes")
     size = _PREFIX.unpack_from(prefix)[2]

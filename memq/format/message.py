@@ -102,16 +102,24 @@ def encode_message(records: Sequence[LogMessage], *, producer_id: int, epoch: in
         return out
 
 
+def check_magic_and_version(buf: Buffer, what: str, magic: bytes, version: int, need: int) -> None:
+    """The check every binary header starts with: 4 magic bytes, then a version byte.
+
+    `need` is the size the caller will read next, named in the truncation error.
+    """
+    n = len(buf)
+    if n < 5:
+        raise CorruptDataError(f"{what} truncated: {n} bytes, need {need}")
+    if buf[:4] != magic:
+        raise CorruptDataError(f"bad {what} magic {bytes(buf[:4])!r}, want {magic!r}")
+    if buf[4] != version:
+        raise UnsupportedVersionError(f"{what} version {buf[4]}, this reader knows {version}")
+
+
 def decode_message_header(buf: Buffer) -> MessageHeader:
     """Decode and check the header only (magic, version, header CRC, lengths)."""
     n = len(buf)
-    if n < 5:
-        raise CorruptDataError(f"Message truncated: {n} bytes, need {MESSAGE_HEADER_SIZE}")
-    if buf[:4] != MESSAGE_MAGIC:
-        raise CorruptDataError(f"bad Message magic {bytes(buf[:4])!r}, want {MESSAGE_MAGIC!r}")
-    if buf[4] != MESSAGE_VERSION:
-        raise UnsupportedVersionError(
-            f"Message version {buf[4]}, this reader knows {MESSAGE_VERSION}")
+    check_magic_and_version(buf, "Message", MESSAGE_MAGIC, MESSAGE_VERSION, MESSAGE_HEADER_SIZE)
     if n < MESSAGE_HEADER_SIZE:
         raise CorruptDataError(f"Message header truncated: {n} of {MESSAGE_HEADER_SIZE} bytes")
     (_, version, codec, header_size, producer_id, epoch, sequence, count, lo, hi, created,
