@@ -98,6 +98,14 @@ async def test_publish_then_consume_everything(kafka: KafkaConfig, topic: str) -
         consumer.close()
 
 
+async def test_a_burst_of_batches_spreads_over_every_read_partition(kafka: KafkaConfig, topic: str) -> None:
+    """Read partitions are the consumer group's parallelism: a burst of notifications (a broker
+    storing batches back to back) must not all land on one partition."""
+    placed = await publish_all(kafka, topic, [note(i) for i in range(40)])
+    per_partition = [sum(1 for p, _ in placed if p == q) for q in range(PARTITIONS)]
+    assert all(n >= 3 for n in per_partition), per_partition
+
+
 async def test_group_commit_committed_seek_position(kafka: KafkaConfig, topic: str, unique_name) -> None:
     placed = await publish_all(kafka, topic, [note(i) for i in range(200)])
     group = unique_name("g")

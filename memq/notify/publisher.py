@@ -63,10 +63,14 @@ class NotificationPublisher:
             self._reports.append((loop, (future, kafka_topic, err, msg.partition(), msg.offset())))
 
         payload = n.to_bytes()
+        # Keyed by the (unique) object key, so the hash partitioner spreads batches over the
+        # read partitions; unkeyed, librdkafka's sticky partitioner puts a burst on one
+        # partition and a consumer group loses its parallelism.
+        key = n.key.encode()
         deadline = time.monotonic() + self._timeout_s
         while True:
             try:
-                self._producer.produce(kafka_topic, payload, on_delivery=on_delivery)
+                self._producer.produce(kafka_topic, payload, key=key, on_delivery=on_delivery)
                 break
             except BufferError:  # librdkafka's queue is full: wait for deliveries to drain it
                 if time.monotonic() > deadline:
