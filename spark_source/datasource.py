@@ -123,10 +123,11 @@ class MemqPushdownReader(MemqBatchReader):
                 return None
             return dataclasses.replace(b, partitions=frozenset(wanted if b.partitions is None
                                                                else wanted & b.partitions))
-        if column == ("offset",) and self.opts.mode == "notifications" and isinstance(f.value, int):
-            lo, hi = {EqualTo: (f.value, f.value), GreaterThan: (f.value + 1, None),
-                      GreaterThanOrEqual: (f.value, None), LessThan: (None, f.value - 1),
-                      LessThanOrEqual: (None, f.value)}.get(type(f), (None, None))
+        value = getattr(f, "value", None)   # every comparison Filter has one; Filter itself does not
+        if column == ("offset",) and self.opts.mode == "notifications" and isinstance(value, int):
+            lo, hi = {EqualTo: (value, value), GreaterThan: (value + 1, None),
+                      GreaterThanOrEqual: (value, None), LessThan: (None, value - 1),
+                      LessThanOrEqual: (None, value)}.get(type(f), (None, None))
             if lo is None and hi is None:
                 return None
             return dataclasses.replace(

@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import urllib.error
-import urllib.request
 from dataclasses import dataclass
 from typing import Literal, Mapping
 
 from memq.config import ClusterConfig, KafkaConfig, MemqConfig, S3Config, StorageConfig, TopicConfig, load_config
-from memq.errors import ConfigError, UnknownTopicError
+from memq.client.cluster import resolve_topic
+from memq.errors import BrokerUnavailableError, ConfigError
 
 EARLIEST = -2  # Kafka's sentinels inside JSON offsets
 LATEST = -1
@@ -96,6 +95,11 @@ def _int(options: Mapping[str, str], name: str, *, minimum: int) -> int | None:
     return value
 
 
+def _or(value: int | None, default: int) -> int:
+    """`value`, or `default` if the option was not given (0 is a value)."""
+    return default if value is None else value
+
+
 def _bool(options: Mapping[str, str], name: str, default: bool) -> bool:
     raw = options.get(name.lower())
     if raw is None:
@@ -139,44 +143,21 @@ def parse_offsets(name: str, raw: str | None, topic: str, *, allow_earliest: boo
     return OffsetSpec("json", tuple(sorted(pairs)))
 
 
-def fetch_metadata(broker_url: str, timeout_s: float) -> dict:
-    """GET `<broker>/v1/metadata`; a clear error if the broker cannot be reached."""
-    url = broker_url.rstrip("/") + "/v1/metadata"
-    try:
-        with urllib.request.urlopen(url, timeout=timeout_s) as resp:
-            return json.loads(resp.read())
-    except (urllib.error.URLError, OSError, json.JSONDecodeError) as e:
-        raise ConfigError(f"option memq.broker: cannot read {url}: {e}") from None
-
-
 def _connection(options: Mapping[str, str], topic: str) -> tuple[MemqConfig, str]:
-    """Build the MemqConfig (and notification topic) from file, broker metadata and options."""
+    """The MemqConfig (and notification topic) by memq's one precedence rule
+    (`memq.client.cluster`): these options > the broker's metadata > the config file."""
     path = options.get("memq.config")
     config = load_config(path, env={}) if path else MemqConfig()
+    broker = options.get("memq.broker")
+    try:
+        resolved = resolve_topic(config, topic, brokers=str(broker) if broker else None,
+                                 timeout_s=config.kafka.request_timeout_ms / 1000)
+    except BrokerUnavailableError as e:
+        raise ConfigError(f"option memq.broker: {e}") from None
+    config = resolved.config
     kafka = dataclasses.asdict(config.kafka)
     s3 = dataclasses.asdict(config.s3)
     storage = dataclasses.asdict(config.storage)
-    cluster = config.cluster.name
-    notification_topic = ""
-    try:
-        notification_topic = config.topic(topic).notification_topic
-    except ConfigError:
-        pass
-    broker = options.get("memq.broker")
-    if broker:
-        meta = fetch_metadata(str(broker), kafka["request_timeout_ms"] / 1000)
-        info = meta.get("topics", {}).get(topic)
-        if info is None:
-            raise UnknownTopicError(f"topic {topic!r} is unknown to memq broker {broker}")
-        cluster = meta.get("cluster", cluster)
-        notification_topic = info.get("notification_topic") or notification_topic
-        kafka["bootstrap_servers"] = meta.get("kafka", {}).get("bootstrap_servers", kafka["bootstrap_servers"])
-        st = meta.get("storage", {})
-        storage["kind"] = st.get("kind", storage["kind"])
-        storage["root_dir"] = st.get("root_dir", storage["root_dir"])
-        s3["bucket"] = st.get("bucket") or s3["bucket"]
-        s3["endpoint_url"] = st.get("endpoint_url", s3["endpoint_url"])
-        s3["region"] = st.get("region") or s3["region"]
     simple = {"kafka.bootstrap.servers": (kafka, "bootstrap_servers"), "storage.kind": (storage, "kind"),
               "storage.rootdir": (storage, "root_dir"), "s3.endpoint": (s3, "endpoint_url"),
               "s3.bucket": (s3, "bucket"), "s3.region": (s3, "region"),
@@ -195,9 +176,10 @@ def _connection(options: Mapping[str, str], topic: str) -> tuple[MemqConfig, str
             s3[field] = value / 1000
     if storage["kind"] not in ("s3", "file"):
         raise ConfigError(f"option storage.kind: {storage['kind']!r} is not s3 or file")
-    cluster = str(options.get("cluster") or cluster)
-    notification_topic = (str(options.get("notificationtopic") or "") or notification_topic
-                          or TopicConfig(name=topic).notification_topic_for(cluster))
+    cluster = str(options.get("cluster") or config.cluster.name)
+    notification_topic = str(options.get("notificationtopic") or "") or (
+        TopicConfig(name=topic).notification_topic_for(cluster) if resolved.source == "default"
+        else resolved.topic.notification_topic)
     config = dataclasses.replace(config, kafka=KafkaConfig(**kafka), s3=S3Config(**s3),
                                  storage=StorageConfig(**storage), cluster=ClusterConfig(name=cluster))
     return config, notification_topic
@@ -235,7 +217,7 @@ def parse_options(options: Mapping[str, str]) -> SourceOptions:
         max_offsets_per_trigger=_int(opts, "maxOffsetsPerTrigger", minimum=1),
         min_partitions=_int(opts, "minPartitions", minimum=1),
         fail_on_data_loss=_bool(opts, "failOnDataLoss", True),
-        fetch_concurrency=_int(opts, "fetchConcurrency", minimum=1) or 4,
-        s3list_slack_ms=_int(opts, "s3list.slackMs", minimum=0) if "s3list.slackms" in opts else 60_000,
+        fetch_concurrency=_or(_int(opts, "fetchConcurrency", minimum=1), 4),
+        s3list_slack_ms=_or(_int(opts, "s3list.slackMs", minimum=0), 60_000),
         push_filters=_bool(opts, "pushFilters", True),
     )

@@ -17,7 +17,8 @@ from typing import Iterable, Sequence
 
 from pyspark.sql.datasource import InputPartition
 
-from memq.errors import DataLossError, NotifyError, StorageError, UnknownTopicError
+from memq.client.reader import DataLossPolicy, notifications_expired
+from memq.errors import NotifyError, StorageError, UnknownTopicError
 from memq.notify import NotificationConsumer, TopicAdmin
 from memq.storage import ObjectLocation, make_storage
 from spark_source.options import SourceOptions
@@ -92,7 +93,7 @@ def split(groups: Iterable[Sequence[BatchRef]], min_partitions: int | None) -> l
     return out
 
 
-def _cut(refs: list[BatchRef], n: int) -> list[MemqPartition]:
+def _cut(refs: Sequence[BatchRef], n: int) -> list[MemqPartition]:
     """`n` contiguous chunks of `refs` with roughly equal bytes."""
     size = sum(r.size for r in refs)
     chunks: list[MemqPartition] = []
@@ -139,12 +140,9 @@ class NotificationLog:
         """Where reading `partition` can start: `low` if `start` expired (or fail on data loss)."""
         if start >= low:
             return start
-        msg = (f"topic {self.opts.topic}: notifications {start}..{low - 1} of partition {partition} "
-               f"expired from {self.opts.notification_topic} before they were read")
-        if self.opts.fail_on_data_loss:
-            raise DataLossError(msg + " (set failOnDataLoss=false to skip them)", topic=self.opts.topic,
-                                partition=partition, offset=start)
-        log.warning("%s; skipped (failOnDataLoss=false)", msg)
+        DataLossPolicy(skip=not self.opts.fail_on_data_loss, logger=log,
+                       hint="set failOnDataLoss=false to skip them").handle(
+            notifications_expired(self.opts.topic, self.opts.notification_topic, partition, start, low))
         return low
 
     def read(self, ranges: dict[int, tuple[int, int]]) -> dict[int, list[BatchRef]]:

@@ -44,7 +44,7 @@ async def broker(devcluster: DevCluster, unique_name: Callable[[str], str]) -> A
 
 
 async def test_each_bad_frame_gets_a_named_error_and_the_connection_goes_on(broker: Broker) -> None:
-    topic = next(iter(broker.metadata()["topics"]))   # type: ignore[call-overload]
+    topic = next(iter(broker.metadata().topics))
     corrupt = bytearray(good_message(3))
     corrupt[-1] ^= 0xFF
     async with aiohttp.ClientSession() as s, s.ws_connect(broker.url + "/v1/produce") as ws:
@@ -68,7 +68,7 @@ async def test_each_bad_frame_gets_a_named_error_and_the_connection_goes_on(brok
 
 
 async def test_oversized_frame_closes_cleanly_others_unaffected(broker: Broker) -> None:
-    topic = next(iter(broker.metadata()["topics"]))   # type: ignore[call-overload]
+    topic = next(iter(broker.metadata().topics))
     async with aiohttp.ClientSession() as s:
         async with s.ws_connect(broker.url + "/v1/produce") as other, s.ws_connect(broker.url + "/v1/produce") as ws:
             await ws.send_bytes(b"x" * (128 * 1024))                  # over max_frame_bytes=64 KiB
@@ -81,7 +81,7 @@ async def test_oversized_frame_closes_cleanly_others_unaffected(broker: Broker) 
 
 
 async def test_client_not_reading_acks_is_closed_others_served(broker: Broker) -> None:
-    topic = next(iter(broker.metadata()["topics"]))   # type: ignore[call-overload]
+    topic = next(iter(broker.metadata().topics))
     long_topic = "x" * 250      # big error acks fill the socket buffers fast
     async with aiohttp.ClientSession() as s:
         slow = await s.ws_connect(broker.url + "/v1/produce")

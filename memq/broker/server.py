@@ -13,12 +13,12 @@ import logging
 import socket
 import time
 from collections.abc import Callable
-from typing import Any
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from memq.config import MemqConfig, TopicConfig
+from memq.format.metadata import BrokerMetadata, ClusterMetadata, ClusterView, StorageMetadata, TopicMetadata
 from memq.format.wire import AckCode
 from memq.notify import NotificationPublisher, TopicAdmin
 from memq.storage import StorageHandler, StorageMetrics, make_storage
@@ -44,7 +44,7 @@ class Broker:
         self._connections: set[ProduceConnection] = set()
         self._draining = False
         self._runner: web.AppRunner | None = None
-        self.cluster_view: Callable[[], dict[str, Any]] | None = None   # governed: brokers/topics from ZooKeeper
+        self.cluster_view: Callable[[], ClusterView | None] | None = None   # governed: from ZooKeeper
         self.url = ""
         self.app = web.Application()
         self.app.add_routes([web.get("/v1/produce", self._produce), web.get("/v1/metadata", self._metadata),
@@ -150,25 +150,20 @@ class Broker:
             self._connections.discard(conn)
         return ws
 
-    def metadata(self) -> dict[str, object]:
+    def metadata(self) -> ClusterMetadata:
+        """This broker's view (its own topics), overlaid with the cluster's when governed."""
         c = self.config
-        md: dict[str, object] = {
-            "cluster": c.cluster.name,
-            "broker_id": self.broker_id,
-            "brokers": [{"id": self.broker_id, "url": self.url, "rack": c.broker.rack}],
-            "topics": {name: {"brokers": [self.url], "notification_topic": p.notification_topic,
-                              "read_partitions": p.config.read_partitions}
-                       for name, p in self._processors.items()},
-            "kafka": {"bootstrap_servers": c.kafka.bootstrap_servers},
-            "storage": {"kind": c.storage.kind, "bucket": c.s3.bucket, "endpoint_url": c.s3.endpoint_url,
-                        "region": c.s3.region, "root_dir": c.storage.root_dir},
-        }
-        if self.cluster_view is not None:
-            md.update(self.cluster_view())
-        return md
+        own = ClusterMetadata(
+            cluster=c.cluster.name, broker_id=self.broker_id, kafka_bootstrap_servers=c.kafka.bootstrap_servers,
+            storage=StorageMetadata(kind=c.storage.kind, bucket=c.s3.bucket, endpoint_url=c.s3.endpoint_url,
+                                    region=c.s3.region, root_dir=c.storage.root_dir),
+            brokers=(BrokerMetadata(self.broker_id, self.url, c.broker.rack),),
+            topics={name: TopicMetadata(name, p.notification_topic, p.config.read_partitions, (self.url,))
+                    for name, p in self._processors.items()})
+        return own.overlaid(self.cluster_view() if self.cluster_view is not None else None)
 
     async def _metadata(self, request: web.Request) -> web.Response:
-        return web.json_response(self.metadata())
+        return web.json_response(self.metadata().to_dict())
 
     async def _healthz(self, request: web.Request) -> web.Response:
         body = {"status": "draining" if self._draining else "ok", "broker_id": self.broker_id,

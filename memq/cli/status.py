@@ -2,25 +2,16 @@
 
 from __future__ import annotations
 
-import json
-import urllib.error
-import urllib.request
-
 import click
 from rich.console import Console
 from rich.table import Table
 
 from memq.cli._common import config_of
+from memq.client.cluster import broker_urls, fetch_metadata
 from memq.config import memq_topic_of
-from memq.errors import MemqError
+from memq.errors import BrokerUnavailableError, MemqError
 
 _TIMEOUT_S = 3.0
-
-
-def broker_metadata(url: str) -> dict:
-    """A broker's `/v1/metadata`, or raises OSError/ValueError."""
-    with urllib.request.urlopen(f"{url.rstrip('/')}/v1/metadata", timeout=_TIMEOUT_S) as resp:
-        return json.loads(resp.read())
 
 
 @click.command()
@@ -36,12 +27,13 @@ def status(ctx: click.Context, brokers: str | None) -> None:
     table = Table(title=f"memq cluster {config.cluster.name}")
     for col in ("component", "address", "state", "detail"):
         table.add_column(col)
-    for url in filter(None, (u.strip() for u in (brokers or config.producer.brokers).split(","))):
+    for url in broker_urls(brokers or config.producer.brokers):
         try:
-            meta = broker_metadata(url)
-            topics = ", ".join(sorted(meta.get("topics", {}))) or "-"
-            table.add_row(f"broker {meta.get('broker_id', '?')}", url, "[green]up[/]", f"topics: {topics}")
-        except (OSError, ValueError) as e:
+            meta = fetch_metadata(url, _TIMEOUT_S)
+            own = next((b.url for b in meta.brokers if b.id == meta.broker_id), url)   # as it advertises itself
+            topics = ", ".join(sorted(name for name, t in meta.topics.items() if own in t.brokers)) or "-"
+            table.add_row(f"broker {meta.broker_id or '?'}", url, "[green]up[/]", f"topics: {topics}")
+        except BrokerUnavailableError as e:
             healthy = False
             table.add_row("broker", url, "[red]down[/]", str(e))
     try:

@@ -1,4 +1,5 @@
-"""Which brokers host a topic, learned from any broker's `/v1/metadata` and from NOT_HERE acks.
+"""Which brokers host a topic, learned from any broker's `/v1/metadata` (through
+`memq.client.cluster`) and from NOT_HERE acks.
 
 A broker whose connection failed is skipped for `DOWN_S` (unless every broker of the topic
 is down), and the topics it hosted are re-learned from the other brokers, so retries go to
@@ -15,8 +16,10 @@ import time
 import aiohttp
 
 from memq.errors import BrokerUnavailableError, UnknownTopicError
+from memq.format.metadata import ClusterMetadata
 
 from ._singleflight import SingleFlight
+from .cluster import fetch_metadata_async
 
 
 DOWN_S = 10.0   # longer than a governor needs to move a dead broker's topics (session timeout + a cycle)
@@ -97,29 +100,21 @@ class TopicRouter:
 
     async def _refresh(self, topic: str) -> list[str]:
         asked = [u for u in self._known if not self._is_down(u)] or list(self._known)
-        results = await asyncio.gather(*(self._fetch(u) for u in asked), return_exceptions=True)
-        answered = [r for r in results if isinstance(r, dict)]
+        results = await asyncio.gather(*(fetch_metadata_async(self._session, u, self._timeout_s) for u in asked),
+                                       return_exceptions=True)
+        answered = [r for r in results if isinstance(r, ClusterMetadata)]
         if not answered:
             raise BrokerUnavailableError(f"no broker answered /v1/metadata (tried {', '.join(asked)}): "
                                          f"{results[0]!r}")
         hosting: dict[str, None] = {}
         for md in answered:
-            for b in md.get("brokers", ()):
-                self._known.setdefault(str(b["url"]).rstrip("/"))
-            info = md.get("topics", {}).get(topic)
+            for b in md.brokers:
+                self._known.setdefault(b.url.rstrip("/"))
+            info = md.topics.get(topic)
             if info:
-                hosting.update(dict.fromkeys(str(u).rstrip("/") for u in info["brokers"]))
+                hosting.update(dict.fromkeys(info.brokers))
         if not hosting:
             raise UnknownTopicError(f"topic {topic!r} is not hosted by any broker ({', '.join(self._known)})")
         self.forget(topic)
         self._topics[topic] = list(hosting)
         return self._topics[topic]
-
-    async def _fetch(self, url: str) -> dict:
-        try:
-            async with asyncio.timeout(self._timeout_s):
-                async with self._session.get(url + "/v1/metadata") as resp:
-                    resp.raise_for_status()
-                    return await resp.json()
-        except (aiohttp.ClientError, OSError, TimeoutError, ValueError) as e:
-            raise BrokerUnavailableError(f"metadata from {url}: {e!r}") from None

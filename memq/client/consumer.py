@@ -18,20 +18,20 @@ import concurrent.futures
 import logging
 import time
 import uuid
-from collections import OrderedDict, deque
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
+from functools import partial
 from itertools import islice, repeat
 from operator import add, length_hint
 from typing import NamedTuple, Protocol
 
-from memq.client._fetcher import FetchLoop
-from memq.config import MemqConfig, TopicConfig
-from memq.errors import (ConfigError, ConsumerError, DataLossError, FormatError, InvalidInputError,
-                         ObjectNotFoundError)
-from memq.format import (Compressors, LogMessage, MessageHeader, decode_batch, decode_batch_header,
-                         decode_message, object_crc32c)
-from memq.format.records import gc_paused
+from memq.client.cluster import resolve, resolve_topic
+from memq.client.positions import Dedup, Offsets
+from memq.client.reader import BatchPointer, BatchReader, DataLossPolicy, Decoded
+from memq.config import MemqConfig
+from memq.errors import ConfigError, ConsumerError, DataLossError, InvalidInputError
+from memq.format import MessageHeader
 from memq.notify import NotificationConsumer, NotificationRecord
 from memq.storage import ObjectLocation
 
@@ -55,7 +55,7 @@ class ConsumerRecord(NamedTuple):
     topic: str
     partition: int                 # read partition = notification topic partition
     offset: int                    # notification offset (the batch)
-    index: int                     # LogMessage index inside the batch
+    index: int   # type: ignore[assignment]  # LogMessage index inside the batch; shadows tuple.index (public name)
     producer_id: int
     epoch: int
     sequence: int
@@ -84,6 +84,22 @@ class ConsumerMetrics:
 _Decoded = list[tuple[MessageHeader, list[ConsumerRecord]]]
 
 
+class NotificationSource(Protocol):
+    """The Consumer's notification queue (memq.notify.NotificationConsumer fits)."""
+
+    def subscribe(self, on_assign: Callable[[list[int]], None] | None = None,
+                  on_revoke: Callable[[list[int]], None] | None = None) -> None: ...
+    def assignment(self) -> list[int]: ...
+    def poll(self, timeout_s: float, max_records: int = 500) -> list[NotificationRecord]: ...
+    def seek(self, partition: int, offset: int) -> None: ...
+    def position(self, partitions: Iterable[int] | None = None) -> dict[int, int | None]: ...
+    def commit(self, offsets: Mapping[int, int], asynchronous: bool = False) -> None: ...
+    def committed(self, partitions: Iterable[int]) -> dict[int, int | None]: ...
+    def watermarks(self, partition: int) -> tuple[int, int]: ...
+    def offsets_for_times(self, ts_ms: int) -> dict[int, int]: ...
+    def close(self) -> None: ...
+
+
 @dataclass(slots=True, eq=False)
 class _Batch:
     """One notification on its way to the application."""
@@ -97,31 +113,34 @@ class _Batch:
     cost: int = 0                                   # bytes reserved in the prefetch budget
 
 
-def _where(topic: str, rec: NotificationRecord) -> str:
+def _pointer(topic: str, rec: NotificationRecord) -> BatchPointer:
     n = rec.notification
-    obj = f"{n.bucket}/{n.key}" if n.bucket else n.key
-    return f"batch {obj} (topic {topic}, read partition {rec.partition}, offset {rec.offset})"
+    return BatchPointer(topic, ObjectLocation(n.bucket, n.key), n.size, n.crc32c, rec.partition, rec.offset)
 
 
 def notification_topic(config: MemqConfig, topic: str) -> str:
-    """The Kafka topic carrying `topic`'s notifications (configured, or the default name)."""
-    configured = next((t for t in config.topics if t.name == topic), None)
-    return (configured or TopicConfig(name=topic)).notification_topic_for(config.cluster.name)
+    """The Kafka topic carrying `topic`'s notifications by the config file alone (no brokers asked)."""
+    return resolve(config, topic, None).topic.notification_topic
 
 
 class Consumer:
     """Reads one memq topic as a member of a consumer group. Not thread-safe: one thread
     (or one asyncio task) drives it, as with Kafka's consumer.
 
-    `audit` (an `AuditSink`) is told when the last LogMessage of each Message was handed over.
-    `on_assign`/`on_revoke` get read partition numbers on rebalances (called inside `poll`;
-    on revocation, what was handed over was already committed).
+    The topic's Kafka topic and storage are found by memq's one resolver
+    (`memq.client.cluster`): from the brokers in `producer.brokers` if any answers, else
+    from the config file. `audit` (an `AuditSink`) is told when the last LogMessage of each
+    Message was handed over. `on_assign`/`on_revoke` get read partition numbers on
+    rebalances (called inside `poll`; on revocation, what was handed over was already
+    committed). `notifications` and `reader` replace the Kafka consumer and the batch reader
+    (tests; the Consumer closes them).
     """
 
     def __init__(self, config: MemqConfig, topic: str, *, group_id: str | None = None,
                  audit: ConsumedSink | None = None, subscribe: bool = True,
                  on_assign: Callable[[list[int]], None] | None = None,
-                 on_revoke: Callable[[list[int]], None] | None = None) -> None:
+                 on_revoke: Callable[[list[int]], None] | None = None,
+                 notifications: NotificationSource | None = None, reader: BatchReader | None = None) -> None:
         cc = config.consumer if group_id is None else replace(config.consumer, group_id=group_id)
         if cc.prefetch_bytes <= 0 or cc.fetch_concurrency <= 0 or cc.dedup_window < 0:
             raise ConfigError("consumer.prefetch_bytes and consumer.fetch_concurrency must be "
@@ -131,27 +150,28 @@ class Consumer:
         self.metrics = ConsumerMetrics()
         self._cc = cc
         self._audit = audit
-        self._kafka_topic = notification_topic(config, topic)
+        resolved = resolve_topic(config, topic) if notifications is None or reader is None else None
+        config = resolved.config if resolved is not None else config
+        self._kafka_topic = (resolved.topic.notification_topic if resolved is not None
+                             else notification_topic(config, topic))
         self._queue: deque[_Batch] = deque()        # polled, in order; some being fetched
         self._current: _Batch | None = None         # the batch being handed over
         self._inflight_bytes = 0                    # estimated memory of submitted, unfinished batches
         self._expansion = 1.0                       # decoded bytes per object byte, measured
-        self._handed: dict[int, int] = {}           # partition -> next offset, batches fully handed
-        self._committed: dict[int, int] = {}        # what we last committed
-        self._fetched_to: dict[int, int] = {}       # partition -> next notification offset to read
-        self._seen: OrderedDict[tuple[int, int, int], None] = OrderedDict()
+        self._offsets = Offsets()
+        self._dedup = Dedup(cc.dedup_window)
+        self._loss = DataLossPolicy(skip=cc.on_data_loss == "skip", logger=log, hint="")
         self._last_auto_commit = time.monotonic()
         self._closed = False
-        self._notify = NotificationConsumer(config.kafka, self._kafka_topic, group_id=cc.group_id,
-                                            auto_offset_reset=cc.auto_offset_reset)
+        self._notify: NotificationSource = notifications or NotificationConsumer(
+            config.kafka, self._kafka_topic, group_id=cc.group_id, auto_offset_reset=cc.auto_offset_reset)
         try:
-            self._fetch = FetchLoop(config, cc.fetch_concurrency)
+            self._reader = reader or BatchReader(config, cc.fetch_concurrency)
         except BaseException:
             self._notify.close()
             raise
         self._kafka_config = config.kafka
         self._user_on_assign, self._user_on_revoke = on_assign, on_revoke
-        self._compressors = Compressors()
         if subscribe:
             self._notify.subscribe(on_assign=self._on_assign, on_revoke=self._on_revoke)
 
@@ -176,15 +196,13 @@ class Consumer:
                 except concurrent.futures.TimeoutError:
                     return iter(())
                 except DataLossError as e:
-                    if self._cc.on_data_loss == "raise":
-                        raise
-                    log.warning("skipping lost batch: %s", e)
+                    self._loss.handle(e)   # raises unless consumer.on_data_loss = "skip"
                     self.metrics.data_loss_skipped += 1
                     self._queue.popleft()
                     self._finish(head)
                     continue
                 except Exception:
-                    head.future = self._fetch.submit(self._fetch_batch(head.rec))  # transient: retry next poll
+                    head.future = self._submit(head.rec)   # transient: retry next poll
                     raise
                 self._queue.popleft()
                 self._measure(head)
@@ -213,7 +231,7 @@ class Consumer:
         while b.next_msg < len(b.messages):
             header, records = b.messages[b.next_msg]
             b.next_msg += 1
-            if self._cc.dedup_window and self._is_duplicate(header):
+            if self._dedup.is_duplicate(header.producer_id, header.epoch, header.sequence):
                 self.metrics.duplicates_dropped += len(records)
                 continue
             b.cur_header, b.cur = header, iter(records)
@@ -249,19 +267,10 @@ class Consumer:
 
     def _finish(self, b: _Batch) -> None:
         """`b` is fully handed over (or skipped): its offset may be committed."""
-        self._handed[b.rec.partition] = b.rec.offset + 1
+        self._offsets.finished(b.rec.partition, b.rec.offset)
         self._inflight_bytes -= b.cost
         self.metrics.batches += 1
         self.metrics.bytes += b.rec.notification.size
-
-    def _is_duplicate(self, h: MessageHeader) -> bool:
-        key = (h.producer_id, h.epoch, h.sequence)
-        if key in self._seen:
-            return True
-        self._seen[key] = None
-        if len(self._seen) > self._cc.dedup_window:
-            self._seen.popitem(last=False)
-        return False
 
     # --- fetching ahead ------------------------------------------------------------------
 
@@ -276,7 +285,7 @@ class Consumer:
         if records:
             records += self._notify.poll(0.0, max_records=2 * self._cc.fetch_concurrency)
         for r in records:
-            self._fetched_to[r.partition] = r.offset + 1
+            self._offsets.fetched(r.partition, r.offset)
         self._queue.extend(_Batch(r) for r in records)
         self._submit_queued()
 
@@ -296,40 +305,17 @@ class Consumer:
                 break
             b.cost = int(b.rec.notification.size * self._expansion)
             self._inflight_bytes += b.cost
-            b.future = self._fetch.submit(self._fetch_batch(b.rec))
+            b.future = self._submit(b.rec)
 
-    async def _fetch_batch(self, rec: NotificationRecord) -> _Decoded:
+    def _submit(self, rec: NotificationRecord) -> concurrent.futures.Future[_Decoded]:
+        return self._reader.submit(_pointer(self.topic, rec), partial(self._records, rec))
+
+    def _records(self, rec: NotificationRecord, decoded: Decoded) -> _Decoded:
+        """Bulk-build ConsumerRecords: LogMessage + position tuple, concatenated and re-typed in C
+        (in the reader's CPU worker)."""
         n = rec.notification
-        loc = ObjectLocation(n.bucket, n.key)
-        try:
-            obj = await self._fetch.get(loc)
-        except ObjectNotFoundError as e:
-            raise DataLossError(f"{_where(self.topic, rec)} is missing: {e}", topic=self.topic,
-                                partition=rec.partition, offset=rec.offset, location=n.key) from e
-        return await self._fetch.cpu(self._decode, rec, loc, obj)
-
-    def _decode(self, rec: NotificationRecord, loc: ObjectLocation, obj: bytes) -> _Decoded:
-        n = rec.notification
-
-        def lost(why: str) -> DataLossError:
-            return DataLossError(f"{_where(self.topic, rec)} is corrupt: {why}", topic=self.topic,
-                                 partition=rec.partition, offset=rec.offset, location=n.key)
-
-        if len(obj) != n.size:
-            raise lost(f"{len(obj)} bytes, the notification says {n.size}")
-        if object_crc32c((obj,)) != n.crc32c:
-            raise lost("CRC32C of the object does not match the notification")
-        with gc_paused():  # covers the ConsumerRecord pass too: the records stay alive
-            try:
-                _, messages = decode_batch(obj, compressors=self._compressors)  # CPU worker only
-            except FormatError as e:
-                raise lost(str(e)) from e
-            return self._records(rec, loc, messages)
-
-    def _records(self, rec: NotificationRecord, loc: ObjectLocation,
-                 messages: Iterable[tuple[MessageHeader, list[LogMessage]]]) -> _Decoded:
-        """Bulk-build ConsumerRecords: LogMessage + position tuple, concatenated and re-typed in C."""
-        topic, partition, offset = self.topic, rec.partition, rec.offset
+        topic, partition, offset, loc = self.topic, rec.partition, rec.offset, ObjectLocation(n.bucket, n.key)
+        _, messages = decoded
         out: _Decoded = []
         first = 0
         for h, logs in messages:
@@ -347,33 +333,12 @@ class Consumer:
         self._check_open()
         rec = self._notification_at(partition, offset, timeout)
         n = rec.notification
-        loc = ObjectLocation(n.bucket, n.key)
-        return self._fetch.run(self._read_one(rec, loc, index), timeout_s=timeout)
-
-    async def _read_one(self, rec: NotificationRecord, loc: ObjectLocation, index: int) -> ConsumerRecord:
-        n = rec.notification
+        ptr = _pointer(self.topic, rec)
         if not 0 <= index < n.logmessage_count:
-            raise InvalidInputError(f"index {index} is outside {_where(self.topic, rec)} "
-                                    f"({n.logmessage_count} LogMessages)")
-        try:
-            bh = decode_batch_header(await self._fetch.get_range(loc, 0, n.header_size))
-            first = 0
-            for (start, end), count in zip(bh.message_ranges, bh.message_counts):
-                if index < first + count:
-                    header, logs = decode_message(await self._fetch.get_range(loc, start, end - start))
-                    break
-                first += count
-            else:
-                raise FormatError(f"header counts {sum(bh.message_counts)} LogMessages, "
-                                  f"notification {n.logmessage_count}")
-        except ObjectNotFoundError as e:
-            raise DataLossError(f"{_where(self.topic, rec)} is missing: {e}", topic=self.topic,
-                                partition=rec.partition, offset=rec.offset, location=n.key) from e
-        except FormatError as e:
-            raise DataLossError(f"{_where(self.topic, rec)} is corrupt: {e}", topic=self.topic,
-                                partition=rec.partition, offset=rec.offset, location=n.key) from e
-        return ConsumerRecord(*logs[index - first], self.topic, rec.partition, rec.offset, index,
-                              header.producer_id, header.epoch, header.sequence, loc)
+            raise InvalidInputError(f"index {index} is outside {ptr.describe()} ({n.logmessage_count} LogMessages)")
+        header, log_message = self._reader.read_one(ptr, n.header_size, index, timeout)
+        return ConsumerRecord(*log_message, self.topic, rec.partition, rec.offset, index,
+                              header.producer_id, header.epoch, header.sequence, ptr.location)
 
     def _notification_at(self, partition: int, offset: int, timeout: float) -> NotificationRecord:
         """The notification at (partition, offset), read by a throw-away assigned consumer so
@@ -399,10 +364,10 @@ class Consumer:
     def commit(self, asynchronous: bool = False) -> dict[int, int]:
         """Commit every fully handed batch; returns the committed {partition: next offset}."""
         self._check_open()
-        offsets = {p: o for p, o in self._handed.items() if self._committed.get(p) != o}
+        offsets = self._offsets.to_commit()
         if offsets:
             self._notify.commit(offsets, asynchronous=asynchronous)
-            self._committed.update(offsets)
+            self._offsets.did_commit(offsets)
             self.metrics.commits += 1
         return offsets
 
@@ -421,11 +386,9 @@ class Consumer:
     def position(self) -> dict[int, int]:
         """Per assigned partition, the notification offset of the next batch to be handed over."""
         self._check_open()
-        pos = {p: o for p, o in self._notify.position().items() if o is not None}
-        pos.update((p, o) for p, o in self._fetched_to.items() if p in pos or p in self.assignment())
-        for b in reversed([*([self._current] if self._current else []), *self._queue]):
-            pos[b.rec.partition] = b.rec.offset
-        return pos
+        pending = [*([self._current] if self._current else []), *self._queue]
+        return self._offsets.position(self._notify.position(), self.assignment(),
+                                      [(b.rec.partition, b.rec.offset) for b in pending])
 
     @property
     def buffered_bytes(self) -> int:
@@ -441,7 +404,7 @@ class Consumer:
         self._check_open()
         self._drop({partition})
         self._notify.seek(partition, offset)
-        self._fetched_to[partition] = offset
+        self._offsets.sought(partition, offset)
 
     def seek_to_beginning(self, partitions: Iterable[int] | None = None) -> None:
         for p in self.assignment() if partitions is None else partitions:
@@ -485,18 +448,15 @@ class Consumer:
     def _on_revoke(self, partitions: list[int]) -> None:
         """Commit what was handed over for the partitions leaving us, then drop the rest."""
         mine = set(partitions)
-        offsets = {p: o for p, o in self._handed.items() if p in mine and self._committed.get(p) != o}
+        offsets = self._offsets.to_commit(mine)
         if offsets:
             try:
                 self._notify.commit(offsets, asynchronous=False)
-                self._committed.update(offsets)
+                self._offsets.did_commit(offsets)
             except Exception as e:  # the group already moved on; at-least-once covers it
                 log.warning("commit on revoke failed for %s: %s", sorted(offsets), e)
         self._drop(mine)
-        for p in mine:
-            self._handed.pop(p, None)
-            self._committed.pop(p, None)
-            self._fetched_to.pop(p, None)
+        self._offsets.forget(mine)
         if self._user_on_revoke is not None:
             self._user_on_revoke(partitions)
 
@@ -519,7 +479,7 @@ class Consumer:
             try:
                 self._notify.close()
             finally:
-                self._fetch.close()
+                self._reader.close()
 
     def __enter__(self) -> Consumer:
         return self

@@ -13,12 +13,13 @@ import contextlib
 import logging
 import signal
 import time
-from typing import Any, Protocol
+from typing import Protocol
 
 from kazoo.protocol.states import KazooState
 
 from memq.config import MemqConfig, TopicConfig
 from memq.errors import CoordinationError, MemqError
+from memq.format.metadata import BrokerMetadata, ClusterView, TopicMetadata
 
 from .assignment import BrokerInfo, CapacityAssignment
 from .governor import Governor, GovernorMetrics
@@ -134,19 +135,18 @@ class BrokerAgent:
                 pass
         return True
 
-    def metadata(self) -> dict[str, Any]:
-        """The cluster part of /v1/metadata, from the registry view."""
+    def metadata(self) -> ClusterView | None:
+        """The cluster part of /v1/metadata, from the registry view: every live broker, and every
+        topic (an unassigned one with no brokers, so readers still learn its notification topic)."""
         view = self.view
         if view is None:
-            return {}
+            return None
         cluster = self.config.cluster.name
-        return {
-            "brokers": [{"id": b.id, "url": b.url, "rack": b.rack} for b in view.brokers.values()],
-            "topics": {name: {"brokers": view.topic_urls(name),
-                              "notification_topic": cfg.notification_topic_for(cluster),
-                              "read_partitions": cfg.read_partitions}
-                       for name, cfg in view.topics.items() if view.topic_urls(name)},
-        }
+        return ClusterView(
+            brokers=tuple(BrokerMetadata(b.id, b.url, b.rack) for b in view.brokers.values()),
+            topics={name: TopicMetadata(name, cfg.notification_topic_for(cluster), cfg.read_partitions,
+                                        tuple(view.topic_urls(name)))
+                    for name, cfg in view.topics.items()})
 
     # --- internals -------------------------------------------------------------------------
     def _wake(self, *_: object) -> None:

@@ -1,0 +1,231 @@
+"""The Consumer's bookkeeping and the batch reader, with in-process fakes: no server, no process."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Mapping
+
+import pytest
+
+from memq.client.consumer import Consumer
+from memq.client.positions import Dedup, Offsets
+from memq.client.reader import BatchPointer, BatchReader, DataLossPolicy, read_in_order
+from memq.config import ConsumerConfig, MemqConfig
+from memq.errors import DataLossError, ObjectNotFoundError
+from memq.format import (NOTIFICATION_VERSION, LogMessage, Notification, decode_message_header, encode_batch,
+                         encode_message, object_crc32c)
+from memq.notify import NotificationRecord
+from memq.storage import ObjectLocation
+
+
+# --- pure bookkeeping --------------------------------------------------------------------------
+
+
+def test_offsets_commit_only_what_was_handed_and_not_yet_committed() -> None:
+    o = Offsets()
+    o.fetched(0, 4)
+    o.fetched(1, 9)
+    assert o.to_commit() == {}
+    o.finished(0, 4)
+    o.finished(1, 9)
+    assert o.to_commit() == {0: 5, 1: 10}
+    o.did_commit({0: 5})
+    assert o.to_commit() == {1: 10} and o.to_commit([0]) == {}
+    o.forget([1])
+    assert o.to_commit() == {} and 1 not in o.fetched_to
+
+
+def test_position_prefers_pending_batches_then_fetched_then_kafka() -> None:
+    o = Offsets()
+    o.fetched(0, 7)          # read notifications up to 7
+    o.sought(2, 3)           # sought, nothing read yet
+    pos = o.position({0: 2, 1: 5, 3: None}, assignment=[0, 1, 2, 3], pending=[(0, 5), (0, 6)])
+    assert pos == {0: 5, 1: 5, 2: 3}
+
+
+def test_dedup_forgets_beyond_its_window_and_is_off_at_zero() -> None:
+    d = Dedup(2)
+    assert not d.is_duplicate(1, 0, 0) and d.is_duplicate(1, 0, 0)
+    assert not d.is_duplicate(1, 0, 1) and not d.is_duplicate(1, 0, 2)
+    assert not d.is_duplicate(1, 0, 0)             # evicted: window of 2
+    off = Dedup(0)
+    assert not off.is_duplicate(1, 0, 0) and not off.is_duplicate(1, 0, 0)
+
+
+def test_data_loss_policy_raises_with_hint_or_logs(caplog: pytest.LogCaptureFixture) -> None:
+    e = BatchPointer("t", ObjectLocation("b", "k"), partition=1, offset=2).lost("is missing: gone")
+    assert (e.topic, e.partition, e.offset, e.location) == ("t", 1, 2, "k") and "b/k" in str(e)
+    with pytest.raises(DataLossError) as raised:
+        DataLossPolicy(skip=False, logger=logging.getLogger("x"), hint="set skip").handle(e)
+    assert raised.value.__notes__ == ["set skip"]
+    with caplog.at_level(logging.WARNING, logger="y"):
+        DataLossPolicy(skip=True, logger=logging.getLogger("y"), hint="").handle(e)
+    assert "b/k" in caplog.text
+
+
+# --- fakes -------------------------------------------------------------------------------------
+
+
+class MemorySource:
+    """An ObjectSource over a dict (what a StorageHandler is to the reader)."""
+
+    def __init__(self, objects: dict[str, bytes]) -> None:
+        self.objects = objects
+
+    async def get(self, loc: ObjectLocation) -> bytes:
+        try:
+            return self.objects[loc.key]
+        except KeyError:
+            raise ObjectNotFoundError(f"no object {loc.key}") from None
+
+    async def get_range(self, loc: ObjectLocation, start: int, length: int) -> bytes:
+        return (await self.get(loc))[start:start + length]
+
+    async def close(self) -> None:
+        pass
+
+
+class FakeNotifications:
+    """A NotificationSource over a list of records on one partition; records commits."""
+
+    def __init__(self, records: list[NotificationRecord]) -> None:
+        self.records = records
+        self.at = 0
+        self.commits: list[dict[int, int]] = []
+        self.closed = False
+
+    def subscribe(self, on_assign: Callable[[list[int]], None] | None = None,
+                  on_revoke: Callable[[list[int]], None] | None = None) -> None:
+        if on_assign:
+            on_assign([0])
+
+    def assignment(self) -> list[int]:
+        return [0]
+
+    def poll(self, timeout_s: float, max_records: int = 500) -> list[NotificationRecord]:
+        out = self.records[self.at:self.at + max_records]
+        self.at += len(out)
+        return out
+
+    def seek(self, partition: int, offset: int) -> None:
+        self.at = offset
+
+    def position(self, partitions: Iterable[int] | None = None) -> dict[int, int | None]:
+        return {0: self.at}
+
+    def commit(self, offsets: Mapping[int, int], asynchronous: bool = False) -> None:
+        self.commits.append(dict(offsets))
+
+    def committed(self, partitions: Iterable[int]) -> dict[int, int | None]:
+        return {0: self.commits[-1][0] if self.commits else None}
+
+    def watermarks(self, partition: int) -> tuple[int, int]:
+        return 0, len(self.records)
+
+    def offsets_for_times(self, ts_ms: int) -> dict[int, int]:
+        return {0: 0}
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def batch(key: str, messages: list[tuple[int, int, list[LogMessage]]], offset: int,
+          objects: dict[str, bytes]) -> NotificationRecord:
+    """Store a batch of (producer id, sequence, records) Messages under `key`; its notification."""
+    msgs = [encode_message(recs, producer_id=pid, epoch=0, sequence=seq) for pid, seq, recs in messages]
+    headers = [decode_message_header(m) for m in msgs]
+    chunks = encode_batch(msgs, headers, broker_id="t", created_ms=1)
+    objects[key] = b"".join(chunks)
+    note = Notification(v=NOTIFICATION_VERSION, topic="t", bucket="b", key=key, size=len(objects[key]),
+                        header_size=len(chunks[0]), message_count=len(msgs),
+                        logmessage_count=sum(h.count for h in headers), min_timestamp_ms=1, max_timestamp_ms=9,
+                        crc32c=object_crc32c(chunks), broker_id="t", attempt=0, created_ms=1)
+    return NotificationRecord(0, offset, 1, note)
+
+
+def recs(*values: str) -> list[LogMessage]:
+    return [LogMessage(v.encode(), None, (), 5) for v in values]
+
+
+def consumer(records: list[NotificationRecord], objects: dict[str, bytes],
+             **cc: object) -> tuple[Consumer, FakeNotifications]:
+    config = MemqConfig(consumer=ConsumerConfig(**cc))   # type: ignore[arg-type]
+    notes = FakeNotifications(records)
+    reader = BatchReader(config, 2, source=lambda: MemorySource(objects))
+    return Consumer(config, "t", notifications=notes, reader=reader), notes
+
+
+def values(c: Consumer, batches: int) -> list[bytes]:
+    return [bytes(r.value) for _ in range(batches) for r in c.poll(5)]
+
+
+# --- the Consumer over the fakes -------------------------------------------------------------
+
+
+def test_consumer_hands_over_in_order_and_commits_what_was_handed() -> None:
+    objects: dict[str, bytes] = {}
+    rs = [batch("k0", [(1, 0, recs("a", "b"))], 0, objects), batch("k1", [(1, 1, recs("c"))], 1, objects)]
+    c, notes = consumer(rs, objects)
+    with c:
+        it = c.poll(5)
+        assert bytes(next(it).value) == b"a"
+        assert c.commit() == {}                       # batch 0 is not fully handed yet
+        assert [bytes(r.value) for r in it] == [b"b"]
+        assert c.commit() == {0: 1}
+        assert values(c, 1) == [b"c"] and c.commit() == {0: 2}
+        assert c.position() == {0: 2}
+    assert notes.commits == [{0: 1}, {0: 2}] and notes.closed
+
+
+def test_consumer_drops_retried_duplicates_within_the_window() -> None:
+    objects: dict[str, bytes] = {}
+    rs = [batch("k0", [(7, 0, recs("a")), (7, 1, recs("b"))], 0, objects),
+          batch("k1", [(7, 1, recs("b")), (7, 2, recs("c"))], 1, objects)]   # sequence 1 retried
+    c, _ = consumer(rs, objects, dedup_window=10)
+    with c:
+        assert values(c, 3) == [b"a", b"b", b"c"]
+        assert c.metrics.duplicates_dropped == 1
+
+
+def test_consumer_raises_a_corrupt_batch_until_sought_past_or_skips_when_asked() -> None:
+    objects: dict[str, bytes] = {}
+    rs = [batch(f"k{i}", [(1, i, recs(str(i)))], i, objects) for i in range(3)]
+    objects["k1"] = objects["k1"][:-1] + b"\x00"        # same size, other bytes: CRC mismatch
+    c, _ = consumer(rs, objects)
+    with c:
+        assert values(c, 1) == [b"0"]
+        for _ in range(2):
+            with pytest.raises(DataLossError, match="CRC32C") as e:
+                list(c.poll(5))
+            assert (e.value.partition, e.value.offset, e.value.location) == (0, 1, "k1")
+        c.seek(0, 2)
+        assert values(c, 1) == [b"2"]
+    del objects["k1"]
+    c, _ = consumer(rs, objects, on_data_loss="skip")
+    with c:
+        assert values(c, 2) == [b"0", b"2"]
+        assert c.metrics.data_loss_skipped == 1 and c.commit() == {0: 3}
+
+
+def test_read_in_order_checks_size_and_skips_by_policy(caplog: pytest.LogCaptureFixture) -> None:
+    objects: dict[str, bytes] = {}
+    rs = [batch(f"k{i}", [(1, i, recs(str(i)))], i, objects) for i in range(3)]
+    objects["k0"] += b"x"                                 # one byte longer than notified
+    reader = BatchReader(MemqConfig(), 2, source=lambda: MemorySource(objects))
+    ptrs = [BatchPointer("t", ObjectLocation("b", f"k{i}"), rs[i].notification.size) for i in range(3)]
+
+    def build(decoded: object) -> int:
+        return len(decoded[1])   # type: ignore[index]
+
+    try:
+        with pytest.raises(DataLossError, match="expected"):
+            list(read_in_order(reader, [(p, build) for p in ptrs], 2,
+                               DataLossPolicy(False, logging.getLogger("r"), "")))
+        with caplog.at_level(logging.WARNING, logger="r"):
+            assert list(read_in_order(reader, [(p, build) for p in ptrs], 2,
+                                      DataLossPolicy(True, logging.getLogger("r"), ""))) == [1, 1]
+        assert "k0" in caplog.text
+        header, log = reader.read_one(ptrs[2], rs[2].notification.header_size, 0, 5)
+        assert (header.sequence, bytes(log.value)) == (2, b"2")
+    finally:
+        reader.close()
