@@ -69,7 +69,7 @@ class BrokerConnection:
     async def _send_locked(self, ws: aiohttp.ClientWebSocketResponse, frame: bytes | bytearray) -> None:
         try:
             async with asyncio.timeout(self._timeout_s):
-                await ws.send_bytes(frame)
+                await ws.send_bytes(frame)   # type: ignore[arg-type]  # any buffer works; bytes() would copy it
         except (aiohttp.ClientError, ConnectionError, RuntimeError) as e:
             self._lost(f"write failed: {e!r}")
             raise BrokerUnavailableError(f"writing to {self.url} failed: {e!r}") from None

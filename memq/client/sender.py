@@ -1,0 +1,294 @@
+"""The Producer's sending half: sealed Messages to brokers, with retries, until acked or failed.
+
+Each Message is attempted on a broker hosting its topic (round-robin, `Router`), over one
+persistent connection per broker (`Connection`, opened by a `Connector`); many attempts
+are in flight at once and acks come back in any order, matched by request id. Every
+attempt has a deadline of `request_timeout_ms`. A retriable failure is retried after a
+jittered exponential backoff, a broker's failure at once on another broker (never twice in
+a row); a retry resends the very same bytes, so consumers can drop duplicates by
+(producer id, epoch, sequence). The outcome of each Message goes to `on_done`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import dataclass
+from typing import Any, Generic, Protocol, TypeVar
+
+import aiohttp
+
+from memq.config import ProducerConfig
+from memq.errors import BrokerUnavailableError, MemqError, MessageTooLargeError, ProduceError, \
+    ProducerTimeoutError, UnknownTopicError
+from memq.format.wire import RETRIABLE_CODES, REQUEST_HEADER_SIZE, Ack, AckCode, AckLevel, RequestFlag, \
+    pack_request_header_into
+
+from ._connection import BrokerConnection
+from ._metadata import TopicRouter
+from ._singleflight import SingleFlight
+from .accumulator import Sealed
+from .cluster import broker_urls
+
+log = logging.getLogger("memq.client.producer")
+
+_MAX_BACKOFF_S = 5.0
+
+W = TypeVar("W")
+
+
+class Connection(Protocol):
+    """A produce connection to one broker (memq.client._connection.BrokerConnection fits)."""
+
+    url: str
+    closed: bool
+
+    async def send(self, frame: bytes | bytearray) -> None: ...
+    async def close(self) -> None: ...
+
+
+Connector = Callable[[str, Callable[[Ack], None], Callable[[Any, str], None]], Awaitable[Connection]]
+"""Opens a connection to a broker URL that hands acks to `on_ack` and calls `on_lost(conn, why)`."""
+
+
+class Router(Protocol):
+    """Which brokers host a topic (memq.client._metadata.TopicRouter fits)."""
+
+    async def brokers_for(self, topic: str) -> list[str]: ...
+    async def next_broker(self, topic: str) -> str: ...
+    def broker_failed(self, url: str) -> None: ...
+    def broker_ok(self, url: str) -> None: ...
+    def can_fail_over(self, topic: str) -> bool: ...
+    def redirect(self, topic: str, brokers: tuple[str, ...]) -> None: ...
+    def forget(self, topic: str) -> None: ...
+
+
+@dataclass(slots=True, eq=False)   # identity semantics: kept in sets
+class InFlight(Generic[W]):
+    """A sealed Message on its way: its attempts so far and the one under way."""
+
+    sealed: Sealed[W]
+    done: asyncio.Future[None]
+    attempt: int = 0
+    failed_over: bool = False            # the last retry skipped its backoff (only one in a row may)
+    request_id: int = 0
+    conn: Connection | None = None
+    timer: asyncio.TimerHandle | None = None
+    flags: RequestFlag = RequestFlag.NONE   # SEAL once a flush() wants it sent now
+
+
+class Sender(Generic[W]):
+    """Attempts sealed Messages until each is acked or has failed; `on_done(sealed, error, ack)`."""
+
+    def __init__(self, config: ProducerConfig, on_done: Callable[[Sealed[W], BaseException | None, Ack | None], None],
+                 *, router: Router | None = None, connector: Connector | None = None) -> None:
+        self.config = config
+        self.ack = AckLevel.parse(config.ack)
+        self._on_done = on_done
+        self._timeout_s = config.request_timeout_ms / 1000
+        self._router = router
+        self._connector = connector
+        self._session: aiohttp.ClientSession | None = None
+        self._in_flight: dict[int, InFlight[W]] = {}      # request id -> Message being attempted
+        self._outstanding: set[InFlight[W]] = set()      # handed over, not finished
+        self._conns: dict[str, Connection] = {}
+        self._connecting: SingleFlight[str, Connection] = SingleFlight()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._next_request_id = 1
+        self.closed = False
+
+    # --- what the Producer calls ---------------------------------------------------------------
+
+    def send(self, sealed: Sealed[W]) -> None:
+        """Start sending `sealed` (from the event loop)."""
+        msg = InFlight(sealed, asyncio.get_running_loop().create_future())
+        self._outstanding.add(msg)
+        self._spawn(self._attempt(msg))
+
+    async def brokers_for(self, topic: str) -> list[str]:
+        """The brokers hosting `topic` (UnknownTopicError if none does)."""
+        return await self._router_for().brokers_for(topic)
+
+    async def flush(self) -> None:
+        """Ask brokers to seal now, then wait until every Message handed over is finished.
+
+        The last not-yet-sent Message of each topic per broker carries RequestFlag.SEAL: Messages
+        go round-robin, so with k brokers those are the topic's last k unsent ones. Messages
+        sent before cannot be flagged any more.
+        """
+        by_topic: dict[str, list[InFlight[W]]] = {}
+        for m in self._outstanding:
+            if m.conn is None:   # its first frame is not built yet (conn is set just before)
+                by_topic.setdefault(m.sealed.topic, []).append(m)
+        for topic, msgs in by_topic.items():
+            try:
+                k = len(await self.brokers_for(topic))
+            except MemqError:
+                k = 1
+            msgs.sort(key=lambda m: m.sealed.sequence)
+            for m in msgs[-k:]:
+                m.flags = RequestFlag.SEAL
+        while self._outstanding:
+            await asyncio.gather(*(m.done for m in list(self._outstanding)), return_exceptions=True)
+
+    async def close(self) -> None:
+        """Close connections and stop retries (unfinished Messages fail)."""
+        self.closed = True
+        await asyncio.gather(*(c.close() for c in list(self._conns.values())), return_exceptions=True)
+        for t in list(self._tasks):
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._session is not None:
+            await self._session.close()
+
+    # --- attempts and acks -----------------------------------------------------------------------
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _attempt(self, msg: InFlight[W]) -> None:
+        """Send `msg` once to a broker hosting its topic; the ack (or its absence) decides next."""
+        msg.attempt += 1
+        request_id = self._next_request_id
+        self._next_request_id += 1
+        msg.request_id = request_id
+        topic = msg.sealed.topic
+        router = self._router_for()
+        try:
+            url = await router.next_broker(topic)
+        except UnknownTopicError as e:
+            self._finish(msg, e)
+            return
+        except BrokerUnavailableError as e:
+            self._retry_or_fail(msg, str(e), ProduceError)
+            return
+        try:
+            conn = await self._connection(url)
+        except BrokerUnavailableError as e:
+            router.broker_failed(url)
+            self._retry_or_fail(msg, str(e), ProduceError, failover=True)
+            return
+        msg.conn = conn
+        self._in_flight[request_id] = msg
+        if self.ack is not AckLevel.NONE:
+            msg.timer = asyncio.get_running_loop().call_later(self._timeout_s, self._timed_out, msg, request_id)
+        pack_request_header_into(msg.sealed.frame, request_id, self.ack, topic, msg.flags)
+        try:
+            await conn.send(msg.sealed.frame)
+        except BrokerUnavailableError as e:
+            if self._in_flight.pop(request_id, None) is msg:
+                self._cancel_timer(msg)
+                router.broker_failed(conn.url)
+                self._retry_or_fail(msg, str(e), ProduceError, failover=True)
+            return
+        if self.ack is AckLevel.NONE:
+            self._in_flight.pop(request_id, None)
+            self._finish(msg, None, Ack(request_id, True))
+
+    def _on_ack(self, ack: Ack) -> None:
+        msg = self._in_flight.pop(ack.id, None)
+        if msg is None:
+            if ack.id < 0:
+                log.warning("broker reported a connection-level error: %s %s", ack.code, ack.error)
+            return   # an ack for an attempt that already timed out
+        self._cancel_timer(msg)
+        if ack.ok:
+            self._finish(msg, None, ack)
+            return
+        topic = msg.sealed.topic
+        why = f"topic {topic} sequence {msg.sealed.sequence}: broker {msg.conn.url if msg.conn else '?'} " \
+              f"answered {ack.code}: {ack.error}"
+        if ack.code == AckCode.NOT_HERE:
+            self._router_for().redirect(topic, ack.brokers)
+        if ack.code in RETRIABLE_CODES:
+            self._retry_or_fail(msg, why, ProduceError)
+        elif ack.code == AckCode.UNKNOWN_TOPIC:
+            self._router_for().forget(topic)
+            self._retry_or_fail(msg, why, UnknownTopicError)
+        elif ack.code == AckCode.TOO_LARGE:
+            self._finish(msg, MessageTooLargeError(why))
+        else:
+            self._finish(msg, ProduceError(why))
+
+    def _on_lost(self, conn: Connection, why: str) -> None:
+        if self._conns.get(conn.url) is conn:
+            del self._conns[conn.url]
+        if not self.closed:
+            self._router_for().broker_failed(conn.url)
+        for rid, msg in list(self._in_flight.items()):
+            if msg.conn is conn:
+                del self._in_flight[rid]
+                self._cancel_timer(msg)
+                self._retry_or_fail(msg, f"connection to {conn.url} lost: {why}", ProduceError, failover=True)
+
+    def _timed_out(self, msg: InFlight[W], request_id: int) -> None:
+        if self._in_flight.pop(request_id, None) is not msg:
+            return
+        self._retry_or_fail(msg, f"topic {msg.sealed.topic} sequence {msg.sealed.sequence}: no ack within "
+                                 f"request_timeout_ms={self.config.request_timeout_ms}", ProducerTimeoutError)
+
+    def _retry_or_fail(self, msg: InFlight[W], why: str, error: type[MemqError], *, failover: bool = False) -> None:
+        """Retry after a jittered exponential backoff; a broker's failure (`failover`) is retried at
+        once on another broker when the topic has one (never twice in a row, so a cluster that
+        is all down still gets backoff)."""
+        if msg.attempt > self.config.retries or self.closed:
+            self._finish(msg, error(f"{why} (after {msg.attempt} attempts)"))
+            return
+        msg.failed_over = (failover and not msg.failed_over and self._router_for().can_fail_over(msg.sealed.topic))
+        backoff = 0.0 if msg.failed_over else min(self.config.retry_backoff_ms / 1000 * 2 ** (msg.attempt - 1),
+                                                  _MAX_BACKOFF_S)
+        log.info("retrying %s in %.2fs: %s", msg.sealed.topic, backoff, why)
+
+        async def later() -> None:
+            if backoff:
+                await asyncio.sleep(backoff * (0.5 + random.random() / 2))
+            await self._attempt(msg)
+        self._spawn(later())
+
+    def _cancel_timer(self, msg: InFlight[W]) -> None:
+        if msg.timer is not None:
+            msg.timer.cancel()
+            msg.timer = None
+
+    def _finish(self, msg: InFlight[W], error: BaseException | None, ack: Ack | None = None) -> None:
+        self._outstanding.discard(msg)
+        if not msg.done.done():
+            msg.done.set_result(None)
+        self._on_done(msg.sealed, error, ack)
+
+    # --- connections -------------------------------------------------------------------------
+
+    def _router_for(self) -> Router:
+        if self._router is None:
+            self._router = TopicRouter(broker_urls(self.config.brokers), self._session_for(),
+                                       timeout_s=self._timeout_s)
+        return self._router
+
+    def _session_for(self) -> aiohttp.ClientSession:
+        """Created on first use, inside the event loop (aiohttp binds a session to it)."""
+        if self._session is None:
+            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None, connect=self._timeout_s))
+        return self._session
+
+    async def _connection(self, url: str) -> Connection:
+        conn = self._conns.get(url)
+        if conn is not None and not conn.closed:
+            return conn
+        return await self._connecting.run(url, lambda: self._connect(url))
+
+    async def _connect(self, url: str) -> Connection:
+        if self._connector is not None:
+            conn = await self._connector(url, self._on_ack, self._on_lost)
+        else:
+            ws = BrokerConnection(url, self._session_for(), on_ack=self._on_ack, on_lost=self._on_lost,
+                                  timeout_s=self._timeout_s,
+                                  max_frame_bytes=self.config.max_message_bytes + REQUEST_HEADER_SIZE)
+            await ws.connect()
+            conn = ws
+        self._router_for().broker_ok(url)
+        self._conns[url] = conn
+        return conn

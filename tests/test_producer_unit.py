@@ -1,0 +1,145 @@
+"""The Producer's halves without a server: the Accumulator (no event loop at all) and the
+Sender/Producer over an in-process fake broker connection."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+import pytest
+
+from memq.client.accumulator import Accumulator, record_size
+from memq.client.producer import Producer
+from memq.config import ProducerConfig
+from memq.errors import ProduceError, UnknownTopicError
+from memq.format import Codec, decode_message
+from memq.format.wire import Ack, AckCode, decode_request
+
+pytestmark = pytest.mark.timeout(30)
+
+
+def rec(value: bytes, ts: int = 10) -> tuple:
+    return (value, None, (), ts, None)
+
+
+def acc(seal_bytes: int = 100, clock: Callable[[], int] = lambda: 1234) -> Accumulator[str]:
+    return Accumulator(seal_bytes=seal_bytes, producer_id=7, epoch=2, codec=Codec.NONE, clock_ms=clock)
+
+
+def test_accumulator_seals_by_size_and_numbers_messages_per_topic() -> None:
+    a = acc(seal_bytes=100)
+    a.register("t")
+    a.register("u")
+    r = rec(b"x" * 30)
+    n = record_size(r)
+    assert a.add("t", [r], n, 10, 10, lambda pos: f"w{pos}") == (True, False)     # opened: start linger
+    assert a.add("t", [r, r], 2 * n, 5, 20, lambda pos: f"w{pos}") == (False, True)  # full: seal now
+    assert a.room("t") == 1                                                # full: at least 1
+    m = a.seal("t")
+    assert m is not None and m.error is None
+    assert (m.topic, m.sequence, m.count, m.nbytes, m.created_ms, m.waiters) == ("t", 0, 3, 3 * n, 1234, ["w0", "w1"])
+    header, logs = decode_message(bytes(m.frame[m.message_at:]))
+    assert (header.producer_id, header.epoch, header.sequence, header.count) == (7, 2, 0, 3)
+    assert (header.min_timestamp_ms, header.max_timestamp_ms) == (5, 20)
+    assert [bytes(x.value) for x in logs] == [b"x" * 30] * 3
+    assert a.seal("t") is None and a.room("t") == 100
+    a.add("u", [r], n, 1, 1, str)
+    a.add("t", [r], n, 1, 1, str)
+    assert sorted(a.topics()) == ["t", "u"]
+    assert (a.seal("u").sequence, a.seal("t").sequence) == (0, 1)    # type: ignore[union-attr]
+
+
+def test_accumulator_reports_an_encoding_failure_with_its_waiters() -> None:
+    a: Accumulator[str] = Accumulator(seal_bytes=100, producer_id=1, epoch=2 ** 32, codec=Codec.NONE)  # epoch > u32
+    a.register("t")
+    a.add("t", [rec(b"v")], 10, 1, 1, lambda pos: "w")
+    m = a.seal("t")
+    assert m is not None and m.error is not None and m.waiters == ["w"] and not m.frame
+
+
+# --- the Sender through its seams --------------------------------------------------------------
+
+
+class FakeRouter:
+    def __init__(self, topics: dict[str, list[str]]) -> None:
+        self.topics = topics
+        self.failed: list[str] = []
+
+    async def brokers_for(self, topic: str) -> list[str]:
+        if topic not in self.topics:
+            raise UnknownTopicError(topic)
+        return self.topics[topic]
+
+    async def next_broker(self, topic: str) -> str:
+        return (await self.brokers_for(topic))[0]
+
+    def broker_failed(self, url: str) -> None:
+        self.failed.append(url)
+
+    def broker_ok(self, url: str) -> None:
+        pass
+
+    def can_fail_over(self, topic: str) -> bool:
+        return True
+
+    def redirect(self, topic: str, brokers: tuple[str, ...]) -> None:
+        pass
+
+    def forget(self, topic: str) -> None:
+        pass
+
+
+class FakeBroker:
+    """Answers each frame with `answers` in turn (the last one repeats)."""
+
+    def __init__(self, answers: list[AckCode]) -> None:
+        self.answers = answers
+        self.frames: list[bytes] = []
+        self.url = "http://fake"
+        self.closed = False
+        self.on_ack: Callable[[Ack], None] = lambda ack: None
+
+    async def connect(self, url: str, on_ack: Callable[[Ack], None], on_lost: object) -> FakeBroker:
+        self.on_ack = on_ack
+        return self
+
+    async def send(self, frame: bytes | bytearray) -> None:
+        self.frames.append(bytes(frame))
+        request_id = decode_request(self.frames[-1]).request_id
+        code = self.answers[min(len(self.frames), len(self.answers)) - 1]
+        ack = Ack(request_id, True) if code == AckCode.OK else Ack(request_id, False, code, "no")
+        asyncio.get_running_loop().call_soon(self.on_ack, ack)
+
+    async def close(self) -> None:
+        self.closed = True
+
+
+def producer(broker: FakeBroker, **config: object) -> Producer:
+    pc = ProducerConfig(brokers="http://fake", linger_ms=1, retry_backoff_ms=1, **config)   # type: ignore[arg-type]
+    return Producer(pc, router=FakeRouter({"t": [broker.url]}), connector=broker.connect)
+
+
+async def test_a_retriable_failure_resends_the_same_message_then_delivers() -> None:
+    broker = FakeBroker([AckCode.BUSY, AckCode.OK])
+    async with producer(broker) as p:
+        one = await p.send("t", b"a")
+        many = await p.send_many("t", [b"b", b"c"])
+        await p.flush()
+    delivered = [await one, *(await many)]
+    assert [(d.sequence, d.position, d.count) for d in delivered] == [(0, 0, 1), (0, 1, 2)]
+    assert len(broker.frames) == 2 and broker.closed
+    first, retry = (decode_request(f) for f in broker.frames)
+    assert first.request_id != retry.request_id and bytes(first.message) == bytes(retry.message)   # same bytes
+
+
+async def test_exhausted_retries_fail_every_waiter_and_unknown_topics_fail_at_once() -> None:
+    broker = FakeBroker([AckCode.BUSY])
+    p = producer(broker, retries=2)
+    fut = await p.send("t", b"a")
+    await p.flush()
+    with pytest.raises(ProduceError, match="after 3 attempts"):
+        await fut
+    assert len(broker.frames) == 3
+    with pytest.raises(UnknownTopicError):
+        await p.send("nope", b"a")
+    await p.close()
