@@ -163,6 +163,7 @@ class ProducerConfig:
     request_timeout_ms: int = 30_000
     retries: int = 5
     retry_backoff_ms: int = 100
+    delivery_timeout_ms: int = 120_000     # from seal to acked or failed, retries included (Kafka's default)
 
 
 @dataclass(frozen=True)

@@ -5,24 +5,31 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import pytest
 
 from memq.client.accumulator import Accumulator, record_size
 from memq.client.producer import Producer
 from memq.config import ProducerConfig
-from memq.errors import ProduceError, UnknownTopicError
+from memq.errors import ConfigError, ProduceError, ProducerClosedError, ProducerTimeoutError, UnknownTopicError
 from memq.format import Codec, decode_message
 from memq.format.wire import Ack, AckCode, decode_request
 
 pytestmark = pytest.mark.timeout(30)
 
 
+@dataclass
+class W:
+    name: str
+    position: int = -1
+
+
 def rec(value: bytes, ts: int = 10) -> tuple:
     return (value, None, (), ts, None)
 
 
-def acc(seal_bytes: int = 100, clock: Callable[[], int] = lambda: 1234) -> Accumulator[str]:
+def acc(seal_bytes: int = 100, clock: Callable[[], int] = lambda: 1234) -> Accumulator[W]:
     return Accumulator(seal_bytes=seal_bytes, producer_id=7, epoch=2, codec=Codec.NONE, clock_ms=clock)
 
 
@@ -32,29 +39,30 @@ def test_accumulator_seals_by_size_and_numbers_messages_per_topic() -> None:
     a.register("u")
     r = rec(b"x" * 30)
     n = record_size(r)
-    assert a.add("t", [r], n, 10, 10, lambda pos: f"w{pos}") == (True, False)     # opened: start linger
-    assert a.add("t", [r, r], 2 * n, 5, 20, lambda pos: f"w{pos}") == (False, True)  # full: seal now
+    assert a.add("t", [r], n, 10, 10, W("a")) == (True, False)           # opened: start linger
+    assert a.add("t", [r, r], 2 * n, 5, 20, W("b")) == (False, True)     # full: seal now
     assert a.room("t") == 1                                                # full: at least 1
     m = a.seal("t")
     assert m is not None and m.error is None
-    assert (m.topic, m.sequence, m.count, m.nbytes, m.created_ms, m.waiters) == ("t", 0, 3, 3 * n, 1234, ["w0", "w1"])
+    assert (m.topic, m.sequence, m.count, m.nbytes, m.created_ms) == ("t", 0, 3, 3 * n, 1234)
+    assert m.waiters == [W("a", 0), W("b", 1)]                           # each knows where its run starts
     header, logs = decode_message(bytes(m.frame[m.message_at:]))
     assert (header.producer_id, header.epoch, header.sequence, header.count) == (7, 2, 0, 3)
     assert (header.min_timestamp_ms, header.max_timestamp_ms) == (5, 20)
     assert [bytes(x.value) for x in logs] == [b"x" * 30] * 3
     assert a.seal("t") is None and a.room("t") == 100
-    a.add("u", [r], n, 1, 1, str)
-    a.add("t", [r], n, 1, 1, str)
+    a.add("u", [r], n, 1, 1, W("c"))
+    a.add("t", [r], n, 1, 1, W("d"))
     assert sorted(a.topics()) == ["t", "u"]
     assert (a.seal("u").sequence, a.seal("t").sequence) == (0, 1)    # type: ignore[union-attr]
 
 
 def test_accumulator_reports_an_encoding_failure_with_its_waiters() -> None:
-    a: Accumulator[str] = Accumulator(seal_bytes=100, producer_id=1, epoch=2 ** 32, codec=Codec.NONE)  # epoch > u32
+    a: Accumulator[W] = Accumulator(seal_bytes=100, producer_id=1, epoch=2 ** 32, codec=Codec.NONE)  # epoch > u32
     a.register("t")
-    a.add("t", [rec(b"v")], 10, 1, 1, lambda pos: "w")
+    a.add("t", [rec(b"v")], 10, 1, 1, W("w"))
     m = a.seal("t")
-    assert m is not None and m.error is not None and m.waiters == ["w"] and not m.frame
+    assert m is not None and m.error is not None and m.waiters == [W("w", 0)] and not m.frame
 
 
 # --- the Sender through its seams --------------------------------------------------------------
@@ -90,9 +98,9 @@ class FakeRouter:
 
 
 class FakeBroker:
-    """Answers each frame with `answers` in turn (the last one repeats)."""
+    """Answers each frame with `answers` in turn (the last one repeats); None: never answers."""
 
-    def __init__(self, answers: list[AckCode]) -> None:
+    def __init__(self, answers: list[AckCode | None]) -> None:
         self.answers = answers
         self.frames: list[bytes] = []
         self.url = "http://fake"
@@ -107,6 +115,8 @@ class FakeBroker:
         self.frames.append(bytes(frame))
         request_id = decode_request(self.frames[-1]).request_id
         code = self.answers[min(len(self.frames), len(self.answers)) - 1]
+        if code is None:
+            return
         ack = Ack(request_id, True) if code == AckCode.OK else Ack(request_id, False, code, "no")
         asyncio.get_running_loop().call_soon(self.on_ack, ack)
 
@@ -143,3 +153,32 @@ async def test_exhausted_retries_fail_every_waiter_and_unknown_topics_fail_at_on
     with pytest.raises(UnknownTopicError):
         await p.send("nope", b"a")
     await p.close()
+
+
+async def test_the_delivery_deadline_bounds_retries_of_a_message_never_acked() -> None:
+    broker = FakeBroker([None])
+    p = producer(broker, request_timeout_ms=100, delivery_timeout_ms=350, retries=1000)
+    fut = await p.send("t", b"a")
+    await p.flush()                                    # returns: the deadline finished the Message
+    with pytest.raises(ProducerTimeoutError, match="delivery_timeout_ms=350"):
+        await fut
+    assert 2 <= len(broker.frames) <= 4                # retried after each 100 ms request timeout, then stopped
+    await p.close()
+
+
+async def test_flush_and_close_are_bounded_by_their_timeout() -> None:
+    broker = FakeBroker([None])
+    p = producer(broker, request_timeout_ms=60_000, delivery_timeout_ms=120_000)
+    fut = await p.send("t", b"a")
+    with pytest.raises(ProducerTimeoutError, match="flush"):
+        await p.flush(timeout=0.1)
+    assert not fut.done()                              # still under way after a timed-out flush
+    await asyncio.wait_for(p.close(timeout=0.1), 5)
+    with pytest.raises(ProducerClosedError, match="closed before"):
+        await fut
+    assert broker.closed
+
+
+def test_a_delivery_deadline_shorter_than_one_request_is_refused() -> None:
+    with pytest.raises(ConfigError, match="delivery_timeout_ms"):
+        Producer(ProducerConfig(brokers="http://x", request_timeout_ms=1000, delivery_timeout_ms=999))

@@ -16,14 +16,20 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Generic, TypeVar
+from typing import Generic, Protocol, TypeVar
 
 from memq.errors import MemqError
 from memq.format.codec import Codec, Compressors
 from memq.format.message import encode_message
 from memq.format.wire import request_header_size
 
-W = TypeVar("W")
+class Waiting(Protocol):
+    """Whoever waits for a run of records: told where in its Message the run starts."""
+
+    position: int
+
+
+W = TypeVar("W", bound=Waiting)
 
 RECORD_OVERHEAD = 16            # msgpack framing of one record, for size estimates
 
@@ -92,15 +98,17 @@ class Accumulator(Generic[W]):
         return max(self.seal_bytes - (p.nbytes if p else 0), 1)
 
     def add(self, topic: str, records: list[tuple], nbytes: int, lo: int, hi: int,
-            waiter: Callable[[int], W]) -> tuple[bool, bool]:
+            waiter: W) -> tuple[bool, bool]:
         """Append `records` (estimated `nbytes`, timestamps in [lo, hi]) to the topic's open
-        buffer; `waiter(position of the first record)` waits for them. Returns (opened: a new
-        buffer was started, so its linger starts now; full: it must seal now)."""
+        buffer; `waiter` waits for them (its `position` is set to the first one's index in the
+        Message). Returns (opened: a new buffer was started, so its linger starts now; full:
+        it must seal now)."""
         p = self._open.get(topic)
         opened = p is None
         if p is None:
             p = self._open[topic] = _Open()
-        p.waiters.append(waiter(len(p.records)))
+        waiter.position = len(p.records)
+        p.waiters.append(waiter)
         p.records.extend(records)
         p.nbytes += nbytes
         if lo < p.lo:

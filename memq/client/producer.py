@@ -5,7 +5,9 @@ sequences) and the `Sender` (connections, in-flight attempts, retries, acks). Th
 between them validates input, bounds buffered and unacknowledged bytes by
 `max_in_flight_bytes` (`send` waits for room up to `max_block_ms`, then raises
 ProducerTimeoutError), runs the linger timers, and resolves each caller's future from its
-Message's outcome (and tells the audit sink).
+Message's outcome (and tells the audit sink). Each Message is acked or failed within
+`delivery_timeout_ms` of its seal, retries included; `flush(timeout)` and `close(timeout)`
+are bounded too.
 
 Each Message carries the producer id (random u64), epoch and a per-topic sequence, so
 consumers can drop retried duplicates by (producer id, epoch, sequence). The bulk calls
@@ -22,7 +24,7 @@ from bisect import bisect_left
 from dataclasses import dataclass
 from itertools import accumulate, repeat
 from operator import add, itemgetter, sub
-from typing import Callable, Protocol, Sequence
+from typing import Protocol, Sequence
 
 from memq.config import ProducerConfig
 from memq.errors import InvalidInputError, MessageTooLargeError, ProducerClosedError, ProducerTimeoutError
@@ -91,7 +93,7 @@ class RecordWaiter:
     """One `send` call: its record is at `position` in the Message."""
 
     future: asyncio.Future[Delivery]
-    position: int
+    position: int = 0
 
     def deliver(self, m: Sealed[Waiter], producer_id: int, epoch: int, ack: Ack) -> None:
         if not self.future.done():
@@ -109,8 +111,8 @@ class RunWaiter:
 
     many: _Many
     part: int
-    position: int
     count: int
+    position: int = 0
 
     def deliver(self, m: Sealed[Waiter], producer_id: int, epoch: int, ack: Ack) -> None:
         self.many.done_part(self.part, Delivery(m.topic, producer_id, epoch, m.sequence, self.count, self.position,
@@ -169,7 +171,7 @@ class Producer:
         self._check_size(size)
         await self._admit(topic, size)
         fut: asyncio.Future[Delivery] = asyncio.get_running_loop().create_future()
-        self._add(topic, [record], size, ts, ts, lambda pos: RecordWaiter(fut, pos))
+        self._add(topic, [record], size, ts, ts, RecordWaiter(fut))
         return fut
 
     async def send_many(self, topic: str, values: Sequence[bytes], *, keys: Sequence[bytes | None] | None = None,
@@ -229,13 +231,14 @@ class Producer:
             await self._admit(topic, run_bytes)   # may wait while the open Message sealed: room is re-read
             run = records[i:j]
             lo, hi = (stamp, stamp) if stamp is not None else timestamp_range(run)   # type: ignore[arg-type]
-            part = many.add_part()
-            self._add(topic, run, run_bytes, lo, hi, lambda pos: RunWaiter(many, part, pos, j - i))
+            self._add(topic, run, run_bytes, lo, hi, RunWaiter(many, many.add_part(), j - i))
             i = j
         return many.future
 
-    async def flush(self) -> None:
-        """Send everything buffered now and wait until every Message is acked or failed.
+    async def flush(self, timeout: float | None = None) -> None:
+        """Send everything buffered now and wait until every Message is acked or failed, at most
+        `timeout` seconds (then ProducerTimeoutError; the Messages go on, each bounded by
+        `delivery_timeout_ms`).
 
         As in Kafka, flush means "send now": besides sealing the buffered records, the last
         not-yet-sent Message of each topic per broker asks its broker to seal its batch at
@@ -245,14 +248,17 @@ class Producer:
         """
         for topic in self._acc.topics():
             self._seal(topic)
-        await self._sender.flush()
+        await self._sender.flush(timeout)
 
-    async def close(self) -> None:
-        """Flush, then close connections. Later sends raise ProducerClosedError."""
+    async def close(self, timeout: float | None = None) -> None:
+        """Flush (at most `timeout` seconds), then close connections; Messages still unacked
+        then fail with ProducerClosedError. Later sends raise ProducerClosedError."""
         if self._closed:
             return
         try:
-            await self.flush()
+            await self.flush(timeout)
+        except ProducerTimeoutError:
+            pass   # bounded close: what is left fails below
         finally:
             self._closed = True
             await self._sender.close()
@@ -292,7 +298,7 @@ class Producer:
                                        f"{self.config.max_message_bytes} (less 1 KiB for framing)")
 
     def _add(self, topic: str, records: list[tuple], nbytes: int, lo: int, hi: int,
-             waiter: Callable[[int], Waiter]) -> None:
+             waiter: Waiter) -> None:
         opened, full = self._acc.add(topic, records, nbytes, lo, hi, waiter)
         if full:
             self._seal(topic)

@@ -3,10 +3,12 @@
 Each Message is attempted on a broker hosting its topic (round-robin, `Router`), over one
 persistent connection per broker (`Connection`, opened by a `Connector`); many attempts
 are in flight at once and acks come back in any order, matched by request id. Every
-attempt has a deadline of `request_timeout_ms`. A retriable failure is retried after a
+attempt has a deadline of `request_timeout_ms`, and each Message one of `delivery_timeout_ms`
+from its seal, retries included (Kafka's `delivery.timeout.ms`): past it the Message fails
+with ProducerTimeoutError whatever is under way. A retriable failure is retried after a
 jittered exponential backoff, a broker's failure at once on another broker (never twice in
 a row); a retry resends the very same bytes, so consumers can drop duplicates by
-(producer id, epoch, sequence). The outcome of each Message goes to `on_done`.
+(producer id, epoch, sequence). The outcome of each Message goes to `on_done`, once.
 """
 
 from __future__ import annotations
@@ -21,22 +23,22 @@ from typing import Any, Generic, Protocol, TypeVar
 import aiohttp
 
 from memq.config import ProducerConfig
-from memq.errors import BrokerUnavailableError, MemqError, MessageTooLargeError, ProduceError, \
-    ProducerTimeoutError, UnknownTopicError
+from memq.errors import BrokerUnavailableError, ConfigError, MemqError, MessageTooLargeError, ProduceError, \
+    ProducerClosedError, ProducerTimeoutError, UnknownTopicError
 from memq.format.wire import RETRIABLE_CODES, REQUEST_HEADER_SIZE, Ack, AckCode, AckLevel, RequestFlag, \
     pack_request_header_into
 
 from ._connection import BrokerConnection
 from ._metadata import TopicRouter
 from ._singleflight import SingleFlight
-from .accumulator import Sealed
+from .accumulator import Sealed, Waiting
 from .cluster import broker_urls
 
 log = logging.getLogger("memq.client.producer")
 
 _MAX_BACKOFF_S = 5.0
 
-W = TypeVar("W")
+W = TypeVar("W", bound=Waiting)
 
 
 class Connection(Protocol):
@@ -75,7 +77,8 @@ class InFlight(Generic[W]):
     failed_over: bool = False            # the last retry skipped its backoff (only one in a row may)
     request_id: int = 0
     conn: Connection | None = None
-    timer: asyncio.TimerHandle | None = None
+    timer: asyncio.TimerHandle | None = None       # the attempt's ack deadline
+    expiry: asyncio.TimerHandle | None = None      # the Message's delivery deadline
     flags: RequestFlag = RequestFlag.NONE   # SEAL once a flush() wants it sent now
 
 
@@ -87,6 +90,9 @@ class Sender(Generic[W]):
         self.config = config
         self.ack = AckLevel.parse(config.ack)
         self._on_done = on_done
+        if config.delivery_timeout_ms < config.request_timeout_ms:
+            raise ConfigError(f"producer.delivery_timeout_ms={config.delivery_timeout_ms} must be >= "
+                              f"producer.request_timeout_ms={config.request_timeout_ms}")
         self._timeout_s = config.request_timeout_ms / 1000
         self._router = router
         self._connector = connector
@@ -103,7 +109,9 @@ class Sender(Generic[W]):
 
     def send(self, sealed: Sealed[W]) -> None:
         """Start sending `sealed` (from the event loop)."""
-        msg = InFlight(sealed, asyncio.get_running_loop().create_future())
+        loop = asyncio.get_running_loop()
+        msg = InFlight(sealed, loop.create_future())
+        msg.expiry = loop.call_later(self.config.delivery_timeout_ms / 1000, self._expired, msg)
         self._outstanding.add(msg)
         self._spawn(self._attempt(msg))
 
@@ -111,8 +119,9 @@ class Sender(Generic[W]):
         """The brokers hosting `topic` (UnknownTopicError if none does)."""
         return await self._router_for().brokers_for(topic)
 
-    async def flush(self) -> None:
-        """Ask brokers to seal now, then wait until every Message handed over is finished.
+    async def flush(self, timeout_s: float | None = None) -> None:
+        """Ask brokers to seal now, then wait until every Message handed over is finished
+        (ProducerTimeoutError if some are not within `timeout_s`; they go on).
 
         The last not-yet-sent Message of each topic per broker carries RequestFlag.SEAL: Messages
         go round-robin, so with k brokers those are the topic's last k unsent ones. Messages
@@ -130,12 +139,22 @@ class Sender(Generic[W]):
             msgs.sort(key=lambda m: m.sealed.sequence)
             for m in msgs[-k:]:
                 m.flags = RequestFlag.SEAL
-        while self._outstanding:
-            await asyncio.gather(*(m.done for m in list(self._outstanding)), return_exceptions=True)
+        try:
+            async with asyncio.timeout(timeout_s):
+                while self._outstanding:
+                    await asyncio.gather(*(asyncio.shield(m.done) for m in list(self._outstanding)),
+                                         return_exceptions=True)
+        except TimeoutError:
+            raise ProducerTimeoutError(f"flush: {len(self._outstanding)} Messages not acked within "
+                                       f"{timeout_s:g}s") from None
 
     async def close(self) -> None:
-        """Close connections and stop retries (unfinished Messages fail)."""
+        """Close connections and stop retries; Messages not finished fail (ProducerClosedError)."""
         self.closed = True
+        for m in list(self._outstanding):
+            self._in_flight.pop(m.request_id, None)
+            self._finish(m, ProducerClosedError(f"topic {m.sealed.topic} sequence {m.sealed.sequence}: "
+                                                "producer closed before it was acked"))
         await asyncio.gather(*(c.close() for c in list(self._conns.values())), return_exceptions=True)
         for t in list(self._tasks):
             t.cancel()
@@ -152,6 +171,8 @@ class Sender(Generic[W]):
 
     async def _attempt(self, msg: InFlight[W]) -> None:
         """Send `msg` once to a broker hosting its topic; the ack (or its absence) decides next."""
+        if msg.done.done():   # expired (or closed) while this attempt waited
+            return
         msg.attempt += 1
         request_id = self._next_request_id
         self._next_request_id += 1
@@ -231,6 +252,14 @@ class Sender(Generic[W]):
         self._retry_or_fail(msg, f"topic {msg.sealed.topic} sequence {msg.sealed.sequence}: no ack within "
                                  f"request_timeout_ms={self.config.request_timeout_ms}", ProducerTimeoutError)
 
+    def _expired(self, msg: InFlight[W]) -> None:
+        """The delivery deadline passed: fail the Message; a late ack of its attempt is ignored."""
+        if self._in_flight.get(msg.request_id) is msg:
+            del self._in_flight[msg.request_id]
+        self._finish(msg, ProducerTimeoutError(
+            f"topic {msg.sealed.topic} sequence {msg.sealed.sequence}: not acked within "
+            f"producer.delivery_timeout_ms={self.config.delivery_timeout_ms} ({msg.attempt} attempts)"))
+
     def _retry_or_fail(self, msg: InFlight[W], why: str, error: type[MemqError], *, failover: bool = False) -> None:
         """Retry after a jittered exponential backoff; a broker's failure (`failover`) is retried at
         once on another broker when the topic has one (never twice in a row, so a cluster that
@@ -255,9 +284,13 @@ class Sender(Generic[W]):
             msg.timer = None
 
     def _finish(self, msg: InFlight[W], error: BaseException | None, ack: Ack | None = None) -> None:
+        if msg.done.done():
+            return   # already failed by its deadline or by close(): the outcome is reported once
+        msg.done.set_result(None)
         self._outstanding.discard(msg)
-        if not msg.done.done():
-            msg.done.set_result(None)
+        self._cancel_timer(msg)
+        if msg.expiry is not None:
+            msg.expiry.cancel()
         self._on_done(msg.sealed, error, ack)
 
     # --- connections -------------------------------------------------------------------------
