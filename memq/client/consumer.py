@@ -150,10 +150,9 @@ class Consumer:
         self.metrics = ConsumerMetrics()
         self._cc = cc
         self._audit = audit
-        resolved = resolve_topic(config, topic) if notifications is None or reader is None else None
-        config = resolved.config if resolved is not None else config
-        self._kafka_topic = (resolved.topic.notification_topic if resolved is not None
-                             else notification_topic(config, topic))
+        resolved = resolve_topic(config, topic)   # no I/O unless producer.brokers names brokers
+        config = resolved.config
+        self._kafka_topic = resolved.topic.notification_topic
         self._queue: deque[_Batch] = deque()        # polled, in order; some being fetched
         self._current: _Batch | None = None         # the batch being handed over
         self._inflight_bytes = 0                    # estimated memory of submitted, unfinished batches
