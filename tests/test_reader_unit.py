@@ -227,5 +227,7 @@ def test_read_in_order_checks_size_and_skips_by_policy(caplog: pytest.LogCapture
         assert "k0" in caplog.text
         header, log = reader.read_one(ptrs[2], rs[2].notification.header_size, 0, 5)
         assert (header.sequence, bytes(log.value)) == (2, b"2")
+        with pytest.raises(DataLossError, match="counts 1 LogMessages"):
+            reader.read_one(ptrs[2], rs[2].notification.header_size, 1, 5)
     finally:
         reader.close()

@@ -196,7 +196,8 @@ class BatchReader:
 
     def read_one(self, ptr: BatchPointer, header_size: int, index: int,
                  timeout_s: float) -> tuple[MessageHeader, LogMessage]:
-        """LogMessage `index` of the batch, with two ranged GETs: the batch header, then its Message."""
+        """LogMessage `index` of the batch, with two ranged GETs: the batch header, then its Message.
+        The caller checks `index` against the notification's count: a header counting fewer is corrupt."""
         return self._fetch.run(self._read_one(ptr, header_size, index), timeout_s=timeout_s)
 
     async def _read_one(self, ptr: BatchPointer, header_size: int, index: int) -> tuple[MessageHeader, LogMessage]:
@@ -212,7 +213,9 @@ class BatchReader:
             raise ptr.lost(f"is missing: {e}") from e
         except FormatError as e:
             raise ptr.lost(f"is corrupt: {e}") from e
-        raise InvalidInputError(f"index {index} is outside {ptr.describe()} ({first} LogMessages)")
+        if index < 0:
+            raise InvalidInputError(f"index {index} of {ptr.describe()} is negative")
+        raise ptr.lost(f"is corrupt: its header counts {first} LogMessages, none at index {index}")
 
     def close(self, timeout_s: float = 10) -> None:
         self._fetch.close(timeout_s)
