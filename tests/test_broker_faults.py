@@ -16,11 +16,15 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from memq.broker import Broker
 from memq.client.producer import Producer
 from memq.config import KafkaConfig, MemqConfig
 from memq.devcluster import DevCluster
-from memq.errors import MemqError
-from test_broker_integration import producer_config, running_broker, topic_config
+from memq.errors import MemqError, NotifyError, ProduceError
+from memq.format import Notification
+from memq.notify import NotificationPublisher
+from memq.storage import ObjectLocation, make_storage
+from test_broker_integration import producer_config, read_notifications, running_broker, topic_config
 
 pytestmark = pytest.mark.integration
 
@@ -82,3 +86,48 @@ async def test_broker_recovers_by_itself_after_a_kafka_stall_longer_than_its_req
         await acked_within(broker.url, topic, 30)
         status, body = await health(broker.url)
         assert status == 200, body
+
+
+class DeliveredButTimedOut:
+    """The real publisher, whose every publish reaches Kafka and is then reported as timed out:
+    what librdkafka does when a notification queued before a Kafka stall lands after it."""
+
+    def __init__(self, kafka: KafkaConfig) -> None:
+        self.inner = NotificationPublisher(kafka, client_id="delivered-but-timed-out")
+        self.published = 0
+
+    async def publish(self, kafka_topic: str, n: Notification) -> tuple[int, int]:
+        await self.inner.publish(kafka_topic, n)
+        self.published += 1
+        raise NotifyError(f"publishing to Kafka topic {kafka_topic!r} failed: Local: Message timed out")
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+async def test_a_publish_that_times_out_but_is_delivered_leaves_no_dangling_pointer(
+        devcluster: DevCluster, unique_name: Callable[[str], str]) -> None:
+    topic = unique_name("ambig")
+    config = devcluster.config(topics=[topic_config(topic, batch_ms=20)])
+    publisher = DeliveredButTimedOut(config.kafka)
+    broker = Broker(config, publisher=publisher)
+    await broker.start()
+    try:
+        async with Producer(producer_config(broker.url, retries=0)) as p:
+            for i in range(3):
+                with pytest.raises(ProduceError, match="NOTIFY"):
+                    await (await p.send(topic, b"ambiguous-%d" % i))
+        unannounced = broker.metrics.registry.get_sample_value("memq_broker_unannounced_batches_total",
+                                                               {"topic": topic})
+    finally:
+        await broker.stop()
+    assert publisher.published == 3
+    notes = read_notifications(config.kafka.bootstrap_servers, f"memq.dev.{topic}")
+    assert len(notes) == 3
+    storage = make_storage(config)
+    try:
+        for n in notes:        # every pointer on Kafka names an object that exists
+            assert await storage.get(ObjectLocation(n.bucket, n.key))
+    finally:
+        await storage.close()
+    assert unannounced == 3    # kept, counted: orphans for the collector if never announced

@@ -183,13 +183,16 @@ async def test_storage_failure_fails_every_message_of_batch(tmp_path: Path) -> N
     assert [a.ok for a in h.acks[2:]] == [True, True]
 
 
-async def test_notify_failure_fails_batch_and_deletes_orphan(tmp_path: Path) -> None:
+async def test_notify_failure_fails_batch_and_keeps_the_object(tmp_path: Path) -> None:
     h = Harness(tmp_path, batch_bytes=400, max_message_bytes=400)
     h.publisher.fail = True
     await h.append(1)
     await h.wait_acks(1)
     assert (h.acks[0].ok, h.acks[0].code) == (False, "NOTIFY") and "kafka down" in h.acks[0].error
-    assert h.storage.deleted == h.storage.puts and len(h.storage.puts) == 1
+    # a failed publish may still be delivered: the object stays, counted as unannounced
+    assert h.storage.deleted == [] and len(h.storage.puts) == 1
+    assert await h.storage.get(h.storage.puts[0])
+    assert h.metrics.registry.get_sample_value("memq_broker_unannounced_batches_total", {"topic": "t1"}) == 1
 
 
 async def test_close_flushes_then_answers_closing(tmp_path: Path) -> None:

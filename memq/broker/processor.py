@@ -11,6 +11,7 @@ answers BUSY. Memory is therefore bounded by `ring_slots * (batch_bytes + max_me
 
 A stored batch is announced on Kafka before any ack=all Message in it is acked; if the PUT or
 the publish fails for good, every ack=all Message of that batch gets an error ack naming why.
+Nothing is deleted on such an ambiguous failure (see `_unannounced`).
 Message bodies are never decoded: the caller has verified header and CRC.
 """
 
@@ -23,7 +24,6 @@ from dataclasses import dataclass, field
 from typing import Callable, Protocol
 
 from memq.config import TopicConfig
-from memq.errors import MemqError
 from memq.format import NOTIFICATION_VERSION, MessageHeader, Notification, encode_batch, object_crc32c
 from memq.format.wire import Ack, AckCode, AckLevel
 from memq.storage import ObjectLocation, StorageHandler
@@ -75,6 +75,7 @@ class TopicProcessor:
         self._m_busy = metrics.busy_slots.labels(name)
         self._m_batch_bytes = metrics.batch_bytes.labels(name)
         self._m_flush_seals = metrics.flush_seals.labels(name)
+        self._m_unannounced = metrics.unannounced_batches.labels(name)
         self._metrics = metrics
 
     @property
@@ -185,7 +186,7 @@ class TopicProcessor:
                 partition, offset = await self._publisher.publish(self.notification_topic, note)
             except Exception as e:   # as above: the batch fails, the broker goes on
                 self._fail(batch, AckCode.NOTIFY, f"notifying batch {loc.key} of topic {topic} failed: {e}")
-                await self._delete_orphan(loc)
+                self._unannounced(loc)
                 return
             self._m_stage["notify"].observe(time.monotonic() - t0)
             self._metrics.batches.labels(topic, "ok").inc()
@@ -201,12 +202,16 @@ class TopicProcessor:
         for request_id, _index, reply in batch.waiters:
             reply(Ack(request_id, False, code, why))
 
-    async def _delete_orphan(self, loc: ObjectLocation) -> None:
-        """An object without a notification is invisible to consumers; remove it if storage lets us."""
-        try:
-            await self._storage.delete(loc)
-        except MemqError as e:
-            log.warning("could not delete unannounced batch %s: %s", loc.key, e)
+    def _unannounced(self, loc: ObjectLocation) -> None:
+        """Keep the object of a batch whose publish failed: a failure may still be delivered.
+
+        librdkafka's "Message timed out" does not mean "not delivered": a notification queued
+        before a Kafka stall can land after it. Deleting the object would leave that pointer
+        dangling, so the object stays for the orphan collector (retention), counted and named.
+        """
+        self._m_unannounced.inc()
+        log.warning("kept batch %s of topic %s after its failed publish: an orphan unless the "
+                    "notification was delivered after all", loc, self.config.name)
 
     async def close(self) -> None:
         """Stop taking writes, seal the filling batch and wait until every batch is acked."""
