@@ -147,6 +147,7 @@ class BrokerConfig:
     ack_write_timeout_ms: int = 10_000     # a client not reading its acks this long is closed
     max_pending_acks: int = 100_000        # per connection; more means a slow client: closed
     shutdown_timeout_ms: int = 30_000      # SIGTERM: time to flush, store and ack in-flight batches
+    dedup_messages: int = 50_000           # per topic: stored Message ids remembered to drop resends
 
 
 @dataclass(frozen=True)

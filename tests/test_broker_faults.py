@@ -21,10 +21,13 @@ from memq.client.producer import Producer
 from memq.config import KafkaConfig, MemqConfig
 from memq.devcluster import DevCluster
 from memq.errors import MemqError, NotifyError, ProduceError
-from memq.format import Notification
+from memq.format import Codec, LogMessage, Notification, encode_message
+from memq.format.wire import AckLevel, decode_acks, encode_request
 from memq.notify import NotificationPublisher
 from memq.storage import ObjectLocation, make_storage
-from test_broker_integration import producer_config, read_notifications, running_broker, topic_config
+from faultproxy import FaultPlan, FaultProxy
+from test_broker_integration import (producer_config, read_notifications, read_stored, running_broker,
+                                     topic_config)
 
 pytestmark = pytest.mark.integration
 
@@ -131,3 +134,30 @@ async def test_a_publish_that_times_out_but_is_delivered_leaves_no_dangling_poin
     finally:
         await storage.close()
     assert unannounced == 3    # kept, counted: orphans for the collector if never announced
+
+
+async def test_a_message_resent_while_storage_is_slow_is_stored_once(
+        devcluster: DevCluster, unique_name: Callable[[str], str]) -> None:
+    topic = unique_name("resend")
+    base = devcluster.config(topics=[topic_config(topic, batch_ms=20)])
+    frame = encode_message([LogMessage(b"only-once-%d" % i) for i in range(10)], producer_id=77, epoch=3,
+                           sequence=5, codec=Codec.NONE)
+    slow_puts = FaultPlan(mode="stall", fraction=1.0, methods=frozenset({"PUT"}), stall_s=1.5)
+    with FaultProxy(devcluster.s3_endpoint or "", slow_puts) as proxy:
+        config = dataclasses.replace(base, s3=dataclasses.replace(base.s3, endpoint_url=proxy.url))
+        async with running_broker(config) as broker, aiohttp.ClientSession() as s:
+            async with s.ws_connect(broker.url + "/v1/produce") as first, \
+                    s.ws_connect(broker.url + "/v1/produce") as second:
+                await first.send_bytes(encode_request(1, AckLevel.ALL, topic, frame))
+                await asyncio.sleep(0.5)          # the batch is uploading: the producer gives up, resends
+                await second.send_bytes(encode_request(2, AckLevel.ALL, topic, frame))
+                acks = [*decode_acks(await first.receive_bytes(timeout=30)),
+                        *decode_acks(await second.receive_bytes(timeout=30))]
+            dropped = broker.metrics.registry.get_sample_value("memq_broker_duplicate_messages_total",
+                                                               {"topic": topic})
+    original, resent = sorted(acks, key=lambda a: a.id)
+    assert original.ok and resent == dataclasses.replace(original, id=2)   # the original's outcome
+    stored, dups, keys = await read_stored(base, topic)
+    assert (len(stored), dups, len(keys)) == (10, {}, 1)
+    assert [n.key for n in read_notifications(base.kafka.bootstrap_servers, f"memq.dev.{topic}")] == keys
+    assert dropped == 1

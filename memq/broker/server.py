@@ -111,7 +111,8 @@ class Broker:
                                 topic.read_partitions)
         self._processors[topic.name] = TopicProcessor(
             topic, cluster=cluster, broker_id=self.broker_id, storage=self._storage, publisher=self._publisher,
-            metrics=self.metrics, busy_wait_s=self.config.broker.busy_wait_ms / 1000)
+            metrics=self.metrics, busy_wait_s=self.config.broker.busy_wait_ms / 1000,
+            dedup_capacity=self.config.broker.dedup_messages)
         self._moved.pop(topic.name, None)
 
     async def remove_topic(self, name: str, *, moved_to: tuple[str, ...] = ()) -> None:
