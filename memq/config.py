@@ -25,7 +25,11 @@ INTERNAL_PREFIX = "__"      # topic names reserved for memq's own topics (the au
 
 @dataclass(frozen=True)
 class S3Config:
-    """An S3 endpoint (AWS, MinIO, moto). `endpoint_url=None` means AWS itself."""
+    """An S3 endpoint (AWS, MinIO, moto). `endpoint_url=None` means AWS itself.
+
+    A call retries with backoff until `retry_budget_s` after its start (at most `max_attempts`
+    tries); a broker caps the budget at 2/3 of producer.request_timeout_ms so acks stay on time.
+    """
 
     endpoint_url: str | None = None
     bucket: str = "memq"
@@ -34,10 +38,11 @@ class S3Config:
     secret_access_key: str | None = None
     connect_timeout_s: float = 5.0
     read_timeout_s: float = 30.0
-    max_attempts: int = 6
+    max_attempts: int = 50
     base_backoff_s: float = 0.05
     max_backoff_s: float = 2.0
     max_pool_connections: int = 32
+    retry_budget_s: float = 20.0
 
 
 @dataclass(frozen=True)
