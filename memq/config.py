@@ -67,13 +67,16 @@ class KafkaConfig:
 
 @dataclass(frozen=True)
 class ZooKeeperConfig:
-    """`enabled`: brokers register in ZooKeeper and follow the governor's assignments."""
+    """`enabled`: brokers register in ZooKeeper and follow the governor's assignments.
+    `missing_broker_grace_s` (None: `session_timeout_s`): how long a governor on a new session
+    waits for assigned brokers to re-register before moving their topics."""
 
     enabled: bool = False
     hosts: str = "127.0.0.1:2181"
     root: str = "/memq"
     session_timeout_s: float = 6.0
     connect_timeout_s: float = 10.0
+    missing_broker_grace_s: float | None = None
 
 
 @dataclass(frozen=True)

@@ -125,6 +125,12 @@ class Registry:
         self.client.add_listener(fn)
 
     @property
+    def session_id(self) -> int | None:
+        """The ZooKeeper session's id (a new one after expiry), None before the first connect."""
+        client_id = self.client.client_id
+        return client_id[0] if client_id else None
+
+    @property
     def connected(self) -> bool:
         return self.client.state == KazooState.CONNECTED
 
@@ -158,7 +164,7 @@ class Registry:
         path = f"{self.brokers_path}/{info.id}"
         data = json.dumps({"id": info.id, "url": info.url, "rack": info.rack,
                            "capacity_mbps": info.capacity_mbps}).encode()
-        session_id = self.client.client_id[0] if self.client.client_id else None
+        session_id = self.session_id
         try:
             _, stat = self._wait(self.client.get_async(path), path)
             if stat.ephemeralOwner == session_id:
