@@ -4,6 +4,7 @@ must not move topics off those healthy brokers, yet still repair a broker that s
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import threading
@@ -16,7 +17,7 @@ import pytest
 from memq.config import TopicConfig, ZooKeeperConfig
 from memq.devcluster import DevCluster
 from memq.governor.assignment import AssignmentResult, BrokerInfo, Move
-from memq.governor.governor import Governor, hold_missing
+from memq.governor.governor import Governor, avoid_unhealthy, hold_missing
 from memq.governor.registry import Registry
 from waiting import wait_for
 
@@ -106,3 +107,10 @@ def test_hold_missing_keeps_only_the_topics_of_missing_brokers_in_place() -> Non
     held = hold_missing(result, current, {"b1"})
     assert held.assignment == {"a": ("b0", "b1"), "b": ("b0", "b2"), "new": ("b0", "b2")}   # a deleted topic still goes
     assert [m.topic for m in held.moves] == ["new"]
+
+
+def test_unhealthy_brokers_get_no_topics_unless_every_broker_is_unhealthy() -> None:
+    brokers = [info("b0"), info("b1"), dataclasses.replace(info("b2"), draining=True)]
+    marked = avoid_unhealthy(brokers, {"b1": "kafka"})
+    assert [b.draining for b in marked] == [False, True, True]
+    assert avoid_unhealthy(brokers, {"b0": "kafka", "b1": "kafka"}) == brokers   # moving would help nobody

@@ -11,6 +11,9 @@ election while the others are still re-registering. So while this governor's own
 younger than `missing_grace_s`, an assigned broker missing from the registry is presumed
 on its way back: its topics keep their brokers until it returns or the grace ends. A
 governor on an older session (the usual case when one broker dies) repairs at once.
+
+A broker that reports itself unhealthy (it cannot publish notifications) is given no topics,
+like a draining one, unless every broker is: then moving would help nobody.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from memq.errors import CoordinationError, LeadershipLostError
 
-from .assignment import (REPAIR_REASONS, AssignmentResult, AssignmentStrategy, CapacityAssignment,
+from .assignment import (REPAIR_REASONS, AssignmentResult, AssignmentStrategy, BrokerInfo, CapacityAssignment,
                          TopicSpec)
 from .registry import Registry
 
@@ -169,7 +172,8 @@ class Governor:
         state = self.registry.snapshot(watch=self.poke)
         specs = [TopicSpec(name, cfg.expected_mbps) for name, cfg in state.topics.items()]
         current = {t: bs for t, bs in state.assignments.items()}
-        result = self.strategy(list(state.brokers.values()), specs, current)
+        brokers = avoid_unhealthy(list(state.brokers.values()), state.unhealthy)
+        result = self.strategy(brokers, specs, current)
         grace = self._grace_left()
         if grace > 0:
             missing = {b for bs in current.values() for b in bs} - set(state.brokers)
@@ -219,6 +223,13 @@ class Governor:
         timer = threading.Timer(delay_s, self.poke)
         timer.daemon = True
         timer.start()
+
+
+def avoid_unhealthy(brokers: list[BrokerInfo], unhealthy: dict[str, str]) -> list[BrokerInfo]:
+    """Unhealthy brokers marked draining, unless no healthy broker would be left to take topics."""
+    if not unhealthy or all(b.draining or b.id in unhealthy for b in brokers):
+        return brokers
+    return [dataclasses.replace(b, draining=True) if b.id in unhealthy else b for b in brokers]
 
 
 def hold_missing(result: AssignmentResult, current: dict[str, tuple[str, ...]],
