@@ -89,6 +89,12 @@ async def test_broker_recovers_by_itself_after_a_kafka_stall_longer_than_its_req
         await acked_within(broker.url, topic, 30)
         status, body = await health(broker.url)
         assert status == 200, body
+    # no batch announced twice, no pointer to a missing object
+    notes = read_notifications(config.kafka.bootstrap_servers, f"memq.dev.{topic}")
+    keys = [n.key for n in notes]
+    assert len(keys) == len(set(keys)) >= 2
+    _stored, _dups, objects = await read_stored(config, topic)
+    assert set(keys) <= set(objects)
 
 
 class DeliveredButTimedOut:
