@@ -83,10 +83,12 @@ async def test_broker_recovers_by_itself_after_a_kafka_stall_longer_than_its_req
                 assert "Kafka" in str(body["reason"]), body
             finally:
                 os.kill(tansu, signal.SIGCONT)
+                resumed = time.monotonic()
             await asyncio.gather(*stalled, return_exceptions=True)
         # fenced by the bump, the old producer fails every publish for good; the broker
         # replaces it by itself, without a restart
         await acked_within(broker.url, topic, 30)
+        print(f"first ack=all write {time.monotonic() - resumed:.1f} s after Kafka resumed")
         status, body = await health(broker.url)
         assert status == 200, body
     # no batch announced twice, no pointer to a missing object
