@@ -25,7 +25,11 @@ INTERNAL_PREFIX = "__"      # topic names reserved for memq's own topics (the au
 
 @dataclass(frozen=True)
 class S3Config:
-    """An S3 endpoint (AWS, MinIO, moto). `endpoint_url=None` means AWS itself."""
+    """An S3 endpoint (AWS, MinIO, moto). `endpoint_url=None` means AWS itself.
+
+    A call retries with backoff until `retry_budget_s` after its start (at most `max_attempts`
+    tries); a broker caps the budget at 2/3 of producer.request_timeout_ms so acks stay on time.
+    """
 
     endpoint_url: str | None = None
     bucket: str = "memq"
@@ -34,10 +38,11 @@ class S3Config:
     secret_access_key: str | None = None
     connect_timeout_s: float = 5.0
     read_timeout_s: float = 30.0
-    max_attempts: int = 6
+    max_attempts: int = 50
     base_backoff_s: float = 0.05
     max_backoff_s: float = 2.0
     max_pool_connections: int = 32
+    retry_budget_s: float = 20.0
 
 
 @dataclass(frozen=True)
@@ -62,13 +67,16 @@ class KafkaConfig:
 
 @dataclass(frozen=True)
 class ZooKeeperConfig:
-    """`enabled`: brokers register in ZooKeeper and follow the governor's assignments."""
+    """`enabled`: brokers register in ZooKeeper and follow the governor's assignments.
+    `missing_broker_grace_s` (None: `session_timeout_s`): how long a governor on a new session
+    waits for assigned brokers to re-register before moving their topics."""
 
     enabled: bool = False
     hosts: str = "127.0.0.1:2181"
     root: str = "/memq"
     session_timeout_s: float = 6.0
     connect_timeout_s: float = 10.0
+    missing_broker_grace_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -147,6 +155,7 @@ class BrokerConfig:
     ack_write_timeout_ms: int = 10_000     # a client not reading its acks this long is closed
     max_pending_acks: int = 100_000        # per connection; more means a slow client: closed
     shutdown_timeout_ms: int = 30_000      # SIGTERM: time to flush, store and ack in-flight batches
+    dedup_messages: int = 50_000           # per topic: stored Message ids remembered to drop resends
 
 
 @dataclass(frozen=True)

@@ -7,12 +7,14 @@ the publisher records notifications in memory. The Kafka/S3 path is in test_brok
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from memq.broker.dedup import RecentMessages
 from memq.broker.metrics import BrokerMetrics
 from memq.broker.processor import TopicProcessor
 from memq.config import TopicConfig
@@ -183,13 +185,16 @@ async def test_storage_failure_fails_every_message_of_batch(tmp_path: Path) -> N
     assert [a.ok for a in h.acks[2:]] == [True, True]
 
 
-async def test_notify_failure_fails_batch_and_deletes_orphan(tmp_path: Path) -> None:
+async def test_notify_failure_fails_batch_and_keeps_the_object(tmp_path: Path) -> None:
     h = Harness(tmp_path, batch_bytes=400, max_message_bytes=400)
     h.publisher.fail = True
     await h.append(1)
     await h.wait_acks(1)
     assert (h.acks[0].ok, h.acks[0].code) == (False, "NOTIFY") and "kafka down" in h.acks[0].error
-    assert h.storage.deleted == h.storage.puts and len(h.storage.puts) == 1
+    # a failed publish may still be delivered: the object stays, counted as unannounced
+    assert h.storage.deleted == [] and len(h.storage.puts) == 1
+    assert await h.storage.get(h.storage.puts[0])
+    assert h.metrics.registry.get_sample_value("memq_broker_unannounced_batches_total", {"topic": "t1"}) == 1
 
 
 async def test_close_flushes_then_answers_closing(tmp_path: Path) -> None:
@@ -219,3 +224,62 @@ async def test_many_concurrent_appenders_each_message_once(tmp_path: Path, slots
         seqs += [mh.sequence for mh, _ in decode_batch(await h.storage.get(loc))[1]]
     assert sorted(seqs) == sorted(a.id for a in h.acks)
     assert len(h.publisher.sent) == len(h.storage.puts)
+
+
+async def resend(h: Harness, seq: int, request_id: int, ack: AckLevel = AckLevel.ALL) -> Ack | None:
+    """The producer's retry: the very same Message bytes under a new request id."""
+    data = message(seq)
+    return await h.proc.append(memoryview(data), verify_message(data), request_id, ack, h.acks.append)
+
+
+def duplicates(h: Harness) -> float | None:
+    return h.metrics.registry.get_sample_value("memq_broker_duplicate_messages_total", {"topic": "t1"})
+
+
+async def test_a_resent_message_still_held_is_not_stored_twice_and_gets_the_originals_ack(tmp_path: Path) -> None:
+    h = Harness(tmp_path, batch_ms=20)
+    h.storage.gate.clear()                       # storage is slow: the batch sits uploading
+    await h.append(1)
+    await h.append(2)
+    await asyncio.sleep(0.1)
+    assert await resend(h, 1, 101) is None       # held in the uploading batch: wait for its outcome
+    assert await resend(h, 1, 102, AckLevel.LEADER) == Ack(102, True)
+    assert h.acks == []
+    h.storage.gate.set()
+    await h.wait_acks(3)
+    by_id = {a.id: a for a in h.acks}
+    assert by_id[101] == dataclasses.replace(by_id[1], id=101) and by_id[101].ok
+    assert len(h.storage.puts) == 1
+    _, msgs = decode_batch(await h.storage.get(h.storage.puts[0]))
+    assert [mh.sequence for mh, _ in msgs] == [1, 2]
+    # once stored, a resend is answered at once with the original's location
+    again = await resend(h, 2, 103)
+    assert again == dataclasses.replace(by_id[2], id=103)
+    await asyncio.sleep(0.1)
+    assert len(h.storage.puts) == 1 and duplicates(h) == 3
+
+
+async def test_a_resend_after_a_failed_batch_is_stored_and_its_waiting_duplicates_fail_alike(tmp_path: Path) -> None:
+    h = Harness(tmp_path, batch_ms=20)
+    h.storage.gate.clear()
+    h.storage.fail = True
+    await h.append(1)
+    await asyncio.sleep(0.1)
+    await resend(h, 1, 101)
+    h.storage.gate.set()
+    await h.wait_acks(2)
+    assert [(a.id, a.ok, a.code) for a in sorted(h.acks, key=lambda a: a.id)] == [
+        (1, False, AckCode.STORAGE), (101, False, AckCode.STORAGE)]
+    h.storage.fail = False
+    await resend(h, 1, 102)                       # the producer's retry after the failure
+    await h.wait_acks(3)
+    assert h.acks[-1].id == 102 and h.acks[-1].ok and len(h.storage.puts) == 1
+
+
+def test_recent_messages_forget_the_oldest_stored_beyond_capacity() -> None:
+    recent = RecentMessages(capacity=2)
+    for seq in range(3):
+        recent.hold((7, 0, seq))
+    recent.stored(((7, 0, seq), Ack(0, True, key=f"k{seq}")) for seq in range(3))
+    assert recent.seen((7, 0, 0)) is None and len(recent) == 2
+    assert recent.seen((7, 0, 2)) == Ack(0, True, key="k2")

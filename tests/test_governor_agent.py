@@ -29,6 +29,10 @@ class RecordingBroker:
         self.url = f"http://{broker_id}.invalid:1"
         self.topics: dict[str, TopicConfig] = {}
         self.removed: list[tuple[str, tuple[str, ...]]] = []
+        self.unhealthy: str | None = None
+
+    def health(self) -> str | None:
+        return self.unhealthy
 
     async def add_topic(self, topic: TopicConfig) -> None:
         self.topics[topic.name] = topic
@@ -111,3 +115,17 @@ async def test_session_expiry_reregisters_and_resumes(setup, devcluster) -> None
     admin.create_topic(TopicConfig("z", expected_mbps=5))
     await async_wait_for(lambda: "z" in b1.topics and "z" in b2.topics, 10, "new topic after expiry")
     assert a1.governor.leading.is_set() or a2.governor.leading.is_set()
+
+
+async def test_a_broker_that_reports_itself_unhealthy_loses_its_topics_until_it_recovers(setup) -> None:
+    config, admin, agents = setup
+    pairs = [await start(config, agents, f"b{i}", f"r{i}") for i in range(1, 4)]
+    admin.create_topic(TopicConfig("h", expected_mbps=5))
+    await async_wait_for(lambda: sum("h" in b.topics for _, b in pairs) == 2, 10, "h on two brokers")
+    sick = next(b for _, b in pairs if "h" in b.topics)
+    sick.unhealthy = "publishing notifications to Kafka fails: Local: Message timed out"
+    await async_wait_for(lambda: "h" not in sick.topics and sum("h" in b.topics for _, b in pairs) == 2,
+                         10, "h moved off the unhealthy broker")
+    assert admin.snapshot().unhealthy == {sick.broker_id: sick.unhealthy}
+    sick.unhealthy = None
+    await async_wait_for(lambda: not admin.snapshot().unhealthy, 10, "health reported again")

@@ -37,6 +37,13 @@ class BrokerMetrics:
         self.flush_seals = Counter("memq_broker_flush_seals",
                                    "Batches sealed early because a producer flushed (RequestFlag.SEAL)",
                                    ["topic"], registry=r)
+        self.unannounced_batches = Counter(
+            "memq_broker_unannounced_batches",
+            "Stored batches whose notification publish failed; kept (it may still land), orphans otherwise",
+            ["topic"], registry=r)
+        self.duplicate_messages = Counter(
+            "memq_broker_duplicate_messages",
+            "Resent Messages not stored again: this broker held or had stored the original", ["topic"], registry=r)
         self.rejected = Counter("memq_broker_rejected", "Requests answered with an error ack, by code",
                                 ["code"], registry=r)
         self.busy_slots = Gauge("memq_broker_ring_busy_slots", "Batch slots filling or uploading", ["topic"],

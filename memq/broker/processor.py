@@ -11,24 +11,26 @@ answers BUSY. Memory is therefore bounded by `ring_slots * (batch_bytes + max_me
 
 A stored batch is announced on Kafka before any ack=all Message in it is acked; if the PUT or
 the publish fails for good, every ack=all Message of that batch gets an error ack naming why.
+Nothing is deleted on such an ambiguous failure (see `_unannounced`).
 Message bodies are never decoded: the caller has verified header and CRC.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Protocol
 
 from memq.config import TopicConfig
-from memq.errors import MemqError
 from memq.format import NOTIFICATION_VERSION, MessageHeader, Notification, encode_batch, object_crc32c
 from memq.format.wire import Ack, AckCode, AckLevel
 from memq.storage import ObjectLocation, StorageHandler
 from memq.storage.naming import parse_key
 
+from .dedup import Held, RecentMessages, message_id
 from .metrics import BrokerMetrics
 
 log = logging.getLogger(__name__)
@@ -54,7 +56,8 @@ class _Batch:
 
 class TopicProcessor:
     def __init__(self, topic: TopicConfig, *, cluster: str, broker_id: str, storage: StorageHandler,
-                 publisher: Publisher, metrics: BrokerMetrics, busy_wait_s: float = 5.0) -> None:
+                 publisher: Publisher, metrics: BrokerMetrics, busy_wait_s: float = 5.0,
+                 dedup_capacity: int = 50_000) -> None:
         self.config = topic
         self.notification_topic = topic.notification_topic_for(cluster)
         self._broker_id = broker_id
@@ -66,6 +69,7 @@ class TopicProcessor:
         self._filling: _Batch | None = None
         self._uploads: set[asyncio.Task[None]] = set()
         self._closing = False
+        self._recent = RecentMessages(dedup_capacity)
         name = topic.name
         self._m_stage = {s: metrics.stage_seconds.labels(name, s) for s in ("queue_wait", "batch_fill",
                                                                             "upload", "notify")}
@@ -75,6 +79,8 @@ class TopicProcessor:
         self._m_busy = metrics.busy_slots.labels(name)
         self._m_batch_bytes = metrics.batch_bytes.labels(name)
         self._m_flush_seals = metrics.flush_seals.labels(name)
+        self._m_unannounced = metrics.unannounced_batches.labels(name)
+        self._m_duplicates = metrics.duplicate_messages.labels(name)
         self._metrics = metrics
 
     @property
@@ -86,8 +92,14 @@ class TopicProcessor:
         """Put one verified Message into the filling batch, sealing it after when `seal`.
 
         Returns the ack to send now (ack=1 success, BUSY, CLOSING), or None when the ack comes
-        later through `reply` (ack=all) or never (ack=0).
+        later through `reply` (ack=all) or never (ack=0). A Message this processor already
+        holds or recently stored (same producer id, epoch, sequence) is not stored again: it
+        gets the original's outcome.
         """
+        mid = message_id(header)
+        seen = self._recent.seen(mid)
+        if seen is not None:
+            return self._duplicate(seen, request_id, ack, reply)
         size = len(message)
         batch = self._filling
         if batch is None or self._closing:
@@ -101,6 +113,7 @@ class TopicProcessor:
             batch.waiters.append((request_id, len(batch.messages), reply))
         batch.messages.append(message)
         batch.headers.append(header)
+        self._recent.hold(mid)
         batch.nbytes += size
         batch.logcount += header.count
         self._m_messages.inc()
@@ -114,6 +127,17 @@ class TopicProcessor:
         if ack is AckLevel.LEADER:
             return Ack(request_id, True)
         return None
+
+    def _duplicate(self, seen: Held | Ack, request_id: int, ack: AckLevel, reply: Reply) -> Ack | None:
+        self._m_duplicates.inc()
+        if ack is AckLevel.LEADER:
+            return Ack(request_id, True)
+        if ack is AckLevel.NONE:
+            return None
+        if isinstance(seen, Held):     # still in a batch: answered when that batch finishes
+            seen.waiters.append((request_id, reply))
+            return None
+        return dataclasses.replace(seen, id=request_id)
 
     async def _open_batch(self) -> _Batch | None:
         """The filling batch, opening one when a slot frees up; None if closing or still busy."""
@@ -185,12 +209,15 @@ class TopicProcessor:
                 partition, offset = await self._publisher.publish(self.notification_topic, note)
             except Exception as e:   # as above: the batch fails, the broker goes on
                 self._fail(batch, AckCode.NOTIFY, f"notifying batch {loc.key} of topic {topic} failed: {e}")
-                await self._delete_orphan(loc)
+                self._unannounced(loc)
                 return
             self._m_stage["notify"].observe(time.monotonic() - t0)
             self._metrics.batches.labels(topic, "ok").inc()
+            outcome = [Ack(0, True, AckCode.OK, "", loc.bucket, loc.key, i, partition, offset)
+                       for i in range(len(batch.headers))]
             for request_id, index, reply in batch.waiters:
-                reply(Ack(request_id, True, AckCode.OK, "", loc.bucket, loc.key, index, partition, offset))
+                reply(dataclasses.replace(outcome[index], id=request_id))
+            self._recent.stored(zip(map(message_id, batch.headers), outcome))
         finally:
             batch.messages.clear()   # drop the frames now, the acks are out
             self._release_slot()
@@ -200,13 +227,18 @@ class TopicProcessor:
         self._metrics.batches.labels(self.config.name, str(code)).inc()
         for request_id, _index, reply in batch.waiters:
             reply(Ack(request_id, False, code, why))
+        self._recent.failed(map(message_id, batch.headers), Ack(0, False, code, why))
 
-    async def _delete_orphan(self, loc: ObjectLocation) -> None:
-        """An object without a notification is invisible to consumers; remove it if storage lets us."""
-        try:
-            await self._storage.delete(loc)
-        except MemqError as e:
-            log.warning("could not delete unannounced batch %s: %s", loc.key, e)
+    def _unannounced(self, loc: ObjectLocation) -> None:
+        """Keep the object of a batch whose publish failed: a failure may still be delivered.
+
+        librdkafka's "Message timed out" does not mean "not delivered": a notification queued
+        before a Kafka stall can land after it. Deleting the object would leave that pointer
+        dangling, so the object stays for the orphan collector (retention), counted and named.
+        """
+        self._m_unannounced.inc()
+        log.warning("kept batch %s of topic %s after its failed publish: an orphan unless the "
+                    "notification was delivered after all", loc, self.config.name)
 
     async def close(self) -> None:
         """Stop taking writes, seal the filling batch and wait until every batch is acked."""

@@ -111,7 +111,8 @@ class Broker:
                                 topic.read_partitions)
         self._processors[topic.name] = TopicProcessor(
             topic, cluster=cluster, broker_id=self.broker_id, storage=self._storage, publisher=self._publisher,
-            metrics=self.metrics, busy_wait_s=self.config.broker.busy_wait_ms / 1000)
+            metrics=self.metrics, busy_wait_s=self.config.broker.busy_wait_ms / 1000,
+            dedup_capacity=self.config.broker.dedup_messages)
         self._moved.pop(topic.name, None)
 
     async def remove_topic(self, name: str, *, moved_to: tuple[str, ...] = ()) -> None:
@@ -165,10 +166,21 @@ class Broker:
     async def _metadata(self, request: web.Request) -> web.Response:
         return web.json_response(self.metadata().to_dict())
 
+    def health(self) -> str | None:
+        """None when this broker can take ack=all writes; otherwise why it cannot."""
+        if self._draining:
+            return f"broker {self.broker_id} is shutting down"
+        probe = getattr(self._publisher, "health", None)   # test fakes may not report health
+        return probe() if probe is not None else None
+
     async def _healthz(self, request: web.Request) -> web.Response:
-        body = {"status": "draining" if self._draining else "ok", "broker_id": self.broker_id,
-                "topics": sorted(self._processors)}
-        return web.json_response(body, status=503 if self._draining else 200)
+        """200 while healthy; 503 with the reason while draining or unable to publish notifications."""
+        why = self.health()
+        status = "ok" if why is None else "draining" if self._draining else "unhealthy"
+        body = {"status": status, "broker_id": self.broker_id, "topics": sorted(self._processors)}
+        if why is not None:
+            body["reason"] = why
+        return web.json_response(body, status=200 if why is None else 503)
 
     async def _prometheus(self, request: web.Request) -> web.Response:
         return web.Response(body=generate_latest(self.metrics.registry), headers={"Content-Type": CONTENT_TYPE_LATEST})

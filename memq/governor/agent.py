@@ -36,6 +36,7 @@ class HostingBroker(Protocol):
 
     async def add_topic(self, topic: TopicConfig) -> None: ...
     async def remove_topic(self, name: str, *, moved_to: tuple[str, ...] = ()) -> None: ...
+    def health(self) -> str | None: ...
 
 
 class BrokerAgent:
@@ -62,6 +63,8 @@ class BrokerAgent:
         self._drain_task: asyncio.Future[bool] | None = None
         self._closing = False
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._unhealthy_since: float | None = None
+        self._reported_health: str | None = None
 
     @property
     def info(self) -> BrokerInfo:
@@ -176,16 +179,34 @@ class BrokerAgent:
             except Exception:  # the loop must outlive any one failure: the broker depends on it
                 log.exception("broker %s: reconcile failed, retrying", self.broker.broker_id)
 
-    def _read(self) -> ClusterState:
+    def _health(self) -> str | None:
+        """The broker's health as the governor should see it: unhealthy once it has lasted a
+        reconcile interval, so one failed publish does not move topics."""
+        why = self.broker.health()
+        now = time.monotonic()
+        if why is None:
+            self._unhealthy_since = None
+        elif self._unhealthy_since is None:
+            self._unhealthy_since = now
+        lasted = self._unhealthy_since is not None and \
+            now - self._unhealthy_since >= self.config.governor.reconcile_interval_s
+        return why if lasted else None
+
+    def _read(self, health: str | None) -> ClusterState:
         if not self.registry.connected:
             raise CoordinationError("ZooKeeper not connected")
-        if self.registry.register_broker(self.info):
+        if self.registry.register_broker(self.info, health):
             self.registrations += 1
             log.info("broker %s registered (%d)", self.broker.broker_id, self.registrations)
+        elif health != self._reported_health:
+            self.registry.set_broker_health(self.info, health)
+            log.warning("broker %s reports itself %s", self.broker.broker_id,
+                        f"unhealthy: {health}" if health else "healthy again")
+        self._reported_health = health
         return self.registry.snapshot(watch=self._wake)
 
     async def _reconcile(self) -> None:
-        state = await asyncio.to_thread(self._read)
+        state = await asyncio.to_thread(self._read, self._health())
         self.view = state
         me = self.broker.broker_id
         mine = {t: state.topics[t] for t, bs in state.assignments.items() if me in bs and t in state.topics}

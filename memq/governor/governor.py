@@ -5,6 +5,15 @@ change it watches (brokers come and go, topics change, drain flags) and every
 `interval_s`, and writes assignments fenced by its lock znode, so a governor whose session
 ended can never overwrite its successor. All state lives in ZooKeeper: a new governor
 carries on from there.
+
+After a ZooKeeper pause every session expires at once, and the first broker back wins the
+election while the others are still re-registering. So while this governor's own session is
+younger than `missing_grace_s`, an assigned broker missing from the registry is presumed
+on its way back: its topics keep their brokers until it returns or the grace ends. A
+governor on an older session (the usual case when one broker dies) repairs at once.
+
+A broker that reports itself unhealthy (it cannot publish notifications) is given no topics,
+like a draining one, unless every broker is: then moving would help nobody.
 """
 
 from __future__ import annotations
@@ -23,7 +32,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from memq.errors import CoordinationError, LeadershipLostError
 
-from .assignment import (REPAIR_REASONS, AssignmentResult, AssignmentStrategy, CapacityAssignment,
+from .assignment import (REPAIR_REASONS, AssignmentResult, AssignmentStrategy, BrokerInfo, CapacityAssignment,
                          TopicSpec)
 from .registry import Registry
 
@@ -53,7 +62,8 @@ class Governor:
     def __init__(self, registry: Registry, identifier: str, *,
                  strategy: AssignmentStrategy | None = None, interval_s: float = 5.0,
                  rebalance_interval_s: float | None = None, metrics: GovernorMetrics | None = None,
-                 on_result: Callable[[AssignmentResult], None] | None = None) -> None:
+                 on_result: Callable[[AssignmentResult], None] | None = None,
+                 missing_grace_s: float | None = None) -> None:
         self.registry = registry
         self.identifier = identifier
         self.strategy: AssignmentStrategy = strategy or CapacityAssignment()
@@ -69,6 +79,12 @@ class Governor:
         self._thread: threading.Thread | None = None
         self._lock: Lock | None = None
         self.leading = threading.Event()
+        zk = registry.zk
+        self.missing_grace_s = (missing_grace_s if missing_grace_s is not None else
+                                zk.missing_broker_grace_s if zk.missing_broker_grace_s is not None else
+                                zk.session_timeout_s)
+        # (session id, when it began); a session that predates this governor counts as old
+        self._session: tuple[int | None, float] = (registry.session_id, -math.inf)
         registry.add_listener(self._on_state)
 
     def start(self) -> None:
@@ -91,7 +107,13 @@ class Governor:
     def _on_state(self, state: KazooState) -> None:
         if state == KazooState.LOST:
             self._session_lost.set()
+        elif state == KazooState.CONNECTED and self.registry.session_id != self._session[0]:
+            self._session = (self.registry.session_id, time.monotonic())
         self._poke.set()
+
+    def _grace_left(self) -> float:
+        """Seconds until brokers missing from the registry count as dead (0: they do now)."""
+        return max(0.0, self._session[1] + self.missing_grace_s - time.monotonic())
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -150,7 +172,15 @@ class Governor:
         state = self.registry.snapshot(watch=self.poke)
         specs = [TopicSpec(name, cfg.expected_mbps) for name, cfg in state.topics.items()]
         current = {t: bs for t, bs in state.assignments.items()}
-        result = self._rate_limited(self.strategy(list(state.brokers.values()), specs, current), current)
+        brokers = avoid_unhealthy(list(state.brokers.values()), state.unhealthy)
+        result = self.strategy(brokers, specs, current)
+        grace = self._grace_left()
+        if grace > 0:
+            missing = {b for bs in current.values() for b in bs} - set(state.brokers)
+            if missing:
+                result = hold_missing(result, current, missing)
+                self._poke_in(grace)
+        result = self._rate_limited(result, current)
         changes: dict[str, tuple[str, ...] | None] = {
             t: bs for t, bs in result.assignment.items() if current.get(t) != bs}
         changes.update({t: None for t in current if t not in result.assignment})
@@ -184,9 +214,32 @@ class Governor:
         if wait <= 0:
             self._last_rebalance = now
             return result
-        timer = threading.Timer(wait, self.poke)
-        timer.daemon = True
-        timer.start()
+        self._poke_in(wait)
         kept = {t: (current[t] if t in optional else bs) for t, bs in result.assignment.items()}
         moves = tuple(m for m in result.moves if m.topic not in optional)
         return dataclasses.replace(result, assignment=kept, moves=moves)
+
+    def _poke_in(self, delay_s: float) -> None:
+        timer = threading.Timer(delay_s, self.poke)
+        timer.daemon = True
+        timer.start()
+
+
+def avoid_unhealthy(brokers: list[BrokerInfo], unhealthy: dict[str, str]) -> list[BrokerInfo]:
+    """Unhealthy brokers marked draining, unless no healthy broker would be left to take topics."""
+    if not unhealthy or all(b.draining or b.id in unhealthy for b in brokers):
+        return brokers
+    return [dataclasses.replace(b, draining=True) if b.id in unhealthy else b for b in brokers]
+
+
+def hold_missing(result: AssignmentResult, current: dict[str, tuple[str, ...]],
+                 missing: set[str]) -> AssignmentResult:
+    """`result` with every topic assigned to a `missing` broker left where it is."""
+    held = {t for t, bs in current.items() if missing & set(bs) and t in result.assignment}
+    if not held:
+        return result
+    log.info("governor: new session, brokers %s not re-registered yet: topics %s stay put",
+             sorted(missing), sorted(held))
+    kept = {t: (current[t] if t in held else bs) for t, bs in result.assignment.items()}
+    moves = tuple(m for m in result.moves if m.topic not in held)
+    return dataclasses.replace(result, assignment=kept, moves=moves)

@@ -1,7 +1,8 @@
 """The cluster registry in ZooKeeper (kazoo): brokers, topics, assignments, drain flags.
 
 Layout under `<zookeeper.root>/<cluster>`:
-  brokers/<id>       ephemeral, JSON BrokerInfo: gone when the broker's session ends
+  brokers/<id>       ephemeral, JSON BrokerInfo (+ "unhealthy": why, while it cannot serve
+                     ack=all writes): gone when the broker's session ends
   topics/<name>      persistent, JSON TopicConfig
   assignments/<name> persistent, JSON {"brokers": [ids]}, written only by the governor
   drain/<id>         persistent flag: the governor moves every topic off that broker
@@ -17,7 +18,7 @@ import dataclasses
 import json
 import logging
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from kazoo.client import KazooClient
@@ -42,6 +43,7 @@ class ClusterState:
     brokers: dict[str, BrokerInfo]
     topics: dict[str, TopicConfig]
     assignments: dict[str, tuple[str, ...]]
+    unhealthy: dict[str, str] = field(default_factory=dict)   # broker id -> why it cannot serve
 
     def topic_urls(self, topic: str) -> list[str]:
         """URLs of the live brokers assigned `topic`, in assignment order."""
@@ -125,6 +127,12 @@ class Registry:
         self.client.add_listener(fn)
 
     @property
+    def session_id(self) -> int | None:
+        """The ZooKeeper session's id (a new one after expiry), None before the first connect."""
+        client_id = self.client.client_id
+        return client_id[0] if client_id else None
+
+    @property
     def connected(self) -> bool:
         return self.client.state == KazooState.CONNECTED
 
@@ -150,15 +158,29 @@ class Registry:
         return bytes(data or b"")
 
     # --- brokers -------------------------------------------------------------------------
-    def register_broker(self, info: BrokerInfo) -> bool:
+    @staticmethod
+    def _broker_json(info: BrokerInfo, unhealthy: str | None) -> bytes:
+        d: dict[str, Any] = {"id": info.id, "url": info.url, "rack": info.rack, "capacity_mbps": info.capacity_mbps}
+        if unhealthy:
+            d["unhealthy"] = unhealthy
+        return json.dumps(d).encode()
+
+    def set_broker_health(self, info: BrokerInfo, unhealthy: str | None) -> None:
+        """Publish why this (registered) broker cannot serve writes, or that it can again."""
+        path = f"{self.brokers_path}/{info.id}"
+        try:
+            self._wait(self.client.set_async(path, self._broker_json(info, unhealthy)), path)
+        except NoNodeError:
+            raise CoordinationError(f"{path}: broker {info.id} is not registered") from None
+
+    def register_broker(self, info: BrokerInfo, unhealthy: str | None = None) -> bool:
         """Create this broker's ephemeral znode; True if it had to be (re)created.
 
         A znode left by an earlier session (a crashed process of the same id) is replaced.
         """
         path = f"{self.brokers_path}/{info.id}"
-        data = json.dumps({"id": info.id, "url": info.url, "rack": info.rack,
-                           "capacity_mbps": info.capacity_mbps}).encode()
-        session_id = self.client.client_id[0] if self.client.client_id else None
+        data = self._broker_json(info, unhealthy)
+        session_id = self.session_id
         try:
             _, stat = self._wait(self.client.get_async(path), path)
             if stat.ephemeralOwner == session_id:
@@ -174,10 +196,15 @@ class Registry:
 
     def brokers(self, watch: Watch | None = None) -> dict[str, BrokerInfo]:
         """Live brokers, with `draining` set from the drain flags."""
+        return self._brokers(watch)[0]
+
+    def _brokers(self, watch: Watch | None) -> tuple[dict[str, BrokerInfo], dict[str, str]]:
+        """Live brokers, and why those reporting unhealthy are."""
         drains = set(self._children(self.drain_path, watch))
         out: dict[str, BrokerInfo] = {}
+        unhealthy: dict[str, str] = {}
         for bid in self._children(self.brokers_path, watch):
-            data = self._get(f"{self.brokers_path}/{bid}")
+            data = self._get(f"{self.brokers_path}/{bid}", watch)   # watched: health changes
             if data is None:
                 continue  # went away between list and read
             try:
@@ -186,7 +213,10 @@ class Registry:
                                       draining=bid in drains)
             except (ValueError, KeyError, TypeError, ConfigError) as e:
                 log.error("ignoring broker znode %s/%s: %s", self.brokers_path, bid, e)
-        return out
+                continue
+            if d.get("unhealthy"):
+                unhealthy[bid] = str(d["unhealthy"])
+        return out, unhealthy
 
     def set_drain(self, broker_id: str, on: bool = True) -> None:
         """Ask the governor to move every topic off `broker_id` (or stop asking)."""
@@ -289,7 +319,8 @@ class Registry:
             raise CoordinationError(f"assignment write failed: {failed[0]!r}")
 
     def snapshot(self, watch: Watch | None = None) -> ClusterState:
-        return ClusterState(self.brokers(watch), self.topics(watch), self.assignments(watch))
+        brokers, unhealthy = self._brokers(watch)
+        return ClusterState(brokers, self.topics(watch), self.assignments(watch), unhealthy)
 
     # --- governor ------------------------------------------------------------------------
     def governor(self) -> str | None:

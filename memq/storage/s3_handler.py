@@ -76,7 +76,7 @@ class S3StorageHandler:
     backend = "s3"
 
     def __init__(self, s3: S3Config, *, cluster: str, metrics: StorageMetrics | None = None,
-                 rng: random.Random | None = None) -> None:
+                 rng: random.Random | None = None, retry_budget_s: float | None = None) -> None:
         if s3.max_pool_connections < 1:
             raise ConfigError(f"s3.max_pool_connections {s3.max_pool_connections} must be >= 1")
         if not s3.bucket:
@@ -87,7 +87,8 @@ class S3StorageHandler:
         check_name("cluster.name", cluster)
         self.bucket = s3.bucket
         self.cluster = cluster
-        self._policy = RetryPolicy(s3.max_attempts, s3.base_backoff_s, s3.max_backoff_s)
+        self._policy = RetryPolicy(s3.max_attempts, s3.base_backoff_s, s3.max_backoff_s,
+                                   s3.retry_budget_s if retry_budget_s is None else retry_budget_s)
         self._metrics = metrics or StorageMetrics(CollectorRegistry())
         self._rng = rng or random.Random()
         session = boto3.session.Session(aws_access_key_id=s3.access_key_id,
@@ -111,11 +112,9 @@ class S3StorageHandler:
         """
         loop = asyncio.get_running_loop()
         started = time.perf_counter()
-        last: tuple[str, str, str, BaseException] | None = None
+        attempt = 0
         try:
-            for attempt in range(self._policy.max_attempts):
-                if attempt:
-                    await asyncio.sleep(self._policy.delay_s(attempt, self._rng))
+            while True:
                 where, fn = attempt_call(attempt)
                 self._metrics.attempts.labels(self.backend, op).inc()
                 try:
@@ -128,15 +127,17 @@ class S3StorageHandler:
                     if reason not in _RETRIABLE:
                         self._metrics.failures.labels(self.backend, op, reason).inc()
                         raise self._final_error(op, where, reason, code, exc) from exc
-                    last = (where, reason, code, exc)
-                    if attempt + 1 < self._policy.max_attempts:
-                        self._metrics.retries.labels(self.backend, op, reason).inc()
-            assert last is not None
-            where, reason, code, last_exc = last
-            self._metrics.failures.labels(self.backend, op, "exhausted").inc()
-            raise RetryBudgetExhaustedError(
-                f"{op} {where}: gave up after {self._policy.max_attempts} attempts; "
-                f"last error {reason} ({code}): {last_exc}") from last_exc
+                    attempt += 1
+                    elapsed = time.perf_counter() - started
+                    delay = self._policy.next_delay(attempt, elapsed, self._rng)
+                    if delay is None:
+                        self._metrics.failures.labels(self.backend, op, "exhausted").inc()
+                        raise RetryBudgetExhaustedError(
+                            f"{op} {where}: gave up after {attempt} attempts in {elapsed:.1f} s "
+                            f"(s3.max_attempts {self._policy.max_attempts}, s3.retry_budget_s "
+                            f"{self._policy.budget_s:g}); last error {reason} ({code}): {exc}") from exc
+                    self._metrics.retries.labels(self.backend, op, reason).inc()
+                    await asyncio.sleep(delay)
         finally:
             self._metrics.latency.labels(self.backend, op).observe(time.perf_counter() - started)
 

@@ -1,0 +1,73 @@
+"""Which Messages a TopicProcessor holds or has recently stored, by (producer id, epoch, sequence).
+
+A producer whose ack did not come in time resends the very same Message. When storage is
+slow, the broker still holds the original (in the filling batch or an uploading one), so
+storing the resend too multiplies the data exactly when storage is the bottleneck. The
+processor asks `seen()` first: a Message still held gets the original's outcome when that
+batch finishes; one already stored gets the original's ack at once. A failed batch forgets
+its Messages, so the producer's retry is stored afresh. Memory: held Messages are bounded
+by the ring; stored ones by `capacity` (oldest forgotten first).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import OrderedDict
+from collections.abc import Callable, Iterable
+
+from memq.format import MessageHeader
+from memq.format.wire import Ack
+
+MessageId = tuple[int, int, int]
+Reply = Callable[[Ack], None]
+
+
+def message_id(h: MessageHeader) -> MessageId:
+    return h.producer_id, h.epoch, h.sequence
+
+
+@dataclasses.dataclass(slots=True)
+class Held:
+    """A Message in an open or uploading batch, and the duplicates waiting for its outcome."""
+
+    waiters: list[tuple[int, Reply]] = dataclasses.field(default_factory=list)   # (request id, reply)
+
+
+class RecentMessages:
+    def __init__(self, capacity: int) -> None:
+        self._capacity = capacity
+        self._held: dict[MessageId, Held] = {}
+        self._stored: OrderedDict[MessageId, Ack] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._held) + len(self._stored)
+
+    def seen(self, mid: MessageId) -> Held | Ack | None:
+        """The held entry, the stored original's ack (id 0), or None for a new Message."""
+        held = self._held.get(mid)
+        if held is not None:
+            return held
+        return self._stored.get(mid)
+
+    def hold(self, mid: MessageId) -> None:
+        self._held[mid] = Held()
+
+    def stored(self, acks: Iterable[tuple[MessageId, Ack]]) -> None:
+        """The batch holding these Messages is stored and announced; answer their duplicates."""
+        for mid, ack in acks:
+            self._answer(mid, ack)
+            self._stored[mid] = ack
+            self._stored.move_to_end(mid)
+        while len(self._stored) > self._capacity:
+            self._stored.popitem(last=False)
+
+    def failed(self, mids: Iterable[MessageId], ack: Ack) -> None:
+        """The batch failed: its duplicates get the same error; a later resend is stored afresh."""
+        for mid in mids:
+            self._answer(mid, ack)
+
+    def _answer(self, mid: MessageId, ack: Ack) -> None:
+        held = self._held.pop(mid, None)
+        if held is not None:
+            for request_id, reply in held.waiters:
+                reply(dataclasses.replace(ack, id=request_id))
