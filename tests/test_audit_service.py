@@ -15,9 +15,11 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from memq.audit.books import LIVE_MS, Status
+from memq.audit.books import LIVE_MS, Books, BooksSettings, Status
 from memq.audit.dashboard import AuditService
 from memq.audit.emitter import AuditEmitter, make_audit_sink
+from memq.audit.records import AuditRecord, Kind
+from memq.audit.store import AuditStore
 from memq.config import MemqConfig
 from waiting import async_wait_for
 
@@ -149,9 +151,6 @@ async def test_books_of_another_kafka_are_dropped_not_counted(
         memq_config: MemqConfig, unique_name: Callable[[str], str], tmp_path: Path,
         caplog: pytest.LogCaptureFixture) -> None:
     """A database left by an earlier Kafka (new cluster id, or offsets past the end) starts over."""
-    from memq.audit.books import Books, BooksSettings
-    from memq.audit.store import AuditStore
-
     cfg = audit_config(memq_config, unique_name)
     db = tmp_path / "audit.db"
     ghost, fresh = unique_name("ghost"), unique_name("fresh")
@@ -160,7 +159,6 @@ async def test_books_of_another_kafka_are_dropped_not_counted(
         """Books of a topic with unconsumed, passed Messages, read up to offset 10**6."""
         old = Books(BooksSettings(grace_ms=1))
         t = int(time.time() * 1000) - 30_000
-        from memq.audit.records import AuditRecord, Kind
         for s in range(3):
             old.add(AuditRecord(Kind.PRODUCED, ghost, "", 1, 0, s, 10, 1, t + s, t + s))
         old.add(AuditRecord(Kind.CONSUMED, ghost, "g1", 1, 0, 2, 10, 1, t + 2, t + 5))
