@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import pytest
 
@@ -11,7 +12,8 @@ from memq.audit.dashboard import series_json
 from memq.audit.records import AuditRecord, Kind, decode_records, encode_records
 from memq.errors import CorruptDataError, UnsupportedVersionError
 
-SETTINGS = BooksSettings(grace_ms=5_000, retention_ms=60_000, warn_lag_ms=3_000, stall_ms=4_000)
+SETTINGS = BooksSettings(grace_ms=5_000, retention_ms=60_000, warn_lag_ms=3_000, stall_ms=4_000,
+                         skew_ms=0)
 T0 = 1_700_000_000_000 - 1_700_000_000_000 % BOOKS_MS   # a minute boundary
 
 
@@ -249,3 +251,20 @@ def test_states_ok_idle_lag_stalled() -> None:
     assert seen[4_300] is Status.OK and seen[7_300] is Status.LAG
     assert seen[8_800] is Status.STALLED                          # 4.6 s old, others consumed
     assert b.summary(T0 + 8_800)[0].lost == 0                     # still in its grace
+
+
+def test_interleaved_partitions_at_a_stop_are_backlog_within_the_skew() -> None:
+    """At a stop, partition B's newest Message may be older than partition A's last delivered one."""
+    b = Books(dataclasses.replace(SETTINGS, skew_ms=1_000))
+    b.add(prod(0, created=T0))
+    b.add(cons(0, created=T0))
+    b.add(prod(1, created=T0 + 700))                          # partition B, not yet delivered
+    b.add(prod(2, created=T0 + 800))                          # partition A
+    b.add(cons(2, created=T0 + 800, consumed=T0 + 900))
+    b.advance(T0 + 30_000)                                    # grace long over, the group stopped
+    [row] = b.summary(T0 + 30_000)
+    assert (row.lost, row.lag_messages, row.status) == (0, 10, Status.STOPPED)
+    b.add(prod(3, created=T0 + 1_700))
+    b.add(cons(3, created=T0 + 1_700, consumed=T0 + 31_000))  # back, and 1 s past it: lost now
+    b.advance(T0 + 31_000)
+    assert b.summary(T0 + 31_000)[0].lost == 10

@@ -29,7 +29,8 @@ GRACE_S = 2.0
 
 def audit_config(memq_config: MemqConfig, unique_name: Callable[[str], str], **audit: object) -> MemqConfig:
     """The dev cluster's config with a private audit topic and a short grace period."""
-    settings = {"topic": unique_name("audit"), "grace_s": GRACE_S, "flush_ms": 50, **audit}
+    settings = {"topic": unique_name("audit"), "grace_s": GRACE_S, "flush_ms": 50,
+                "partition_skew_s": 0.0, **audit}
     a = dataclasses.replace(memq_config.audit, **settings)
     return dataclasses.replace(memq_config, audit=a)
 

@@ -41,7 +41,8 @@ class AuditorStats:
 def books_settings(config: MemqConfig) -> BooksSettings:
     a = config.audit
     return BooksSettings(grace_ms=int(a.grace_s * 1000), retention_ms=int(a.retention_s * 1000),
-                         warn_lag_ms=int(a.warn_lag_s * 1000), stall_ms=int(a.stall_s * 1000))
+                         warn_lag_ms=int(a.warn_lag_s * 1000), stall_ms=int(a.stall_s * 1000),
+                         skew_ms=int(a.partition_skew_s * 1000))
 
 
 class Auditor:

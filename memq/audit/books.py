@@ -15,11 +15,13 @@ period (from its first record) for the Messages acked before it appeared. Per (t
   of them; a window holds the latest lag measured in it.
 
 Lost means the group moved past a Message without delivering it: `grace_ms` after its ack it is
-still not consumed although the group has consumed a Message sealed at or after it (the group's
-position, the newest seal time it consumed). A Message the group has not reached yet is backlog,
-however old: a group whose process exited keeps its backlog and shows STOPPED, never loss.
-Partitions are read in parallel, so a partition lagging the others by more than `grace_ms`
-can be reported lost early; the loss is taken back when it is delivered.
+still not consumed although the group has consumed a Message sealed `skew_ms` or more after it
+(the group's position is the newest seal time it consumed). A Message the group has not reached
+yet is backlog, however old: a group whose process exited keeps its backlog and shows STOPPED,
+never loss. A consumer reads its partitions interleaved, so at a stop the newest Messages of one
+partition may be older than the last one delivered from another: `skew_ms` keeps those backlog.
+A partition lagging the others by more than that can be reported lost early; the loss is taken
+back when it is delivered.
 
 Time comes in as arguments (`advance(now_ms)`), so this module is deterministic. Changes since
 the last `drain_changes()` are tracked so the store can persist them incrementally.
@@ -64,6 +66,7 @@ class BooksSettings:
     retention_ms: int = 900_000
     warn_lag_ms: int = 30_000
     stall_ms: int = 60_000
+    skew_ms: int = 5_000              # how far (seal time) one consumer's partitions interleave
     alert_ms: int = 300_000           # loss or corruption this recent makes a group LOSS
     memory_ms: int = 3_600_000        # window history kept in memory (the store keeps all)
     window_sizes_ms: tuple[int, ...] = (LIVE_MS, BOOKS_MS)
@@ -367,7 +370,7 @@ class Books:
                 for key, p in entries.items():
                     if p.created_ms < g.since_ms or key in g.deliveries:
                         continue
-                    if p.settled and g.caught_up and p.created_ms <= g.position_ms:
+                    if p.settled and g.caught_up and p.created_ms + self.settings.skew_ms <= g.position_ms:
                         self._lose(topic, group, g, key, p)
                     else:
                         messages += p.count
