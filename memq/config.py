@@ -192,9 +192,10 @@ class AuditConfig:
     """End-to-end audit: clients emit records to the audit topic, the auditor balances the books.
 
     `enabled = false` means clients get no audit emitter at all (zero cost). `topic` defaults to
-    `memq.<cluster>.__audit`. Times: a Message acked but not consumed `grace_s` after its ack is
-    lost; matching state is kept `retention_s`; lag over `warn_lag_s` is WARN, pending Messages
-    with no consumption for `stall_s` is STALL.
+    `memq.<cluster>.__audit`. Times: a Message is lost when `grace_s` after its ack a group has
+    consumed Messages sealed `partition_skew_s` later (the partitions one consumer reads
+    interleave that much) but not it; matching state is kept `retention_s`; a backlog older than
+    `warn_lag_s` is LAG, older than `stall_s` STALLED, and with no consumption for `stall_s` STOPPED.
     """
 
     enabled: bool = True
@@ -206,6 +207,7 @@ class AuditConfig:
     retention_s: float = 900.0
     warn_lag_s: float = 30.0
     stall_s: float = 60.0
+    partition_skew_s: float = 5.0
     db_path: str = "memq-audit.db"
     http_host: str = "127.0.0.1"
     http_port: int = 8090
@@ -215,6 +217,8 @@ class AuditConfig:
                      "warn_lag_s", "stall_s"):
             if getattr(self, attr) <= 0:
                 raise ConfigError(f"audit.{attr} must be > 0")
+        if self.partition_skew_s < 0:
+            raise ConfigError("audit.partition_skew_s must be >= 0")
         if self.retention_s < self.grace_s:
             raise ConfigError("audit.retention_s must be >= audit.grace_s")
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import pytest
 
@@ -11,7 +12,8 @@ from memq.audit.dashboard import series_json
 from memq.audit.records import AuditRecord, Kind, decode_records, encode_records
 from memq.errors import CorruptDataError, UnsupportedVersionError
 
-SETTINGS = BooksSettings(grace_ms=5_000, retention_ms=60_000, warn_lag_ms=3_000, stall_ms=4_000)
+SETTINGS = BooksSettings(grace_ms=5_000, retention_ms=60_000, warn_lag_ms=3_000, stall_ms=4_000,
+                         skew_ms=0)
 T0 = 1_700_000_000_000 - 1_700_000_000_000 % BOOKS_MS   # a minute boundary
 
 
@@ -58,7 +60,7 @@ def test_no_fault_balances_exactly() -> None:
     assert b.window(BOOKS_MS, "t", "", T0).produced == total
     assert b.window(BOOKS_MS, "t", "g", T0).consumed == total
     assert b.window(LIVE_MS, "t", "g", T0).consumed == sum(range(1, 11))   # seconds 0..9
-    assert row.lag_messages == 0 and row.status is Status.OK
+    assert row.lag_messages == 0 and row.status is Status.IDLE     # all consumed, a minute ago
 
 
 def test_loss_is_counted_in_the_creation_window_after_grace_and_taken_back_if_late() -> None:
@@ -73,7 +75,7 @@ def test_loss_is_counted_in_the_creation_window_after_grace_and_taken_back_if_la
     assert b.window(LIVE_MS, "t", "g", T0 + 20_000).lost == 100
     assert b.window(LIVE_MS, "t", "g", T0).lost == 0
     assert b.window(BOOKS_MS, "t", "g", T0).lost == 100
-    assert b.status("t", "g", T0 + 30_000) is Status.WARN
+    assert b.status("t", "g", T0 + 30_000) is Status.LOSS
     b.add(cons(1, count=100, created=T0 + 20_000, consumed=T0 + 50_000))   # late, not lost
     assert b.window(BOOKS_MS, "t", "g", T0).lost == 0
     [row] = b.summary(T0 + 50_000)
@@ -138,9 +140,9 @@ def test_lag_warn_and_stall() -> None:
     [row] = b.summary(T0 + 1_000)
     assert row.lag_messages == 21 and row.lag_s == pytest.approx(0.999) and row.status is Status.OK
     b.advance(T0 + 3_500)
-    assert b.status("t", "g", T0 + 3_500) is Status.WARN        # lag 3.5 s > warn 3 s
+    assert b.status("t", "g", T0 + 3_500) is Status.LAG         # lag 3.5 s > warn 3 s
     b.advance(T0 + 4_500)
-    assert b.status("t", "g", T0 + 4_500) is Status.STALL       # nothing consumed for 4.49 s
+    assert b.status("t", "g", T0 + 4_500) is Status.STOPPED     # nothing consumed for 4.49 s
     assert b.window(LIVE_MS, "t", "g", T0).lag_messages == 21
 
 
@@ -149,6 +151,8 @@ def test_lost_messages_leave_the_lag_of_table_and_chart_alike() -> None:
     b.add(prod(0, created=T0))
     b.add(cons(0, created=T0, consumed=T0 + 10))
     b.add(prod(1, count=40, created=T0 + 100))                  # injected loss: never consumed
+    b.add(prod(2, count=1, created=T0 + 200))
+    b.add(cons(2, count=1, created=T0 + 200, consumed=T0 + 300))  # ... but the group moved past it
     b.advance(T0 + 2_200)
     [row] = b.summary(T0 + 2_200)
     assert (row.lag_messages, row.lag_s) == (40, 2.1)
@@ -177,7 +181,7 @@ def test_state_is_forgotten_after_retention() -> None:
 
 def test_restore_from_changes_resumes_exactly() -> None:
     b = Books(SETTINGS)
-    for s in range(3):
+    for s in range(4):
         b.add(prod(s, created=T0 + s))
     b.add(cons(0))
     b.advance(T0 + 1000)
@@ -187,6 +191,7 @@ def test_restore_from_changes_resumes_exactly() -> None:
     for books in (b, again):
         books.add(cons(1, created=T0 + 1))
         books.add(cons(1, created=T0 + 1))
+        books.add(cons(3, created=T0 + 3))         # seq 2 passed: lost
         books.advance(T0 + 60_000)
     assert b.summary(T0 + 60_000) == again.summary(T0 + 60_000)
     assert again.summary(T0 + 60_000)[0].lost == 10
@@ -205,3 +210,61 @@ def test_a_group_that_appears_after_the_grace_period_gets_its_own() -> None:
     [row] = b.summary(T0 + 36_000)
     assert (row.consumed, row.lost) == (20, 10)
     assert b.window(BOOKS_MS, "t", "g", T0).lost == 10
+
+
+def test_a_stopped_group_keeps_its_backlog_and_loses_nothing() -> None:
+    """Not consumed yet is backlog, however old; only Messages the group moved past are lost."""
+    b = Books(SETTINGS)
+    for s in range(10):
+        b.add(prod(s, created=T0 + s * 100))
+    for s in range(5):
+        b.add(cons(s, created=T0 + s * 100, consumed=T0 + s * 100 + 50))
+    # The consumer exits (a clean SIGTERM: Messages 5..9 were never fetched); long after grace:
+    for now in (T0 + 10_000, T0 + 40_000):
+        b.advance(now)
+        [row] = b.summary(now)
+        assert (row.lost, row.lag_messages) == (0, 50)
+        assert row.lag_s == pytest.approx((now - T0 - 500) / 1000)
+        assert row.status is Status.STOPPED
+    assert b.window(BOOKS_MS, "t", "g", T0).lost == 0
+    b.add(cons(8, created=T0 + 800, consumed=T0 + 41_000))   # restarted; 5..7 were skipped
+    b.advance(T0 + 41_000)
+    [row] = b.summary(T0 + 41_000)
+    assert (row.lost, row.lag_messages, row.status) == (30, 10, Status.LOSS)   # 9 still pending
+
+
+def test_states_ok_idle_lag_stalled() -> None:
+    b = Books(SETTINGS)
+    b.add(prod(0, created=T0))
+    b.add(cons(0, created=T0, consumed=T0 + 10))
+    b.advance(T0 + 1_000)
+    assert b.status("t", "g", T0 + 1_000) is Status.OK
+    b.advance(T0 + 4_100)
+    assert b.status("t", "g", T0 + 4_100) is Status.IDLE          # nothing to do for 4 s
+    b.add(prod(1, created=T0 + 4_200))                          # a pending Message...
+    seen = {}
+    for i, now in enumerate(range(T0 + 4_300, T0 + 9_000, 500)):  # ...while others flow
+        b.add(prod(10 + i, created=now - 50))
+        b.add(cons(10 + i, created=now - 50, consumed=now))
+        b.advance(now)
+        seen[now - T0] = b.status("t", "g", now)
+    assert seen[4_300] is Status.OK and seen[7_300] is Status.LAG
+    assert seen[8_800] is Status.STALLED                          # 4.6 s old, others consumed
+    assert b.summary(T0 + 8_800)[0].lost == 0                     # still in its grace
+
+
+def test_interleaved_partitions_at_a_stop_are_backlog_within_the_skew() -> None:
+    """At a stop, partition B's newest Message may be older than partition A's last delivered one."""
+    b = Books(dataclasses.replace(SETTINGS, skew_ms=1_000))
+    b.add(prod(0, created=T0))
+    b.add(cons(0, created=T0))
+    b.add(prod(1, created=T0 + 700))                          # partition B, not yet delivered
+    b.add(prod(2, created=T0 + 800))                          # partition A
+    b.add(cons(2, created=T0 + 800, consumed=T0 + 900))
+    b.advance(T0 + 30_000)                                    # grace long over, the group stopped
+    [row] = b.summary(T0 + 30_000)
+    assert (row.lost, row.lag_messages, row.status) == (0, 10, Status.STOPPED)
+    b.add(prod(3, created=T0 + 1_700))
+    b.add(cons(3, created=T0 + 1_700, consumed=T0 + 31_000))  # back, and 1 s past it: lost now
+    b.advance(T0 + 31_000)
+    assert b.summary(T0 + 31_000)[0].lost == 10

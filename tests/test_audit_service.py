@@ -15,9 +15,11 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from memq.audit.books import LIVE_MS, Status
+from memq.audit.books import LIVE_MS, Books, BooksSettings, Status
 from memq.audit.dashboard import AuditService
 from memq.audit.emitter import AuditEmitter, make_audit_sink
+from memq.audit.records import AuditRecord, Kind
+from memq.audit.store import AuditStore
 from memq.config import MemqConfig
 from waiting import async_wait_for
 
@@ -27,7 +29,8 @@ GRACE_S = 2.0
 
 def audit_config(memq_config: MemqConfig, unique_name: Callable[[str], str], **audit: object) -> MemqConfig:
     """The dev cluster's config with a private audit topic and a short grace period."""
-    settings = {"topic": unique_name("audit"), "grace_s": GRACE_S, "flush_ms": 50, **audit}
+    settings = {"topic": unique_name("audit"), "grace_s": GRACE_S, "flush_ms": 50,
+                "partition_skew_s": 0.0, **audit}
     a = dataclasses.replace(memq_config.audit, **settings)
     return dataclasses.replace(memq_config, audit=a)
 
@@ -76,7 +79,7 @@ async def test_books_balance_and_survive_a_restart(memq_config: MemqConfig, uniq
         assert (good.produced, good.consumed, good.lost, good.duplicates, good.mismatches) == (1000, 1000, 0, 0, 0)
         assert good.status is Status.OK and good.lag_messages == 0
         assert (poor.produced, poor.consumed, poor.lost, poor.duplicates, poor.mismatches) == (1000, 925, 75, 50, 25)
-        assert poor.status is Status.WARN
+        assert poor.status is Status.LOSS
         assert poor.p50_ms == pytest.approx(80, rel=0.05) and poor.max_ms == 80
         assert list(rows)[0] == (bad, "g1")                         # worst first
         created_window = (now - 500) - (now - 500) % LIVE_MS
@@ -87,7 +90,7 @@ async def test_books_balance_and_survive_a_restart(memq_config: MemqConfig, uniq
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as http:
             async with http.get(url + "api/summary") as r:
                 api = {(x["topic"], x["group"]): x for x in (await r.json())["rows"]}
-            assert api[(bad, "g1")]["lost"] == 75 and api[(bad, "g1")]["status"] == "WARN"
+            assert api[(bad, "g1")]["lost"] == 75 and api[(bad, "g1")]["status"] == "LOSS"
             async with http.get(url + f"api/series?topic={bad}&size=10") as r:
                 series = await r.json()
             assert sum(series["groups"]["g1"]["lost"]) == 75
@@ -136,4 +139,73 @@ def test_emitter_never_blocks_and_counts_drops(memq_config: MemqConfig, unique_n
         assert per_call_us < 20, f"{per_call_us:.2f} us per audit call"
         assert em.flush(10) == 0 and em.stats().sent == 1000
     finally:
+        em.close()
+
+
+async def api_rows(url: str) -> dict[tuple[str, str], dict]:
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as http:
+        async with http.get(url + "api/summary") as r:
+            return {(x["topic"], x["group"]): x for x in (await r.json())["rows"]}
+
+
+async def test_books_of_another_kafka_are_dropped_not_counted(
+        memq_config: MemqConfig, unique_name: Callable[[str], str], tmp_path: Path,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A database left by an earlier Kafka (new cluster id, or offsets past the end) starts over."""
+    cfg = audit_config(memq_config, unique_name)
+    db = tmp_path / "audit.db"
+    ghost, fresh = unique_name("ghost"), unique_name("fresh")
+
+    def leave_old_books(kafka_cluster: str | None) -> None:
+        """Books of a topic with unconsumed, passed Messages, read up to offset 10**6."""
+        old = Books(BooksSettings(grace_ms=1))
+        t = int(time.time() * 1000) - 30_000
+        for s in range(3):
+            old.add(AuditRecord(Kind.PRODUCED, ghost, "", 1, 0, s, 10, 1, t + s, t + s))
+        old.add(AuditRecord(Kind.CONSUMED, ghost, "g1", 1, 0, 2, 10, 1, t + 2, t + 5))
+        store = AuditStore(db)
+        if kafka_cluster is not None:
+            store.reset(kafka_cluster)
+        store.commit(old.drain_changes(), {0: 10**6})
+        store.close()
+
+    em = make_audit_sink(cfg, client_id="test")
+    assert em is not None
+    emit_traffic(em, fresh, "g1", messages=5, count=2)
+    for stored_cluster, reason in (("another-kafka", "this is"), (None, "beyond the end of partition 0")):
+        if stored_cluster is None:               # the same cluster id, but a Kafka restarted empty
+            stored_cluster = AuditStore(db).kafka_cluster()
+        leave_old_books(stored_cluster)
+        caplog.clear()
+        service = AuditService(cfg, db_path=str(db), port=0)
+        url = await service.start()
+        try:
+            assert any(reason in r.getMessage() and "read from the beginning" in r.getMessage()
+                       for r in caplog.records)
+            await async_wait_for(lambda: service.auditor.stats().records == 10, 20, "the new records")
+            await asyncio.sleep(GRACE_S + 1.0)
+            rows = await api_rows(url)
+            assert not [k for k in rows if k[0] == ghost]         # nothing of the old Kafka
+            assert (rows[(fresh, "g1")]["produced"], rows[(fresh, "g1")]["lost"]) == (10, 0)
+        finally:
+            await service.stop()
+    em.close()
+
+
+async def test_a_stopped_group_shows_its_backlog_not_loss(
+        memq_config: MemqConfig, unique_name: Callable[[str], str], tmp_path: Path) -> None:
+    cfg = audit_config(memq_config, unique_name, stall_s=1.0)
+    em = make_audit_sink(cfg, client_id="test")
+    assert em is not None
+    topic = unique_name("stopped")
+    emit_traffic(em, topic, "g1", messages=20, count=3, lose=range(12, 20))   # its consumer exited at 12
+    service = AuditService(cfg, db_path=str(tmp_path / "audit.db"), port=0)
+    url = await service.start()
+    try:
+        await async_wait_for(lambda: service.auditor.stats().records == 32, 20, "all records")
+        await asyncio.sleep(GRACE_S + 1.5)
+        row = (await api_rows(url))[(topic, "g1")]
+        assert (row["status"], row["lost"], row["lag_messages"], row["consumed"]) == ("STOPPED", 0, 24, 36)
+    finally:
+        await service.stop()
         em.close()

@@ -64,7 +64,7 @@ async def test_dashboard_shows_injected_loss(memq_config: MemqConfig, unique_nam
                 lost_cell = page.locator(f'#summary tr[data-topic="{lossy}"] td.lost')
                 assert await lost_cell.inner_text() == "40"
                 assert "bad" in (await lost_cell.get_attribute("class") or "")
-                assert await page.locator(f'#summary tr[data-topic="{lossy}"] .status').inner_text() == "WARN"
+                assert await page.locator(f'#summary tr[data-topic="{lossy}"] .status').inner_text() == "LOSS"
                 assert await page.locator(f'#summary tr[data-topic="{healthy}"] td.lost').inner_text() == "0"
 
                 points = await page.evaluate("""(t) => {

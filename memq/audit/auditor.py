@@ -4,7 +4,10 @@ One worker thread does all writing: poll the audit topic, add the records to the
 every `commit_interval_s` advance the books' clock and commit changes + next offsets to SQLite
 in one transaction. Readers (the dashboard) take the same lock for a consistent view. The
 partitions are assigned explicitly (no consumer-group rebalance): one auditor per cluster,
-and its position lives in its own database, not in Kafka.
+and its position lives in its own database, not in Kafka. That position belongs to one Kafka
+cluster: when the database was written against another cluster id, or a stored offset lies
+beyond the end of its partition (e.g. a new in-memory Kafka of a restarted `memq dev`), the
+books are started over and the reason is logged, so nothing of the old cluster counts.
 """
 
 from __future__ import annotations
@@ -38,7 +41,8 @@ class AuditorStats:
 def books_settings(config: MemqConfig) -> BooksSettings:
     a = config.audit
     return BooksSettings(grace_ms=int(a.grace_s * 1000), retention_ms=int(a.retention_s * 1000),
-                         warn_lag_ms=int(a.warn_lag_s * 1000), stall_ms=int(a.stall_s * 1000))
+                         warn_lag_ms=int(a.warn_lag_s * 1000), stall_ms=int(a.stall_s * 1000),
+                         skew_ms=int(a.partition_skew_s * 1000))
 
 
 class Auditor:
@@ -61,9 +65,6 @@ class Auditor:
     def start(self, timeout_s: float = 30.0) -> None:
         """Load the database, ensure the audit topic, assign its partitions, start consuming."""
         store = AuditStore(self._db_path)
-        now = int(time.time() * 1000)
-        state, self._offsets = store.load(now - self._books.settings.memory_ms)
-        self._books.restore(state)
         timeout_ms = self.config.kafka.request_timeout_ms
         try:
             TopicAdmin(self.config.kafka).create_topic(self.topic, self.config.audit.partitions)
@@ -80,6 +81,9 @@ class Auditor:
             parts = sorted(meta.topics[self.topic].partitions)
             if not parts:
                 raise NotifyError(f"audit topic {self.topic} has no partitions")
+            ends = {p: consumer.get_watermark_offsets(
+                confluent_kafka.TopicPartition(self.topic, p), timeout=timeout_s)[1] for p in parts}
+            self._restore(store, str(meta.cluster_id), ends)
             consumer.assign([confluent_kafka.TopicPartition(
                 self.topic, p, self._offsets.get(p, confluent_kafka.OFFSET_BEGINNING)) for p in parts])
         except (confluent_kafka.KafkaException, NotifyError) as e:
@@ -91,6 +95,27 @@ class Auditor:
                                         name="memq-auditor", daemon=True)
         self._thread.start()
         log.info("auditor consuming %s (partitions %s) into %s", self.topic, parts, self._db_path)
+
+    def _restore(self, store: AuditStore, kafka_cluster: str, ends: dict[int, int]) -> None:
+        """Load the books and offsets if they belong to this Kafka cluster, else start over."""
+        state, offsets = store.load(int(time.time() * 1000) - self._books.settings.memory_ms)
+        stored = store.kafka_cluster()
+        beyond = {p: (o, ends[p]) for p, o in offsets.items() if o > ends.get(p, 0)}
+        if stored is None and not offsets:
+            store.reset(kafka_cluster)
+            return
+        if stored == kafka_cluster and not beyond:
+            self._books.restore(state)
+            self._offsets = offsets
+            return
+        why = (f"it was written against Kafka cluster {stored!r}, this is {kafka_cluster!r}"
+               if stored != kafka_cluster else
+               "its offsets lie beyond the end of " + ", ".join(
+                   f"partition {p} ({o} > {end})" for p, (o, end) in sorted(beyond.items())))
+        log.warning("audit database %s: %s (a new Kafka?); its books (%d topics) are dropped and "
+                    "the audit topic %s is read from the beginning",
+                    self._db_path, why, len(state.topics), self.topic)
+        store.reset(kafka_cluster)
 
     def stop(self, timeout_s: float = 10.0) -> None:
         """Commit what was read and stop; a later start() resumes exactly from there."""

@@ -8,11 +8,20 @@ period (from its first record) for the Messages acked before it appeared. Per (t
 
 - produced (topic level, window of the Message's creation), consumed (distinct Messages'
   LogMessages, window of consumption), duplicates (re-deliveries), mismatches (consumed
-  digest differs from the produced one: corruption), lost (acked but still not consumed
-  `grace_ms` after the ack; counted in the creation window, and taken back if it arrives late),
+  digest differs from the produced one: corruption), lost (counted in the creation window, and
+  taken back if it arrives late),
 - end-to-end latency (consume time - producer seal time) as a log histogram, so windows merge,
-- lag: LogMessages acked within the grace period and not yet consumed, and the age of the
-  oldest of them (a lost Message is not lag); a window holds the latest lag measured in it.
+- lag (the backlog): LogMessages acked and neither consumed nor lost, and the age of the oldest
+  of them; a window holds the latest lag measured in it.
+
+Lost means the group moved past a Message without delivering it: `grace_ms` after its ack it is
+still not consumed although the group has consumed a Message sealed `skew_ms` or more after it
+(the group's position is the newest seal time it consumed). A Message the group has not reached
+yet is backlog, however old: a group whose process exited keeps its backlog and shows STOPPED,
+never loss. A consumer reads its partitions interleaved, so at a stop the newest Messages of one
+partition may be older than the last one delivered from another: `skew_ms` keeps those backlog.
+A partition lagging the others by more than that can be reported lost early; the loss is taken
+back when it is delivered.
 
 Time comes in as arguments (`advance(now_ms)`), so this module is deterministic. Changes since
 the last `drain_changes()` are tracked so the store can persist them incrementally.
@@ -35,11 +44,20 @@ _LOG_STEP = math.log(1.04)      # latency histogram buckets are 4% wide
 
 
 class Status(IntEnum):
-    """Ordered worst last, so `max()` and sorting by it put trouble first."""
+    """A group's state, ordered worst last, so `max()` and sorting by it put trouble first.
+
+    IDLE: nothing to consume and nothing consumed for `stall_ms`. LAG: the oldest backlog is
+    `warn_lag_ms` old. STALLED: still consuming, but the oldest backlog is `stall_ms` old.
+    STOPPED: a backlog and nothing consumed for `stall_ms` (e.g. its consumers exited).
+    LOSS: loss or corruption within `alert_ms`.
+    """
 
     OK = 0
-    WARN = 1
-    STALL = 2
+    IDLE = 1
+    LAG = 2
+    STALLED = 3
+    STOPPED = 4
+    LOSS = 5
 
 
 @dataclass(frozen=True)
@@ -48,7 +66,8 @@ class BooksSettings:
     retention_ms: int = 900_000
     warn_lag_ms: int = 30_000
     stall_ms: int = 60_000
-    alert_ms: int = 300_000           # loss or corruption this recent makes a group WARN
+    skew_ms: int = 5_000              # how far (seal time) one consumer's partitions interleave
+    alert_ms: int = 300_000           # loss or corruption this recent makes a group LOSS
     memory_ms: int = 3_600_000        # window history kept in memory (the store keeps all)
     window_sizes_ms: tuple[int, ...] = (LIVE_MS, BOOKS_MS)
 
@@ -84,6 +103,7 @@ class GroupState:
     mismatches: int = 0
     lag_messages: int = 0
     lag_ms: int = 0
+    position_ms: int = 0              # newest seal time consumed: older Messages were passed
     deliveries: dict[MsgKey, Delivery] = field(default_factory=dict)
 
 
@@ -223,6 +243,7 @@ class Books:
             heapq.heappush(self._catchup_heap, (rec.ts_ms + self.settings.grace_ms, topic, group))
         g.since_ms = min(g.since_ms, rec.created_ms)
         g.last_consumed_ms = max(g.last_consumed_ms, rec.ts_ms)
+        g.position_ms = max(g.position_ms, rec.created_ms)
         self._d_groups.add((topic, group))
         latency = max(0, rec.ts_ms - rec.created_ms)
         bucket = latency_bucket(latency)
@@ -277,11 +298,11 @@ class Books:
     # --- clock ---------------------------------------------------------------------------
 
     def advance(self, now_ms: int) -> None:
-        """Decide losses whose grace is over, forget old state, measure lag at now_ms."""
+        """Decide losses whose grace is over, forget old state, measure the backlog at now_ms."""
         self._settle(now_ms)
         self._catch_up(now_ms)
         self._evict(now_ms)
-        self._measure_lag(now_ms)
+        self._reckon(now_ms)
         horizon = now_ms - self.settings.memory_ms
         for size, per in self._windows.items():
             for series in per.values():
@@ -297,31 +318,22 @@ class Books:
                 continue
             p.settled = True
             self._d_produced.add((topic, key))
-            for group, g in self._groups.get(topic, {}).items():
-                if g.caught_up:
-                    self._check(topic, group, g, key, p)
 
     def _catch_up(self, now_ms: int) -> None:
-        """A group's grace is over: check the Messages settled before it was caught up."""
+        """A new group's own grace is over: from now on it can be blamed for loss."""
         heap = self._catchup_heap
         while heap and heap[0][0] <= now_ms:
             _, topic, group = heapq.heappop(heap)
-            g = self._groups[topic][group]
-            for key, p in self._produced.get(topic, {}).items():
-                if p.settled:
-                    self._check(topic, group, g, key, p)
-            g.caught_up = True
+            self._groups[topic][group].caught_up = True
             self._d_groups.add((topic, group))
 
-    def _check(self, topic: str, group: str, g: GroupState, key: MsgKey, p: Produced) -> None:
-        """Grace is over for Message `key` and group g: lost unless consumed."""
-        if g.since_ms <= p.created_ms and key not in g.deliveries:
-            g.deliveries[key] = Delivery(0, 0, 0, lost=True)
-            g.lost += p.count
-            self._d_groups.add((topic, group))
-            self._d_deliveries.add((topic, group, key))
-            for w in self._touch(topic, group, p.created_ms):
-                w.lost += p.count
+    def _lose(self, topic: str, group: str, g: GroupState, key: MsgKey, p: Produced) -> None:
+        g.deliveries[key] = Delivery(0, 0, 0, lost=True)
+        g.lost += p.count
+        self._d_groups.add((topic, group))
+        self._d_deliveries.add((topic, group, key))
+        for w in self._touch(topic, group, p.created_ms):
+            w.lost += p.count
 
     def _evict(self, now_ms: int) -> None:
         heap = self._evict_heap
@@ -343,19 +355,24 @@ class Books:
             if owner is not None and owner.deliveries.pop(key, None) is not None:
                 self._d_deliveries.add((topic, group, key))
 
-    def _measure_lag(self, now_ms: int) -> None:
-        """Each group's lag at now_ms, for the table and for the window holding now_ms alike.
+    def _reckon(self, now_ms: int) -> None:
+        """Each group's losses and backlog at now_ms, for the table and the window holding now_ms.
 
-        Lag counts only Messages in their grace period: once settled they were consumed or
-        reported lost, and a lost Message is not lag. A window keeps the latest measurement
-        in it (not its peak), so the newest window always shows the table's figure.
+        A Message the group expects and has not got is lost once settled and passed by the
+        group's position (and the group's own grace is over), otherwise it is backlog. A window
+        keeps the latest measurement in it (not its peak), so the newest window always shows
+        the table's figure.
         """
         for topic, groups in self._groups.items():
-            open_entries = self._open.get(topic, {})
+            entries = self._produced.get(topic, {})
             for group, g in groups.items():
                 messages, oldest = 0, now_ms
-                for key, p in open_entries.items():
-                    if p.created_ms >= g.since_ms and key not in g.deliveries:
+                for key, p in entries.items():
+                    if p.created_ms < g.since_ms or key in g.deliveries:
+                        continue
+                    if p.settled and g.caught_up and p.created_ms + self.settings.skew_ms <= g.position_ms:
+                        self._lose(topic, group, g, key, p)
+                    else:
                         messages += p.count
                         oldest = min(oldest, p.created_ms)
                 lag = (messages, now_ms - oldest if messages else 0)
@@ -440,12 +457,17 @@ class Books:
         g = self._groups.get(topic, {}).get(group)
         if g is None:
             return Status.OK
-        if g.lag_messages and now_ms - g.last_consumed_ms >= self.settings.stall_ms:
-            return Status.STALL
         recent = self.merged(BOOKS_MS, topic, group, now_ms - self.settings.alert_ms)
-        if g.lag_ms >= self.settings.warn_lag_ms or recent.lost > 0 or recent.mismatches > 0:
-            return Status.WARN
-        return Status.OK
+        if recent.lost > 0 or recent.mismatches > 0:
+            return Status.LOSS
+        quiet = now_ms - g.last_consumed_ms >= self.settings.stall_ms
+        if g.lag_messages and quiet:
+            return Status.STOPPED
+        if g.lag_ms >= self.settings.stall_ms:
+            return Status.STALLED
+        if g.lag_ms >= self.settings.warn_lag_ms:
+            return Status.LAG
+        return Status.IDLE if quiet and not g.lag_messages else Status.OK
 
     def summary(self, now_ms: int) -> list[GroupSummary]:
         """One row per (topic, group) (group "" for a topic nobody consumes), worst first."""

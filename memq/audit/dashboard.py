@@ -81,12 +81,13 @@ class BooksCollector(Collector):
         dups = CounterMetricFamily("memq_audit_duplicates", "LogMessages delivered again", labels=tg)
         bad = CounterMetricFamily("memq_audit_mismatches", "LogMessages whose digest differs (corrupt)", labels=tg)
         lost = GaugeMetricFamily("memq_audit_lost_messages",
-                                 "LogMessages acked but not consumed after the grace period", labels=tg)
+                                 "LogMessages the group moved past without consuming", labels=tg)
         lat = GaugeMetricFamily("memq_audit_latency_seconds", "End-to-end latency, last minute",
                                 labels=[*tg, "quantile"])
-        lag_m = GaugeMetricFamily("memq_audit_lag_messages", "LogMessages acked, not yet consumed", labels=tg)
+        lag_m = GaugeMetricFamily("memq_audit_lag_messages", "Backlog: LogMessages acked, not consumed yet", labels=tg)
         lag_s = GaugeMetricFamily("memq_audit_lag_seconds", "Age of the oldest unconsumed Message", labels=tg)
-        status = GaugeMetricFamily("memq_audit_status", "0 OK, 1 WARN, 2 STALL", labels=tg)
+        status = GaugeMetricFamily("memq_audit_status",
+                                  "0 OK, 1 IDLE, 2 LAG, 3 STALLED, 4 STOPPED, 5 LOSS", labels=tg)
         seen_topics = set()
         for r in rows:
             if r.topic not in seen_topics:

@@ -5,10 +5,15 @@ in one transaction: after a crash the auditor reloads both and resumes reading e
 the last record it accounted for. WAL mode keeps readers (e.g. ad-hoc `sqlite3` queries of the
 books) from blocking the writer. SQLite integers are signed 64-bit, so u64 ids are stored
 shifted into that range.
+
+The offsets only mean something on the Kafka cluster they were read from, so the file also
+records that cluster's id; `reset` starts the books over for another one. A file written by an
+older schema (`PRAGMA user_version`) is reset when opened: the books are derived data.
 """
 
 from __future__ import annotations
 
+import logging
 import sqlite3
 from pathlib import Path
 
@@ -17,7 +22,11 @@ import msgpack
 from memq.audit.books import Changes, Delivery, GroupState, MsgKey, Produced, Window
 from memq.errors import ConfigError
 
+log = logging.getLogger(__name__)
+_VERSION = 2
+_TABLES = ("meta", "offsets", "topics", "produced", "deliveries", "groups", "windows")
 _SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS offsets (part INTEGER PRIMARY KEY, next_offset INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS topics (topic TEXT PRIMARY KEY, produced INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS produced (
@@ -31,7 +40,7 @@ CREATE TABLE IF NOT EXISTS deliveries (
 CREATE TABLE IF NOT EXISTS groups (
     topic TEXT, grp TEXT, since_ms INTEGER, last_consumed_ms INTEGER, first_seen_ms INTEGER,
     caught_up INTEGER, consumed INTEGER, lost INTEGER, duplicates INTEGER, mismatches INTEGER,
-    lag_messages INTEGER, lag_ms INTEGER, PRIMARY KEY (topic, grp));
+    lag_messages INTEGER, lag_ms INTEGER, position_ms INTEGER, PRIMARY KEY (topic, grp));
 CREATE TABLE IF NOT EXISTS windows (
     size_ms INTEGER, topic TEXT, grp TEXT, start_ms INTEGER,
     produced INTEGER, consumed INTEGER, lost INTEGER, duplicates INTEGER, mismatches INTEGER,
@@ -62,9 +71,34 @@ class AuditStore:
                                        isolation_level=None)
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=NORMAL")
+            version = self._db.execute("PRAGMA user_version").fetchone()[0]
+            if version != _VERSION:
+                if self._db.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]:
+                    log.warning("audit database %s has schema %d, not %d: starting the books over",
+                                path, version, _VERSION)
+                self._db.executescript("".join(f"DROP TABLE IF EXISTS {t};" for t in _TABLES))
+                self._db.execute(f"PRAGMA user_version={_VERSION}")
             self._db.executescript(_SCHEMA)
         except sqlite3.Error as e:
             raise ConfigError(f"audit.db_path {str(path)!r}: cannot open SQLite database: {e}") from None
+
+    def kafka_cluster(self) -> str | None:
+        """The id of the Kafka cluster the stored offsets belong to (None: not recorded yet)."""
+        row = self._db.execute("SELECT value FROM meta WHERE key='kafka_cluster'").fetchone()
+        return None if row is None else str(row[0])
+
+    def reset(self, kafka_cluster: str) -> None:
+        """Forget all books and offsets; what follows is read from Kafka cluster `kafka_cluster`."""
+        db = self._db
+        db.execute("BEGIN")
+        try:
+            for t in _TABLES:
+                db.execute(f"DELETE FROM {t}")
+            db.execute("INSERT INTO meta VALUES ('kafka_cluster', ?)", (kafka_cluster,))
+            db.execute("COMMIT")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
 
     def load(self, memory_since_ms: int) -> tuple[Changes, dict[int, int]]:
         """Every persisted row (windows from memory_since_ms on) and the audit offsets."""
@@ -107,10 +141,11 @@ class AuditStore:
                     db.execute("INSERT OR REPLACE INTO deliveries VALUES (?,?,?,?,?,?,?,?,?)",
                                (t, g, _s(p), e, _s(s), d.deliveries, d.digest, d.consumed_ms,
                                 int(d.lost)))
-            db.executemany("INSERT OR REPLACE INTO groups VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
+            db.executemany("INSERT OR REPLACE INTO groups VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
                            [(t, g, gs.since_ms, gs.last_consumed_ms, gs.first_seen_ms,
                              int(gs.caught_up), gs.consumed, gs.lost,
-                             gs.duplicates, gs.mismatches, gs.lag_messages, gs.lag_ms)
+                             gs.duplicates, gs.mismatches, gs.lag_messages, gs.lag_ms,
+                             gs.position_ms)
                             for (t, g), gs in ch.groups.items()])
             db.executemany("INSERT OR REPLACE INTO topics VALUES (?,?)", list(ch.topics.items()))
             db.executemany("INSERT OR REPLACE INTO windows VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",

@@ -2,7 +2,8 @@
 
 `status` shows the governor, brokers and assignments; `drain`/`undrain` set a broker's drain
 flag (the governor moves its topics away, for rolling restarts); `topic create|alter|delete|
-list` administer topics in ZooKeeper (creating the notification topic on Kafka).
+list` administer topics in ZooKeeper (creating the notification topic on Kafka); `topic create`
+is `memq topic create`.
 """
 
 from __future__ import annotations
@@ -16,8 +17,8 @@ from rich.console import Console
 from rich.table import Table
 
 from memq.cli._common import config_of
-from memq.config import TopicConfig, build
-from memq.errors import ConfigError
+from memq.cli.topic import create as create_topic_command
+from memq.cli.topic import settings_of
 from memq.governor.registry import Registry
 from memq.governor.topics import TopicManager
 
@@ -95,16 +96,6 @@ def topic() -> None:
     """Topics in ZooKeeper: the governor places them on brokers."""
 
 
-def _settings(pairs: tuple[str, ...]) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep:
-            raise ConfigError(f"--set {pair!r}: use FIELD=VALUE, e.g. expected_mbps=40")
-        out[key.strip()] = value.strip()
-    return out
-
-
 def _manager(ctx: click.Context, r: Registry) -> TopicManager:
     from memq.notify import TopicAdmin  # Kafka client: load on use
 
@@ -112,17 +103,7 @@ def _manager(ctx: click.Context, r: Registry) -> TopicManager:
     return TopicManager(r, TopicAdmin(config.kafka), config.cluster.name)
 
 
-@topic.command()
-@click.argument("name")
-@click.option("--set", "pairs", multiple=True, metavar="FIELD=VALUE",
-              help="Topic setting, e.g. expected_mbps=40 or read_partitions=6 (repeatable).")
-@click.pass_context
-def create(ctx: click.Context, name: str, pairs: tuple[str, ...]) -> None:
-    """Create topic NAME with its notification topic."""
-    cfg: TopicConfig = build(TopicConfig, {"name": name, **_settings(pairs)}, f"topic {name}")
-    with registry_of(ctx) as r:
-        _manager(ctx, r).create(cfg)
-    click.echo(f"topic {name}: created ({cfg.read_partitions} read partitions, {cfg.expected_mbps:g} MB/s)")
+topic.add_command(create_topic_command)
 
 
 @topic.command()
@@ -132,7 +113,7 @@ def create(ctx: click.Context, name: str, pairs: tuple[str, ...]) -> None:
 def alter(ctx: click.Context, name: str, pairs: tuple[str, ...]) -> None:
     """Change settings of topic NAME; brokers pick them up, the governor re-places it."""
     with registry_of(ctx) as r:
-        cfg = _manager(ctx, r).alter(name, **_settings(pairs))
+        cfg = _manager(ctx, r).alter(name, **settings_of(pairs))
     click.echo(f"topic {name}: {cfg}")
 
 

@@ -1,20 +1,26 @@
-"""`memq topic create|list|describe|delete`: a topic's notification topic on Kafka.
-
-For clusters with static topics; a governed cluster keeps topics in ZooKeeper
-(`memq governor topic ...`). Clients are imported on use, so `memq --help` starts fast.
+"""`memq topic create|list|describe|delete`: topics and their notification topics on Kafka.
 
 A memq topic's read partitions are the partitions of its notification topic, so creating
-a topic creates that Kafka topic; batches need no setup (one object each).
+a topic creates that Kafka topic; batches need no setup (one object each). With ZooKeeper
+configured (a governed cluster such as `memq dev`), `create` also registers the topic there,
+so the governor places it on brokers and it can be produced to at once; `memq governor topic
+create` is the same command. Clients are imported on use, so `memq --help` starts fast.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import click
 from rich.console import Console
 from rich.table import Table
 
 from memq.cli._common import config_of
-from memq.config import memq_topic_of
+from memq.config import MemqConfig, TopicConfig, build, memq_topic_of
+from memq.errors import ConfigError, InvalidInputError, UnknownTopicError
+
+PLACEMENT_TIMEOUT_S = 60.0      # the governor's cycle plus the brokers' start of the topic
+DELETE_HINT = {False: "memq topic delete {}", True: "memq governor topic delete {} --delete-notifications"}
 
 
 @click.group()
@@ -22,22 +28,84 @@ def topic() -> None:
     """Create, list, describe and delete topics."""
 
 
+def settings_of(pairs: tuple[str, ...]) -> dict[str, str]:
+    """`--set FIELD=VALUE` options as a dict."""
+    out: dict[str, str] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep:
+            raise ConfigError(f"--set {pair!r}: use FIELD=VALUE, e.g. expected_mbps=40")
+        out[key.strip()] = value.strip()
+    return out
+
+
+def topic_config(config: MemqConfig, name: str, partitions: int | None,
+                 pairs: tuple[str, ...]) -> TopicConfig:
+    """NAME's settings: the config file's entry, then `--set`, with `-p` as read_partitions."""
+    settings = settings_of(pairs)
+    if partitions is not None:
+        given = settings.setdefault("read_partitions", str(partitions))
+        if given != str(partitions):
+            raise ConfigError(f"topic {name}: -p {partitions} and --set read_partitions={given} disagree")
+    configured = next((t for t in config.topics if t.name == name), TopicConfig(name=name))
+    return build(TopicConfig, {**dataclasses.asdict(configured), **settings}, f"topic {name}")
+
+
+def create_topic(config: MemqConfig, cfg: TopicConfig) -> str:
+    """Create topic `cfg` so that it can be produced to; returns how it was done.
+
+    Governed (ZooKeeper configured): registered in ZooKeeper with its notification topic, the
+    governor places it. Otherwise only the notification topic: static brokers serve the topics
+    of their config file. An existing notification topic must have `read_partitions` partitions.
+    """
+    from memq.governor.registry import Registry
+    from memq.governor.topics import TopicManager
+    from memq.notify import TopicAdmin
+
+    admin = TopicAdmin(config.kafka)
+    kafka_topic = cfg.notification_topic_for(config.cluster.name)
+    try:
+        existing = admin.partitions(kafka_topic)
+    except UnknownTopicError:
+        existing = cfg.read_partitions
+    if existing != cfg.read_partitions:
+        raise InvalidInputError(
+            f"topic {cfg.name}: its notification topic {kafka_topic} already has {existing} partitions, "
+            f"not {cfg.read_partitions}: create it with -p {existing}, or delete it first "
+            f"({DELETE_HINT[config.zookeeper.enabled].format(cfg.name)})")
+    if not config.zookeeper.enabled:
+        admin.create_topic(kafka_topic, cfg.read_partitions)
+        return f"notifications on {kafka_topic}; brokers must list it in their config"
+    with Registry(config.zookeeper, config.cluster.name) as registry:
+        manager = TopicManager(registry, admin, config.cluster.name)
+        try:
+            current = registry.topic(cfg.name)
+        except UnknownTopicError:
+            current = manager.create(cfg)
+        if current != cfg:
+            raise InvalidInputError(
+                f"topic {cfg.name} already exists with other settings ({current}): change them "
+                f"with memq governor topic alter {cfg.name} --set FIELD=VALUE")
+        placed = manager.wait_until_hosted(cfg.name, PLACEMENT_TIMEOUT_S)
+    return f"notifications on {kafka_topic}; served by {', '.join(placed)}"
+
+
 @topic.command()
 @click.argument("name")
 @click.option("--partitions", "-p", type=click.IntRange(min=1), default=None,
               help="Read partitions (consumer parallelism); default from the topic's config or 3.")
+@click.option("--set", "pairs", multiple=True, metavar="FIELD=VALUE",
+              help="Topic setting, e.g. expected_mbps=40 or batch_ms=100 (repeatable).")
 @click.pass_context
-def create(ctx: click.Context, name: str, partitions: int | None) -> None:
-    """Create topic NAME (idempotent when the partition count matches)."""
-    config = config_of(ctx)
-    from memq.client.consumer import notification_topic
-    from memq.notify import TopicAdmin
+def create(ctx: click.Context, name: str, partitions: int | None, pairs: tuple[str, ...]) -> None:
+    """Create topic NAME, ready to produce to (idempotent when its settings match).
 
-    configured = next((t for t in config.topics if t.name == name), None)
-    count = partitions or (configured.read_partitions if configured else 3)
-    kafka_topic = notification_topic(config, name)
-    TopicAdmin(config.kafka).create_topic(kafka_topic, count)
-    click.echo(f"topic {name}: {count} read partitions (notifications on {kafka_topic})")
+    With ZooKeeper configured (e.g. `memq dev`) the governor places it on brokers.
+    """
+    config = config_of(ctx)
+    cfg = topic_config(config, name, partitions, pairs)
+    how = create_topic(config, cfg)
+    click.echo(f"topic {name}: {cfg.read_partitions} read partitions, {cfg.expected_mbps:g} MB/s ({how})")
 
 
 @topic.command(name="list")

@@ -7,10 +7,14 @@ The topic znode is the source of truth; its Kafka notification topic is created 
 from __future__ import annotations
 
 import dataclasses
+import json
+import time
+import urllib.error
+import urllib.request
 from typing import Any, Protocol
 
 from memq.config import TopicConfig, build
-from memq.errors import InvalidInputError
+from memq.errors import CoordinationError, InvalidInputError
 
 from .registry import Registry
 
@@ -40,6 +44,21 @@ class TopicManager:
         self.registry.create_topic(cfg)
         return cfg
 
+    def wait_until_hosted(self, name: str, timeout_s: float) -> tuple[str, ...]:
+        """The brokers the governor placed topic `name` on, once each of them serves it."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            state = self.registry.snapshot()
+            placed = state.assignments.get(name, ())
+            if placed and all(b in state.brokers and name in _hosted(state.brokers[b].url)
+                              for b in placed):
+                return placed
+            if time.monotonic() > deadline:
+                raise CoordinationError(
+                    f"topic {name} is not served by any broker after {timeout_s:g} s (assigned: "
+                    f"{list(placed) or 'none'}): is a governor running? see `memq governor status`")
+            time.sleep(0.2)
+
     def alter(self, name: str, **changes: Any) -> TopicConfig:
         """Change settings of an existing topic (validated like the config file)."""
         current = self.registry.topic(name)
@@ -62,3 +81,12 @@ class TopicManager:
 
     def list(self) -> dict[str, TopicConfig]:
         return self.registry.topics()
+
+
+def _hosted(url: str) -> list[str]:
+    """Topics a broker serves now, from its /healthz ([] while it does not answer)."""
+    try:
+        with urllib.request.urlopen(url.rstrip("/") + "/healthz", timeout=2.0) as resp:
+            return list(json.load(resp)["topics"])
+    except (urllib.error.URLError, OSError, ValueError, KeyError):
+        return []

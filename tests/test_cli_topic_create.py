@@ -1,0 +1,78 @@
+"""`memq topic create` on a governed `memq dev`, and the audit across a restart of `memq dev`."""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.request
+import uuid
+from pathlib import Path
+
+import pytest
+
+from memq.config import load_config
+from memq.notify import TopicAdmin
+from test_cli import _consume_until, _start_dev, _stop_dev, memq
+
+pytestmark = [pytest.mark.integration]
+
+
+def audit_rows(url: str) -> dict[tuple[str, str], dict]:
+    with urllib.request.urlopen(url + "api/summary", timeout=10) as resp:
+        return {(r["topic"], r["group"]): r for r in json.load(resp)["rows"]}
+
+
+@pytest.mark.timeout(240)
+def test_topic_create_yields_a_topic_that_takes_messages(tmp_path: Path) -> None:
+    run_dir = (tmp_path / "dev").resolve()
+    proc, endpoints = _start_dev(run_dir, "--brokers", "1", "--rate", "0")
+    try:
+        config = Path(endpoints["config"])
+        r = memq("topic", "create", "events", "-p", "4", config=config, timeout=90)
+        assert r.returncode == 0, r.stderr.decode()
+        assert "4 read partitions" in r.stdout.decode() and "served by b1" in r.stdout.decode()
+        assert "events" in memq("topic", "list", config=config).stdout.decode().split()
+        r = memq("produce", "events", config=config, input=b"first\nsecond\n")
+        assert r.returncode == 0, r.stderr.decode()
+        assert set(_consume_until(config, "events", {"first", "second"})) == {"first", "second"}
+        again = memq("topic", "create", "events", "-p", "4", config=config)        # idempotent
+        assert again.returncode == 0, again.stderr.decode()
+        alias = memq("governor", "topic", "create", "orders", "-p", "2", config=config, timeout=90)
+        assert alias.returncode == 0 and "served by b1" in alias.stdout.decode(), alias.stderr.decode()
+        cfg = load_config(config)
+        TopicAdmin(cfg.kafka).create_topic(f"memq.{cfg.cluster.name}.stale", 2)   # made by hand
+        clash = memq("topic", "create", "stale", "-p", "4", config=config)
+        err = clash.stderr.decode()
+        assert clash.returncode == 1 and "already has 2 partitions, not 4" in err and "-p 2" in err, err
+        assert "memq governor topic delete stale --delete-notifications" in err
+    finally:
+        _stop_dev(proc, run_dir)
+
+
+@pytest.mark.timeout(300)
+def test_a_restarted_memq_dev_audits_new_topics_and_counts_nothing_old_as_lost(tmp_path: Path) -> None:
+    run_dir = (tmp_path / "dev").resolve()
+    proc, endpoints = _start_dev(run_dir, "--brokers", "1", "--rate", "100")
+    try:
+        time.sleep(8)                                       # demo traffic in flight when it stops
+        assert audit_rows(endpoints["audit"])
+    finally:
+        _stop_dev(proc, run_dir)
+    proc, endpoints = _start_dev(run_dir, "--brokers", "1", "--rate", "0")
+    try:
+        config, url = Path(endpoints["config"]), endpoints["audit"]
+        r = memq("topic", "create", "fresh", config=config, timeout=90)
+        assert r.returncode == 0, r.stderr.decode()
+        marker = uuid.uuid4().hex
+        r = memq("produce", "fresh", config=config, input=f"{marker} a\n{marker} b\n".encode())
+        assert r.returncode == 0, r.stderr.decode()
+        _consume_until(config, "fresh", {f"{marker} a", f"{marker} b"})
+        deadline = time.monotonic() + 10                    # one live window
+        while not any(t == "fresh" and row["produced"] == 2 for (t, _), row in audit_rows(url).items()):
+            assert time.monotonic() < deadline, audit_rows(url)
+            time.sleep(0.5)
+        rows = audit_rows(url)
+        assert all(row["lost"] == 0 for row in rows.values()), rows
+        assert [row["produced"] for (t, _), row in rows.items() if t == "demo"] in ([], [0]), rows
+    finally:
+        _stop_dev(proc, run_dir)
