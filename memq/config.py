@@ -9,6 +9,7 @@ Topic settings live in `TopicConfig` only, so the governor can own them later.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import os
 import tomllib
 import types
@@ -21,6 +22,33 @@ from memq.errors import ConfigError
 
 MiB = 1024 * 1024
 INTERNAL_PREFIX = "__"      # topic names reserved for memq's own topics (the audit topic)
+
+
+def setting(default: Any, *, ge: float | None = None, gt: float | None = None,
+            le: float | None = None) -> Any:
+    """A numeric field with its allowed range (`ge` <= v, `gt` < v, v <= `le`) in its metadata,
+    so `check_ranges` validates every setting the same way."""
+    return field(default=default, metadata={"ge": ge, "gt": gt, "le": le})
+
+
+def allowed_range(f: dataclasses.Field[Any]) -> str:
+    """The range of a `setting` field in words, e.g. ">= 0" or "between 1 and 65535"."""
+    ge, gt, le = (f.metadata.get(k) for k in ("ge", "gt", "le"))
+    if ge is not None and le is not None:
+        return f"between {ge} and {le}"
+    bounds = ((">=", ge), (">", gt), ("<=", le))
+    return " and ".join(f"{op} {b}" for op, b in bounds if b is not None)
+
+
+def check_ranges(obj: Any, where: str) -> None:
+    """ConfigError naming the first field of dataclass `obj` outside its `setting` range."""
+    for f in dataclasses.fields(obj):
+        ge, gt, le = (f.metadata.get(k) for k in ("ge", "gt", "le"))
+        v = getattr(obj, f.name)
+        if v is None:
+            continue
+        if ((ge is not None and v < ge) or (gt is not None and v <= gt) or (le is not None and v > le)):
+            raise ConfigError(f"{where}.{f.name} = {v!r} is out of range: must be {allowed_range(f)}")
 
 
 @dataclass(frozen=True)
@@ -36,13 +64,13 @@ class S3Config:
     region: str = "us-east-1"
     access_key_id: str | None = None
     secret_access_key: str | None = None
-    connect_timeout_s: float = 5.0
-    read_timeout_s: float = 30.0
-    max_attempts: int = 50
-    base_backoff_s: float = 0.05
-    max_backoff_s: float = 2.0
-    max_pool_connections: int = 32
-    retry_budget_s: float = 20.0
+    connect_timeout_s: float = setting(5.0, gt=0)
+    read_timeout_s: float = setting(30.0, gt=0)
+    max_attempts: int = setting(50, ge=1)
+    base_backoff_s: float = setting(0.05, ge=0)
+    max_backoff_s: float = setting(2.0, ge=0)
+    max_pool_connections: int = setting(32, ge=1)
+    retry_budget_s: float = setting(20.0, gt=0)
 
 
 @dataclass(frozen=True)
@@ -58,11 +86,11 @@ class KafkaConfig:
     """The notification queue."""
 
     bootstrap_servers: str = "127.0.0.1:9092"
-    request_timeout_ms: int = 30_000
-    replication_factor: int = 1
+    request_timeout_ms: int = setting(30_000, ge=10, le=300_000)   # librdkafka's socket.timeout.ms range
+    replication_factor: int = setting(1, ge=1)
     # Consumer group session. tansu lets a new member join only after about half of it, so
     # the default is far below Kafka's 45 s; the heartbeats run on librdkafka's own thread.
-    session_timeout_ms: int = 6_000
+    session_timeout_ms: int = setting(6_000, ge=1, le=3_600_000)
 
 
 @dataclass(frozen=True)
@@ -74,9 +102,9 @@ class ZooKeeperConfig:
     enabled: bool = False
     hosts: str = "127.0.0.1:2181"
     root: str = "/memq"
-    session_timeout_s: float = 6.0
-    connect_timeout_s: float = 10.0
-    missing_broker_grace_s: float | None = None
+    session_timeout_s: float = setting(6.0, gt=0)
+    connect_timeout_s: float = setting(10.0, gt=0)
+    missing_broker_grace_s: float | None = setting(None, ge=0)
 
 
 @dataclass(frozen=True)
@@ -84,13 +112,13 @@ class GovernorConfig:
     """Placement: a topic gets ceil(expected_mbps / topic_share_mbps) brokers (at least 2);
     at most `max_rebalance_moves` optional moves per `rebalance_interval_s`."""
 
-    interval_s: float = 5.0
-    reconcile_interval_s: float = 2.0
-    topic_share_mbps: float = 25.0
-    max_rebalance_moves: int = 2
-    rebalance_interval_s: float = 10.0
-    imbalance_threshold: float = 0.2
-    drain_timeout_s: float = 30.0
+    interval_s: float = setting(5.0, gt=0)
+    reconcile_interval_s: float = setting(2.0, gt=0)
+    topic_share_mbps: float = setting(25.0, gt=0)
+    max_rebalance_moves: int = setting(2, ge=0)
+    rebalance_interval_s: float = setting(10.0, gt=0)
+    imbalance_threshold: float = setting(0.2, ge=0)
+    drain_timeout_s: float = setting(30.0, ge=0)
 
 
 @dataclass(frozen=True)
@@ -103,13 +131,13 @@ class TopicConfig:
     """A topic's settings. Batches seal at `batch_bytes`, `batch_messages` or `batch_ms` age."""
 
     name: str
-    read_partitions: int = 3
-    batch_bytes: int = 8 * MiB
-    batch_messages: int = 1_000_000
-    batch_ms: int = 250
-    ring_slots: int = 4
-    max_message_bytes: int = 4 * MiB
-    expected_mbps: float = 1.0
+    read_partitions: int = setting(3, ge=1)
+    batch_bytes: int = setting(8 * MiB, ge=1)
+    batch_messages: int = setting(1_000_000, ge=1)
+    batch_ms: int = setting(250, ge=1)
+    ring_slots: int = setting(4, ge=2)     # one filling, one uploading
+    max_message_bytes: int = setting(4 * MiB, ge=1)
+    expected_mbps: float = setting(1.0, ge=0)
     notification_topic: str = ""
 
     def __post_init__(self) -> None:
@@ -118,12 +146,7 @@ class TopicConfig:
         if self.name.startswith(INTERNAL_PREFIX):
             raise ConfigError(f"topic name {self.name!r}: names starting with {INTERNAL_PREFIX!r} "
                               "are reserved for memq's internal topics")
-        for attr in ("read_partitions", "batch_bytes", "batch_messages", "batch_ms",
-                     "ring_slots", "max_message_bytes"):
-            if getattr(self, attr) <= 0:
-                raise ConfigError(f"topic {self.name}: {attr} must be > 0")
-        if self.ring_slots < 2:
-            raise ConfigError(f"topic {self.name}: ring_slots must be >= 2 (one filling, one uploading)")
+        check_ranges(self, f"topic {self.name}")
         if self.max_message_bytes > self.batch_bytes:
             raise ConfigError(f"topic {self.name}: max_message_bytes must be <= batch_bytes")
 
@@ -146,16 +169,16 @@ def memq_topic_of(kafka_topic: str, cluster: str) -> str | None:
 class BrokerConfig:
     broker_id: str = "b1"
     host: str = "127.0.0.1"
-    port: int = 0
+    port: int = setting(0, ge=0, le=65_535)
     rack: str = ""
-    capacity_mbps: float = 100.0
+    capacity_mbps: float = setting(100.0, gt=0)
     advertised_url: str = ""
-    max_frame_bytes: int = 16 * MiB        # larger WebSocket frames close the connection (1009)
-    busy_wait_ms: int = 5_000              # wait for a free batch slot, then answer BUSY
-    ack_write_timeout_ms: int = 10_000     # a client not reading its acks this long is closed
-    max_pending_acks: int = 100_000        # per connection; more means a slow client: closed
-    shutdown_timeout_ms: int = 30_000      # SIGTERM: time to flush, store and ack in-flight batches
-    dedup_messages: int = 50_000           # per topic: stored Message ids remembered to drop resends
+    max_frame_bytes: int = setting(16 * MiB, ge=1)   # larger WebSocket frames close the connection (1009)
+    busy_wait_ms: int = setting(5_000, ge=0)          # wait for a free batch slot, then answer BUSY
+    ack_write_timeout_ms: int = setting(10_000, ge=1)  # a client not reading its acks this long is closed
+    max_pending_acks: int = setting(100_000, ge=1)    # per connection; more means a slow client: closed
+    shutdown_timeout_ms: int = setting(30_000, ge=0)  # SIGTERM: time to flush, store and ack in-flight batches
+    dedup_messages: int = setting(50_000, ge=1)      # per topic: stored Message ids remembered to drop resends
 
 
 @dataclass(frozen=True)
@@ -165,14 +188,14 @@ class ProducerConfig:
     brokers: str = ""
     ack: Literal["0", "1", "all"] = "all"
     codec: Literal["none", "zstd", "gzip"] = "zstd"
-    linger_ms: int = 5
-    max_message_bytes: int = 1 * MiB
-    max_in_flight_bytes: int = 64 * MiB
-    max_block_ms: int = 60_000
-    request_timeout_ms: int = 30_000
-    retries: int = 5
-    retry_backoff_ms: int = 100
-    delivery_timeout_ms: int = 120_000     # from seal to acked or failed, retries included (Kafka's default)
+    linger_ms: int = setting(5, ge=0)
+    max_message_bytes: int = setting(1 * MiB, ge=1)
+    max_in_flight_bytes: int = setting(64 * MiB, ge=1)
+    max_block_ms: int = setting(60_000, ge=0)
+    request_timeout_ms: int = setting(30_000, ge=1)
+    retries: int = setting(5, ge=0)
+    retry_backoff_ms: int = setting(100, ge=0)
+    delivery_timeout_ms: int = setting(120_000, ge=1)  # from seal to acked or failed, retries included (Kafka's default)
 
 
 @dataclass(frozen=True)
@@ -180,10 +203,10 @@ class ConsumerConfig:
     group_id: str = "memq-consumer"
     auto_offset_reset: Literal["earliest", "latest"] = "earliest"
     enable_auto_commit: bool = False
-    auto_commit_interval_ms: int = 5_000
-    prefetch_bytes: int = 64 * MiB
-    fetch_concurrency: int = 8
-    dedup_window: int = 0
+    auto_commit_interval_ms: int = setting(5_000, ge=1)
+    prefetch_bytes: int = setting(64 * MiB, ge=1)
+    fetch_concurrency: int = setting(8, ge=1)
+    dedup_window: int = setting(0, ge=0)
     on_data_loss: Literal["raise", "skip"] = "raise"
 
 
@@ -200,25 +223,20 @@ class AuditConfig:
 
     enabled: bool = True
     topic: str = ""
-    partitions: int = 1
-    buffer_records: int = 100_000
-    flush_ms: int = 200
-    grace_s: float = 60.0
-    retention_s: float = 900.0
-    warn_lag_s: float = 30.0
-    stall_s: float = 60.0
-    partition_skew_s: float = 5.0
+    partitions: int = setting(1, ge=1)
+    buffer_records: int = setting(100_000, ge=1)
+    flush_ms: int = setting(200, ge=1)
+    grace_s: float = setting(60.0, gt=0)
+    retention_s: float = setting(900.0, gt=0)
+    warn_lag_s: float = setting(30.0, gt=0)
+    stall_s: float = setting(60.0, gt=0)
+    partition_skew_s: float = setting(5.0, ge=0)
     db_path: str = "memq-audit.db"
     http_host: str = "127.0.0.1"
-    http_port: int = 8090
+    http_port: int = setting(8090, ge=0, le=65_535)
 
     def __post_init__(self) -> None:
-        for attr in ("partitions", "buffer_records", "flush_ms", "grace_s", "retention_s",
-                     "warn_lag_s", "stall_s"):
-            if getattr(self, attr) <= 0:
-                raise ConfigError(f"audit.{attr} must be > 0")
-        if self.partition_skew_s < 0:
-            raise ConfigError("audit.partition_skew_s must be >= 0")
+        check_ranges(self, "audit")
         if self.retention_s < self.grace_s:
             raise ConfigError("audit.retention_s must be >= audit.grace_s")
 
@@ -296,20 +314,38 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
 
 
 def build(cls: type, values: Mapping[str, Any], where: str) -> Any:
-    """Build dataclass `cls` from a mapping, rejecting unknown keys and bad values."""
+    """Build dataclass `cls` from a mapping, rejecting unknown keys and bad or out-of-range values."""
     hints = typing.get_type_hints(cls)
-    names = {f.name for f in dataclasses.fields(cls)}
-    unknown = set(values) - names
+    names = [f.name for f in dataclasses.fields(cls)]
+    unknown = sorted(set(values) - set(names))
     if unknown:
-        raise ConfigError(f"{where}: unknown setting(s) {', '.join(sorted(unknown))}")
+        raise ConfigError(f"{where}: unknown setting(s) "
+                          + ", ".join(k + _did_you_mean(k, names) for k in unknown))
     kwargs = {k: _coerce(v, hints[k], f"{where}.{k}") for k, v in values.items()}
     try:
-        return cls(**kwargs)
+        obj = cls(**kwargs)
     except TypeError as e:
         raise ConfigError(f"{where}: {e}") from None
+    check_ranges(obj, where)
+    return obj
 
 
-_SECTIONS = {f.name: f for f in dataclasses.fields(MemqConfig) if f.name != "topics"}
+def _did_you_mean(name: str, valid: typing.Iterable[str]) -> str:
+    close = difflib.get_close_matches(name, list(valid), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]}?)" if close else ""
+
+
+ENV_PREFIX = "MEMQ_"
+CONFIG_FILE_VAR = "MEMQ_CONFIG"    # read by the `memq` command (--config), not by load_config
+
+
+def env_var(section: str, name: str) -> str:
+    """The environment variable of setting `[section] name`."""
+    return f"{ENV_PREFIX}{section}_{name}".upper()
+
+
+_SECTIONS: dict[str, type] = {name: tp for name, tp in typing.get_type_hints(MemqConfig).items()
+                              if name != "topics"}
 
 
 def load_config(path: str | os.PathLike[str] | None = None,
@@ -320,6 +356,7 @@ def load_config(path: str | os.PathLike[str] | None = None,
     unknown section or key, or a bad value raises `ConfigError` naming it.
     """
     env = os.environ if env is None else env
+    _reject_unknown_env(env)
     raw: dict[str, Any] = {}
     if path is not None:
         p = Path(path)
@@ -329,17 +366,17 @@ def load_config(path: str | os.PathLike[str] | None = None,
             raise ConfigError(f"config file {p} does not exist") from None
         except (OSError, tomllib.TOMLDecodeError) as e:
             raise ConfigError(f"config file {p}: {e}") from None
-    unknown = set(raw) - set(_SECTIONS) - {"topics"}
+    unknown = sorted(set(raw) - set(_SECTIONS) - {"topics"})
     if unknown:
-        raise ConfigError(f"config: unknown section(s) {', '.join(sorted(unknown))}")
+        raise ConfigError("config: unknown section(s) "
+                          + ", ".join(k + _did_you_mean(k, [*_SECTIONS, "topics"]) for k in unknown))
     sections: dict[str, Any] = {}
-    for name in _SECTIONS:
+    for name, cls in _SECTIONS.items():
         values = dict(raw.get(name, {}))
         if not isinstance(raw.get(name, {}), dict):
             raise ConfigError(f"config: [{name}] must be a table")
-        cls = typing.get_type_hints(MemqConfig)[name]
         for fld in dataclasses.fields(cls):
-            var = f"MEMQ_{name}_{fld.name}".upper()
+            var = env_var(name, fld.name)
             if var in env:
                 values[fld.name] = env[var]
         sections[name] = build(cls, values, name)
@@ -352,3 +389,13 @@ def load_config(path: str | os.PathLike[str] | None = None,
             raise ConfigError(f"config: topics[{i}] needs a name")
         topics.append(build(TopicConfig, t, f"topics[{i}]"))
     return MemqConfig(**sections, topics=tuple(topics))
+
+
+def _reject_unknown_env(env: Mapping[str, str]) -> None:
+    """A misspelled MEMQ_* variable would be silently ignored: name it and the closest valid one."""
+    valid = {CONFIG_FILE_VAR} | {env_var(name, f.name) for name, cls in _SECTIONS.items()
+                                 for f in dataclasses.fields(cls)}
+    unknown = sorted(v for v in env if v.startswith(ENV_PREFIX) and v not in valid)
+    if unknown:
+        raise ConfigError("unknown environment variable(s) "
+                          + ", ".join(v + _did_you_mean(v, valid) for v in unknown))

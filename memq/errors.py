@@ -64,6 +64,10 @@ class NotifyError(MemqError):
     """Publishing or reading notifications on Kafka failed."""
 
 
+class KafkaUnreachableError(NotifyError):
+    """No Kafka bootstrap server answered in time; the message names the address."""
+
+
 # --- coordination (ZooKeeper) ---------------------------------------------------------------
 
 

@@ -21,6 +21,7 @@ from memq.audit.records import Kind, encode_records
 from memq.config import AuditConfig, KafkaConfig, MemqConfig
 from memq.errors import MemqError
 from memq.notify import TopicAdmin
+from memq.notify._kafka import base_settings
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +53,7 @@ class AuditEmitter:
         self._stop = threading.Event()
         self._ready = threading.Event()   # topic ensured: producing earlier would auto-create it
         self._producer = confluent_kafka.Producer({
-            "bootstrap.servers": kafka.bootstrap_servers, "client.id": client_id,
+            **base_settings(kafka), "client.id": client_id,
             "acks": "all", "enable.idempotence": True, "linger.ms": 20,
             "message.timeout.ms": kafka.request_timeout_ms,
             "socket.timeout.ms": kafka.request_timeout_ms,

@@ -48,7 +48,8 @@ class Broker:
         self.url = ""
         self.app = web.Application()
         self.app.add_routes([web.get("/v1/produce", self._produce), web.get("/v1/metadata", self._metadata),
-                             web.get("/healthz", self._healthz), web.get("/metrics", self._prometheus)])
+                             web.get("/healthz", self._healthz), web.get("/health", self._healthz),
+                             web.get("/metrics", self._prometheus)])
 
     # --- lifecycle ---------------------------------------------------------------------------
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import signal
 import sys
+import threading
 import time
 from contextlib import closing, nullcontext
 from dataclasses import replace
@@ -33,25 +35,32 @@ def consume(ctx: click.Context, topic: str, group: str | None, from_beginning: b
             max_messages: int | None, count_only: bool, idle_timeout: float | None, keys: bool) -> None:
     """Read TOPIC; commits after each batch (at-least-once) and on exit."""
     config = config_of(ctx)
-    from memq.client.consumer import Consumer  # after the config: bad settings fail first
+    from memq.client.consumer import Consumer, notification_topic  # after the config: bad settings fail first
+    from memq.notify import TopicAdmin
 
+    # Kafka answers and the topic exists, before anything else talks to Kafka: one clear error.
+    TopicAdmin(config.kafka).partitions(notification_topic(config, topic))
     if from_beginning:
         config = replace(config, consumer=replace(config.consumer, auto_offset_reset="earliest"))
     err = Console(stderr=True)
     out = sys.stdout.buffer
     seen = 0
     start = time.monotonic()
+    stop = _stop_on_sigterm()
+    # A live line only on a terminal: elsewhere its last frame has no newline and the summary
+    # would be glued to it.
+    show_live = count_only and err.is_terminal
     live = Live(console=err, transient=False, refresh_per_second=4, redirect_stdout=False)
     audit = make_audit_sink(config, client_id="memq-consume")   # None when [audit] enabled = false
     with closing(audit) if audit is not None else nullcontext(), \
             Consumer(config, topic, group_id=group, audit=audit) as consumer, \
-            live if count_only else nullcontext():
+            live if show_live else nullcontext():
         try:
-            _wait_assignment(consumer, 30.0)
+            _wait_assignment(consumer, 30.0, stop)
             if from_beginning:
                 consumer.seek_to_beginning()
             start = last = time.monotonic()      # idle time counts once this member has partitions
-            while max_messages is None or seen < max_messages:
+            while not stop.is_set() and (max_messages is None or seen < max_messages):
                 got = 0
                 for record in consumer.poll(0.5):
                     got += 1
@@ -59,7 +68,7 @@ def consume(ctx: click.Context, topic: str, group: str | None, from_beginning: b
                         if keys:
                             out.write((record.key or b"") + b"\t")
                         out.write(record.value + b"\n")
-                    if max_messages is not None and seen + got >= max_messages:
+                    if stop.is_set() or (max_messages is not None and seen + got >= max_messages):
                         break
                 seen += got
                 now = time.monotonic()
@@ -69,21 +78,30 @@ def consume(ctx: click.Context, topic: str, group: str | None, from_beginning: b
                     consumer.commit(asynchronous=True)
                 elif idle_timeout is not None and now - last >= idle_timeout:
                     break
-                if count_only:
+                if show_live:
                     live.update(f"[bold]{topic}[/]: {seen:,} messages, {seen / max(now - start, 1e-9):,.0f} msg/s")
         except KeyboardInterrupt:
             pass
         finally:
+            out.flush()
             consumer.commit()
     elapsed = time.monotonic() - start
     err.print(f"{seen:,} messages from {topic} in {elapsed:.1f} s ({seen / max(elapsed, 1e-9):,.0f} msg/s)")
 
 
-def _wait_assignment(consumer: Consumer, timeout_s: float) -> None:
+def _stop_on_sigterm() -> threading.Event:
+    """An event SIGTERM sets: the loop then ends between records, commits what it delivered
+    and prints its summary (exit 0), instead of dying mid-batch with 143."""
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    return stop
+
+
+def _wait_assignment(consumer: Consumer, timeout_s: float, stop: threading.Event) -> None:
     """Join the group first: partitions are only known once assigned, and a member that
     leaves in the middle of a join can stall the group on some brokers (tansu)."""
     deadline = time.monotonic() + timeout_s
-    while not consumer.assignment():
+    while not consumer.assignment() and not stop.is_set():
         if time.monotonic() >= deadline:
             raise click.ClickException(f"no partition of {consumer.topic} was assigned to this consumer")
         consumer.poll(0.2)  # not iterated: the next poll resumes it (or a seek drops it)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import shlex
 import signal
 import sys
 import threading
@@ -172,10 +173,18 @@ def _print_endpoints(endpoints: dict[str, str], config_path: Path, topic: str) -
     width = max(map(len, endpoints)) + 1
     for name, value in endpoints.items():
         click.echo(f"{name + ':':<{width}} {value}")
-    click.echo(f"try:  memq --config {config_path} consume {topic} --count\n"
-               f"      echo hello | memq --config {config_path} produce {topic}\n"
+    memq = _memq_command()
+    click.echo(f"try:  {memq} --config {config_path} consume {topic} --count\n"
+               f"      echo hello | {memq} --config {config_path} produce {topic}\n"
                "Ctrl-C stops everything.")
     sys.stdout.flush()
+
+
+def _memq_command() -> str:
+    """The `memq` script by full path: the shell the user pastes into may not have the
+    virtualenv activated, so a bare `memq` would not be found."""
+    script = Path(sys.executable).with_name("memq")
+    return shlex.quote(str(script)) if script.exists() else "memq"
 
 
 def _watch(console: Console, demo: DemoTraffic | None, duration: float | None) -> None:

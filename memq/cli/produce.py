@@ -102,7 +102,6 @@ async def _generated(pc: ProducerConfig, topic: str, count: int, size: int, rate
                      err: Console, audit: AuditSink | None) -> int:
     from memq.client.producer import Producer
 
-    value = (b"memq" * (size // 4 + 1))[:size]
     pending: deque[asyncio.Future[list[Delivery]]] = deque()
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     start = time.monotonic()
@@ -112,8 +111,9 @@ async def _generated(pc: ProducerConfig, topic: str, count: int, size: int, rate
             sent = 0
             while sent < count:
                 n = min(_CHUNK if rate is None else max(1, int(rate / 10)), count - sent)
-                pending.append(await producer.send_many(topic, [value] * n,
-                                                        keys=[b"%d" % i for i in range(sent, sent + n)]))
+                numbers = range(sent, sent + n)
+                pending.append(await producer.send_many(topic, [generated_value(i, size) for i in numbers],
+                                                        keys=[b"%d" % i for i in numbers]))
                 sent += n
                 while pending and pending[0].done():
                     progress.advance(task, _count(pending.popleft().result()))
@@ -122,6 +122,13 @@ async def _generated(pc: ProducerConfig, topic: str, count: int, size: int, rate
             while pending:
                 progress.advance(task, _count(await pending.popleft()))
     return count
+
+
+def generated_value(number: int, size: int) -> bytes:
+    """Generated message `number`: its number, padded to `size` bytes (longer if the number
+    needs it), so consumed values show which message each is and duplicates stand out."""
+    digits = b"%d" % number
+    return digits + (b" " + b"memq" * (size // 4 + 1))[:max(0, size - len(digits))]
 
 
 def _count(deliveries: list[Delivery]) -> int:

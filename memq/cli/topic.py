@@ -16,6 +16,7 @@ from rich.console import Console
 from rich.table import Table
 
 from memq.cli._common import config_of
+from memq.cli.topic_tail import tail
 from memq.config import MemqConfig, TopicConfig, build, memq_topic_of
 from memq.errors import ConfigError, InvalidInputError, UnknownTopicError
 
@@ -160,3 +161,6 @@ def delete(ctx: click.Context, name: str, yes: bool) -> None:
         click.confirm(f"delete topic {name} ({kafka_topic})?", abort=True)
     TopicAdmin(config.kafka).delete_topic(kafka_topic)
     click.echo(f"deleted topic {name}")
+
+
+topic.add_command(tail)

@@ -7,19 +7,30 @@ from confluent_kafka.admin import AdminClient, ClusterMetadata, NewTopic
 
 from memq.config import KafkaConfig
 from memq.errors import NotifyError, UnknownTopicError
-from memq.notify._kafka import base_settings, timeout_s
+from memq.notify._kafka import base_settings, ensure_reachable, timeout_s
 
 
 class TopicAdmin:
-    """confluent-kafka's AdminClient with a timeout on every call and memq's errors."""
+    """confluent-kafka's AdminClient with a timeout on every call and memq's errors.
+
+    The first call checks that Kafka answers at all (`ensure_reachable`), so an unreachable
+    cluster fails in seconds with its address, not after the full request timeout.
+    """
 
     def __init__(self, kafka: KafkaConfig) -> None:
         self._kafka = kafka
         self._timeout_s = timeout_s(kafka)
         self._admin = AdminClient(base_settings(kafka))
+        self._reached = False
+
+    def _ensure_reachable(self) -> None:
+        if not self._reached:
+            ensure_reachable(self._admin, self._kafka)
+            self._reached = True
 
     def create_topic(self, name: str, partitions: int) -> None:
         """Create `name`; a no-op if it exists with `partitions`, NotifyError if with others."""
+        self._ensure_reachable()
         new = NewTopic(name, num_partitions=partitions, replication_factor=self._kafka.replication_factor)
         future = self._admin.create_topics([new], request_timeout=self._timeout_s,
                                            operation_timeout=self._timeout_s)[name]
@@ -37,6 +48,7 @@ class TopicAdmin:
 
     def delete_topic(self, name: str) -> None:
         """Delete `name`; UnknownTopicError if it does not exist."""
+        self._ensure_reachable()
         future = self._admin.delete_topics([name], request_timeout=self._timeout_s,
                                            operation_timeout=self._timeout_s)[name]
         try:
@@ -61,6 +73,7 @@ class TopicAdmin:
 
     def _metadata(self) -> ClusterMetadata:
         # Always ask for all topics: a metadata request naming a topic may auto-create it.
+        self._ensure_reachable()
         try:
             return self._admin.list_topics(timeout=self._timeout_s)
         except KafkaException as e:

@@ -17,9 +17,9 @@ from confluent_kafka import (OFFSET_INVALID, TIMESTAMP_NOT_AVAILABLE, Consumer, 
                              KafkaException, Message, TopicPartition)
 
 from memq.config import KafkaConfig
-from memq.errors import FormatError, NotifyError, UnknownTopicError
+from memq.errors import FormatError, KafkaUnreachableError, NotifyError, UnknownTopicError
 from memq.format import Notification
-from memq.notify._kafka import base_settings, timeout_s
+from memq.notify._kafka import base_settings, ensure_reachable, timeout_s
 
 log = logging.getLogger("memq.notify")
 
@@ -63,6 +63,11 @@ class NotificationConsumer:
             self._consumer = Consumer(self._settings)
         except KafkaException as e:
             raise NotifyError(f"cannot create a consumer for Kafka topic {kafka_topic!r}: {e}") from None
+        try:
+            ensure_reachable(self._consumer, kafka)
+        except KafkaUnreachableError:
+            self._consumer.close()
+            raise
         self._reader: Consumer | None = None     # see _side_reader
         self._warned_bisect = False
         self._closed = False
