@@ -150,9 +150,9 @@ class Auditor:
             if err.code() != confluent_kafka.KafkaError._PARTITION_EOF:
                 log.warning("audit topic %s: %s", self.topic, err)
             return
-        self._offsets[m.partition()] = m.offset() + 1
+        self._offsets[m.partition()] = m.offset() + 1  # type: ignore[index,operator]  # set: no error
         try:
-            _, records = decode_records(m.value())
+            _, records = decode_records(m.value() or b"")
         except FormatError as e:
             self._bad += 1
             log.warning("audit topic %s partition %d offset %d skipped: %s",

@@ -14,6 +14,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass
+from functools import partial
 
 import confluent_kafka
 
@@ -98,7 +99,7 @@ class AuditEmitter:
             n = len(rows)
             try:
                 self._producer.produce(self.topic, encode_records(self._cluster, rows),
-                                       on_delivery=lambda err, _msg, n=n: self._delivered(err, n))
+                                       on_delivery=partial(self._delivered, n))
             except BufferError:
                 self._dropped += n
             except confluent_kafka.KafkaException as e:
@@ -106,7 +107,7 @@ class AuditEmitter:
                 self._failed += n
         self._producer.poll(0)
 
-    def _delivered(self, err: confluent_kafka.KafkaError | None, n: int) -> None:
+    def _delivered(self, n: int, err: confluent_kafka.KafkaError | None, _msg: confluent_kafka.Message) -> None:
         if err is None:
             self._sent += n
         else:

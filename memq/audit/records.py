@@ -33,7 +33,7 @@ class AuditRecord(NamedTuple):
     producer_id: int
     epoch: int
     sequence: int
-    count: int            # LogMessages in the Message
+    count: int  # type: ignore[assignment]  # shadows tuple.count; LogMessages in the Message
     digest: int           # Message body CRC32C
     created_ms: int       # when the producer sealed the Message
     ts_ms: int

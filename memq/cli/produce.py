@@ -9,7 +9,7 @@ import time
 from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 import click
 from rich.console import Console
@@ -38,7 +38,7 @@ _READ_BYTES = 1 << 16
               help="Generated messages per second (default: as fast as acks allow).")
 @click.option("--keys", is_flag=True, help="stdin lines are 'key<TAB>value'.")
 @click.pass_context
-def produce(ctx: click.Context, topic: str, ack: str | None, brokers: str | None, generate: int | None,
+def produce(ctx: click.Context, topic: str, ack: Literal["0", "1", "all"] | None, brokers: str | None, generate: int | None,
             size: int, rate: float | None, keys: bool) -> None:
     """Send lines from stdin (one message each) or generated messages to TOPIC."""
     config = config_of(ctx)

@@ -119,7 +119,8 @@ class NotificationConsumer:
                 raise type(e)(f"notification at Kafka topic {self.topic!r} partition {m.partition()} "
                               f"offset {m.offset()}: {e}") from e
             kind, ts = m.timestamp()
-            out.append(NotificationRecord(m.partition(), m.offset(), ts if kind != TIMESTAMP_NOT_AVAILABLE else 0, n))
+            out.append(NotificationRecord(m.partition(), m.offset(),  # type: ignore[arg-type]  # set: no error
+                                          ts if kind != TIMESTAMP_NOT_AVAILABLE else 0, n))
         return out
 
     def _fetched(self, timeout_s: float, max_records: int) -> list[Message]:
@@ -139,7 +140,7 @@ class NotificationConsumer:
         first: dict[int, int] = {}
         for m in unreturned:
             if m.error() is None:
-                first.setdefault(m.partition(), m.offset())
+                first.setdefault(m.partition(), m.offset())  # type: ignore[arg-type]  # set: no error
         for p, o in first.items():
             self.seek(p, o)
 
@@ -165,7 +166,8 @@ class NotificationConsumer:
             return
         tps = [TopicPartition(self.topic, p, o) for p, o in offsets.items()]
         try:
-            result = self._consumer.commit(offsets=tps, asynchronous=asynchronous)
+            result = (self._consumer.commit(offsets=tps, asynchronous=True) if asynchronous
+                      else self._consumer.commit(offsets=tps, asynchronous=False))
         except KafkaException as e:
             raise NotifyError(f"cannot commit {dict(offsets)} on Kafka topic {self.topic!r} "
                               f"for group {self.group_id!r}: {e}") from None

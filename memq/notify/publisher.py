@@ -41,7 +41,7 @@ _FENCED = frozenset({KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPO
                      KafkaError._FATAL})
 
 # (future, topic, error, partition, offset) of one delivery report
-_Report = tuple[asyncio.Future[tuple[int, int]], str, KafkaError | None, int, int]
+_Report = tuple[asyncio.Future[tuple[int, int]], str, KafkaError | None, int | None, int | None]
 
 
 def needs_new_producer(err: KafkaError) -> bool:
@@ -213,7 +213,9 @@ def _settle(batch: list[_Report]) -> None:
     for future, topic, err, partition, offset in batch:
         if future.done():  # cancelled or timed out meanwhile
             continue
-        if err is None:
+        if err is None and partition is not None and offset is not None:
             future.set_result((partition, offset))
+        elif err is None:
+            future.set_exception(NotifyError(f"Kafka acked a publish to {topic!r} without its offset"))
         else:
             future.set_exception(NotifyError(f"publishing to Kafka topic {topic!r} failed: {err.str()}"))
