@@ -61,10 +61,15 @@ def schedule(seed: int, kinds: Sequence[str], *, total_s: float, brokers: Sequen
         dur = round(rng.uniform(*durations), 1)
         if t + dur > total_s:
             return out
-        target = fixed or (rng.choice(SERVERS) if kind == "pause" else "governor" if kind == "kill-governor"
-                           else rng.choice(list(brokers)))
+        target = fixed or _target(rng, kind, brokers)
         out.append(Fault(kind, target, round(t, 1), dur))
         t += dur + rng.uniform(*gap_s)
+
+
+def _target(rng: random.Random, kind: str, brokers: Sequence[str]) -> str:
+    if kind == "pause":
+        return rng.choice(SERVERS)
+    return {"kill-governor": "governor", "slow-s3": "s3"}.get(kind) or rng.choice(list(brokers))
 
 
 def describe(seed: int, faults: Sequence[Fault]) -> str:
