@@ -59,6 +59,7 @@ def test_unacked_but_present_and_missed_by_consumer() -> None:
     v = check(dataclasses.replace(obs, acks=acks, delivered=obs.delivered[:-1]))
     assert v.unacked_but_present == 1
     assert v.consumer_missed == 1 and not v.passed
+    assert v.catch_up_s is None
 
 
 def test_write_gap_spans_failed_acks() -> None:

@@ -89,7 +89,7 @@ class Verdict:
     dangling_pointers: int           # must be 0
     orphan_objects: int              # collected later by retention, counted
     max_write_gap_s: float
-    catch_up_s: float | None         # end of producing -> last delivery
+    catch_up_s: float | None         # end of producing -> last delivery; None: never caught up
     faults: tuple[FaultRow, ...] = field(default=())
     lost_ids: tuple[str, ...] = field(default=())   # a sample, for the report
 
@@ -118,19 +118,21 @@ def check(obs: Observations) -> Verdict:
     acked = {a.record_id for a in obs.acks if a.ok}
     delivered = Counter(d.record_id for d in obs.delivered)
     lost = sorted(acked - reachable.keys())
+    missed = len((acked & reachable.keys()) - delivered.keys())
     ack_times = sorted(a.done_s for a in obs.acks if a.ok)
     return Verdict(
         sends=len({a.record_id for a in obs.acks}),
         acked=len(acked),
         acked_lost=len(lost),
-        consumer_missed=len((acked & reachable.keys()) - delivered.keys()),
+        consumer_missed=missed,
         duplicates=sum(n - 1 for n in delivered.values()),
         stored_duplicates=sum(n - 1 for n in distinct_reach.values()),
         unacked_but_present=len(reachable.keys() - acked),
         dangling_pointers=sum(1 for p in obs.pointers if p.key not in listed),
         orphan_objects=sum(1 for k in listed if k not in pointed),
         max_write_gap_s=_max_gap(ack_times, obs.run_start_s, obs.produce_end_s),
-        catch_up_s=(max(d.at_s for d in obs.delivered) - obs.produce_end_s) if obs.delivered else None,
+        catch_up_s=None if missed or not obs.delivered
+        else max(0.0, max(d.at_s for d in obs.delivered) - obs.produce_end_s),
         faults=tuple(_fault_row(f, obs.acks, set(lost), ack_times) for f in obs.faults),
         lost_ids=tuple(lost[:20]),
     )
