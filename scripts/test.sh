@@ -8,6 +8,7 @@ ensure_venv test
 # System packages the suite needs: Java for ZooKeeper, chromium for the dashboard browser tests.
 missing=()
 command -v java >/dev/null || missing+=(default-jre-headless)
+command -v iptables >/dev/null || missing+=(iptables)
 command -v chromium >/dev/null || command -v chromium-browser >/dev/null || missing+=(chromium)
 if (( ${#missing[@]} )); then
     if [[ "$(id -u)" == 0 ]] && command -v apt-get >/dev/null; then

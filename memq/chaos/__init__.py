@@ -1,0 +1,1 @@
+"""A fault harness across hosts: network-namespace topology, seeded nemesis, workload, checker."""

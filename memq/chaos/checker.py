@@ -1,0 +1,152 @@
+"""The verdict of one chaos run, from what the clients saw and what the servers hold. No I/O.
+
+Inputs are plain records the workload logs (every producer ack, every consumer delivery) and
+the independent read after the run (every notification decoded, every S3 object decoded).
+A record is *reachable* when an object that some notification points at contains it: that is
+what any reader can ever get. Acked-but-unreachable is lost; a notification whose object is
+absent is a dangling pointer (readers stop on it with DataLossError).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class AckEvent:
+    """How one send ended: `ok` with the ack time, or failed/unresolved at `done_s`."""
+
+    producer: str
+    record_id: str
+    sent_s: float
+    done_s: float
+    ok: bool
+
+
+@dataclass(frozen=True)
+class Delivered:
+    record_id: str
+    at_s: float
+
+
+@dataclass(frozen=True)
+class Pointer:
+    """One decoded notification: where it sits on Kafka and the object key it names."""
+
+    partition: int
+    offset: int
+    key: str
+
+
+@dataclass(frozen=True)
+class StoredObject:
+    """One object of the S3 listing and the record ids decoded from it."""
+
+    key: str
+    record_ids: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class FaultWindow:
+    name: str
+    start_s: float
+    end_s: float
+
+
+@dataclass(frozen=True)
+class Observations:
+    acks: Sequence[AckEvent]
+    delivered: Sequence[Delivered]
+    pointers: Sequence[Pointer]
+    objects: Sequence[StoredObject]
+    faults: Sequence[FaultWindow] = ()
+    run_start_s: float = 0.0
+    produce_end_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class FaultRow:
+    name: str
+    start_s: float
+    end_s: float
+    sends: int                       # sends started inside the window
+    failed: int                      # of those, failed or never resolved
+    acked_lost: int                  # of those, acked but unreachable
+    heal_to_first_ack_s: float | None  # None: no ack after the heal
+
+
+@dataclass(frozen=True)
+class Verdict:
+    sends: int
+    acked: int
+    acked_lost: int                  # must be 0
+    consumer_missed: int             # acked, reachable, yet never delivered to the group
+    duplicates: int                  # deliveries beyond the first of a record id
+    stored_duplicates: int           # reachable copies beyond the first of a record id
+    unacked_but_present: int         # allowed (the ack was lost, not the data), counted
+    dangling_pointers: int           # must be 0
+    orphan_objects: int              # collected later by retention, counted
+    max_write_gap_s: float
+    catch_up_s: float | None         # end of producing -> last delivery; None: never caught up
+    faults: tuple[FaultRow, ...] = field(default=())
+    lost_ids: tuple[str, ...] = field(default=())   # a sample, for the report
+
+    @property
+    def passed(self) -> bool:
+        return self.acked_lost == 0 and self.dangling_pointers == 0 and self.consumer_missed == 0
+
+    def problems(self) -> list[str]:
+        """Why the run failed, one line each (empty when it passed)."""
+        out = []
+        if self.acked_lost:
+            out.append(f"{self.acked_lost} acked records lost (e.g. {', '.join(self.lost_ids[:5])})")
+        if self.dangling_pointers:
+            out.append(f"{self.dangling_pointers} notifications point at missing objects")
+        if self.consumer_missed:
+            out.append(f"{self.consumer_missed} acked records never delivered to the consumer group")
+        return out
+
+
+def check(obs: Observations) -> Verdict:
+    listed = {o.key: o for o in obs.objects}
+    pointed = {p.key for p in obs.pointers}
+    reachable = Counter(rid for p in obs.pointers if p.key in listed for rid in listed[p.key].record_ids)
+    # Two notifications naming one key are one batch re-announced, not two copies.
+    distinct_reach = Counter(rid for k in pointed if k in listed for rid in listed[k].record_ids)
+    acked = {a.record_id for a in obs.acks if a.ok}
+    delivered = Counter(d.record_id for d in obs.delivered)
+    lost = sorted(acked - reachable.keys())
+    missed = len((acked & reachable.keys()) - delivered.keys())
+    ack_times = sorted(a.done_s for a in obs.acks if a.ok)
+    return Verdict(
+        sends=len({a.record_id for a in obs.acks}),
+        acked=len(acked),
+        acked_lost=len(lost),
+        consumer_missed=missed,
+        duplicates=sum(n - 1 for n in delivered.values()),
+        stored_duplicates=sum(n - 1 for n in distinct_reach.values()),
+        unacked_but_present=len(reachable.keys() - acked),
+        dangling_pointers=sum(1 for p in obs.pointers if p.key not in listed),
+        orphan_objects=sum(1 for k in listed if k not in pointed),
+        max_write_gap_s=_max_gap(ack_times, obs.run_start_s, obs.produce_end_s),
+        catch_up_s=None if missed or not obs.delivered
+        else max(0.0, max(d.at_s for d in obs.delivered) - obs.produce_end_s),
+        faults=tuple(_fault_row(f, obs.acks, set(lost), ack_times) for f in obs.faults),
+        lost_ids=tuple(lost[:20]),
+    )
+
+
+def _max_gap(times: Sequence[float], start: float, end: float) -> float:
+    """Longest stretch of [start, end] without a successful ack (times sorted)."""
+    edges = [start, *(t for t in times if start <= t <= end), max(end, start)]
+    return max((b - a for a, b in zip(edges, edges[1:])), default=0.0)
+
+
+def _fault_row(f: FaultWindow, acks: Iterable[AckEvent], lost: set[str], ack_times: Sequence[float]) -> FaultRow:
+    inside = [a for a in acks if f.start_s <= a.sent_s <= f.end_s]
+    after = next((t for t in ack_times if t >= f.end_s), None)
+    return FaultRow(f.name, f.start_s, f.end_s, len(inside), sum(1 for a in inside if not a.ok),
+                    sum(1 for a in inside if a.ok and a.record_id in lost),
+                    None if after is None else after - f.end_s)

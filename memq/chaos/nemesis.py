@@ -1,0 +1,169 @@
+"""The nemesis: a seeded fault schedule, printed so a failing run can be replayed, and its executor.
+
+`schedule(seed, kinds, ...)` is pure: `random.Random(seed)` picks the faults, their targets
+and durations, with quiet gaps between them (so each fault's heal-to-first-ack is its own).
+`Nemesis.run` applies them to a ChaosCluster and returns when each was applied and healed.
+Partitions and packet loss are iptables rules inside the faulty host's namespace (flushed on
+heal); rate limits are tc tbf on the bridge side of a server's link (traffic towards it).
+There is no `tc netem` on these kernels, hence iptables' random drop for loss.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from memq.chaos.checker import FaultWindow
+from memq.chaos.cluster import ChaosCluster
+from memq.chaos.topology import sh
+from memq.errors import ConfigError
+
+SERVERS = ("s3", "kafka", "zookeeper")
+KINDS = ("kill", "kill-governor", "pause", "cut-zk", "cut-s3", "cut-kafka", "cut-producer",
+         "split", "loss", "slow-s3")
+"""kill: SIGKILL a broker, restart it after the fault; pause: SIGSTOP/SIGCONT a server; cut-X: a
+broker loses X; cut-producer: the producers lose one broker; split: one broker loses the other
+brokers and ZooKeeper (minority) while the rest keep both (majority); loss: 5% of a broker's
+packets to S3 and Kafka dropped; slow-s3: traffic to S3 limited to 4 Mbit/s."""
+
+
+@dataclass(frozen=True)
+class Fault:
+    kind: str
+    target: str          # a broker id or a server name
+    at_s: float          # offset from the start of the schedule
+    duration_s: float
+
+    @property
+    def name(self) -> str:
+        return f"{self.kind}:{self.target}" + (f" {self.duration_s:.0f}s" if self.duration_s else "")
+
+
+def schedule(seed: int, kinds: Sequence[str], *, total_s: float, brokers: Sequence[str],
+             durations: tuple[float, float] = (5.0, 12.0), gap_s: tuple[float, float] = (8.0, 15.0)) -> list[Fault]:
+    """Faults of `kinds`, cycling through them in a seeded order, until `total_s` is used.
+
+    A kind may name its target ("pause:s3", "kill:b2"); otherwise the seed picks it."""
+    bad = [k for k in kinds if k.partition(":")[0] not in KINDS]
+    if bad or not kinds:
+        raise ConfigError(f"unknown fault kinds {bad} (known: {', '.join(KINDS)})" if bad else "no fault kinds")
+    rng = random.Random(seed)
+    order = list(kinds)
+    rng.shuffle(order)
+    out: list[Fault] = []
+    t = rng.uniform(*gap_s)
+    while True:
+        kind, _, fixed = order[len(out) % len(order)].partition(":")
+        dur = round(rng.uniform(*durations), 1)
+        if t + dur > total_s:
+            return out
+        target = fixed or _target(rng, kind, brokers)
+        out.append(Fault(kind, target, round(t, 1), dur))
+        t += dur + rng.uniform(*gap_s)
+
+
+def _target(rng: random.Random, kind: str, brokers: Sequence[str]) -> str:
+    if kind == "pause":
+        return rng.choice(SERVERS)
+    return {"kill-governor": "governor", "slow-s3": "s3"}.get(kind) or rng.choice(list(brokers))
+
+
+def describe(seed: int, faults: Sequence[Fault]) -> str:
+    lines = [f"nemesis seed {seed}: {len(faults)} faults"]
+    lines += [f"  t+{f.at_s:6.1f}s  {f.name}" for f in faults]
+    return "\n".join(lines)
+
+
+class Nemesis:
+    """Applies a schedule to `cluster`; `windows` holds what happened, in wall time.
+
+    Runs in the main thread: restarted brokers die with the thread that spawned them
+    (PR_SET_PDEATHSIG), and the workload runs in its own processes anyway.
+    """
+
+    def __init__(self, cluster: ChaosCluster, faults: Sequence[Fault], log: Callable[[str], None] = print) -> None:
+        self.cluster = cluster
+        self.faults = list(faults)
+        self.windows: list[FaultWindow] = []
+        self.errors: list[str] = []
+        self._log = log
+
+    def run(self, t0: float, until: Callable[[], bool] = lambda: False) -> None:
+        """Apply each fault at `t0 + at_s` (wall time); stop early when `until()` turns True."""
+        for f in self.faults:
+            while time.time() < t0 + f.at_s:
+                if until():
+                    return
+                time.sleep(0.1)
+            try:
+                start, end = self._apply(f)
+            except Exception as e:  # a harness failure is reported, the schedule goes on
+                self.errors.append(f"{f.name}: {type(e).__name__}: {e}")
+                self._log(f"nemesis: {f.name} failed: {e}")
+                continue
+            self.windows.append(FaultWindow(f.name, start, end))
+            self._log(f"nemesis: {f.name} healed after {end - start:.1f}s")
+
+    # --- faults --------------------------------------------------------------------------
+
+    def _apply(self, f: Fault) -> tuple[float, float]:
+        c, hosts = self.cluster, self.cluster.topo.hosts
+        target = (c.governor() or c.broker_ids[0]) if f.target == "governor" else f.target
+        self._log(f"nemesis: {f.kind}:{target} for {f.duration_s:.1f}s")
+        start = time.time()
+        if f.kind in ("kill", "kill-governor"):
+            proc = c.procs[target]
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.popen.wait(10)
+            time.sleep(f.duration_s)
+            end = time.time()
+            c.start_broker(target)
+            return start, end
+        if f.kind == "pause":
+            pid = c.procs[target].pid
+            os.killpg(pid, signal.SIGSTOP)
+            try:
+                time.sleep(f.duration_s)
+            finally:
+                os.killpg(pid, signal.SIGCONT)
+            return start, time.time()
+        if f.kind == "slow-s3":
+            link = hosts["s3"].link
+            sh("tc", "qdisc", "add", "dev", link, "root", "tbf", "rate", "4mbit", "burst", "64kb", "latency", "2s")
+            try:
+                time.sleep(f.duration_s)
+            finally:
+                sh("tc", "qdisc", "del", "dev", link, "root")
+            return start, time.time()
+        host, rules = self._rules(f.kind, target)
+        for rule in rules:
+            c.topo.run(host, "iptables", *rule)
+        try:
+            time.sleep(f.duration_s)
+        finally:
+            c.topo.run(host, "iptables", "-F", "INPUT")
+            c.topo.run(host, "iptables", "-F", "OUTPUT")
+        return start, time.time()
+
+    def _rules(self, kind: str, target: str) -> tuple[str, list[list[str]]]:
+        """The host whose namespace gets the rules, and the rules."""
+        ips = {n: h.ip for n, h in self.cluster.topo.hosts.items()}
+        if kind == "cut-producer":
+            return "producer", _cut([ips[target]])
+        if kind == "loss":
+            return target, [["-A", "OUTPUT", "-d", ips[s], "-m", "statistic", "--mode", "random",
+                             "--probability", "0.05", "-j", "DROP"] for s in ("s3", "kafka")]
+        if kind == "split":
+            others = [ips[b] for b in self.cluster.broker_ids if b != target]
+            return target, _cut([*others, ips["zookeeper"]])
+        server = {"cut-zk": "zookeeper", "cut-s3": "s3", "cut-kafka": "kafka"}[kind]
+        return target, _cut([ips[server]])
+
+
+def _cut(peers: Sequence[str]) -> list[list[str]]:
+    return [rule for ip in peers for rule in (["-A", "INPUT", "-s", ip, "-j", "DROP"],
+                                              ["-A", "OUTPUT", "-d", ip, "-j", "DROP"])]

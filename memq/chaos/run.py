@@ -1,0 +1,134 @@
+"""One chaos run end to end: hosts, cluster, workload, nemesis, independent read, verdict.
+
+Shared by the suite's short seeded run and `python -m bench chaos`. Everything it starts (the
+namespaces, the servers, the workload processes) is stopped and removed before it returns.
+"""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from memq.chaos.checker import Observations, Verdict, check
+from memq.chaos.cluster import ChaosCluster, host_names
+from memq.chaos.nemesis import Fault, Nemesis, describe, schedule
+from memq.chaos.topology import Topology
+from memq.chaos.workload import load_acks, load_delivered, read_objects, read_pointers
+from memq.config import TopicConfig
+from memq.devcluster.broker_process import config_toml
+from memq.devcluster.process import ManagedProcess, spawn
+from memq.errors import DevClusterError
+
+TOPIC = "chaos"
+QUIET_TAIL_S = 10.0      # no fault in the last seconds of producing: the heal must show in acks
+EXIT_GRACE_S = 120.0
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    seed: int
+    seconds: float
+    kinds: tuple[str, ...]
+    producers: int = 2
+    rate: float = 100.0          # records/s per producer
+    brokers: int = 3
+    partitions: int = 3
+    catch_up_s: float = 60.0
+    durations: tuple[float, float] = (5.0, 12.0)
+    gap_s: tuple[float, float] = (8.0, 15.0)
+
+
+@dataclass(frozen=True)
+class RunResult:
+    spec: RunSpec
+    schedule: tuple[Fault, ...]
+    verdict: Verdict
+    nemesis_errors: tuple[str, ...] = field(default=())
+
+
+def run(spec: RunSpec, log: Callable[[str], None] = print, work_dir: Path | None = None) -> RunResult:
+    faults = schedule(spec.seed, spec.kinds, total_s=spec.seconds - QUIET_TAIL_S,
+                      brokers=[f"b{i}" for i in range(1, spec.brokers + 1)],
+                      durations=spec.durations, gap_s=spec.gap_s)
+    log(describe(spec.seed, faults))
+    with tempfile.TemporaryDirectory(prefix="memq-chaos-") as tmp:
+        work = work_dir or Path(tmp)
+        with Topology(host_names(spec.brokers)) as topo, ChaosCluster(topo, work, spec.brokers) as cluster:
+            placed = cluster.create_topic(TopicConfig(name=TOPIC, read_partitions=spec.partitions))
+            log(f"cluster up: governor {cluster.governor()}, topic {TOPIC} on {', '.join(placed)}")
+            client = work / "client.toml"
+            client.write_text(config_toml(cluster.config))
+            workers: list[ManagedProcess] = []
+            try:
+                consumer_out = work / "consumer.jsonl"
+                workers.append(_worker(topo, work, "consumer", "consume", client, consumer_out,
+                                       "--catch-up-s", str(spec.catch_up_s)))
+                outs = [work / f"p{i}.jsonl" for i in range(spec.producers)]
+                t0 = time.time()
+                producers = [_worker(topo, work, "producer", "produce", client, out, "--name", f"p{i}",
+                                     "--rate", str(spec.rate), "--seconds", str(spec.seconds))
+                             for i, out in enumerate(outs)]
+                workers += producers
+                nemesis = Nemesis(cluster, faults, log)
+                nemesis.run(t0, until=lambda: all(not p.alive() for p in producers))
+                _wait(producers, t0 + spec.seconds + EXIT_GRACE_S)
+                produce_end = t0 + spec.seconds
+                acks = load_acks([o for o in outs if o.exists()])
+                log(f"producers done: {sum(a.ok for a in acks)} of {len(acks)} sends acked")
+                consumer_out.with_suffix(".stop").write_text("\n".join(a.record_id for a in acks if a.ok))
+                _wait(workers[:1], time.time() + spec.catch_up_s + 30.0)
+                pointers = read_pointers(cluster.config, TOPIC, spec.partitions)
+                objects = read_objects(cluster.config)
+            finally:
+                for w in workers:
+                    w.stop(5.0)
+            delivered = load_delivered(consumer_out) if consumer_out.exists() else []
+    verdict = check(Observations(acks, delivered, pointers, objects, nemesis.windows, t0, produce_end))
+    return RunResult(spec, tuple(faults), verdict, tuple(nemesis.errors))
+
+
+def _worker(topo: Topology, work: Path, host: str, role: str, config: Path, out: Path, *extra: str) -> ManagedProcess:
+    argv = [sys.executable, "-m", "memq.chaos.workload", role, "--config", str(config), "--topic", TOPIC,
+            "--out", str(out), *extra]
+    return spawn(f"{role}-{out.stem}", topo.exec_argv(host, argv), log_path=work / "logs" / f"{out.stem}.log")
+
+
+def _wait(procs: Sequence[ManagedProcess], deadline: float) -> None:
+    while any(p.alive() for p in procs):
+        if time.time() > deadline:
+            raise DevClusterError(f"workload did not finish: {[p.name for p in procs if p.alive()]}; log:\n"
+                                  + "\n".join(p.log_tail(1500) for p in procs))
+        time.sleep(0.2)
+
+
+def table(result: RunResult) -> str:
+    """The per-fault table and the totals, for people."""
+    v = result.verdict
+    rows = [f"{'fault':<28}{'sends':>7}{'failed':>8}{'lost':>6}{'heal->ack s':>13}"]
+    for f in v.faults:
+        heal = "never" if f.heal_to_first_ack_s is None else f"{f.heal_to_first_ack_s:.2f}"
+        rows.append(f"{f.name:<28}{f.sends:>7}{f.failed:>8}{f.acked_lost:>6}{heal:>13}")
+    rows.append(f"totals: {v.sends} sends, {v.acked} acked, {v.acked_lost} acked-lost, {v.consumer_missed} "
+                f"missed by the group, {v.duplicates} duplicates delivered, {v.stored_duplicates} stored twice, "
+                f"{v.unacked_but_present} unacked-but-present, {v.dangling_pointers} dangling pointers, "
+                f"{v.orphan_objects} orphan objects, longest write gap {v.max_write_gap_s:.1f}s, "
+                f"catch-up {'n/a' if v.catch_up_s is None else f'{v.catch_up_s:.1f}s'}")
+    rows += [f"nemesis error: {e}" for e in result.nemesis_errors]
+    rows += [f"FAILED: {p}" for p in v.problems()]
+    return "\n".join(rows)
+
+
+def summary(result: RunResult) -> dict[str, object]:
+    v = result.verdict
+    return {"seed": result.spec.seed, "faults": [f.name for f in v.faults], "acked_lost": v.acked_lost,
+            "duplicates": v.duplicates, "dangling_pointers": v.dangling_pointers,
+            "max_write_gap_s": round(v.max_write_gap_s, 2), "consumer_missed": v.consumer_missed,
+            "stored_duplicates": v.stored_duplicates, "unacked_but_present": v.unacked_but_present,
+            "orphan_objects": v.orphan_objects, "sends": v.sends, "acked": v.acked,
+            "catch_up_s": None if v.catch_up_s is None else round(v.catch_up_s, 2),
+            "heal_to_first_ack_s": [f.heal_to_first_ack_s for f in v.faults],
+            "nemesis_errors": list(result.nemesis_errors), "passed": v.passed}

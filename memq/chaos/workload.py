@@ -1,0 +1,182 @@
+"""The chaos workload: producers and a consumer group as processes in their own hosts, and the
+independent read of everything the servers hold afterwards.
+
+`python -m memq.chaos.workload produce|consume ...` runs inside a namespace host (started by
+memq.chaos.run with `ip netns exec`); each writes one JSON line per event to `--out`, which the
+harness turns into checker inputs. Record values are JSON {id, p, k, t}: unique id, producer,
+key, send time. The consumer enables `consumer.dedup_window`: readers do not de-duplicate by
+default yet, and the harness measures what a de-duplicating reader gets.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import json
+import os
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import IO
+
+from memq.chaos.checker import AckEvent, Delivered, Pointer, StoredObject
+from memq.config import MemqConfig, load_config
+
+DEDUP_WINDOW = 1_000_000
+CLOSE_TIMEOUT_S = 90.0
+KEYS = 64
+
+
+def _line(out: IO[str], **event: object) -> None:
+    out.write(json.dumps(event) + "\n")
+    out.flush()
+
+
+# --- producing ------------------------------------------------------------------------------
+
+
+async def produce(config: MemqConfig, topic: str, name: str, rate: float, seconds: float, out: IO[str]) -> None:
+    """Send `rate` records/s for `seconds` at ack=all, logging each send's outcome."""
+    from memq.client.producer import Producer
+
+    pending: dict[asyncio.Future[object], tuple[str, float]] = {}
+
+    def done(fut: asyncio.Future[object]) -> None:
+        rid, sent = pending.pop(fut)
+        err = None if fut.cancelled() else fut.exception()
+        _line(out, id=rid, p=name, sent=sent, done=time.time(), ok=not fut.cancelled() and err is None,
+              err=None if err is None else f"{type(err).__name__}: {err}")
+
+    producer = Producer(dataclasses.replace(config.producer, ack="all"))
+    t0 = time.time()
+    n = 0
+    try:
+        while (now := time.time()) < t0 + seconds:
+            while n < rate * (now - t0):
+                sent = time.time()
+                rid = f"{name}-{n}"
+                value = json.dumps({"id": rid, "p": name, "k": n % KEYS, "t": sent}).encode()
+                fut = await producer.send(topic, value, key=f"k{n % KEYS}".encode())
+                pending[fut] = (rid, sent)  # type: ignore[index]
+                fut.add_done_callback(done)  # type: ignore[arg-type]
+                n += 1
+            await asyncio.sleep(0.01)
+        await asyncio.wait_for(producer.close(), CLOSE_TIMEOUT_S)
+    except TimeoutError:
+        pass
+    finally:
+        for rid, sent in list(pending.values()):   # never resolved: counted as failed
+            _line(out, id=rid, p=name, sent=sent, done=time.time(), ok=False, err="unresolved")
+
+
+# --- consuming ------------------------------------------------------------------------------
+
+
+def consume(config: MemqConfig, topic: str, group: str, stop_file: Path, catch_up_s: float, out: IO[str]) -> None:
+    """Read in a group until `stop_file` (the acked ids, one a line) appears and every id in it
+    was delivered, or `catch_up_s` after it appeared."""
+    from memq.client.consumer import Consumer
+
+    cc = dataclasses.replace(config.consumer, group_id=group, dedup_window=DEDUP_WINDOW)
+    seen: set[str] = set()
+    want: set[str] | None = None
+    deadline = float("inf")
+    with Consumer(dataclasses.replace(config, consumer=cc), topic) as c:
+        while time.time() < deadline:
+            for rec in c.poll(0.5):
+                rid = json.loads(rec.value)["id"]
+                seen.add(rid)
+                _line(out, id=rid, at=time.time())
+            if want is None and stop_file.exists():
+                want = set(stop_file.read_text().split())
+                deadline = time.time() + catch_up_s
+            if want is not None and want <= seen:
+                return
+
+
+# --- the independent read, from the harness -------------------------------------------------
+
+
+def read_pointers(config: MemqConfig, topic: str, partitions: int) -> list[Pointer]:
+    """Every notification of `topic`, from the start of each partition to its end."""
+    from memq.client.consumer import notification_topic
+    from memq.notify.consumer import NotificationConsumer
+
+    nc = NotificationConsumer(config.kafka, notification_topic(config, topic), group_id=f"chaos-audit-{os.getpid()}")
+    out: list[Pointer] = []
+    try:
+        nc.assign({p: 0 for p in range(partitions)})
+        empty = 0
+        while empty < 3:
+            recs = nc.poll(1.0)
+            empty = 0 if recs else empty + 1
+            out += [Pointer(r.partition, r.offset, r.notification.key) for r in recs]
+    finally:
+        nc.close()
+    return out
+
+
+def read_objects(config: MemqConfig) -> list[StoredObject]:
+    """Every object in the bucket with the record ids it holds (undecodable: no ids)."""
+    import boto3
+    from botocore.config import Config
+
+    from memq.errors import FormatError
+    from memq.format import decode_batch
+
+    s3 = boto3.client("s3", endpoint_url=config.s3.endpoint_url, region_name=config.s3.region,
+                      aws_access_key_id=config.s3.access_key_id, aws_secret_access_key=config.s3.secret_access_key,
+                      config=Config(connect_timeout=5, read_timeout=30, retries={"max_attempts": 5}))
+    out = []
+    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=config.s3.bucket):
+        for item in page.get("Contents", []):
+            body = s3.get_object(Bucket=config.s3.bucket, Key=item["Key"])["Body"].read()
+            try:
+                _, messages = decode_batch(body)
+                ids = tuple(json.loads(r[0])["id"] for _, records in messages for r in records)
+            except (FormatError, ValueError, KeyError):
+                ids = ()
+            out.append(StoredObject(item["Key"], ids))
+    return out
+
+
+def load_acks(paths: Sequence[Path]) -> list[AckEvent]:
+    """The producers' logs; a record logged twice (resolved, then 'unresolved') keeps the first."""
+    first: dict[str, AckEvent] = {}
+    for path in paths:
+        for line in path.read_text().splitlines():
+            e = json.loads(line)
+            first.setdefault(e["id"], AckEvent(e["p"], e["id"], e["sent"], e["done"], e["ok"]))
+    return list(first.values())
+
+
+def load_delivered(path: Path) -> list[Delivered]:
+    return [Delivered(e["id"], e["at"]) for e in map(json.loads, path.read_text().splitlines())]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m memq.chaos.workload")
+    parser.add_argument("role", choices=["produce", "consume"])
+    parser.add_argument("--config", type=Path, required=True)
+    parser.add_argument("--topic", required=True)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--name", default="p0", help="producer name (record id prefix)")
+    parser.add_argument("--rate", type=float, default=100.0)
+    parser.add_argument("--seconds", type=float, default=60.0)
+    parser.add_argument("--group", default="chaos")
+    parser.add_argument("--stop-file", type=Path)
+    parser.add_argument("--catch-up-s", type=float, default=60.0)
+    args = parser.parse_args(argv)
+    config = load_config(args.config, env={})
+    with open(args.out, "a") as out:
+        if args.role == "produce":
+            asyncio.run(produce(config, args.topic, args.name, args.rate, args.seconds, out))
+        else:
+            consume(config, args.topic, args.group, args.stop_file or args.out.with_suffix(".stop"),
+                    args.catch_up_s, out)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

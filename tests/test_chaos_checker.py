@@ -1,0 +1,68 @@
+"""The chaos checker must see each kind of damage, so a run cannot pass by seeing nothing."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from memq.chaos.checker import AckEvent, Delivered, FaultWindow, Observations, Pointer, StoredObject, check
+
+
+def _clean() -> Observations:
+    ids = [f"p0-{i}" for i in range(6)]
+    return Observations(
+        acks=[AckEvent("p0", rid, i, i + 0.5, True) for i, rid in enumerate(ids)],
+        delivered=[Delivered(rid, 10.0 + i) for i, rid in enumerate(ids)],
+        pointers=[Pointer(0, 0, "a"), Pointer(1, 0, "b")],
+        objects=[StoredObject("a", tuple(ids[:3])), StoredObject("b", tuple(ids[3:]))],
+        faults=[FaultWindow("kill b1", 1.0, 2.0)],
+        run_start_s=0.0, produce_end_s=6.0)
+
+
+def test_clean_run_passes() -> None:
+    v = check(_clean())
+    assert v.passed and v.problems() == []
+    assert (v.acked, v.acked_lost, v.duplicates, v.dangling_pointers, v.orphan_objects) == (6, 0, 0, 0, 0)
+    assert v.max_write_gap_s == 1.0
+    assert v.catch_up_s == 9.0
+    assert v.faults[0].heal_to_first_ack_s == 0.5 and v.faults[0].sends == 2
+
+
+def test_deleted_object_is_a_dangling_pointer_and_loss() -> None:
+    obs = _clean()
+    v = check(dataclasses.replace(obs, objects=obs.objects[:1]))
+    assert not v.passed
+    assert v.dangling_pointers == 1 and v.acked_lost == 3
+    assert v.lost_ids == ("p0-3", "p0-4", "p0-5")
+
+
+def test_dropped_notification_is_an_orphan_and_loss() -> None:
+    obs = _clean()
+    v = check(dataclasses.replace(obs, pointers=obs.pointers[1:]))
+    assert not v.passed
+    assert v.orphan_objects == 1 and v.acked_lost == 3 and v.dangling_pointers == 0
+    assert v.faults[0].acked_lost == 2      # p0-1 and p0-2 were sent inside the fault window
+
+
+def test_duplicated_batch_is_counted() -> None:
+    obs = _clean()
+    dup = StoredObject("a2", obs.objects[0].record_ids)
+    v = check(dataclasses.replace(
+        obs, objects=[*obs.objects, dup], pointers=[*obs.pointers, Pointer(2, 0, "a2")],
+        delivered=[*obs.delivered, *(Delivered(r, 20.0) for r in dup.record_ids)]))
+    assert v.passed                         # duplicates are not loss
+    assert v.duplicates == 3 and v.stored_duplicates == 3
+
+
+def test_unacked_but_present_and_missed_by_consumer() -> None:
+    obs = _clean()
+    acks = [dataclasses.replace(a, ok=False) if a.record_id == "p0-0" else a for a in obs.acks]
+    v = check(dataclasses.replace(obs, acks=acks, delivered=obs.delivered[:-1]))
+    assert v.unacked_but_present == 1
+    assert v.consumer_missed == 1 and not v.passed
+    assert v.catch_up_s is None
+
+
+def test_write_gap_spans_failed_acks() -> None:
+    obs = _clean()
+    acks = [dataclasses.replace(a, ok=False) if a.record_id in ("p0-2", "p0-3") else a for a in obs.acks]
+    assert check(dataclasses.replace(obs, acks=acks)).max_write_gap_s == 3.0
