@@ -1,8 +1,7 @@
 """Chaos: memq under a seeded nemesis across namespace hosts (see memq/chaos).
 
-`python -m bench chaos [--quick]` runs the default schedule (quick: 60 s of faults today's code
-survives); `python -m bench.chaos [--minutes N] [--seed S] [--kinds K,K] [--quick]` chooses
-(bench/__main__ passes only --quick). Prints the per-fault table, then the JSON line: keys
+`python -m bench chaos [--minutes N] [--seed S] [--kinds K,K] [--quick]`: the default schedule
+draws every fault kind for 5 minutes (quick: 60 s of faults today's code survives). Prints the per-fault table, then the JSON line: keys
 `faults`, `acked_lost`, `duplicates`, `dangling_pointers`, `max_write_gap_s` and `ratios`
 (acked records kept, sends acked, write availability: higher is better). Needs root.
 """
@@ -10,8 +9,6 @@ survives); `python -m bench.chaos [--minutes N] [--seed S] [--kinds K,K] [--quic
 from __future__ import annotations
 
 import argparse
-import json
-import sys
 
 from memq.chaos.nemesis import KINDS
 from memq.chaos.run import RunSpec, run as run_chaos, summary, table
@@ -19,6 +16,13 @@ from memq.chaos.topology import unavailable
 
 SURVIVABLE = ("kill", "cut-zk", "pause:s3")
 DEFAULT_SEED = 1
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--minutes", type=float, default=None)
+    parser.add_argument("--seed", type=int, default=DEFAULT_SEED)
+    parser.add_argument("--kinds", type=lambda s: tuple(s.split(",")), default=None,
+                        help=f"comma-separated, of {', '.join(KINDS)} (kind:target ok)")
 
 
 def run(quick: bool, minutes: float | None = None, seed: int = DEFAULT_SEED,
@@ -38,19 +42,3 @@ def run(quick: bool, minutes: float | None = None, seed: int = DEFAULT_SEED,
         "write_availability": max(0.0, 1.0 - v.max_write_gap_s / seconds),
     }
     return out
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.chaos", description=__doc__)
-    parser.add_argument("--minutes", type=float, default=None)
-    parser.add_argument("--seed", type=int, default=DEFAULT_SEED)
-    parser.add_argument("--kinds", default=None, help=f"comma-separated, of {', '.join(KINDS)} (kind:target ok)")
-    parser.add_argument("--quick", action="store_true")
-    args = parser.parse_args(argv)
-    kinds = tuple(args.kinds.split(",")) if args.kinds else None
-    print(json.dumps({"bench": "chaos", **run(args.quick, args.minutes, args.seed, kinds)}), flush=True)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,7 +1,7 @@
 """A short seeded chaos run across namespace hosts: no acked record lost, no dangling pointer.
 
 Faults today's code survives: a broker SIGKILLed and restarted, a broker cut from ZooKeeper,
-S3 paused. Replay a failure with the printed seed: `python -m bench.chaos --seed S --kinds ...`.
+S3 paused. Replay a failure with the printed seed: `python -m bench chaos --seed S --kinds ...`.
 """
 
 from __future__ import annotations
