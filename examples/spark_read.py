@@ -1,9 +1,10 @@
 """Read a memq topic with Spark, as a table and as a stream.
 
-    python examples/spark_read.py http://127.0.0.1:8080 events
+    python examples/spark_read.py .memq-run/dev/memq.toml demo     # against `memq dev`
 
-The broker URL is only used to discover Kafka and S3 (GET /v1/metadata); give
-`kafka.bootstrap.servers` and `s3.endpoint`/`s3.bucket` options instead to skip it.
+The memq config file (`memq dev` writes this one) names the brokers, whose /v1/metadata gives
+Kafka and S3, and holds the S3 credentials (metadata never carries them). Without a file, use
+options `memq.broker`, `s3.accessKeyId`/`s3.secretAccessKey` or the AWS chain (AWS_PROFILE, ...).
 """
 
 import sys
@@ -12,12 +13,12 @@ from pyspark.sql import functions as F
 
 from spark_source import local_session   # or: spark_source.register(your_session)
 
-broker, topic = sys.argv[1], sys.argv[2]
+config, topic = sys.argv[1], sys.argv[2]
 spark = local_session("memq-example")
 
 # Batch: everything in the topic now, or a time window (ms since the epoch).
 df = (spark.read.format("memq")
-      .option("memq.broker", broker)
+      .option("memq.config", config)
       .option("topic", topic)
       .option("startingOffsets", "earliest")     # or '{"events": {"0": 42, "1": -2}}'
       .load())
@@ -26,7 +27,7 @@ df.select(F.col("key").cast("string"), F.col("value").cast("string"), "headers")
 
 # Streaming: each run picks up exactly what arrived since the last one (offsets in the checkpoint).
 query = (spark.readStream.format("memq")
-         .option("memq.broker", broker)
+         .option("memq.config", config)
          .option("topic", topic)
          .option("startingOffsets", "earliest")
          .option("maxOffsetsPerTrigger", "100")   # batch objects per micro-batch

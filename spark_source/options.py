@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from dataclasses import dataclass
 from typing import Literal, Mapping
 
@@ -22,7 +23,7 @@ LATEST = -1
 
 # option name (lower case, as Spark hands them over) -> what it sets
 _CONNECTION = {
-    "memq.config": "a memq TOML config file",
+    "memq.config": "a memq TOML config file (default: $MEMQ_CONFIG, as for the CLI)",
     "memq.broker": "a memq broker URL; Kafka, storage and cluster come from its /v1/metadata",
     "kafka.bootstrap.servers": "Kafka bootstrap servers",
     "kafka.request.timeout.ms": "timeout of each Kafka call",
@@ -145,8 +146,9 @@ def parse_offsets(name: str, raw: str | None, topic: str, *, allow_earliest: boo
 
 def _connection(options: Mapping[str, str], topic: str) -> tuple[MemqConfig, str]:
     """The MemqConfig (and notification topic) by memq's one precedence rule
-    (`memq.client.cluster`): these options > the broker's metadata > the config file."""
-    path = options.get("memq.config")
+    (`memq.client.cluster`): these options > the broker's metadata > the config file
+    (`memq.config`, else $MEMQ_CONFIG like the CLI's `--config`)."""
+    path = options.get("memq.config") or os.environ.get("MEMQ_CONFIG")
     config = load_config(path, env={}) if path else MemqConfig()
     broker = options.get("memq.broker")
     try:
@@ -182,7 +184,23 @@ def _connection(options: Mapping[str, str], topic: str) -> tuple[MemqConfig, str
         else resolved.topic.notification_topic)
     config = dataclasses.replace(config, kafka=KafkaConfig(**kafka), s3=S3Config(**s3),
                                  storage=StorageConfig(**storage), cluster=ClusterConfig(name=cluster))
+    if config.storage.kind == "s3":
+        _require_credentials(config.s3)
     return config, notification_topic
+
+
+def _require_credentials(s3: S3Config) -> None:
+    """Fail on the driver, naming every way to give them, when no S3 credentials are found:
+    broker metadata never carries them, and executors would only fail much later."""
+    if s3.access_key_id and s3.secret_access_key:
+        return
+    import boto3
+
+    if boto3.session.Session().get_credentials() is None:
+        raise ConfigError("memq source: no S3 credentials (broker metadata carries none): set option "
+                          "memq.config to a memq config file with [s3] access_key_id/secret_access_key "
+                          "(memq dev writes one: .memq-run/dev/memq.toml), or options s3.accessKeyId and "
+                          "s3.secretAccessKey, or the AWS chain (AWS_ACCESS_KEY_ID, AWS_PROFILE)")
 
 
 def parse_options(options: Mapping[str, str]) -> SourceOptions:

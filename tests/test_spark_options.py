@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from memq.errors import ConfigError
@@ -9,6 +11,38 @@ from memq.storage import ObjectLocation
 from spark_source.datasource import rate_limit
 from spark_source.options import EARLIEST, LATEST, OffsetSpec, parse_options
 from spark_source.plan import TARGET_PARTITION_BYTES, BatchRef, Bounds, split
+
+
+@pytest.fixture(autouse=True)
+def aws_chain(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> pytest.MonkeyPatch:
+    """Credentials from the standard AWS chain (env), and no profile file of this machine."""
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.delenv("MEMQ_CONFIG", raising=False)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "k")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "s")
+    return monkeypatch
+
+
+def test_without_s3_credentials_the_driver_says_where_to_put_them(aws_chain: pytest.MonkeyPatch) -> None:
+    aws_chain.delenv("AWS_ACCESS_KEY_ID")
+    aws_chain.delenv("AWS_SECRET_ACCESS_KEY")
+    with pytest.raises(ConfigError, match="no S3 credentials.*memq.config.*s3.accessKeyId.*AWS_ACCESS_KEY_ID"):
+        parse_options({"topic": "events", "kafka.bootstrap.servers": "127.0.0.1:1"})
+    o = parse_options({"topic": "events", "s3.accessKeyId": "a", "s3.secretAccessKey": "b"})
+    assert (o.config.s3.access_key_id, o.config.s3.secret_access_key) == ("a", "b")
+
+
+def test_config_file_comes_from_memq_config_as_for_the_cli(aws_chain: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    aws_chain.delenv("AWS_ACCESS_KEY_ID")
+    aws_chain.delenv("AWS_SECRET_ACCESS_KEY")
+    path = tmp_path / "memq.toml"
+    path.write_text('[s3]\naccess_key_id = "id"\nsecret_access_key = "sec"\nbucket = "fromfile"\n')
+    aws_chain.setenv("MEMQ_CONFIG", str(path))
+    o = parse_options({"topic": "events"})
+    assert (o.config.s3.access_key_id, o.config.s3.bucket) == ("id", "fromfile")
+    o = parse_options({"topic": "events", "s3.bucket": "opt"})   # options win over the file
+    assert o.config.s3.bucket == "opt"
 
 
 def test_defaults_and_connection_options() -> None:

@@ -12,6 +12,8 @@ import aiohttp
 from memq.errors import BrokerUnavailableError, ProtocolError
 from memq.format.wire import Ack, decode_acks
 
+from ._reasons import reason
+
 log = logging.getLogger(__name__)
 
 # Socket send buffer for produce connections. A frame is up to max_message_bytes (1 MiB); with
@@ -46,7 +48,7 @@ class BrokerConnection:
                     max_msg_size=self._max_frame_bytes)
         except (aiohttp.ClientError, OSError, TimeoutError) as e:
             self.closed = True
-            raise BrokerUnavailableError(f"cannot open a produce connection to {self.url}: {e!r}") from None
+            raise BrokerUnavailableError(f"cannot connect to broker {self.url}: {reason(e)}") from None
         _widen_send_buffer(self._ws)
         self._reader = asyncio.create_task(self._read(), name=f"acks-{self.url}")
 
@@ -72,7 +74,7 @@ class BrokerConnection:
                 await ws.send_bytes(frame)   # type: ignore[arg-type]  # any buffer works; bytes() would copy it
         except (aiohttp.ClientError, ConnectionError, RuntimeError) as e:
             self._lost(f"write failed: {e!r}")
-            raise BrokerUnavailableError(f"writing to {self.url} failed: {e!r}") from None
+            raise BrokerUnavailableError(f"writing to broker {self.url} failed: {reason(e)}") from None
         except TimeoutError:
             self._lost(f"write did not finish within {self._timeout_s:g}s")
             raise BrokerUnavailableError(f"writing to {self.url} timed out after {self._timeout_s:g}s") from None
@@ -86,14 +88,14 @@ class BrokerConnection:
                     for ack in decode_acks(msg.data):
                         self._on_ack(ack)
                 elif msg.type == aiohttp.WSMsgType.ERROR:
-                    why = f"connection error: {self._ws.exception()!r}"
+                    why = f"connection to {self.url} lost: {self._ws.exception()}"
                     break
             if self._ws.close_code is not None and self._ws.close_code != 1000:
                 why = f"closed by broker with code {self._ws.close_code}"
         except ProtocolError as e:
             why = str(e)
         except (aiohttp.ClientError, ConnectionError) as e:
-            why = f"connection error: {e!r}"
+            why = f"connection to {self.url} lost: {reason(e)}"
         self._lost(why)
 
     def _lost(self, why: str) -> None:

@@ -105,7 +105,7 @@ class TopicRouter:
         answered = [r for r in results if isinstance(r, ClusterMetadata)]
         if not answered:
             raise BrokerUnavailableError(f"no broker answered /v1/metadata (tried {', '.join(asked)}): "
-                                         f"{results[0]!r}")
+                                         f"{results[0]}")
         hosting: dict[str, None] = {}
         for md in answered:
             for b in md.brokers:

@@ -31,6 +31,8 @@ from memq.config import ClusterConfig, MemqConfig, StorageConfig, TopicConfig
 from memq.errors import BrokerUnavailableError, ConfigError, FormatError, UnknownTopicError
 from memq.format.metadata import ClusterMetadata, TopicMetadata
 
+from ._reasons import reason
+
 log = logging.getLogger(__name__)
 
 METADATA_PATH = "/v1/metadata"
@@ -46,7 +48,9 @@ def fetch_metadata(url: str, timeout_s: float) -> ClusterMetadata:
     try:
         with urllib.request.urlopen(url.rstrip("/") + METADATA_PATH, timeout=timeout_s) as resp:
             return ClusterMetadata.from_dict(json.loads(resp.read()))
-    except (urllib.error.URLError, OSError, ValueError, FormatError) as e:
+    except (urllib.error.URLError, OSError) as e:
+        raise BrokerUnavailableError(f"cannot connect to broker {url}: {reason(e)}") from None
+    except (ValueError, FormatError) as e:
         raise BrokerUnavailableError(f"metadata from {url}: {e}") from None
 
 
@@ -57,8 +61,10 @@ async def fetch_metadata_async(session: aiohttp.ClientSession, url: str, timeout
             async with session.get(url.rstrip("/") + METADATA_PATH) as resp:
                 resp.raise_for_status()
                 return ClusterMetadata.from_dict(await resp.json())
-    except (aiohttp.ClientError, OSError, TimeoutError, ValueError, FormatError) as e:
-        raise BrokerUnavailableError(f"metadata from {url}: {e!r}") from None
+    except (aiohttp.ClientError, OSError, TimeoutError) as e:
+        raise BrokerUnavailableError(f"cannot connect to broker {url}: {reason(e)}") from None
+    except (ValueError, FormatError) as e:
+        raise BrokerUnavailableError(f"metadata from {url}: {e}") from None
 
 
 def discover(urls: list[str], topic: str, timeout_s: float) -> ClusterMetadata:
