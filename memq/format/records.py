@@ -4,7 +4,7 @@ A body is one msgpack array of records, each record the 5-array
 `[value, key, headers, timestamp_ms, message_id]` in `LogMessage` field order. Packing and
 unpacking run inside msgpack's C code; the only per-record Python-visible step on decode is
 re-typing each decoded tuple as a `LogMessage` (`tuple.__new__` via `map`, still C). Decoders
-run under `gc_paused`. Decision and measurements: docs/ARCHITECTURE.md, "Decisions".
+run under `gc_paused`. Decision and measurements: docs/DECISIONS.md.
 """
 
 from __future__ import annotations

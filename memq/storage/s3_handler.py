@@ -3,7 +3,7 @@
 botocore's retries are off (total_max_attempts=1) so that memq decides what is retried,
 how long it waits (full-jitter exponential backoff) and, for a PUT, that every attempt goes
 under its own key: a slow earlier attempt that lands late can never overwrite the object a
-notification points to. Why boto3 and not aiobotocore: see docs/ARCHITECTURE.md, Decisions.
+notification points to. Why boto3 and not aiobotocore: see docs/DECISIONS.md.
 """
 
 from __future__ import annotations
