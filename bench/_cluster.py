@@ -23,9 +23,8 @@ from prometheus_client.samples import Sample
 
 from memq.client.consumer import Consumer
 from memq.config import MemqConfig, TopicConfig
-from memq.devcluster import DevCluster
+from memq.devcluster import DevCluster, GovernedCluster
 from memq.devcluster.broker_process import BrokerProcess
-from memq.devcluster.governed import GovernedCluster
 
 
 @dataclass(frozen=True)

@@ -13,8 +13,7 @@ import pytest
 from memq.client.consumer import Consumer
 from memq.client.producer import Producer
 from memq.config import TopicConfig, load_config
-from memq.devcluster import DevCluster
-from memq.devcluster.governed import BrokerHost, GovernedCluster
+from memq.devcluster import BrokerHost, DevCluster, GovernedCluster
 from memq.errors import DevClusterError
 
 

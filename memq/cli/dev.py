@@ -29,7 +29,7 @@ from memq.config import MemqConfig, TopicConfig
 from memq.errors import MemqError
 
 if TYPE_CHECKING:
-    from memq.devcluster.governed import GovernedCluster
+    from memq.devcluster import GovernedCluster
 
 _DEMO_GROUP = "memq-dev-demo"
 READY_TIMEOUT_S = 30.0
@@ -52,7 +52,7 @@ READY_TIMEOUT_S = 30.0
 def dev(broker_count: int, topic_name: str, partitions: int, rate: float, duration: float | None,
         audit_port: int, run_dir: Path) -> None:
     """Run memq locally: S3, Kafka, ZooKeeper, governed brokers and demo traffic (Ctrl-C stops)."""
-    from memq.devcluster.governed import GovernedCluster
+    from memq.devcluster import GovernedCluster
 
     console = Console()
     # SIGTERM ends the run like Ctrl-C, so every `finally` below stops what it started.
