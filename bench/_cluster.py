@@ -1,14 +1,14 @@
-"""What the benchmarks share: one dev cluster with one broker process, and the broker's metrics.
+"""What the benchmarks share: one governed broker on a dev cluster, and the broker's metrics.
 
-`bench_cluster` starts the servers (moto S3, tansu, optionally ZooKeeper) in a temporary
-directory, one broker process for `topics`, and yields a config whose producer points at that
-broker; everything is stopped and removed on exit. `read_memq` times memq's Consumer the one
-way every bench compares it: from the group assignment to the N-th record.
+`bench_cluster` starts the servers (moto S3, tansu, ZooKeeper) in a temporary directory and a
+`GovernedCluster` of one broker (the way `memq dev` and the tests run brokers), creates
+`topics` through its governor, and yields a config whose producer points at that broker;
+everything is stopped and removed on exit. `read_memq` times memq's Consumer the one way
+every bench compares it: from the group assignment to the N-th record.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import tempfile
 import time
 import urllib.request
@@ -22,8 +22,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
 from memq.client.consumer import Consumer
-from memq.config import BrokerConfig, MemqConfig, TopicConfig
-from memq.devcluster import DevCluster
+from memq.config import MemqConfig, TopicConfig
+from memq.devcluster import DevCluster, GovernedCluster
 from memq.devcluster.broker_process import BrokerProcess
 
 
@@ -35,14 +35,13 @@ class BenchCluster:
 
 
 @contextmanager
-def bench_cluster(topics: Iterable[TopicConfig], *, broker_id: str = "bench",
-                  zookeeper: bool = True) -> Iterator[BenchCluster]:
+def bench_cluster(topics: Iterable[TopicConfig]) -> Iterator[BenchCluster]:
     with tempfile.TemporaryDirectory(prefix="memq-bench-") as tmp, \
-            DevCluster(Path(tmp) / "cluster", zookeeper=zookeeper) as dc:
-        config = dataclasses.replace(dc.config(topics=topics), broker=BrokerConfig(broker_id=broker_id))
-        with BrokerProcess(config, Path(tmp) / "brokers") as broker:
-            config = dataclasses.replace(config, producer=dataclasses.replace(config.producer, brokers=broker.url))
-            yield BenchCluster(dc, broker, config)
+            DevCluster(Path(tmp) / "servers") as dc, \
+            GovernedCluster(tmp, brokers=1, servers=dc, cluster="bench") as gc:
+        for topic in topics:
+            gc.create_topic(topic)
+        yield BenchCluster(dc, gc.broker("b1"), gc.config())
 
 
 def broker_samples(url: str, metric: str) -> list[Sample]:

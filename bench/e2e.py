@@ -185,7 +185,7 @@ def run(quick: bool) -> dict:
     duration_s = 15.0 if quick else 30.0
     topic = TopicConfig(f"bench-e2e-{uuid.uuid4().hex[:6]}", batch_ms=BATCH_MS)
     ctx = multiprocessing.get_context("spawn")     # no fork of a process with threads and a loop
-    with bench_cluster([topic], zookeeper=False) as bc:
+    with bench_cluster([topic]) as bc:
         print(f"broker at {bc.broker.url}; {RATE_BYTES_S // MiB} MB/s of {VALUE_BYTES} B values for "
               f"{duration_s:.0f} s, batch_ms={BATCH_MS}, ack=all", flush=True)
         assigned, warm = ctx.Event(), ctx.Event()

@@ -121,7 +121,7 @@ def run(quick: bool) -> dict:
     # the default 250 ms a producer at ~35 MB/s made time-sealed objects just short of 8 MiB.
     topics = (TopicConfig("bench-small", batch_bytes=BATCH_BYTES, ring_slots=RING_SLOTS),
               TopicConfig("bench-large", batch_bytes=BATCH_BYTES, ring_slots=RING_SLOTS, batch_ms=LARGE_BATCH_MS))
-    with bench_cluster(topics, broker_id="bench1", zookeeper=False) as bc:
+    with bench_cluster(topics) as bc:
         dc, config, broker = bc.dc, bc.config, bc.broker
         print(f"broker at {broker.url}; S3 {dc.s3_endpoint}; Kafka {dc.kafka_bootstrap}", flush=True)
         small = _values(SMALL, n_small)

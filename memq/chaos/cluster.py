@@ -2,8 +2,9 @@
 
 Server command lines come from memq.devcluster.servers (moto through its own entry point, which
 binds where asked): the loopback address there is replaced by the host's address, since a
-server in a namespace must listen on that namespace's interface. Every process is spawned with
-memq.devcluster.process (own process group, dies with the harness) through `ip netns exec`.
+server in a namespace must listen on that namespace's interface. Every server is spawned with
+memq.devcluster.process (own process group, dies with the harness) through `ip netns exec`; the
+brokers are memq.devcluster's GovernedCluster, each placed in its host the same way.
 Ports are fixed: each host has its own port space.
 """
 
@@ -12,14 +13,13 @@ from __future__ import annotations
 import dataclasses
 import socket
 import sys
-import time
-from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
-from memq.config import (AuditConfig, BrokerConfig, ClusterConfig, GovernorConfig, KafkaConfig, MemqConfig,
-                         S3Config, TopicConfig, ZooKeeperConfig)
+from memq.config import (AuditConfig, ClusterConfig, GovernorConfig, KafkaConfig, MemqConfig, S3Config,
+                         TopicConfig, ZooKeeperConfig)
 from memq.chaos.topology import Topology
-from memq.devcluster.broker_process import _healthy, config_toml
+from memq.devcluster import BrokerHost, GovernedCluster
 from memq.devcluster.process import ManagedProcess, spawn, wait_ready
 from memq.devcluster.servers import KAFKA, ZOOKEEPER
 from memq.errors import DevClusterError
@@ -27,7 +27,6 @@ from memq.errors import DevClusterError
 LOOPBACK = "127.0.0.1"
 PORTS = {"s3": 9000, "kafka": 9092, "zookeeper": 2181}
 BROKER_PORT = 8080
-RACKS = ("rack-a", "rack-b", "rack-c")
 READY_TIMEOUT_S = 60.0
 GOVERNOR = GovernorConfig(interval_s=1.0, reconcile_interval_s=0.5, drain_timeout_s=10.0)
 
@@ -44,30 +43,44 @@ def _serving(ip: str, port: int) -> bool:
         return False
 
 
+@dataclass(frozen=True)
+class _Endpoints:
+    """The namespace servers as `memq.devcluster.governed.Servers`: a config pointing at them."""
+
+    base: MemqConfig
+
+    def config(self, cluster: str = "dev") -> MemqConfig:
+        return dataclasses.replace(self.base, cluster=ClusterConfig(name=cluster))
+
+
 class ChaosCluster:
-    """Servers and brokers in `topo`'s hosts; `config` is what clients use (producer: all brokers)."""
+    """Servers in `topo`'s hosts and a GovernedCluster of brokers in theirs; `config` is what
+    clients use (producer: all brokers)."""
 
     def __init__(self, topo: Topology, run_dir: Path, brokers: int = 3, *, zk_session_s: float = 4.0) -> None:
         self.topo = topo
         self.run_dir = run_dir
         self.broker_ids = [f"b{i}" for i in range(1, brokers + 1)]
         h = topo.hosts
-        self.config = MemqConfig(
-            cluster=ClusterConfig(name="chaos"),
+        servers = MemqConfig(
             s3=S3Config(endpoint_url=f"http://{h['s3'].ip}:{PORTS['s3']}", bucket="memq", region="us-east-1",
                         access_key_id="testing", secret_access_key="testing"),
             kafka=KafkaConfig(bootstrap_servers=f"{h['kafka'].ip}:{PORTS['kafka']}"),
-            zookeeper=ZooKeeperConfig(enabled=True, hosts=f"{h['zookeeper'].ip}:{PORTS['zookeeper']}",
-                                      session_timeout_s=zk_session_s),
-            governor=GOVERNOR,
+            zookeeper=ZooKeeperConfig(hosts=f"{h['zookeeper'].ip}:{PORTS['zookeeper']}"),
             audit=AuditConfig(enabled=False),
         )
-        self.config = dataclasses.replace(self.config, producer=dataclasses.replace(
-            self.config.producer, brokers=",".join(self.broker_url(b) for b in self.broker_ids)))
-        self.procs: dict[str, ManagedProcess] = {}
+        self.servers = servers
+        self.brokers = GovernedCluster(run_dir, brokers, servers=_Endpoints(servers), cluster="chaos",
+                                       governor=GOVERNOR, session_timeout_s=zk_session_s,
+                                       placement=self._place, ready_timeout_s=READY_TIMEOUT_S)
+        self.procs: dict[str, ManagedProcess] = {}   # the servers
 
-    def broker_url(self, broker_id: str) -> str:
-        return f"http://{self.topo.hosts[broker_id].ip}:{BROKER_PORT}"
+    def _place(self, broker_id: str) -> BrokerHost:
+        return BrokerHost(self.topo.hosts[broker_id].ip, BROKER_PORT, tuple(self.topo.exec_argv(broker_id, [])))
+
+    @property
+    def config(self) -> MemqConfig:
+        return self.brokers.config()
 
     # --- servers --------------------------------------------------------------------------
 
@@ -87,83 +100,44 @@ class ChaosCluster:
             for name in PORTS:
                 work = self.run_dir / name
                 work.mkdir(parents=True, exist_ok=True)
-                self._spawn(name, self._server_argv(name, work), cwd=work)
+                self.procs[name] = spawn(name, self.topo.exec_argv(name, self._server_argv(name, work)),
+                                         log_path=self.run_dir / "logs" / f"{name}.log", cwd=work)
             for name, port in PORTS.items():
                 ip = self.topo.hosts[name].ip
                 if not wait_ready(self.procs[name], lambda: _serving(ip, port), READY_TIMEOUT_S):
                     raise DevClusterError(f"{name} exited; log:\n{self.procs[name].log_tail()}")
             self._create_bucket()
-            for b in self.broker_ids:
-                self.start_broker(b)
-            self._create_topics_when_governed()
+            self.brokers.start()
         except BaseException:
             self.stop()
             raise
         return self
 
-    def _spawn(self, name: str, argv: Sequence[str], cwd: Path | None = None) -> ManagedProcess:
-        proc = spawn(name, self.topo.exec_argv(name, argv), log_path=self.run_dir / "logs" / f"{name}.log", cwd=cwd)
-        self.procs[name] = proc
-        return proc
-
     def _create_bucket(self) -> None:
         import boto3
         from botocore.config import Config
 
-        s3 = boto3.client("s3", endpoint_url=self.config.s3.endpoint_url, region_name="us-east-1",
+        s3 = boto3.client("s3", endpoint_url=self.servers.s3.endpoint_url, region_name="us-east-1",
                           aws_access_key_id="testing", aws_secret_access_key="testing",
                           config=Config(connect_timeout=5, read_timeout=30, retries={"max_attempts": 10}))
-        s3.create_bucket(Bucket=self.config.s3.bucket)
+        s3.create_bucket(Bucket=self.servers.s3.bucket)
 
-    # --- brokers --------------------------------------------------------------------------
-
-    def start_broker(self, broker_id: str) -> None:
-        """Start (or restart after a kill) one broker in its host; waits for /healthz."""
-        i = self.broker_ids.index(broker_id)
-        config = dataclasses.replace(self.config, broker=BrokerConfig(
-            broker_id=broker_id, host=self.topo.hosts[broker_id].ip, port=BROKER_PORT, rack=RACKS[i % len(RACKS)]))
-        path = self.run_dir / f"{broker_id}.toml"
-        path.write_text(config_toml(config))
-        proc = self._spawn(broker_id, [sys.executable, "-m", "memq.broker", "--config", str(path)])
-        url = self.broker_url(broker_id)
-        if not wait_ready(proc, lambda: _healthy(url), READY_TIMEOUT_S):
-            raise DevClusterError(f"broker {broker_id} exited; log:\n{proc.log_tail()}")
-
-    def _create_topics_when_governed(self) -> None:
-        """Wait for a governor before any topic exists, so the governor places them."""
-        deadline = time.monotonic() + READY_TIMEOUT_S
-        while self.governor() not in self.broker_ids:
-            if time.monotonic() > deadline:
-                raise DevClusterError("no governor elected; see the broker logs")
-            time.sleep(0.2)
+    # --- brokers and topics (the GovernedCluster's) -----------------------------------------
 
     def governor(self) -> str | None:
-        from memq.governor.registry import Registry
-
-        with Registry(self.config.zookeeper, self.config.cluster.name) as reg:
-            return reg.governor()
+        return self.brokers.registry.governor()
 
     def create_topic(self, topic: TopicConfig) -> tuple[str, ...]:
         """Create through the governor's topic admin; wait until placed brokers host it."""
-        from memq.cli.dev import _hosted
-        from memq.governor.registry import Registry
-        from memq.governor.topics import TopicManager
-        from memq.notify import TopicAdmin
-
-        with Registry(self.config.zookeeper, self.config.cluster.name) as reg:
-            TopicManager(reg, TopicAdmin(self.config.kafka), self.config.cluster.name).create(topic)
-            deadline = time.monotonic() + READY_TIMEOUT_S
-            while True:
-                placed = reg.assignments().get(topic.name, ())
-                if placed and all(topic.name in _hosted(self.broker_url(b)) for b in placed):
-                    return placed
-                if time.monotonic() > deadline:
-                    raise DevClusterError(f"topic {topic.name} not placed (assigned: {list(placed)})")
-                time.sleep(0.2)
+        return self.brokers.create_topic(topic)
 
     def stop(self) -> None:
         """Brokers first, then servers; SIGKILL after a short grace (the data is throwaway)."""
-        for name in [*reversed(self.broker_ids), *reversed(list(PORTS))]:
+        try:
+            self.brokers.stop()
+        except DevClusterError:
+            pass
+        for name in reversed(list(PORTS)):
             proc = self.procs.pop(name, None)
             if proc is not None:
                 try:

@@ -116,12 +116,10 @@ class Nemesis:
         self._log(f"nemesis: {f.kind}:{target} for {f.duration_s:.1f}s")
         start = time.time()
         if f.kind in ("kill", "kill-governor"):
-            proc = c.procs[target]
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.popen.wait(10)
+            c.brokers.kill_broker(target)
             time.sleep(f.duration_s)
             end = time.time()
-            c.start_broker(target)
+            c.brokers.restart_broker(target)
             return start, end
         if f.kind == "pause":
             pid = c.procs[target].pid

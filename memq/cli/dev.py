@@ -12,15 +12,11 @@ first; every server also dies with this process if it is killed outright.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
-import json
 import shlex
 import signal
 import sys
 import threading
 import time
-import urllib.error
-import urllib.request
 from contextlib import ExitStack
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -30,20 +26,14 @@ from rich.console import Console
 from rich.live import Live
 
 from memq.audit.emitter import make_audit_sink
-from memq.config import BrokerConfig, GovernorConfig, MemqConfig, TopicConfig
-from memq.errors import DevClusterError, MemqError
+from memq.config import MemqConfig, TopicConfig
+from memq.errors import MemqError
 
 if TYPE_CHECKING:
-    from memq.devcluster.broker_process import BrokerProcess
-    from memq.governor.registry import Registry
+    from memq.devcluster import GovernedCluster
 
 _DEMO_GROUP = "memq-dev-demo"
-RACKS = ("rack-a", "rack-b", "rack-c")
-"""Broker i (from 1) runs on RACKS[(i - 1) % 3]: any two consecutive brokers differ."""
 READY_TIMEOUT_S = 30.0
-DEV_GOVERNOR = GovernorConfig(interval_s=1.0, reconcile_interval_s=0.5, drain_timeout_s=10.0)
-"""Faster cycles than production defaults, so placement shows within a second; drains on
-shutdown are bounded so Ctrl-C never waits long."""
 
 
 @click.command()
@@ -63,11 +53,7 @@ shutdown are bounded so Ctrl-C never waits long."""
 def dev(broker_count: int, topic_name: str, partitions: int, rate: float, duration: float | None,
         audit_port: int, run_dir: Path) -> None:
     """Run memq locally: S3, Kafka, ZooKeeper, governed brokers and demo traffic (Ctrl-C stops)."""
-    from memq.devcluster import DevCluster
-    from memq.devcluster.broker_process import BrokerProcess, config_toml
-    from memq.governor.registry import Registry
-    from memq.governor.topics import TopicManager
-    from memq.notify import TopicAdmin
+    from memq.devcluster import GovernedCluster
 
     console = Console()
     # SIGTERM ends the run like Ctrl-C, so every `finally` below stops what it started.
@@ -75,32 +61,20 @@ def dev(broker_count: int, topic_name: str, partitions: int, rate: float, durati
     run_dir = run_dir.resolve()
     try:
         with ExitStack() as stack:
-            console.print("starting S3, Kafka and ZooKeeper...")
-            cluster = stack.enter_context(DevCluster(run_dir / "cluster"))
-            base = cluster.config()
-            config = dataclasses.replace(
-                base, zookeeper=dataclasses.replace(base.zookeeper, enabled=True), governor=DEV_GOVERNOR)
-            console.print(f"starting {broker_count} governed broker{'s' if broker_count > 1 else ''}...")
-            brokers = [stack.enter_context(BrokerProcess(dataclasses.replace(config, broker=BrokerConfig(
-                broker_id=f"b{i}", rack=RACKS[(i - 1) % len(RACKS)])), run_dir / "brokers"))
-                for i in range(1, broker_count + 1)]
-            registry = stack.enter_context(Registry(config.zookeeper, config.cluster.name))
-            governor = _wait_for_governor(registry, brokers)
-            TopicManager(registry, TopicAdmin(config.kafka), config.cluster.name).create(
-                TopicConfig(name=topic_name, read_partitions=partitions))
-            placed = _wait_for_placement(registry, brokers, topic_name)
-            client = dataclasses.replace(config, producer=dataclasses.replace(
-                config.producer, brokers=",".join(b.url for b in brokers)))
-            config_path = run_dir / "memq.toml"
-            config_path.write_text(config_toml(client))
-            by_id = {b.broker_id: b for b in brokers}
+            console.print(f"starting S3, Kafka, ZooKeeper and {broker_count} governed "
+                          f"broker{'s' if broker_count > 1 else ''}...")
+            cluster = stack.enter_context(GovernedCluster(run_dir, broker_count, ready_timeout_s=READY_TIMEOUT_S))
+            governor = cluster.governor()
+            placed = cluster.create_topic(TopicConfig(name=topic_name, read_partitions=partitions))
+            config, client = cluster.base, cluster.config()
+            config_path = cluster.write_client_config(run_dir / "memq.toml")
             endpoints = {
-                "S3": f"{cluster.s3_endpoint}  (bucket {cluster.bucket})",
-                "Kafka": cluster.kafka_bootstrap or "",
-                "ZooKeeper": f"{cluster.zk_hosts}  (root {config.zookeeper.root}, cluster {config.cluster.name})",
-                "brokers": "  ".join(f"{b.url} ({b.broker_id}, {b.config.broker.rack})" for b in brokers),
-                "governor": f"{governor} ({by_id[governor].url})",
-                "placement": _placement_line(topic_name, placed, by_id),
+                "S3": f"{config.s3.endpoint_url}  (bucket {config.s3.bucket})",
+                "Kafka": config.kafka.bootstrap_servers,
+                "ZooKeeper": f"{config.zookeeper.hosts}  (root {config.zookeeper.root}, cluster {config.cluster.name})",
+                "brokers": "  ".join(f"{b.url} ({bid}, {cluster.rack(bid)})" for bid, b in cluster.brokers.items()),
+                "governor": f"{governor} ({cluster.broker(governor).url})",
+                "placement": _placement_line(topic_name, placed, cluster),
             }
             # Further services (e.g. the audit dashboard) start here and add their endpoint.
             if config.audit.enabled:
@@ -122,46 +96,9 @@ def dev(broker_count: int, topic_name: str, partitions: int, rate: float, durati
     console.print("memq dev stopped")
 
 
-def _wait_for_governor(registry: Registry, brokers: list[BrokerProcess]) -> str:
-    """The id of the elected governor, once one of `brokers` holds the election lock."""
-    ids = {b.broker_id for b in brokers}
-    deadline = time.monotonic() + READY_TIMEOUT_S
-    while True:
-        gov = registry.governor()
-        if gov is not None and gov in ids:
-            return gov
-        if time.monotonic() > deadline:
-            raise DevClusterError(f"no governor elected among brokers {sorted(ids)} within "
-                                  f"{READY_TIMEOUT_S:g}s; see the broker logs")
-        time.sleep(0.1)
-
-
-def _wait_for_placement(registry: Registry, brokers: list[BrokerProcess], topic: str) -> tuple[str, ...]:
-    """The brokers the governor assigned `topic` to, once each of them hosts it."""
-    by_id = {b.broker_id: b for b in brokers}
-    deadline = time.monotonic() + READY_TIMEOUT_S
-    while True:
-        placed = registry.assignments().get(topic, ())
-        if placed and all(b in by_id and topic in _hosted(by_id[b].url) for b in placed):
-            return placed
-        if time.monotonic() > deadline:
-            raise DevClusterError(f"topic {topic} not placed on a broker within {READY_TIMEOUT_S:g}s "
-                                  f"(assigned: {list(placed) or 'none'}); see the broker logs")
-        time.sleep(0.1)
-
-
-def _hosted(url: str) -> list[str]:
-    """Topics a broker hosts now, from its /healthz ([] while it does not answer)."""
-    try:
-        with urllib.request.urlopen(url + "/healthz", timeout=2.0) as resp:
-            return list(json.load(resp)["topics"])
-    except (urllib.error.URLError, OSError, ValueError, KeyError):
-        return []
-
-
-def _placement_line(topic: str, placed: tuple[str, ...], by_id: dict[str, BrokerProcess]) -> str:
+def _placement_line(topic: str, placed: tuple[str, ...], cluster: GovernedCluster) -> str:
     """Where the governor put the topic; with fewer than 2 brokers, say what is missing."""
-    line = f"{topic} on " + ", ".join(f"{b} ({by_id[b].config.broker.rack})" for b in placed)
+    line = f"{topic} on " + ", ".join(f"{b} ({cluster.rack(b)})" for b in placed)
     if len(placed) < 2:
         line += ("  -- a topic wants 2 brokers on different racks; with one broker there is "
                  "no failover (use --brokers 2 or more)")

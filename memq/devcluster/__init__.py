@@ -1,5 +1,7 @@
-"""Real local infrastructure for `memq dev` and the tests: moto S3, tansu Kafka, ZooKeeper."""
+"""Real local infrastructure for `memq dev` and the tests: moto S3, tansu Kafka, ZooKeeper,
+and governed broker processes on them."""
 
 from memq.devcluster.cluster import DevCluster
+from memq.devcluster.governed import BrokerHost, GovernedCluster
 
-__all__ = ["DevCluster"]
+__all__ = ["BrokerHost", "DevCluster", "GovernedCluster"]

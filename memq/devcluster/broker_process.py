@@ -3,6 +3,7 @@
 `BrokerProcess(config, run_dir).start()` writes the config as TOML, runs
 `python -m memq.broker --config FILE` (dying with its parent), waits for `/healthz`, and can
 stop it with SIGTERM (graceful: flush, store, ack) or kill it with SIGKILL (crash tests).
+A `launcher` prefix runs it elsewhere, e.g. `ip netns exec HOST` for the fault harness.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import signal
 import sys
 import urllib.error
 import urllib.request
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -55,10 +57,11 @@ def _toml_value(value: object) -> str:
 class BrokerProcess:
     """One broker in its own process; `url` is set once it answers /healthz."""
 
-    def __init__(self, config: MemqConfig, run_dir: str | Path) -> None:
+    def __init__(self, config: MemqConfig, run_dir: str | Path, *, launcher: Sequence[str] = ()) -> None:
         self.config = config
         self.run_dir = Path(run_dir)
         self.broker_id = config.broker.broker_id
+        self.launcher = tuple(launcher)
         self.url = ""
         self._proc: ManagedProcess | None = None
 
@@ -81,8 +84,8 @@ class BrokerProcess:
             path = self.run_dir / f"broker-{self.broker_id}.toml"
             path.write_text(config_toml(dataclasses.replace(self.config, broker=broker)))
             url = broker.advertised_url or f"http://{broker.host}:{port}"
-            self._proc = spawn(f"broker-{self.broker_id}", [sys.executable, "-m", "memq.broker", "--config", str(path)],
-                               log_path=self.run_dir / f"broker-{self.broker_id}.log")
+            argv = [*self.launcher, sys.executable, "-m", "memq.broker", "--config", str(path)]
+            self._proc = spawn(f"broker-{self.broker_id}", argv, log_path=self.run_dir / f"broker-{self.broker_id}.log")
             if wait_ready(self._proc, lambda: _healthy(url), timeout_s):
                 self.url = url
                 return self
@@ -122,3 +125,12 @@ def _healthy(url: str) -> bool:
             return resp.status == 200
     except (urllib.error.URLError, OSError):
         return False
+
+
+def hosted_topics(url: str) -> list[str]:
+    """Topics the broker at `url` hosts now, from its /healthz ([] while it does not answer)."""
+    try:
+        with urllib.request.urlopen(url + "/healthz", timeout=2.0) as resp:
+            return list(json.load(resp)["topics"])
+    except (urllib.error.URLError, OSError, ValueError, KeyError):
+        return []
