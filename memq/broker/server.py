@@ -65,12 +65,19 @@ class Broker:
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((bc.host, bc.port))
+        self.url = bc.advertised_url or f"http://{bc.host}:{sock.getsockname()[1]}"
+        # Accept connections only once the configured topics are open: a client (or a process
+        # manager polling /healthz) that reached us earlier would be told the topic is unknown.
+        # The port is bound first, so a clash fails fast; until listen() clients see "refused".
+        try:
+            for topic in self.config.topics:
+                await self.add_topic(topic)
+        except BaseException:
+            sock.close()
+            raise
         self._runner = web.AppRunner(self.app, handle_signals=False, access_log=None)
         await self._runner.setup()
         await web.SockSite(self._runner, sock).start()
-        self.url = bc.advertised_url or f"http://{bc.host}:{sock.getsockname()[1]}"
-        for topic in self.config.topics:
-            await self.add_topic(topic)
         log.info("broker %s listening on %s, topics %s", self.broker_id, self.url, sorted(self._processors))
         return self.url
 
