@@ -13,7 +13,7 @@ import pytest
 from memq.broker import Broker
 from memq.config import BrokerConfig, MemqConfig, StorageConfig, TopicConfig
 from memq.devcluster.process import free_port
-from memq.format import Notification
+from inproc import NullPublisher
 
 
 class GatedAdmin:
@@ -26,11 +26,6 @@ class GatedAdmin:
     def create_topic(self, name: str, partitions: int) -> None:
         assert self.gate.wait(10), "test never opened the gate"
         self.created.append(name)
-
-
-class NullPublisher:
-    async def publish(self, kafka_topic: str, n: Notification) -> tuple[int, int]:
-        return 0, 0
 
 
 async def test_no_connection_is_accepted_before_configured_topics_are_open(tmp_path: Path) -> None:

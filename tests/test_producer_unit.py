@@ -4,6 +4,7 @@ Sender/Producer over an in-process fake broker connection."""
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -12,7 +13,7 @@ import pytest
 from memq.client.accumulator import Accumulator, record_size
 from memq.client.producer import Producer
 from memq.config import ProducerConfig
-from memq.errors import ConfigError, ProduceError, ProducerClosedError, ProducerTimeoutError, UnknownTopicError
+from memq.errors import ConfigError, MessageTooLargeError, ProduceError, ProducerClosedError, ProducerTimeoutError, UnknownTopicError
 from memq.format import Codec, decode_message
 from memq.format.wire import Ack, AckCode, decode_request
 
@@ -69,9 +70,10 @@ def test_accumulator_reports_an_encoding_failure_with_its_waiters() -> None:
 
 
 class FakeRouter:
-    def __init__(self, topics: dict[str, list[str]]) -> None:
+    def __init__(self, topics: dict[str, list[str]], frame_limit: int = 0) -> None:
         self.topics = topics
         self.failed: list[str] = []
+        self.limit = frame_limit
 
     async def brokers_for(self, topic: str) -> list[str]:
         if topic not in self.topics:
@@ -96,6 +98,9 @@ class FakeRouter:
     def forget(self, topic: str) -> None:
         pass
 
+    def frame_limit(self, url: str) -> int:
+        return self.limit
+
 
 class FakeBroker:
     """Answers each frame with `answers` in turn (the last one repeats); None: never answers."""
@@ -105,6 +110,7 @@ class FakeBroker:
         self.frames: list[bytes] = []
         self.url = "http://fake"
         self.closed = False
+        self.too_large = False
         self.on_ack: Callable[[Ack], None] = lambda ack: None
 
     async def connect(self, url: str, on_ack: Callable[[Ack], None], on_lost: object) -> FakeBroker:
@@ -124,9 +130,22 @@ class FakeBroker:
         self.closed = True
 
 
-def producer(broker: FakeBroker, **config: object) -> Producer:
+def producer(broker: FakeBroker, frame_limit: int = 0, **config: object) -> Producer:
     pc = ProducerConfig(brokers="http://fake", linger_ms=1, retry_backoff_ms=1, **config)   # type: ignore[arg-type]
-    return Producer(pc, router=FakeRouter({"t": [broker.url]}), connector=broker.connect)
+    return Producer(pc, router=FakeRouter({"t": [broker.url]}, frame_limit), connector=broker.connect)
+
+
+async def test_a_message_over_the_brokers_frame_limit_fails_at_once_naming_both_sizes() -> None:
+    broker = FakeBroker([AckCode.OK])
+    async with producer(broker, frame_limit=4096, retries=5) as p:
+        small = await p.send("t", b"s" * 100)
+        await p.flush()
+        big = await p.send("t", os.urandom(10_000))   # incompressible
+        await p.flush()
+        with pytest.raises(MessageTooLargeError, match=r"Message of 10\d{3} bytes is over .*max_frame_bytes=4096"):
+            await big
+    assert (await small).sequence == 0
+    assert len(broker.frames) == 1                    # the big one was never sent, nor retried
 
 
 async def test_a_retriable_failure_resends_the_same_message_then_delivers() -> None:

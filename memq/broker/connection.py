@@ -15,7 +15,7 @@ import time
 from collections import deque
 from typing import TYPE_CHECKING
 
-from aiohttp import WSCloseCode, WSMsgType, web
+from aiohttp import WebSocketError, WSCloseCode, WSMsgType, web
 
 from memq.errors import FormatError, ProtocolError
 from memq.format import verify_message
@@ -56,7 +56,12 @@ class ProduceConnection:
                     self._reject(NO_REQUEST_ID, "", AckCode.PROTOCOL,
                                  "text frame: the produce protocol uses binary frames only")
                 elif msg.type == WSMsgType.ERROR:
-                    log.info("produce connection error: %s", self._ws.exception())
+                    e = self._ws.exception()
+                    if isinstance(e, WebSocketError) and e.code == WSCloseCode.MESSAGE_TOO_BIG:
+                        log.warning("closed a produce connection (1009): %s (broker.max_frame_bytes=%d)",
+                                    e, self._broker.config.broker.max_frame_bytes)
+                    else:
+                        log.info("produce connection error: %s", e)
                     break
             # let queued acks (e.g. from a final batch) go out before closing
             if not self._closed and not self._ws.closed:

@@ -166,7 +166,7 @@ class Broker:
             cluster=c.cluster.name, broker_id=self.broker_id, kafka_bootstrap_servers=c.kafka.bootstrap_servers,
             storage=StorageMetadata(kind=c.storage.kind, bucket=c.s3.bucket, endpoint_url=c.s3.endpoint_url,
                                     region=c.s3.region, root_dir=c.storage.root_dir),
-            brokers=(BrokerMetadata(self.broker_id, self.url, c.broker.rack),),
+            brokers=(BrokerMetadata(self.broker_id, self.url, c.broker.rack, c.broker.max_frame_bytes),),
             topics={name: TopicMetadata(name, p.notification_topic, p.config.read_partitions, (self.url,))
                     for name, p in self._processors.items()})
         return own.overlaid(self.cluster_view() if self.cluster_view is not None else None)

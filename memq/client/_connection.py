@@ -8,6 +8,7 @@ import socket
 from typing import Callable
 
 import aiohttp
+from aiohttp import WSCloseCode
 
 from memq.errors import BrokerUnavailableError, ProtocolError
 from memq.format.wire import Ack, decode_acks
@@ -39,6 +40,7 @@ class BrokerConnection:
         self._reader: asyncio.Task[None] | None = None
         self._send_lock = asyncio.Lock()
         self.closed = False
+        self.too_large = False
 
     async def connect(self) -> None:
         try:
@@ -90,7 +92,10 @@ class BrokerConnection:
                 elif msg.type == aiohttp.WSMsgType.ERROR:
                     why = f"connection to {self.url} lost: {self._ws.exception()}"
                     break
-            if self._ws.close_code is not None and self._ws.close_code != 1000:
+            if self._ws.close_code == WSCloseCode.MESSAGE_TOO_BIG:
+                self.too_large = True
+                why = "closed by broker: a frame was over its broker.max_frame_bytes (WebSocket code 1009)"
+            elif self._ws.close_code is not None and self._ws.close_code != 1000:
                 why = f"closed by broker with code {self._ws.close_code}"
         except ProtocolError as e:
             why = str(e)

@@ -35,6 +35,7 @@ class TopicRouter:
         self._topics: dict[str, list[str]] = {}
         self._cursor: dict[str, itertools.cycle[str]] = {}
         self._down: dict[str, float] = {}                # url -> monotonic time it may be tried again
+        self._frame_limits: dict[str, int] = {}          # url -> the largest frame it reads, as it said
         self._refreshing: SingleFlight[str, list[str]] = SingleFlight()
 
     async def brokers_for(self, topic: str) -> list[str]:
@@ -68,6 +69,10 @@ class TopicRouter:
         topic is about to be re-learned."""
         brokers = self._topics.get(topic)
         return not brokers or any(not self._is_down(b) for b in brokers)
+
+    def frame_limit(self, url: str) -> int:
+        """The largest produce frame broker `url` said it reads (0: not known)."""
+        return self._frame_limits.get(url, 0)
 
     def broker_ok(self, url: str) -> None:
         self._down.pop(url, None)
@@ -110,6 +115,8 @@ class TopicRouter:
         for md in answered:
             for b in md.brokers:
                 self._known.setdefault(b.url.rstrip("/"))
+                if b.max_frame_bytes:
+                    self._frame_limits[b.url.rstrip("/")] = b.max_frame_bytes
             info = md.topics.get(topic)
             if info:
                 hosting.update(dict.fromkeys(info.brokers))

@@ -46,6 +46,7 @@ class Connection(Protocol):
 
     url: str
     closed: bool
+    too_large: bool   # the broker closed it for a frame over its max_frame_bytes (WebSocket 1009)
 
     async def send(self, frame: bytes | bytearray) -> None: ...
     async def close(self) -> None: ...
@@ -65,6 +66,7 @@ class Router(Protocol):
     def can_fail_over(self, topic: str) -> bool: ...
     def redirect(self, topic: str, brokers: tuple[str, ...]) -> None: ...
     def forget(self, topic: str) -> None: ...
+    def frame_limit(self, url: str) -> int: ...
 
 
 @dataclass(slots=True, eq=False)   # identity semantics: kept in sets
@@ -193,6 +195,13 @@ class Sender(Generic[W]):
             router.broker_failed(url)
             self._retry_or_fail(msg, str(e), ProduceError, failover=True)
             return
+        limit = router.frame_limit(url)
+        if limit and len(msg.sealed.frame) > limit:   # the broker would close the connection (1009)
+            self._finish(msg, MessageTooLargeError(
+                f"topic {topic} sequence {msg.sealed.sequence}: a Message of {len(msg.sealed.frame)} bytes is over "
+                f"broker {url}'s broker.max_frame_bytes={limit}; lower producer.max_message_bytes (now "
+                f"{self.config.max_message_bytes}) below it, or raise the broker's limit"))
+            return
         msg.conn = conn
         self._in_flight[request_id] = msg
         if self.ack is not AckLevel.NONE:
@@ -238,13 +247,24 @@ class Sender(Generic[W]):
     def _on_lost(self, conn: Connection, why: str) -> None:
         if self._conns.get(conn.url) is conn:
             del self._conns[conn.url]
-        if not self.closed:
+        lost = [(rid, msg) for rid, msg in self._in_flight.items() if msg.conn is conn]
+        if conn.too_large and lost:
+            # The broker is fine; one frame was over its limit. The largest in flight surely is
+            # (it is at least the one that was): fail it without retry; the rest go again.
+            rid, msg = max(lost, key=lambda item: len(item[1].sealed.frame))
+            lost.remove((rid, msg))
+            del self._in_flight[rid]
+            self._cancel_timer(msg)
+            self._finish(msg, MessageTooLargeError(
+                f"topic {msg.sealed.topic} sequence {msg.sealed.sequence}: broker {conn.url} refused a Message of "
+                f"{len(msg.sealed.frame)} bytes as over its broker.max_frame_bytes (it did not say its limit); "
+                f"lower producer.max_message_bytes (now {self.config.max_message_bytes})"))
+        elif not self.closed:
             self._router_for().broker_failed(conn.url)
-        for rid, msg in list(self._in_flight.items()):
-            if msg.conn is conn:
-                del self._in_flight[rid]
-                self._cancel_timer(msg)
-                self._retry_or_fail(msg, f"connection to {conn.url} lost: {why}", ProduceError, failover=True)
+        for rid, msg in lost:
+            del self._in_flight[rid]
+            self._cancel_timer(msg)
+            self._retry_or_fail(msg, f"connection to {conn.url} lost: {why}", ProduceError, failover=not conn.too_large)
 
     def _timed_out(self, msg: InFlight[W], request_id: int) -> None:
         if self._in_flight.pop(request_id, None) is not msg:

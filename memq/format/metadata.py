@@ -24,6 +24,7 @@ class BrokerMetadata:
     id: str
     url: str
     rack: str = ""
+    max_frame_bytes: int = 0             # the largest produce frame it reads; 0 = not said (older broker)
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,7 +80,8 @@ class ClusterMetadata:
             "v": self.v,
             "cluster": self.cluster,
             "broker_id": self.broker_id,
-            "brokers": [{"id": b.id, "url": b.url, "rack": b.rack} for b in self.brokers],
+            "brokers": [{"id": b.id, "url": b.url, "rack": b.rack, "max_frame_bytes": b.max_frame_bytes}
+                        for b in self.brokers],
             "topics": {name: {"brokers": list(t.brokers), "notification_topic": t.notification_topic,
                               "read_partitions": t.read_partitions}
                        for name, t in self.topics.items()},
@@ -117,8 +119,11 @@ class ClusterMetadata:
 
 def _broker(doc: object) -> BrokerMetadata:
     b = _obj(doc, "metadata broker")
+    limit = b.get("max_frame_bytes", 0)
+    if type(limit) is not int or limit < 0:
+        raise CorruptDataError(f"metadata broker: max_frame_bytes is {limit!r}, want an int >= 0")
     return BrokerMetadata(id=_str(b, "id", "metadata broker"), url=_str(b, "url", "metadata broker"),
-                          rack=_str(b, "rack", "metadata broker", ""))
+                          rack=_str(b, "rack", "metadata broker", ""), max_frame_bytes=limit)
 
 
 def _topic(name: str, doc: object) -> TopicMetadata:

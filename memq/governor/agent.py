@@ -69,7 +69,8 @@ class BrokerAgent:
     @property
     def info(self) -> BrokerInfo:
         bc = self.config.broker
-        return BrokerInfo(self.broker.broker_id, self.broker.url, bc.rack, bc.capacity_mbps)
+        return BrokerInfo(self.broker.broker_id, self.broker.url, bc.rack, bc.capacity_mbps,
+                          max_frame_bytes=bc.max_frame_bytes)
 
     async def start(self) -> None:
         """Connect, register, clear a drain flag left by an earlier run, join the election.
@@ -146,7 +147,7 @@ class BrokerAgent:
             return None
         cluster = self.config.cluster.name
         return ClusterView(
-            brokers=tuple(BrokerMetadata(b.id, b.url, b.rack) for b in view.brokers.values()),
+            brokers=tuple(BrokerMetadata(b.id, b.url, b.rack, b.max_frame_bytes) for b in view.brokers.values()),
             topics={name: TopicMetadata(name, cfg.notification_topic_for(cluster), cfg.read_partitions,
                                         tuple(view.topic_urls(name)))
                     for name, cfg in view.topics.items()})

@@ -30,6 +30,7 @@ class BrokerInfo:
     rack: str = ""
     capacity_mbps: float = 100.0
     draining: bool = False
+    max_frame_bytes: int = 0   # passed on to clients in the metadata; 0 = not said
 
     def __post_init__(self) -> None:
         if self.capacity_mbps <= 0:
