@@ -37,6 +37,7 @@ links (delay:s3), or a broker's links to S3 and Kafka (delay:b2), get extra late
 kill-consumer: SIGKILL the group's consumer, restart it after the fault (at-least-once: what it
 had not committed is delivered again)."""
 DELAYED_FOR_BROKER = ("s3", "kafka")
+DEFAULT_LINK = LinkShape(delay_s=0.2, jitter_s=0.1)
 
 
 @dataclass(frozen=True)
@@ -120,7 +121,7 @@ class Nemesis:
     """
 
     def __init__(self, cluster: ChaosCluster, faults: Sequence[Fault], log: Callable[[str], None] = print, *,
-                 link: LinkShape = LinkShape(0.2, 0.1), consumer: ConsumerHandle | None = None) -> None:
+                 link: LinkShape = DEFAULT_LINK, consumer: ConsumerHandle | None = None) -> None:
         self.cluster = cluster
         self.link = link
         self.consumer = consumer

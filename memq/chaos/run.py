@@ -19,7 +19,7 @@ from pathlib import Path
 from memq.chaos.checker import Observations, Verdict, check
 from memq.chaos.cluster import ChaosCluster, host_names
 from memq.chaos.linkproxy import LinkShape
-from memq.chaos.nemesis import Fault, Nemesis, delayed_links, describe, schedule
+from memq.chaos.nemesis import DEFAULT_LINK, Fault, Nemesis, delayed_links, describe, schedule
 from memq.chaos.topology import Topology, sweep_stale
 from memq.chaos.workload import load_acks, load_delivered, read_objects, read_pointers
 from memq.config import TopicConfig
@@ -44,8 +44,8 @@ class RunSpec:
     catch_up_s: float = 60.0
     durations: tuple[float, float] = (5.0, 12.0)
     gap_s: tuple[float, float] = (8.0, 15.0)
-    delay_s: float = 0.2         # delay faults: extra one-way latency per chunk ...
-    jitter_s: float = 0.1        # ... plus or minus up to this
+    delay_s: float = DEFAULT_LINK.delay_s     # delay faults: extra one-way latency per chunk ...
+    jitter_s: float = DEFAULT_LINK.jitter_s   # ... plus or minus up to this
 
 
 @dataclass(frozen=True)
@@ -111,8 +111,9 @@ class _Consumer:
         self.proc = start()
 
     def kill(self) -> None:
-        os.killpg(self.proc.pid, signal.SIGKILL)
-        self.proc.popen.wait(10)
+        if self.proc.alive():   # one that crashed by itself is restarted all the same
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.popen.wait(10)
 
     def restart(self) -> None:
         self.proc = self._start()
