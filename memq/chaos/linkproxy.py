@@ -95,7 +95,10 @@ class LinkProxy:
         except (OSError, TimeoutError):
             c_writer.close()
             return
-        shaped = lambda: self.shape if self.shape.applies(peer) else LinkShape()  # noqa: E731
+
+        def shaped() -> LinkShape:
+            return self.shape if self.shape.applies(peer) else LinkShape()
+
         pipes = [asyncio.ensure_future(_pipe(c_reader, u_writer, shaped, self._rng)),
                  asyncio.ensure_future(_pipe(u_reader, c_writer, shaped, self._rng))]
         try:
