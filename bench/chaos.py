@@ -1,7 +1,7 @@
 """Chaos: memq under a seeded nemesis across namespace hosts (see memq/chaos).
 
-`python -m bench chaos [--minutes N] [--seed S] [--kinds K,K] [--quick]`: the default schedule
-draws every fault kind for 5 minutes (quick: 60 s of faults today's code survives). Prints the per-fault table, then the JSON line: keys
+`python -m bench chaos [--minutes N] [--seed S] [--kinds K,K] [--delay-ms D --jitter-ms J] [--quick]`:
+the default schedule draws every fault kind for 5 minutes (quick: 60 s of faults today's code survives). Prints the per-fault table, then the JSON line: keys
 `faults`, `acked_lost`, `duplicates`, `dangling_pointers`, `max_write_gap_s` and `ratios`
 (acked records kept, sends acked, write availability: higher is better). Needs root.
 """
@@ -16,6 +16,8 @@ from memq.chaos.topology import unavailable
 
 SURVIVABLE = ("kill", "cut-zk", "pause:s3")
 DEFAULT_SEED = 1
+DELAY_MS = RunSpec.delay_s * 1000
+JITTER_MS = RunSpec.jitter_s * 1000
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -23,15 +25,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=DEFAULT_SEED)
     parser.add_argument("--kinds", type=lambda s: tuple(s.split(",")), default=None,
                         help=f"comma-separated, of {', '.join(KINDS)} (kind:target ok)")
+    parser.add_argument("--delay-ms", type=float, default=DELAY_MS, help="delay faults: extra one-way latency")
+    parser.add_argument("--jitter-ms", type=float, default=JITTER_MS, help="delay faults: plus or minus up to this")
 
 
 def run(quick: bool, minutes: float | None = None, seed: int = DEFAULT_SEED,
-        kinds: tuple[str, ...] | None = None) -> dict[str, object]:
+        kinds: tuple[str, ...] | None = None, delay_ms: float = DELAY_MS,
+        jitter_ms: float = JITTER_MS) -> dict[str, object]:
     why = unavailable()
     if why:
         raise SystemExit(f"bench chaos: {why}")
     seconds = 60.0 * (minutes if minutes is not None else (1.0 if quick else 5.0))
-    spec = RunSpec(seed=seed, seconds=seconds, kinds=kinds or (SURVIVABLE if quick else KINDS))
+    spec = RunSpec(seed=seed, seconds=seconds, kinds=kinds or (SURVIVABLE if quick else KINDS),
+                   delay_s=delay_ms / 1000, jitter_s=jitter_ms / 1000)
     result = run_chaos(spec, log=lambda s: print(s, flush=True))
     print(table(result), flush=True)
     out = summary(result)

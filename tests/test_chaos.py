@@ -31,3 +31,24 @@ def test_short_seeded_run_loses_nothing() -> None:
     assert v.acked > 0.5 * v.sends, report
     assert v.passed, report
     assert all(f.heal_to_first_ack_s is not None for f in v.faults), report
+
+
+@pytest.mark.slow
+def test_consumer_kill_and_delayed_links_lose_nothing() -> None:
+    """The group's consumer SIGKILLed and restarted gets again only what it had not committed;
+    delayed links to Kafka, to S3 and from one broker slow writes but lose none."""
+    why = unavailable()
+    if why:
+        pytest.skip(f"chaos harness: {why}")
+    spec = RunSpec(seed=SEED, seconds=100.0, kinds=("kill-consumer", "delay:kafka", "delay:s3", "delay:b1"),
+                   durations=(6.0, 8.0), gap_s=(5.0, 8.0), rate=80.0)
+    result = run(spec)
+    report = table(result)
+    print(report)
+    v = result.verdict
+    assert {f.kind for f in result.schedule} == {"kill-consumer", "delay"}, report
+    assert len(v.faults) == len(result.schedule) and not result.nemesis_errors, report
+    assert v.passed, report
+    kills = [f for f in v.faults if f.name.startswith("kill-consumer")]
+    assert sum(f.redelivered for f in kills) > 0, report     # the restart re-read uncommitted records
+    assert v.duplicates < v.acked, report                    # ... not everything: it resumed from commits

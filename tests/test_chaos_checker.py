@@ -66,3 +66,21 @@ def test_write_gap_spans_failed_acks() -> None:
     obs = _clean()
     acks = [dataclasses.replace(a, ok=False) if a.record_id in ("p0-2", "p0-3") else a for a in obs.acks]
     assert check(dataclasses.replace(obs, acks=acks)).max_write_gap_s == 3.0
+
+
+def test_redeliveries_count_against_the_fault_before_them() -> None:
+    """A consumer SIGKILLed at t=1 and restarted re-reads what it had not committed."""
+    obs = _clean()
+    again = [Delivered("p0-0", 12.0), Delivered("p0-1", 12.5), Delivered("p0-2", 30.0)]
+    faults = [FaultWindow("kill-consumer:consumer 1s", 1.0, 2.0), FaultWindow("kill b1", 25.0, 26.0)]
+    v = check(dataclasses.replace(obs, delivered=[*obs.delivered, *again], faults=faults))
+    assert v.passed and v.duplicates == 3
+    assert [f.redelivered for f in v.faults] == [2, 1]
+
+
+def test_fault_write_gap_runs_to_the_first_ack_after_the_heal() -> None:
+    obs = _clean()
+    acks = [dataclasses.replace(a, ok=False) if a.record_id in ("p0-1", "p0-2") else a for a in obs.acks]
+    v = check(dataclasses.replace(obs, acks=acks, faults=[FaultWindow("pause:s3", 1.0, 2.0)]))
+    # acks done at 0.5 and 3.5: from the fault's start (1.0) to the first ack after its heal
+    assert (v.faults[0].max_write_gap_s, v.faults[0].heal_to_first_ack_s) == (2.5, 1.5)

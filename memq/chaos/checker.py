@@ -4,7 +4,9 @@ Inputs are plain records the workload logs (every producer ack, every consumer d
 the independent read after the run (every notification decoded, every S3 object decoded).
 A record is *reachable* when an object that some notification points at contains it: that is
 what any reader can ever get. Acked-but-unreachable is lost; a notification whose object is
-absent is a dangling pointer (readers stop on it with DataLossError).
+absent is a dangling pointer (readers stop on it with DataLossError). A delivery of a record
+already delivered is a redelivery, counted against the fault that last started before it
+(a SIGKILLed consumer's restart re-reads what it had not committed: at-least-once).
 """
 
 from __future__ import annotations
@@ -75,6 +77,8 @@ class FaultRow:
     failed: int                      # of those, failed or never resolved
     acked_lost: int                  # of those, acked but unreachable
     heal_to_first_ack_s: float | None  # None: no ack after the heal
+    max_write_gap_s: float           # longest stretch without an ack, from the start to the first ack after
+    redelivered: int                 # deliveries of already delivered records, until the next fault
 
 
 @dataclass(frozen=True)
@@ -120,6 +124,9 @@ def check(obs: Observations) -> Verdict:
     lost = sorted(acked - reachable.keys())
     missed = len((acked & reachable.keys()) - delivered.keys())
     ack_times = sorted(a.done_s for a in obs.acks if a.ok)
+    redelivered = _redelivery_times(obs.delivered)
+    windows = sorted(obs.faults, key=lambda f: f.start_s)
+    ends = [f.start_s for f in windows[1:]] + [float("inf")]
     return Verdict(
         sends=len({a.record_id for a in obs.acks}),
         acked=len(acked),
@@ -133,7 +140,8 @@ def check(obs: Observations) -> Verdict:
         max_write_gap_s=_max_gap(ack_times, obs.run_start_s, obs.produce_end_s),
         catch_up_s=None if missed or not obs.delivered
         else max(0.0, max(d.at_s for d in obs.delivered) - obs.produce_end_s),
-        faults=tuple(_fault_row(f, obs.acks, set(lost), ack_times) for f in obs.faults),
+        faults=tuple(_fault_row(f, obs, set(lost), ack_times, [t for t in redelivered if f.start_s <= t < until])
+                     for f, until in zip(windows, ends)),
         lost_ids=tuple(lost[:20]),
     )
 
@@ -144,9 +152,22 @@ def _max_gap(times: Sequence[float], start: float, end: float) -> float:
     return max((b - a for a, b in zip(edges, edges[1:])), default=0.0)
 
 
-def _fault_row(f: FaultWindow, acks: Iterable[AckEvent], lost: set[str], ack_times: Sequence[float]) -> FaultRow:
-    inside = [a for a in acks if f.start_s <= a.sent_s <= f.end_s]
+def _redelivery_times(delivered: Iterable[Delivered]) -> list[float]:
+    seen: set[str] = set()
+    out = []
+    for d in sorted(delivered, key=lambda d: d.at_s):
+        if d.record_id in seen:
+            out.append(d.at_s)
+        seen.add(d.record_id)
+    return out
+
+
+def _fault_row(f: FaultWindow, obs: Observations, lost: set[str], ack_times: Sequence[float],
+               redelivered: Sequence[float]) -> FaultRow:
+    inside = [a for a in obs.acks if f.start_s <= a.sent_s <= f.end_s]
     after = next((t for t in ack_times if t >= f.end_s), None)
+    gap_end = after if after is not None else max(f.end_s, obs.produce_end_s)
     return FaultRow(f.name, f.start_s, f.end_s, len(inside), sum(1 for a in inside if not a.ok),
                     sum(1 for a in inside if a.ok and a.record_id in lost),
-                    None if after is None else after - f.end_s)
+                    None if after is None else after - f.end_s,
+                    _max_gap(ack_times, f.start_s, gap_end), len(redelivered))

@@ -5,7 +5,9 @@ binds where asked): the loopback address there is replaced by the host's address
 server in a namespace must listen on that namespace's interface. Every server is spawned with
 memq.devcluster.process (own process group, dies with the harness) through `ip netns exec`; the
 brokers are memq.devcluster's GovernedCluster, each placed in its host the same way.
-Ports are fixed: each host has its own port space.
+Ports are fixed: each host has its own port space. A server named in `shaped` gets a
+memq.chaos.linkproxy in its host, in the path of every connection to it (iptables REDIRECT),
+so the nemesis can delay its links with `shape_link`; the others are reached directly.
 """
 
 from __future__ import annotations
@@ -13,11 +15,13 @@ from __future__ import annotations
 import dataclasses
 import socket
 import sys
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 
 from memq.config import (AuditConfig, ClusterConfig, GovernorConfig, KafkaConfig, MemqConfig, S3Config,
                          TopicConfig, ZooKeeperConfig)
+from memq.chaos.linkproxy import LinkShape
 from memq.chaos.topology import Topology
 from memq.devcluster import BrokerHost, GovernedCluster
 from memq.devcluster.process import ManagedProcess, spawn, wait_ready
@@ -26,6 +30,7 @@ from memq.errors import DevClusterError
 
 LOOPBACK = "127.0.0.1"
 PORTS = {"s3": 9000, "kafka": 9092, "zookeeper": 2181}
+PROXY_PORT_OFFSET = 10000   # a shaped server's link proxy listens on its port + this
 BROKER_PORT = 8080
 READY_TIMEOUT_S = 60.0
 GOVERNOR = GovernorConfig(interval_s=1.0, reconcile_interval_s=0.5, drain_timeout_s=10.0)
@@ -57,8 +62,13 @@ class ChaosCluster:
     """Servers in `topo`'s hosts and a GovernedCluster of brokers in theirs; `config` is what
     clients use (producer: all brokers)."""
 
-    def __init__(self, topo: Topology, run_dir: Path, brokers: int = 3, *, zk_session_s: float = 4.0) -> None:
+    def __init__(self, topo: Topology, run_dir: Path, brokers: int = 3, *, zk_session_s: float = 4.0,
+                 shaped: Collection[str] = ()) -> None:
+        unknown = set(shaped) - set(PORTS)
+        if unknown:
+            raise DevClusterError(f"no server {sorted(unknown)} to shape (servers: {', '.join(PORTS)})")
         self.topo = topo
+        self.shaped = tuple(shaped)
         self.run_dir = run_dir
         self.broker_ids = [f"b{i}" for i in range(1, brokers + 1)]
         h = topo.hosts
@@ -106,12 +116,38 @@ class ChaosCluster:
                 ip = self.topo.hosts[name].ip
                 if not wait_ready(self.procs[name], lambda: _serving(ip, port), READY_TIMEOUT_S):
                     raise DevClusterError(f"{name} exited; log:\n{self.procs[name].log_tail()}")
+            for name in self.shaped:
+                self._start_link_proxy(name)
             self._create_bucket()
             self.brokers.start()
         except BaseException:
             self.stop()
             raise
         return self
+
+    def _control(self, name: str) -> Path:
+        return self.run_dir / name / "link.json"
+
+    def _start_link_proxy(self, name: str) -> None:
+        """The proxy in `name`'s host, then the REDIRECT that puts it in every client's path
+        (its own connection to the server is local, so it is not redirected)."""
+        ip, port = self.topo.hosts[name].ip, PORTS[name]
+        proxy_port = port + PROXY_PORT_OFFSET
+        LinkShape().write(self._control(name))
+        argv = [sys.executable, "-m", "memq.chaos.linkproxy", "--listen", f"{ip}:{proxy_port}",
+                "--upstream", f"{ip}:{port}", "--control", str(self._control(name))]
+        proc = self.procs[f"{name}-link"] = spawn(f"{name}-link", self.topo.exec_argv(name, argv),
+                                                  log_path=self.run_dir / "logs" / f"{name}-link.log")
+        if not wait_ready(proc, lambda: _serving(ip, proxy_port), READY_TIMEOUT_S):
+            raise DevClusterError(f"link proxy of {name} exited; log:\n{proc.log_tail()}")
+        self.topo.run(name, "iptables", "-t", "nat", "-A", "PREROUTING", "-p", "tcp", "-d", ip,
+                      "--dport", str(port), "-j", "REDIRECT", "--to-ports", str(proxy_port))
+
+    def shape_link(self, name: str, shape: LinkShape) -> None:
+        """Set the delay of connections to server `name` (one started with it in `shaped`)."""
+        if name not in self.shaped:
+            raise DevClusterError(f"server {name} has no link proxy (shaped: {list(self.shaped) or 'none'})")
+        shape.write(self._control(name))
 
     def _create_bucket(self) -> None:
         import boto3
@@ -132,18 +168,16 @@ class ChaosCluster:
         return self.brokers.create_topic(topic)
 
     def stop(self) -> None:
-        """Brokers first, then servers; SIGKILL after a short grace (the data is throwaway)."""
+        """Brokers first, then servers (link proxies first); SIGKILL after a short grace (the data is throwaway)."""
         try:
             self.brokers.stop()
         except DevClusterError:
             pass
-        for name in reversed(list(PORTS)):
-            proc = self.procs.pop(name, None)
-            if proc is not None:
-                try:
-                    proc.stop(5.0)
-                except DevClusterError:
-                    pass
+        for name in reversed(list(self.procs)):
+            try:
+                self.procs.pop(name).stop(5.0)
+            except DevClusterError:
+                pass
 
     def __enter__(self) -> ChaosCluster:
         return self.start()

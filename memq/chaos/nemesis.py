@@ -5,7 +5,9 @@ and durations, with quiet gaps between them (so each fault's heal-to-first-ack i
 `Nemesis.run` applies them to a ChaosCluster and returns when each was applied and healed.
 Partitions and packet loss are iptables rules inside the faulty host's namespace (flushed on
 heal); rate limits are tc tbf on the bridge side of a server's link (traffic towards it).
-There is no `tc netem` on these kernels, hence iptables' random drop for loss.
+There is no `tc netem` on these kernels, hence iptables' random drop for loss and a
+userspace link proxy (memq.chaos.linkproxy) for delay with jitter. A consumer fault SIGKILLs
+the workload's group consumer and starts it again (through `ConsumerHandle`).
 """
 
 from __future__ import annotations
@@ -16,19 +18,26 @@ import signal
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from memq.chaos.checker import FaultWindow
 from memq.chaos.cluster import ChaosCluster
+from memq.chaos.linkproxy import LinkShape
 from memq.chaos.topology import sh
 from memq.errors import ConfigError
 
 SERVERS = ("s3", "kafka", "zookeeper")
 KINDS = ("kill", "kill-governor", "pause", "cut-zk", "cut-s3", "cut-kafka", "cut-producer",
-         "split", "loss", "slow-s3")
+         "split", "loss", "slow-s3", "delay", "kill-consumer")
 """kill: SIGKILL a broker, restart it after the fault; pause: SIGSTOP/SIGCONT a server; cut-X: a
 broker loses X; cut-producer: the producers lose one broker; split: one broker loses the other
 brokers and ZooKeeper (minority) while the rest keep both (majority); loss: 5% of a broker's
-packets to S3 and Kafka dropped; slow-s3: traffic to S3 limited to 4 Mbit/s."""
+packets to S3 and Kafka dropped; slow-s3: traffic to S3 limited to 4 Mbit/s; delay: a server's
+links (delay:s3), or a broker's links to S3 and Kafka (delay:b2), get extra latency with jitter;
+kill-consumer: SIGKILL the group's consumer, restart it after the fault (at-least-once: what it
+had not committed is delivered again)."""
+DELAYED_FOR_BROKER = ("s3", "kafka")
+DEFAULT_LINK = LinkShape(delay_s=0.2, jitter_s=0.1)
 
 
 @dataclass(frozen=True)
@@ -51,6 +60,10 @@ def schedule(seed: int, kinds: Sequence[str], *, total_s: float, brokers: Sequen
     bad = [k for k in kinds if k.partition(":")[0] not in KINDS]
     if bad or not kinds:
         raise ConfigError(f"unknown fault kinds {bad} (known: {', '.join(KINDS)})" if bad else "no fault kinds")
+    for k in kinds:
+        kind, _, fixed = k.partition(":")
+        if fixed and fixed not in _targets(kind, brokers):
+            raise ConfigError(f"fault {k}: unknown target {fixed!r} (known: {', '.join(_targets(kind, brokers))})")
     rng = random.Random(seed)
     order = list(kinds)
     rng.shuffle(order)
@@ -66,10 +79,23 @@ def schedule(seed: int, kinds: Sequence[str], *, total_s: float, brokers: Sequen
         t += dur + rng.uniform(*gap_s)
 
 
+def _targets(kind: str, brokers: Sequence[str]) -> tuple[str, ...]:
+    fixed = {"kill-governor": "governor", "slow-s3": "s3", "kill-consumer": "consumer"}.get(kind)
+    if fixed:
+        return (fixed,)
+    return {"pause": SERVERS, "delay": (*SERVERS, *brokers)}.get(kind, tuple(brokers))
+
+
 def _target(rng: random.Random, kind: str, brokers: Sequence[str]) -> str:
-    if kind == "pause":
-        return rng.choice(SERVERS)
-    return {"kill-governor": "governor", "slow-s3": "s3"}.get(kind) or rng.choice(list(brokers))
+    targets = _targets(kind, brokers)
+    return targets[0] if len(targets) == 1 else rng.choice(targets)
+
+
+def delayed_links(fault: Fault) -> tuple[str, ...]:
+    """The servers whose links a fault delays (none for other kinds)."""
+    if fault.kind != "delay":
+        return ()
+    return (fault.target,) if fault.target in SERVERS else DELAYED_FOR_BROKER
 
 
 def describe(seed: int, faults: Sequence[Fault]) -> str:
@@ -78,15 +104,27 @@ def describe(seed: int, faults: Sequence[Fault]) -> str:
     return "\n".join(lines)
 
 
+class ConsumerHandle(Protocol):
+    """The workload's group consumer, as the nemesis needs it."""
+
+    def kill(self) -> None: ...
+    def restart(self) -> None: ...
+
+
 class Nemesis:
     """Applies a schedule to `cluster`; `windows` holds what happened, in wall time.
 
     Runs in the main thread: restarted brokers die with the thread that spawned them
-    (PR_SET_PDEATHSIG), and the workload runs in its own processes anyway.
+    (PR_SET_PDEATHSIG), and the workload runs in its own processes anyway. `link` is the
+    latency a delay fault adds (its `peers` are filled in for a broker target); `consumer`
+    is needed by kill-consumer faults.
     """
 
-    def __init__(self, cluster: ChaosCluster, faults: Sequence[Fault], log: Callable[[str], None] = print) -> None:
+    def __init__(self, cluster: ChaosCluster, faults: Sequence[Fault], log: Callable[[str], None] = print, *,
+                 link: LinkShape = DEFAULT_LINK, consumer: ConsumerHandle | None = None) -> None:
         self.cluster = cluster
+        self.link = link
+        self.consumer = consumer
         self.faults = list(faults)
         self.windows: list[FaultWindow] = []
         self.errors: list[str] = []
@@ -121,6 +159,24 @@ class Nemesis:
             end = time.time()
             c.brokers.restart_broker(target)
             return start, end
+        if f.kind == "kill-consumer":
+            if self.consumer is None:
+                raise ConfigError("kill-consumer: the nemesis was given no consumer")
+            self.consumer.kill()
+            time.sleep(f.duration_s)
+            end = time.time()
+            self.consumer.restart()
+            return start, end
+        if f.kind == "delay":
+            peers = () if target in SERVERS else (hosts[target].ip,)
+            for server in delayed_links(f):
+                c.shape_link(server, LinkShape(self.link.delay_s, self.link.jitter_s, peers))
+            try:
+                time.sleep(f.duration_s)
+            finally:
+                for server in delayed_links(f):
+                    c.shape_link(server, LinkShape())
+            return start, time.time()
         if f.kind == "pause":
             pid = c.procs[target].pid
             os.killpg(pid, signal.SIGSTOP)

@@ -1,11 +1,14 @@
 """One chaos run end to end: hosts, cluster, workload, nemesis, independent read, verdict.
 
 Shared by the suite's short seeded run and `python -m bench chaos`. Everything it starts (the
-namespaces, the servers, the workload processes) is stopped and removed before it returns.
+namespaces, the servers, the workload processes) is stopped and removed before it returns;
+what a killed earlier run left behind is swept first.
 """
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
 import tempfile
 import time
@@ -15,8 +18,9 @@ from pathlib import Path
 
 from memq.chaos.checker import Observations, Verdict, check
 from memq.chaos.cluster import ChaosCluster, host_names
-from memq.chaos.nemesis import Fault, Nemesis, describe, schedule
-from memq.chaos.topology import Topology
+from memq.chaos.linkproxy import LinkShape
+from memq.chaos.nemesis import DEFAULT_LINK, Fault, Nemesis, delayed_links, describe, schedule
+from memq.chaos.topology import Topology, sweep_stale
 from memq.chaos.workload import load_acks, load_delivered, read_objects, read_pointers
 from memq.config import TopicConfig
 from memq.devcluster.broker_process import config_toml
@@ -40,6 +44,8 @@ class RunSpec:
     catch_up_s: float = 60.0
     durations: tuple[float, float] = (5.0, 12.0)
     gap_s: tuple[float, float] = (8.0, 15.0)
+    delay_s: float = DEFAULT_LINK.delay_s     # delay faults: extra one-way latency per chunk ...
+    jitter_s: float = DEFAULT_LINK.jitter_s   # ... plus or minus up to this
 
 
 @dataclass(frozen=True)
@@ -55,40 +61,62 @@ def run(spec: RunSpec, log: Callable[[str], None] = print, work_dir: Path | None
                       brokers=[f"b{i}" for i in range(1, spec.brokers + 1)],
                       durations=spec.durations, gap_s=spec.gap_s)
     log(describe(spec.seed, faults))
+    swept = sweep_stale()
+    if swept:
+        log(f"swept what a killed earlier run left: {', '.join(swept)}")
+    shaped = sorted({s for f in faults for s in delayed_links(f)})
     with tempfile.TemporaryDirectory(prefix="memq-chaos-") as tmp:
         work = work_dir or Path(tmp)
-        with Topology(host_names(spec.brokers)) as topo, ChaosCluster(topo, work, spec.brokers) as cluster:
+        with Topology(host_names(spec.brokers)) as topo, \
+                ChaosCluster(topo, work, spec.brokers, shaped=shaped) as cluster:
             placed = cluster.create_topic(TopicConfig(name=TOPIC, read_partitions=spec.partitions))
             log(f"cluster up: governor {cluster.governor()}, topic {TOPIC} on {', '.join(placed)}")
             client = work / "client.toml"
             client.write_text(config_toml(cluster.config))
             workers: list[ManagedProcess] = []
+            consumer_out = work / "consumer.jsonl"
+            consumer = _Consumer(lambda: _worker(topo, work, "consumer", "consume", client, consumer_out,
+                                                 "--catch-up-s", str(spec.catch_up_s)))
             try:
-                consumer_out = work / "consumer.jsonl"
-                workers.append(_worker(topo, work, "consumer", "consume", client, consumer_out,
-                                       "--catch-up-s", str(spec.catch_up_s)))
                 outs = [work / f"p{i}.jsonl" for i in range(spec.producers)]
                 t0 = time.time()
                 producers = [_worker(topo, work, "producer", "produce", client, out, "--name", f"p{i}",
                                      "--rate", str(spec.rate), "--seconds", str(spec.seconds))
                              for i, out in enumerate(outs)]
                 workers += producers
-                nemesis = Nemesis(cluster, faults, log)
+                nemesis = Nemesis(cluster, faults, log, link=LinkShape(spec.delay_s, spec.jitter_s),
+                                  consumer=consumer)
                 nemesis.run(t0, until=lambda: all(not p.alive() for p in producers))
                 _wait(producers, t0 + spec.seconds + EXIT_GRACE_S)
                 produce_end = t0 + spec.seconds
                 acks = load_acks([o for o in outs if o.exists()])
                 log(f"producers done: {sum(a.ok for a in acks)} of {len(acks)} sends acked")
                 consumer_out.with_suffix(".stop").write_text("\n".join(a.record_id for a in acks if a.ok))
-                _wait(workers[:1], time.time() + spec.catch_up_s + 30.0)
+                _wait([consumer.proc], time.time() + spec.catch_up_s + 30.0)
                 pointers = read_pointers(cluster.config, TOPIC, spec.partitions)
                 objects = read_objects(cluster.config)
             finally:
-                for w in workers:
+                for w in [consumer.proc, *workers]:
                     w.stop(5.0)
-            delivered = load_delivered(consumer_out) if consumer_out.exists() else []
+            delivered = load_delivered(consumer_out)
     verdict = check(Observations(acks, delivered, pointers, objects, nemesis.windows, t0, produce_end))
     return RunResult(spec, tuple(faults), verdict, tuple(nemesis.errors))
+
+
+class _Consumer:
+    """The workload's group consumer: SIGKILLed and started again by kill-consumer faults."""
+
+    def __init__(self, start: Callable[[], ManagedProcess]) -> None:
+        self._start = start
+        self.proc = start()
+
+    def kill(self) -> None:
+        if self.proc.alive():   # one that crashed by itself is restarted all the same
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.popen.wait(10)
+
+    def restart(self) -> None:
+        self.proc = self._start()
 
 
 def _worker(topo: Topology, work: Path, host: str, role: str, config: Path, out: Path, *extra: str) -> ManagedProcess:
@@ -108,10 +136,11 @@ def _wait(procs: Sequence[ManagedProcess], deadline: float) -> None:
 def table(result: RunResult) -> str:
     """The per-fault table and the totals, for people."""
     v = result.verdict
-    rows = [f"{'fault':<28}{'sends':>7}{'failed':>8}{'lost':>6}{'heal->ack s':>13}"]
+    rows = [f"{'fault':<28}{'sends':>7}{'failed':>8}{'lost':>6}{'heal->ack s':>13}{'max gap s':>11}{'redelivered':>13}"]
     for f in v.faults:
         heal = "never" if f.heal_to_first_ack_s is None else f"{f.heal_to_first_ack_s:.2f}"
-        rows.append(f"{f.name:<28}{f.sends:>7}{f.failed:>8}{f.acked_lost:>6}{heal:>13}")
+        rows.append(f"{f.name:<28}{f.sends:>7}{f.failed:>8}{f.acked_lost:>6}{heal:>13}{f.max_write_gap_s:>11.2f}"
+                    f"{f.redelivered:>13}")
     rows.append(f"totals: {v.sends} sends, {v.acked} acked, {v.acked_lost} acked-lost, {v.consumer_missed} "
                 f"missed by the group, {v.duplicates} duplicates delivered, {v.stored_duplicates} stored twice, "
                 f"{v.unacked_but_present} unacked-but-present, {v.dangling_pointers} dangling pointers, "
@@ -131,4 +160,6 @@ def summary(result: RunResult) -> dict[str, object]:
             "orphan_objects": v.orphan_objects, "sends": v.sends, "acked": v.acked,
             "catch_up_s": None if v.catch_up_s is None else round(v.catch_up_s, 2),
             "heal_to_first_ack_s": [f.heal_to_first_ack_s for f in v.faults],
+            "fault_write_gap_s": [round(f.max_write_gap_s, 2) for f in v.faults],
+            "redelivered": [f.redelivered for f in v.faults],
             "nemesis_errors": list(result.nemesis_errors), "passed": v.passed}

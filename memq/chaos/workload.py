@@ -5,7 +5,9 @@ independent read of everything the servers hold afterwards.
 memq.chaos.run with `ip netns exec`); each writes one JSON line per event to `--out`, which the
 harness turns into checker inputs. Record values are JSON {id, p, k, t}: unique id, producer,
 key, send time. The consumer enables `consumer.dedup_window`: readers do not de-duplicate by
-default yet, and the harness measures what a de-duplicating reader gets.
+default yet, and the harness measures what a de-duplicating reader gets. It auto-commits (every
+`consumer.auto_commit_interval_ms`), as most applications do: after a SIGKILL its next
+incarnation gets again what was handed over but not committed (at-least-once).
 """
 
 from __future__ import annotations
@@ -73,13 +75,14 @@ async def produce(config: MemqConfig, topic: str, name: str, rate: float, second
 # --- consuming ------------------------------------------------------------------------------
 
 
-def consume(config: MemqConfig, topic: str, group: str, stop_file: Path, catch_up_s: float, out: IO[str]) -> None:
+def consume(config: MemqConfig, topic: str, group: str, stop_file: Path, catch_up_s: float, out: IO[str],
+            seen: set[str]) -> None:
     """Read in a group until `stop_file` (the acked ids, one a line) appears and every id in it
-    was delivered, or `catch_up_s` after it appeared."""
+    was delivered, or `catch_up_s` after it appeared. `seen`: ids delivered before (to the
+    consumer this one restarts after a SIGKILL), which the group committed and will not repeat."""
     from memq.client.consumer import Consumer
 
-    cc = dataclasses.replace(config.consumer, group_id=group, dedup_window=DEDUP_WINDOW)
-    seen: set[str] = set()
+    cc = dataclasses.replace(config.consumer, group_id=group, dedup_window=DEDUP_WINDOW, enable_auto_commit=True)
     want: set[str] | None = None
     deadline = float("inf")
     with Consumer(dataclasses.replace(config, consumer=cc), topic) as c:
@@ -152,7 +155,30 @@ def load_acks(paths: Sequence[Path]) -> list[AckEvent]:
 
 
 def load_delivered(path: Path) -> list[Delivered]:
-    return [Delivered(e["id"], e["at"]) for e in map(json.loads, path.read_text().splitlines())]
+    """The consumer's log (every incarnation of it appends to one file); none yet: [].
+
+    A line torn by a SIGKILL is skipped: that record was not committed, so it comes again."""
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        try:
+            e = json.loads(line)
+        except ValueError:
+            continue
+        out.append(Delivered(e["id"], e["at"]))
+    return out
+
+
+def _open_log(path: Path) -> IO[str]:
+    """`path` for appending; a line torn by a SIGKILL of its previous writer is ended first."""
+    out = open(path, "a")
+    if out.tell():
+        with open(path, "rb") as f:
+            f.seek(-1, os.SEEK_END)
+            if f.read(1) != b"\n":
+                out.write("\n")
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -169,12 +195,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--catch-up-s", type=float, default=60.0)
     args = parser.parse_args(argv)
     config = load_config(args.config, env={})
-    with open(args.out, "a") as out:
+    with _open_log(args.out) as out:
         if args.role == "produce":
             asyncio.run(produce(config, args.topic, args.name, args.rate, args.seconds, out))
         else:
+            seen = {d.record_id for d in load_delivered(args.out)}
             consume(config, args.topic, args.group, args.stop_file or args.out.with_suffix(".stop"),
-                    args.catch_up_s, out)
+                    args.catch_up_s, out, seen)
     return 0
 
 

@@ -125,12 +125,3 @@ def _healthy(url: str) -> bool:
             return resp.status == 200
     except (urllib.error.URLError, OSError):
         return False
-
-
-def hosted_topics(url: str) -> list[str]:
-    """Topics the broker at `url` hosts now, from its /healthz ([] while it does not answer)."""
-    try:
-        with urllib.request.urlopen(url + "/healthz", timeout=2.0) as resp:
-            return list(json.load(resp)["topics"])
-    except (urllib.error.URLError, OSError, ValueError, KeyError):
-        return []

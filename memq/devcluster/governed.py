@@ -25,7 +25,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from memq.config import BrokerConfig, GovernorConfig, MemqConfig, TopicConfig
-from memq.devcluster.broker_process import BrokerProcess, config_toml, hosted_topics
+from memq.devcluster.broker_process import BrokerProcess, config_toml
 from memq.devcluster.cluster import DevCluster
 from memq.errors import DevClusterError
 
@@ -261,6 +261,8 @@ class GovernedCluster:
     def wait_placed(self, topic: str, brokers: int | None = None) -> tuple[str, ...]:
         """The placement once every assigned broker is live and hosts `topic` (and there are
         `brokers` of them, if given)."""
+        from memq.governor.topics import hosted_topics
+
         def placed() -> tuple[str, ...] | None:
             got = self.placement(topic)
             live = self.live()

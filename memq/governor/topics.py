@@ -50,7 +50,7 @@ class TopicManager:
         while True:
             state = self.registry.snapshot()
             placed = state.assignments.get(name, ())
-            if placed and all(b in state.brokers and name in _hosted(state.brokers[b].url)
+            if placed and all(b in state.brokers and name in hosted_topics(state.brokers[b].url)
                               for b in placed):
                 return placed
             if time.monotonic() > deadline:
@@ -83,7 +83,7 @@ class TopicManager:
         return self.registry.topics()
 
 
-def _hosted(url: str) -> list[str]:
+def hosted_topics(url: str) -> list[str]:
     """Topics a broker serves now, from its /healthz ([] while it does not answer)."""
     try:
         with urllib.request.urlopen(url.rstrip("/") + "/healthz", timeout=2.0) as resp:
