@@ -1,4 +1,4 @@
-"""The "memq" DataSource: batch reads and streaming reads of a memq topic."""
+"""The "memq" DataSource: batch and streaming reads of a memq topic, and writes into memq."""
 
 from __future__ import annotations
 
@@ -11,6 +11,8 @@ from pyspark.sql.datasource import (
     DataSource,
     DataSourceReader,
     DataSourceStreamReader,
+    DataSourceStreamWriter,
+    DataSourceWriter,
     EqualTo,
     Filter,
     GreaterThan,
@@ -27,6 +29,7 @@ from spark_source.options import EARLIEST, LATEST, OffsetSpec, SourceOptions, pa
 from spark_source.plan import Bounds, MemqPartition, NotificationLog, list_objects, split
 from spark_source.read import read_partition
 from spark_source.schema import SCHEMA
+from spark_source.write import MemqStreamWriter, MemqWriter, parse_sink_options
 
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
 
@@ -47,6 +50,12 @@ class MemqDataSource(DataSource):
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         return MemqStreamReader(parse_options(self.options))
+
+    def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
+        return MemqWriter(parse_sink_options(self.options, schema, overwrite))
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
+        return MemqStreamWriter(parse_sink_options(self.options, schema, overwrite))
 
 
 class MemqBatchReader(DataSourceReader):

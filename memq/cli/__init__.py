@@ -13,6 +13,7 @@ from memq.cli.dev import dev
 from memq.cli.governor import governor
 from memq.cli.produce import produce
 from memq.cli.status import status
+from memq.cli.table import table
 from memq.cli.topic import topic
 
 
@@ -34,3 +35,4 @@ main.add_command(broker)
 main.add_command(status)
 main.add_command(governor)
 main.add_command(audit)
+main.add_command(table)
