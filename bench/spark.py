@@ -2,9 +2,10 @@
 
 One DevCluster, one topic written the way brokers write it (batch objects on S3,
 notifications on Kafka). memq's side: a local[2] Spark session (started and warmed up
-before timing) runs `count(*), sum(length(value))` over the topic, which moves every row
-through Arrow; timed from `load()` (planning included) to the collected result. The peer:
-one `memq.client.Consumer` iterating the same messages, timed as `bench consume` times it
+before timing) runs `count(*), sum(length(value)), sum(length(key)), max(timestamp)` over the
+topic, which moves every row through Arrow; timed from `load()` (planning included) to the
+collected result. Peers: the same query on a local Parquet copy of the same rows (ratio
+`vs_parquet` = Parquet seconds / memq seconds), and one `memq.client.Consumer` iterating the same messages, timed as `bench consume` times it
 (`bench._cluster.read_memq`: group assignment to the N-th record, so tansu's slow group join
 counts on neither side). Ratio `vs_consumer` = consumer seconds / Spark seconds (higher is better).
 """
@@ -13,6 +14,8 @@ from __future__ import annotations
 
 import asyncio
 import random
+import shutil
+import tempfile
 import time
 import uuid
 from dataclasses import dataclass
@@ -86,13 +89,31 @@ def _records(n: int, per_batch: int) -> list[list[LogMessage]]:
     return [recs[i:i + per_batch] for i in range(0, n, per_batch)]
 
 
-def _spark_read(spark, options: dict[str, str]) -> tuple[float, int, int]:  # type: ignore[no-untyped-def]
-    """(seconds from `load()` (planning included) to the collected row, rows, value bytes)."""
+def _query(df):  # type: ignore[no-untyped-def]
+    """The timed query: every row through Spark, touching value, key and timestamp."""
     from pyspark.sql import functions as F
 
+    return df.agg(F.count("*").alias("n"), F.sum(F.length("value")).alias("b"),
+                  F.sum(F.length("key")).alias("k"), F.max("timestamp").alias("t")).collect()[0]
+
+
+def _spark_read(spark, options: dict[str, str]) -> tuple[float, int, int]:  # type: ignore[no-untyped-def]
+    """(seconds from `load()` (planning included) to the collected row, rows, value bytes)."""
     reader = spark.read.format("memq").options(**options)
     t = time.perf_counter()
-    row = reader.load().agg(F.count("*").alias("n"), F.sum(F.length("value")).alias("b")).collect()[0]
+    row = _query(reader.load())
+    return time.perf_counter() - t, row.n, row.b
+
+
+def _parquet_copy(spark, options: dict[str, str], path: str) -> None:  # type: ignore[no-untyped-def]
+    """The peer's input: the same rows (key, value, timestamp) as a local Parquet copy."""
+    (spark.read.format("memq").options(**options).load().select("key", "value", "timestamp")
+     .write.mode("overwrite").parquet(path))
+
+
+def _parquet_read(spark, path: str) -> tuple[float, int, int]:  # type: ignore[no-untyped-def]
+    t = time.perf_counter()
+    row = _query(spark.read.parquet(path))
     return time.perf_counter() - t, row.n, row.b
 
 
@@ -118,23 +139,32 @@ def run(quick: bool = False) -> dict:
             # warm-up: one object per read partition = 4 tasks, so both Python workers are started
             _spark_read(spark, {**options, "endingOffsets": '{"0": 1, "1": 1, "2": 1, "3": 1}'})
             print(f"spark session ready: {time.perf_counter() - t:.1f}s", flush=True)
+            parquet = tempfile.mkdtemp(prefix="memq-bench-parquet-")
+            _parquet_copy(spark, options, parquet)
             rounds = 1 if quick else 2
             spark_runs = []
+            parquet_runs = []
             consumer_runs = []
             for _ in range(rounds):
                 spark_runs.append(_spark_read(spark, options))
                 print(f"spark datasource: {spark_runs[-1][1]} rows in {spark_runs[-1][0]:.2f}s", flush=True)
+                parquet_runs.append(_parquet_read(spark, parquet))
+                print(f"spark on a local Parquet copy: {parquet_runs[-1][1]} rows in {parquet_runs[-1][0]:.2f}s",
+                      flush=True)
                 c = read_memq(config, topic, n, timeout_s=300)
                 consumer_runs.append((c.read_s, c.records, c.value_bytes, c.total_s))
                 print(f"memq consumer: {c.records} records in {c.read_s:.2f}s from assignment "
                       f"({c.total_s:.2f}s with group join)", flush=True)
         finally:
             spark.stop()
+            shutil.rmtree(parquet, ignore_errors=True)
     s_time, s_rows, s_bytes = min(spark_runs)
+    p_time, p_rows, p_bytes = min(parquet_runs)
     c_time, c_rows, c_bytes, c_total = min(consumer_runs)
-    if (s_rows, s_bytes) != (n, c_bytes) or c_rows != n:
-        raise RuntimeError(f"reads disagree: spark {s_rows} rows/{s_bytes} B, consumer {c_rows}/{c_bytes} B, want {n}")
-    return {"ratios": {"vs_consumer": round(c_time / s_time, 3)},
-            "messages": n, "spark_s": round(s_time, 3), "consumer_s": round(c_time, 3),
+    if (s_rows, s_bytes) != (n, c_bytes) or c_rows != n or (p_rows, p_bytes) != (n, c_bytes):
+        raise RuntimeError(f"reads disagree: spark {s_rows} rows/{s_bytes} B, parquet {p_rows}/{p_bytes} B, "
+                           f"consumer {c_rows}/{c_bytes} B, want {n}")
+    return {"ratios": {"vs_consumer": round(c_time / s_time, 3), "vs_parquet": round(p_time / s_time, 3)},
+            "messages": n, "spark_s": round(s_time, 3), "parquet_s": round(p_time, 3), "consumer_s": round(c_time, 3),
             "consumer_with_join_s": round(c_total, 3),
             "spark_msgs_per_s": round(n / s_time), "consumer_msgs_per_s": round(n / c_time)}
