@@ -29,6 +29,23 @@ class ObjectInfo:
     timestamp_ms: int
 
 
+@dataclass(frozen=True, slots=True)
+class DeleteFailure:
+    """An object a bulk delete could not remove, and why (the store's code and message)."""
+
+    location: ObjectLocation
+    reason: str
+
+
+DELETE_CHUNK = 1000
+"""Keys per bulk delete request: S3 DeleteObjects' limit."""
+
+
+def delete_chunks(locs: Sequence[ObjectLocation], size: int = DELETE_CHUNK) -> list[Sequence[ObjectLocation]]:
+    """`locs` cut into requests of at most `size` keys, in order."""
+    return [locs[i:i + size] for i in range(0, len(locs), size)]
+
+
 @runtime_checkable
 class StorageHandler(Protocol):
     """Async batch storage, safe to share across tasks.
@@ -51,16 +68,24 @@ class StorageHandler(Protocol):
         """Bytes [start, start + length), cut short at the end of the object."""
         ...
 
-    async def list_topic(self, topic: str, start_ms: int, end_ms: int) -> list[ObjectInfo]:
+    async def list_topic(self, topic: str, start_ms: int, end_ms: int, *,
+                         all_attempts: bool = False) -> list[ObjectInfo]:
         """Every batch of the topic (all 256 prefixes) with start_ms <= t < end_ms, by time.
 
         Of a batch whose put was retried, only the highest stored attempt is listed
-        (see `memq.storage.listing`).
+        (see `memq.storage.listing`), unless `all_attempts` (the janitor: every object costs).
         """
         ...
 
     async def delete(self, loc: ObjectLocation) -> None:
         """Remove the object; deleting a missing object is not an error."""
+        ...
+
+    async def delete_many(self, locs: Sequence[ObjectLocation]) -> list[DeleteFailure]:
+        """Remove many objects, `DELETE_CHUNK` per request; the ones that failed, with why.
+
+        Missing objects are not failures. A request that fails as a whole raises, like `delete`.
+        """
         ...
 
     async def close(self) -> None:
