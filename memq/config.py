@@ -120,7 +120,7 @@ class GovernorConfig:
     imbalance_threshold: float = setting(0.2, ge=0)
     drain_timeout_s: float = setting(30.0, ge=0)
     # The janitor (retention and orphan collection), run by the elected governor only.
-    janitor_interval_s: float = setting(60.0, gt=0)
+    janitor_interval_s: float = setting(300.0, gt=0)
     retention_grace_s: float = setting(600.0, ge=0)   # an object outlives its notification this long
     orphan_grace_s: float = setting(600.0, gt=0)      # an unreferenced object is kept this long
     janitor_timeout_s: float = setting(60.0, gt=0)    # bound on one topic's pass

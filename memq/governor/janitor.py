@@ -20,6 +20,9 @@ notifications readable: they name deleted objects, which readers report as expir
 Leadership: the loop runs in every broker's agent and works only while `leading()` is true,
 checked before each topic and each delete; deleting is idempotent, so the short overlap a
 failover can cause costs requests, never data. A new governor simply carries on.
+
+Before deleting a topic's expired objects the janitor tells the audit (an EXPIRED record with
+the object cutoff), so Messages a group had not consumed count as expired, never as lost.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter
 
+from memq.audit.emitter import AuditEmitter, make_audit_sink
 from memq.config import MemqConfig, TopicConfig
 from memq.errors import InvalidInputError, MemqError, NotifyError
 from memq.notify import NotificationConsumer, NotificationRecord, TopicAdmin
@@ -165,6 +169,7 @@ class Janitor:
 
     def __init__(self, config: MemqConfig, registry: CollectorRegistry, *,
                  storage: StorageHandler | None = None, notifications: NotificationLog | None = None,
+                 audit: AuditEmitter | None = None,
                  clock_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000) -> None:
         gc = config.governor
         self.config = config
@@ -175,6 +180,7 @@ class Janitor:
         self.metrics = JanitorMetrics(registry)
         self.storage = storage or make_storage(config, metrics=self.metrics.storage)
         self.notifications = notifications or NotificationLog(config, self.timeout_s)
+        self.audit = audit
         self.clock_ms = clock_ms
 
     async def run(self, topics: Callable[[], Mapping[str, TopicConfig]], leading: Callable[[], bool],
@@ -188,6 +194,8 @@ class Janitor:
                 pass
             if not leading():
                 continue
+            if self.audit is None:      # made by the governor only: other brokers hold no producer
+                self.audit = make_audit_sink(self.config, client_id="memq-janitor")
             try:
                 await self.run_once(await asyncio.to_thread(topics), leading)
             except MemqError as e:
@@ -232,6 +240,8 @@ class Janitor:
         if candidates:
             referenced = await asyncio.to_thread(self.notifications.references, kafka_topic, *window)
             orphans = retention.orphans(candidates, referenced)
+        if expired and self.audit is not None:
+            self.audit.expired(topic=cfg.name, before_ms=object_ms)
         failed = 0
         for reason, objs in (("expired", expired), ("orphan", orphans)):
             if objs:
@@ -259,5 +269,7 @@ class Janitor:
         return len(failures)
 
     async def close(self) -> None:
+        if self.audit is not None:
+            await asyncio.to_thread(self.audit.close)
         await self.storage.close()
 

@@ -1,0 +1,135 @@
+"""The janitor on real servers: retention and orphans (moto S3, tansu, ZooKeeper, broker processes)."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry
+
+from memq.client.producer import Producer
+from memq.config import GovernorConfig, MemqConfig, TopicConfig
+from memq.devcluster import DevCluster, GovernedCluster
+from memq.devcluster.governed import FAST_GOVERNOR
+from memq.format import Notification
+from memq.governor.janitor import Janitor
+from memq.notify import NotificationConsumer, NotificationPublisher, TopicAdmin
+from memq.storage import make_storage
+from memq.storage.base import ObjectLocation
+
+from waiting import wait_for
+
+
+def _notification(topic: str, loc: ObjectLocation) -> Notification:
+    return Notification(v=1, topic=topic, bucket=loc.bucket, key=loc.key, size=1, header_size=1,
+                        message_count=1, logmessage_count=1, min_timestamp_ms=0, max_timestamp_ms=0,
+                        crc32c=0, broker_id="b1", attempt=0, created_ms=0)
+
+
+async def test_expired_and_orphaned_objects_go_announced_young_ones_stay(
+        memq_config: MemqConfig, unique_name: Callable[[str], str]) -> None:
+    """Announced objects past retention + grace and unannounced ones past the orphan grace are
+    deleted in bulk; younger objects and announced ones inside retention are not."""
+    config = dataclasses.replace(memq_config, governor=GovernorConfig(
+        janitor_interval_s=1.0, retention_grace_s=1.0, orphan_grace_s=1.0, janitor_timeout_s=30.0))
+    topic = TopicConfig(unique_name("ret"), read_partitions=2, retention_ms=3_000)
+    kafka_topic = topic.notification_topic_for(config.cluster.name)
+    admin = TopicAdmin(config.kafka)
+    admin.create_topic(kafka_topic, topic.read_partitions, retention_ms=topic.retention_ms)
+    storage = make_storage(config)
+    publisher = NotificationPublisher(config.kafka, client_id="test-janitor")
+    registry = CollectorRegistry()
+    janitor = Janitor(config, registry)
+    try:
+        async def write(announced: bool, n: int) -> list[ObjectLocation]:
+            locs = []
+            for i in range(n):
+                loc = await storage.put_batch(topic.name, b"batch", first_request_id=time.time_ns() + i,
+                                              timestamp_ms=time.time_ns() // 1_000_000, broker_id="b1")
+                if announced:
+                    await publisher.publish(kafka_topic, _notification(topic.name, loc))
+                locs.append(loc)
+            return locs
+
+        old_announced, old_orphan = await write(True, 3), await write(False, 1)
+        await asyncio.sleep(4.5)                            # past retention (3 s) + grace (1 s)
+        young_announced, young_orphan = await write(True, 2), await write(False, 2)
+        await asyncio.sleep(1.5)                            # past the orphan grace (1 s) only
+        [report] = await janitor.run_once({topic.name: topic})
+
+        left = {i.location for i in await storage.list_topic(topic.name, 0, 10**13, all_attempts=True)}
+        assert left == set(young_announced)
+        assert {o.location for o in report.expired} == set(old_announced + old_orphan)
+        assert {o.location for o in report.orphans} == set(young_orphan)
+        assert report.failed == 0
+        assert registry.get_sample_value("memq_janitor_deleted_objects_total",
+                                         {"topic": topic.name, "reason": "orphan"}) == 2
+        assert registry.get_sample_value("memq_storage_attempts_total",
+                                         {"backend": "s3", "op": "delete_many"}) == 2   # one request per reason
+        # pointers expire first: Kafka is told the topic's retention, and no retained
+        # notification inside retention names a deleted object
+        assert admin.retention_ms(kafka_topic) == topic.retention_ms
+        reader = NotificationConsumer(config.kafka, kafka_topic, group_id=unique_name("g"))
+        try:
+            starts = reader.offsets_for_times(report.pointer_ms)
+            ends = {p: reader.watermarks(p)[1] for p in starts}
+            reader.assign(starts)
+            named: set[str] = set()
+            deadline = time.monotonic() + 20
+            while sum(ends.values()) - sum(starts.values()) > len(named) and time.monotonic() < deadline:
+                named |= {r.notification.key for r in reader.poll(0.5)}
+        finally:
+            reader.close()
+        assert named == {loc.key for loc in young_announced}
+        # the next pass finds nothing more to do
+        [again] = await janitor.run_once({topic.name: topic})
+        assert not again.expired and not again.orphans
+    finally:
+        publisher.close()
+        await janitor.close()
+        await storage.close()
+
+
+def _janitor_lines(gc: GovernedCluster, broker_id: str) -> int:
+    log = Path(gc.run_dir) / "brokers" / f"broker-{broker_id}.log"
+    return sum("janitor: topic" in line and "expired" in line for line in log.read_text().splitlines())
+
+
+def test_janitor_runs_on_the_governor_only_and_its_successor_carries_on(tmp_path: Path,
+                                                                         devcluster: DevCluster) -> None:
+    governor = dataclasses.replace(FAST_GOVERNOR, drain_timeout_s=5.0, janitor_interval_s=1.0,
+                                   retention_grace_s=0.5, orphan_grace_s=600.0)
+    with GovernedCluster(tmp_path, brokers=2, servers=devcluster, cluster="janitor", governor=governor) as gc:
+        topic = TopicConfig("expiring", read_partitions=1, retention_ms=1_500, batch_ms=20)
+        gc.create_topic(topic)
+        storage_config = gc.config()
+
+        async def produce() -> None:
+            async with Producer(storage_config.producer) as p:
+                await (await p.send_many(topic.name, [b"v"] * 10))
+                await p.flush()
+
+        async def objects() -> int:
+            storage = make_storage(storage_config)
+            try:
+                return len(await storage.list_topic(topic.name, 0, 10**13, all_attempts=True))
+            finally:
+                await storage.close()
+
+        first = gc.governor()
+        other = next(b for b in gc.live() if b != first)
+        asyncio.run(produce())
+        assert asyncio.run(objects()) > 0
+        wait_for(lambda: asyncio.run(objects()) == 0, 30, "objects past retention deleted by the governor", interval_s=0.5)
+        assert _janitor_lines(gc, first) > 0 and _janitor_lines(gc, other) == 0
+
+        gc.stop_broker(first)
+        assert gc.governor(exclude=first) == other
+        gc.wait_placed(topic.name)
+        asyncio.run(produce())
+        assert asyncio.run(objects()) > 0
+        wait_for(lambda: asyncio.run(objects()) == 0, 30, "objects past retention deleted by the new governor", interval_s=0.5)
+        assert _janitor_lines(gc, other) > 0
