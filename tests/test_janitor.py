@@ -8,14 +8,19 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from click.testing import CliRunner
 from prometheus_client import CollectorRegistry
 
+from memq.cli import main as memq_cli
 from memq.client.producer import Producer
 from memq.config import GovernorConfig, MemqConfig, TopicConfig
 from memq.devcluster import DevCluster, GovernedCluster
+from memq.devcluster.broker_process import config_toml
 from memq.devcluster.governed import FAST_GOVERNOR
 from memq.format import Notification
 from memq.governor.janitor import Janitor
+from memq.governor.registry import Registry
+from memq.governor.topics import TopicManager
 from memq.notify import NotificationConsumer, NotificationPublisher, TopicAdmin
 from memq.storage import make_storage
 from memq.storage.base import ObjectLocation
@@ -133,3 +138,23 @@ def test_janitor_runs_on_the_governor_only_and_its_successor_carries_on(tmp_path
         assert asyncio.run(objects()) > 0
         wait_for(lambda: asyncio.run(objects()) == 0, 30, "objects past retention deleted by the new governor", interval_s=0.5)
         assert _janitor_lines(gc, other) > 0
+
+
+def test_topic_alter_changes_retention_in_zookeeper_and_kafka(tmp_path: Path, memq_config: MemqConfig,
+                                                              unique_name: Callable[[str], str]) -> None:
+    config = dataclasses.replace(memq_config, zookeeper=dataclasses.replace(memq_config.zookeeper, enabled=True))
+    path = tmp_path / "memq.toml"
+    path.write_text(config_toml(config))
+    name = unique_name("alter")
+    kafka_topic = TopicConfig(name).notification_topic_for(config.cluster.name)
+    admin = TopicAdmin(config.kafka)
+    with Registry(config.zookeeper, config.cluster.name) as registry:
+        TopicManager(registry, admin, config.cluster.name).create(TopicConfig(name, retention_ms=60_000))
+        assert admin.retention_ms(kafka_topic) == 60_000
+        runner = CliRunner()
+        ok = runner.invoke(memq_cli, ["--config", str(path), "topic", "alter", name, "--set", "retention_ms=5000"])
+        assert ok.exit_code == 0, ok.output
+        assert registry.topic(name).retention_ms == 5000 and admin.retention_ms(kafka_topic) == 5000
+        bad = runner.invoke(memq_cli, ["--config", str(path), "governor", "topic", "alter", name,
+                                       "--set", "retention_bytes=-1"])
+        assert bad.exit_code == 2 and "retention_bytes = -1 is out of range" in bad.output, bad.output
