@@ -179,7 +179,7 @@ class Janitor:
         self.orphan_grace_ms = round(gc.orphan_grace_s * 1000)
         self.metrics = JanitorMetrics(registry)
         self.storage = storage or make_storage(config, metrics=self.metrics.storage)
-        self.notifications = notifications or NotificationLog(config, self.timeout_s)
+        self._notifications = notifications
         self.audit = audit
         self.clock_ms = clock_ms
 
@@ -216,6 +216,13 @@ class Janitor:
                 log.warning("janitor: topic %s: pass failed, retrying next pass: %s", name,
                             e if isinstance(e, MemqError) else f"over governor.janitor_timeout_s {self.timeout_s:g} s")
         return reports
+
+    @property
+    def notifications(self) -> NotificationLog:
+        """Made on first use: a Kafka admin client connects at once, and most brokers never govern."""
+        if self._notifications is None:
+            self._notifications = NotificationLog(self.config, self.timeout_s)
+        return self._notifications
 
     async def collect(self, cfg: TopicConfig, leading: Callable[[], bool] = lambda: True) -> TopicReport:
         """Expire and collect one topic (steps 1-4 of the module doc)."""
