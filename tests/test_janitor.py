@@ -89,9 +89,9 @@ async def test_expired_and_orphaned_objects_go_announced_young_ones_stay(
         finally:
             reader.close()
         assert named == {loc.key for loc in young_announced}
-        # the next pass finds nothing more to do
+        # the next orphan sweep is due one grace after this one's end, not at the next pass
         [again] = await janitor.run_once({topic.name: topic})
-        assert not again.expired and not again.orphans
+        assert not again.orphans
     finally:
         publisher.close()
         await janitor.close()

@@ -42,10 +42,12 @@ def test_a_retained_notification_keeps_its_object_whatever_the_cutoff() -> None:
 
 
 def test_orphans_are_the_unreferenced_objects_of_a_bounded_window() -> None:
-    start, end = retention.orphan_window(NOW, orphan_grace_ms=2_000, lookback_ms=3_000, pointer_ms=0)
-    assert (start, end) == (NOW - 5_000, NOW - 2_000)
-    # never older than the pointer cutoff: those objects' notifications may be gone already
-    assert retention.orphan_window(NOW, 2_000, 3_000, pointer_ms=NOW - 4_000) == (NOW - 4_000, NOW - 2_000)
+    # a sweep at most once per grace, from where the last one ended
+    assert retention.orphan_window(NOW, 2_000, swept_until_ms=NOW - 3_000, pointer_ms=0) is None
+    assert retention.orphan_window(NOW, 2_000, NOW - 4_000, 0) == (NOW - 4_000, NOW - 2_000)
+    # after an outage at most two graces back, never older than the pointer cutoff
+    assert retention.orphan_window(NOW, 2_000, 0, 0) == (NOW - 6_000, NOW - 2_000)
+    assert retention.orphan_window(NOW, 2_000, 0, pointer_ms=NOW - 5_000) == (NOW - 5_000, NOW - 2_000)
     announced, unannounced = obj(NOW - 3_000), obj(NOW - 2_500)
     assert retention.orphans([announced, unannounced], {announced.location.key}) == [unannounced]
 

@@ -10,9 +10,10 @@ Every `governor.janitor_interval_s`, while this process is the governor, for eac
    never one older than what the first retained notification of a partition names, so an
    object goes only after its pointers;
 4. orphans: objects `governor.orphan_grace_s` old (no later than that can a publish land) that
-   no notification names (failed notifies, superseded attempts) are deleted too. Only objects
-   of one window are checked per pass ([now - grace - 2 intervals, now - grace)), so memory
-   and LISTs stay bounded; an orphan a pass missed (a failover) goes with retention.
+   no notification names (failed notifies, superseded attempts) are deleted too, in sweeps at
+   most once per grace, each over the objects stamped since the last sweep (a new janitor
+   starts one grace back), so memory and LISTs stay bounded; an orphan no sweep saw (a
+   failover) goes with retention.
 
 Brokers that ignore `retention.ms` or lack DeleteRecords (tansu 0.6 does both) keep expired
 notifications readable: they name deleted objects, which readers report as expired data.
@@ -182,6 +183,7 @@ class Janitor:
         self._notifications = notifications
         self.audit = audit
         self.clock_ms = clock_ms
+        self._swept: dict[str, int] = {}     # topic -> end of its last orphan sweep
 
     async def run(self, topics: Callable[[], Mapping[str, TopicConfig]], leading: Callable[[], bool],
                   stopping: asyncio.Event) -> None:
@@ -230,9 +232,10 @@ class Janitor:
         kafka_topic = cfg.notification_topic_for(self.config.cluster.name)
         await asyncio.to_thread(self.notifications.sync_retention, kafka_topic, cfg.retention_ms)
         time_cut = now - cfg.retention_ms
-        window = retention.orphan_window(now, self.orphan_grace_ms, round(2 * self.interval_s * 1000), time_cut)
+        swept = self._swept.setdefault(cfg.name, now - 2 * self.orphan_grace_ms)
+        window = retention.orphan_window(now, self.orphan_grace_ms, swept, time_cut)
         if cfg.retention_bytes is None:
-            ranges = retention.listing_ranges((0, time_cut - self.grace_ms), window)
+            ranges = retention.listing_ranges((0, time_cut - self.grace_ms), window or (0, 0))
         else:
             ranges = [(0, now)]   # the byte budget counts every object
         listed = [o for start, end in ranges
@@ -241,18 +244,21 @@ class Janitor:
         floor = await asyncio.to_thread(self.notifications.expire, kafka_topic, pointer_ms)
         object_ms = retention.object_cutoff(pointer_ms, floor, self.grace_ms)
         expired = retention.expired(listed, object_ms)
-        window = retention.orphan_window(now, self.orphan_grace_ms, round(2 * self.interval_s * 1000), pointer_ms)
-        candidates = [o for o in listed if window[0] <= o.timestamp_ms < window[1]]
         orphans: list[ObjectInfo] = []
-        if candidates:
-            referenced = await asyncio.to_thread(self.notifications.references, kafka_topic, *window)
-            orphans = retention.orphans(candidates, referenced)
+        if window is not None:
+            start, end = max(window[0], pointer_ms), window[1]
+            candidates = [o for o in listed if start <= o.timestamp_ms < end]
+            if candidates:
+                referenced = await asyncio.to_thread(self.notifications.references, kafka_topic, start, end)
+                orphans = retention.orphans(candidates, referenced)
         if expired and self.audit is not None:
             self.audit.expired(topic=cfg.name, before_ms=object_ms)
         failed = 0
         for reason, objs in (("expired", expired), ("orphan", orphans)):
             if objs:
                 failed += await self._delete(cfg.name, reason, objs, leading)
+        if window is not None and not failed:
+            self._swept[cfg.name] = window[1]
         report = TopicReport(cfg.name, pointer_ms, object_ms, tuple(expired), tuple(orphans), failed)
         self.metrics.passes.labels(cfg.name).inc()
         if expired or orphans or failed:

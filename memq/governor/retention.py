@@ -52,16 +52,19 @@ def expired(objects: Iterable[ObjectInfo], object_ms: int) -> list[ObjectInfo]:
     return [o for o in objects if o.timestamp_ms < object_ms]
 
 
-def orphan_window(now_ms: int, orphan_grace_ms: int, lookback_ms: int, pointer_ms: int) -> tuple[int, int]:
-    """[start, end) of object times checked for orphans in one pass.
+def orphan_window(now_ms: int, orphan_grace_ms: int, swept_until_ms: int, pointer_ms: int) -> tuple[int, int] | None:
+    """[start, end) of object times to check for orphans now, or None when no sweep is due.
 
-    Only objects at least `orphan_grace_ms` old (a late publish has landed or never will),
-    at most `lookback_ms` older than that (memory and LISTs stay bounded per pass), and not
-    older than the pointer cutoff (their notifications may be gone: retention's business).
-    Empty when start >= end.
+    A sweep covers the objects stamped since the last one ended (`swept_until_ms`) and at least
+    `orphan_grace_ms` old (a late publish has landed or never will), so sweeps come at most once
+    per grace: each lists every prefix once, the costly part. At most two graces are looked
+    back (memory stays bounded after an outage), and nothing older than the pointer cutoff
+    (those notifications may be gone: retention's business).
     """
     end = now_ms - orphan_grace_ms
-    return max(end - lookback_ms, pointer_ms), end
+    if end - swept_until_ms < orphan_grace_ms:
+        return None
+    return max(swept_until_ms, end - 2 * orphan_grace_ms, pointer_ms), end
 
 
 def orphans(objects: Iterable[ObjectInfo], referenced: Collection[str]) -> list[ObjectInfo]:
