@@ -98,6 +98,36 @@ async def test_expired_and_orphaned_objects_go_announced_young_ones_stay(
         await storage.close()
 
 
+async def test_a_byte_budget_expires_the_oldest_objects_after_their_pointers(
+        memq_config: MemqConfig, unique_name: Callable[[str], str]) -> None:
+    config = dataclasses.replace(memq_config, governor=GovernorConfig(retention_grace_s=0.0, orphan_grace_s=600.0))
+    topic = TopicConfig(unique_name("bytes"), read_partitions=1, retention_ms=3_600_000, retention_bytes=250)
+    kafka_topic = topic.notification_topic_for(config.cluster.name)
+    TopicAdmin(config.kafka).create_topic(kafka_topic, 1, retention_ms=topic.retention_ms)
+    storage = make_storage(config)
+    publisher = NotificationPublisher(config.kafka, client_id="test-janitor-bytes")
+    janitor = Janitor(config, CollectorRegistry())
+    try:
+        locs = []
+        for i in range(5):                                   # 5 x 100 bytes, oldest first
+            loc = await storage.put_batch(topic.name, b"x" * 100, first_request_id=time.time_ns(),
+                                          timestamp_ms=time.time_ns() // 1_000_000, broker_id="b1")
+            await publisher.publish(kafka_topic, _notification(topic.name, loc))
+            locs.append(loc)
+            await asyncio.sleep(0.05)
+        [report] = await janitor.run_once({topic.name: topic})
+        left = [i.location for i in await storage.list_topic(topic.name, 0, 10**13, all_attempts=True)]
+        # the newest two fit the budget; the oldest two go; the third's pointer is published after
+        # the cutoff (object time + 1 ms) unless put and publish took under 1 ms: then it goes too
+        gone = {o.location for o in report.expired}
+        assert set(locs[:2]) <= gone <= set(locs[:3])
+        assert left == [loc for loc in locs if loc not in gone] and locs[3:] == left[-2:]
+    finally:
+        publisher.close()
+        await janitor.close()
+        await storage.close()
+
+
 def _janitor_lines(gc: GovernedCluster, broker_id: str) -> int:
     log = Path(gc.run_dir) / "brokers" / f"broker-{broker_id}.log"
     return sum("janitor: topic" in line and "expired" in line for line in log.read_text().splitlines())
