@@ -123,7 +123,7 @@ class GovernorConfig:
     janitor_interval_s: float = setting(300.0, gt=0)
     retention_grace_s: float = setting(600.0, ge=0)   # an object outlives its notification this long
     orphan_grace_s: float = setting(600.0, gt=0)      # an unreferenced object is kept this long
-    janitor_timeout_s: float = setting(60.0, gt=0)    # bound on one topic's pass
+    janitor_timeout_s: float = setting(300.0, gt=0)   # bound on one topic's pass
 
 
 @dataclass(frozen=True)

@@ -41,7 +41,7 @@ from memq.config import MemqConfig, TopicConfig
 from memq.errors import InvalidInputError, MemqError, NotifyError
 from memq.notify import NotificationConsumer, NotificationRecord, TopicAdmin
 from memq.storage import StorageHandler, StorageMetrics, make_storage
-from memq.storage.base import ObjectInfo
+from memq.storage.base import DELETE_CHUNK, ObjectInfo, delete_chunks
 from memq.storage.naming import parse_key
 
 from . import retention
@@ -268,18 +268,28 @@ class Janitor:
         return report
 
     async def _delete(self, topic: str, reason: str, objs: list[ObjectInfo], leading: Callable[[], bool]) -> int:
-        if not leading():
-            return 0
-        failures = await self.storage.delete_many([o.location for o in objs])
-        refused = {f.location.key for f in failures}
-        for f in failures[:5]:
-            log.warning("janitor: topic %s: cannot delete %s: %s", topic, f.location, f.reason)
-        gone = [o for o in objs if o.location.key not in refused]
-        self.metrics.objects.labels(topic, reason).inc(len(gone))
-        self.metrics.bytes.labels(topic, reason).inc(sum(o.size for o in gone))
-        if failures:
-            self.metrics.errors.labels(topic, "delete").inc(len(failures))
-        return len(failures)
+        """Delete `objs` a request (`DELETE_CHUNK` keys) at a time, while still the governor;
+        the number of keys the store refused."""
+        failed = 0
+        for i, chunk in enumerate(delete_chunks(objs)):
+            if not leading():
+                log.info("janitor: no longer the governor, topic %s: %d of %d %s objects left",
+                         topic, len(objs) - i * DELETE_CHUNK, len(objs), reason)
+                break
+            failures = await self.storage.delete_many([o.location for o in chunk])
+            refused = {f.location.key for f in failures}
+            for f in failures[:5]:
+                log.warning("janitor: topic %s: cannot delete %s: %s", topic, f.location, f.reason)
+            gone = [o for o in chunk if o.location.key not in refused]
+            self.metrics.objects.labels(topic, reason).inc(len(gone))
+            self.metrics.bytes.labels(topic, reason).inc(sum(o.size for o in gone))
+            if failures:
+                self.metrics.errors.labels(topic, "delete").inc(len(failures))
+                failed += len(failures)
+            if i % 10 == 9:
+                log.info("janitor: topic %s: %d of %d %s objects deleted", topic,
+                         (i + 1) * DELETE_CHUNK, len(objs), reason)
+        return failed
 
     async def close(self) -> None:
         if self.audit is not None:

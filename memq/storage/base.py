@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Protocol, TypeVar, runtime_checkable
 
+T = TypeVar("T")
 Chunks = bytes | bytearray | memoryview | Sequence[bytes | bytearray | memoryview]
 
 
@@ -41,9 +42,9 @@ DELETE_CHUNK = 1000
 """Keys per bulk delete request: S3 DeleteObjects' limit."""
 
 
-def delete_chunks(locs: Sequence[ObjectLocation], size: int = DELETE_CHUNK) -> list[Sequence[ObjectLocation]]:
-    """`locs` cut into requests of at most `size` keys, in order."""
-    return [locs[i:i + size] for i in range(0, len(locs), size)]
+def delete_chunks(items: Sequence[T], size: int = DELETE_CHUNK) -> list[Sequence[T]]:
+    """`items` cut into requests of at most `size` keys, in order."""
+    return [items[i:i + size] for i in range(0, len(items), size)]
 
 
 @runtime_checkable
