@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from memq.config import GovernorConfig, TopicConfig, build
+from memq.cli.topic import topic_config
+from memq.config import GovernorConfig, MemqConfig, TopicConfig, build
 from memq.errors import ConfigError
 from memq.governor import retention
 from memq.storage import FileStorageHandler
@@ -94,3 +95,10 @@ async def test_file_handler_deletes_in_bulk_and_lists_every_attempt(tmp_path: Pa
         assert await storage.delete_many(locs[:1]) == []        # already gone: not a failure
     finally:
         await storage.close()
+
+
+def test_topic_create_takes_retention_from_its_option_or_set() -> None:
+    assert topic_config(MemqConfig(), "t", None, (), retention_ms=5_000).retention_ms == 5_000
+    assert topic_config(MemqConfig(), "t", None, ("retention_bytes=1000",)).retention_bytes == 1_000
+    with pytest.raises(ConfigError, match="--retention-ms 5000 and --set retention_ms=6000 disagree"):
+        topic_config(MemqConfig(), "t", None, ("retention_ms=6000",), retention_ms=5_000)
