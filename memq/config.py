@@ -119,6 +119,11 @@ class GovernorConfig:
     rebalance_interval_s: float = setting(10.0, gt=0)
     imbalance_threshold: float = setting(0.2, ge=0)
     drain_timeout_s: float = setting(30.0, ge=0)
+    # The janitor (retention and orphan collection), run by the elected governor only.
+    janitor_interval_s: float = setting(300.0, gt=0)
+    retention_grace_s: float = setting(600.0, ge=0)   # an object outlives its notification this long
+    orphan_grace_s: float = setting(600.0, gt=0)      # an unreferenced object is kept this long
+    janitor_timeout_s: float = setting(300.0, gt=0)   # bound on one topic's pass
 
 
 @dataclass(frozen=True)
@@ -128,7 +133,11 @@ class ClusterConfig:
 
 @dataclass(frozen=True)
 class TopicConfig:
-    """A topic's settings. Batches seal at `batch_bytes`, `batch_messages` or `batch_ms` age."""
+    """A topic's settings. Batches seal at `batch_bytes`, `batch_messages` or `batch_ms` age.
+
+    Retention: notifications older than `retention_ms` expire, and so do the oldest beyond
+    `retention_bytes` of objects (None: no byte limit); objects follow `governor.retention_grace_s` later.
+    """
 
     name: str
     read_partitions: int = setting(3, ge=1)
@@ -139,6 +148,9 @@ class TopicConfig:
     max_message_bytes: int = setting(4 * MiB, ge=1)
     expected_mbps: float = setting(1.0, ge=0)
     notification_topic: str = ""
+    # retention (the governor's janitor enforces it)
+    retention_ms: int = setting(7 * 24 * 3_600_000, ge=1)
+    retention_bytes: int | None = setting(None, ge=1)
 
     def __post_init__(self) -> None:
         if not self.name or not all(c.isalnum() or c in "._-" for c in self.name):

@@ -23,6 +23,10 @@ partition may be older than the last one delivered from another: `skew_ms` keeps
 A partition lagging the others by more than that can be reported lost early; the loss is taken
 back when it is delivered.
 
+Expired is not lost: when the janitor reports that retention deleted a topic's data created
+before a time (an EXPIRED record), what each group had not consumed of it counts as `expired`
+for that group (a loss already reckoned for it is taken back) and the books forget it.
+
 Time comes in as arguments (`advance(now_ms)`), so this module is deterministic. Changes since
 the last `drain_changes()` are tracked so the store can persist them incrementally.
 """
@@ -104,6 +108,7 @@ class GroupState:
     lag_messages: int = 0
     lag_ms: int = 0
     position_ms: int = 0              # newest seal time consumed: older Messages were passed
+    expired: int = 0                  # LogMessages retention deleted before the group consumed them
     deliveries: dict[MsgKey, Delivery] = field(default_factory=dict)
 
 
@@ -179,6 +184,7 @@ class GroupSummary:
     p50_ms: float | None
     p99_ms: float | None
     max_ms: int
+    expired: int
 
 
 class Books:
@@ -207,6 +213,8 @@ class Books:
     def add(self, rec: AuditRecord) -> None:
         if rec.kind is Kind.PRODUCED:
             self._on_produced(rec)
+        elif rec.kind is Kind.EXPIRED:
+            self._on_expired(rec.topic, rec.created_ms)
         else:
             self._on_consumed(rec)
 
@@ -233,6 +241,27 @@ class Books:
             d = g.deliveries.get(key)
             if d is not None and not d.lost and d.digest != rec.digest:
                 self._mismatch(topic, group, g, rec.count * d.deliveries, d.consumed_ms)
+
+    def _on_expired(self, topic: str, before_ms: int) -> None:
+        """Messages of `topic` created before `before_ms` are gone: unconsumed ones are expired for
+        each group that expected them (taking back a loss reckoned meanwhile); all are forgotten."""
+        entries = self._produced.get(topic, {})
+        for key in [k for k, p in entries.items() if p.created_ms < before_ms]:
+            p = entries.pop(key)
+            self._open.get(topic, {}).pop(key, None)
+            self._d_produced.add((topic, key))
+            for group, g in self._groups.get(topic, {}).items():
+                d = g.deliveries.pop(key, None)
+                if d is not None:
+                    self._d_deliveries.add((topic, group, key))
+                if p.created_ms < g.since_ms or (d is not None and not d.lost):
+                    continue
+                if d is not None:      # reckoned lost before the janitor's record came
+                    g.lost -= p.count
+                    for w in self._touch(topic, group, p.created_ms):
+                        w.lost -= p.count
+                g.expired += p.count
+                self._d_groups.add((topic, group))
 
     def _on_consumed(self, rec: AuditRecord) -> None:
         topic, group, key = rec.topic, rec.group, rec.key
@@ -480,7 +509,7 @@ class Books:
                 rows.append(GroupSummary(
                     topic, group, self.status(topic, group, now_ms), produced, g.consumed, g.lost,
                     g.duplicates, g.mismatches, g.lag_messages, g.lag_ms / 1000,
-                    last.percentile_ms(0.5), last.percentile_ms(0.99), last.latency_max_ms))
+                    last.percentile_ms(0.5), last.percentile_ms(0.99), last.latency_max_ms, g.expired))
         rows.sort(key=lambda r: (-r.status, -r.lost, -r.mismatches, -r.lag_s, -r.duplicates,
                                  r.topic, r.group))
         return rows

@@ -82,6 +82,8 @@ class BooksCollector(Collector):
         bad = CounterMetricFamily("memq_audit_mismatches", "LogMessages whose digest differs (corrupt)", labels=tg)
         lost = GaugeMetricFamily("memq_audit_lost_messages",
                                  "LogMessages the group moved past without consuming", labels=tg)
+        expired = GaugeMetricFamily("memq_audit_expired_messages",
+                                    "LogMessages retention deleted before the group consumed them", labels=tg)
         lat = GaugeMetricFamily("memq_audit_latency_seconds", "End-to-end latency, last minute",
                                 labels=[*tg, "quantile"])
         lag_m = GaugeMetricFamily("memq_audit_lag_messages", "Backlog: LogMessages acked, not consumed yet", labels=tg)
@@ -98,6 +100,7 @@ class BooksCollector(Collector):
             dups.add_metric(labels, r.duplicates)
             bad.add_metric(labels, r.mismatches)
             lost.add_metric(labels, r.lost)
+            expired.add_metric(labels, r.expired)
             for q, v in (("0.5", r.p50_ms), ("0.99", r.p99_ms), ("1", r.max_ms if r.p50_ms is not None else None)):
                 if v is not None:
                     lat.add_metric([*labels, q], v / 1000)
@@ -109,7 +112,7 @@ class BooksCollector(Collector):
         records.add_metric([], stats.records)
         bad_payloads = CounterMetricFamily("memq_auditor_bad_payloads", "Undecodable audit-topic messages")
         bad_payloads.add_metric([], stats.bad_payloads)
-        yield from (produced, consumed, dups, bad, lost, lat, lag_m, lag_s, status, records, bad_payloads)
+        yield from (produced, consumed, dups, bad, lost, expired, lat, lag_m, lag_s, status, records, bad_payloads)
 
 
 async def _index(request: web.Request) -> web.FileResponse:

@@ -27,7 +27,7 @@ from memq.notify._kafka import base_settings
 log = logging.getLogger(__name__)
 
 _MAX_RECORDS_PER_MESSAGE = 4096       # ~170 KiB per Kafka message, below the 1 MiB default limit
-_PRODUCED, _CONSUMED = int(Kind.PRODUCED), int(Kind.CONSUMED)
+_PRODUCED, _CONSUMED, _EXPIRED = int(Kind.PRODUCED), int(Kind.CONSUMED), int(Kind.EXPIRED)
 
 
 @dataclass(frozen=True)
@@ -79,6 +79,13 @@ class AuditEmitter:
             return
         self._buf.append((_CONSUMED, topic, group, producer_id, epoch, sequence, count, digest,
                           created_ms, consumed_ms))
+
+    def expired(self, *, topic: str, before_ms: int) -> None:
+        """Retention deleted `topic`'s data created before `before_ms` (the janitor's record)."""
+        if len(self._buf) >= self._max:
+            self._dropped += 1
+            return
+        self._buf.append((_EXPIRED, topic, "", 0, 0, 0, 0, 0, before_ms, time.time_ns() // 1_000_000))
 
     # --- shipping --------------------------------------------------------------------------
 

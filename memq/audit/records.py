@@ -22,6 +22,7 @@ AUDIT_FORMAT_VERSION = 1
 class Kind(IntEnum):
     PRODUCED = 1   # the producer got the ack of a Message
     CONSUMED = 2   # the consumer handed a Message's last LogMessage to the application
+    EXPIRED = 3    # retention deleted the topic's Messages created before `created_ms` (the janitor)
 
 
 class AuditRecord(NamedTuple):

@@ -23,7 +23,7 @@ from memq.audit.books import Changes, Delivery, GroupState, MsgKey, Produced, Wi
 from memq.errors import ConfigError
 
 log = logging.getLogger(__name__)
-_VERSION = 2
+_VERSION = 3
 _TABLES = ("meta", "offsets", "topics", "produced", "deliveries", "groups", "windows")
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -40,7 +40,7 @@ CREATE TABLE IF NOT EXISTS deliveries (
 CREATE TABLE IF NOT EXISTS groups (
     topic TEXT, grp TEXT, since_ms INTEGER, last_consumed_ms INTEGER, first_seen_ms INTEGER,
     caught_up INTEGER, consumed INTEGER, lost INTEGER, duplicates INTEGER, mismatches INTEGER,
-    lag_messages INTEGER, lag_ms INTEGER, position_ms INTEGER, PRIMARY KEY (topic, grp));
+    lag_messages INTEGER, lag_ms INTEGER, position_ms INTEGER, expired INTEGER, PRIMARY KEY (topic, grp));
 CREATE TABLE IF NOT EXISTS windows (
     size_ms INTEGER, topic TEXT, grp TEXT, start_ms INTEGER,
     produced INTEGER, consumed INTEGER, lost INTEGER, duplicates INTEGER, mismatches INTEGER,
@@ -141,11 +141,11 @@ class AuditStore:
                     db.execute("INSERT OR REPLACE INTO deliveries VALUES (?,?,?,?,?,?,?,?,?)",
                                (t, g, _s(p), e, _s(s), d.deliveries, d.digest, d.consumed_ms,
                                 int(d.lost)))
-            db.executemany("INSERT OR REPLACE INTO groups VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
+            db.executemany("INSERT OR REPLACE INTO groups VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
                            [(t, g, gs.since_ms, gs.last_consumed_ms, gs.first_seen_ms,
                              int(gs.caught_up), gs.consumed, gs.lost,
                              gs.duplicates, gs.mismatches, gs.lag_messages, gs.lag_ms,
-                             gs.position_ms)
+                             gs.position_ms, gs.expired)
                             for (t, g), gs in ch.groups.items()])
             db.executemany("INSERT OR REPLACE INTO topics VALUES (?,?)", list(ch.topics.items()))
             db.executemany("INSERT OR REPLACE INTO windows VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",

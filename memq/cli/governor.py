@@ -3,7 +3,7 @@
 `status` shows the governor, brokers and assignments; `drain`/`undrain` set a broker's drain
 flag (the governor moves its topics away, for rolling restarts); `topic create|alter|delete|
 list` administer topics in ZooKeeper (creating the notification topic on Kafka); `topic create`
-is `memq topic create`.
+and `topic alter` are `memq topic create` and `memq topic alter`.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from rich.console import Console
 from rich.table import Table
 
 from memq.cli._common import config_of
+from memq.cli.topic import alter as alter_topic_command
 from memq.cli.topic import create as create_topic_command
-from memq.cli.topic import settings_of
 from memq.governor.registry import Registry
 from memq.governor.topics import TopicManager
 
@@ -104,17 +104,7 @@ def _manager(ctx: click.Context, r: Registry) -> TopicManager:
 
 
 topic.add_command(create_topic_command)
-
-
-@topic.command()
-@click.argument("name")
-@click.option("--set", "pairs", multiple=True, required=True, metavar="FIELD=VALUE")
-@click.pass_context
-def alter(ctx: click.Context, name: str, pairs: tuple[str, ...]) -> None:
-    """Change settings of topic NAME; brokers pick them up, the governor re-places it."""
-    with registry_of(ctx) as r:
-        cfg = _manager(ctx, r).alter(name, **settings_of(pairs))
-    click.echo(f"topic {name}: {cfg}")
+topic.add_command(alter_topic_command)
 
 
 @topic.command()

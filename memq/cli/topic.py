@@ -1,10 +1,11 @@
-"""`memq topic create|list|describe|delete`: topics and their notification topics on Kafka.
+"""`memq topic create|alter|list|describe|delete`: topics and their notification topics on Kafka.
 
 A memq topic's read partitions are the partitions of its notification topic, so creating
 a topic creates that Kafka topic; batches need no setup (one object each). With ZooKeeper
 configured (a governed cluster such as `memq dev`), `create` also registers the topic there,
 so the governor places it on brokers and it can be produced to at once; `memq governor topic
-create` is the same command. Clients are imported on use, so `memq --help` starts fast.
+create` is the same command, and so is `memq governor topic alter`. Clients are imported on
+use, so `memq --help` starts fast.
 """
 
 from __future__ import annotations
@@ -41,13 +42,16 @@ def settings_of(pairs: tuple[str, ...]) -> dict[str, str]:
 
 
 def topic_config(config: MemqConfig, name: str, partitions: int | None,
-                 pairs: tuple[str, ...]) -> TopicConfig:
-    """NAME's settings: the config file's entry, then `--set`, with `-p` as read_partitions."""
+                 pairs: tuple[str, ...], retention_ms: int | None = None) -> TopicConfig:
+    """NAME's settings: the config file's entry, then `--set`, with `-p` as read_partitions and
+    `--retention-ms` as retention_ms."""
     settings = settings_of(pairs)
-    if partitions is not None:
-        given = settings.setdefault("read_partitions", str(partitions))
-        if given != str(partitions):
-            raise ConfigError(f"topic {name}: -p {partitions} and --set read_partitions={given} disagree")
+    for option, field, value in (("-p", "read_partitions", partitions),
+                                 ("--retention-ms", "retention_ms", retention_ms)):
+        if value is not None:
+            given = settings.setdefault(field, str(value))
+            if given != str(value):
+                raise ConfigError(f"topic {name}: {option} {value} and --set {field}={given} disagree")
     configured = next((t for t in config.topics if t.name == name), TopicConfig(name=name))
     return build(TopicConfig, {**dataclasses.asdict(configured), **settings}, f"topic {name}")
 
@@ -75,7 +79,7 @@ def create_topic(config: MemqConfig, cfg: TopicConfig) -> str:
             f"not {cfg.read_partitions}: create it with -p {existing}, or delete it first "
             f"({DELETE_HINT[config.zookeeper.enabled].format(cfg.name)})")
     if not config.zookeeper.enabled:
-        admin.create_topic(kafka_topic, cfg.read_partitions)
+        admin.create_topic(kafka_topic, cfg.read_partitions, retention_ms=cfg.retention_ms)
         return f"notifications on {kafka_topic}; brokers must list it in their config"
     with Registry(config.zookeeper, config.cluster.name) as registry:
         manager = TopicManager(registry, admin, config.cluster.name)
@@ -86,7 +90,7 @@ def create_topic(config: MemqConfig, cfg: TopicConfig) -> str:
         if current != cfg:
             raise InvalidInputError(
                 f"topic {cfg.name} already exists with other settings ({current}): change them "
-                f"with memq governor topic alter {cfg.name} --set FIELD=VALUE")
+                f"with memq topic alter {cfg.name} --set FIELD=VALUE")
         placed = manager.wait_until_hosted(cfg.name, PLACEMENT_TIMEOUT_S)
     return f"notifications on {kafka_topic}; served by {', '.join(placed)}"
 
@@ -95,18 +99,43 @@ def create_topic(config: MemqConfig, cfg: TopicConfig) -> str:
 @click.argument("name")
 @click.option("--partitions", "-p", type=click.IntRange(min=1), default=None,
               help="Read partitions (consumer parallelism); default from the topic's config or 3.")
+@click.option("--retention-ms", type=click.IntRange(min=1), default=None,
+              help="Keep notifications this long (objects a grace period longer); default 7 days.")
 @click.option("--set", "pairs", multiple=True, metavar="FIELD=VALUE",
-              help="Topic setting, e.g. expected_mbps=40 or batch_ms=100 (repeatable).")
+              help="Topic setting, e.g. expected_mbps=40, batch_ms=100 or retention_bytes=10000000000 "
+                   "(repeatable).")
 @click.pass_context
-def create(ctx: click.Context, name: str, partitions: int | None, pairs: tuple[str, ...]) -> None:
+def create(ctx: click.Context, name: str, partitions: int | None, retention_ms: int | None,
+           pairs: tuple[str, ...]) -> None:
     """Create topic NAME, ready to produce to (idempotent when its settings match).
 
     With ZooKeeper configured (e.g. `memq dev`) the governor places it on brokers.
     """
     config = config_of(ctx)
-    cfg = topic_config(config, name, partitions, pairs)
+    cfg = topic_config(config, name, partitions, pairs, retention_ms)
     how = create_topic(config, cfg)
     click.echo(f"topic {name}: {cfg.read_partitions} read partitions, {cfg.expected_mbps:g} MB/s ({how})")
+
+
+@topic.command()
+@click.argument("name")
+@click.option("--set", "pairs", multiple=True, required=True, metavar="FIELD=VALUE",
+              help="Setting to change, e.g. retention_ms=86400000 or expected_mbps=40 (repeatable).")
+@click.pass_context
+def alter(ctx: click.Context, name: str, pairs: tuple[str, ...]) -> None:
+    """Change settings of topic NAME in a governed cluster: brokers pick them up, the governor
+    re-places it, its notification topic's retention.ms follows retention_ms."""
+    config = config_of(ctx)
+    if not config.zookeeper.enabled:
+        raise ConfigError("memq topic alter changes a topic in ZooKeeper: set zookeeper.enabled = true "
+                          "(a static broker takes its topics' settings from its config file)")
+    from memq.governor.registry import Registry
+    from memq.governor.topics import TopicManager
+    from memq.notify import TopicAdmin
+
+    with Registry(config.zookeeper, config.cluster.name) as registry:
+        cfg = TopicManager(registry, TopicAdmin(config.kafka), config.cluster.name).alter(name, **settings_of(pairs))
+    click.echo(f"topic {name}: {cfg}")
 
 
 @topic.command(name="list")

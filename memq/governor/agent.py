@@ -3,7 +3,8 @@
 Runs inside a broker process when `zookeeper.enabled` is set. Kazoo calls run in threads;
 watch callbacks only wake the asyncio reconcile loop, which reads the registry, re-registers
 the broker if its session expired (no restart needed), and starts or stops TopicProcessors
-to match the broker's assignment. It also runs a `Governor` (one broker wins the election).
+to match the broker's assignment. It also runs a `Governor` (one broker wins the election)
+and the `Janitor`, which works only while this broker is the governor.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from memq.format.metadata import BrokerMetadata, ClusterView, TopicMetadata
 
 from .assignment import BrokerInfo, CapacityAssignment
 from .governor import Governor, GovernorMetrics
+from .janitor import Janitor
 from .registry import ClusterState, Registry
 
 log = logging.getLogger(__name__)
@@ -54,6 +56,9 @@ class BrokerAgent:
                                         max_rebalance_moves=gc.max_rebalance_moves,
                                         imbalance_threshold=gc.imbalance_threshold),
             interval_s=gc.interval_s, rebalance_interval_s=gc.rebalance_interval_s, metrics=metrics)
+        self.janitor = Janitor(config, self.governor.metrics.registry)
+        self._janitor_stop = asyncio.Event()
+        self._janitor_task: asyncio.Task[None] | None = None
         self.view: ClusterState | None = None
         self.hosted: dict[str, TopicConfig] = {}
         self.registrations = 0
@@ -90,16 +95,22 @@ class BrokerAgent:
         await self._reconcile()
         self.governor.start()
         self._task = asyncio.create_task(self._run(), name=f"memq-agent-{self.broker.broker_id}")
+        self._janitor_task = asyncio.create_task(
+            self.janitor.run(self.registry.topics, self.governor.leading.is_set, self._janitor_stop),
+            name=f"memq-janitor-{self.broker.broker_id}")
 
     async def stop(self) -> None:
         """Leave the election and the registry; hosted topics stay with the broker."""
         self._closing = True
         self._poke.set()
-        if self._task is not None:
+        self._janitor_stop.set()
+        tasks = {t for t in (self._task, self._janitor_task) if t is not None}
+        if tasks:
             # a flag, not cancel(): wait_for() in 3.11 can swallow a cancel racing a wake-up
-            _, pending = await asyncio.wait({self._task}, timeout=10)
+            _, pending = await asyncio.wait(tasks, timeout=10)
             for task in pending:
                 task.cancel()
+        await self.janitor.close()
         await asyncio.to_thread(self.governor.stop)
         await asyncio.to_thread(self.registry.close)
 

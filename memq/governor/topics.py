@@ -1,7 +1,9 @@
 """Topic administration through ZooKeeper: create, alter, delete.
 
 The topic znode is the source of truth; its Kafka notification topic is created first (with
-`read_partitions` partitions), so a broker that is assigned the topic can publish at once.
+`read_partitions` partitions and `retention.ms` = the topic's `retention_ms`), so a broker
+that is assigned the topic can publish at once. Altering `retention_ms` alters `retention.ms`
+first, so pointers never live longer than the objects the janitor keeps for them.
 """
 
 from __future__ import annotations
@@ -22,7 +24,8 @@ from .registry import Registry
 class NotificationTopics(Protocol):
     """What topic admin needs from Kafka (memq.notify.TopicAdmin fits)."""
 
-    def create_topic(self, name: str, partitions: int) -> None: ...
+    def create_topic(self, name: str, partitions: int, *, retention_ms: int | None = None) -> None: ...
+    def set_retention(self, name: str, retention_ms: int) -> None: ...
     def delete_topic(self, name: str) -> None: ...
 
 
@@ -40,7 +43,8 @@ class TopicManager:
         self.cluster = cluster
 
     def create(self, cfg: TopicConfig) -> TopicConfig:
-        self.kafka.create_topic(cfg.notification_topic_for(self.cluster), cfg.read_partitions)
+        self.kafka.create_topic(cfg.notification_topic_for(self.cluster), cfg.read_partitions,
+                                retention_ms=cfg.retention_ms)
         self.registry.create_topic(cfg)
         return cfg
 
@@ -69,6 +73,8 @@ class TopicManager:
         fixed = [f for f in FIXED_FIELDS if getattr(cfg, f) != getattr(current, f)]
         if fixed:
             raise InvalidInputError(f"topic {name}: {', '.join(fixed)} cannot be altered")
+        if cfg.retention_ms != current.retention_ms:
+            self.kafka.set_retention(cfg.notification_topic_for(self.cluster), cfg.retention_ms)
         self.registry.alter_topic(cfg)
         return cfg
 

@@ -1,9 +1,18 @@
-"""Notification topics on Kafka: create (with the topic's read partitions), delete, describe."""
+"""Notification topics on Kafka: create (with the topic's read partitions and retention), alter
+retention, expire records, delete, describe.
+
+A notification topic's `retention.ms` is its memq topic's `retention_ms`, so Kafka drops
+pointers before the janitor deletes their objects (a grace period later). Brokers that accept
+but do not enforce `retention.ms` (tansu 0.6) or lack DeleteRecords are covered by the
+janitor: see `memq.governor.janitor`.
+"""
 
 from __future__ import annotations
 
-from confluent_kafka import KafkaError, KafkaException
-from confluent_kafka.admin import AdminClient, ClusterMetadata, NewTopic
+from collections.abc import Mapping
+
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
+from confluent_kafka.admin import AdminClient, AlterConfigOpType, ClusterMetadata, ConfigEntry, ConfigResource, NewTopic
 
 from memq.config import KafkaConfig
 from memq.errors import NotifyError, UnknownTopicError
@@ -28,10 +37,13 @@ class TopicAdmin:
             ensure_reachable(self._admin, self._kafka)
             self._reached = True
 
-    def create_topic(self, name: str, partitions: int) -> None:
-        """Create `name`; a no-op if it exists with `partitions`, NotifyError if with others."""
+    def create_topic(self, name: str, partitions: int, *, retention_ms: int | None = None) -> None:
+        """Create `name` (with `retention.ms` if given); a no-op if it exists with `partitions`,
+        NotifyError if with others."""
         self._ensure_reachable()
-        new = NewTopic(name, num_partitions=partitions, replication_factor=self._kafka.replication_factor)
+        configs = {} if retention_ms is None else {"retention.ms": str(retention_ms)}
+        new = NewTopic(name, num_partitions=partitions, replication_factor=self._kafka.replication_factor,
+                       config=configs)
         future = self._admin.create_topics([new], request_timeout=self._timeout_s,
                                            operation_timeout=self._timeout_s)[name]
         try:
@@ -45,6 +57,50 @@ class TopicAdmin:
                                   f"not {partitions}") from None
         except TimeoutError:
             raise NotifyError(f"creating Kafka topic {name!r} timed out after {self._timeout_s} s") from None
+
+    def set_retention(self, name: str, retention_ms: int) -> None:
+        """Set `retention.ms` of topic `name` (IncrementalAlterConfigs); NotifyError on failure."""
+        self._ensure_reachable()
+        resource = ConfigResource(ConfigResource.Type.TOPIC, name, incremental_configs=[
+            ConfigEntry("retention.ms", str(retention_ms), incremental_operation=AlterConfigOpType.SET)])
+        future = self._admin.incremental_alter_configs([resource], request_timeout=self._timeout_s)[resource]
+        try:
+            future.result(timeout=self._timeout_s + 1)
+        except KafkaException as e:
+            raise NotifyError(f"cannot set retention.ms={retention_ms} on Kafka topic {name!r}: {e}") from None
+        except TimeoutError:
+            raise NotifyError(f"setting retention.ms on Kafka topic {name!r} timed out "
+                              f"after {self._timeout_s} s") from None
+
+    def retention_ms(self, name: str) -> int | None:
+        """The `retention.ms` Kafka reports for topic `name` (None if it reports none)."""
+        self._ensure_reachable()
+        resource = ConfigResource(ConfigResource.Type.TOPIC, name)
+        future = self._admin.describe_configs([resource], request_timeout=self._timeout_s)[resource]
+        try:
+            entry = future.result(timeout=self._timeout_s + 1).get("retention.ms")
+        except KafkaException as e:
+            raise NotifyError(f"cannot describe Kafka topic {name!r}: {e}") from None
+        except TimeoutError:
+            raise NotifyError(f"describing Kafka topic {name!r} timed out after {self._timeout_s} s") from None
+        return None if entry is None or entry.value is None else int(entry.value)
+
+    def delete_records(self, name: str, before: Mapping[int, int]) -> None:
+        """Expire the records of topic `name` before offset `before[p]` in each partition p
+        (DeleteRecords); NotifyError if Kafka refuses (tansu 0.6 drops the connection)."""
+        if not before:
+            return
+        self._ensure_reachable()
+        futures = self._admin.delete_records([TopicPartition(name, p, o) for p, o in before.items()],
+                                             request_timeout=self._timeout_s, operation_timeout=self._timeout_s)
+        try:
+            for future in futures.values():
+                future.result(timeout=self._timeout_s + 1)
+        except KafkaException as e:
+            raise NotifyError(f"cannot delete records of Kafka topic {name!r} before {dict(before)}: {e}") from None
+        except TimeoutError:
+            raise NotifyError(f"deleting records of Kafka topic {name!r} timed out "
+                              f"after {self._timeout_s} s") from None
 
     def delete_topic(self, name: str) -> None:
         """Delete `name`; UnknownTopicError if it does not exist."""

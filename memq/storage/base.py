@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Protocol, TypeVar, runtime_checkable
 
+T = TypeVar("T")
 Chunks = bytes | bytearray | memoryview | Sequence[bytes | bytearray | memoryview]
 
 
@@ -27,6 +28,23 @@ class ObjectInfo:
     location: ObjectLocation
     size: int
     timestamp_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteFailure:
+    """An object a bulk delete could not remove, and why (the store's code and message)."""
+
+    location: ObjectLocation
+    reason: str
+
+
+DELETE_CHUNK = 1000
+"""Keys per bulk delete request: S3 DeleteObjects' limit."""
+
+
+def delete_chunks(items: Sequence[T], size: int = DELETE_CHUNK) -> list[Sequence[T]]:
+    """`items` cut into requests of at most `size` keys, in order."""
+    return [items[i:i + size] for i in range(0, len(items), size)]
 
 
 @runtime_checkable
@@ -51,16 +69,24 @@ class StorageHandler(Protocol):
         """Bytes [start, start + length), cut short at the end of the object."""
         ...
 
-    async def list_topic(self, topic: str, start_ms: int, end_ms: int) -> list[ObjectInfo]:
+    async def list_topic(self, topic: str, start_ms: int, end_ms: int, *,
+                         all_attempts: bool = False) -> list[ObjectInfo]:
         """Every batch of the topic (all 256 prefixes) with start_ms <= t < end_ms, by time.
 
         Of a batch whose put was retried, only the highest stored attempt is listed
-        (see `memq.storage.listing`).
+        (see `memq.storage.listing`), unless `all_attempts` (the janitor: every object costs).
         """
         ...
 
     async def delete(self, loc: ObjectLocation) -> None:
         """Remove the object; deleting a missing object is not an error."""
+        ...
+
+    async def delete_many(self, locs: Sequence[ObjectLocation]) -> list[DeleteFailure]:
+        """Remove many objects, `DELETE_CHUNK` per request; the ones that failed, with why.
+
+        Missing objects are not failures. A request that fails as a whole raises, like `delete`.
+        """
         ...
 
     async def close(self) -> None:

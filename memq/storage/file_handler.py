@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 import secrets
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TypeVar
@@ -21,7 +22,7 @@ from typing import TypeVar
 from prometheus_client import CollectorRegistry
 
 from memq.errors import InvalidInputError, ObjectNotFoundError, StorageError
-from memq.storage.base import Chunks, ObjectInfo, ObjectLocation
+from memq.storage.base import Chunks, DeleteFailure, ObjectInfo, ObjectLocation, delete_chunks
 from memq.storage.metrics import StorageMetrics
 from memq.storage.listing import list_all_prefixes
 from memq.storage.naming import check_name, make_key, parse_key, parse_name, topic_dir
@@ -129,7 +130,8 @@ class FileStorageHandler:
         self._metrics.bytes.labels(self.backend, "get_range").inc(len(data))
         return data
 
-    async def list_topic(self, topic: str, start_ms: int, end_ms: int) -> list[ObjectInfo]:
+    async def list_topic(self, topic: str, start_ms: int, end_ms: int, *,
+                         all_attempts: bool = False) -> list[ObjectInfo]:
         check_name("topic", topic)
         if end_ms <= start_ms:
             return []
@@ -138,7 +140,7 @@ class FileStorageHandler:
             rel = topic_dir(prefix, self.cluster, topic)
             return self._run("list", rel, lambda: self._list_dir(rel, start_ms, end_ms))
 
-        return await list_all_prefixes(list_prefix, self._max_workers)
+        return await list_all_prefixes(list_prefix, self._max_workers, all_attempts=all_attempts)
 
     def _list_dir(self, rel: str, start_ms: int, end_ms: int) -> list[ObjectInfo]:
         out: list[ObjectInfo] = []
@@ -168,6 +170,30 @@ class FileStorageHandler:
                 _fsync_dir(path.parent)
 
         await self._run("delete", loc.key, remove)
+
+    async def delete_many(self, locs: Sequence[ObjectLocation]) -> list[DeleteFailure]:
+        """Unlink `DELETE_CHUNK` files per pool call (op "delete_many"), each directory fsynced once."""
+        for loc in locs:
+            self._path(loc)   # validate every key before removing any
+        failures: list[DeleteFailure] = []
+
+        def remove(chunk: Sequence[ObjectLocation]) -> None:
+            dirs: set[Path] = set()
+            for loc in chunk:
+                path = self.root / loc.key
+                try:
+                    path.unlink()
+                    dirs.add(path.parent)
+                except FileNotFoundError:
+                    pass
+                except OSError as exc:
+                    failures.append(DeleteFailure(loc, exc.strerror or str(exc)))
+            for d in dirs:
+                _fsync_dir(d)
+
+        for chunk in delete_chunks(locs):
+            await self._run("delete_many", f"{len(chunk)} objects from {chunk[0].key}", functools.partial(remove, chunk))
+        return failures
 
     async def close(self) -> None:
         await asyncio.to_thread(self._pool.shutdown, True)

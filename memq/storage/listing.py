@@ -17,8 +17,11 @@ from memq.storage.naming import PREFIXES, parse_key
 
 
 async def list_all_prefixes(list_prefix: Callable[[str], Awaitable[list[ObjectInfo]]],
-                            concurrency: int) -> list[ObjectInfo]:
-    """`list_prefix` for every prefix, at most `concurrency` at once; latest attempts, by time."""
+                            concurrency: int, *, all_attempts: bool = False) -> list[ObjectInfo]:
+    """`list_prefix` for every prefix, at most `concurrency` at once; by time.
+
+    Latest attempts only, unless `all_attempts` (then every object listed).
+    """
     slots = asyncio.Semaphore(concurrency)  # per call, so no tie to one event loop
 
     async def bounded(prefix: str) -> list[ObjectInfo]:
@@ -32,6 +35,8 @@ async def list_all_prefixes(list_prefix: Callable[[str], Awaitable[list[ObjectIn
         for t in tasks:
             t.cancel()  # one prefix failed for good: stop listing the rest
         raise
+    if all_attempts:
+        return sorted((i for part in parts for i in part), key=lambda i: (i.timestamp_ms, i.location.key))
     latest: dict[tuple[str, int, str, str], tuple[int, ObjectInfo]] = {}
     for part in parts:
         for info in part:

@@ -13,7 +13,7 @@ import base64
 import random
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
@@ -26,7 +26,7 @@ from prometheus_client import CollectorRegistry
 from memq.config import S3Config
 from memq.errors import (ConfigError, InvalidInputError, ObjectNotFoundError, RetryBudgetExhaustedError,
                          StorageError)
-from memq.storage.base import Chunks, ObjectInfo, ObjectLocation
+from memq.storage.base import Chunks, DeleteFailure, ObjectInfo, ObjectLocation, delete_chunks
 from memq.storage.metrics import StorageMetrics
 from memq.storage.listing import list_all_prefixes
 from memq.storage.naming import check_name, make_key, parse_key, start_after, topic_dir
@@ -193,20 +193,23 @@ class S3StorageHandler:
         with resp["Body"] as body:
             return body.read()
 
-    async def list_topic(self, topic: str, start_ms: int, end_ms: int) -> list[ObjectInfo]:
+    async def list_topic(self, topic: str, start_ms: int, end_ms: int, *,
+                         all_attempts: bool = False) -> list[ObjectInfo]:
         check_name("topic", topic)
         if end_ms <= start_ms:
             return []
-        return await list_all_prefixes(lambda prefix: self._run("list", lambda _: (
-            f"s3://{self.bucket}/{topic_dir(prefix, self.cluster, topic)}",
-            lambda: self._list_blocking(prefix, topic, start_ms, end_ms))), self._list_concurrency)
+        return await list_all_prefixes(lambda prefix: self._list_prefix(prefix, topic, start_ms, end_ms),
+                                       self._list_concurrency, all_attempts=all_attempts)
 
-    def _list_blocking(self, prefix: str, topic: str, start_ms: int, end_ms: int) -> list[ObjectInfo]:
+    async def _list_prefix(self, prefix: str, topic: str, start_ms: int, end_ms: int) -> list[ObjectInfo]:
+        """One prefix's objects, a ListObjectsV2 request per page (each retried on its own and
+        counted in `memq_storage_attempts{op="list"}`, so the count is the LIST requests paid)."""
         out: list[ObjectInfo] = []
+        where = f"s3://{self.bucket}/{topic_dir(prefix, self.cluster, topic)}"
         kwargs: dict[str, Any] = {"Bucket": self.bucket, "Prefix": topic_dir(prefix, self.cluster, topic),
                                   "StartAfter": start_after(prefix, self.cluster, topic, start_ms)}
         while True:
-            resp = self._client.list_objects_v2(**kwargs)
+            resp = await self._run("list", lambda _: (where, lambda: self._client.list_objects_v2(**kwargs)))
             for item in resp.get("Contents", ()):
                 try:
                     ts = parse_key(item["Key"]).timestamp_ms
@@ -219,11 +222,28 @@ class S3StorageHandler:
                 out.append(ObjectInfo(ObjectLocation(self.bucket, item["Key"]), int(item["Size"]), ts))
             if not resp.get("IsTruncated"):
                 return out
-            kwargs["ContinuationToken"] = resp["NextContinuationToken"]
+            kwargs = {**kwargs, "ContinuationToken": resp["NextContinuationToken"]}
 
     async def delete(self, loc: ObjectLocation) -> None:
         await self._run("delete", lambda _: (
             str(loc), lambda: self._client.delete_object(Bucket=loc.bucket, Key=loc.key)))
+
+    async def delete_many(self, locs: Sequence[ObjectLocation]) -> list[DeleteFailure]:
+        """DeleteObjects, `DELETE_CHUNK` keys a request (op "delete_many"), one request at a time:
+        deleting is background work and must leave the connection pool to the brokers' puts."""
+        other = [str(loc) for loc in locs if loc.bucket != self.bucket]
+        if other:
+            raise InvalidInputError(f"delete_many: {other[0]} is not in bucket {self.bucket!r}")
+        failures: list[DeleteFailure] = []
+        for chunk in delete_chunks(locs):
+            where = f"s3://{self.bucket} ({len(chunk)} keys from {chunk[0].key})"
+            body = {"Objects": [{"Key": loc.key} for loc in chunk], "Quiet": True}
+            resp = await self._run("delete_many", lambda _: (
+                where, lambda: self._client.delete_objects(Bucket=self.bucket, Delete=body)))
+            for err in resp.get("Errors", ()):
+                failures.append(DeleteFailure(ObjectLocation(self.bucket, str(err.get("Key", ""))),
+                                              f"{err.get('Code', '?')}: {err.get('Message', '')}"))
+        return failures
 
     async def close(self) -> None:
         await asyncio.to_thread(self._pool.shutdown, True)

@@ -1,0 +1,298 @@
+"""The janitor: retention and orphan collection, run by the elected governor only.
+
+Every `governor.janitor_interval_s`, while this process is the governor, for each topic:
+1. the notification topic's `retention.ms` is set to the topic's `retention_ms` if Kafka
+   reports another value (topics created by a broker's config file, or altered);
+2. notifications published before the pointer cutoff (`retention_ms`, or the oldest beyond
+   `retention_bytes`) expire: Kafka's `retention.ms` drops them, and the janitor advances each
+   partition's start with DeleteRecords so expiry is exact (segments make `retention.ms` late);
+3. objects stamped `governor.retention_grace_s` before that cutoff are deleted in bulk, and
+   never one older than what the first retained notification of a partition names, so an
+   object goes only after its pointers;
+4. orphans: objects `governor.orphan_grace_s` old (no later than that can a publish land) that
+   no notification names (failed notifies, superseded attempts) are deleted too, in sweeps at
+   most once per grace, each over the objects stamped since the last sweep (a new janitor
+   starts one grace back), so memory and LISTs stay bounded; an orphan no sweep saw (a
+   failover) goes with retention.
+
+Brokers that ignore `retention.ms` or lack DeleteRecords (tansu 0.6 does both) keep expired
+notifications readable: they name deleted objects, which readers report as expired data.
+
+Leadership: the loop runs in every broker's agent and works only while `leading()` is true,
+checked before each topic and each delete; deleting is idempotent, so the short overlap a
+failover can cause costs requests, never data. A new governor simply carries on.
+
+Before deleting a topic's expired objects the janitor tells the audit (an EXPIRED record with
+the object cutoff), so Messages a group had not consumed count as expired, never as lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, Counter
+
+from memq.audit.emitter import AuditEmitter, make_audit_sink
+from memq.config import MemqConfig, TopicConfig
+from memq.errors import InvalidInputError, MemqError, NotifyError
+from memq.notify import NotificationConsumer, NotificationRecord, TopicAdmin
+from memq.storage import StorageHandler, StorageMetrics, make_storage
+from memq.storage.base import DELETE_CHUNK, ObjectInfo, delete_chunks
+from memq.storage.naming import parse_key
+
+from . import retention
+
+log = logging.getLogger(__name__)
+
+CLOCK_SKEW_MS = 60_000
+"""Notifications are read from this long before the oldest object they may name: publish
+time follows the object's time on one broker, brokers' clocks may differ a little."""
+DELETE_RECORDS_RETRY_S = 3600.0
+"""After Kafka refuses DeleteRecords for a topic, try again this much later (not every pass)."""
+
+
+class JanitorMetrics:
+    """The janitor's counters. Its LIST and DeleteObjects requests are `memq_storage_attempts
+    {op="list"|"delete_many"}` of its own storage handler, on the same registry."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.storage = StorageMetrics(registry)
+        self.objects = Counter("memq_janitor_deleted_objects", "Objects deleted, by reason (expired, orphan)",
+                               ["topic", "reason"], registry=registry)
+        self.bytes = Counter("memq_janitor_deleted_bytes", "Object bytes deleted, by reason (expired, orphan)",
+                             ["topic", "reason"], registry=registry)
+        self.errors = Counter("memq_janitor_errors",
+                              "Failures: a key a bulk delete refused, or a topic pass that failed",
+                              ["topic", "stage"], registry=registry)
+        self.passes = Counter("memq_janitor_passes", "Topic passes completed", ["topic"], registry=registry)
+
+
+@dataclass(frozen=True)
+class TopicReport:
+    """What one pass did to one topic."""
+
+    topic: str
+    pointer_ms: int                  # notifications before this expired
+    object_ms: int                   # objects before this were deleted
+    expired: tuple[ObjectInfo, ...]
+    orphans: tuple[ObjectInfo, ...]
+    failed: int                      # keys the store refused to delete (retried next pass)
+
+
+class NotificationLog:
+    """The janitor's view of notification topics (blocking; the janitor calls it in a thread)."""
+
+    def __init__(self, config: MemqConfig, timeout_s: float) -> None:
+        self.config = config
+        self.timeout_s = timeout_s
+        self.admin = TopicAdmin(config.kafka)
+        self._no_delete_records: dict[str, float] = {}    # topic -> when Kafka refused
+
+    def _consumer(self, kafka_topic: str) -> NotificationConsumer:
+        return NotificationConsumer(self.config.kafka, kafka_topic, group_id=f"memq-janitor-{self.config.cluster.name}")
+
+    def sync_retention(self, kafka_topic: str, retention_ms: int) -> None:
+        if self.admin.retention_ms(kafka_topic) != retention_ms:
+            self.admin.set_retention(kafka_topic, retention_ms)
+            log.info("janitor: %s retention.ms set to %d", kafka_topic, retention_ms)
+
+    def expire(self, kafka_topic: str, before_ms: int) -> int | None:
+        """Expire the notifications published before `before_ms`; the oldest object time the
+        first retained notification of any partition names (None: none retained)."""
+        c = self._consumer(kafka_topic)
+        try:
+            cut = c.offsets_for_times(before_ms)
+            marks = {p: c.watermarks(p) for p in cut}
+            self._delete_records(kafka_topic, {p: o for p, o in cut.items() if o > marks[p][0]})
+            firsts = _scan(c, cut, {p: high for p, (_, high) in marks.items()}, self.timeout_s, first_only=True)
+            return min((_object_ms(r) for r in firsts), default=None)
+        finally:
+            c.close()
+
+    def _delete_records(self, kafka_topic: str, before: dict[int, int]) -> None:
+        refused = self._no_delete_records.get(kafka_topic)
+        if not before or (refused is not None and time.monotonic() - refused < DELETE_RECORDS_RETRY_S):
+            return
+        try:
+            self.admin.delete_records(kafka_topic, before)
+            self._no_delete_records.pop(kafka_topic, None)
+        except NotifyError as e:
+            self._no_delete_records[kafka_topic] = time.monotonic()
+            log.warning("janitor: %s; expired notifications stay until Kafka's retention.ms drops them "
+                        "(retrying in %.0f s)", e, DELETE_RECORDS_RETRY_S)
+
+    def references(self, kafka_topic: str, start_ms: int, end_ms: int) -> set[str]:
+        """Keys of the objects stamped in [start_ms, end_ms) that retained notifications name."""
+        c = self._consumer(kafka_topic)
+        try:
+            starts = c.offsets_for_times(start_ms - CLOCK_SKEW_MS)
+            ends = {p: c.watermarks(p)[1] for p in starts}
+            return {r.notification.key for r in _scan(c, starts, ends, self.timeout_s)
+                    if start_ms <= _object_ms(r) < end_ms}
+        finally:
+            c.close()
+
+
+def _object_ms(record: NotificationRecord) -> int:
+    """The time of the object a notification names (from its key, as listings see it)."""
+    try:
+        return parse_key(record.notification.key).timestamp_ms
+    except InvalidInputError:
+        return record.notification.created_ms
+
+
+def _scan(c: NotificationConsumer, starts: Mapping[int, int], ends: Mapping[int, int], timeout_s: float,
+          *, first_only: bool = False) -> Iterator[NotificationRecord]:
+    """The records from `starts[p]` up to `ends[p]` of each partition (only the first with
+    `first_only`); NotifyError if they do not all arrive within `timeout_s`."""
+    todo = {p: o for p, o in starts.items() if o < ends[p]}
+    if not todo:
+        return
+    c.assign(todo)
+    deadline = time.monotonic() + timeout_s
+    while todo:
+        if time.monotonic() > deadline:
+            raise NotifyError(f"janitor: reading {c.topic} partitions {sorted(todo)} took over {timeout_s:g} s")
+        for r in c.poll(0.5):
+            if r.partition not in todo or r.offset >= ends[r.partition]:
+                continue
+            yield r
+            if first_only or r.offset + 1 >= ends[r.partition]:
+                del todo[r.partition]
+
+
+class Janitor:
+    """Retention and orphan collection for every topic; `run` loops while `leading()`."""
+
+    def __init__(self, config: MemqConfig, registry: CollectorRegistry, *,
+                 storage: StorageHandler | None = None, notifications: NotificationLog | None = None,
+                 audit: AuditEmitter | None = None,
+                 clock_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000) -> None:
+        gc = config.governor
+        self.config = config
+        self.interval_s = gc.janitor_interval_s
+        self.timeout_s = gc.janitor_timeout_s
+        self.grace_ms = round(gc.retention_grace_s * 1000)
+        self.orphan_grace_ms = round(gc.orphan_grace_s * 1000)
+        self.metrics = JanitorMetrics(registry)
+        self.storage = storage or make_storage(config, metrics=self.metrics.storage)
+        self._notifications = notifications
+        self.audit = audit
+        self.clock_ms = clock_ms
+        self._swept: dict[str, int] = {}     # topic -> end of its last orphan sweep
+
+    async def run(self, topics: Callable[[], Mapping[str, TopicConfig]], leading: Callable[[], bool],
+                  stopping: asyncio.Event) -> None:
+        """Every `janitor_interval_s` while `leading()`, a pass over `topics()` (a blocking read)."""
+        while not stopping.is_set():
+            try:
+                await asyncio.wait_for(stopping.wait(), self.interval_s)
+                return
+            except TimeoutError:
+                pass
+            if not leading():
+                continue
+            if self.audit is None:      # made by the governor only: other brokers hold no producer
+                self.audit = make_audit_sink(self.config, client_id="memq-janitor")
+            try:
+                await self.run_once(await asyncio.to_thread(topics), leading)
+            except MemqError as e:
+                log.warning("janitor: cannot read topics, retrying next pass: %s", e)
+
+    async def run_once(self, topics: Mapping[str, TopicConfig],
+                       leading: Callable[[], bool] = lambda: True) -> list[TopicReport]:
+        """One pass over `topics`; a topic that fails is logged, counted and retried next pass."""
+        reports = []
+        for name, cfg in sorted(topics.items()):
+            if not leading():
+                log.info("janitor: no longer the governor, pass stopped before topic %s", name)
+                break
+            try:
+                reports.append(await asyncio.wait_for(self.collect(cfg, leading), self.timeout_s))
+            except (MemqError, TimeoutError) as e:
+                self.metrics.errors.labels(name, "pass").inc()
+                log.warning("janitor: topic %s: pass failed, retrying next pass: %s", name,
+                            e if isinstance(e, MemqError) else f"over governor.janitor_timeout_s {self.timeout_s:g} s")
+        return reports
+
+    @property
+    def notifications(self) -> NotificationLog:
+        """Made on first use: a Kafka admin client connects at once, and most brokers never govern."""
+        if self._notifications is None:
+            self._notifications = NotificationLog(self.config, self.timeout_s)
+        return self._notifications
+
+    async def collect(self, cfg: TopicConfig, leading: Callable[[], bool] = lambda: True) -> TopicReport:
+        """Expire and collect one topic (steps 1-4 of the module doc)."""
+        now = self.clock_ms()
+        kafka_topic = cfg.notification_topic_for(self.config.cluster.name)
+        await asyncio.to_thread(self.notifications.sync_retention, kafka_topic, cfg.retention_ms)
+        time_cut = now - cfg.retention_ms
+        swept = self._swept.setdefault(cfg.name, now - 2 * self.orphan_grace_ms)
+        window = retention.orphan_window(now, self.orphan_grace_ms, swept, time_cut)
+        if cfg.retention_bytes is None:
+            ranges = retention.listing_ranges((0, time_cut - self.grace_ms), window or (0, 0))
+        else:
+            ranges = [(0, now)]   # the byte budget counts every object
+        listed = [o for start, end in ranges
+                  for o in await self.storage.list_topic(cfg.name, start, end, all_attempts=True)]
+        pointer_ms = retention.pointer_cutoff(listed, now, cfg.retention_ms, cfg.retention_bytes)
+        floor = await asyncio.to_thread(self.notifications.expire, kafka_topic, pointer_ms)
+        object_ms = retention.object_cutoff(pointer_ms, floor, self.grace_ms)
+        expired = retention.expired(listed, object_ms)
+        orphans: list[ObjectInfo] = []
+        if window is not None:
+            start, end = max(window[0], pointer_ms), window[1]
+            candidates = [o for o in listed if start <= o.timestamp_ms < end]
+            if candidates:
+                referenced = await asyncio.to_thread(self.notifications.references, kafka_topic, start, end)
+                orphans = retention.orphans(candidates, referenced)
+        if expired and self.audit is not None:
+            self.audit.expired(topic=cfg.name, before_ms=object_ms)
+        failed = 0
+        for reason, objs in (("expired", expired), ("orphan", orphans)):
+            if objs:
+                failed += await self._delete(cfg.name, reason, objs, leading)
+        if window is not None and not failed:
+            self._swept[cfg.name] = window[1]
+        report = TopicReport(cfg.name, pointer_ms, object_ms, tuple(expired), tuple(orphans), failed)
+        self.metrics.passes.labels(cfg.name).inc()
+        if expired or orphans or failed:
+            log.info("janitor: topic %s: %d expired (%d bytes, before %d), %d orphans (%d bytes), %d failed",
+                     cfg.name, len(expired), sum(o.size for o in expired), object_ms, len(orphans),
+                     sum(o.size for o in orphans), failed)
+        return report
+
+    async def _delete(self, topic: str, reason: str, objs: list[ObjectInfo], leading: Callable[[], bool]) -> int:
+        """Delete `objs` a request (`DELETE_CHUNK` keys) at a time, while still the governor;
+        the number of keys the store refused."""
+        failed = 0
+        for i, chunk in enumerate(delete_chunks(objs)):
+            if not leading():
+                log.info("janitor: no longer the governor, topic %s: %d of %d %s objects left",
+                         topic, len(objs) - i * DELETE_CHUNK, len(objs), reason)
+                break
+            failures = await self.storage.delete_many([o.location for o in chunk])
+            refused = {f.location.key for f in failures}
+            for f in failures[:5]:
+                log.warning("janitor: topic %s: cannot delete %s: %s", topic, f.location, f.reason)
+            gone = [o for o in chunk if o.location.key not in refused]
+            self.metrics.objects.labels(topic, reason).inc(len(gone))
+            self.metrics.bytes.labels(topic, reason).inc(sum(o.size for o in gone))
+            if failures:
+                self.metrics.errors.labels(topic, "delete").inc(len(failures))
+                failed += len(failures)
+            if i % 10 == 9:
+                log.info("janitor: topic %s: %d of %d %s objects deleted", topic,
+                         (i + 1) * DELETE_CHUNK, len(objs), reason)
+        return failed
+
+    async def close(self) -> None:
+        if self.audit is not None:
+            await asyncio.to_thread(self.audit.close)
+        await self.storage.close()
+

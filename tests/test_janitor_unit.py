@@ -1,0 +1,107 @@
+"""The janitor's pass through its seams (in-memory storage and notification log): leadership,
+chunking, refused keys, the audit record. The same pass on real servers: test_janitor.py."""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+
+from prometheus_client import CollectorRegistry
+
+from memq.config import GovernorConfig, MemqConfig, TopicConfig
+from memq.governor.janitor import Janitor
+from memq.storage.base import DeleteFailure, ObjectInfo, ObjectLocation
+
+NOW = 1_800_000_000_000
+DAY = 86_400_000
+
+
+class MemoryStorage:
+    """Objects in a dict; records every bulk delete request."""
+
+    def __init__(self, objects: Sequence[ObjectInfo], refuse: Collection[str] = ()) -> None:
+        self.objects = {o.location.key: o for o in objects}
+        self.refuse = refuse
+        self.requests: list[int] = []
+
+    async def list_topic(self, topic: str, start_ms: int, end_ms: int, *, all_attempts: bool = False) -> list[ObjectInfo]:
+        return sorted((o for o in self.objects.values() if start_ms <= o.timestamp_ms < end_ms),
+                      key=lambda o: o.timestamp_ms)
+
+    async def delete_many(self, locs: Sequence[ObjectLocation]) -> list[DeleteFailure]:
+        self.requests.append(len(locs))
+        failures = [DeleteFailure(loc, "AccessDenied: no") for loc in locs if loc.key in self.refuse]
+        for loc in locs:
+            if loc.key not in self.refuse:
+                self.objects.pop(loc.key, None)
+        return failures
+
+    async def close(self) -> None:
+        pass
+
+
+class NoPointers:
+    """A notification topic with nothing retained."""
+
+    def __init__(self) -> None:
+        self.retention: dict[str, int] = {}
+
+    def sync_retention(self, kafka_topic: str, retention_ms: int) -> None:
+        self.retention[kafka_topic] = retention_ms
+
+    def expire(self, kafka_topic: str, before_ms: int) -> int | None:
+        return None
+
+    def references(self, kafka_topic: str, start_ms: int, end_ms: int) -> set[str]:
+        return set()
+
+
+class Audit:
+    def __init__(self) -> None:
+        self.marks: list[tuple[str, int]] = []
+
+    def expired(self, *, topic: str, before_ms: int) -> None:
+        self.marks.append((topic, before_ms))
+
+    def close(self) -> None:
+        pass
+
+
+def old_objects(n: int) -> list[ObjectInfo]:
+    return [ObjectInfo(ObjectLocation("b", f"{i % 256:02x}/c/topics/t/{NOW - 2 * DAY + i:013d}-b1-{i:x}-a0"), 10,
+                       NOW - 2 * DAY + i) for i in range(n)]
+
+
+def janitor(storage: MemoryStorage, audit: Audit | None = None,
+            registry: CollectorRegistry | None = None) -> Janitor:
+    config = MemqConfig(governor=GovernorConfig(retention_grace_s=60, orphan_grace_s=60))
+    return Janitor(config, registry or CollectorRegistry(), storage=storage,  # type: ignore[arg-type]
+                   notifications=NoPointers(), audit=audit, clock_ms=lambda: NOW)  # type: ignore[arg-type]
+
+
+async def test_expired_objects_go_1000_keys_a_request_and_the_audit_hears_first() -> None:
+    storage, audit = MemoryStorage(old_objects(2_500)), Audit()
+    j = janitor(storage, audit)
+    [report] = await j.run_once({"t": TopicConfig("t", retention_ms=DAY)})
+    assert storage.requests == [1000, 1000, 500] and not storage.objects
+    assert len(report.expired) == 2_500 and report.failed == 0
+    assert audit.marks == [("t", report.object_ms)] and report.object_ms == NOW - DAY - 60_000
+    assert j.notifications.retention == {"memq.dev.t": DAY}   # type: ignore[attr-defined]
+
+
+async def test_a_janitor_that_stops_governing_stops_deleting() -> None:
+    storage = MemoryStorage(old_objects(2_500))
+    answers = iter([True, True, False])             # the topic, the first request, then lost
+    [report] = await janitor(storage).run_once({"t": TopicConfig("t", retention_ms=DAY)}, lambda: next(answers))
+    assert storage.requests == [1000] and len(storage.objects) == 1_500
+    assert await janitor(storage).run_once({"t": TopicConfig("t")}, lambda: False) == []
+
+
+async def test_refused_keys_are_reported_counted_and_kept_for_the_next_pass() -> None:
+    objs = old_objects(10)
+    storage = MemoryStorage(objs, refuse={objs[3].location.key})
+    registry = CollectorRegistry()
+    [report] = await janitor(storage, registry=registry).run_once({"t": TopicConfig("t", retention_ms=DAY)})
+    assert report.failed == 1 and list(storage.objects) == [objs[3].location.key]
+    assert registry.get_sample_value("memq_janitor_errors_total", {"topic": "t", "stage": "delete"}) == 1
+    assert registry.get_sample_value("memq_janitor_deleted_objects_total",
+                                     {"topic": "t", "reason": "expired"}) == 9
