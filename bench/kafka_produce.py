@@ -12,16 +12,15 @@ run's time, which a short (`--quick`) run feels most.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from memq.client.cluster import fetch_metadata
 from memq.config import BrokerConfig, TopicConfig
 from memq.devcluster import DevCluster, GovernedCluster
 
@@ -73,10 +72,8 @@ def _produce_s(bootstrap: str, topic: str, values: list[bytes]) -> float:
 
 def _kafka_address(broker_url: str) -> str:
     """The broker's Kafka listener, as its metadata advertises it."""
-    with urllib.request.urlopen(broker_url + "/v1/metadata", timeout=10) as resp:
-        doc = json.load(resp)
-    (address,) = [b["kafka_address"] for b in doc["brokers"] if b["url"] == broker_url]
-    return str(address)
+    (address,) = [b.kafka_address for b in fetch_metadata(broker_url, 10.0).brokers if b.url == broker_url]
+    return address
 
 
 def run(quick: bool, messages: int | None = None, runs: int | None = None,
