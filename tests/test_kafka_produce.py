@@ -11,14 +11,16 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from confluent_kafka import KafkaError, Message, Producer
 
 from memq.broker import Broker
+from memq.client.cluster import fetch_metadata
 from memq.client.consumer import Consumer
 from memq.config import BrokerConfig, MemqConfig, TopicConfig
-from memq.devcluster import DevCluster
+from memq.devcluster import DevCluster, GovernedCluster
 from memq.format import LogMessage
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
@@ -144,3 +146,32 @@ def test_spark_reads_what_a_kafka_producer_wrote(running: Running) -> None:
         spark.stop()
     assert sorted((bytes(r.value), None if r.key is None else bytes(r.key),
                    tuple((h.key, bytes(h.value)) for h in r.headers), r.ts) for r in got) == sorted(as_rows(sent))
+
+
+def test_kafka_producer_follows_a_topic_the_governor_moves(devcluster: DevCluster, tmp_path: Path) -> None:
+    """Drained off b1, the topic lives on b2 alone: a producer that wrote to b1 is told
+    NOT_LEADER_OR_FOLLOWER, re-reads metadata and goes on on b2, losing nothing."""
+    cluster = f"kmove-{uuid.uuid4().hex[:6]}"
+    topic = f"moved-{uuid.uuid4().hex[:6]}"
+    with GovernedCluster(tmp_path, brokers=2, servers=devcluster, cluster=cluster, session_timeout_s=2.0,
+                         broker=BrokerConfig(kafka_port=0)) as gc:
+        assert set(gc.create_topic(TopicConfig(name=topic, read_partitions=2, batch_ms=50), brokers=2)) == {"b1", "b2"}
+        listeners = {b.id: b.kafka_address for b in fetch_metadata(gc.broker("b1").url, 10.0).brokers}
+        p = Producer({"bootstrap.servers": listeners["b1"], "acks": "all", "enable.idempotence": True,
+                      "linger.ms": 5, "message.timeout.ms": 60_000})
+        errors: list[KafkaError] = []
+        first, second = rows(400, "before"), rows(400, "after")
+
+        def send(records: list[LogMessage]) -> None:
+            for r in records:
+                p.produce(topic, value=r.value, key=r.key, headers=list(r.headers) or None,
+                          timestamp=r.timestamp_ms, on_delivery=lambda e, _m: errors.append(e) if e else None)
+            assert p.flush(60) == 0
+
+        send(first)
+        gc.registry.set_drain("b1")
+        assert gc.wait_placed(topic, brokers=1) == ("b2",)
+        send(second)
+        assert errors == []
+        assert "NOT_LEADER_OR_FOLLOWER" in gc.broker("b1").log_tail()   # the redirect did happen
+        assert sorted(consume(gc.config(), topic, len(first) + len(second))) == sorted(as_rows(first + second))
