@@ -285,7 +285,12 @@ class KafkaConnection:
             pending = await self._responses.get()
             if pending is None:
                 return
-            data = await pending
+            try:
+                data = await pending
+            except Exception:   # a bug in building a response: say so and close, never hang the client
+                log.exception("Kafka connection from %s: building a response failed; closing", self._peer)
+                self._writer.close()
+                return
             try:
                 self._writer.write(data)
                 await asyncio.wait_for(self._writer.drain(), WRITE_TIMEOUT_S)
