@@ -28,9 +28,10 @@ from memq.format.wire import Ack, AckCode, AckLevel
 
 from .mapping import PRODUCER_ID_BITS, ack_level, error_code, memq_producer_id, metadata_view, node_id
 from .protocol import (ApiKey, ErrorCode, PartitionData, PartitionResult, ProduceRequest, ProduceResult, Reader,
-                       RequestHeader, decode_fetch_partitions, decode_init_producer_id, decode_metadata, decode_produce,
-                       decode_request_header, encode_api_versions, encode_fetch_refusal, encode_init_producer_id, encode_metadata,
-                       encode_produce, is_supported)
+                       RequestHeader, api_name, decode_fetch_partitions, decode_init_producer_id,
+                       decode_metadata, decode_produce, decode_request_header, encode_api_versions,
+                       encode_fetch_refusal, encode_init_producer_id, encode_metadata, encode_produce,
+                       is_supported)
 
 if TYPE_CHECKING:
     from memq.broker.server import Broker
@@ -156,8 +157,7 @@ class KafkaConnection:
             error = ErrorCode.NONE if is_supported(h) else ErrorCode.UNSUPPORTED_VERSION
             return _ready(encode_api_versions(h, error))
         if not is_supported(h):
-            name = ApiKey(h.api_key).name if h.api_key in ApiKey._value2member_map_ else "unknown API"
-            return (f"{name} (key {h.api_key}) version {h.api_version} is not served "
+            return (f"{api_name(h.api_key)} version {h.api_version} is not served "
                     f"(client {h.client_id!r}; see ApiVersions)")
         if h.api_key == ApiKey.METADATA:
             return _ready(self._metadata(h, body))

@@ -32,7 +32,7 @@ class ApiKey(IntEnum):
 
 
 #: The (min, max) version of each API served; ApiVersions advertises exactly these.
-SUPPORTED: dict[ApiKey, tuple[int, int]] = {
+SUPPORTED: dict[int, tuple[int, int]] = {
     ApiKey.PRODUCE: (3, 8),
     # Not served: librdkafka writes RecordBatch v2 only to brokers listing Fetch v4 (its
     # MsgVer2 feature needs Produce v3 and Fetch v4), so v4 is listed and every partition of
@@ -189,8 +189,14 @@ def is_supported(h: RequestHeader) -> bool:
     return _served(h.api_key, h.api_version)
 
 
+def api_name(api_key: int) -> str:
+    """"PRODUCE (key 0)", or "unknown API (key 99)", for log lines."""
+    name = ApiKey(api_key).name if api_key in SUPPORTED else "unknown API"
+    return f"{name} (key {api_key})"
+
+
 def _served(api_key: int, version: int) -> bool:
-    lo, hi = SUPPORTED.get(api_key, (0, -1))   # type: ignore[call-overload]
+    lo, hi = SUPPORTED.get(api_key, (0, -1))
     return lo <= version <= hi
 
 
