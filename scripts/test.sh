@@ -5,11 +5,13 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 source scripts/_venv.sh
 ensure_venv test
 
-# System packages the suite needs: Java for ZooKeeper, chromium for the dashboard browser tests.
+# System packages the suite needs: Java for ZooKeeper, chromium for the dashboard browser tests,
+# kcat for the Kafka-listener test with a stock Kafka CLI producer.
 missing=()
 command -v java >/dev/null || missing+=(default-jre-headless)
 command -v iptables >/dev/null || missing+=(iptables)
 command -v chromium >/dev/null || command -v chromium-browser >/dev/null || missing+=(chromium)
+command -v kcat >/dev/null || missing+=(kcat)
 if (( ${#missing[@]} )); then
     if [[ "$(id -u)" == 0 ]] && command -v apt-get >/dev/null; then
         echo "==> apt-get install ${missing[*]}"

@@ -27,6 +27,7 @@ class RecordingBroker:
     def __init__(self, broker_id: str) -> None:
         self.broker_id = broker_id
         self.url = f"http://{broker_id}.invalid:1"
+        self.kafka_address = ""
         self.topics: dict[str, TopicConfig] = {}
         self.removed: list[tuple[str, tuple[str, ...]]] = []
         self.unhealthy: str | None = None

@@ -20,6 +20,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from memq.config import MemqConfig, TopicConfig
 from memq.format.metadata import BrokerMetadata, ClusterMetadata, ClusterView, StorageMetadata, TopicMetadata
 from memq.format.wire import AckCode
+from memq.kafka_api.listener import KafkaListener
 from memq.notify import NotificationPublisher, TopicAdmin
 from memq.storage import StorageHandler, StorageMetrics, make_storage
 
@@ -44,6 +45,7 @@ class Broker:
         self._connections: set[ProduceConnection] = set()
         self._draining = False
         self._runner: web.AppRunner | None = None
+        self._kafka: KafkaListener | None = None   # broker.kafka_port >= 0: the Kafka wire protocol
         self.cluster_view: Callable[[], ClusterView | None] | None = None   # governed: from ZooKeeper
         self.url = ""
         self.app = web.Application()
@@ -72,6 +74,9 @@ class Broker:
         try:
             for topic in self.config.topics:
                 await self.add_topic(topic)
+            if bc.kafka_port >= 0:
+                self._kafka = KafkaListener(self)
+                await self._kafka.start(bc.host, bc.kafka_port, bc.kafka_advertised_host)
         except BaseException:
             sock.close()
             raise
@@ -93,6 +98,8 @@ class Broker:
         except TimeoutError:
             log.error("shutdown: batches of %s not finished within %gs", names, timeout)
         await asyncio.gather(*(c.shutdown(max(deadline - time.monotonic(), 0.5)) for c in list(self._connections)))
+        if self._kafka is not None:
+            await self._kafka.stop()
         if self._runner is not None:
             await self._runner.cleanup()
         if self._publisher is not None and hasattr(self._publisher, "close"):
@@ -131,6 +138,11 @@ class Broker:
         self._moved[name] = tuple(moved_to)
         await proc.close()
 
+    @property
+    def kafka_address(self) -> str:
+        """"host:port" of this broker's Kafka listener, "" when it has none."""
+        return self._kafka.address if self._kafka is not None else ""
+
     def processor(self, topic: str) -> TopicProcessor | None:
         return self._processors.get(topic)
 
@@ -166,7 +178,8 @@ class Broker:
             cluster=c.cluster.name, broker_id=self.broker_id, kafka_bootstrap_servers=c.kafka.bootstrap_servers,
             storage=StorageMetadata(kind=c.storage.kind, bucket=c.s3.bucket, endpoint_url=c.s3.endpoint_url,
                                     region=c.s3.region, root_dir=c.storage.root_dir),
-            brokers=(BrokerMetadata(self.broker_id, self.url, c.broker.rack, c.broker.max_frame_bytes),),
+            brokers=(BrokerMetadata(self.broker_id, self.url, c.broker.rack, c.broker.max_frame_bytes,
+                                    self.kafka_address),),
             topics={name: TopicMetadata(name, p.notification_topic, p.config.read_partitions, (self.url,))
                     for name, p in self._processors.items()})
         return own.overlaid(self.cluster_view() if self.cluster_view is not None else None)

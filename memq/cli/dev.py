@@ -26,7 +26,7 @@ from rich.console import Console
 from rich.live import Live
 
 from memq.audit.emitter import make_audit_sink
-from memq.config import MemqConfig, TopicConfig
+from memq.config import BrokerConfig, MemqConfig, TopicConfig
 from memq.errors import MemqError
 
 if TYPE_CHECKING:
@@ -63,7 +63,8 @@ def dev(broker_count: int, topic_name: str, partitions: int, rate: float, durati
         with ExitStack() as stack:
             console.print(f"starting S3, Kafka, ZooKeeper and {broker_count} governed "
                           f"broker{'s' if broker_count > 1 else ''}...")
-            cluster = stack.enter_context(GovernedCluster(run_dir, broker_count, ready_timeout_s=READY_TIMEOUT_S))
+            cluster = stack.enter_context(GovernedCluster(run_dir, broker_count, ready_timeout_s=READY_TIMEOUT_S,
+                                                          broker=BrokerConfig(kafka_port=0)))
             governor = cluster.governor()
             placed = cluster.create_topic(TopicConfig(name=topic_name, read_partitions=partitions))
             config, client = cluster.base, cluster.config()
@@ -74,6 +75,7 @@ def dev(broker_count: int, topic_name: str, partitions: int, rate: float, durati
                 "ZooKeeper": f"{config.zookeeper.hosts}  (root {config.zookeeper.root}, cluster {config.cluster.name})",
                 "brokers": "  ".join(f"{b.url} ({bid}, {cluster.rack(bid)})" for bid, b in cluster.brokers.items()),
                 "governor": f"{governor} ({cluster.broker(governor).url})",
+                "Kafka API": _kafka_listeners(cluster.broker(governor).url),
                 "placement": _placement_line(topic_name, placed, cluster),
             }
             # Further services (e.g. the audit dashboard) start here and add their endpoint.
@@ -111,10 +113,18 @@ def _print_endpoints(endpoints: dict[str, str], config_path: Path, topic: str) -
     for name, value in endpoints.items():
         click.echo(f"{name + ':':<{width}} {value}")
     memq = _memq_command()
+    kafka = endpoints["Kafka API"].split(",")[0]
     click.echo(f"try:  {memq} --config {config_path} consume {topic} --count\n"
                f"      echo hello | {memq} --config {config_path} produce {topic}\n"
+               f"      echo hello | kcat -P -b {kafka} -t {topic}   # or any Kafka producer\n"
                "Ctrl-C stops everything.")
     sys.stdout.flush()
+
+
+def _kafka_listeners(broker_url: str) -> str:
+    """Every broker's Kafka listener (any one is a bootstrap server for Kafka producers)."""
+    from memq.client.cluster import fetch_metadata
+    return ",".join(b.kafka_address for b in fetch_metadata(broker_url, 10.0).brokers if b.kafka_address)
 
 
 def _memq_command() -> str:

@@ -25,6 +25,7 @@ class Codec(IntEnum):
     NONE = 0
     ZSTD = 1
     GZIP = 2
+    KAFKA = 3   # the body is a Kafka RecordBatch v2, compressed inside (memq.format.kafka_records)
 
 
 def codec_of(value: int) -> Codec:

@@ -18,6 +18,7 @@ from crc32c import crc32c
 
 from memq.errors import CorruptDataError, InvalidInputError, UnsupportedVersionError
 from memq.format.codec import MAX_BODY_BYTES, Codec, Compressors, codec_of
+from memq.format.kafka_records import KafkaBatchHeader, decode_kafka_records
 from memq.format.records import (LogMessage, check_records, gc_paused, packed_records,
                                  timestamp_range, unpack_records)
 
@@ -86,20 +87,43 @@ def encode_message(records: Sequence[LogMessage], *, producer_id: int, epoch: in
         if len(raw) > MAX_BODY_BYTES or len(body) > MAX_BODY_BYTES:
             raise InvalidInputError(f"Message body of {len(raw)} bytes exceeds {MAX_BODY_BYTES}")
         lo, hi = timestamp_range(records) if timestamps is None else timestamps
-        created = time.time_ns() // 1_000_000 if created_ms is None else created_ms
         out = bytearray(headroom + MESSAGE_HEADER_SIZE)   # `+= body` below: no zero-fill of 1 MiB
-        try:
-            _HEADER.pack_into(out, headroom, MESSAGE_MAGIC, MESSAGE_VERSION, codec, MESSAGE_HEADER_SIZE,
-                              producer_id, epoch, sequence, len(records), lo, hi, created,
-                              len(body), len(raw), crc32c(body), 0)
-        except struct.error as exc:
-            raise InvalidInputError(
-                f"Message header field out of range (producer_id u64, epoch u32, sequence u64, "
-                f"timestamps i64): {exc}") from exc
-        crc_at = headroom + _CRC_END
-        _U32.pack_into(out, crc_at, crc32c(memoryview(out)[headroom:crc_at]))
+        _pack_header(out, headroom, codec, producer_id, epoch, sequence, len(records), lo, hi, created_ms,
+                     body, len(raw))
         out += body
         return out
+
+
+def encode_kafka_message(batch: Buffer, kafka: KafkaBatchHeader, *, producer_id: int, epoch: int,
+                         sequence: int, created_ms: int | None = None) -> tuple[bytearray, MessageHeader]:
+    """Wrap a verified Kafka RecordBatch v2, unchanged, as a Message tagged Codec.KAFKA.
+
+    Count and timestamps come from the Kafka batch header, so the broker never decodes records.
+    Returns the Message and its header (what `verify_message` would return for it).
+    """
+    if len(batch) > MAX_BODY_BYTES:
+        raise InvalidInputError(f"Kafka batch of {len(batch)} bytes exceeds {MAX_BODY_BYTES}")
+    out = bytearray(MESSAGE_HEADER_SIZE)
+    lo, hi = kafka.min_timestamp_ms, kafka.max_timestamp_ms
+    _pack_header(out, 0, Codec.KAFKA, producer_id, epoch, sequence, kafka.count, lo, hi, created_ms,
+                 batch, len(batch))
+    out += batch
+    return out, decode_message_header(out)
+
+
+def _pack_header(out: bytearray, at: int, codec: Codec, producer_id: int, epoch: int, sequence: int,
+                 count: int, lo: int, hi: int, created_ms: int | None, body: Buffer, raw_length: int) -> None:
+    created = time.time_ns() // 1_000_000 if created_ms is None else created_ms
+    try:
+        _HEADER.pack_into(out, at, MESSAGE_MAGIC, MESSAGE_VERSION, codec, MESSAGE_HEADER_SIZE,
+                          producer_id, epoch, sequence, count, lo, hi, created,
+                          len(body), raw_length, crc32c(body), 0)
+    except struct.error as exc:
+        raise InvalidInputError(
+            f"Message header field out of range (producer_id u64, epoch u32, sequence u64, "
+            f"timestamps i64): {exc}") from exc
+    crc_at = at + _CRC_END
+    _U32.pack_into(out, crc_at, crc32c(memoryview(out)[at:crc_at]))
 
 
 def check_magic_and_version(buf: Buffer, what: str, magic: bytes, version: int, need: int) -> None:
@@ -151,9 +175,17 @@ def verify_message(buf: Buffer) -> MessageHeader:
 
 def decode_message(buf: Buffer, *, compressors: Compressors | None = None
                    ) -> tuple[MessageHeader, list[LogMessage]]:
-    """Verify, decompress and unpack a Message into its LogMessages (with the GC paused)."""
+    """Verify, decompress and unpack a Message into its LogMessages (with the GC paused).
+
+    A Codec.KAFKA Message holds a Kafka RecordBatch v2, decoded by `decode_kafka_records`.
+    """
     header = verify_message(buf)
     body = memoryview(buf)[header.header_size:]
+    if header.codec is Codec.KAFKA:
+        records = decode_kafka_records(body)
+        if len(records) != header.count:
+            raise CorruptDataError(f"Kafka batch holds {len(records)} records, header says {header.count}")
+        return header, records
     raw = (compressors or Compressors()).decompress(header.codec, body, header.raw_length)
     with gc_paused():
         return header, unpack_records(raw, header.count)

@@ -25,6 +25,7 @@ class BrokerMetadata:
     url: str
     rack: str = ""
     max_frame_bytes: int = 0             # the largest produce frame it reads; 0 = not said (older broker)
+    kafka_address: str = ""              # "host:port" of its Kafka listener; "" = none
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,7 +81,8 @@ class ClusterMetadata:
             "v": self.v,
             "cluster": self.cluster,
             "broker_id": self.broker_id,
-            "brokers": [{"id": b.id, "url": b.url, "rack": b.rack, "max_frame_bytes": b.max_frame_bytes}
+            "brokers": [{"id": b.id, "url": b.url, "rack": b.rack, "max_frame_bytes": b.max_frame_bytes,
+                         "kafka_address": b.kafka_address}
                         for b in self.brokers],
             "topics": {name: {"brokers": list(t.brokers), "notification_topic": t.notification_topic,
                               "read_partitions": t.read_partitions}
@@ -123,7 +125,8 @@ def _broker(doc: object) -> BrokerMetadata:
     if type(limit) is not int or limit < 0:
         raise CorruptDataError(f"metadata broker: max_frame_bytes is {limit!r}, want an int >= 0")
     return BrokerMetadata(id=_str(b, "id", "metadata broker"), url=_str(b, "url", "metadata broker"),
-                          rack=_str(b, "rack", "metadata broker", ""), max_frame_bytes=limit)
+                          rack=_str(b, "rack", "metadata broker", ""), max_frame_bytes=limit,
+                          kafka_address=_str(b, "kafka_address", "metadata broker", ""))
 
 
 def _topic(name: str, doc: object) -> TopicMetadata:

@@ -36,6 +36,9 @@ class HostingBroker(Protocol):
     broker_id: str
     url: str
 
+    @property
+    def kafka_address(self) -> str: ...   # "" without a Kafka listener
+
     async def add_topic(self, topic: TopicConfig) -> None: ...
     async def remove_topic(self, name: str, *, moved_to: tuple[str, ...] = ()) -> None: ...
     def health(self) -> str | None: ...
@@ -75,7 +78,7 @@ class BrokerAgent:
     def info(self) -> BrokerInfo:
         bc = self.config.broker
         return BrokerInfo(self.broker.broker_id, self.broker.url, bc.rack, bc.capacity_mbps,
-                          max_frame_bytes=bc.max_frame_bytes)
+                          max_frame_bytes=bc.max_frame_bytes, kafka_address=self.broker.kafka_address)
 
     async def start(self) -> None:
         """Connect, register, clear a drain flag left by an earlier run, join the election.
@@ -158,7 +161,7 @@ class BrokerAgent:
             return None
         cluster = self.config.cluster.name
         return ClusterView(
-            brokers=tuple(BrokerMetadata(b.id, b.url, b.rack, b.max_frame_bytes) for b in view.brokers.values()),
+            brokers=tuple(BrokerMetadata(b.id, b.url, b.rack, b.max_frame_bytes, b.kafka_address) for b in view.brokers.values()),
             topics={name: TopicMetadata(name, cfg.notification_topic_for(cluster), cfg.read_partitions,
                                         tuple(view.topic_urls(name)))
                     for name, cfg in view.topics.items()})

@@ -31,6 +31,7 @@ class BrokerInfo:
     capacity_mbps: float = 100.0
     draining: bool = False
     max_frame_bytes: int = 0   # passed on to clients in the metadata; 0 = not said
+    kafka_address: str = ""    # its Kafka listener's "host:port", passed on likewise; "" = none
 
     def __post_init__(self) -> None:
         if self.capacity_mbps <= 0:

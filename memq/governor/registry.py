@@ -161,7 +161,7 @@ class Registry:
     @staticmethod
     def _broker_json(info: BrokerInfo, unhealthy: str | None) -> bytes:
         d: dict[str, Any] = {"id": info.id, "url": info.url, "rack": info.rack, "capacity_mbps": info.capacity_mbps,
-                             "max_frame_bytes": info.max_frame_bytes}
+                             "max_frame_bytes": info.max_frame_bytes, "kafka_address": info.kafka_address}
         if unhealthy:
             d["unhealthy"] = unhealthy
         return json.dumps(d).encode()
@@ -211,7 +211,8 @@ class Registry:
             try:
                 d = json.loads(data)
                 out[bid] = BrokerInfo(bid, d["url"], d.get("rack", ""), float(d["capacity_mbps"]),
-                                      draining=bid in drains, max_frame_bytes=int(d.get("max_frame_bytes", 0)))
+                                      draining=bid in drains, max_frame_bytes=int(d.get("max_frame_bytes", 0)),
+                                      kafka_address=str(d.get("kafka_address", "")))
             except (ValueError, KeyError, TypeError, ConfigError) as e:
                 log.error("ignoring broker znode %s/%s: %s", self.brokers_path, bid, e)
                 continue

@@ -1,0 +1,182 @@
+"""Kafka-protocol produce: a confluent-kafka Producer writing to memq's Kafka listener vs to tansu.
+
+One dev cluster (moto S3, tansu, ZooKeeper) and one governed broker process with its Kafka
+listener on; the same Producer settings (100-byte values, acks=all, linger.ms=5) write to a
+3-partition memq topic through the listener (stored in S3 and notified before each ack) and to
+a 3-partition topic on tansu. Runs alternate, best of `--runs` each; ratio key `vs_tansu` is
+memq msg/s over tansu msg/s. Then the end-to-end latency through the Kafka path: the same
+Producer paced at 10 MB/s of 1 KiB values (acks=all) into the listener, memq's Consumer in its
+own process, exactly as `bench e2e` measures memq's own producer (its consumer and quantiles);
+ratio key `e2e_p99_vs_target` is that bench's 0.5 s target over the p99. Kafka's protocol has no "flush" a broker could see, so the last
+batch of each run seals by age: `--batch-ms` (default the topic default) is part of every
+run's time, which a short (`--quick`) run feels most.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import os
+import tempfile
+import time
+from array import array
+from multiprocessing.synchronize import Event
+from pathlib import Path
+
+from confluent_kafka import Producer
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from bench.e2e import (_HEAD, DRAIN_TIMEOUT_S, JOIN_TIMEOUT_S, RATE_BYTES_S, TARGET_P99_S, TICK_S, _consume,
+                       _quantile)
+from memq.client.cluster import fetch_metadata
+from memq.config import BrokerConfig, MemqConfig, TopicConfig
+from memq.devcluster import DevCluster, GovernedCluster
+
+MiB = 1024 ** 2
+VALUE_BYTES = 100
+PARTITIONS = 3
+TOPIC = "bench-kafka-api"
+E2E_TOPIC = "bench-kafka-e2e"
+E2E_VALUE_BYTES = 1024
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--messages", type=int, default=None, help="values per run")
+    parser.add_argument("--runs", type=int, default=None, help="runs per target (best counts)")
+    parser.add_argument("--batch-ms", type=int, default=TopicConfig.batch_ms,
+                        help="the memq topic's batch_ms (a Kafka producer cannot ask for an early seal, "
+                             "so each run's last batch waits this long)")
+
+
+def _values(n: int) -> list[bytes]:
+    """`n` values of VALUE_BYTES: hex of random bytes (compressible like text), 1024 distinct."""
+    pool = [os.urandom(VALUE_BYTES // 2).hex().encode()[:VALUE_BYTES] for _ in range(1024)]
+    return [pool[i % 1024] for i in range(n)]
+
+
+def _produce_s(bootstrap: str, topic: str, values: list[bytes]) -> float:
+    """Seconds for a confluent-kafka Producer to send every value and get every acks=all."""
+    p = Producer({"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 5, "batch.num.messages": 10_000,
+                  "queue.buffering.max.messages": 2_000_000, "queue.buffering.max.kbytes": 1_048_576})
+    delivered = 0
+
+    def on_delivery(err: object, _msg: object) -> None:
+        nonlocal delivered
+        if err is None:
+            delivered += 1
+
+    t0 = time.perf_counter()
+    produce = p.produce
+    for v in values:
+        try:
+            produce(topic, v, on_delivery=on_delivery)
+        except BufferError:
+            p.poll(0.01)
+            produce(topic, v, on_delivery=on_delivery)
+    p.flush(120)
+    elapsed = time.perf_counter() - t0
+    if delivered != len(values):
+        raise RuntimeError(f"{bootstrap}: delivered {delivered} of {len(values)}")
+    return elapsed
+
+
+def _paced(address: str, topic: str, duration_s: float, value_bytes: int, warm: Event) -> tuple[int, float]:
+    """Send stamped values at RATE_BYTES_S for `duration_s` (acks=all); (sent, seconds sending)."""
+    pads = [os.urandom(value_bytes // 2).hex().encode()[:value_bytes - _HEAD.size] for _ in range(256)]
+    p = Producer({"bootstrap.servers": address, "acks": "all", "linger.ms": 5})
+    failed: list[object] = []
+
+    def on_delivery(err: object, _msg: object) -> None:
+        if err is not None:
+            failed.append(err)
+
+    p.produce(topic, _HEAD.pack(time.time(), -1) + pads[0])
+    p.flush(30)
+    if not warm.wait(JOIN_TIMEOUT_S):
+        raise RuntimeError(f"the consumer did not receive the warm-up message within {JOIN_TIMEOUT_S} s")
+    per_s = RATE_BYTES_S / value_bytes
+    sent = 0
+    t0 = time.monotonic()
+    while (elapsed := time.monotonic() - t0) < duration_s:
+        stamp = time.time()
+        for seq in range(sent, int(elapsed * per_s) + 1):
+            p.produce(topic, _HEAD.pack(stamp, seq) + pads[seq & 255], on_delivery=on_delivery)
+        sent = max(sent, int(elapsed * per_s) + 1)
+        p.poll(0)
+        time.sleep(max(0.0, TICK_S - (time.monotonic() - t0 - elapsed)))
+    send_s = time.monotonic() - t0
+    if p.flush(60) or failed:
+        raise RuntimeError(f"{len(failed)} of {sent} Kafka sends failed, first: {failed[:1]}")
+    return sent, send_s
+
+
+def _e2e(config: MemqConfig, address: str, topic: str, duration_s: float) -> dict:
+    """p50/p99 send -> receipt through the Kafka listener, read by memq's Consumer in a process."""
+    ctx = multiprocessing.get_context("spawn")
+    assigned, warm = ctx.Event(), ctx.Event()
+    ours, theirs = ctx.Pipe()
+    reader = ctx.Process(target=_consume, args=(config, topic, assigned, warm, theirs), name="e2e-consumer",
+                         daemon=True)
+    reader.start()
+    try:
+        if not assigned.wait(JOIN_TIMEOUT_S):
+            raise RuntimeError(f"the consumer got no assignment within {JOIN_TIMEOUT_S} s")
+        sent, send_s = _paced(address, topic, duration_s, E2E_VALUE_BYTES, warm)
+        ours.send(sent)
+        if not ours.poll(DRAIN_TIMEOUT_S + 30):
+            raise RuntimeError("the consumer process sent no result")
+        raw, duplicates, missing = ours.recv()
+        reader.join(10)
+    finally:
+        if reader.is_alive():
+            reader.terminate()
+            reader.join(5)
+    if missing:
+        raise RuntimeError(f"consumer missed {len(missing):,} of {sent:,} acked messages, first {missing[:10]}")
+    latencies = sorted(array("d", raw))
+    p50, p99 = _quantile(latencies, 0.5), _quantile(latencies, 0.99)
+    mbps = sent * E2E_VALUE_BYTES / MiB / send_s
+    print(f"e2e via Kafka listener: {sent:,} messages at {mbps:.2f} MB/s, p50 {p50:.3f}s p99 {p99:.3f}s "
+          f"({duplicates} duplicates)", flush=True)
+    return {"e2e_p50_s": round(p50, 4), "e2e_p99_s": round(p99, 4), "e2e_mb_per_s": round(mbps, 2),
+            "e2e_messages": sent}
+
+
+def _kafka_address(broker_url: str) -> str:
+    """The broker's Kafka listener, as its metadata advertises it."""
+    (address,) = [b.kafka_address for b in fetch_metadata(broker_url, 10.0).brokers if b.url == broker_url]
+    return address
+
+
+def run(quick: bool, messages: int | None = None, runs: int | None = None,
+        batch_ms: int = TopicConfig.batch_ms) -> dict:
+    n = messages or (200_000 if quick else 1_000_000)
+    runs = runs or (2 if quick else 3)
+    with tempfile.TemporaryDirectory(prefix="memq-bench-") as tmp, \
+            DevCluster(Path(tmp) / "servers") as dc, \
+            GovernedCluster(tmp, brokers=1, servers=dc, cluster="bench", broker=BrokerConfig(kafka_port=0)) as gc:
+        gc.create_topic(TopicConfig(TOPIC, read_partitions=PARTITIONS, batch_bytes=8 * MiB, ring_slots=4,
+                                    batch_ms=batch_ms))
+        memq_at = _kafka_address(gc.broker("b1").url)
+        tansu_at = dc.kafka_bootstrap or ""
+        admin = AdminClient({"bootstrap.servers": tansu_at})   # kept alive until the topic exists
+        admin.create_topics([NewTopic(TOPIC, PARTITIONS, 1)])[TOPIC].result(30)
+        print(f"memq Kafka listener {memq_at}; tansu {tansu_at}", flush=True)
+        values = _values(n)
+        _produce_s(memq_at, TOPIC, values[:20_000])    # warm up both: connections, metadata
+        _produce_s(tansu_at, TOPIC, values[:20_000])
+        memq_rates, tansu_rates = [], []
+        for _ in range(runs):   # interleaved, so drift on a shared machine hits both alike
+            memq_rates.append(n / _produce_s(memq_at, TOPIC, values))
+            tansu_rates.append(n / _produce_s(tansu_at, TOPIC, values))
+            print(f"acks=all {VALUE_BYTES} B: memq {memq_rates[-1]:,.0f} msg/s, tansu {tansu_rates[-1]:,.0f} msg/s",
+                  flush=True)
+        del values
+        gc.create_topic(TopicConfig(E2E_TOPIC, read_partitions=PARTITIONS))
+        e2e = _e2e(gc.config(), memq_at, E2E_TOPIC, 10.0 if quick else 30.0)
+    best_memq, best_tansu = max(memq_rates), max(tansu_rates)
+    return {"ratios": {"vs_tansu": round(best_memq / best_tansu, 3),
+                       "e2e_p99_vs_target": round(TARGET_P99_S / e2e["e2e_p99_s"], 3)},
+            **e2e,
+            "memq_kafka_msg_s": round(best_memq), "tansu_msg_s": round(best_tansu),
+            "messages": n, "value_bytes": VALUE_BYTES, "runs": runs, "batch_ms": batch_ms}

@@ -1,0 +1,263 @@
+"""Kafka RecordBatch v2: the header check the broker runs and the full decode readers run.
+
+A Kafka producer's batch is stored unchanged as the body of one memq Message tagged
+`Codec.KAFKA` (see `kafka_message_header`), so the broker only checks the fixed header and
+the batch's own CRC32C (`verify_kafka_batch`); readers decode records with
+`decode_kafka_records`. Layout (big-endian, Kafka's `DefaultRecordBatch`): base offset i64,
+batch length i32, partition leader epoch i32, magic i8 (=2), CRC32C u32 of every byte after
+it, attributes i16 (bits 0-2 codec, 3 timestamp type, 4 transactional, 5 control), last
+offset delta i32, base/max timestamp i64, producer id i64, producer epoch i16, base sequence
+i32, record count i32, then the (possibly compressed) records, each a zigzag-varint framed
+`attributes, timestampDelta, offsetDelta, key, value, headers`.
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from dataclasses import dataclass
+from enum import IntEnum
+
+import cramjam
+import zstandard
+from crc32c import crc32c
+
+from memq.errors import CorruptDataError, UnsupportedCodecError, UnsupportedVersionError
+from memq.format.codec import MAX_BODY_BYTES
+from memq.format.records import LogMessage, gc_paused
+
+Buffer = bytes | bytearray | memoryview
+
+_HEADER = struct.Struct(">qiibIhiqqqhii")
+KAFKA_BATCH_HEADER_SIZE = _HEADER.size   # 61
+_LENGTH_END = 12                          # base offset + batch length: what batch length excludes
+_CRC_START = 21                           # the CRC covers attributes .. end
+_XERIAL_MAGIC = b"\x82SNAPPY\x00"         # the Java client's framed snappy
+_XERIAL_HEADER = 16
+_BLOCK_LEN = struct.Struct(">i")
+_CONTROL = 0x20
+_TRANSACTIONAL = 0x10
+_LOG_APPEND_TIME = 0x08
+
+
+class KafkaCodec(IntEnum):
+    NONE = 0
+    GZIP = 1
+    SNAPPY = 2
+    LZ4 = 3
+    ZSTD = 4
+
+
+@dataclass(frozen=True, slots=True)
+class KafkaBatchHeader:
+    base_offset: int
+    batch_length: int
+    attributes: int
+    last_offset_delta: int
+    base_timestamp_ms: int
+    max_timestamp_ms: int
+    producer_id: int
+    producer_epoch: int
+    base_sequence: int
+    count: int
+
+    @property
+    def size(self) -> int:
+        return _LENGTH_END + self.batch_length
+
+    @property
+    def codec(self) -> KafkaCodec:
+        try:
+            return KafkaCodec(self.attributes & 0x07)
+        except ValueError:
+            raise UnsupportedCodecError(f"Kafka batch codec {self.attributes & 0x07} is not one of "
+                                        f"none/gzip/snappy/lz4/zstd") from None
+
+    @property
+    def transactional(self) -> bool:
+        return bool(self.attributes & _TRANSACTIONAL)
+
+    @property
+    def min_timestamp_ms(self) -> int:
+        """A lower bound of the records' timestamps as the header tells it (the first record's)."""
+        return min(self.base_timestamp_ms, self.max_timestamp_ms)
+
+
+def peek_kafka_batch(buf: Buffer) -> KafkaBatchHeader:
+    """Decode the fixed header (magic, length, codec, count) without the CRC pass."""
+    n = len(buf)
+    if n < KAFKA_BATCH_HEADER_SIZE:
+        raise CorruptDataError(f"Kafka record batch truncated: {n} bytes, need {KAFKA_BATCH_HEADER_SIZE}")
+    (base_offset, length, _leader_epoch, magic, _crc, attributes, last_delta, base_ts, max_ts,
+     pid, epoch, base_seq, count) = _HEADER.unpack_from(buf)
+    if magic != 2:
+        raise UnsupportedVersionError(f"Kafka record batch magic {magic}: only v2 (magic 2) is supported")
+    if length < KAFKA_BATCH_HEADER_SIZE - _LENGTH_END or _LENGTH_END + length > n:
+        raise CorruptDataError(f"Kafka record batch length {length} does not fit the {n} bytes given")
+    if count < 0 or last_delta < 0:
+        raise CorruptDataError(f"Kafka record batch count {count} / last offset delta {last_delta} negative")
+    if attributes & _CONTROL:
+        raise UnsupportedVersionError("Kafka control batches (transaction markers) are not supported")
+    header = KafkaBatchHeader(base_offset, length, attributes, last_delta, base_ts, max_ts, pid, epoch,
+                              base_seq, count)
+    header.codec   # noqa: B018 - raises UnsupportedCodecError for an unknown codec
+    return header
+
+
+def verify_kafka_batch(buf: Buffer) -> KafkaBatchHeader:
+    """The broker's check: header fields, exact length and the batch's CRC32C, no decompression."""
+    header = peek_kafka_batch(buf)
+    if header.size != len(buf):
+        raise CorruptDataError(f"Kafka record batch has {len(buf)} bytes, its header says {header.size}")
+    if crc32c(memoryview(buf)[_CRC_START:]) != _HEADER.unpack_from(buf)[4]:
+        raise CorruptDataError("Kafka record batch CRC32C mismatch")
+    return header
+
+
+def split_kafka_batches(buf: Buffer) -> list[memoryview]:
+    """The batches back to back in a Produce request's `records` field, each as a view."""
+    view = memoryview(buf)
+    out = []
+    while view:
+        size = peek_kafka_batch(view).size
+        out.append(view[:size])
+        view = view[size:]
+    return out
+
+
+def decode_kafka_records(buf: Buffer) -> list[LogMessage]:
+    """Verify one whole batch, decompress it and decode its records into LogMessages.
+
+    Null values, and null header values, decode as b"" (a LogMessage value is bytes).
+    """
+    header = verify_kafka_batch(buf)
+    raw = _decompress(header.codec, memoryview(buf)[KAFKA_BATCH_HEADER_SIZE:])
+    with gc_paused():
+        return _Records(raw, header).read_all()
+
+
+def _decompress(codec: KafkaCodec, body: memoryview) -> bytes | memoryview:
+    """Decompress to at most MAX_BODY_BYTES (a hostile batch could declare more)."""
+    try:
+        if codec is KafkaCodec.NONE:
+            return body
+        if codec is KafkaCodec.GZIP:
+            d = zlib.decompressobj(wbits=47)   # gzip or zlib container
+            out = d.decompress(body, MAX_BODY_BYTES + 1)
+        elif codec is KafkaCodec.SNAPPY:
+            out = _unsnappy(body)
+        elif codec is KafkaCodec.LZ4:
+            out = bytes(cramjam.lz4.decompress(body))
+        else:
+            with zstandard.ZstdDecompressor().stream_reader(body) as reader:
+                out = reader.read(MAX_BODY_BYTES + 1)
+    except (zlib.error, zstandard.ZstdError, cramjam.DecompressionError) as exc:
+        raise CorruptDataError(f"Kafka {codec.name} records do not decompress: {exc}") from exc
+    if len(out) > MAX_BODY_BYTES:
+        raise CorruptDataError(f"Kafka {codec.name} records decompress to over {MAX_BODY_BYTES} bytes")
+    return out
+
+
+def _unsnappy(body: memoryview) -> bytes:
+    """Raw snappy (librdkafka) or the Java client's xerial framing (8 magic, 8 version bytes,
+    then blocks of i32 length + raw snappy)."""
+    if bytes(body[:8]) != _XERIAL_MAGIC:
+        return _snappy_block(body)
+    out = bytearray()
+    pos = _XERIAL_HEADER
+    while pos < len(body):
+        if pos + 4 > len(body):
+            raise CorruptDataError("xerial snappy block length truncated")
+        (n,) = _BLOCK_LEN.unpack_from(body, pos)
+        if n < 0 or pos + 4 + n > len(body):
+            raise CorruptDataError(f"xerial snappy block of {n} bytes overruns the body")
+        out += _snappy_block(body[pos + 4:pos + 4 + n])
+        pos += 4 + n
+    return bytes(out)
+
+
+def _snappy_block(block: memoryview) -> bytes:
+    if cramjam.snappy.decompress_raw_len(block) > MAX_BODY_BYTES:
+        raise CorruptDataError(f"snappy block declares over {MAX_BODY_BYTES} bytes")
+    return bytes(cramjam.snappy.decompress_raw(block))
+
+
+class _Records:
+    """A cursor over the decompressed records of one batch."""
+
+    __slots__ = ("buf", "pos", "header")
+
+    def __init__(self, buf: bytes | memoryview, header: KafkaBatchHeader) -> None:
+        self.buf = bytes(buf)
+        self.pos = 0
+        self.header = header
+
+    def read_all(self) -> list[LogMessage]:
+        h = self.header
+        log_append = bool(h.attributes & _LOG_APPEND_TIME)
+        out = []
+        for i in range(h.count):
+            length = self.varint()
+            end = self.pos + length
+            if length < 0 or end > len(self.buf):
+                raise CorruptDataError(f"Kafka record {i} length {length} overruns the batch")
+            self.pos += 1   # record attributes: unused by Kafka
+            delta = self.varint()
+            ts = h.max_timestamp_ms if log_append else h.base_timestamp_ms + delta
+            self.varint()   # offset delta: memq positions are per batch, not per record
+            key = self.nullable_bytes()
+            value = self.nullable_bytes() or b""
+            headers = tuple((self.string(), self.nullable_bytes() or b"") for _ in range(self.count()))
+            if self.pos != end:
+                raise CorruptDataError(f"Kafka record {i} is {length} bytes but its fields take "
+                                       f"{self.pos - end + length}")
+            out.append(LogMessage(value, key, headers, ts))
+        if self.pos != len(self.buf):
+            raise CorruptDataError(f"Kafka batch has {len(self.buf) - self.pos} bytes after its "
+                                   f"{h.count} records")
+        return out
+
+    def varint(self) -> int:
+        """A zigzag varint (Kafka uses the same encoding for varint and varlong)."""
+        buf, pos, shift, acc = self.buf, self.pos, 0, 0
+        while True:
+            if pos >= len(buf):
+                raise CorruptDataError("Kafka record truncated inside a varint")
+            b = buf[pos]
+            pos += 1
+            acc |= (b & 0x7F) << shift
+            if not b & 0x80:
+                break
+            shift += 7
+            if shift > 63:
+                raise CorruptDataError("Kafka varint longer than 10 bytes")
+        self.pos = pos
+        return (acc >> 1) ^ -(acc & 1)
+
+    def count(self) -> int:
+        n = self.varint()
+        if n < 0 or n > len(self.buf) - self.pos:
+            raise CorruptDataError(f"Kafka record header count {n} is impossible here")
+        return n
+
+    def nullable_bytes(self) -> bytes | None:
+        n = self.varint()
+        if n < 0:
+            if n != -1:
+                raise CorruptDataError(f"Kafka record field length {n}")
+            return None
+        end = self.pos + n
+        if end > len(self.buf):
+            raise CorruptDataError(f"Kafka record field of {n} bytes overruns the record")
+        out = self.buf[self.pos:end]
+        self.pos = end
+        return out
+
+    def string(self) -> str:
+        raw = self.nullable_bytes()
+        if raw is None:
+            raise CorruptDataError("Kafka record header key is null")
+        try:
+            return raw.decode()
+        except UnicodeDecodeError as exc:
+            raise CorruptDataError(f"Kafka record header key is not UTF-8: {exc}") from exc

@@ -1,0 +1,1 @@
+"""Kafka wire-protocol listener: any Kafka producer writes into memq topics unchanged."""

@@ -1,0 +1,320 @@
+"""The asyncio Kafka listener of a broker: one task per client connection.
+
+Requests are read and handled one at a time, in order (so a full batch ring stops the
+reading and TCP pushes back, as on `/v1/produce`); responses are futures queued in request
+order and written by one writer task, so acks=all Produce requests pipeline like on a Kafka
+broker (librdkafka keeps up to 5 in flight). Each RecordBatch of a Produce request has its
+header and CRC32C checked and goes, unchanged, as one Codec.KAFKA Message through
+`TopicProcessor.append`: the same batching, storage, notification and dedup as memq's own
+protocol. A frame that cannot be parsed, is larger than `broker.max_frame_bytes`, or names an
+API or version not served (other than ApiVersions, which answers UNSUPPORTED_VERSION with our
+ranges) closes the connection with the reason in the log, as a Kafka broker does: its
+response shape is unknown, so no answer could be parsed by the client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import secrets
+import struct
+from typing import TYPE_CHECKING
+
+from memq.errors import FormatError, ProtocolError, UnsupportedCodecError, UnsupportedVersionError
+from memq.format.kafka_records import split_kafka_batches, verify_kafka_batch
+from memq.format.message import MESSAGE_HEADER_SIZE, encode_kafka_message
+from memq.format.wire import Ack, AckCode, AckLevel
+
+from .mapping import PRODUCER_ID_BITS, ack_level, error_code, memq_producer_id, metadata_view, node_id
+from .protocol import (ApiKey, ErrorCode, PartitionData, PartitionResult, ProduceRequest, ProduceResult, Reader,
+                       RequestHeader, api_name, decode_fetch_partitions, decode_init_producer_id,
+                       decode_metadata, decode_produce, decode_request_header, encode_api_versions,
+                       encode_fetch_refusal, encode_init_producer_id, encode_metadata, encode_produce,
+                       is_supported)
+
+if TYPE_CHECKING:
+    from memq.broker.server import Broker
+
+log = logging.getLogger(__name__)
+
+_SIZE = struct.Struct(">i")
+#: Requests read ahead of their responses per connection (librdkafka sends at most 5 Produce).
+MAX_IN_FLIGHT = 32
+FRAME_READ_TIMEOUT_S = 30.0    # a frame whose size arrived must follow within this
+WRITE_TIMEOUT_S = 30.0         # a client that does not read its responses this long is closed
+#: An acks=all Produce waits for its acks the request's timeout_ms, within these bounds, then
+#: answers REQUEST_TIMED_OUT for what is still pending (it may still be stored: the client retries
+#: with the same ids, so an idempotent producer's retry is dropped as a duplicate).
+MIN_ACK_WAIT_S = 1.0
+MAX_ACK_WAIT_S = 300.0
+
+
+class KafkaListener:
+    """Serves Kafka producers for one Broker on its own port."""
+
+    def __init__(self, broker: Broker) -> None:
+        self._broker = broker
+        self._server: asyncio.Server | None = None
+        self._connections: dict[KafkaConnection, asyncio.Task[None]] = {}
+        self.address = ""
+
+    async def start(self, host: str, port: int, advertised_host: str = "") -> str:
+        """Listen (port 0: any free one); returns the advertised "host:port"."""
+        self._server = await asyncio.start_server(self._accept, host, port)
+        bound = self._server.sockets[0].getsockname()[1]
+        self.address = f"{advertised_host or host}:{bound}"
+        log.info("broker %s: Kafka listener on %s", self._broker.broker_id, self.address)
+        return self.address
+
+    async def stop(self) -> None:
+        """Stop accepting, then close every connection (called after the topics are drained)."""
+        if self._server is not None:
+            self._server.close()
+        for conn in list(self._connections):
+            conn.close()   # its reader sees EOF; responses still due are written or dropped
+        if self._connections:
+            await asyncio.wait(list(self._connections.values()), timeout=WRITE_TIMEOUT_S)
+        if self._server is not None:
+            await self._server.wait_closed()
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        conn = KafkaConnection(self._broker, reader, writer)
+        self._connections[conn] = task
+        try:
+            await conn.run()
+        finally:
+            self._connections.pop(conn, None)
+
+
+class KafkaConnection:
+    def __init__(self, broker: Broker, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._broker = broker
+        self._reader = reader
+        self._writer = writer
+        self._peer = writer.get_extra_info("peername")
+        self._responses: asyncio.Queue[asyncio.Future[bytes] | None] = asyncio.Queue(MAX_IN_FLIGHT)
+        self._request_ids = itertools.count()
+        # A producer without idempotence: its Messages get this id and a per-connection
+        # sequence, unique so nothing is dropped as a duplicate (Kafka does not dedup them either).
+        self._producer_id = secrets.randbits(64)
+        self._sequence = itertools.count()
+        self._metrics = broker.metrics
+
+    def close(self) -> None:
+        self._writer.close()
+
+    async def run(self) -> None:
+        writer_task = asyncio.create_task(self._write_responses(), name="kafka-responses")
+        self._metrics.connections.inc()
+        try:
+            why = await self._read_requests()
+            if why:
+                log.warning("closing Kafka connection from %s: %s", self._peer, why)
+        finally:
+            self._metrics.connections.dec()
+            try:   # let the responses already due go out (each bounded by its request's timeout)
+                async with asyncio.timeout(WRITE_TIMEOUT_S + MAX_ACK_WAIT_S):
+                    if not writer_task.done():
+                        await self._responses.put(None)
+                    await writer_task
+            except (TimeoutError, asyncio.CancelledError):
+                writer_task.cancel()
+            self._writer.close()
+
+    async def _read_requests(self) -> str:
+        """Handle requests until EOF (""), or return why the connection must close."""
+        limit = self._broker.config.broker.max_frame_bytes
+        while True:
+            try:
+                head = await self._reader.readexactly(4)
+            except (asyncio.IncompleteReadError, ConnectionError):
+                return ""
+            (size,) = _SIZE.unpack(head)
+            if not 0 < size <= limit:
+                return f"request of {size} bytes (broker.max_frame_bytes={limit})"
+            try:
+                frame = await asyncio.wait_for(self._reader.readexactly(size), FRAME_READ_TIMEOUT_S)
+            except (asyncio.IncompleteReadError, ConnectionError, TimeoutError):
+                return f"request of {size} bytes not received in full"
+            try:
+                h, body = decode_request_header(frame)
+                response = await self._dispatch(h, body)
+            except ProtocolError as e:
+                self._metrics.rejected.labels(AckCode.PROTOCOL).inc()
+                return f"malformed request: {e}"
+            if isinstance(response, str):
+                self._metrics.rejected.labels(AckCode.PROTOCOL).inc()
+                return response
+            if response is not None:
+                await self._responses.put(response)
+
+    async def _dispatch(self, h: RequestHeader, body: Reader) -> asyncio.Future[bytes] | str | None:
+        """The response to come, None for none (acks=0), or why the connection must close."""
+        if h.api_key == ApiKey.API_VERSIONS:
+            error = ErrorCode.NONE if is_supported(h) else ErrorCode.UNSUPPORTED_VERSION
+            return _ready(encode_api_versions(h, error))
+        if not is_supported(h):
+            return (f"{api_name(h.api_key)} version {h.api_version} is not served "
+                    f"(client {h.client_id!r}; see ApiVersions)")
+        if h.api_key == ApiKey.METADATA:
+            return _ready(self._metadata(h, body))
+        if h.api_key == ApiKey.INIT_PRODUCER_ID:
+            return _ready(self._init_producer_id(h, body))
+        if h.api_key == ApiKey.FETCH:
+            log.warning("refused a Kafka Fetch from %s (client %r): memq topics are read with memq's "
+                        "Consumer or Spark source", self._peer, h.client_id)
+            return _ready(encode_fetch_refusal(h, decode_fetch_partitions(body)))
+        req = decode_produce(body)
+        return await self._produce(h, req)
+
+    def _metadata(self, h: RequestHeader, body: Reader) -> bytes:
+        req = decode_metadata(h, body)
+        meta = self._broker.metadata()
+        nodes, topics = metadata_view(meta, req.topics)
+        return encode_metadata(h, nodes, meta.cluster, node_id(self._broker.broker_id), topics)
+
+    def _init_producer_id(self, h: RequestHeader, body: Reader) -> bytes:
+        transactional_id = decode_init_producer_id(body)
+        if transactional_id is not None:
+            log.info("refused InitProducerId for transactional id %r from %s: memq has no Kafka transactions",
+                     transactional_id, self._peer)
+            return encode_init_producer_id(h, ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, -1, -1)
+        # Random, so brokers hand out ids without coordinating (see mapping.PRODUCER_ID_BITS).
+        return encode_init_producer_id(h, ErrorCode.NONE, secrets.randbits(PRODUCER_ID_BITS), 0)
+
+    # --- Produce ---------------------------------------------------------------------------
+
+    async def _produce(self, h: RequestHeader, req: ProduceRequest) -> asyncio.Future[bytes] | None:
+        level = ack_level(req.acks)
+        appended: list[tuple[str, int, list[asyncio.Future[Ack]] | PartitionResult]] = []
+        for topic, parts in req.topics:
+            for part in parts:
+                if level is None:
+                    outcome: list[asyncio.Future[Ack]] | PartitionResult = PartitionResult(
+                        part.index, ErrorCode.INVALID_REQUIRED_ACKS, message=f"acks={req.acks}: use 0, 1 or -1")
+                elif req.transactional_id is not None:
+                    outcome = PartitionResult(part.index, ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
+                                              message="memq has no Kafka transactions")
+                else:
+                    outcome = await self._append(topic, part, level)
+                if isinstance(outcome, PartitionResult) and outcome.error:
+                    self._metrics.rejected.labels(f"kafka:{outcome.error.name}").inc()
+                    log.info("Kafka produce to %s[%d] from %s: %s (%s)", topic, part.index, self._peer,
+                             outcome.error.name, outcome.message)
+                appended.append((topic, part.index, outcome))
+        if level is AckLevel.NONE:
+            return None   # Kafka sends no response to acks=0
+        wait_s = min(max(req.timeout_ms / 1000, MIN_ACK_WAIT_S), MAX_ACK_WAIT_S)
+        return asyncio.ensure_future(self._produce_response(h, appended, wait_s))
+
+    async def _produce_response(self, h: RequestHeader,
+                                appended: list[tuple[str, int, list[asyncio.Future[Ack]] | PartitionResult]],
+                                timeout_s: float) -> bytes:
+        futures = [f for _, _, o in appended if not isinstance(o, PartitionResult) for f in o]
+        if futures:
+            await asyncio.wait(futures, timeout=timeout_s)
+        result = ProduceResult()
+        for topic, index, outcome in appended:
+            result.topics.setdefault(topic, []).append(
+                outcome if isinstance(outcome, PartitionResult) else _partition_result(index, outcome, timeout_s))
+        return encode_produce(h, result)
+
+    async def _append(self, topic: str, part: PartitionData, level: AckLevel
+                      ) -> list[asyncio.Future[Ack]] | PartitionResult:
+        """Append each RecordBatch of one partition's records as a Message; futures of their acks."""
+        proc = self._broker.processor(topic)
+        if proc is None:
+            return PartitionResult(part.index, *self._not_here(topic))
+        if not 0 <= part.index < proc.config.read_partitions:
+            return PartitionResult(part.index, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+                                   message=f"topic {topic} has {proc.config.read_partitions} partitions")
+        if not part.records:
+            return PartitionResult(part.index, ErrorCode.CORRUPT_MESSAGE, message="no records")
+        try:
+            batches = [(b, verify_kafka_batch(b)) for b in split_kafka_batches(part.records)]
+        except UnsupportedCodecError as e:
+            return PartitionResult(part.index, ErrorCode.UNSUPPORTED_COMPRESSION_TYPE, message=str(e))
+        except UnsupportedVersionError as e:
+            return PartitionResult(part.index, ErrorCode.UNSUPPORTED_FOR_MESSAGE_FORMAT, message=str(e))
+        except FormatError as e:
+            return PartitionResult(part.index, ErrorCode.CORRUPT_MESSAGE, message=str(e))
+        limit = proc.config.max_message_bytes
+        for b, kh in batches:
+            if len(b) + MESSAGE_HEADER_SIZE > limit:
+                return PartitionResult(part.index, ErrorCode.MESSAGE_TOO_LARGE,
+                                       message=f"record batch of {len(b)} bytes exceeds topic {topic}'s "
+                                               f"max_message_bytes={limit}")
+            if kh.transactional:
+                return PartitionResult(part.index, ErrorCode.INVALID_REQUEST,
+                                       message="transactional batches: memq has no Kafka transactions")
+        loop = asyncio.get_running_loop()
+        futures = []
+        for b, kh in batches:
+            if kh.producer_id >= 0:   # idempotent: a retry carries the same ids, so dedup drops it
+                ids = (memq_producer_id(kh.producer_id, part.index), max(kh.producer_epoch, 0), kh.base_sequence)
+            else:
+                ids = (self._producer_id, 0, next(self._sequence))
+            msg, header = encode_kafka_message(b, kh, producer_id=ids[0], epoch=ids[1], sequence=ids[2])
+            fut: asyncio.Future[Ack] = loop.create_future()
+
+            def reply(a: Ack, fut: asyncio.Future[Ack] = fut) -> None:
+                if not fut.done():
+                    fut.set_result(a)
+
+            request_id = next(self._request_ids)
+            ack = await proc.append(memoryview(msg), header, request_id, level, reply)
+            if ack is None and level is AckLevel.NONE:
+                ack = Ack(request_id, True)
+            if ack is not None:
+                reply(ack)
+            futures.append(fut)
+        return futures
+
+    def _not_here(self, topic: str) -> tuple[ErrorCode, int, str]:
+        """(error, base offset, why) for a topic this broker does not host (not the hot path)."""
+        code, why, _ = self._broker.where_is(topic)
+        if code is AckCode.UNKNOWN_TOPIC and topic in self._broker.metadata().topics:
+            code = AckCode.NOT_HERE   # hosted elsewhere in the cluster: the client re-reads metadata
+        return error_code(code), -1, why
+
+    async def _write_responses(self) -> None:
+        while True:
+            pending = await self._responses.get()
+            if pending is None:
+                return
+            try:
+                data = await pending
+            except Exception:   # a bug in building a response: say so and close, never hang the client
+                log.exception("Kafka connection from %s: building a response failed; closing", self._peer)
+                self._writer.close()
+                return
+            try:
+                self._writer.write(data)
+                await asyncio.wait_for(self._writer.drain(), WRITE_TIMEOUT_S)
+            except (ConnectionError, TimeoutError) as e:
+                log.warning("Kafka connection from %s: response not written (%s)", self._peer, e)
+                self._writer.close()
+                return
+
+
+def _partition_result(index: int, futures: list[asyncio.Future[Ack]], timeout_s: float) -> PartitionResult:
+    base_offset = -1
+    for f in futures:
+        if not f.done():
+            return PartitionResult(index, ErrorCode.REQUEST_TIMED_OUT,
+                                   message=f"not stored and notified within {timeout_s:g}s")
+        ack = f.result()
+        if not ack.ok:
+            return PartitionResult(index, error_code(ack.code), message=ack.error)
+        if base_offset < 0:
+            base_offset = ack.offset
+    return PartitionResult(index, base_offset=base_offset)
+
+
+def _ready(data: bytes) -> asyncio.Future[bytes]:
+    f: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+    f.set_result(data)
+    return f

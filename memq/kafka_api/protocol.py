@@ -1,0 +1,383 @@
+"""Sans-I/O codec of the Kafka requests and responses a producer needs.
+
+Only non-flexible versions are served (request header v1, response header v0, no tagged
+fields): ApiVersions v0-2, Metadata v1-8, Produce v3-8 (RecordBatch v2), InitProducerId
+v0-1. librdkafka and the Java client open with ApiVersions v3; the answer to any version we do
+not serve is Kafka's v0-shaped UNSUPPORTED_VERSION carrying our ranges (KIP-511), and the
+client retries with the highest we list. Field layouts follow Kafka's
+clients/src/main/resources/common/message/*.json.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass, field
+from enum import IntEnum
+
+from memq.errors import ProtocolError
+
+_I8 = struct.Struct(">b")
+_I16 = struct.Struct(">h")
+_I32 = struct.Struct(">i")
+_I64 = struct.Struct(">q")
+_REQUEST_HEADER = struct.Struct(">hhi")
+
+
+class ApiKey(IntEnum):
+    PRODUCE = 0
+    FETCH = 1
+    METADATA = 3
+    API_VERSIONS = 18
+    INIT_PRODUCER_ID = 22
+
+
+#: The (min, max) version of each API served; ApiVersions advertises exactly these.
+SUPPORTED: dict[int, tuple[int, int]] = {
+    ApiKey.PRODUCE: (3, 8),
+    # Not served: librdkafka writes RecordBatch v2 only to brokers listing Fetch v4 (its
+    # MsgVer2 feature needs Produce v3 and Fetch v4), so v4 is listed and every partition of
+    # a Fetch is answered UNSUPPORTED_VERSION (reading memq through Kafka is not implemented).
+    ApiKey.FETCH: (4, 4),
+    ApiKey.METADATA: (1, 8),
+    ApiKey.API_VERSIONS: (0, 2),
+    ApiKey.INIT_PRODUCER_ID: (0, 1),
+}
+
+
+class ErrorCode(IntEnum):
+    """The Kafka error codes memq answers with (Kafka's `Errors` numbering)."""
+
+    NONE = 0
+    UNKNOWN_SERVER_ERROR = -1
+    CORRUPT_MESSAGE = 2
+    UNKNOWN_TOPIC_OR_PARTITION = 3
+    LEADER_NOT_AVAILABLE = 5
+    NOT_LEADER_OR_FOLLOWER = 6
+    REQUEST_TIMED_OUT = 7
+    MESSAGE_TOO_LARGE = 10
+    INVALID_REQUIRED_ACKS = 21
+    UNSUPPORTED_VERSION = 35
+    INVALID_REQUEST = 42
+    UNSUPPORTED_FOR_MESSAGE_FORMAT = 43
+    TRANSACTIONAL_ID_AUTHORIZATION_FAILED = 53
+    KAFKA_STORAGE_ERROR = 56
+    UNSUPPORTED_COMPRESSION_TYPE = 76
+
+
+class Reader:
+    """A cursor over one request body; every read past the end is a ProtocolError."""
+
+    __slots__ = ("buf", "pos")
+
+    def __init__(self, buf: bytes | memoryview, pos: int = 0) -> None:
+        self.buf = memoryview(buf)
+        self.pos = pos
+
+    def _take(self, s: struct.Struct) -> int:
+        if self.pos + s.size > len(self.buf):
+            raise ProtocolError(f"Kafka request truncated at byte {self.pos}")
+        (v,) = s.unpack_from(self.buf, self.pos)
+        self.pos += s.size
+        return int(v)
+
+    def i8(self) -> int:
+        return self._take(_I8)
+
+    def i16(self) -> int:
+        return self._take(_I16)
+
+    def i32(self) -> int:
+        return self._take(_I32)
+
+    def nullable_bytes(self, n: int) -> memoryview | None:
+        if n == -1:
+            return None
+        if n < 0 or self.pos + n > len(self.buf):
+            raise ProtocolError(f"Kafka request field of {n} bytes at byte {self.pos} overruns the frame")
+        out = self.buf[self.pos:self.pos + n]
+        self.pos += n
+        return out
+
+    def nullable_string(self) -> str | None:
+        raw = self.nullable_bytes(self.i16())
+        if raw is None:
+            return None
+        try:
+            return bytes(raw).decode()
+        except UnicodeDecodeError as exc:
+            raise ProtocolError(f"Kafka request string at byte {self.pos} is not UTF-8") from exc
+
+    def string(self) -> str:
+        s = self.nullable_string()
+        if s is None:
+            raise ProtocolError(f"Kafka request has a null string at byte {self.pos}")
+        return s
+
+    def count(self, nullable: bool = False) -> int:
+        """An array length: -1 (null) only where the field allows it; never more than bytes left."""
+        n = self.i32()
+        if n == -1 and nullable:
+            return -1
+        if n < 0 or n > len(self.buf) - self.pos:
+            raise ProtocolError(f"Kafka request array of {n} items at byte {self.pos} is impossible here")
+        return n
+
+    def done(self) -> None:
+        if self.pos != len(self.buf):
+            raise ProtocolError(f"Kafka request has {len(self.buf) - self.pos} bytes after its last field")
+
+
+class Writer:
+    """Builds a response body with a size prefix and the correlation id (response header v0)."""
+
+    __slots__ = ("out",)
+
+    def __init__(self, correlation_id: int) -> None:
+        self.out = bytearray(8)
+        _I32.pack_into(self.out, 4, correlation_id)
+
+    def i8(self, v: int) -> Writer:
+        self.out += _I8.pack(v)
+        return self
+
+    def i16(self, v: int) -> Writer:
+        self.out += _I16.pack(v)
+        return self
+
+    def i32(self, v: int) -> Writer:
+        self.out += _I32.pack(v)
+        return self
+
+    def i64(self, v: int) -> Writer:
+        self.out += _I64.pack(v)
+        return self
+
+    def nullable_string(self, s: str | None) -> Writer:
+        if s is None:
+            return self.i16(-1)
+        raw = s.encode()
+        self.i16(len(raw))
+        self.out += raw
+        return self
+
+    def frame(self) -> bytes:
+        _I32.pack_into(self.out, 0, len(self.out) - 4)
+        return bytes(self.out)
+
+
+@dataclass(frozen=True, slots=True)
+class RequestHeader:
+    api_key: int
+    api_version: int
+    correlation_id: int
+    client_id: str | None
+
+
+def decode_request_header(frame: bytes | memoryview) -> tuple[RequestHeader, Reader]:
+    """The header of a request frame (size prefix removed) and a reader at its body.
+
+    The client id is read only for the versions served (header v1); a request we answer with
+    UNSUPPORTED_VERSION needs only the first three fields.
+    """
+    r = Reader(frame)
+    api_key, version, correlation_id = r.i16(), r.i16(), r.i32()
+    client_id = r.nullable_string() if _served(api_key, version) else None
+    return RequestHeader(api_key, version, correlation_id, client_id), r
+
+
+def is_supported(h: RequestHeader) -> bool:
+    return _served(h.api_key, h.api_version)
+
+
+def api_name(api_key: int) -> str:
+    """"PRODUCE (key 0)", or "unknown API (key 99)", for log lines."""
+    name = ApiKey(api_key).name if api_key in SUPPORTED else "unknown API"
+    return f"{name} (key {api_key})"
+
+
+def _served(api_key: int, version: int) -> bool:
+    lo, hi = SUPPORTED.get(api_key, (0, -1))
+    return lo <= version <= hi
+
+
+# --- ApiVersions ---------------------------------------------------------------------------
+
+
+def encode_api_versions(h: RequestHeader, error: ErrorCode = ErrorCode.NONE) -> bytes:
+    """Our version ranges; for an ApiVersions version we do not serve, the v0 shape (KIP-511)."""
+    version = h.api_version if error is ErrorCode.NONE else 0
+    w = Writer(h.correlation_id).i16(error).i32(len(SUPPORTED))
+    for key, (lo, hi) in sorted(SUPPORTED.items()):
+        w.i16(key).i16(lo).i16(hi)
+    if version >= 1:
+        w.i32(0)   # throttle_time_ms
+    return w.frame()
+
+
+# --- Metadata ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class MetadataRequest:
+    topics: tuple[str, ...] | None   # None: every topic
+
+
+def decode_metadata(h: RequestHeader, r: Reader) -> MetadataRequest:
+    n = r.count(nullable=True)
+    topics = None if n == -1 else tuple(r.string() for _ in range(n))
+    if h.api_version >= 4:
+        r.i8()   # allow_auto_topic_creation: memq topics are created by the governor, never here
+    if h.api_version >= 8:
+        r.i8()
+        r.i8()   # include cluster / topic authorized operations
+    r.done()
+    return MetadataRequest(topics)
+
+
+@dataclass(frozen=True, slots=True)
+class Node:
+    node_id: int
+    host: str
+    port: int
+    rack: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TopicPartitions:
+    name: str
+    error: ErrorCode = ErrorCode.NONE
+    leaders: tuple[int, ...] = ()    # partition i's leader node id (its only replica)
+
+
+def encode_metadata(h: RequestHeader, brokers: list[Node], cluster_id: str, controller_id: int,
+                    topics: list[TopicPartitions]) -> bytes:
+    v = h.api_version
+    w = Writer(h.correlation_id)
+    if v >= 3:
+        w.i32(0)   # throttle_time_ms
+    w.i32(len(brokers))
+    for b in brokers:
+        w.i32(b.node_id).nullable_string(b.host).i32(b.port).nullable_string(b.rack)
+    if v >= 2:
+        w.nullable_string(cluster_id)
+    w.i32(controller_id).i32(len(topics))
+    for t in topics:
+        w.i16(t.error).nullable_string(t.name).i8(0).i32(len(t.leaders))   # i8: is_internal
+        for index, leader in enumerate(t.leaders):
+            w.i16(ErrorCode.NONE).i32(index).i32(leader)
+            if v >= 7:
+                w.i32(-1)   # leader_epoch: unknown
+            w.i32(1).i32(leader).i32(1).i32(leader)   # replicas, isr: the leader alone
+            if v >= 5:
+                w.i32(0)   # offline replicas
+        if v >= 8:
+            w.i32(-2147483648)   # topic authorized operations: not computed
+    if v >= 8:
+        w.i32(-2147483648)
+    return w.frame()
+
+
+# --- Produce -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionData:
+    index: int
+    records: memoryview | None
+
+
+@dataclass(frozen=True, slots=True)
+class ProduceRequest:
+    transactional_id: str | None
+    acks: int
+    timeout_ms: int
+    topics: tuple[tuple[str, tuple[PartitionData, ...]], ...]
+
+
+def decode_produce(r: Reader) -> ProduceRequest:
+    transactional_id = r.nullable_string()
+    acks, timeout_ms = r.i16(), r.i32()
+    topics = []
+    for _ in range(r.count()):
+        name = r.string()
+        parts = tuple(PartitionData(r.i32(), r.nullable_bytes(r.i32())) for _ in range(r.count()))
+        topics.append((name, parts))
+    r.done()
+    return ProduceRequest(transactional_id, acks, timeout_ms, tuple(topics))
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionResult:
+    index: int
+    error: ErrorCode = ErrorCode.NONE
+    base_offset: int = -1
+    message: str | None = None
+
+
+@dataclass(slots=True)
+class ProduceResult:
+    topics: dict[str, list[PartitionResult]] = field(default_factory=dict)
+
+
+def encode_produce(h: RequestHeader, result: ProduceResult) -> bytes:
+    v = h.api_version
+    w = Writer(h.correlation_id).i32(len(result.topics))
+    for name, parts in result.topics.items():
+        w.nullable_string(name).i32(len(parts))
+        for p in parts:
+            w.i32(p.index).i16(p.error).i64(p.base_offset).i64(-1)   # log_append_time_ms: CreateTime
+            if v >= 5:
+                w.i64(-1)   # log_start_offset
+            if v >= 8:
+                w.i32(0).nullable_string(p.message)   # record_errors, error_message
+    w.i32(0)   # throttle_time_ms
+    return w.frame()
+
+
+# --- Fetch (refused) ------------------------------------------------------------------------
+
+
+def decode_fetch_partitions(r: Reader) -> list[tuple[str, list[int]]]:
+    """The (topic, partitions) a Fetch v4 asks for; the rest of the request is not needed."""
+    r.i32()
+    r.i32()
+    r.i32()
+    r.i32()   # replica id, max wait, min bytes, max bytes
+    r.i8()    # isolation level
+    out = []
+    for _ in range(r.count()):
+        name = r.string()
+        parts = []
+        for _ in range(r.count()):
+            parts.append(r.i32())
+            r.i32()
+            r.i32()
+            r.i32()   # fetch offset (i64) and partition max bytes
+        out.append((name, parts))
+    r.done()
+    return out
+
+
+def encode_fetch_refusal(h: RequestHeader, topics: list[tuple[str, list[int]]]) -> bytes:
+    """Fetch v4 response: every partition UNSUPPORTED_VERSION, no records."""
+    w = Writer(h.correlation_id).i32(0).i32(len(topics))
+    for name, parts in topics:
+        w.nullable_string(name).i32(len(parts))
+        for p in parts:
+            w.i32(p).i16(ErrorCode.UNSUPPORTED_VERSION).i64(-1).i64(-1).i32(-1).i32(-1)   # no aborted txns, records
+    return w.frame()
+
+
+# --- InitProducerId ------------------------------------------------------------------------
+
+
+def decode_init_producer_id(r: Reader) -> str | None:
+    """The transactional id (None for an idempotent, non-transactional producer)."""
+    transactional_id = r.nullable_string()
+    r.i32()   # transaction_timeout_ms
+    r.done()
+    return transactional_id
+
+
+def encode_init_producer_id(h: RequestHeader, error: ErrorCode, producer_id: int, epoch: int) -> bytes:
+    return Writer(h.correlation_id).i32(0).i16(error).i64(producer_id).i16(epoch).frame()

@@ -1,0 +1,79 @@
+"""Test-side Kafka encoders: RecordBatch v2 (as a producer writes it) and request frames.
+
+Independent of memq's decoders so the tests check them against Kafka's layout, not against
+themselves; the real-client tests (confluent-kafka, kcat) check the same paths end to end.
+"""
+
+from __future__ import annotations
+
+import gzip
+import struct
+from collections.abc import Sequence
+
+import cramjam
+import zstandard
+from crc32c import crc32c
+
+from memq.format import LogMessage
+
+CODECS = {"none": 0, "gzip": 1, "snappy": 2, "lz4": 3, "zstd": 4}
+
+
+def zigzag(n: int) -> bytes:
+    v = (n << 1) ^ (n >> 63)
+    out = bytearray()
+    while True:
+        b = v & 0x7F
+        v >>= 7
+        if v:
+            out.append(b | 0x80)
+        else:
+            out.append(b)
+            return bytes(out)
+
+
+def _field(b: bytes | None) -> bytes:
+    return zigzag(-1) if b is None else zigzag(len(b)) + b
+
+
+def record_batch(records: Sequence[LogMessage], *, codec: str = "none", producer_id: int = -1,
+                 epoch: int = -1, base_sequence: int = -1, xerial: bool = False) -> bytes:
+    """One RecordBatch v2 holding `records` (CreateTime, timestamps as given)."""
+    base_ts = records[0].timestamp_ms if records else 0
+    body = bytearray()
+    for i, r in enumerate(records):
+        rec = (b"\x00" + zigzag(r.timestamp_ms - base_ts) + zigzag(i) + _field(r.key) + _field(r.value)
+               + zigzag(len(r.headers)) + b"".join(_field(k.encode()) + _field(v) for k, v in r.headers))
+        body += zigzag(len(rec)) + rec
+    raw = bytes(body)
+    if codec == "gzip":
+        raw = gzip.compress(raw)
+    elif codec == "snappy":
+        block = bytes(cramjam.snappy.compress_raw(raw))
+        raw = (b"\x82SNAPPY\x00" + struct.pack(">ii", 1, 1) + struct.pack(">i", len(block)) + block
+               if xerial else block)
+    elif codec == "lz4":
+        raw = bytes(cramjam.lz4.compress(raw))
+    elif codec == "zstd":
+        raw = zstandard.ZstdCompressor().compress(raw)
+    max_ts = max((r.timestamp_ms for r in records), default=0)
+    after_crc = struct.pack(">hiqqqhii", CODECS[codec], max(len(records) - 1, 0), base_ts, max_ts,
+                            producer_id, epoch, base_sequence, len(records)) + raw
+    head = struct.pack(">qiib", 0, 4 + 1 + 4 + len(after_crc), 0, 2)
+    return head + struct.pack(">I", crc32c(after_crc)) + after_crc
+
+
+def _str(s: str | None) -> bytes:
+    return struct.pack(">h", -1) if s is None else struct.pack(">h", len(s.encode())) + s.encode()
+
+
+def request(api_key: int, version: int, correlation_id: int, body: bytes, client_id: str = "test") -> bytes:
+    """A size-prefixed request with header v1 (the non-flexible versions memq serves)."""
+    payload = struct.pack(">hhi", api_key, version, correlation_id) + _str(client_id) + body
+    return struct.pack(">i", len(payload)) + payload
+
+
+def produce_body(topic: str, partition: int, records: bytes, *, acks: int = -1, timeout_ms: int = 5000) -> bytes:
+    """A Produce v3..v8 request body with one topic and one partition."""
+    return (_str(None) + struct.pack(">hii", acks, timeout_ms, 1) + _str(topic)
+            + struct.pack(">iii", 1, partition, len(records)) + records)

@@ -1,0 +1,177 @@
+"""Kafka producers (confluent-kafka, kcat) write through a broker's Kafka listener on the real
+dev cluster (moto S3, tansu); memq's Consumer and the Spark source read back exactly that."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import shutil
+import subprocess
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from confluent_kafka import KafkaError, Message, Producer
+
+from memq.broker import Broker
+from memq.client.cluster import fetch_metadata
+from memq.client.consumer import Consumer
+from memq.config import BrokerConfig, MemqConfig, TopicConfig
+from memq.devcluster import DevCluster, GovernedCluster
+from memq.format import LogMessage
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
+
+T0 = 1_700_000_000_000
+Row = tuple[bytes, bytes | None, tuple[tuple[str, bytes], ...], int]
+
+
+@dataclasses.dataclass
+class Running:
+    config: MemqConfig
+    broker: Broker
+    loop: asyncio.AbstractEventLoop
+
+    def add_topic(self, partitions: int = 3) -> str:
+        name = f"kafka-{uuid.uuid4().hex[:8]}"
+        topic = TopicConfig(name=name, read_partitions=partitions, batch_ms=50)
+        asyncio.run_coroutine_threadsafe(self.broker.add_topic(topic), self.loop).result(30)
+        return name
+
+
+@pytest.fixture(scope="module")
+def running(devcluster: DevCluster) -> Iterator[Running]:
+    """One broker with a Kafka listener (in this process, on its own loop thread)."""
+    config = dataclasses.replace(devcluster.config(cluster="kafkaapi"), broker=BrokerConfig(kafka_port=0))
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    broker = Broker(config)
+    asyncio.run_coroutine_threadsafe(broker.start(), loop).result(30)
+    try:
+        yield Running(config, broker, loop)
+    finally:
+        asyncio.run_coroutine_threadsafe(broker.stop(), loop).result(60)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
+
+
+def rows(n: int, tag: str) -> list[LogMessage]:
+    return [LogMessage(b"%s-value-%d" % (tag.encode(), i) + b"x" * (i % 50), b"key-%d" % (i % 7) if i % 5 else None,
+                       (("n", b"%d" % i), ("tag", tag.encode())) if i % 2 else (), T0 + i)
+            for i in range(n)]
+
+
+def kafka_produce(address: str, topic: str, records: list[LogMessage], **conf: object) -> None:
+    errors: list[KafkaError] = []
+
+    def delivered(err: KafkaError | None, _msg: Message) -> None:
+        if err is not None:
+            errors.append(err)
+
+    p = Producer({"bootstrap.servers": address, "linger.ms": 5, "message.timeout.ms": 30_000, **conf})
+    for r in records:
+        p.produce(topic, value=r.value, key=r.key, headers=list(r.headers) or None, timestamp=r.timestamp_ms,
+                  on_delivery=delivered)
+        p.poll(0)
+    assert p.flush(60) == 0
+    assert errors == []
+
+
+def consume(config: MemqConfig, topic: str, n: int, timeout_s: float = 60) -> list[Row]:
+    got: list[Row] = []
+    with Consumer(config, topic, group_id=f"g-{uuid.uuid4().hex[:8]}") as c:
+        deadline = time.monotonic() + timeout_s
+        while len(got) < n:
+            assert time.monotonic() < deadline, f"read {len(got)} of {n} records"
+            got.extend((r.value, r.key, tuple(map(tuple, r.headers)), r.timestamp_ms) for r in c.poll(0.5))
+        got.extend((r.value, r.key, tuple(map(tuple, r.headers)), r.timestamp_ms) for r in c.poll(1.0))
+    return got
+
+
+def as_rows(records: list[LogMessage]) -> list[Row]:
+    return [(r.value, r.key, r.headers, r.timestamp_ms) for r in records]
+
+
+@pytest.mark.parametrize("acks,idempotence,codec", [
+    ("all", True, "zstd"), ("all", True, "lz4"), ("all", False, "gzip"), ("1", False, "snappy"), ("0", False, "none"),
+])
+def test_confluent_kafka_producer_writes_what_the_consumer_reads(running: Running, acks: str, idempotence: bool,
+                                                                 codec: str) -> None:
+    topic = running.add_topic()
+    sent = rows(2_000, codec)
+    kafka_produce(running.broker.kafka_address, topic, sent, acks=acks, **{"enable.idempotence": idempotence,
+                                                                          "compression.type": codec})
+    assert sorted(consume(running.config, topic, len(sent))) == sorted(as_rows(sent))
+
+
+def test_kcat_writes_values_keys_and_headers(running: Running) -> None:
+    kcat = shutil.which("kcat")
+    if kcat is None:
+        pytest.skip("kcat is not installed (Debian package kcat)")
+    topic = running.add_topic()
+    lines = [f"k{i}:value {i}" for i in range(200)]
+    before = int(time.time() * 1000)
+    run = subprocess.run([kcat, "-P", "-b", running.broker.kafka_address, "-t", topic, "-K:", "-H", "via=kcat",
+                          "-X", "compression.codec=zstd"],
+                         input="\n".join(lines) + "\n", capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    got = consume(running.config, topic, len(lines))
+    assert sorted((v, k, h) for v, k, h, _ in got) == sorted(
+        (f"value {i}".encode(), f"k{i}".encode(), (("via", b"kcat"),)) for i in range(200))
+    assert all(before <= ts <= int(time.time() * 1000) for *_, ts in got)
+
+
+def test_spark_reads_what_a_kafka_producer_wrote(running: Running) -> None:
+    pytest.importorskip("pyspark")
+    from pyspark.sql import functions as F
+
+    from spark_source import local_session
+
+    topic = running.add_topic(partitions=2)
+    sent = rows(1_000, "spark")
+    kafka_produce(running.broker.kafka_address, topic, sent, acks="all", **{"compression.type": "lz4"})
+    consume(running.config, topic, len(sent))   # stored and announced
+    c = running.config
+    spark = local_session("memq-kafka-tests", "local[1]", {"spark.sql.shuffle.partitions": "1"})
+    try:
+        df = (spark.read.format("memq").option("memq.broker", running.broker.url).option("topic", topic)
+              .option("s3.accessKeyId", c.s3.access_key_id or "").option("s3.secretAccessKey", c.s3.secret_access_key or "")
+              .load())
+        got = df.select("value", "key", "headers", F.expr("unix_millis(timestamp)").alias("ts")).collect()
+    finally:
+        spark.stop()
+    assert sorted((bytes(r.value), None if r.key is None else bytes(r.key),
+                   tuple((h.key, bytes(h.value)) for h in r.headers), r.ts) for r in got) == sorted(as_rows(sent))
+
+
+def test_kafka_producer_follows_a_topic_the_governor_moves(devcluster: DevCluster, tmp_path: Path) -> None:
+    """Drained off b1, the topic lives on b2 alone: a producer that wrote to b1 is told
+    NOT_LEADER_OR_FOLLOWER, re-reads metadata and goes on on b2, losing nothing."""
+    cluster = f"kmove-{uuid.uuid4().hex[:6]}"
+    topic = f"moved-{uuid.uuid4().hex[:6]}"
+    with GovernedCluster(tmp_path, brokers=2, servers=devcluster, cluster=cluster, session_timeout_s=2.0,
+                         broker=BrokerConfig(kafka_port=0)) as gc:
+        assert set(gc.create_topic(TopicConfig(name=topic, read_partitions=2, batch_ms=50), brokers=2)) == {"b1", "b2"}
+        listeners = {b.id: b.kafka_address for b in fetch_metadata(gc.broker("b1").url, 10.0).brokers}
+        p = Producer({"bootstrap.servers": listeners["b1"], "acks": "all", "enable.idempotence": True,
+                      "linger.ms": 5, "message.timeout.ms": 60_000})
+        errors: list[KafkaError] = []
+        first, second = rows(400, "before"), rows(400, "after")
+
+        def send(records: list[LogMessage]) -> None:
+            for r in records:
+                p.produce(topic, value=r.value, key=r.key, headers=list(r.headers) or None,
+                          timestamp=r.timestamp_ms, on_delivery=lambda e, _m: errors.append(e) if e else None)
+            assert p.flush(60) == 0
+
+        send(first)
+        gc.registry.set_drain("b1")
+        assert gc.wait_placed(topic, brokers=1) == ("b2",)
+        send(second)
+        assert errors == []
+        assert "NOT_LEADER_OR_FOLLOWER" in gc.broker("b1").log_tail()   # the redirect did happen
+        assert sorted(consume(gc.config(), topic, len(first) + len(second))) == sorted(as_rows(first + second))
