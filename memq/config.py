@@ -128,13 +128,22 @@ class ClusterConfig:
 
 @dataclass(frozen=True)
 class TopicConfig:
-    """A topic's settings. Batches seal at `batch_bytes`, `batch_messages` or `batch_ms` age."""
+    """A topic's settings. Batches seal at `batch_bytes`, `batch_messages` or `batch_ms` age.
+
+    The latency budget (off by default): a batch `batch_ms` old holding fewer than
+    `min_batch_bytes` keeps filling until `max_batch_ms`, so a trickle topic writes fewer,
+    larger objects (fewer PUTs and notifications) and pays for it in latency. A producer's
+    flush still seals at once. Keep `max_batch_ms` under producers' request_timeout_ms.
+    """
 
     name: str
     read_partitions: int = setting(3, ge=1)
     batch_bytes: int = setting(8 * MiB, ge=1)
     batch_messages: int = setting(1_000_000, ge=1)
     batch_ms: int = setting(250, ge=1)
+    # latency budget: min_batch_bytes 0 = off; max_batch_ms None = batch_ms
+    min_batch_bytes: int = setting(0, ge=0)
+    max_batch_ms: int | None = setting(None, ge=1)
     ring_slots: int = setting(4, ge=2)     # one filling, one uploading
     max_message_bytes: int = setting(4 * MiB, ge=1)
     expected_mbps: float = setting(1.0, ge=0)
@@ -149,6 +158,23 @@ class TopicConfig:
         check_ranges(self, f"topic {self.name}")
         if self.max_message_bytes > self.batch_bytes:
             raise ConfigError(f"topic {self.name}: max_message_bytes must be <= batch_bytes")
+        self._check_latency_budget()
+
+    def _check_latency_budget(self) -> None:
+        where = f"topic {self.name}"
+        if self.max_batch_ms is not None and self.max_batch_ms < self.batch_ms:
+            raise ConfigError(f"{where}: max_batch_ms {self.max_batch_ms} must be >= batch_ms {self.batch_ms}")
+        if self.min_batch_bytes > self.batch_bytes:
+            raise ConfigError(f"{where}: min_batch_bytes {self.min_batch_bytes} must be <= batch_bytes "
+                              f"{self.batch_bytes} (a batch seals at batch_bytes anyway)")
+        if self.min_batch_bytes and self.hold_until_ms == self.batch_ms:
+            raise ConfigError(f"{where}: min_batch_bytes {self.min_batch_bytes} needs max_batch_ms > batch_ms "
+                              f"{self.batch_ms}: how long a small batch may keep filling")
+
+    @property
+    def hold_until_ms(self) -> int:
+        """The age at which a batch seals whatever its size: max_batch_ms, or batch_ms when unset."""
+        return self.batch_ms if self.max_batch_ms is None else self.max_batch_ms
 
     def notification_topic_for(self, cluster: str) -> str:
         """The Kafka topic that carries this topic's notifications."""

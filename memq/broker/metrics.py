@@ -37,6 +37,10 @@ class BrokerMetrics:
         self.flush_seals = Counter("memq_broker_flush_seals",
                                    "Batches sealed early because a producer flushed (RequestFlag.SEAL)",
                                    ["topic"], registry=r)
+        self.held_batches = Counter(
+            "memq_broker_held_batches",
+            "Batches kept filling past batch_ms because they held under min_batch_bytes (latency budget)",
+            ["topic"], registry=r)
         self.unannounced_batches = Counter(
             "memq_broker_unannounced_batches",
             "Stored batches whose notification publish failed; kept (it may still land), orphans otherwise",
