@@ -85,6 +85,7 @@ class TopicProcessor:
         self._m_batch_bytes = metrics.batch_bytes.labels(name)
         self._m_flush_seals = metrics.flush_seals.labels(name)
         self._m_held = metrics.held_batches.labels(name)
+        self._m_notification_bytes = metrics.notification_bytes.labels(name)
         self._m_unannounced = metrics.unannounced_batches.labels(name)
         self._m_duplicates = metrics.duplicate_messages.labels(name)
         self._metrics = metrics
@@ -234,6 +235,7 @@ class TopicProcessor:
                 return
             self._m_stage["notify"].observe(time.monotonic() - t0)
             self._metrics.batches.labels(topic, "ok").inc()
+            self._m_notification_bytes.inc(len(note.to_bytes()))
             outcome = [Ack(0, True, AckCode.OK, "", loc.bucket, loc.key, i, partition, offset)
                        for i in range(len(batch.headers))]
             for request_id, index, reply in batch.waiters:
