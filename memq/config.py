@@ -272,6 +272,29 @@ class AuditConfig:
 
 
 @dataclass(frozen=True)
+class CostConfig:
+    """The price table and workload model of `memq cost`, in USD (see docs/ARCHITECTURE.md, Cost).
+
+    Defaults are public AWS list prices (us-east-1): S3 Standard requests and storage for memq;
+    for the Kafka it is compared with, EBS gp3 storage and inter-AZ transfer ($0.01 per GB
+    charged on each side of a crossing). A GB is 2^30 bytes, a month 730 hours. Put your own
+    (negotiated, another region or store) in a `[cost]` section.
+    """
+
+    s3_put_per_1000: float = setting(0.005, ge=0)       # PUT, COPY, POST
+    s3_list_per_1000: float = setting(0.005, ge=0)
+    s3_get_per_1000: float = setting(0.0004, ge=0)
+    s3_delete_per_1000: float = setting(0.0, ge=0)      # DELETE is free on S3
+    s3_gb_month: float = setting(0.023, ge=0)
+    ebs_gb_month: float = setting(0.08, ge=0)           # gp3
+    cross_az_gb: float = setting(0.01, ge=0)            # per GB, charged out and again in
+    kafka_replicas: int = setting(3, ge=1)              # one per zone (rack-aware placement)
+    kafka_disk_utilization: float = setting(1.0, gt=0, le=1)   # < 1 adds free-space headroom
+    cross_az_fraction: float = setting(2 / 3, ge=0, le=1)     # clients whose broker is in another zone
+    consumer_groups: int = setting(1, ge=0)             # groups reading every byte once
+
+
+@dataclass(frozen=True)
 class MemqConfig:
     """Everything a memq process needs; `topics` are the statically configured topics."""
 
@@ -285,6 +308,7 @@ class MemqConfig:
     producer: ProducerConfig = field(default_factory=ProducerConfig)
     consumer: ConsumerConfig = field(default_factory=ConsumerConfig)
     audit: AuditConfig = field(default_factory=AuditConfig)
+    cost: CostConfig = field(default_factory=CostConfig)
     topics: tuple[TopicConfig, ...] = ()
 
     def topic(self, name: str) -> TopicConfig:
