@@ -289,7 +289,7 @@ class CostConfig:
     ebs_gb_month: float = setting(0.08, ge=0)           # gp3
     cross_az_gb: float = setting(0.01, ge=0)            # per GB, charged out and again in
     kafka_replicas: int = setting(3, ge=1)              # one per zone (rack-aware placement)
-    kafka_disk_utilization: float = setting(1.0, gt=0, le=1)   # < 1 adds free-space headroom
+    kafka_disk_utilization: float = setting(1.0, ge=0.01, le=1)   # < 1 adds free-space headroom
     cross_az_fraction: float = setting(2 / 3, ge=0, le=1)     # clients whose broker is in another zone
     consumer_groups: int = setting(1, ge=0)             # groups reading every byte once
 
