@@ -45,10 +45,9 @@ def test_topic_of_reads_keys_urls_and_listing_prefixes() -> None:
 
 
 def test_request_classes_follow_s3_billing() -> None:
-    assert [request_class(op) for op in ("put", "get", "get_range", "list", "delete", "delete_objects")] == \
-        ["put", "get", "get", "list", "delete", "delete"]
-    with pytest.raises(InvalidInputError, match="'copy' is none of put, get, list, delete"):
-        request_class("copy")
+    assert [request_class(op) for op in ("put", "get", "get_range", "list", "delete", "delete_objects",
+                                         "bulk_delete", "head")] == \
+        ["put", "get", "get", "list", "delete", "delete", "delete", "get"]
 
 
 def test_parse_metrics_counts_per_topic() -> None:

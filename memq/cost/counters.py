@@ -1,9 +1,9 @@
 """A broker's cost-relevant counters, read from its Prometheus text, per topic. Pure: no I/O.
 
 What S3 bills is a request (each try, failed ones included: `memq_storage_attempts`), so the
-storage operations map onto S3's request classes: put -> PUT, get and get_range -> GET,
-list -> LIST, delete and bulk deletes -> DELETE. Only brokers are scraped: consumers' GETs are
-modelled by `memq.cost.model`, not counted here.
+storage operations map onto S3's request classes: put -> PUT, list -> LIST, delete and bulk
+deletes -> DELETE, anything else (get, get_range) -> GET, as S3 bills it. Only brokers are
+scraped: consumers' GETs are modelled by `memq.cost.model`, not counted here.
 """
 
 from __future__ import annotations
@@ -20,11 +20,9 @@ REQUEST_CLASSES = ("put", "get", "list", "delete")
 
 
 def request_class(op: str) -> str:
-    """The S3 request class of a storage operation name (e.g. get_range -> get)."""
-    for cls in REQUEST_CLASSES:
-        if op.startswith(cls):
-            return cls
-    raise InvalidInputError(f"storage operation {op!r} is none of {', '.join(REQUEST_CLASSES)}")
+    """The S3 request class of a storage operation name: put, list, delete (bulk deletes too), or
+    get, which S3 bills for "GET, SELECT and all other requests" (get_range, head, ...)."""
+    return next((cls for cls in ("put", "list", "delete") if cls in op), "get")
 
 
 @dataclass(frozen=True)
