@@ -9,6 +9,8 @@ Cases, all on one dev cluster started here (moto S3 server, tansu Kafka) and one
   same run): the cost of end-to-end auditing on the produce path.
 - puts_per_gib: batch objects stored per GiB in the large case, against the ideal
   GiB / batch_bytes (target <= 1.05x of it).
+Also `broker_cpu_s_per_gib`: the broker process's CPU seconds (user + system, all threads,
+from /proc) per GiB ingested in the large case: what a GiB costs in broker compute.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import base64
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import boto3
 from botocore.config import Config
@@ -107,6 +110,12 @@ def _crc32c_b64(body: bytes) -> str:
     return base64.b64encode(crc32c(body).to_bytes(4, "big")).decode()
 
 
+def _cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process `pid` so far, all threads (Linux /proc/PID/stat)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")   # utime, stime
+
+
 def _broker_batches(url: str, topic: str) -> tuple[int, float]:
     """(batch objects, bytes stored) for `topic`, from the broker's Prometheus metrics."""
     mine = {s.name: s.value for s in broker_samples(url, "memq_broker_batch_bytes") if s.labels.get("topic") == topic}
@@ -149,9 +158,11 @@ def run(quick: bool) -> dict:
         del small
 
         large = [os.urandom(LARGE) for _ in range(large_bytes // LARGE)]
+        cpu0 = _cpu_s(broker.pid)
         memq_large_s = asyncio.run(_memq(broker.url, "bench-large", large))
+        cpu_per_gib = (_cpu_s(broker.pid) - cpu0) / (large_bytes / GiB)
         memq_mbps = large_bytes / MiB / memq_large_s
-        print(f"memq  ack=all 64 KiB: {memq_mbps:,.1f} MB/s", flush=True)
+        print(f"memq  ack=all 64 KiB: {memq_mbps:,.1f} MB/s; broker {cpu_per_gib:.2f} CPU-s per GiB", flush=True)
         batches, stored = _broker_batches(broker.url, "bench-large")
         del large
         raw_mbps = _raw_put_mbps(dc.s3_endpoint or "", config.s3.bucket, large_bytes)
@@ -166,6 +177,6 @@ def run(quick: bool) -> dict:
         "memq_small_msg_s": round(best_memq), "kafka_small_msg_s": round(kafka_rate),
         "memq_small_audited_msg_s": round(audited_rate), "memq_small_unaudited_msg_s": round(off_rate),
         "memq_large_mb_s": round(memq_mbps, 1), "raw_put_mb_s": round(raw_mbps, 1),
-        "puts_per_gib": round(puts_per_gib, 1), "puts_per_gib_target": round(1.05 * ideal, 1),
+        "broker_cpu_s_per_gib": round(cpu_per_gib, 2), "puts_per_gib": round(puts_per_gib, 1), "puts_per_gib_target": round(1.05 * ideal, 1),
         "batch_bytes": BATCH_BYTES, "small_messages": n_small, "large_bytes": large_bytes,
     }

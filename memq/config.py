@@ -137,6 +137,11 @@ class TopicConfig:
 
     Retention: notifications older than `retention_ms` expire, and so do the oldest beyond
     `retention_bytes` of objects (None: no byte limit); objects follow `governor.retention_grace_s` later.
+
+    The latency budget (off by default): a batch `batch_ms` old holding fewer than
+    `min_batch_bytes` keeps filling until `max_batch_ms`, so a trickle topic writes fewer,
+    larger objects (fewer PUTs and notifications) and pays for it in latency. A producer's
+    flush still seals at once. Keep `max_batch_ms` under producers' request_timeout_ms.
     """
 
     name: str
@@ -144,6 +149,9 @@ class TopicConfig:
     batch_bytes: int = setting(8 * MiB, ge=1)
     batch_messages: int = setting(1_000_000, ge=1)
     batch_ms: int = setting(250, ge=1)
+    # latency budget: min_batch_bytes 0 = off; max_batch_ms None = batch_ms
+    min_batch_bytes: int = setting(0, ge=0)
+    max_batch_ms: int | None = setting(None, ge=1)
     ring_slots: int = setting(4, ge=2)     # one filling, one uploading
     max_message_bytes: int = setting(4 * MiB, ge=1)
     expected_mbps: float = setting(1.0, ge=0)
@@ -161,6 +169,23 @@ class TopicConfig:
         check_ranges(self, f"topic {self.name}")
         if self.max_message_bytes > self.batch_bytes:
             raise ConfigError(f"topic {self.name}: max_message_bytes must be <= batch_bytes")
+        self._check_latency_budget()
+
+    def _check_latency_budget(self) -> None:
+        where = f"topic {self.name}"
+        if self.max_batch_ms is not None and self.max_batch_ms < self.batch_ms:
+            raise ConfigError(f"{where}: max_batch_ms {self.max_batch_ms} must be >= batch_ms {self.batch_ms}")
+        if self.min_batch_bytes > self.batch_bytes:
+            raise ConfigError(f"{where}: min_batch_bytes {self.min_batch_bytes} must be <= batch_bytes "
+                              f"{self.batch_bytes} (a batch seals at batch_bytes anyway)")
+        if self.min_batch_bytes and self.hold_until_ms == self.batch_ms:
+            raise ConfigError(f"{where}: min_batch_bytes {self.min_batch_bytes} needs max_batch_ms > batch_ms "
+                              f"{self.batch_ms}: how long a small batch may keep filling")
+
+    @property
+    def hold_until_ms(self) -> int:
+        """The age at which a batch seals whatever its size: max_batch_ms, or batch_ms when unset."""
+        return self.batch_ms if self.max_batch_ms is None else self.max_batch_ms
 
     def notification_topic_for(self, cluster: str) -> str:
         """The Kafka topic that carries this topic's notifications."""
@@ -262,6 +287,29 @@ class AuditConfig:
 
 
 @dataclass(frozen=True)
+class CostConfig:
+    """The price table and workload model of `memq cost`, in USD (see docs/ARCHITECTURE.md, Cost).
+
+    Defaults are public AWS list prices (us-east-1): S3 Standard requests and storage for memq;
+    for the Kafka it is compared with, EBS gp3 storage and inter-AZ transfer ($0.01 per GB
+    charged on each side of a crossing). A GB is 2^30 bytes, a month 730 hours. Put your own
+    (negotiated, another region or store) in a `[cost]` section.
+    """
+
+    s3_put_per_1000: float = setting(0.005, ge=0)       # PUT, COPY, POST
+    s3_list_per_1000: float = setting(0.005, ge=0)
+    s3_get_per_1000: float = setting(0.0004, ge=0)
+    s3_delete_per_1000: float = setting(0.0, ge=0)      # DELETE is free on S3
+    s3_gb_month: float = setting(0.023, ge=0)
+    ebs_gb_month: float = setting(0.08, ge=0)           # gp3
+    cross_az_gb: float = setting(0.01, ge=0)            # per GB, charged out and again in
+    kafka_replicas: int = setting(3, ge=1)              # one per zone (rack-aware placement)
+    kafka_disk_utilization: float = setting(1.0, ge=0.01, le=1)   # < 1 adds free-space headroom
+    cross_az_fraction: float = setting(2 / 3, ge=0, le=1)     # clients whose broker is in another zone
+    consumer_groups: int = setting(1, ge=0)             # groups reading every byte once
+
+
+@dataclass(frozen=True)
 class MemqConfig:
     """Everything a memq process needs; `topics` are the statically configured topics."""
 
@@ -275,6 +323,7 @@ class MemqConfig:
     producer: ProducerConfig = field(default_factory=ProducerConfig)
     consumer: ConsumerConfig = field(default_factory=ConsumerConfig)
     audit: AuditConfig = field(default_factory=AuditConfig)
+    cost: CostConfig = field(default_factory=CostConfig)
     topics: tuple[TopicConfig, ...] = ()
 
     def topic(self, name: str) -> TopicConfig:

@@ -33,7 +33,9 @@ BASE_MS = 1_700_000_000_000
 
 
 def metric(registry: CollectorRegistry, name: str, **labels: str) -> float:
-    return registry.get_sample_value(name, labels) or 0.0
+    """Sum of the samples of `name` carrying `labels` (and any others, e.g. every topic)."""
+    return sum(s.value for f in registry.collect() for s in f.samples
+               if s.name == name and labels.items() <= s.labels.items())
 
 
 @pytest.fixture
@@ -117,6 +119,12 @@ async def test_round_trip_list_range_delete_1000_objects(storage: StorageHandler
 
     backend = "s3" if isinstance(storage, S3StorageHandler) else "file"
     assert metric(registry, "memq_storage_attempts_total", backend=backend, op="put") == 1000
+    # requests and bytes are counted per topic, from the keys (what `memq cost` prices)
+    assert metric(registry, "memq_storage_attempts_total", backend=backend, op="put", topic="orders") == 1000
+    assert metric(registry, "memq_storage_attempts_total", backend=backend, op="delete", topic="orders") == 10
+    assert metric(registry, "memq_storage_attempts_total", backend=backend, op="list", topic="other-topic") == 256
+    assert metric(registry, "memq_storage_bytes_total", backend=backend, op="put",
+                  topic="orders") == sum(map(len, payloads))
     assert metric(registry, "memq_storage_bytes_total", backend=backend, op="put") == sum(map(len, payloads))
     assert metric(registry, "memq_storage_latency_seconds_count", backend=backend, op="get") == 1003
     assert metric(registry, "memq_storage_failures_total", backend=backend, op="get", reason="not_found") == 3

@@ -2,7 +2,8 @@
 
 Routes: `/` (the page, `static/index.html` + `static/dashboard.js`, charts by the vendored
 uPlot), `/api/summary` (one row per topic and group, worst first), `/api/series` (per-window
-figures of one topic, the charts' data), `/metrics` (Prometheus, the same figures),
+figures of one topic, the charts' data), `/api/cost` (each topic's monthly cost, as `memq cost`
+shows it, read from the brokers), `/metrics` (Prometheus, the same figures),
 `/healthz`. Everything is computed from the books on request, under the auditor's lock.
 """
 
@@ -23,11 +24,14 @@ from prometheus_client.registry import Collector
 from memq.audit.auditor import Auditor
 from memq.audit.books import BOOKS_MS, LIVE_MS, Books, GroupSummary
 from memq.config import MemqConfig
-from memq.errors import InvalidInputError
+from memq.cost import report, usage
+from memq.cost.scrape import cluster_brokers, scrape
+from memq.errors import InvalidInputError, MemqError
 
 STATIC = Path(__file__).parent / "static"
 _SIZES = {"10": LIVE_MS, "60": BOOKS_MS}
 AUDITOR_KEY = web.AppKey("auditor", Auditor)
+_COST_TIMEOUT_S = 3.0
 
 
 def _now_ms() -> int:
@@ -141,6 +145,26 @@ async def _series(request: web.Request) -> web.Response:
     return web.json_response(body)
 
 
+async def _cost(request: web.Request) -> web.Response:
+    """Each topic's monthly estimate since its brokers started (`memq cost --json`), from producer.brokers."""
+    config = request.app[AUDITOR_KEY].config
+    try:
+        days = float(request.query.get("retention_days", "7"))
+    except ValueError:
+        days = -1
+    if not 0 <= days <= 3650:
+        raise web.HTTPBadRequest(text="need 0 <= retention_days <= 3650")
+
+    def measure() -> dict[str, Any]:
+        urls = cluster_brokers(config.producer.brokers, _COST_TIMEOUT_S)
+        return report(urls, usage(scrape(urls, _COST_TIMEOUT_S)), days * 86_400, config.cost)
+
+    try:
+        return web.json_response(await asyncio.get_running_loop().run_in_executor(None, measure))
+    except MemqError as e:   # no broker answered: the panel says so (a 200: browsers log any 5xx as an error)
+        return web.json_response({"error": str(e)})
+
+
 async def _health(request: web.Request) -> web.Response:
     auditor = request.app[AUDITOR_KEY]
     return web.Response(status=200 if auditor.running else 503,
@@ -161,6 +185,7 @@ def make_app(auditor: Auditor) -> web.Application:
     app.router.add_get("/", _index)
     app.router.add_get("/api/summary", _summary)
     app.router.add_get("/api/series", _series)
+    app.router.add_get("/api/cost", _cost)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/healthz", _health)
     app.router.add_static("/static/", STATIC)

@@ -34,9 +34,19 @@ class BrokerMetrics:
                                ["topic", "result"], registry=r)
         self.batch_bytes = Histogram("memq_broker_batch_bytes", "Size of stored batch objects", ["topic"],
                                      buckets=tuple(2.0 ** i for i in range(10, 27)), registry=r)
+        self.notification_bytes = Counter("memq_broker_notification_bytes",
+                                          "Bytes of notifications published (batches ok count them)",
+                                          ["topic"], registry=r)
+        self.started = Gauge("memq_broker_start_time_seconds", "Unix time this broker's counters started from",
+                             registry=r)
+        self.started.set_to_current_time()
         self.flush_seals = Counter("memq_broker_flush_seals",
                                    "Batches sealed early because a producer flushed (RequestFlag.SEAL)",
                                    ["topic"], registry=r)
+        self.held_batches = Counter(
+            "memq_broker_held_batches",
+            "Batches kept filling past batch_ms because they held under min_batch_bytes (latency budget)",
+            ["topic"], registry=r)
         self.unannounced_batches = Counter(
             "memq_broker_unannounced_batches",
             "Stored batches whose notification publish failed; kept (it may still land), orphans otherwise",

@@ -9,6 +9,10 @@ permit of a semaphore, so at most `ring_slots` batches exist at once: when every
 busy, `append` waits (the connection stops reading its socket) up to `busy_wait_s`, then
 answers BUSY. Memory is therefore bounded by `ring_slots * (batch_bytes + max_message_bytes)`.
 
+The latency budget: a batch `batch_ms` old with fewer than `min_batch_bytes` keeps filling
+until `max_batch_ms` (a trickle topic otherwise writes an object, a PUT and a notification every
+`batch_ms`); size, count and flush seals still apply meanwhile.
+
 A stored batch is announced on Kafka before any ack=all Message in it is acked; if the PUT or
 the publish fails for good, every ack=all Message of that batch gets an error ack naming why.
 Nothing is deleted on such an ambiguous failure (see `_unannounced`).
@@ -52,6 +56,7 @@ class _Batch:
     nbytes: int = 0
     logcount: int = 0
     timer: asyncio.TimerHandle | None = None
+    held: bool = False          # past batch_ms, under min_batch_bytes: filling until max_batch_ms
 
 
 class TopicProcessor:
@@ -79,6 +84,8 @@ class TopicProcessor:
         self._m_busy = metrics.busy_slots.labels(name)
         self._m_batch_bytes = metrics.batch_bytes.labels(name)
         self._m_flush_seals = metrics.flush_seals.labels(name)
+        self._m_held = metrics.held_batches.labels(name)
+        self._m_notification_bytes = metrics.notification_bytes.labels(name)
         self._m_unannounced = metrics.unannounced_batches.labels(name)
         self._m_duplicates = metrics.duplicate_messages.labels(name)
         self._metrics = metrics
@@ -119,7 +126,9 @@ class TopicProcessor:
         self._m_messages.inc()
         self._m_logmessages.inc(header.count)
         self._m_bytes.inc(size)
-        if batch.nbytes >= self.config.batch_bytes or batch.logcount >= self.config.batch_messages:
+        cfg = self.config
+        if (batch.nbytes >= cfg.batch_bytes or batch.logcount >= cfg.batch_messages
+                or (batch.held and batch.nbytes >= cfg.min_batch_bytes)):
             self._seal(batch)
         elif seal:
             self._m_flush_seals.inc()
@@ -157,10 +166,23 @@ class TopicProcessor:
             self._busy += 1
             self._m_busy.set(self._busy)
             batch = _Batch(opened=time.monotonic())
-            batch.timer = asyncio.get_running_loop().call_later(self.config.batch_ms / 1000, self._seal, batch)
+            batch.timer = asyncio.get_running_loop().call_later(self.config.batch_ms / 1000, self._aged, batch)
             self._filling = batch
         self._m_stage["queue_wait"].observe(time.monotonic() - t0)
         return self._filling
+
+    def _aged(self, batch: _Batch) -> None:
+        """`batch_ms` passed: seal, unless the latency budget says a small batch keeps filling."""
+        if self._filling is not batch:
+            return
+        if batch.nbytes < self.config.min_batch_bytes and not self._closing:
+            rest_s = batch.opened + self.config.hold_until_ms / 1000 - time.monotonic()
+            if rest_s > 0:
+                self._m_held.inc()
+                batch.held = True
+                batch.timer = asyncio.get_running_loop().call_later(rest_s, self._seal, batch)
+                return
+        self._seal(batch)
 
     def _seal(self, batch: _Batch) -> None:
         if self._filling is not batch:
@@ -213,6 +235,7 @@ class TopicProcessor:
                 return
             self._m_stage["notify"].observe(time.monotonic() - t0)
             self._metrics.batches.labels(topic, "ok").inc()
+            self._m_notification_bytes.inc(len(note.to_bytes()))
             outcome = [Ack(0, True, AckCode.OK, "", loc.bucket, loc.key, i, partition, offset)
                        for i in range(len(batch.headers))]
             for request_id, index, reply in batch.waiters:

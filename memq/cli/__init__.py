@@ -9,6 +9,7 @@ from memq.cli._common import CliState, MemqGroup
 from memq.cli.audit import audit
 from memq.cli.broker import broker
 from memq.cli.consume import consume
+from memq.cli.cost import cost
 from memq.cli.dev import dev
 from memq.cli.governor import governor
 from memq.cli.produce import produce
@@ -36,3 +37,4 @@ main.add_command(status)
 main.add_command(governor)
 main.add_command(audit)
 main.add_command(table)
+main.add_command(cost)

@@ -54,7 +54,7 @@ class FileStorageHandler:
     async def _run(self, op: str, what: str, fn: Callable[[], T]) -> T:
         """Run a blocking call in the pool; map OS errors to memq's storage errors naming `what`."""
         started = time.perf_counter()
-        self._metrics.attempts.labels(self.backend, op).inc()
+        self._metrics.sent(self.backend, op, what)
         try:
             return await asyncio.get_running_loop().run_in_executor(self._pool, fn)
         except FileNotFoundError as exc:
@@ -87,7 +87,7 @@ class FileStorageHandler:
             raise InvalidInputError(f"batch data must be bytes or a sequence of bytes-like chunks, "
                                     f"not {type(data).__name__}") from None
         await self._run("put", key, lambda: self._write_atomic(self.root / key, views))
-        self._metrics.bytes.labels(self.backend, "put").inc(sum(v.nbytes for v in views))
+        self._metrics.moved(self.backend, "put", key, sum(v.nbytes for v in views))
         return ObjectLocation("", key)
 
     @staticmethod
@@ -110,7 +110,7 @@ class FileStorageHandler:
     async def get(self, loc: ObjectLocation) -> bytes:
         path = self._path(loc)
         data = await self._run("get", loc.key, path.read_bytes)
-        self._metrics.bytes.labels(self.backend, "get").inc(len(data))
+        self._metrics.moved(self.backend, "get", loc.key, len(data))
         return data
 
     async def get_range(self, loc: ObjectLocation, start: int, length: int) -> bytes:
@@ -127,7 +127,7 @@ class FileStorageHandler:
                 return f.read(length)
 
         data = await self._run("get_range", loc.key, read)
-        self._metrics.bytes.labels(self.backend, "get_range").inc(len(data))
+        self._metrics.moved(self.backend, "get_range", loc.key, len(data))
         return data
 
     async def list_topic(self, topic: str, start_ms: int, end_ms: int, *,

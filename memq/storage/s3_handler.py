@@ -116,7 +116,7 @@ class S3StorageHandler:
         try:
             while True:
                 where, fn = attempt_call(attempt)
-                self._metrics.attempts.labels(self.backend, op).inc()
+                self._metrics.sent(self.backend, op, where)
                 try:
                     return await loop.run_in_executor(self._pool, fn)
                 except Exception as exc:
@@ -166,7 +166,7 @@ class S3StorageHandler:
             return f"s3://{self.bucket}/{key}", lambda: self._put_blocking(key, body, checksum)
 
         key = await self._run("put", attempt_call)
-        self._metrics.bytes.labels(self.backend, "put").inc(len(body))
+        self._metrics.moved(self.backend, "put", key, len(body))
         return ObjectLocation(self.bucket, key)
 
     def _put_blocking(self, key: str, body: bytes, crc32c_b64: str) -> str:
@@ -175,14 +175,14 @@ class S3StorageHandler:
 
     async def get(self, loc: ObjectLocation) -> bytes:
         data = await self._run("get", lambda _: (str(loc), lambda: self._get_blocking(loc, None)))
-        self._metrics.bytes.labels(self.backend, "get").inc(len(data))
+        self._metrics.moved(self.backend, "get", loc.key, len(data))
         return data
 
     async def get_range(self, loc: ObjectLocation, start: int, length: int) -> bytes:
         check_range(start, length)
         rng = f"bytes={start}-{start + length - 1}"
         data = await self._run("get_range", lambda _: (str(loc), lambda: self._get_blocking(loc, rng)))
-        self._metrics.bytes.labels(self.backend, "get_range").inc(len(data))
+        self._metrics.moved(self.backend, "get_range", loc.key, len(data))
         return data
 
     def _get_blocking(self, loc: ObjectLocation, byte_range: str | None) -> bytes:

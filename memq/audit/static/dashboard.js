@@ -171,6 +171,30 @@ async function refresh() {
   }
 }
 
+// The cost panel: /api/cost (the brokers' counters priced as `memq cost` does), less often.
+const COST_REFRESH_MS = 10000;
+
+async function refreshCost() {
+  const res = await fetch("/api/cost");
+  const body = await res.json();
+  document.getElementById("cost-error").textContent = body.error || "";
+  if (body.error) return;
+  document.getElementById("cost-prices").textContent = body.prices;
+  document.querySelector("#cost tbody").replaceChildren(...Object.entries(body.topics).map(([topic, t]) => {
+    const tr = document.createElement("tr");
+    tr.dataset.topic = topic;
+    const r = t.counts.requests;
+    tr.append(cell(topic, "name"), cell(fmt(t.counts.bytes_in / 1048576, 1)), cell(fmt(t.counts.objects)),
+      cell(fmt(r.put)), cell(fmt(r.get)), cell(fmt(r.list)), cell(fmt(r.delete)),
+      cell(fmt(t.memq_usd_month, 2)), cell(fmt(t.kafka_usd_month, 2)), cell(fmt(100 * t.saving) + "%"));
+    return tr;
+  }));
+}
+
 document.getElementById("size").addEventListener("change", refresh);
 refresh();
 setInterval(refresh, REFRESH_MS);
+refreshCost().catch((e) => { document.getElementById("cost-error").textContent = String(e); });
+setInterval(() => refreshCost().catch((e) => {
+  document.getElementById("cost-error").textContent = String(e);
+}), COST_REFRESH_MS);

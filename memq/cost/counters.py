@@ -1,0 +1,130 @@
+"""A broker's cost-relevant counters, read from its Prometheus text, per topic. Pure: no I/O.
+
+What S3 bills is a request (each try, failed ones included: `memq_storage_attempts`), so the
+storage operations map onto S3's request classes: put -> PUT, list -> LIST, delete and bulk
+deletes -> DELETE, anything else (get, get_range) -> GET, as S3 bills it. Only brokers are
+scraped: consumers' GETs are modelled by `memq.cost.model`, not counted here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from memq.errors import InvalidInputError
+
+REQUEST_CLASSES = ("put", "get", "list", "delete")
+
+
+def request_class(op: str) -> str:
+    """The S3 request class of a storage operation name: put, list, delete (bulk deletes too), or
+    get, which S3 bills for "GET, SELECT and all other requests" (get_range, head, ...)."""
+    return next((cls for cls in ("put", "list", "delete") if cls in op), "get")
+
+
+@dataclass(frozen=True)
+class TopicCounters:
+    """Counts (or, scaled, rates) of one topic. `stored_bytes` is bytes of batch objects written."""
+
+    bytes_in: float = 0.0
+    objects: float = 0.0
+    stored_bytes: float = 0.0
+    notifications: float = 0.0
+    notification_bytes: float = 0.0
+    requests: dict[str, float] = field(default_factory=lambda: dict.fromkeys(REQUEST_CLASSES, 0.0))
+
+    def __add__(self, other: TopicCounters) -> TopicCounters:
+        return self._combine(other, 1.0)
+
+    def __sub__(self, other: TopicCounters) -> TopicCounters:
+        return self._combine(other, -1.0)
+
+    def _combine(self, other: TopicCounters, sign: float) -> TopicCounters:
+        scalars = {f.name: getattr(self, f.name) + sign * getattr(other, f.name)
+                   for f in dataclasses.fields(self) if f.name != "requests"}
+        return TopicCounters(**scalars, requests={c: self.requests[c] + sign * other.requests[c]
+                                                  for c in REQUEST_CLASSES})
+
+    def scaled(self, factor: float) -> TopicCounters:
+        scalars = {f.name: getattr(self, f.name) * factor for f in dataclasses.fields(self) if f.name != "requests"}
+        return TopicCounters(**scalars, requests={c: v * factor for c, v in self.requests.items()})
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """One broker's counters at `taken_s`; `started_s`: when they started counting (Unix times)."""
+
+    broker: str
+    taken_s: float
+    started_s: float
+    topics: dict[str, TopicCounters]
+
+
+_SCALARS = {"memq_broker_message_bytes_total": "bytes_in",
+            "memq_broker_batch_bytes_count": "objects",
+            "memq_broker_batch_bytes_sum": "stored_bytes",
+            "memq_broker_notification_bytes_total": "notification_bytes"}
+
+
+def parse_metrics(broker: str, text: str, taken_s: float) -> Snapshot:
+    """The cost counters in a broker's /metrics text. Requests that name no topic are dropped."""
+    started = 0.0
+    values: dict[str, dict[str, float]] = {}
+    requests: dict[str, dict[str, float]] = {}
+
+    def add(topic: str, name: str, v: float) -> None:
+        values.setdefault(topic, {}).setdefault(name, 0.0)
+        values[topic][name] += v
+
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            topic = s.labels.get("topic", "")
+            if s.name == "memq_broker_start_time_seconds":
+                started = s.value
+            elif s.name in _SCALARS and topic:
+                add(topic, _SCALARS[s.name], s.value)
+            elif s.name == "memq_broker_batches_total" and topic and s.labels.get("result") == "ok":
+                add(topic, "notifications", s.value)
+            elif s.name == "memq_storage_attempts_total" and topic:
+                per = requests.setdefault(topic, dict.fromkeys(REQUEST_CLASSES, 0.0))
+                per[request_class(s.labels["op"])] += s.value
+    if not started:
+        raise InvalidInputError(f"broker {broker}: /metrics has no memq_broker_start_time_seconds "
+                                "(a memq broker older than `memq cost`?)")
+    topics = {t: TopicCounters(**values.get(t, {}), requests=requests.get(t, dict.fromkeys(REQUEST_CLASSES, 0.0)))
+              for t in sorted(set(values) | set(requests))}
+    return Snapshot(broker, taken_s, started, topics)
+
+
+@dataclass(frozen=True)
+class Usage:
+    """What one topic did across the cluster: counts in the window, and rates per second."""
+
+    topic: str
+    window_s: float
+    counts: TopicCounters
+    rates: TopicCounters
+
+
+def usage(after: Iterable[Snapshot], before: Iterable[Snapshot] = ()) -> dict[str, Usage]:
+    """Per topic: `after` minus `before` (same broker and start, else since its start), summed over brokers.
+
+    Each broker's rate is its counts over its own window, so a broker that restarted (its
+    counters reset) or joined later adds what it did since it started.
+    """
+    prior = {(b.broker, b.started_s): b for b in before}
+    counts: dict[str, TopicCounters] = {}
+    rates: dict[str, TopicCounters] = {}
+    windows: dict[str, float] = {}
+    for snap in after:
+        base = prior.get((snap.broker, snap.started_s))
+        since = snap.taken_s - (snap.started_s if base is None else base.taken_s)
+        for topic, c in snap.topics.items():
+            delta = c - base.topics.get(topic, TopicCounters()) if base is not None else c
+            counts[topic] = counts.get(topic, TopicCounters()) + delta
+            rates[topic] = rates.get(topic, TopicCounters()) + delta.scaled(1 / max(since, 1e-9))
+            windows[topic] = max(windows.get(topic, 0.0), since)
+    return {t: Usage(t, windows[t], counts[t], rates[t]) for t in sorted(counts)}

@@ -1,0 +1,127 @@
+"""The monthly cost of a topic on memq, next to the same workload on replicated Kafka. Pure.
+
+memq (per topic, from the brokers' counters, rates extrapolated to a 730-hour month):
+- S3 requests: the PUT, GET, LIST and DELETE requests counted on the brokers, plus one GET per
+  batch object per consumer group (consumers are not scraped: each reads a batch with one GET);
+- S3 storage: batch bytes written per second x retention (the steady state once retention
+  deletes as fast as producers write);
+- producer -> broker transfer: `cross_az_fraction` of the bytes in cross a zone (consumers read
+  from S3, which charges no transfer inside a region, and S3 replicates across zones itself);
+- the notifications: their bytes on the Kafka model below.
+
+Kafka (the same bytes in, as compressed record batches):
+- EBS storage: bytes in x retention x `kafka_replicas` / `kafka_disk_utilization`;
+- transfer: producers to leaders (`cross_az_fraction`), leader to each of `kafka_replicas - 1`
+  followers in other zones, and every consumer group from leaders (`cross_az_fraction`, no
+  fetch-from-follower); each crossing is charged `cross_az_gb` out and again in.
+
+Not modelled, on either side: broker compute and instances, request-rate tiers and free tiers,
+Kafka's own notification topic overhead beyond bytes. Defaults favour Kafka (no disk headroom).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from memq.config import CostConfig
+
+from .counters import Usage
+
+GB = 1024 ** 3
+MONTH_S = 730 * 3600.0
+
+
+@dataclass(frozen=True)
+class Line:
+    """One billed item per month: `quantity` in `unit` (requests, GB, GB-month), costing `usd`."""
+
+    item: str
+    quantity: float
+    unit: str
+    usd: float
+
+
+@dataclass(frozen=True)
+class Estimate:
+    topic: str
+    retention_s: float
+    memq: tuple[Line, ...]
+    kafka: tuple[Line, ...]
+
+    @property
+    def memq_usd(self) -> float:
+        return sum(line.usd for line in self.memq)
+
+    @property
+    def kafka_usd(self) -> float:
+        return sum(line.usd for line in self.kafka)
+
+    @property
+    def saving(self) -> float:
+        """memq's saving as a fraction of the Kafka cost (0.9 = 90% cheaper); 0 when both are 0."""
+        return 1 - self.memq_usd / self.kafka_usd if self.kafka_usd else 0.0
+
+
+def _requests(item: str, per_s: float, price_per_1000: float) -> Line:
+    n = per_s * MONTH_S
+    return Line(item, n, "requests", n / 1000 * price_per_1000)
+
+
+def kafka_lines(bytes_per_s: float, retention_s: float, p: CostConfig, what: str = "") -> tuple[Line, ...]:
+    """3-replica Kafka on block storage with cross-zone replication, for `bytes_per_s` in."""
+    gb_month = bytes_per_s * MONTH_S / GB
+    crossing = 2 * p.cross_az_gb
+    stored = bytes_per_s * retention_s * p.kafka_replicas / p.kafka_disk_utilization / GB
+    produce = gb_month * p.cross_az_fraction
+    replicate = gb_month * (p.kafka_replicas - 1)
+    consume = gb_month * p.consumer_groups * p.cross_az_fraction
+    return (Line(f"{what}EBS gp3 storage ({p.kafka_replicas} replicas)", stored, "GB-month", stored * p.ebs_gb_month),
+            Line(f"{what}cross-AZ producers -> leaders", produce, "GB", produce * crossing),
+            Line(f"{what}cross-AZ replication to {p.kafka_replicas - 1} followers", replicate, "GB",
+                 replicate * crossing),
+            Line(f"{what}cross-AZ leaders -> {p.consumer_groups} consumer group(s)", consume, "GB", consume * crossing))
+
+
+def estimate(u: Usage, retention_s: float, p: CostConfig) -> Estimate:
+    """The monthly estimate of topic `u` at its measured rates, kept for `retention_s`."""
+    r = u.rates
+    stored = r.stored_bytes * retention_s / GB
+    produce = r.bytes_in * MONTH_S / GB * p.cross_az_fraction
+    notify = sum(line.usd for line in kafka_lines(r.notification_bytes, retention_s, p))
+    notify_gb = r.notification_bytes * MONTH_S / GB
+    memq = (_requests("S3 PUT requests", r.requests["put"], p.s3_put_per_1000),
+            _requests("S3 GET requests (brokers)", r.requests["get"], p.s3_get_per_1000),
+            _requests(f"S3 GET requests ({p.consumer_groups} consumer group(s), 1 per object)",
+                      r.objects * p.consumer_groups, p.s3_get_per_1000),
+            _requests("S3 LIST requests", r.requests["list"], p.s3_list_per_1000),
+            _requests("S3 DELETE requests", r.requests["delete"], p.s3_delete_per_1000),
+            Line("S3 Standard storage", stored, "GB-month", stored * p.s3_gb_month),
+            Line("cross-AZ producers -> brokers", produce, "GB", produce * 2 * p.cross_az_gb),
+            Line("notifications on Kafka (the Kafka model below)", notify_gb, "GB", notify))
+    return Estimate(u.topic, retention_s, memq, kafka_lines(r.bytes_in, retention_s, p))
+
+
+def as_dict(u: Usage, e: Estimate) -> dict[str, Any]:
+    """One topic's counts in the window and its estimate, as `memq cost --json` and the dashboard show them."""
+    c = u.counts
+    return {"window_s": round(u.window_s, 3),
+            "counts": {"bytes_in": c.bytes_in, "objects": c.objects, "stored_bytes": c.stored_bytes,
+                       "notifications": c.notifications, "requests": c.requests},
+            "memq_usd_month": e.memq_usd, "kafka_usd_month": e.kafka_usd, "saving": e.saving,
+            "memq": [dataclasses.asdict(x) for x in e.memq], "kafka": [dataclasses.asdict(x) for x in e.kafka]}
+
+
+def price_source(p: CostConfig) -> str:
+    """Name the prices in use: the public defaults, or the config's own table."""
+    if p == CostConfig():
+        return "S3 Standard, EBS gp3 and inter-AZ public list prices (AWS us-east-1)"
+    return "the [cost] price table of the config"
+
+
+def report(brokers: list[str], used: dict[str, Usage], retention_s: float, p: CostConfig) -> dict[str, Any]:
+    """The whole estimate as JSON-ready data (`memq cost --json`, the dashboard's /api/cost)."""
+    return {"brokers": brokers, "prices": price_source(p), "price_table": dataclasses.asdict(p),
+            "retention_days": retention_s / 86_400,
+            "topics": {t: as_dict(u, estimate(u, retention_s, p)) for t, u in used.items()}}

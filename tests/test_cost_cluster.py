@@ -1,0 +1,82 @@
+"""`memq cost` and the latency budget on the real path: a governed 2-broker cluster on moto S3,
+tansu and ZooKeeper, the `memq` console script, and the bucket listed with boto3 directly."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import boto3
+import pytest
+
+from memq.client.producer import Producer
+from memq.config import MemqConfig, TopicConfig
+from memq.devcluster import DevCluster, GovernedCluster
+
+MEMQ = str(Path(sys.executable).with_name("memq"))
+
+
+def memq(config: Path, *args: str) -> str:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("MEMQ_")}
+    run = subprocess.run([MEMQ, "--config", str(config), *args], capture_output=True, timeout=60,
+                         env={**clean, "COLUMNS": "200"})
+    assert run.returncode == 0, run.stderr.decode()
+    return run.stdout.decode()
+
+
+def objects_in_bucket(config: MemqConfig, topic: str) -> int:
+    """Batch objects of `topic` as S3 itself lists them (not memq's counters)."""
+    s3 = boto3.client("s3", endpoint_url=config.s3.endpoint_url, region_name=config.s3.region,
+                      aws_access_key_id=config.s3.access_key_id, aws_secret_access_key=config.s3.secret_access_key)
+    pages = s3.get_paginator("list_objects_v2").paginate(Bucket=config.s3.bucket)
+    return sum(f"/{config.cluster.name}/topics/{topic}/" in o["Key"] for page in pages for o in page.get("Contents", ()))
+
+
+async def produce(config: MemqConfig, topic: str, rounds: int, per_round: int, pause_s: float = 0.0,
+                  flush: bool = True) -> None:
+    """`rounds` groups of values at ack=all, each group flushed (one object per broker) unless not `flush`."""
+    async with Producer(config.producer) as producer:
+        pending = []
+        for r in range(rounds):
+            pending += [await producer.send(topic, f"{topic}-{r}-{i}".encode() * 20) for i in range(per_round)]
+            if flush:
+                await producer.flush()
+            await asyncio.sleep(pause_s)
+        await asyncio.gather(*pending)
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(240)
+def test_memq_cost_prints_the_requests_s3_served_and_a_trickle_topic_batches_by_its_budget(
+        devcluster: DevCluster, tmp_path: Path, unique_name: Callable[[str], str]) -> None:
+    busy, trickle = unique_name("busy"), unique_name("trickle")
+    with GovernedCluster(tmp_path, brokers=2, servers=devcluster, cluster=unique_name("c")) as gc:
+        gc.create_topic(TopicConfig(busy), brokers=2)
+        # latency budget: 5 values 0.2 s apart, batch_ms 100: without it, one object per value;
+        # with it, one per broker at most (the topic is on both)
+        gc.create_topic(TopicConfig(trickle, batch_ms=100, min_batch_bytes=1 << 20, max_batch_ms=5_000), brokers=2)
+        config = gc.config()
+        client = gc.write_client_config(tmp_path / "client.toml")
+        asyncio.run(produce(config, busy, rounds=6, per_round=50))
+        asyncio.run(produce(config, trickle, rounds=5, per_round=1, pause_s=0.2, flush=False))
+
+        one_broker = config.producer.brokers.split(",")[0]     # the other is found through its metadata
+        report = json.loads(memq(client, "cost", "--json", "--brokers", one_broker))
+        stored = objects_in_bucket(config, busy)
+        assert len(report["brokers"]) == 2 and stored >= 6
+        counts = report["topics"][busy]["counts"]
+        assert counts["requests"]["put"] == stored            # every PUT S3 served, and no other
+        assert counts["objects"] == counts["notifications"] == stored
+        assert counts["requests"]["get"] == 0
+        assert report["topics"][busy]["memq_usd_month"] > 0 and report["topics"][busy]["kafka_usd_month"] > 0
+        trickled = objects_in_bucket(config, trickle)
+        assert 1 <= trickled <= 2 and report["topics"][trickle]["counts"]["requests"]["put"] == trickled
+
+        text = memq(client, "cost", "--topic", busy, "--brokers", one_broker, "--retention-days", "1")
+        assert "S3 Standard" in text and f"{stored:,} PUT" in text and "cross-AZ replication" in text
+        assert trickle not in text and "retention 1 days" in text

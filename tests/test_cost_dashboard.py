@@ -1,0 +1,65 @@
+"""The dashboard's cost panel data (/api/cost) from a broker's live counters: an in-process broker
+with file storage (no Kafka), the dashboard app on a real socket, the Producer on the real path."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from aiohttp import web
+from inproc import broker_in_thread
+
+from memq.audit.auditor import Auditor
+from memq.audit.dashboard import make_app
+from memq.client.producer import Producer
+from memq.config import BrokerConfig, MemqConfig, ProducerConfig, StorageConfig, TopicConfig
+
+
+async def serve_and_get(config: MemqConfig, tmp_path: Path, query: str) -> tuple[int, dict[str, object]]:
+    runner = web.AppRunner(make_app(Auditor(config, db_path=str(tmp_path / "audit.db"))))
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    host, port = runner.addresses[0][:2]
+
+    def get() -> tuple[int, dict[str, object]]:
+        try:
+            with urllib.request.urlopen(f"http://{host}:{port}/api/cost{query}", timeout=10) as r:
+                return r.status, json.loads(r.read())
+        except urllib.error.HTTPError as e:
+            text = e.read().decode()
+            return e.code, json.loads(text) if e.headers.get_content_type() == "application/json" else {"text": text}
+
+    try:
+        return await asyncio.to_thread(get)
+    finally:
+        await runner.cleanup()
+
+
+async def test_api_cost_prices_what_the_broker_stored(tmp_path: Path) -> None:
+    config = MemqConfig(storage=StorageConfig(kind="file", root_dir=str(tmp_path / "objects")),
+                        broker=BrokerConfig(port=0), topics=(TopicConfig("orders"),))
+    with broker_in_thread(config) as url:
+        async with Producer(ProducerConfig(brokers=url)) as producer:
+            for _ in range(3):          # three flushes: three objects
+                await asyncio.gather(*[await producer.send("orders", b"x" * 1000) for _ in range(10)])
+                await producer.flush()
+        client = dataclasses.replace(config, producer=ProducerConfig(brokers=url))
+        status, body = await serve_and_get(client, tmp_path, "?retention_days=1")
+        bad, _ = await serve_and_get(client, tmp_path, "?retention_days=x")
+    assert status == 200 and bad == 400
+    assert body["brokers"] == [url] and body["retention_days"] == 1 and "S3 Standard" in str(body["prices"])
+    orders = body["topics"]["orders"]    # type: ignore[index]
+    stored = len([p for p in (tmp_path / "objects").rglob("*") if p.is_file()])
+    assert orders["counts"]["objects"] == orders["counts"]["requests"]["put"] == stored == 3
+    assert orders["memq_usd_month"] > 0
+
+
+async def test_api_cost_says_when_no_broker_answers(tmp_path: Path) -> None:
+    client = MemqConfig(producer=ProducerConfig(brokers="http://127.0.0.1:1"))
+    status, body = await serve_and_get(client, tmp_path, "")
+    assert status == 200 and "cannot connect to broker http://127.0.0.1:1" in str(body["error"])

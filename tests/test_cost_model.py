@@ -1,0 +1,132 @@
+"""The cost model and the counters behind it, on hand-made /metrics text: pure, no servers."""
+
+from __future__ import annotations
+
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+
+from memq.broker.metrics import BrokerMetrics
+from memq.config import CostConfig, build, load_config
+from memq.cost import TopicCounters, estimate, kafka_lines, parse_metrics, request_class, usage
+from memq.cost.counters import Usage
+from memq.cost.model import GB, MONTH_S
+from memq.errors import ConfigError, InvalidInputError
+from memq.storage.metrics import StorageMetrics, topic_of
+
+KEY = "3f/dev/topics/orders/0001700000000000-b1-0a1b-a0"
+
+
+def broker_text(puts: int = 10, *, topic: str = "orders", started: float = 1000.0) -> str:
+    """/metrics of a broker that stored `puts` 1 MiB batches of `topic` (and did some other requests)."""
+    m = BrokerMetrics("b1")
+    m.started.set(started)
+    s = StorageMetrics(m.registry)
+    for _ in range(puts):
+        m.bytes.labels(topic).inc(1 << 20)
+        m.batch_bytes.labels(topic).observe(1 << 20)
+        m.batches.labels(topic, "ok").inc()
+        m.notification_bytes.labels(topic).inc(300)
+        s.sent("s3", "put", f"s3://memq/{KEY.replace('orders', topic)}")
+    m.batches.labels(topic, "STORAGE").inc()          # a failed batch is no notification
+    s.sent("s3", "put", f"s3://memq/{KEY.replace('orders', topic)}")   # ... but its PUT is billed
+    s.sent("s3", "get_range", KEY.replace("orders", topic))
+    s.sent("s3", "list", f"s3://memq/3f/dev/topics/{topic}/")
+    s.sent("s3", "delete_objects", f"s3://memq/{KEY.replace('orders', topic)}")
+    s.sent("s3", "list", "s3://memq/")                 # names no topic: not priced per topic
+    return generate_latest(m.registry).decode()
+
+
+def test_topic_of_reads_keys_urls_and_listing_prefixes() -> None:
+    assert topic_of(KEY) == "orders"
+    assert topic_of(f"s3://bucket/{KEY}") == "orders"
+    assert topic_of("ab/dev/topics/a.b-c_d/") == "a.b-c_d"
+    assert topic_of("ab/topics/topics/t/x") == "t"       # a cluster named "topics"
+    assert topic_of("s3://bucket/") == topic_of("2 keys") == ""
+
+
+def test_request_classes_follow_s3_billing() -> None:
+    assert [request_class(op) for op in ("put", "get", "get_range", "list", "delete", "delete_objects",
+                                         "bulk_delete", "head")] == \
+        ["put", "get", "get", "list", "delete", "delete", "delete", "get"]
+
+
+def test_parse_metrics_counts_per_topic() -> None:
+    snap = parse_metrics("b1", broker_text(10), taken_s=1100.0)
+    assert (snap.broker, snap.started_s, set(snap.topics)) == ("b1", 1000.0, {"orders"})
+    c = snap.topics["orders"]
+    assert (c.bytes_in, c.objects, c.stored_bytes, c.notifications, c.notification_bytes) == \
+        (10 << 20, 10, 10 << 20, 10, 3000)
+    assert c.requests == {"put": 11, "get": 1, "list": 1, "delete": 1}
+
+
+def test_a_scrape_without_the_start_time_is_refused() -> None:
+    with pytest.raises(InvalidInputError, match="no memq_broker_start_time_seconds"):
+        parse_metrics("b9", generate_latest(CollectorRegistry()).decode(), taken_s=1.0)
+
+
+def test_usage_since_start_and_over_a_window_sums_brokers() -> None:
+    a0 = parse_metrics("b1", broker_text(10), taken_s=1100.0)
+    a1 = parse_metrics("b1", broker_text(30), taken_s=1200.0)
+    b1 = parse_metrics("b2", broker_text(5, started=1150.0), taken_s=1200.0)   # joined in the window
+    since = usage([a1])["orders"]
+    assert since.window_s == 200 and since.counts.requests["put"] == 31 and since.rates.objects == 30 / 200
+    win = usage([a1, b1], before=[a0])["orders"]
+    assert win.counts.objects == 20 + 5 and win.counts.requests["put"] == 20 + 6
+    assert win.rates.objects == pytest.approx(20 / 100 + 5 / 50)
+    restarted = parse_metrics("b1", broker_text(2, started=1190.0), taken_s=1200.0)   # counters reset
+    assert usage([restarted], before=[a0])["orders"].counts.objects == 2
+
+
+def test_the_estimate_prices_each_line_as_documented() -> None:
+    p = CostConfig()
+    per_s = 10 * 1024 * 1024                                   # 10 MiB/s in, 8 MiB objects
+    rates = TopicCounters(bytes_in=per_s, objects=per_s / (8 << 20), stored_bytes=per_s,
+                          notifications=per_s / (8 << 20), notification_bytes=300 * per_s / (8 << 20),
+                          requests={"put": per_s / (8 << 20), "get": 0.0, "list": 0.0, "delete": 0.0})
+    e = estimate(Usage("t", 60.0, rates, rates), 7 * 86_400, p)
+    lines = {line.item: line for line in e.memq}
+    puts = 1.25 * MONTH_S
+    assert lines["S3 PUT requests"].quantity == pytest.approx(puts)
+    assert lines["S3 PUT requests"].usd == pytest.approx(puts / 1000 * 0.005)
+    assert lines["S3 GET requests (1 consumer group(s), 1 per object)"].usd == pytest.approx(puts / 1000 * 0.0004)
+    stored_gb = per_s * 7 * 86_400 / GB
+    assert lines["S3 Standard storage"].usd == pytest.approx(stored_gb * 0.023)
+    month_gb = per_s * MONTH_S / GB
+    assert lines["cross-AZ producers -> brokers"].usd == pytest.approx(month_gb * 2 / 3 * 0.02)
+    k = {line.item: line.usd for line in e.kafka}
+    assert k["EBS gp3 storage (3 replicas)"] == pytest.approx(stored_gb * 3 * 0.08)
+    assert k["cross-AZ replication to 2 followers"] == pytest.approx(month_gb * 2 * 0.02)
+    assert k["cross-AZ producers -> leaders"] == pytest.approx(month_gb * 2 / 3 * 0.02)
+    assert k["cross-AZ leaders -> 1 consumer group(s)"] == pytest.approx(month_gb * 2 / 3 * 0.02)
+    assert e.kafka_usd == pytest.approx(sum(k.values())) and 0.8 < e.saving < 1.0   # MemQ's headline
+
+
+def test_tiny_objects_make_memq_dearer_than_kafka() -> None:
+    """A trickle topic writing a PUT per second at 100 B/s: request charges dominate (why the
+    latency budget exists)."""
+    rates = TopicCounters(bytes_in=100.0, objects=1.0, stored_bytes=100.0,
+                          requests={"put": 1.0, "get": 0.0, "list": 0.0, "delete": 0.0})
+    e = estimate(Usage("t", 60.0, rates, rates), 7 * 86_400, CostConfig())
+    assert e.memq_usd > e.kafka_usd and e.saving < 0
+
+
+def test_kafka_model_follows_its_parameters() -> None:
+    p = build(CostConfig, {"kafka_replicas": 1, "cross_az_fraction": 0, "kafka_disk_utilization": 0.5},
+              "cost")
+    storage, produce, replicate, consume = kafka_lines(GB / MONTH_S, MONTH_S, p)
+    assert storage.quantity == pytest.approx(2.0)            # 1 GB kept, half the disk free
+    assert produce.usd == replicate.usd == consume.usd == 0
+
+
+def test_the_price_table_is_a_config_section() -> None:
+    cfg = load_config(env={"MEMQ_COST_S3_PUT_PER_1000": "0.0054", "MEMQ_COST_CONSUMER_GROUPS": "3"})
+    assert (cfg.cost.s3_put_per_1000, cfg.cost.consumer_groups, cfg.cost.s3_gb_month) == (0.0054, 3, 0.023)
+    with pytest.raises(ConfigError, match=r"cost.kafka_disk_utilization = 1.5 is out of range"):
+        load_config(env={"MEMQ_COST_KAFKA_DISK_UTILIZATION": "1.5"})
+
+
+def test_the_output_names_which_prices_it_used() -> None:
+    from memq.cost import price_source
+
+    assert "S3 Standard" in price_source(CostConfig()) and "public list prices" in price_source(CostConfig())
+    assert price_source(CostConfig(s3_gb_month=0.021)) == "the [cost] price table of the config"
