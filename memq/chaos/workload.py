@@ -4,8 +4,8 @@ independent read of everything the servers hold afterwards.
 `python -m memq.chaos.workload produce|consume ...` runs inside a namespace host (started by
 memq.chaos.run with `ip netns exec`); each writes one JSON line per event to `--out`, which the
 harness turns into checker inputs. Record values are JSON {id, p, k, t}: unique id, producer,
-key, send time. The consumer enables `consumer.dedup_window`: readers do not de-duplicate by
-default yet, and the harness measures what a de-duplicating reader gets.
+key, send time. The consumer de-duplicates (`consumer.dedup`, the default), so the harness
+measures what a default reader gets.
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ from typing import IO
 from memq.chaos.checker import AckEvent, Delivered, Pointer, StoredObject
 from memq.config import MemqConfig, load_config
 
-DEDUP_WINDOW = 1_000_000
 CLOSE_TIMEOUT_S = 90.0
 KEYS = 64
 
@@ -78,7 +77,7 @@ def consume(config: MemqConfig, topic: str, group: str, stop_file: Path, catch_u
     was delivered, or `catch_up_s` after it appeared."""
     from memq.client.consumer import Consumer
 
-    cc = dataclasses.replace(config.consumer, group_id=group, dedup_window=DEDUP_WINDOW)
+    cc = dataclasses.replace(config.consumer, group_id=group, dedup=True)
     seen: set[str] = set()
     want: set[str] | None = None
     deadline = float("inf")
