@@ -241,14 +241,25 @@ class ProducerConfig:
 
 @dataclass(frozen=True)
 class ConsumerConfig:
+    """`auto_offset_reset`: where a group starts without a committed offset, or when its
+    position is outside the retained notifications (Kafka's OffsetOutOfRange): `earliest`,
+    `latest`, or `error` (raise `OffsetOutOfRangeError`). `dedup`: drop retried Messages by
+    (producer id, epoch, sequence), remembering up to `dedup_max_ranges` sequence ranges for
+    each of the `dedup_max_producers` most recent producer instances."""
+
     group_id: str = "memq-consumer"
-    auto_offset_reset: Literal["earliest", "latest"] = "earliest"
+    auto_offset_reset: Literal["earliest", "latest", "error"] = "earliest"
     enable_auto_commit: bool = False
     auto_commit_interval_ms: int = setting(5_000, ge=1)
     prefetch_bytes: int = setting(64 * MiB, ge=1)
     fetch_concurrency: int = setting(8, ge=1)
-    dedup_window: int = setting(0, ge=0)
+    dedup: bool = True
+    dedup_max_producers: int = setting(4_096, ge=1)
+    dedup_max_ranges: int = setting(256, ge=1)
     on_data_loss: Literal["raise", "skip"] = "raise"
+
+    def __post_init__(self) -> None:
+        check_ranges(self, "consumer")
 
 
 @dataclass(frozen=True)

@@ -129,6 +129,18 @@ class DataLossError(ConsumerError):
         self.location = location
 
 
+class OffsetOutOfRangeError(ConsumerError):
+    """A consumer's position is outside the retained notifications (Kafka's OffsetOutOfRange)
+    and `consumer.auto_offset_reset` is `error`; names the position and the oldest offset kept."""
+
+    def __init__(self, message: str, *, topic: str, partition: int, offset: int, oldest: int) -> None:
+        super().__init__(message)
+        self.topic = topic
+        self.partition = partition
+        self.offset = offset
+        self.oldest = oldest
+
+
 # --- local dev infrastructure ---------------------------------------------------------------
 
 

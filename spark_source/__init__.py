@@ -6,7 +6,7 @@
 """
 
 from spark_source.datasource import MemqDataSource
-from spark_source.schema import SCHEMA
+from spark_source.schema import MESSAGE_ID_COLUMNS, SCHEMA
 from spark_source.session import local_session, register
 
-__all__ = ["MemqDataSource", "SCHEMA", "local_session", "register"]
+__all__ = ["MESSAGE_ID_COLUMNS", "MemqDataSource", "SCHEMA", "local_session", "register"]

@@ -26,7 +26,7 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMa
 from pyspark.sql.types import StructType
 
 from spark_source.options import EARLIEST, LATEST, OffsetSpec, SourceOptions, parse_options
-from spark_source.plan import Bounds, MemqPartition, NotificationLog, list_objects, split
+from spark_source.plan import Bounds, MemqPartition, NotificationLog, list_objects, plan_tasks, split
 from spark_source.read import read_partition
 from spark_source.schema import SCHEMA
 from spark_source.write import MemqStreamWriter, MemqWriter, parse_sink_options
@@ -87,8 +87,8 @@ class MemqBatchReader(DataSourceReader):
             groups = nlog.read(ranges)
         finally:
             nlog.close()
-        return list(split(([r for r in g if bounds.keeps(r)] for _, g in sorted(groups.items())),
-                          opts.min_partitions))
+        return list(plan_tasks(([r for r in g if bounds.keeps(r)] for _, g in sorted(groups.items())),
+                               opts.min_partitions, opts.drop_duplicates))
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, MemqPartition)
@@ -227,7 +227,8 @@ class MemqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             if begin < stop:
                 ranges[p] = (self.nlog.check_start(p, begin, low), int(stop))
         groups = self.nlog.read(ranges)
-        return list(split((g for _, g in sorted(groups.items())), self.opts.min_partitions))
+        return list(plan_tasks((g for _, g in sorted(groups.items())), self.opts.min_partitions,
+                               self.opts.drop_duplicates))
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, MemqPartition)

@@ -42,7 +42,7 @@ _CONNECTION = {
 }
 _READ = {"topic", "mode", "startingoffsets", "endingoffsets", "startingtimestamp", "endingtimestamp",
          "maxoffsetspertrigger", "minpartitions", "failondataloss", "fetchconcurrency",
-         "s3list.slackms", "pushfilters"}
+         "s3list.slackms", "pushfilters", "dropduplicates"}
 KNOWN_OPTIONS = frozenset(_CONNECTION) | _READ
 
 
@@ -81,6 +81,7 @@ class SourceOptions:
     fetch_concurrency: int = 4
     s3list_slack_ms: int = 60_000
     push_filters: bool = True
+    drop_duplicates: bool = True
 
 
 def _int(options: Mapping[str, str], name: str, *, minimum: int) -> int | None:
@@ -238,4 +239,5 @@ def parse_options(options: Mapping[str, str]) -> SourceOptions:
         fetch_concurrency=_or(_int(opts, "fetchConcurrency", minimum=1), 4),
         s3list_slack_ms=_or(_int(opts, "s3list.slackMs", minimum=0), 60_000),
         push_filters=_bool(opts, "pushFilters", True),
+        drop_duplicates=_bool(opts, "dropDuplicates", True),
     )

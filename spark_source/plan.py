@@ -3,6 +3,18 @@
 Notifications are small (a pointer per batch object), so the driver reads the requested
 notification ranges itself: that prunes objects by time before any task starts, and lets
 tasks be balanced by object bytes rather than by offset counts.
+
+De-duplication (option dropDuplicates, on by default). A producer's retry can be stored twice,
+by two brokers, in two objects notified on any two read partitions; the copies are stored
+close in time (within the producer's delivery timeout). So with dropDuplicates the planner
+orders the objects of all read partitions by creation time and cuts that one sequence into
+byte-balanced tasks (rather than a task per read partition), and each task drops a Message
+(producer id, epoch, sequence) it saw before, in bounded memory (`SequenceTracker`, as the
+Consumer). A read of up to TARGET_PARTITION_BYTES is one task: every copy is caught. In larger
+reads, and across a stream's micro-batches, copies on either side of a task boundary are
+not: rows carry MESSAGE_ID_COLUMNS for an exact `dropDuplicates(list(MESSAGE_ID_COLUMNS))`
+(in a stream, `dropDuplicatesWithinWatermark`), which costs a shuffle. Notifications carry no
+Message ids, so the driver cannot do better without reading the objects.
 """
 
 from __future__ import annotations
@@ -39,6 +51,7 @@ class BatchRef:
     min_timestamp_ms: int | None = None
     max_timestamp_ms: int | None = None
     crc32c: int | None = None
+    created_ms: int = 0         # when the broker created the batch (0 if unknown: s3list)
 
 
 @dataclass(frozen=True)
@@ -91,6 +104,16 @@ def split(groups: Iterable[Sequence[BatchRef]], min_partitions: int | None) -> l
             n = max(n, round(min_partitions * size / total))
         out.extend(_cut(g, max(1, min(n, len(g)))))
     return out
+
+
+def plan_tasks(groups: Iterable[Sequence[BatchRef]], min_partitions: int | None,
+               drop_duplicates: bool) -> list[MemqPartition]:
+    """Tasks for the groups (one per read partition): `split` as they are, or, to de-duplicate,
+    as one sequence in creation order, so the copies of a retried Message meet in one task."""
+    if not drop_duplicates:
+        return split(groups, min_partitions)
+    merged = sorted((r for g in groups for r in g), key=lambda r: (r.created_ms, r.partition or 0, r.offset or 0))
+    return split([merged], min_partitions)
 
 
 def _cut(refs: Sequence[BatchRef], n: int) -> list[MemqPartition]:
@@ -164,7 +187,7 @@ class NotificationLog:
                 n = rec.notification
                 out[rec.partition].append(BatchRef(
                     rec.partition, rec.offset, ObjectLocation(n.bucket, n.key), n.size,
-                    n.min_timestamp_ms, n.max_timestamp_ms, n.crc32c))
+                    n.min_timestamp_ms, n.max_timestamp_ms, n.crc32c, n.created_ms))
                 if rec.offset >= todo[rec.partition][1] - 1:
                     del todo[rec.partition]
                 else:

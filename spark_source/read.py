@@ -8,6 +8,7 @@ from typing import Iterator, Sequence
 
 import pyarrow as pa
 
+from memq.client.positions import SequenceTracker
 from memq.client.reader import BatchPointer, BatchReader, DataLossPolicy, Decoded, read_in_order
 from memq.errors import StorageError
 from spark_source.options import SourceOptions
@@ -22,14 +23,17 @@ def pointer(topic: str, ref: BatchRef) -> BatchPointer:
     return BatchPointer(topic, ref.location, ref.size, ref.crc32c, ref.partition, ref.offset)
 
 
-def _arrow(opts: SourceOptions, ref: BatchRef, bounds: Bounds, decoded: Decoded) -> pa.RecordBatch | None:
-    """The object's rows within `bounds`, or None if its header rules them all out."""
+def _arrow(opts: SourceOptions, ref: BatchRef, bounds: Bounds, seen: SequenceTracker | None,
+           decoded: Decoded) -> pa.RecordBatch | None:
+    """The object's rows within `bounds`, without Messages `seen` before in this task; None if
+    its header rules them all out. Runs in the reader's one CPU worker: `seen` needs no lock."""
     header, messages = decoded
     if (bounds.start_ms is not None and header.max_timestamp_ms < bounds.start_ms) or \
             (bounds.end_ms is not None and header.min_timestamp_ms >= bounds.end_ms):
         return None
+    keep = None if seen is None else [not seen.seen(h.producer_id, h.epoch, h.sequence) for h, _ in messages]
     ctx = BatchContext(opts.topic, ref.partition, ref.offset, ref.location.bucket, ref.location.key)
-    return to_record_batch(ctx, [(mh.producer_id, logs) for mh, logs in messages], bounds.start_ms, bounds.end_ms)
+    return to_record_batch(ctx, messages, bounds.start_ms, bounds.end_ms, keep)
 
 
 def data_loss_policy(opts: SourceOptions) -> DataLossPolicy:
@@ -42,11 +46,15 @@ def read_partition(opts: SourceOptions, refs: Sequence[BatchRef], bounds: Bounds
 
     Objects are verified (size, and CRC32C when a notification names it) and decoded to
     Arrow in the reader's worker. A missing or corrupt object raises DataLossError, or is
-    skipped with a warning on the `memq.spark` logger when failOnDataLoss=false.
+    skipped with a warning on the `memq.spark` logger when failOnDataLoss=false. With
+    dropDuplicates (the default) a Message seen before in this task is dropped (see plan.py
+    for how copies are planned into one task).
     """
     reader = BatchReader(opts.config, opts.fetch_concurrency)
+    cc = opts.config.consumer     # the de-duplication memory of a Consumer (consumer.dedup_max_*)
+    seen = SequenceTracker(cc.dedup_max_producers, cc.dedup_max_ranges) if opts.drop_duplicates else None
     try:
-        batches = ((pointer(opts.topic, ref), partial(_arrow, opts, ref, bounds)) for ref in refs)
+        batches = ((pointer(opts.topic, ref), partial(_arrow, opts, ref, bounds, seen)) for ref in refs)
         for batch in read_in_order(reader, batches, opts.fetch_concurrency, data_loss_policy(opts)):
             if batch is not None and batch.num_rows:
                 yield batch

@@ -20,7 +20,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from memq.format import LogMessage
+from memq.format import LogMessage, MessageHeader
 
 SCHEMA = StructType([
     StructField("key", BinaryType()),
@@ -37,7 +37,12 @@ SCHEMA = StructType([
     StructField("bucket", StringType()),
     StructField("objectKey", StringType()),
     StructField("producerId", LongType()),     # the u64 id's bits as a signed 64-bit value
+    StructField("producerEpoch", LongType()),
+    StructField("sequence", LongType()),       # the Message's sequence (u64 bits, signed)
+    StructField("messageIndex", IntegerType()),  # position of the LogMessage in its Message
 ])
+# A LogMessage's identity across copies of its Message (a producer's retry stored twice).
+MESSAGE_ID_COLUMNS = ("producerId", "producerEpoch", "sequence", "messageIndex")
 # Spark checks read()'s RecordBatches against exactly this Arrow schema.
 ARROW_SCHEMA: pa.Schema = to_arrow_schema(SCHEMA, timezone="UTC")
 _HEADER_TYPE = ARROW_SCHEMA.field("headers").type
@@ -61,18 +66,23 @@ def _signed64(value: int) -> int:
     return value - (1 << 64) if value >= (1 << 63) else value
 
 
-def to_record_batch(ctx: BatchContext, messages: Sequence[tuple[int, Sequence[LogMessage]]],
-                    start_ms: int | None = None, end_ms: int | None = None) -> pa.RecordBatch:
-    """Columns for one batch object; `messages` = (producer id, LogMessages) per Message.
+def to_record_batch(ctx: BatchContext, messages: Sequence[tuple[MessageHeader, Sequence[LogMessage]]],
+                    start_ms: int | None = None, end_ms: int | None = None,
+                    keep: Sequence[bool] | None = None) -> pa.RecordBatch:
+    """Columns for one batch object; `messages` = (header, LogMessages) per Message.
 
-    Rows outside [start_ms, end_ms) (message timestamp) are dropped.
+    Rows outside [start_ms, end_ms) (message timestamp) are dropped, and the rows of Messages
+    whose `keep` is False (duplicates); `index` stays the LogMessage's place in the object.
     """
     logs = [m for _, msgs in messages for m in msgs]
     n = len(logs)
     # One C pass converts the LogMessage tuples; its children are the columns (no transpose).
     value, key, headers, ts_ms, _ = pa.array(logs, _LOG_TYPE).flatten()
-    producer_ids = np.repeat(np.array([_signed64(p) for p, _ in messages], dtype=np.int64),
-                             [len(msgs) for _, msgs in messages])
+    counts = np.array([len(msgs) for _, msgs in messages], dtype=np.int32)
+    producer_ids = np.repeat(np.array([_signed64(h.producer_id) for h, _ in messages], dtype=np.int64), counts)
+    epochs = np.repeat(np.array([h.epoch for h, _ in messages], dtype=np.int64), counts)
+    sequences = np.repeat(np.array([_signed64(h.sequence) for h, _ in messages], dtype=np.int64), counts)
+    starts = np.repeat(np.cumsum(counts, dtype=np.int32) - counts, counts)   # each Message's first row
     columns = [
         key,
         value,
@@ -85,10 +95,14 @@ def to_record_batch(ctx: BatchContext, messages: Sequence[tuple[int, Sequence[Lo
         pa.repeat(ctx.bucket, n),
         pa.repeat(ctx.key, n),
         pa.array(producer_ids),
+        pa.array(epochs),
+        pa.array(sequences),
+        pa.array(np.arange(n, dtype=np.int32) - starts),
     ]
     batch = pa.RecordBatch.from_arrays(columns, schema=ARROW_SCHEMA)
-    if start_ms is None and end_ms is None:
-        return batch
-    keep = pc.and_(pc.greater_equal(ts_ms, start_ms if start_ms is not None else np.iinfo(np.int64).min),
-                   pc.less(ts_ms, end_ms if end_ms is not None else np.iinfo(np.int64).max))
-    return batch.filter(keep)
+    mask = None if keep is None or all(keep) else pa.array(np.repeat(np.array(keep, dtype=bool), counts))
+    if start_ms is not None or end_ms is not None:
+        in_time = pc.and_(pc.greater_equal(ts_ms, start_ms if start_ms is not None else np.iinfo(np.int64).min),
+                          pc.less(ts_ms, end_ms if end_ms is not None else np.iinfo(np.int64).max))
+        mask = in_time if mask is None else pc.and_(mask, in_time)
+    return batch if mask is None else batch.filter(mask)

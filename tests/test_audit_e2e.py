@@ -81,7 +81,7 @@ async def test_audit_through_the_real_clients(devcluster: DevCluster, unique_nam
     topics = [TopicConfig(name=t, read_partitions=2, batch_ms=50) for t in (clean, lossy)]
     base = audit_config(devcluster.config(topics=topics), unique_name)
     base = dataclasses.replace(base, consumer=dataclasses.replace(base.consumer, on_data_loss="skip",
-                                                                  dedup_window=0))
+                                                                  dedup=False))
     admin = TopicAdmin(base.kafka)
     for t in topics:
         admin.create_topic(notification_topic(base, t.name), t.read_partitions)

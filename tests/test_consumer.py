@@ -234,17 +234,17 @@ def test_missing_batch_is_skipped_and_counted_when_asked(topic, devcluster) -> N
         assert c.commit() == {0: written[2].offset + 1}
 
 
-def test_dedup_window_drops_retried_messages(topic) -> None:
-    config, name = topic(1, dedup_window=100)
+def test_retried_messages_are_dropped_by_default(topic) -> None:
+    config, name = topic(1)
     retried = records(6, "r")
     write_batches(config, name, [[(9, 1, 0, records(2, "p")), (9, 1, 1, retried)],
                                  [(9, 1, 1, retried), (9, 1, 2, records(2, "q"))]])
     with Consumer(config, name) as c:
         got = drain(c, 10)
         assert list(c.poll(0.5)) == []
-        assert c.metrics.duplicates_dropped == 6
+        assert (c.metrics.duplicates_dropped, c.metrics.duplicate_messages) == (6, 1)
     assert [r.sequence for r in got] == [0] * 2 + [1] * 6 + [2] * 2
-    off = dataclasses.replace(config, consumer=dataclasses.replace(config.consumer, dedup_window=0, group_id="nodedup-" + name))
+    off = dataclasses.replace(config, consumer=dataclasses.replace(config.consumer, dedup=False, group_id="nodedup-" + name))
     with Consumer(off, name) as c:
         assert len(drain(c, 16)) == 16
 

@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterable, Mapping
 import pytest
 
 from memq.client.consumer import Consumer
-from memq.client.positions import Dedup, Offsets
+from memq.client.positions import Offsets
 from memq.client.reader import BatchPointer, BatchReader, DataLossPolicy, read_in_order
 from memq.config import ConsumerConfig, MemqConfig
 from memq.errors import DataLossError, ObjectNotFoundError
@@ -41,15 +41,6 @@ def test_position_prefers_pending_batches_then_fetched_then_kafka() -> None:
     o.sought(2, 3)           # sought, nothing read yet
     pos = o.position({0: 2, 1: 5, 3: None}, assignment=[0, 1, 2, 3], pending=[(0, 5), (0, 6)])
     assert pos == {0: 5, 1: 5, 2: 3}
-
-
-def test_dedup_forgets_beyond_its_window_and_is_off_at_zero() -> None:
-    d = Dedup(2)
-    assert not d.is_duplicate(1, 0, 0) and d.is_duplicate(1, 0, 0)
-    assert not d.is_duplicate(1, 0, 1) and not d.is_duplicate(1, 0, 2)
-    assert not d.is_duplicate(1, 0, 0)             # evicted: window of 2
-    off = Dedup(0)
-    assert not off.is_duplicate(1, 0, 0) and not off.is_duplicate(1, 0, 0)
 
 
 def test_data_loss_policy_raises_with_hint_or_logs(caplog: pytest.LogCaptureFixture) -> None:
@@ -177,14 +168,18 @@ def test_consumer_hands_over_in_order_and_commits_what_was_handed() -> None:
     assert notes.commits == [{0: 1}, {0: 2}] and notes.closed
 
 
-def test_consumer_drops_retried_duplicates_within_the_window() -> None:
+def test_consumer_drops_retried_duplicates_by_default_and_not_when_off() -> None:
     objects: dict[str, bytes] = {}
     rs = [batch("k0", [(7, 0, recs("a")), (7, 1, recs("b"))], 0, objects),
           batch("k1", [(7, 1, recs("b")), (7, 2, recs("c"))], 1, objects)]   # sequence 1 retried
-    c, _ = consumer(rs, objects, dedup_window=10)
+    c, _ = consumer(rs, objects)
     with c:
-        assert values(c, 3) == [b"a", b"b", b"c"]
-        assert c.metrics.duplicates_dropped == 1
+        assert values(c, 2) == [b"a", b"b", b"c"]
+        assert (c.metrics.duplicate_messages, c.metrics.duplicates_dropped) == (1, 1)
+    off, _ = consumer(rs, objects, dedup=False)
+    with off:
+        assert values(off, 2) == [b"a", b"b", b"b", b"c"]
+        assert off.metrics.duplicate_messages == 0
 
 
 def test_consumer_raises_a_corrupt_batch_until_sought_past_or_skips_when_asked() -> None:

@@ -29,7 +29,7 @@ pyspark = pytest.importorskip("pyspark")
 from pyspark.sql import DataFrame, SparkSession  # noqa: E402
 from pyspark.sql import functions as F  # noqa: E402
 
-from spark_source import local_session  # noqa: E402
+from spark_source import MESSAGE_ID_COLUMNS, local_session  # noqa: E402
 
 pytestmark = [pytest.mark.spark, pytest.mark.integration, pytest.mark.timeout(240)]
 
@@ -192,6 +192,34 @@ def test_streaming_available_now_resumes_from_checkpoint(spark: SparkSession, co
     assert keys_of(spark.read.parquet(str(out))) == list(range(1_200))   # no duplicates, no gaps
     run_query()                                     # nothing new: nothing read
     assert keys_of(spark.read.parquet(str(out))) == list(range(1_200))
+
+
+def test_a_message_stored_in_two_objects_yields_its_rows_once(spark: SparkSession, config: MemqConfig,
+                                                              tmp_path: Path) -> None:
+    """A producer's retry stored by a second broker: two objects, likely on two read partitions."""
+    from test_consumer import records, write_batches
+
+    from memq.client.consumer import notification_topic
+    from memq.notify import TopicAdmin
+
+    topic = f"spark-dups-{uuid.uuid4().hex[:8]}"
+    TopicAdmin(config.kafka).create_topic(notification_topic(config, topic), PARTITIONS)
+    retried = records(5, "retried")
+    write_batches(config, topic, [[(7, 0, 0, records(3, "first")), (7, 0, 1, retried)],
+                                  [(7, 0, 1, retried), (7, 0, 2, records(4, "last"))],
+                                  [(8, 0, 1, records(2, "other"))]])
+    want = sorted([f"{t}-{i}".encode() for t, n in (("first", 3), ("retried", 5), ("last", 4), ("other", 2))
+                   for i in range(n)])
+    df = read(spark, config, topic)
+    assert sorted(r.key for r in df.select("key").collect()) == want
+    assert df.select(*MESSAGE_ID_COLUMNS).distinct().count() == len(want)
+    assert read(spark, config, topic, dropDuplicates="false").count() == len(want) + 5
+    stream = (spark.readStream.format("memq").options(**connection(config)).option("topic", topic)
+              .option("startingOffsets", "earliest").load())
+    query = (stream.select("key").writeStream.format("parquet").option("path", str(tmp_path / "out"))
+             .option("checkpointLocation", str(tmp_path / "ckpt")).trigger(availableNow=True).start())
+    assert query.awaitTermination(120) and query.exception() is None
+    assert sorted(r.key for r in spark.read.parquet(str(tmp_path / "out")).collect()) == want
 
 
 def test_deleted_batch_fails_or_is_skipped_and_reported(spark: SparkSession, config: MemqConfig) -> None:

@@ -52,7 +52,7 @@ def cluster(devcluster: DevCluster, tmp_path_factory: pytest.TempPathFactory) ->
 
 def consume(config: MemqConfig, topic: str, expect: int, *, dedup: bool = True) -> list:
     cc = dataclasses.replace(config.consumer, group_id=f"g-{uuid.uuid4().hex[:6]}", auto_offset_reset="earliest",
-                             dedup_window=100_000 if dedup else 0)
+                             dedup=dedup)
     got: list = []
     with Consumer(dataclasses.replace(config, consumer=cc), topic) as c:
         deadline = time.monotonic() + 60

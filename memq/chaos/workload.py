@@ -4,8 +4,8 @@ independent read of everything the servers hold afterwards.
 `python -m memq.chaos.workload produce|consume ...` runs inside a namespace host (started by
 memq.chaos.run with `ip netns exec`); each writes one JSON line per event to `--out`, which the
 harness turns into checker inputs. Record values are JSON {id, p, k, t}: unique id, producer,
-key, send time. The consumer enables `consumer.dedup_window`: readers do not de-duplicate by
-default yet, and the harness measures what a de-duplicating reader gets. It auto-commits (every
+key, send time. The consumer de-duplicates (`consumer.dedup`, the default), so the harness
+measures what a default reader gets. It auto-commits (every
 `consumer.auto_commit_interval_ms`), as most applications do: after a SIGKILL its next
 incarnation gets again what was handed over but not committed (at-least-once).
 """
@@ -25,7 +25,6 @@ from typing import IO
 from memq.chaos.checker import AckEvent, Delivered, Pointer, StoredObject
 from memq.config import MemqConfig, load_config
 
-DEDUP_WINDOW = 1_000_000
 CLOSE_TIMEOUT_S = 90.0
 KEYS = 64
 
@@ -82,7 +81,7 @@ def consume(config: MemqConfig, topic: str, group: str, stop_file: Path, catch_u
     consumer this one restarts after a SIGKILL), which the group committed and will not repeat."""
     from memq.client.consumer import Consumer
 
-    cc = dataclasses.replace(config.consumer, group_id=group, dedup_window=DEDUP_WINDOW, enable_auto_commit=True)
+    cc = dataclasses.replace(config.consumer, group_id=group, dedup=True, enable_auto_commit=True)
     want: set[str] | None = None
     deadline = float("inf")
     with Consumer(dataclasses.replace(config, consumer=cc), topic) as c:

@@ -86,7 +86,10 @@ def consume(ctx: click.Context, topic: str, group: str | None, from_beginning: b
             out.flush()
             consumer.commit()
     elapsed = time.monotonic() - start
-    err.print(f"{seen:,} messages from {topic} in {elapsed:.1f} s ({seen / max(elapsed, 1e-9):,.0f} msg/s)")
+    m = consumer.metrics
+    err.print(f"{seen:,} messages from {topic} in {elapsed:.1f} s ({seen / max(elapsed, 1e-9):,.0f} msg/s); "
+              f"{m.duplicates_dropped:,} duplicates dropped ({m.duplicate_messages:,} retried Messages), "
+              f"{m.expired:,} expired")
 
 
 def _stop_on_sigterm() -> threading.Event:

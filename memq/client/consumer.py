@@ -9,6 +9,17 @@ Delivery is at-least-once: the offset of a notification becomes committable only
 last record of its batch was handed to the application; the application commits after it
 processed what it got. An iterator abandoned half way is resumed by the next `poll()`, so
 records are neither skipped nor handed twice within one consumer's life.
+
+Retried Messages (a producer resends a Message whose ack did not come, and both copies were
+stored) are dropped by (producer id, epoch, sequence) unless `consumer.dedup = false`: one
+`SequenceTracker` check per Message, none per record. Its state lives in this consumer's
+memory: after a restart, or for a copy on a read partition another group member owns, a
+resend is delivered again (at-least-once still holds; the Kafka in the dev cluster keeps no
+commit metadata to carry the state in).
+
+Retention: a position outside the retained notifications follows `consumer.auto_offset_reset`
+(Kafka's OffsetOutOfRange), and an object gone because it is older than the topic's
+retention counts as `metrics.expired`, not as data loss.
 """
 
 from __future__ import annotations
@@ -27,10 +38,10 @@ from operator import add, length_hint
 from typing import NamedTuple, Protocol
 
 from memq.client.cluster import resolve, resolve_topic
-from memq.client.positions import Dedup, Offsets
+from memq.client.positions import Offsets, SequenceTracker, is_expired, out_of_range
 from memq.client.reader import BatchPointer, BatchReader, DataLossPolicy, Decoded
 from memq.config import MemqConfig
-from memq.errors import ConfigError, ConsumerError, DataLossError, InvalidInputError
+from memq.errors import ConsumerError, DataLossError, InvalidInputError, ObjectNotFoundError, OffsetOutOfRangeError
 from memq.format import MessageHeader
 from memq.notify import NotificationConsumer, NotificationRecord
 from memq.storage import ObjectLocation
@@ -76,8 +87,11 @@ class ConsumerMetrics:
     records: int = 0
     batches: int = 0
     bytes: int = 0
-    duplicates_dropped: int = 0
+    duplicates_dropped: int = 0        # LogMessages of dropped duplicate Messages
+    duplicate_messages: int = 0        # Messages dropped as duplicates
     data_loss_skipped: int = 0
+    expired: int = 0                   # notifications and objects past retention, skipped (never "lost")
+    offset_resets: int = 0             # positions outside the retained notifications, reset
     commits: int = 0
 
 
@@ -142,9 +156,6 @@ class Consumer:
                  on_revoke: Callable[[list[int]], None] | None = None,
                  notifications: NotificationSource | None = None, reader: BatchReader | None = None) -> None:
         cc = config.consumer if group_id is None else replace(config.consumer, group_id=group_id)
-        if cc.prefetch_bytes <= 0 or cc.fetch_concurrency <= 0 or cc.dedup_window < 0:
-            raise ConfigError("consumer.prefetch_bytes and consumer.fetch_concurrency must be "
-                              "> 0, consumer.dedup_window >= 0")
         self.topic = topic
         self.group_id = cc.group_id
         self.metrics = ConsumerMetrics()
@@ -153,12 +164,15 @@ class Consumer:
         resolved = resolve_topic(config, topic)   # no I/O unless producer.brokers names brokers
         config = resolved.config
         self._kafka_topic = resolved.topic.notification_topic
+        # None until topics carry a retention setting: then no missing object counts as expired
+        self._retention_ms: int | None = getattr(resolved.topic, "retention_ms", None)
         self._queue: deque[_Batch] = deque()        # polled, in order; some being fetched
         self._current: _Batch | None = None         # the batch being handed over
         self._inflight_bytes = 0                    # estimated memory of submitted, unfinished batches
         self._expansion = 1.0                       # decoded bytes per object byte, measured
         self._offsets = Offsets()
-        self._dedup = Dedup(cc.dedup_window)
+        self._dedup = SequenceTracker(cc.dedup_max_producers, cc.dedup_max_ranges) if cc.dedup else None
+        self._unchecked: set[int] = set()           # assigned partitions whose start is not range-checked yet
         self._loss = DataLossPolicy(skip=cc.on_data_loss == "skip", logger=log, hint="")
         self._last_auto_commit = time.monotonic()
         self._closed = False
@@ -195,8 +209,11 @@ class Consumer:
                 except concurrent.futures.TimeoutError:
                     return iter(())
                 except DataLossError as e:
-                    self._loss.handle(e)   # raises unless consumer.on_data_loss = "skip"
-                    self.metrics.data_loss_skipped += 1
+                    if self._expired(head.rec, e):
+                        self.metrics.expired += 1
+                    else:
+                        self._loss.handle(e)   # raises unless consumer.on_data_loss = "skip"
+                        self.metrics.data_loss_skipped += 1
                     self._queue.popleft()
                     self._finish(head)
                     continue
@@ -230,7 +247,8 @@ class Consumer:
         while b.next_msg < len(b.messages):
             header, records = b.messages[b.next_msg]
             b.next_msg += 1
-            if self._dedup.is_duplicate(header.producer_id, header.epoch, header.sequence):
+            if self._dedup is not None and self._dedup.seen(header.producer_id, header.epoch, header.sequence):
+                self.metrics.duplicate_messages += 1
                 self.metrics.duplicates_dropped += len(records)
                 continue
             b.cur_header, b.cur = header, iter(records)
@@ -264,6 +282,20 @@ class Consumer:
             self._current = None
             self._finish(b)
 
+    def _expired(self, rec: NotificationRecord, e: DataLossError) -> bool:
+        """A missing object older than the topic's retention expired (raises if that is an
+        error by `consumer.auto_offset_reset`); any other loss is data loss."""
+        missing = isinstance(e.__cause__, ObjectNotFoundError)
+        if not is_expired(missing, rec.timestamp_ms, int(time.time() * 1000), self._retention_ms):
+            return False
+        log.info("%s; expired (older than the topic's retention of %s ms), skipped", e, self._retention_ms)
+        if self._cc.auto_offset_reset == "error":
+            raise OffsetOutOfRangeError(
+                f"topic {self.topic}: {e}: older than the topic's retention ({self._retention_ms} ms); "
+                f"consumer.auto_offset_reset = error", topic=self.topic, partition=rec.partition,
+                offset=rec.offset, oldest=rec.offset + 1) from e
+        return True
+
     def _finish(self, b: _Batch) -> None:
         """`b` is fully handed over (or skipped): its offset may be committed."""
         self._offsets.finished(b.rec.partition, b.rec.offset)
@@ -275,6 +307,7 @@ class Consumer:
 
     def _top_up(self, wait_s: float) -> None:
         """Start fetches within the byte budget; read more notifications if all are started."""
+        self._check_ranges()
         self._submit_queued()
         if self._inflight_bytes >= self._cc.prefetch_bytes or any(b.future is None for b in self._queue):
             return
@@ -287,6 +320,31 @@ class Consumer:
             self._offsets.fetched(r.partition, r.offset)
         self._queue.extend(_Batch(r) for r in records)
         self._submit_queued()
+
+    def _check_ranges(self) -> None:
+        """Kafka's OffsetOutOfRange for newly assigned partitions: a committed offset outside
+        the retained notifications follows `consumer.auto_offset_reset`. Checked here rather
+        than left to the Kafka client, since not every Kafka reports it (tansu reads nothing)."""
+        while self._unchecked:
+            p = self._unchecked.pop()
+            committed = self._notify.committed([p]).get(p)
+            low, high = self._notify.watermarks(p)
+            if not out_of_range(committed, low, high):
+                continue
+            assert committed is not None
+            where = (f"topic {self.topic} read partition {p}: committed position {committed} of group "
+                     f"{self.group_id} is outside the retained notifications {low}..{high - 1} "
+                     f"(oldest available offset {low}) of Kafka topic {self._kafka_topic}")
+            if self._cc.auto_offset_reset == "error":
+                self._unchecked.add(p)                  # raised again on the next poll
+                raise OffsetOutOfRangeError(f"{where}; consumer.auto_offset_reset = error: seek, or set it "
+                                            f"to earliest or latest", topic=self.topic, partition=p,
+                                            offset=committed, oldest=low)
+            target = low if self._cc.auto_offset_reset == "earliest" else high
+            log.warning("%s; reset to %s (%d) by consumer.auto_offset_reset", where, self._cc.auto_offset_reset, target)
+            self.metrics.offset_resets += 1
+            self.metrics.expired += max(0, low - committed)
+            self.seek(p, target)
 
     def _measure(self, b: _Batch) -> None:
         """Learn how much memory a batch takes once decoded (records are Python objects, the
@@ -401,6 +459,7 @@ class Consumer:
     def seek(self, partition: int, offset: int) -> None:
         """Continue `partition` at notification `offset`; drops what was fetched ahead for it."""
         self._check_open()
+        self._unchecked.discard(partition)          # the application chose where to read
         self._drop({partition})
         self._notify.seek(partition, offset)
         self._offsets.sought(partition, offset)
@@ -441,6 +500,7 @@ class Consumer:
 
     def _on_assign(self, partitions: list[int]) -> None:
         log.info("consumer %s/%s assigned %s", self.group_id, self.topic, partitions)
+        self._unchecked.update(partitions)
         if self._user_on_assign is not None:
             self._user_on_assign(partitions)
 
@@ -456,6 +516,7 @@ class Consumer:
                 log.warning("commit on revoke failed for %s: %s", sorted(offsets), e)
         self._drop(mine)
         self._offsets.forget(mine)
+        self._unchecked -= mine
         if self._user_on_revoke is not None:
             self._user_on_revoke(partitions)
 

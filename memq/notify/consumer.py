@@ -17,7 +17,7 @@ from confluent_kafka import (OFFSET_INVALID, TIMESTAMP_NOT_AVAILABLE, Consumer, 
                              KafkaException, Message, TopicPartition)
 
 from memq.config import KafkaConfig
-from memq.errors import FormatError, KafkaUnreachableError, NotifyError, UnknownTopicError
+from memq.errors import FormatError, KafkaUnreachableError, NotifyError, OffsetOutOfRangeError, UnknownTopicError
 from memq.format import Notification
 from memq.notify._kafka import base_settings, ensure_reachable, timeout_s
 
@@ -105,6 +105,16 @@ class NotificationConsumer:
             if err is not None:
                 if err.code() == KafkaError._PARTITION_EOF:
                     continue
+                if err.code() == KafkaError._AUTO_OFFSET_RESET:   # auto.offset.reset = error
+                    self._rewind(msgs[i + 1:])
+                    p, at = m.partition(), m.offset()
+                    p = -1 if p is None else p
+                    oldest = self.watermarks(p)[0]
+                    raise OffsetOutOfRangeError(
+                        f"Kafka topic {self.topic!r} partition {p}: no committed offset, or the position is "
+                        f"outside the retained notifications (oldest available offset {oldest}); "
+                        f"auto.offset.reset = error: {err.str()}",
+                        topic=self.topic, partition=p, offset=-1 if at is None else at, oldest=oldest)
                 if err.fatal() or err.code() in _PERMANENT:
                     self._rewind(msgs[i + 1:])
                     raise NotifyError(f"reading Kafka topic {self.topic!r}: {err.str()}")
