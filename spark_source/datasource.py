@@ -28,7 +28,7 @@ from pyspark.sql.types import StructType
 from spark_source.options import EARLIEST, LATEST, OffsetSpec, SourceOptions, parse_options
 from spark_source.plan import Bounds, MemqPartition, NotificationLog, list_objects, plan_tasks, split
 from spark_source.read import read_partition
-from spark_source.schema import SCHEMA
+from spark_source.schema import SCHEMA, projection
 from spark_source.write import MemqStreamWriter, MemqWriter, parse_sink_options
 
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
@@ -45,17 +45,22 @@ class MemqDataSource(DataSource):
         return SCHEMA
 
     def reader(self, schema: StructType) -> DataSourceReader:
-        opts = parse_options(self.options)
+        opts = _projected(parse_options(self.options), schema)
         return MemqPushdownReader(opts) if opts.push_filters else MemqBatchReader(opts)
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
-        return MemqStreamReader(parse_options(self.options))
+        return MemqStreamReader(_projected(parse_options(self.options), schema))
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
         return MemqWriter(parse_sink_options(self.options, schema, overwrite))
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
         return MemqStreamWriter(parse_sink_options(self.options, schema, overwrite))
+
+
+def _projected(opts: SourceOptions, schema: StructType) -> SourceOptions:
+    """`.schema("key binary, value binary, timestamp timestamp")` reads only those columns."""
+    return dataclasses.replace(opts, columns=tuple(projection(schema).names))
 
 
 class MemqBatchReader(DataSourceReader):

@@ -82,6 +82,7 @@ class SourceOptions:
     s3list_slack_ms: int = 60_000
     push_filters: bool = True
     drop_duplicates: bool = True
+    columns: tuple[str, ...] = ()           # the read schema's columns (a user-given schema); () = all
 
 
 def _int(options: Mapping[str, str], name: str, *, minimum: int) -> int | None:

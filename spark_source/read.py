@@ -13,7 +13,7 @@ from memq.client.reader import BatchPointer, BatchReader, DataLossPolicy, Decode
 from memq.errors import StorageError
 from spark_source.options import SourceOptions
 from spark_source.plan import BatchRef, Bounds, describe_storage
-from spark_source.schema import BatchContext, to_record_batch
+from spark_source.schema import ARROW_SCHEMA, BatchContext, to_record_batch
 
 log = logging.getLogger("memq.spark")
 
@@ -33,7 +33,8 @@ def _arrow(opts: SourceOptions, ref: BatchRef, bounds: Bounds, seen: SequenceTra
         return None
     keep = None if seen is None else [not seen.seen(h.producer_id, h.epoch, h.sequence) for h, _ in messages]
     ctx = BatchContext(opts.topic, ref.partition, ref.offset, ref.location.bucket, ref.location.key)
-    return to_record_batch(ctx, messages, bounds.start_ms, bounds.end_ms, keep)
+    schema = pa.schema([ARROW_SCHEMA.field(c) for c in opts.columns]) if opts.columns else ARROW_SCHEMA
+    return to_record_batch(ctx, messages, bounds.start_ms, bounds.end_ms, keep, schema)
 
 
 def data_loss_policy(opts: SourceOptions) -> DataLossPolicy:

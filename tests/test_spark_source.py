@@ -242,6 +242,24 @@ def test_deleted_batch_fails_or_is_skipped_and_reported(spark: SparkSession, con
     assert logs and logs[0].level == "WARNING"
 
 
+def test_a_user_schema_reads_only_its_columns(spark: SparkSession, config: MemqConfig,
+                                              big: tuple[str, list[Stored]]) -> None:
+    topic, _stored = big
+    df = read_schema(spark, config, topic, "value binary, key binary, timestamp timestamp")
+    assert df.columns == ["value", "key", "timestamp"]
+    [row] = df.filter(F.col("key") == b"k%08d" % 4242).select("value", F.unix_millis("timestamp").alias("ts")).collect()
+    assert (row.value, row.ts) == (make_record(4242).value, make_record(4242).timestamp_ms)
+    assert df.count() == N
+    with pytest.raises(Exception, match="schema column 'nope' is not one of key, value"):
+        read_schema(spark, config, topic, "nope int").count()
+    with pytest.raises(Exception, match="schema column 'offset' is int, the source gives bigint"):
+        read_schema(spark, config, topic, "offset int").count()
+
+
+def read_schema(spark: SparkSession, config: MemqConfig, topic: str, schema: str) -> DataFrame:
+    return spark.read.format("memq").schema(schema).options(**connection(config)).option("topic", topic).load()
+
+
 def test_clear_errors(spark: SparkSession, config: MemqConfig, big: tuple[str, list[Stored]]) -> None:
     topic, _ = big
     with pytest.raises(Exception, match="no-such-topic"):
