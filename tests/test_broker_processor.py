@@ -76,14 +76,14 @@ def message(seq: int, n: int = 3, size: int = 100) -> bytes:
 
 
 class Harness:
-    def __init__(self, tmp_path: Path, **topic: Any) -> None:
+    def __init__(self, tmp_path: Path, busy_wait_s: float = 0.2, **topic: Any) -> None:
         self.storage = GatedStorage(tmp_path)
         self.publisher = MemoryPublisher()
         self.acks: list[Ack] = []
         self.metrics = BrokerMetrics("b1")
         cfg = TopicConfig(name="t1", **{"batch_ms": 10_000, "batch_bytes": 1 << 20, "max_message_bytes": 1 << 20, **topic})
         self.proc = TopicProcessor(cfg, cluster="test", broker_id="b1", storage=self.storage,  # type: ignore[arg-type]
-                                   publisher=self.publisher, metrics=self.metrics, busy_wait_s=0.2)
+                                   publisher=self.publisher, metrics=self.metrics, busy_wait_s=busy_wait_s)
 
     async def append(self, seq: int, ack: AckLevel = AckLevel.ALL, *, seal: bool = False, **kw: Any) -> Ack | None:
         data = message(seq, **kw)
@@ -208,7 +208,8 @@ async def test_close_flushes_then_answers_closing(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("slots", [2, 4])
 async def test_many_concurrent_appenders_each_message_once(tmp_path: Path, slots: int) -> None:
-    h = Harness(tmp_path, ring_slots=slots, batch_bytes=2000, max_message_bytes=2000, batch_ms=20)
+    # waiting for a slot is the point here, not BUSY: a loaded machine may take >0.2 s per upload
+    h = Harness(tmp_path, busy_wait_s=10.0, ring_slots=slots, batch_bytes=2000, max_message_bytes=2000, batch_ms=20)
 
     async def appender(base: int) -> None:
         for i in range(50):

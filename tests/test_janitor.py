@@ -72,8 +72,9 @@ async def test_expired_and_orphaned_objects_go_announced_young_ones_stay(
         assert report.failed == 0
         assert registry.get_sample_value("memq_janitor_deleted_objects_total",
                                          {"topic": topic.name, "reason": "orphan"}) == 2
-        assert registry.get_sample_value("memq_storage_attempts_total",
-                                         {"backend": "s3", "op": "delete_many"}) == 2   # one request per reason
+        deletes = [smp.value for m in registry.collect() for smp in m.samples
+                   if smp.name == "memq_storage_attempts_total" and smp.labels.get("op") == "delete_many"]
+        assert sum(deletes) == 2                                                   # one request per reason
         # pointers expire first: Kafka is told the topic's retention, and no retained
         # notification inside retention names a deleted object
         assert admin.retention_ms(kafka_topic) == topic.retention_ms
