@@ -93,3 +93,10 @@ def test_many_producers_are_bounded_least_recently_used_first() -> None:
         t.seen(pid, 0, 3)
     t.seen(5000, 0, 0)
     assert t.ranges(900, 0) == [] and t.ranges(999, 0) == [(0, 4)]
+
+
+def test_clear_forgets_every_producer() -> None:
+    t = SequenceTracker(max_producers=10, max_ranges=8)
+    t.seen(1, 0, 0)
+    t.clear()
+    assert len(t) == 0 and not t.seen(1, 0, 0)

@@ -176,6 +176,8 @@ def test_consumer_drops_retried_duplicates_by_default_and_not_when_off() -> None
     with c:
         assert values(c, 2) == [b"a", b"b", b"c"]
         assert (c.metrics.duplicate_messages, c.metrics.duplicates_dropped) == (1, 1)
+        c.seek(0, 0)                                      # read again on purpose: delivered again
+        assert values(c, 2) == [b"a", b"b", b"c"]
     off, _ = consumer(rs, objects, dedup=False)
     with off:
         assert values(off, 2) == [b"a", b"b", b"b", b"c"]

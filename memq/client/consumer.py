@@ -325,18 +325,21 @@ class Consumer:
         """Kafka's OffsetOutOfRange for newly assigned partitions: a committed offset outside
         the retained notifications follows `consumer.auto_offset_reset`. Checked here rather
         than left to the Kafka client, since not every Kafka reports it (tansu reads nothing)."""
-        while self._unchecked:
-            p = self._unchecked.pop()
-            committed = self._notify.committed([p]).get(p)
+        if not self._unchecked:
+            return
+        positions = self._notify.committed(sorted(self._unchecked))   # one request for all of them
+        self._unchecked.clear()
+        for p, committed in positions.items():
+            if committed is None:           # nothing committed: Kafka's reset policy applies anyway
+                continue
             low, high = self._notify.watermarks(p)
             if not out_of_range(committed, low, high):
                 continue
-            assert committed is not None
             where = (f"topic {self.topic} read partition {p}: committed position {committed} of group "
                      f"{self.group_id} is outside the retained notifications {low}..{high - 1} "
                      f"(oldest available offset {low}) of Kafka topic {self._kafka_topic}")
             if self._cc.auto_offset_reset == "error":
-                self._unchecked.add(p)                  # raised again on the next poll
+                self._unchecked.update(q for q in positions if q >= p)   # raised again on the next poll
                 raise OffsetOutOfRangeError(f"{where}; consumer.auto_offset_reset = error: seek, or set it "
                                             f"to earliest or latest", topic=self.topic, partition=p,
                                             offset=committed, oldest=low)
@@ -457,9 +460,12 @@ class Consumer:
         return sorted(self._notify.assignment())
 
     def seek(self, partition: int, offset: int) -> None:
-        """Continue `partition` at notification `offset`; drops what was fetched ahead for it."""
+        """Continue `partition` at notification `offset`; drops what was fetched ahead for it.
+        De-duplication starts afresh: records read again after a seek are wanted again."""
         self._check_open()
         self._unchecked.discard(partition)          # the application chose where to read
+        if self._dedup is not None:
+            self._dedup.clear()
         self._drop({partition})
         self._notify.seek(partition, offset)
         self._offsets.sought(partition, offset)

@@ -95,6 +95,10 @@ class SequenceTracker:
         """Producer instances remembered."""
         return len(self._producers)
 
+    def clear(self) -> None:
+        """Forget everything (the reader was moved: what it reads again is wanted again)."""
+        self._producers.clear()
+
     def ranges(self, producer_id: int, epoch: int) -> list[tuple[int, int]]:
         """The seen ranges [start, end) of one producer instance, lowest first."""
         starts, ends = self._producers.get((producer_id, epoch), ((), ()))
