@@ -16,7 +16,7 @@ MD = ClusterMetadata(
     cluster="prod", broker_id="b1", kafka_bootstrap_servers="k1:9092,k2:9092",
     storage=StorageMetadata(kind="s3", bucket="batches", endpoint_url="http://s3:9000", region="eu-west-1"),
     brokers=(BrokerMetadata("b1", "http://b1:8080", "ra"), BrokerMetadata("b2", "http://b2:8080", "rb")),
-    topics={"events": TopicMetadata("events", "custom.events", 6, ("http://b1:8080",))})
+    topics={"events": TopicMetadata("events", "custom.events", 6, ("http://b1:8080",), 86_400_000)})
 
 
 def test_round_trip_through_json() -> None:
@@ -28,7 +28,7 @@ def test_round_trip_through_json() -> None:
 def test_unknown_fields_are_ignored_and_missing_v_is_version_1() -> None:
     doc = MD.to_dict()
     doc["quotas"] = {"events": 5}
-    doc["topics"]["events"]["retention_ms"] = 1000
+    doc["topics"]["events"]["compaction"] = "none"
     doc["brokers"][0]["zone"] = "z"
     doc["storage"]["tier"] = "standard"
     del doc["v"]
@@ -91,7 +91,7 @@ def test_a_topic_the_brokers_do_not_know_falls_back_to_the_config_file() -> None
 def test_without_brokers_the_config_file_decides() -> None:
     config = MemqConfig(topics=(TopicConfig("events", read_partitions=2),))
     r = resolve_topic(config, "events")
-    assert r.config is config and r.topic == TopicMetadata("events", "memq.dev.events", 2)
+    assert r.config is config and r.topic == TopicMetadata("events", "memq.dev.events", 2, retention_ms=7 * 86_400_000)
 
 
 def test_unreachable_brokers_fail_only_when_named_explicitly() -> None:

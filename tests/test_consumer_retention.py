@@ -14,7 +14,7 @@ from test_reader_unit import FakeNotifications, MemorySource, batch, recs, value
 from memq.client.consumer import Consumer
 from memq.client.positions import is_expired, out_of_range
 from memq.client.reader import BatchReader
-from memq.config import ConsumerConfig, MemqConfig, build
+from memq.config import ConsumerConfig, MemqConfig, TopicConfig, build
 from memq.errors import ConfigError, DataLossError, OffsetOutOfRangeError
 from memq.notify import NotificationRecord
 
@@ -97,10 +97,9 @@ def retained_topic(objects: dict[str, bytes], published_ms: int) -> tuple[Consum
     rs = [dataclasses.replace(batch(f"k{i}", [(1, i, recs(str(i)))], i, objects), timestamp_ms=published_ms)
           for i in range(3)]
     del objects["k1"]                                     # deleted by the retention janitor
-    config = MemqConfig()
+    config = MemqConfig(topics=(TopicConfig("t", retention_ms=60_000),))   # the resolver reads the retention here
     notes = FakeNotifications(rs)
     c = Consumer(config, "t", notifications=notes, reader=BatchReader(config, 2, source=lambda: MemorySource(objects)))
-    c._retention_ms = 60_000          # the topic's retention (metadata), as the resolver would give it
     return c, notes
 
 

@@ -24,6 +24,7 @@ from waiting import wait_for
 pytestmark = pytest.mark.integration
 
 SESSION_S = 4.0                 # ZooKeeper's minimum with its default 2 s tick
+GRACE_S = 10.0
 
 
 @pytest.fixture
@@ -38,8 +39,10 @@ def info(bid: str) -> BrokerInfo:
 
 
 def test_a_new_governor_waits_for_brokers_to_reregister_after_a_zookeeper_pause(own_zk: DevCluster) -> None:
+    # the grace runs from the new session's start; the steps before `back` re-registers take a
+    # few seconds on a loaded machine, so it is longer than the session here (default: equal)
     zk = ZooKeeperConfig(enabled=True, hosts=own_zk.zk_hosts or "", root="/grace", session_timeout_s=SESSION_S,
-                         connect_timeout_s=5.0)
+                         connect_timeout_s=5.0, missing_broker_grace_s=GRACE_S)
     regs = {f"b{i}": Registry(zk, "c1") for i in range(3)}
     admin = Registry(zk, "c1")
     govs: list[Governor] = []
@@ -85,7 +88,7 @@ def test_a_new_governor_waits_for_brokers_to_reregister_after_a_zookeeper_pause(
         regs[back].register_broker(info(back))          # still within the grace: nothing moved meanwhile
         # once the grace is over, the topics of the broker that stayed gone are repaired
         wait_for(lambda: all(gone not in bs and len(bs) == 2 for bs in admin.assignments().values()),
-                 SESSION_S + 10, f"repair of {gone}'s topics after the grace")
+                 GRACE_S + 10, f"repair of {gone}'s topics after the grace")
         stop.set()
         watcher.join()
         for seen in moves:                              # the healthy brokers never lost a topic

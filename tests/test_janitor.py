@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
@@ -129,6 +130,16 @@ async def test_a_byte_budget_expires_the_oldest_objects_after_their_pointers(
         await storage.close()
 
 
+def _metric(url: str, name: str, **labels: str) -> float:
+    """The sum of `name`'s samples with `labels` on a broker's /metrics."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(url + "/metrics", timeout=10) as resp:
+        text = resp.read().decode()
+    return sum(smp.value for fam in text_string_to_metric_families(text) for smp in fam.samples
+               if smp.name == name and labels.items() <= smp.labels.items())
+
+
 def _janitor_lines(gc: GovernedCluster, broker_id: str) -> int:
     log = Path(gc.run_dir) / "brokers" / f"broker-{broker_id}.log"
     return sum("janitor: topic" in line and "expired" in line for line in log.read_text().splitlines())
@@ -161,6 +172,10 @@ def test_janitor_runs_on_the_governor_only_and_its_successor_carries_on(tmp_path
         assert asyncio.run(objects()) > 0
         wait_for(lambda: asyncio.run(objects()) == 0, 30, "objects past retention deleted by the governor", interval_s=0.5)
         assert _janitor_lines(gc, first) > 0 and _janitor_lines(gc, other) == 0
+        served = _metric(gc.broker(first).url, "memq_janitor_deleted_objects_total", topic="expiring",
+                         reason="expired")
+        assert served > 0                                   # the janitor's metrics are on the broker's /metrics
+        assert _metric(gc.broker(first).url, "memq_storage_attempts_total", op="delete_many", topic="expiring") > 0
 
         gc.stop_broker(first)
         assert gc.governor(exclude=first) == other

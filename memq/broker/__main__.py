@@ -20,7 +20,7 @@ async def serve(config: MemqConfig) -> None:
     """Run a broker until SIGTERM or SIGINT, then stop gracefully (flush, store, ack)."""
     broker = Broker(config)
     await broker.start()
-    agent = await start_agent(broker, config)   # None unless zookeeper.enabled
+    agent = await start_agent(broker, config, broker.metrics.registry, broker.storage_metrics)   # None unless zookeeper.enabled
     if agent is not None:
         broker.cluster_view = agent.metadata
     stop = asyncio.Event()

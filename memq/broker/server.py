@@ -37,6 +37,7 @@ class Broker:
         self.config = config
         self.broker_id = config.broker.broker_id
         self.metrics = BrokerMetrics(self.broker_id)
+        self.storage_metrics = StorageMetrics(self.metrics.registry)   # shared with the janitor, if any
         self._storage = storage
         self._publisher = publisher
         self._admin = admin
@@ -59,7 +60,7 @@ class Broker:
         """Listen on the configured host/port (0 = any free port), host the configured topics."""
         bc = self.config.broker
         if self._storage is None:
-            self._storage = make_storage(self.config, metrics=StorageMetrics(self.metrics.registry))
+            self._storage = make_storage(self.config, metrics=self.storage_metrics)
         if self._publisher is None:
             self._publisher = NotificationPublisher(self.config.kafka, client_id=f"memq-broker-{self.broker_id}")
         if self._admin is None:
@@ -180,7 +181,8 @@ class Broker:
                                     region=c.s3.region, root_dir=c.storage.root_dir),
             brokers=(BrokerMetadata(self.broker_id, self.url, c.broker.rack, c.broker.max_frame_bytes,
                                     self.kafka_address),),
-            topics={name: TopicMetadata(name, p.notification_topic, p.config.read_partitions, (self.url,))
+            topics={name: TopicMetadata(name, p.notification_topic, p.config.read_partitions, (self.url,),
+                                          p.config.retention_ms)
                     for name, p in self._processors.items()})
         return own.overlaid(self.cluster_view() if self.cluster_view is not None else None)
 

@@ -164,8 +164,7 @@ class Consumer:
         resolved = resolve_topic(config, topic)   # no I/O unless producer.brokers names brokers
         config = resolved.config
         self._kafka_topic = resolved.topic.notification_topic
-        # None until topics carry a retention setting: then no missing object counts as expired
-        self._retention_ms: int | None = getattr(resolved.topic, "retention_ms", None)
+        self._retention_ms = resolved.topic.retention_ms   # None: no missing object counts as expired
         self._queue: deque[_Batch] = deque()        # polled, in order; some being fetched
         self._current: _Batch | None = None         # the batch being handed over
         self._inflight_bytes = 0                    # estimated memory of submitted, unfinished batches

@@ -37,6 +37,7 @@ class TopicMetadata:
     notification_topic: str
     read_partitions: int
     brokers: tuple[str, ...] = ()
+    retention_ms: int | None = None      # readers count objects older than this as expired, not lost
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,7 +86,7 @@ class ClusterMetadata:
                          "kafka_address": b.kafka_address}
                         for b in self.brokers],
             "topics": {name: {"brokers": list(t.brokers), "notification_topic": t.notification_topic,
-                              "read_partitions": t.read_partitions}
+                              "read_partitions": t.read_partitions, "retention_ms": t.retention_ms}
                        for name, t in self.topics.items()},
             "kafka": {"bootstrap_servers": self.kafka_bootstrap_servers},
             "storage": {f.name: getattr(self.storage, f.name) for f in dataclasses.fields(StorageMetadata)},
@@ -138,8 +139,11 @@ def _topic(name: str, doc: object) -> TopicMetadata:
     urls = _list(t.get("brokers", []), f"{where} brokers")
     if not all(isinstance(u, str) for u in urls):
         raise CorruptDataError(f"{where}: brokers must be URL strings, not {urls!r}")
+    retention = t.get("retention_ms")
+    if retention is not None and (type(retention) is not int or retention < 1):
+        raise CorruptDataError(f"{where}: retention_ms is {retention!r}, want a positive int or null")
     return TopicMetadata(name=name, notification_topic=_str(t, "notification_topic", where),
-                         read_partitions=partitions, brokers=tuple(u.rstrip("/") for u in urls))
+                         read_partitions=partitions, brokers=tuple(u.rstrip("/") for u in urls), retention_ms=retention)
 
 
 def _obj(doc: object, where: str) -> Mapping[str, Any]:

@@ -17,10 +17,12 @@ import time
 from typing import Protocol
 
 from kazoo.protocol.states import KazooState
+from prometheus_client import CollectorRegistry
 
 from memq.config import MemqConfig, TopicConfig
 from memq.errors import CoordinationError, MemqError
 from memq.format.metadata import BrokerMetadata, ClusterView, TopicMetadata
+from memq.storage import StorageMetrics
 
 from .assignment import BrokerInfo, CapacityAssignment
 from .governor import Governor, GovernorMetrics
@@ -48,7 +50,7 @@ class BrokerAgent:
     """One broker's membership: keeps it registered, in the election, and hosting its assignment."""
 
     def __init__(self, broker: HostingBroker, config: MemqConfig,
-                 metrics: GovernorMetrics | None = None) -> None:
+                 metrics: GovernorMetrics | None = None, storage_metrics: StorageMetrics | None = None) -> None:
         self.broker = broker
         self.config = config
         gc = config.governor
@@ -59,7 +61,7 @@ class BrokerAgent:
                                         max_rebalance_moves=gc.max_rebalance_moves,
                                         imbalance_threshold=gc.imbalance_threshold),
             interval_s=gc.interval_s, rebalance_interval_s=gc.rebalance_interval_s, metrics=metrics)
-        self.janitor = Janitor(config, self.governor.metrics.registry)
+        self.janitor = Janitor(config, self.governor.metrics.registry, storage_metrics=storage_metrics)
         self._janitor_stop = asyncio.Event()
         self._janitor_task: asyncio.Task[None] | None = None
         self.view: ClusterState | None = None
@@ -161,9 +163,10 @@ class BrokerAgent:
             return None
         cluster = self.config.cluster.name
         return ClusterView(
-            brokers=tuple(BrokerMetadata(b.id, b.url, b.rack, b.max_frame_bytes, b.kafka_address) for b in view.brokers.values()),
+            brokers=tuple(BrokerMetadata(b.id, b.url, b.rack, b.max_frame_bytes, b.kafka_address)
+                          for b in view.brokers.values()),
             topics={name: TopicMetadata(name, cfg.notification_topic_for(cluster), cfg.read_partitions,
-                                        tuple(view.topic_urls(name)))
+                                        tuple(view.topic_urls(name)), cfg.retention_ms)
                     for name, cfg in view.topics.items()})
 
     # --- internals -------------------------------------------------------------------------
@@ -244,11 +247,14 @@ class BrokerAgent:
         self._changed.set()
 
 
-async def start_agent(broker: HostingBroker, config: MemqConfig) -> BrokerAgent | None:
-    """The broker's hook: with `zookeeper.enabled`, start an agent; SIGUSR1 drains."""
+async def start_agent(broker: HostingBroker, config: MemqConfig, registry: CollectorRegistry | None = None,
+                      storage_metrics: StorageMetrics | None = None) -> BrokerAgent | None:
+    """The broker's hook: with `zookeeper.enabled`, start an agent; SIGUSR1 drains. Given the
+    broker's registry and storage metrics, the governor's and janitor's metrics are served on
+    the broker's /metrics (the janitor's LIST/DELETE requests in the same storage counters)."""
     if not config.zookeeper.enabled:
         return None
-    agent = BrokerAgent(broker, config)
+    agent = BrokerAgent(broker, config, GovernorMetrics(registry) if registry is not None else None, storage_metrics)
     await agent.start()
     with contextlib.suppress(ValueError, NotImplementedError):  # not the main thread / platform
         asyncio.get_running_loop().add_signal_handler(signal.SIGUSR1, agent.request_drain)

@@ -59,8 +59,8 @@ class JanitorMetrics:
     """The janitor's counters. Its LIST and DeleteObjects requests are `memq_storage_attempts
     {op="list"|"delete_many"}` of its own storage handler, on the same registry."""
 
-    def __init__(self, registry: CollectorRegistry) -> None:
-        self.storage = StorageMetrics(registry)
+    def __init__(self, registry: CollectorRegistry, storage: StorageMetrics | None = None) -> None:
+        self.storage = storage or StorageMetrics(registry)
         self.objects = Counter("memq_janitor_deleted_objects", "Objects deleted, by reason (expired, orphan)",
                                ["topic", "reason"], registry=registry)
         self.bytes = Counter("memq_janitor_deleted_bytes", "Object bytes deleted, by reason (expired, orphan)",
@@ -170,7 +170,7 @@ class Janitor:
 
     def __init__(self, config: MemqConfig, registry: CollectorRegistry, *,
                  storage: StorageHandler | None = None, notifications: NotificationLog | None = None,
-                 audit: AuditEmitter | None = None,
+                 audit: AuditEmitter | None = None, storage_metrics: StorageMetrics | None = None,
                  clock_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000) -> None:
         gc = config.governor
         self.config = config
@@ -178,7 +178,7 @@ class Janitor:
         self.timeout_s = gc.janitor_timeout_s
         self.grace_ms = round(gc.retention_grace_s * 1000)
         self.orphan_grace_ms = round(gc.orphan_grace_s * 1000)
-        self.metrics = JanitorMetrics(registry)
+        self.metrics = JanitorMetrics(registry, storage_metrics)
         self.storage = storage or make_storage(config, metrics=self.metrics.storage)
         self._notifications = notifications
         self.audit = audit
