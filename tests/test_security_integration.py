@@ -14,12 +14,15 @@ from typing import Any
 import aiohttp
 import pytest
 import trustme
+from click.testing import CliRunner, Result
 
+from memq.cli import main
 from memq.client._auth import BrokerAuth
 from memq.client.cluster import fetch_metadata
 from memq.client.producer import Producer
-from memq.config import MemqConfig, ProducerConfig, SecurityConfig
+from memq.config import AuditConfig, MemqConfig, ProducerConfig, SecurityConfig, load_config
 from memq.devcluster import DevCluster
+from memq.devcluster.broker_process import config_toml
 from memq.errors import AuthenticationError, AuthorizationError, BrokerUnavailableError, ProduceError
 from memq.security.tokens import new_token
 from tests.test_broker_integration import read_stored, running_broker, topic_config
@@ -175,3 +178,47 @@ async def test_unauthenticated_garbage_is_closed_unbuffered(devcluster: DevClust
         assert answer.startswith(b"HTTP/1.1 401")
         assert broker.metrics.connections._value.get() == 0
     assert await stored_values(config, topic) == []
+
+
+async def test_cli_token_and_acl_commands_secure_a_broker(devcluster: DevCluster, unique_name: Callable[[str], str],
+                                                          tmp_path: Path) -> None:
+    """`memq token create --write` and `memq acl add` edit the config file a broker then starts
+    with; `memq produce` takes the token from MEMQ_PRODUCER_TOKEN; `memq token revoke` ends it."""
+    topic, other = unique_name("cli"), unique_name("cli-other")
+    base = dataclasses.replace(devcluster.config(topics=[topic_config(topic), topic_config(other)]),
+                               audit=AuditConfig(enabled=False), security=SecurityConfig(enabled=True))
+    path = tmp_path / "memq.toml"
+    path.write_text(config_toml(base))
+    runner = CliRunner()
+
+    def memq(*args: str, **kw: Any) -> Result:
+        return runner.invoke(main, ["--config", str(path), *args], catch_exceptions=False, **kw)
+
+    created = memq("token", "create", "carol", "--write")
+    assert created.exit_code == 0, created.output
+    token = created.output.splitlines()[1]
+    assert token not in path.read_text()                    # only its hash is stored
+    for rule in (f"allow carol produce literal:{topic}", "allow carol describe prefix:"):
+        assert memq("acl", "add", *rule.split()).exit_code == 0
+    assert memq("acl", "add", "allow", "carol", "write", "literal:x").exit_code == 2   # names the bad rule
+    assert memq("acl", "list").output.splitlines() == [f"allow carol produce literal:{topic}",
+                                                       "allow carol describe prefix:"]
+
+    async def produce(config: MemqConfig, url: str, name: str, env: dict[str, str]) -> Result:
+        return await asyncio.to_thread(memq, "produce", name, "--brokers", url, "--generate", "2", "--size", "5",
+                                       env={"MEMQ_PRODUCER_TOKEN": "", "MEMQ_PRODUCER_RETRIES": "1", **env})
+
+    config = load_config(path, env={})
+    async with running_broker(config) as broker:
+        ok = await produce(config, broker.url, topic, {"MEMQ_PRODUCER_TOKEN": token})
+        assert ok.exit_code == 0, ok.output
+        denied = await produce(config, broker.url, other, {"MEMQ_PRODUCER_TOKEN": token})
+        assert denied.exit_code == 1 and f"principal carol may not produce to topic {other}" in denied.output
+        anonymous = await produce(config, broker.url, topic, {})
+        assert anonymous.exit_code == 1 and "requires a token and none is set" in anonymous.output
+    assert memq("token", "revoke", "carol").exit_code == 0
+    async with running_broker(load_config(path, env={})) as broker:
+        revoked = await produce(config, broker.url, topic, {"MEMQ_PRODUCER_TOKEN": token})
+        assert revoked.exit_code == 1 and "rejected the token" in revoked.output
+    assert len(await stored_values(config, topic)) == 2      # the one authorized run, nothing else
+    assert await stored_values(config, other) == []

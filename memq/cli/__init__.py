@@ -12,6 +12,7 @@ from memq.cli.consume import consume
 from memq.cli.dev import dev
 from memq.cli.governor import governor
 from memq.cli.produce import produce
+from memq.cli.security import acl, token
 from memq.cli.status import status
 from memq.cli.table import table
 from memq.cli.topic import topic
@@ -36,3 +37,5 @@ main.add_command(status)
 main.add_command(governor)
 main.add_command(audit)
 main.add_command(table)
+main.add_command(token)
+main.add_command(acl)
