@@ -2,7 +2,7 @@
 
 Authentication runs as aiohttp middleware on the request line and headers, before any
 handler reads a byte of body or upgrades to the produce WebSocket: a request without valid
-credentials gets 401 and its connection nothing else. The principal is the token's (an
+credentials gets 401 and its connection is closed. The principal is the token's (an
 `Authorization: Bearer` header), else the subject CN of a client certificate that
 `security.tls_client_ca_file` verified. Health and Prometheus endpoints stay open, for
 process managers and scrapers.
@@ -36,24 +36,23 @@ class Guard:
         self._rules = parse_rules(config.acls)
         self._denials = denials
 
-    def authenticate(self, request: web.Request) -> str:
-        """The request's principal; HTTPUnauthorized (401) naming what is wrong otherwise."""
+    def authenticate(self, request: web.Request) -> str | web.Response:
+        """The request's principal, or the 401 response naming what is wrong."""
         header = request.headers.get("Authorization", "")
         if header:
             principal = principal_of(header[len(_BEARER):].strip(), self._tokens) \
                 if header.lower().startswith(_BEARER) else None
-            if principal is None:
-                raise self._unauthorized("the token is unknown or revoked")
-            return principal
+            return principal or self._unauthorized("the token is unknown or revoked")
         transport = request.transport
         cn = subject_cn(transport.get_extra_info("peercert")) if transport is not None else None
-        if cn:
-            return cn
-        raise self._unauthorized("no credentials: send 'Authorization: Bearer <token>' or a client certificate")
+        return cn or self._unauthorized("no credentials: send 'Authorization: Bearer <token>' or a client certificate")
 
-    def _unauthorized(self, why: str) -> web.HTTPUnauthorized:
+    def _unauthorized(self, why: str) -> web.Response:
+        """401, and the connection closed after it: nothing more from this client is read."""
         self._denials.labels("authenticate").inc()
-        return web.HTTPUnauthorized(text=why, headers={"WWW-Authenticate": "Bearer"})
+        response = web.Response(status=401, text=why, headers={"WWW-Authenticate": "Bearer"})
+        response.force_close()
+        return response
 
     def may(self, principal: str | None, operation: Operation, topic: str) -> bool:
         """Whether the ACLs let `principal` do `operation` on `topic`."""
@@ -69,5 +68,8 @@ class Guard:
     @web.middleware
     async def middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         if self.enabled and request.path not in OPEN_PATHS:
-            request[PRINCIPAL_KEY] = self.authenticate(request)
+            principal = self.authenticate(request)
+            if isinstance(principal, web.Response):
+                return principal
+            request[PRINCIPAL_KEY] = principal
         return await handler(request)
