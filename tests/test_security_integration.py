@@ -18,7 +18,7 @@ from click.testing import CliRunner, Result
 
 from memq.cli import main
 from memq.client._auth import BrokerAuth
-from memq.client.cluster import fetch_metadata
+from memq.client.cluster import fetch_metadata, resolve_topic
 from memq.client.producer import Producer
 from memq.config import AuditConfig, MemqConfig, ProducerConfig, SecurityConfig, load_config
 from memq.devcluster import DevCluster
@@ -99,6 +99,11 @@ async def test_tokens_and_acls_on_produce_and_metadata(devcluster: DevCluster,
         seen_by_alice = await asyncio.to_thread(fetch_metadata, url, 5, BrokerAuth(ALICE))
         assert set(seen_by_bob.topics) == {orders}
         assert set(seen_by_alice.topics) == {orders, secret, other}
+        # the Consumer's and Spark's resolver: credentials from the config, no silent fallback without them
+        as_bob = dataclasses.replace(config, producer=client(url, token=BOB))
+        assert (await asyncio.to_thread(resolve_topic, as_bob, orders)).source == "metadata"
+        with pytest.raises(AuthenticationError, match="requires a token"):
+            await asyncio.to_thread(resolve_topic, dataclasses.replace(config, producer=client(url)), orders)
         # TLS client to this plaintext broker
         with pytest.raises(AuthenticationError, match="does not speak TLS"):
             await asyncio.to_thread(fetch_metadata, url.replace("http://", "https://"), 5, BrokerAuth(ALICE))
