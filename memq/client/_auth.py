@@ -40,7 +40,7 @@ class BrokerAuth:
 
     def failure(self, url: str, e: BaseException) -> AuthenticationError | BrokerUnavailableError:
         """The error a failed call to broker `url` amounts to, in words a user can act on."""
-        auth = self.rejected(url, e)
+        auth = self._rejected(url, e)
         if auth is not None:
             return auth
         cause = e.reason if isinstance(e, urllib.error.URLError) and isinstance(e.reason, BaseException) else e
@@ -49,7 +49,7 @@ class BrokerAuth:
             return BrokerUnavailableError(f"broker {url} {PLAINTEXT_HINT}")
         return BrokerUnavailableError(f"cannot connect to broker {url}: {reason(e)}")
 
-    def rejected(self, url: str, e: BaseException) -> AuthenticationError | None:
+    def _rejected(self, url: str, e: BaseException) -> AuthenticationError | None:
         """The AuthenticationError a failed call to broker `url` amounts to, None if another failure."""
         if isinstance(e, urllib.error.URLError) and isinstance(e.reason, BaseException):
             e = e.reason
