@@ -19,6 +19,8 @@ from pathlib import Path
 from typing import Any, Literal, Mapping
 
 from memq.errors import ConfigError
+from memq.security.acl import parse_rules
+from memq.security.tokens import parse_entries
 
 MiB = 1024 * 1024
 INTERNAL_PREFIX = "__"      # topic names reserved for memq's own topics (the audit topic)
@@ -49,6 +51,14 @@ def check_ranges(obj: Any, where: str) -> None:
             continue
         if ((ge is not None and v < ge) or (gt is not None and v <= gt) or (le is not None and v > le)):
             raise ConfigError(f"{where}.{f.name} = {v!r} is out of range: must be {allowed_range(f)}")
+
+
+def check_files(obj: Any, where: str, names: tuple[str, ...]) -> None:
+    """ConfigError naming the first of the path settings `names` of `obj` that is set but is no file."""
+    for name in names:
+        path = getattr(obj, name)
+        if path and not Path(path).is_file():
+            raise ConfigError(f"{where}.{name} = {path!r}: no such file")
 
 
 @dataclass(frozen=True)
@@ -237,6 +247,16 @@ class ProducerConfig:
     retries: int = setting(5, ge=0)
     retry_backoff_ms: int = setting(100, ge=0)
     delivery_timeout_ms: int = setting(120_000, ge=1)  # from seal to acked or failed, retries included (Kafka's default)
+    # Credentials for every client that talks to brokers (Producer, Consumer and Spark metadata,
+    # CLI): a bearer token (`memq token create`), the CA that signed brokers' certificates
+    # (https:// broker URLs), and optionally a client certificate whose CN is the principal.
+    token: str = field(default="", repr=False)
+    tls_ca_file: str = ""
+    tls_cert_file: str = ""
+    tls_key_file: str = ""
+
+    def __post_init__(self) -> None:
+        check_files(self, "producer", ("tls_ca_file", "tls_cert_file", "tls_key_file"))
 
 
 @dataclass(frozen=True)
@@ -321,6 +341,33 @@ class CostConfig:
 
 
 @dataclass(frozen=True)
+class SecurityConfig:
+    """The broker's side of security; off by default (behaviour as without it).
+
+    TLS is on when `tls_cert_file` is set; with `tls_client_ca_file` a client certificate it
+    signed is accepted as the principal named by its subject CN. `enabled`: every request
+    needs a principal (a token listed in `tokens` as `PRINCIPAL:SHA256HEX`, or a client
+    certificate) and, per topic, an allow rule in `acls` (see memq.security.acl).
+    """
+
+    enabled: bool = False
+    tls_cert_file: str = ""
+    tls_key_file: str = ""
+    tls_client_ca_file: str = ""
+    tokens: tuple[str, ...] = ()
+    acls: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        check_files(self, "security", ("tls_cert_file", "tls_key_file", "tls_client_ca_file"))
+        if bool(self.tls_cert_file) != bool(self.tls_key_file):
+            raise ConfigError("security.tls_cert_file and security.tls_key_file must be set together")
+        if self.tls_client_ca_file and not self.tls_cert_file:
+            raise ConfigError("security.tls_client_ca_file needs TLS: set security.tls_cert_file and tls_key_file")
+        parse_entries(self.tokens)
+        parse_rules(self.acls)
+
+
+@dataclass(frozen=True)
 class MemqConfig:
     """Everything a memq process needs; `topics` are the statically configured topics."""
 
@@ -335,6 +382,7 @@ class MemqConfig:
     consumer: ConsumerConfig = field(default_factory=ConsumerConfig)
     audit: AuditConfig = field(default_factory=AuditConfig)
     cost: CostConfig = field(default_factory=CostConfig)
+    security: SecurityConfig = field(default_factory=SecurityConfig)
     topics: tuple[TopicConfig, ...] = ()
 
     def topic(self, name: str) -> TopicConfig:
@@ -350,6 +398,11 @@ class MemqConfig:
 def _coerce(value: Any, tp: Any, where: str) -> Any:
     """Turn a TOML or environment value into the field's type, or raise naming `where`."""
     origin = typing.get_origin(tp)
+    if origin is tuple:   # tuple[str, ...]: a TOML array, or a comma-separated environment value
+        items = [v.strip() for v in value.split(",") if v.strip()] if isinstance(value, str) else value
+        if not isinstance(items, list):
+            raise ConfigError(f"{where}: {value!r} is not a list")
+        return tuple(_coerce(v, typing.get_args(tp)[0], f"{where}[{i}]") for i, v in enumerate(items))
     if origin in (typing.Union, types.UnionType):
         args = [a for a in typing.get_args(tp) if a is not type(None)]
         if value is None or (isinstance(value, str) and value == "" and type(None) in typing.get_args(tp)):

@@ -106,6 +106,15 @@ class ProducerClosedError(ProduceError):
     """The producer was closed; no more sends are accepted."""
 
 
+class AuthenticationError(MemqError):
+    """A broker did not accept this client's credentials (HTTP 401), or TLS with it failed (wrong
+    CA, one side not speaking TLS): a setting to fix, so never retried."""
+
+
+class AuthorizationError(ProduceError):
+    """An ACL denied the request; the message names the principal, the operation and the topic."""
+
+
 class BrokerUnavailableError(MemqError):
     """No broker could be reached for a topic within the allowed time."""
 

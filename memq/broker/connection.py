@@ -19,6 +19,7 @@ from aiohttp import WebSocketError, WSCloseCode, WSMsgType, web
 
 from memq.errors import FormatError, ProtocolError
 from memq.format import verify_message
+from memq.security.acl import Operation
 from memq.format.wire import (NO_REQUEST_ID, Ack, AckCode, AckLevel, RequestFlag, decode_request, encode_acks,
                               peek_request_id)
 
@@ -32,8 +33,9 @@ MAX_ACKS_PER_FRAME = 4096
 
 class ProduceConnection:
     def __init__(self, ws: web.WebSocketResponse, broker: Broker, *, max_pending_acks: int,
-                 write_timeout_s: float) -> None:
+                 write_timeout_s: float, principal: str | None = None) -> None:
         self._ws = ws
+        self._principal = principal   # None: security off
         self._broker = broker
         self._metrics = broker.metrics
         self._max_pending = max_pending_acks
@@ -104,6 +106,11 @@ class ProduceConnection:
             return
         topic = req.topic
         quiet = req.ack is AckLevel.NONE
+        if not self._broker.guard.allowed(self._principal, Operation.PRODUCE, topic):
+            if not quiet:
+                self._reject(req.request_id, topic, AckCode.DENIED,
+                             f"principal {self._principal} may not {Operation.PRODUCE} to topic {topic}")
+            return
         proc = self._broker.processor(topic)
         if proc is None:
             code, why, brokers = self._broker.where_is(topic)

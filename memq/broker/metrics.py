@@ -61,3 +61,7 @@ class BrokerMetrics:
         self.connections = Gauge("memq_broker_connections", "Open produce connections", registry=r)
         self.slow_clients = Counter("memq_broker_slow_client_closes",
                                     "Connections closed because the client did not read its acks", registry=r)
+        # security (memq.broker.guard)
+        self.denials = Counter("memq_broker_denials",
+                               "Requests refused: no valid credentials (operation=authenticate) or denied by an ACL",
+                               ["operation"], registry=r)

@@ -9,6 +9,7 @@ seal, store, notify and ack every batch in flight, then close the connections.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import socket
 import time
@@ -22,9 +23,12 @@ from memq.format.metadata import BrokerMetadata, ClusterMetadata, ClusterView, S
 from memq.format.wire import AckCode
 from memq.kafka_api.listener import KafkaListener
 from memq.notify import NotificationPublisher, TopicAdmin
+from memq.security.acl import Operation
+from memq.security.tls import server_context
 from memq.storage import StorageHandler, StorageMetrics, make_storage
 
 from .connection import ProduceConnection
+from .guard import PRINCIPAL_KEY, Guard
 from .metrics import BrokerMetrics
 from .processor import Publisher, TopicProcessor
 
@@ -49,7 +53,8 @@ class Broker:
         self._kafka: KafkaListener | None = None   # broker.kafka_port >= 0: the Kafka wire protocol
         self.cluster_view: Callable[[], ClusterView | None] | None = None   # governed: from ZooKeeper
         self.url = ""
-        self.app = web.Application()
+        self.guard = Guard(config.security, self.metrics.denials)
+        self.app = web.Application(middlewares=[self.guard.middleware])
         self.app.add_routes([web.get("/v1/produce", self._produce), web.get("/v1/metadata", self._metadata),
                              web.get("/healthz", self._healthz), web.get("/health", self._healthz),
                              web.get("/metrics", self._prometheus)])
@@ -68,7 +73,10 @@ class Broker:
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((bc.host, bc.port))
-        self.url = bc.advertised_url or f"http://{bc.host}:{sock.getsockname()[1]}"
+        sc = self.config.security
+        tls = server_context(sc.tls_cert_file, sc.tls_key_file, sc.tls_client_ca_file) if sc.tls_cert_file else None
+        scheme = "https" if tls is not None else "http"
+        self.url = bc.advertised_url or f"{scheme}://{bc.host}:{sock.getsockname()[1]}"
         # Accept connections only once the configured topics are open: a client (or a process
         # manager polling /healthz) that reached us earlier would be told the topic is unknown.
         # The port is bound first, so a clash fails fast; until listen() clients see "refused".
@@ -83,7 +91,7 @@ class Broker:
             raise
         self._runner = web.AppRunner(self.app, handle_signals=False, access_log=None)
         await self._runner.setup()
-        await web.SockSite(self._runner, sock).start()
+        await web.SockSite(self._runner, sock, ssl_context=tls).start()
         log.info("broker %s listening on %s, topics %s", self.broker_id, self.url, sorted(self._processors))
         return self.url
 
@@ -164,7 +172,8 @@ class Broker:
         ws = web.WebSocketResponse(max_msg_size=bc.max_frame_bytes, heartbeat=30.0, compress=False)
         await ws.prepare(request)
         conn = ProduceConnection(ws, self, max_pending_acks=bc.max_pending_acks,
-                                 write_timeout_s=bc.ack_write_timeout_ms / 1000)
+                                 write_timeout_s=bc.ack_write_timeout_ms / 1000,
+                                 principal=request.get(PRINCIPAL_KEY))
         self._connections.add(conn)
         try:
             await conn.run()
@@ -187,7 +196,12 @@ class Broker:
         return own.overlaid(self.cluster_view() if self.cluster_view is not None else None)
 
     async def _metadata(self, request: web.Request) -> web.Response:
-        return web.json_response(self.metadata().to_dict())
+        md = self.metadata()
+        if self.guard.enabled:   # a principal sees only the topics it may describe
+            principal = request.get(PRINCIPAL_KEY)
+            md = dataclasses.replace(md, topics={name: t for name, t in md.topics.items()
+                                                 if self.guard.may(principal, Operation.DESCRIBE, name)})
+        return web.json_response(md.to_dict())
 
     def health(self) -> str | None:
         """None when this broker can take ack=all writes; otherwise why it cannot."""

@@ -13,6 +13,7 @@ from memq.cli.cost import cost
 from memq.cli.dev import dev
 from memq.cli.governor import governor
 from memq.cli.produce import produce
+from memq.cli.security import acl, token
 from memq.cli.status import status
 from memq.cli.table import table
 from memq.cli.topic import topic
@@ -38,3 +39,5 @@ main.add_command(governor)
 main.add_command(audit)
 main.add_command(table)
 main.add_command(cost)
+main.add_command(token)
+main.add_command(acl)

@@ -7,9 +7,10 @@ from rich.console import Console
 from rich.table import Table
 
 from memq.cli._common import config_of
+from memq.client._auth import BrokerAuth
 from memq.client.cluster import broker_urls, fetch_metadata
 from memq.config import memq_topic_of
-from memq.errors import BrokerUnavailableError, MemqError
+from memq.errors import AuthenticationError, BrokerUnavailableError, MemqError
 
 _TIMEOUT_S = 3.0
 
@@ -29,11 +30,11 @@ def status(ctx: click.Context, brokers: str | None) -> None:
         table.add_column(col)
     for url in broker_urls(brokers or config.producer.brokers):
         try:
-            meta = fetch_metadata(url, _TIMEOUT_S)
+            meta = fetch_metadata(url, _TIMEOUT_S, BrokerAuth.of(config.producer))
             own = next((b.url for b in meta.brokers if b.id == meta.broker_id), url)   # as it advertises itself
             topics = ", ".join(sorted(name for name, t in meta.topics.items() if own in t.brokers)) or "-"
             table.add_row(f"broker {meta.broker_id or '?'}", url, "[green]up[/]", f"topics: {topics}")
-        except BrokerUnavailableError as e:
+        except (BrokerUnavailableError, AuthenticationError) as e:
             healthy = False
             table.add_row("broker", url, "[red]down[/]", str(e))
     try:

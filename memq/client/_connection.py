@@ -13,6 +13,7 @@ from aiohttp import WSCloseCode
 from memq.errors import BrokerUnavailableError, ProtocolError
 from memq.format.wire import Ack, decode_acks
 
+from ._auth import NO_AUTH, BrokerAuth
 from ._reasons import reason
 
 log = logging.getLogger(__name__)
@@ -29,13 +30,15 @@ class BrokerConnection:
     `on_lost` once when the connection ends, so the producer can retry what was in flight."""
 
     def __init__(self, url: str, session: aiohttp.ClientSession, *, on_ack: Callable[[Ack], None],
-                 on_lost: Callable[[BrokerConnection, str], None], timeout_s: float, max_frame_bytes: int) -> None:
+                 on_lost: Callable[[BrokerConnection, str], None], timeout_s: float, max_frame_bytes: int,
+                 auth: BrokerAuth = NO_AUTH) -> None:
         self.url = url
         self._session = session
         self._on_ack = on_ack
         self._on_lost = on_lost
         self._timeout_s = timeout_s
         self._max_frame_bytes = max_frame_bytes
+        self._auth = auth
         self._ws: aiohttp.ClientWebSocketResponse | None = None
         self._reader: asyncio.Task[None] | None = None
         self._send_lock = asyncio.Lock()
@@ -50,7 +53,7 @@ class BrokerConnection:
                     max_msg_size=self._max_frame_bytes)
         except (aiohttp.ClientError, OSError, TimeoutError) as e:
             self.closed = True
-            raise BrokerUnavailableError(f"cannot connect to broker {self.url}: {reason(e)}") from None
+            raise self._auth.failure(self.url, e) from None
         _widen_send_buffer(self._ws)
         self._reader = asyncio.create_task(self._read(), name=f"acks-{self.url}")
 

@@ -15,9 +15,10 @@ import time
 
 import aiohttp
 
-from memq.errors import BrokerUnavailableError, UnknownTopicError
+from memq.errors import AuthenticationError, BrokerUnavailableError, UnknownTopicError
 from memq.format.metadata import ClusterMetadata
 
+from ._auth import NO_AUTH, BrokerAuth
 from ._singleflight import SingleFlight
 from .cluster import fetch_metadata_async
 
@@ -26,12 +27,14 @@ DOWN_S = 10.0   # longer than a governor needs to move a dead broker's topics (s
 
 
 class TopicRouter:
-    def __init__(self, bootstrap: list[str], session: aiohttp.ClientSession, *, timeout_s: float) -> None:
+    def __init__(self, bootstrap: list[str], session: aiohttp.ClientSession, *, timeout_s: float,
+                 auth: BrokerAuth = NO_AUTH) -> None:
         if not bootstrap:
             raise BrokerUnavailableError("no broker URLs given (producer.brokers is empty)")
         self._known = dict.fromkeys(u.rstrip("/") for u in bootstrap)   # ordered set of broker URLs
         self._session = session
         self._timeout_s = timeout_s
+        self._auth = auth
         self._topics: dict[str, list[str]] = {}
         self._cursor: dict[str, itertools.cycle[str]] = {}
         self._down: dict[str, float] = {}                # url -> monotonic time it may be tried again
@@ -105,10 +108,14 @@ class TopicRouter:
 
     async def _refresh(self, topic: str) -> list[str]:
         asked = [u for u in self._known if not self._is_down(u)] or list(self._known)
-        results = await asyncio.gather(*(fetch_metadata_async(self._session, u, self._timeout_s) for u in asked),
+        results = await asyncio.gather(*(fetch_metadata_async(self._session, u, self._timeout_s, self._auth)
+                                         for u in asked),
                                        return_exceptions=True)
         answered = [r for r in results if isinstance(r, ClusterMetadata)]
         if not answered:
+            rejected = next((r for r in results if isinstance(r, AuthenticationError)), None)
+            if rejected is not None:
+                raise rejected
             raise BrokerUnavailableError(f"no broker answered /v1/metadata (tried {', '.join(asked)}): "
                                          f"{results[0]}")
         hosting: dict[str, None] = {}

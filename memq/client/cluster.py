@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import http.client
 import json
 import logging
 import urllib.error
@@ -31,7 +32,7 @@ from memq.config import ClusterConfig, MemqConfig, StorageConfig, TopicConfig
 from memq.errors import BrokerUnavailableError, ConfigError, FormatError, UnknownTopicError
 from memq.format.metadata import ClusterMetadata, TopicMetadata
 
-from ._reasons import reason
+from ._auth import NO_AUTH, BrokerAuth
 
 log = logging.getLogger(__name__)
 
@@ -43,38 +44,41 @@ def broker_urls(raw: str) -> list[str]:
     return [u.strip().rstrip("/") for u in raw.split(",") if u.strip()]
 
 
-def fetch_metadata(url: str, timeout_s: float) -> ClusterMetadata:
+def fetch_metadata(url: str, timeout_s: float, auth: BrokerAuth = NO_AUTH) -> ClusterMetadata:
     """A broker's metadata, for blocking callers (Consumer, Spark driver, CLI)."""
+    request = urllib.request.Request(url.rstrip("/") + METADATA_PATH, headers=auth.headers())
     try:
-        with urllib.request.urlopen(url.rstrip("/") + METADATA_PATH, timeout=timeout_s) as resp:
+        with urllib.request.urlopen(request, timeout=timeout_s, context=auth.ssl_context) as resp:
             return ClusterMetadata.from_dict(json.loads(resp.read()))
-    except (urllib.error.URLError, OSError) as e:
-        raise BrokerUnavailableError(f"cannot connect to broker {url}: {reason(e)}") from None
+    except (urllib.error.URLError, OSError, http.client.HTTPException) as e:
+        raise auth.failure(url, e) from None
     except (ValueError, FormatError) as e:
         raise BrokerUnavailableError(f"metadata from {url}: {e}") from None
 
 
-async def fetch_metadata_async(session: aiohttp.ClientSession, url: str, timeout_s: float) -> ClusterMetadata:
-    """A broker's metadata, for asyncio callers (the Producer's router)."""
+async def fetch_metadata_async(session: aiohttp.ClientSession, url: str, timeout_s: float,
+                               auth: BrokerAuth = NO_AUTH) -> ClusterMetadata:
+    """A broker's metadata, for asyncio callers (the Producer's router, whose session carries
+    the credentials of `auth`: it only words the failures)."""
     try:
         async with asyncio.timeout(timeout_s):
             async with session.get(url.rstrip("/") + METADATA_PATH) as resp:
                 resp.raise_for_status()
                 return ClusterMetadata.from_dict(await resp.json())
     except (aiohttp.ClientError, OSError, TimeoutError) as e:
-        raise BrokerUnavailableError(f"cannot connect to broker {url}: {reason(e)}") from None
+        raise auth.failure(url, e) from None
     except (ValueError, FormatError) as e:
         raise BrokerUnavailableError(f"metadata from {url}: {e}") from None
 
 
-def discover(urls: list[str], topic: str, timeout_s: float) -> ClusterMetadata:
+def discover(urls: list[str], topic: str, timeout_s: float, auth: BrokerAuth = NO_AUTH) -> ClusterMetadata:
     """The metadata of the first broker (in order) that knows `topic`, else of the first that
     answered: ungoverned brokers each know only their own topics."""
     answered: list[ClusterMetadata] = []
     errors: list[str] = []
     for url in urls:
         try:
-            md = fetch_metadata(url, timeout_s)
+            md = fetch_metadata(url, timeout_s, auth)
         except BrokerUnavailableError as e:
             errors.append(str(e))
             continue
@@ -137,7 +141,7 @@ def resolve_topic(config: MemqConfig, topic: str, *, brokers: str | None = None,
             raise BrokerUnavailableError("no broker URL given")
         return resolve(config, topic, None)
     try:
-        metadata = discover(urls, topic, timeout)
+        metadata = discover(urls, topic, timeout, BrokerAuth.of(config.producer))
     except BrokerUnavailableError as e:
         if required:
             raise

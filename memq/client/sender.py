@@ -23,11 +23,12 @@ from typing import Any, Generic, Protocol, TypeVar
 import aiohttp
 
 from memq.config import ProducerConfig
-from memq.errors import BrokerUnavailableError, ConfigError, MemqError, MessageTooLargeError, ProduceError, \
+from memq.errors import AuthenticationError, AuthorizationError, BrokerUnavailableError, ConfigError, MemqError, MessageTooLargeError, ProduceError, \
     ProducerClosedError, ProducerTimeoutError, UnknownTopicError
 from memq.format.wire import RETRIABLE_CODES, REQUEST_HEADER_SIZE, Ack, AckCode, AckLevel, RequestFlag, \
     pack_request_header_into
 
+from ._auth import BrokerAuth
 from ._connection import BrokerConnection
 from ._metadata import TopicRouter
 from ._singleflight import SingleFlight
@@ -96,6 +97,7 @@ class Sender(Generic[W]):
             raise ConfigError(f"producer.delivery_timeout_ms={config.delivery_timeout_ms} must be >= "
                               f"producer.request_timeout_ms={config.request_timeout_ms}")
         self._timeout_s = config.request_timeout_ms / 1000
+        self._auth = BrokerAuth.of(config)
         self._router = router
         self._connector = connector
         self._session: aiohttp.ClientSession | None = None
@@ -183,7 +185,7 @@ class Sender(Generic[W]):
         router = self._router_for()
         try:
             url = await router.next_broker(topic)
-        except UnknownTopicError as e:
+        except (UnknownTopicError, AuthenticationError) as e:
             self._finish(msg, e)
             return
         except BrokerUnavailableError as e:
@@ -191,6 +193,9 @@ class Sender(Generic[W]):
             return
         try:
             conn = await self._connection(url)
+        except AuthenticationError as e:   # a setting to fix: another attempt would fail the same way
+            self._finish(msg, e)
+            return
         except BrokerUnavailableError as e:
             router.broker_failed(url)
             self._retry_or_fail(msg, str(e), ProduceError, failover=True)
@@ -241,6 +246,8 @@ class Sender(Generic[W]):
             self._retry_or_fail(msg, why, UnknownTopicError)
         elif ack.code == AckCode.TOO_LARGE:
             self._finish(msg, MessageTooLargeError(why))
+        elif ack.code == AckCode.DENIED:
+            self._finish(msg, AuthorizationError(why))
         else:
             self._finish(msg, ProduceError(why))
 
@@ -318,13 +325,13 @@ class Sender(Generic[W]):
     def _router_for(self) -> Router:
         if self._router is None:
             self._router = TopicRouter(broker_urls(self.config.brokers), self._session_for(),
-                                       timeout_s=self._timeout_s)
+                                       timeout_s=self._timeout_s, auth=self._auth)
         return self._router
 
     def _session_for(self) -> aiohttp.ClientSession:
         """Created on first use, inside the event loop (aiohttp binds a session to it)."""
         if self._session is None:
-            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None, connect=self._timeout_s))
+            self._session = self._auth.session(aiohttp.ClientTimeout(total=None, connect=self._timeout_s))
         return self._session
 
     async def _connection(self, url: str) -> Connection:
@@ -339,7 +346,8 @@ class Sender(Generic[W]):
         else:
             ws = BrokerConnection(url, self._session_for(), on_ack=self._on_ack, on_lost=self._on_lost,
                                   timeout_s=self._timeout_s,
-                                  max_frame_bytes=self.config.max_message_bytes + REQUEST_HEADER_SIZE)
+                                  max_frame_bytes=self.config.max_message_bytes + REQUEST_HEADER_SIZE,
+                                  auth=self._auth)
             await ws.connect()
             conn = ws
         self._router_for().broker_ok(url)

@@ -51,6 +51,8 @@ def _toml_value(value: object) -> str:
         return "true" if value else "false"
     if isinstance(value, (int, float)):
         return repr(value)
+    if isinstance(value, tuple):
+        return "[" + ", ".join(map(_toml_value, value)) + "]"
     return json.dumps(str(value))   # a JSON string is a valid TOML basic string
 
 

@@ -65,6 +65,7 @@ class AckCode(StrEnum):
     NOTIFY = "NOTIFY"
     PROTOCOL = "PROTOCOL"
     CLOSING = "CLOSING"
+    DENIED = "DENIED"   # an ACL denies the connection's principal this operation on the topic
 
 
 #: Codes after which sending the same Message again (same producer id/epoch/sequence) may work.

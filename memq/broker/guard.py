@@ -1,0 +1,75 @@
+"""The broker's gate: who a request is (authentication) and what it may do (ACLs).
+
+Authentication runs as aiohttp middleware on the request line and headers, before any
+handler reads a byte of body or upgrades to the produce WebSocket: a request without valid
+credentials gets 401 and its connection is closed. The principal is the token's (an
+`Authorization: Bearer` header), else the subject CN of a client certificate that
+`security.tls_client_ca_file` verified. Health and Prometheus endpoints stay open, for
+process managers and scrapers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+
+from aiohttp import web
+from prometheus_client import Counter
+
+from memq.config import SecurityConfig
+from memq.security.acl import Operation, is_allowed, parse_rules
+from memq.security.tls import subject_cn
+from memq.security.tokens import parse_entries, principal_of
+
+OPEN_PATHS = frozenset({"/healthz", "/health", "/metrics"})
+PRINCIPAL_KEY = web.RequestKey("memq_principal", str)
+_BEARER = "bearer "
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+class Guard:
+    """With `security.enabled` off every request passes and `principal_of` is None."""
+
+    def __init__(self, config: SecurityConfig, denials: Counter) -> None:
+        self.enabled = config.enabled
+        self._tokens = parse_entries(config.tokens)
+        self._rules = parse_rules(config.acls)
+        self._denials = denials
+
+    def authenticate(self, request: web.Request) -> str | web.Response:
+        """The request's principal, or the 401 response naming what is wrong."""
+        header = request.headers.get("Authorization", "")
+        if header:
+            principal = principal_of(header[len(_BEARER):].strip(), self._tokens) \
+                if header.lower().startswith(_BEARER) else None
+            return principal or self._unauthorized("the token is unknown or revoked")
+        transport = request.transport
+        cn = subject_cn(transport.get_extra_info("peercert")) if transport is not None else None
+        return cn or self._unauthorized("no credentials: send 'Authorization: Bearer <token>' or a client certificate")
+
+    def _unauthorized(self, why: str) -> web.Response:
+        """401, and the connection closed after it: nothing more from this client is read."""
+        self._denials.labels("authenticate").inc()
+        response = web.Response(status=401, text=why, headers={"WWW-Authenticate": "Bearer"})
+        response.force_close()
+        return response
+
+    def may(self, principal: str | None, operation: Operation, topic: str) -> bool:
+        """Whether the ACLs let `principal` do `operation` on `topic`."""
+        return not self.enabled or (principal is not None and is_allowed(self._rules, principal, operation, topic))
+
+    def allowed(self, principal: str | None, operation: Operation, topic: str) -> bool:
+        """`may`, counting a denial: for requests refused, not for topics left out of a listing."""
+        ok = self.may(principal, operation, topic)
+        if not ok:
+            self._denials.labels(str(operation)).inc()
+        return ok
+
+    @web.middleware
+    async def middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        if self.enabled and request.path not in OPEN_PATHS:
+            principal = self.authenticate(request)
+            if isinstance(principal, web.Response):
+                return principal
+            request[PRINCIPAL_KEY] = principal
+        return await handler(request)

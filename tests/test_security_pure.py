@@ -1,0 +1,109 @@
+"""The pure parts of memq.security: ACL decisions, token hashing and lookup, TLS contexts, and
+the [security] / producer credential settings."""
+
+from __future__ import annotations
+
+import ssl
+from pathlib import Path
+
+import pytest
+import trustme
+
+from memq.config import load_config
+from memq.errors import ConfigError
+from memq.security.acl import Operation, is_allowed, parse_rule, parse_rules
+from memq.security.tls import client_context, server_context, subject_cn
+from memq.security.tokens import hash_token, new_token, parse_entry, principal_of
+
+RULES = parse_rules([
+    "allow alice produce prefix:orders.",
+    "deny alice produce literal:orders.secret",
+    "allow * describe prefix:",
+    "deny bob describe prefix:hr.",
+    "allow carol admin literal:billing",
+])
+
+
+@pytest.mark.parametrize(("principal", "op", "topic", "expected"), [
+    ("alice", Operation.PRODUCE, "orders.eu", True),            # prefix allow
+    ("alice", Operation.PRODUCE, "orders.secret", False),       # deny wins over the prefix allow
+    ("alice", Operation.PRODUCE, "payments", False),            # no allow: denied
+    ("bob", Operation.PRODUCE, "orders.eu", False),             # another principal's rule
+    ("bob", Operation.DESCRIBE, "orders.eu", True),             # * matches every principal
+    ("bob", Operation.DESCRIBE, "hr.salaries", False),          # deny wins over *
+    ("carol", Operation.ADMIN, "billing", True),                # literal
+    ("carol", Operation.ADMIN, "billing2", False),              # literal is exact
+    ("carol", Operation.PRODUCE, "billing", False),             # operations are separate
+])
+def test_acl_decisions(principal: str, op: Operation, topic: str, expected: bool) -> None:
+    assert is_allowed(RULES, principal, op, topic) is expected
+
+
+def test_no_rules_deny_everything() -> None:
+    assert not is_allowed((), "alice", Operation.PRODUCE, "t")
+
+
+@pytest.mark.parametrize("line", ["allow alice produce", "permit alice produce literal:t",
+                                  "allow alice write literal:t", "allow alice produce regex:t",
+                                  "allow alice produce literal:"])
+def test_bad_acl_lines_name_the_setting(line: str) -> None:
+    with pytest.raises(ConfigError, match=r"security\.acls"):
+        parse_rule(line)
+
+
+def test_rule_round_trips_through_its_line() -> None:
+    assert str(parse_rule("Deny bob DESCRIBE prefix:hr.")) == "deny bob describe prefix:hr."
+
+
+def test_tokens_are_random_stored_hashed_and_matched() -> None:
+    token, entry = new_token("alice")
+    token2, _ = new_token("alice")
+    assert token != token2 and len(token) > 40
+    assert entry.digest == hash_token(token) and token not in str(entry)
+    entries = (parse_entry(str(entry)), parse_entry(str(new_token("bob")[1])))
+    assert principal_of(token, entries) == "alice"
+    assert principal_of(token + "x", entries) is None
+    assert principal_of(token, entries[1:]) is None       # revoked: its entry removed
+
+
+@pytest.mark.parametrize("line", ["alice", "alice:1234", ":" + "a" * 64, "alice:" + "g" * 64])
+def test_bad_token_entries_are_rejected(line: str) -> None:
+    with pytest.raises(ConfigError, match=r"security\.tokens"):
+        parse_entry(line)
+
+
+def test_principal_names_are_checked() -> None:
+    with pytest.raises(ConfigError):
+        new_token("a b")
+
+
+def test_tls_contexts_from_files(tmp_path: Path) -> None:
+    ca = trustme.CA()
+    cert = ca.issue_cert("127.0.0.1")
+    cert_file, key_file, ca_file = tmp_path / "c.pem", tmp_path / "k.pem", tmp_path / "ca.pem"
+    cert.cert_chain_pems[0].write_to_path(str(cert_file))
+    cert.private_key_pem.write_to_path(str(key_file))
+    ca.cert_pem.write_to_path(str(ca_file))
+    server = server_context(str(cert_file), str(key_file), str(ca_file))
+    assert server.verify_mode == ssl.CERT_OPTIONAL
+    assert client_context(str(ca_file)).verify_mode == ssl.CERT_REQUIRED
+    with pytest.raises(ConfigError, match="tls_key_file"):
+        server_context(str(cert_file), str(ca_file))   # a CA cert is no private key
+    assert subject_cn({"subject": ((("commonName", "alice"),),)}) == "alice"
+    assert subject_cn(None) is None
+
+
+def test_security_settings_are_validated(tmp_path: Path) -> None:
+    assert not load_config(env={}).security.enabled          # off by default
+    with pytest.raises(ConfigError, match=r"security\.tls_cert_file = '/nope': no such file"):
+        load_config(env={"MEMQ_SECURITY_TLS_CERT_FILE": "/nope", "MEMQ_SECURITY_TLS_KEY_FILE": "/nope"})
+    with pytest.raises(ConfigError, match=r"producer\.tls_ca_file"):
+        load_config(env={"MEMQ_PRODUCER_TLS_CA_FILE": str(tmp_path / "missing.pem")})
+    with pytest.raises(ConfigError, match=r"security\.acls\[1\]"):
+        load_config(env={"MEMQ_SECURITY_ACLS": "allow a produce literal:t, allow b delete literal:t"})
+    f = tmp_path / "memq.toml"
+    f.write_text('[security]\nenabled = true\nacls = ["allow a produce literal:t", "deny a describe prefix:"]\n'
+                 '[producer]\ntoken = "memq_secret"\n')
+    config = load_config(f, env={})
+    assert config.security.acls == ("allow a produce literal:t", "deny a describe prefix:")
+    assert "memq_secret" not in repr(config.producer)
