@@ -180,7 +180,7 @@ async def test_metadata_health_and_stage_metrics(devcluster: DevCluster, unique_
         async with aiohttp.ClientSession() as s:
             md = await (await s.get(broker.url + "/v1/metadata")).json()
             assert md["topics"][topic] == {"brokers": [broker.url], "notification_topic": f"memq.dev.{topic}",
-                                           "read_partitions": 2}
+                                           "read_partitions": 2, "retention_ms": 7 * 86_400_000}
             assert md["kafka"]["bootstrap_servers"] == devcluster.kafka_bootstrap
             assert (await s.get(broker.url + "/healthz")).status == 200
             metrics = await (await s.get(broker.url + "/metrics")).text()

@@ -47,7 +47,8 @@ def env_of(config: MemqConfig) -> dict[str, str]:
         for f in dataclasses.fields(value):
             v = getattr(value, f.name)
             if v is not None:
-                env[f"MEMQ_{section.name}_{f.name}".upper()] = str(v).lower() if isinstance(v, bool) else str(v)
+                text = str(v).lower() if isinstance(v, bool) else ",".join(v) if isinstance(v, tuple) else str(v)
+                env[f"MEMQ_{section.name}_{f.name}".upper()] = text
     return env
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Iterable, Mapping
 
 import pytest
@@ -131,7 +132,7 @@ def batch(key: str, messages: list[tuple[int, int, list[LogMessage]]], offset: i
                         header_size=len(chunks[0]), message_count=len(msgs),
                         logmessage_count=sum(h.count for h in headers), min_timestamp_ms=1, max_timestamp_ms=9,
                         crc32c=object_crc32c(chunks), broker_id="t", attempt=0, created_ms=1)
-    return NotificationRecord(0, offset, 1, note)
+    return NotificationRecord(0, offset, int(time.time() * 1000), note)   # published now: inside retention
 
 
 def recs(*values: str) -> list[LogMessage]:
