@@ -161,6 +161,13 @@ def _binary(column: pa.ChunkedArray) -> pa.ChunkedArray:
     return column.cast(pa.binary()) if pa.types.is_string(column.type) else column
 
 
+def write_task(options: SinkOptions, iterator: Iterator[pa.RecordBatch]) -> Written:
+    """One task's write, batch or streaming: its ids (task_identity), its rows, what was acked."""
+    partition, producer_id, epoch = task_identity()
+    records, messages = asyncio.run(write_batches(options, iterator, producer_id, epoch))
+    return Written(partition, producer_id, records, messages)
+
+
 class MemqWriter(DataSourceArrowWriter):
     """Batch write: each task sends its rows at the configured ack level."""
 
@@ -168,9 +175,7 @@ class MemqWriter(DataSourceArrowWriter):
         self.options = options
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> Written:
-        partition, producer_id, epoch = task_identity()
-        records, messages = asyncio.run(write_batches(self.options, iterator, producer_id, epoch))
-        return Written(partition, producer_id, records, messages)
+        return write_task(self.options, iterator)
 
 
 class MemqStreamWriter(DataSourceStreamArrowWriter):
@@ -181,9 +186,7 @@ class MemqStreamWriter(DataSourceStreamArrowWriter):
         self.options = options
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> Written:
-        partition, producer_id, epoch = task_identity()
-        records, messages = asyncio.run(write_batches(self.options, iterator, producer_id, epoch))
-        return Written(partition, producer_id, records, messages)
+        return write_task(self.options, iterator)
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         pass   # every record was acked before its task returned: nothing to finish
