@@ -10,6 +10,8 @@ janitor: see `memq.governor.janitor`.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from concurrent.futures import Future
+from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, AlterConfigOpType, ClusterMetadata, ConfigEntry, ConfigResource, NewTopic
@@ -63,26 +65,16 @@ class TopicAdmin:
         self._ensure_reachable()
         resource = ConfigResource(ConfigResource.Type.TOPIC, name, incremental_configs=[
             ConfigEntry("retention.ms", str(retention_ms), incremental_operation=AlterConfigOpType.SET)])
-        future = self._admin.incremental_alter_configs([resource], request_timeout=self._timeout_s)[resource]
-        try:
-            future.result(timeout=self._timeout_s + 1)
-        except KafkaException as e:
-            raise NotifyError(f"cannot set retention.ms={retention_ms} on Kafka topic {name!r}: {e}") from None
-        except TimeoutError:
-            raise NotifyError(f"setting retention.ms on Kafka topic {name!r} timed out "
-                              f"after {self._timeout_s} s") from None
+        self._result(self._admin.incremental_alter_configs([resource], request_timeout=self._timeout_s)[resource],
+                     f"set retention.ms={retention_ms} on Kafka topic {name!r}")
 
     def retention_ms(self, name: str) -> int | None:
         """The `retention.ms` Kafka reports for topic `name` (None if it reports none)."""
         self._ensure_reachable()
         resource = ConfigResource(ConfigResource.Type.TOPIC, name)
-        future = self._admin.describe_configs([resource], request_timeout=self._timeout_s)[resource]
-        try:
-            entry = future.result(timeout=self._timeout_s + 1).get("retention.ms")
-        except KafkaException as e:
-            raise NotifyError(f"cannot describe Kafka topic {name!r}: {e}") from None
-        except TimeoutError:
-            raise NotifyError(f"describing Kafka topic {name!r} timed out after {self._timeout_s} s") from None
+        configs = self._result(self._admin.describe_configs([resource], request_timeout=self._timeout_s)[resource],
+                               f"describe Kafka topic {name!r}")
+        entry = configs.get("retention.ms")
         return None if entry is None or entry.value is None else int(entry.value)
 
     def delete_records(self, name: str, before: Mapping[int, int]) -> None:
@@ -93,14 +85,17 @@ class TopicAdmin:
         self._ensure_reachable()
         futures = self._admin.delete_records([TopicPartition(name, p, o) for p, o in before.items()],
                                              request_timeout=self._timeout_s, operation_timeout=self._timeout_s)
+        for future in futures.values():
+            self._result(future, f"delete records of Kafka topic {name!r} before {dict(before)}")
+
+    def _result(self, future: Future[Any], doing: str) -> Any:
+        """The admin call's result within the timeout, its failure as NotifyError naming `doing`."""
         try:
-            for future in futures.values():
-                future.result(timeout=self._timeout_s + 1)
+            return future.result(timeout=self._timeout_s + 1)
         except KafkaException as e:
-            raise NotifyError(f"cannot delete records of Kafka topic {name!r} before {dict(before)}: {e}") from None
+            raise NotifyError(f"cannot {doing}: {e}") from None
         except TimeoutError:
-            raise NotifyError(f"deleting records of Kafka topic {name!r} timed out "
-                              f"after {self._timeout_s} s") from None
+            raise NotifyError(f"cannot {doing}: timed out after {self._timeout_s} s") from None
 
     def delete_topic(self, name: str) -> None:
         """Delete `name`; UnknownTopicError if it does not exist."""
