@@ -18,6 +18,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from confluent_kafka import Producer
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
@@ -79,3 +80,29 @@ def read_memq(config: MemqConfig, topic: str, n: int, timeout_s: float = 120.0) 
     if got < n or not assigned:
         raise RuntimeError(f"memq consumer read {got} of {n} from topic {topic} within {timeout_s:.0f}s")
     return ConsumerRead(end - assigned[0], end - t0, got, size)
+
+
+def kafka_produce_s(bootstrap: str, topic: str, values: list[bytes]) -> float:
+    """Seconds for a confluent-kafka Producer to send every value and get every acks=all."""
+    p = Producer({"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 5, "batch.num.messages": 10_000,
+                  "queue.buffering.max.messages": 2_000_000, "queue.buffering.max.kbytes": 1_048_576})
+    delivered = 0
+
+    def on_delivery(err: object, _msg: object) -> None:
+        nonlocal delivered
+        if err is None:
+            delivered += 1
+
+    t0 = time.perf_counter()
+    produce = p.produce
+    for v in values:
+        try:
+            produce(topic, v, on_delivery=on_delivery)
+        except BufferError:
+            p.poll(0.01)
+            produce(topic, v, on_delivery=on_delivery)
+    p.flush(120)
+    elapsed = time.perf_counter() - t0
+    if delivered != len(values):
+        raise RuntimeError(f"{bootstrap}: delivered {delivered} of {len(values)}")
+    return elapsed

@@ -26,6 +26,7 @@ from pathlib import Path
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from bench._cluster import kafka_produce_s
 from bench.e2e import (_HEAD, DRAIN_TIMEOUT_S, JOIN_TIMEOUT_S, RATE_BYTES_S, TARGET_P99_S, TICK_S, _consume,
                        _quantile)
 from memq.client.cluster import fetch_metadata
@@ -52,32 +53,6 @@ def _values(n: int) -> list[bytes]:
     """`n` values of VALUE_BYTES: hex of random bytes (compressible like text), 1024 distinct."""
     pool = [os.urandom(VALUE_BYTES // 2).hex().encode()[:VALUE_BYTES] for _ in range(1024)]
     return [pool[i % 1024] for i in range(n)]
-
-
-def _produce_s(bootstrap: str, topic: str, values: list[bytes]) -> float:
-    """Seconds for a confluent-kafka Producer to send every value and get every acks=all."""
-    p = Producer({"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 5, "batch.num.messages": 10_000,
-                  "queue.buffering.max.messages": 2_000_000, "queue.buffering.max.kbytes": 1_048_576})
-    delivered = 0
-
-    def on_delivery(err: object, _msg: object) -> None:
-        nonlocal delivered
-        if err is None:
-            delivered += 1
-
-    t0 = time.perf_counter()
-    produce = p.produce
-    for v in values:
-        try:
-            produce(topic, v, on_delivery=on_delivery)
-        except BufferError:
-            p.poll(0.01)
-            produce(topic, v, on_delivery=on_delivery)
-    p.flush(120)
-    elapsed = time.perf_counter() - t0
-    if delivered != len(values):
-        raise RuntimeError(f"{bootstrap}: delivered {delivered} of {len(values)}")
-    return elapsed
 
 
 def _paced(address: str, topic: str, duration_s: float, value_bytes: int, warm: Event) -> tuple[int, float]:
@@ -163,12 +138,12 @@ def run(quick: bool, messages: int | None = None, runs: int | None = None,
         admin.create_topics([NewTopic(TOPIC, PARTITIONS, 1)])[TOPIC].result(30)
         print(f"memq Kafka listener {memq_at}; tansu {tansu_at}", flush=True)
         values = _values(n)
-        _produce_s(memq_at, TOPIC, values[:20_000])    # warm up both: connections, metadata
-        _produce_s(tansu_at, TOPIC, values[:20_000])
+        kafka_produce_s(memq_at, TOPIC, values[:20_000])    # warm up both: connections, metadata
+        kafka_produce_s(tansu_at, TOPIC, values[:20_000])
         memq_rates, tansu_rates = [], []
         for _ in range(runs):   # interleaved, so drift on a shared machine hits both alike
-            memq_rates.append(n / _produce_s(memq_at, TOPIC, values))
-            tansu_rates.append(n / _produce_s(tansu_at, TOPIC, values))
+            memq_rates.append(n / kafka_produce_s(memq_at, TOPIC, values))
+            tansu_rates.append(n / kafka_produce_s(tansu_at, TOPIC, values))
             print(f"acks=all {VALUE_BYTES} B: memq {memq_rates[-1]:,.0f} msg/s, tansu {tansu_rates[-1]:,.0f} msg/s",
                   flush=True)
         del values

@@ -24,11 +24,10 @@ from pathlib import Path
 
 import boto3
 from botocore.config import Config
-from confluent_kafka import Producer as KafkaProducer
 from crc32c import crc32c
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from bench._cluster import bench_cluster, broker_samples
+from bench._cluster import bench_cluster, broker_samples, kafka_produce_s
 from memq.audit.emitter import AuditEmitter
 from memq.client.producer import Producer
 from memq.config import ProducerConfig, TopicConfig
@@ -66,28 +65,7 @@ async def _memq(url: str, topic: str, values: list[bytes], audit: AuditEmitter |
 def _kafka(bootstrap: str, topic: str, values: list[bytes]) -> float:
     admin = AdminClient({"bootstrap.servers": bootstrap})
     admin.create_topics([NewTopic(topic, 3, 1)])[topic].result(30)
-    p = KafkaProducer({"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 5,
-                       "batch.num.messages": 10_000, "queue.buffering.max.messages": 2_000_000,
-                       "queue.buffering.max.kbytes": 1_048_576})
-    delivered = 0
-
-    def on_delivery(err: object, _msg: object) -> None:
-        nonlocal delivered
-        if err is None:
-            delivered += 1
-
-    t0 = time.perf_counter()
-    produce = p.produce
-    for v in values:
-        try:
-            produce(topic, v, on_delivery=on_delivery)
-        except BufferError:
-            p.poll(0.01)
-            produce(topic, v, on_delivery=on_delivery)
-    p.flush(120)
-    elapsed = time.perf_counter() - t0
-    assert delivered == len(values), f"kafka delivered {delivered} of {len(values)}"
-    return elapsed
+    return kafka_produce_s(bootstrap, topic, values)
 
 
 def _raw_put_mbps(endpoint: str, bucket: str, total_bytes: int) -> float:
