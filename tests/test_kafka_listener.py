@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from inproc import NullAdmin, NullPublisher
 from kafka_frames import produce_body, record_batch, request
 from memq.broker import Broker
-from memq.config import BrokerConfig, MemqConfig, StorageConfig, TopicConfig
+from memq.config import AuditConfig, BrokerConfig, MemqConfig, StorageConfig, TopicConfig
 from memq.format import LogMessage, decode_batch
 from memq.kafka_api.protocol import ErrorCode, Reader
 from memq.storage import make_storage
@@ -29,6 +29,7 @@ MAX_FRAME = 64 * 1024
 async def broker(tmp_path) -> AsyncIterator[Broker]:
     config = MemqConfig(storage=StorageConfig(kind="file", root_dir=str(tmp_path)),
                         broker=BrokerConfig(kafka_port=0, max_frame_bytes=MAX_FRAME),
+                        audit=AuditConfig(enabled=False),   # no Kafka here for the broker's audit records
                         topics=(TopicConfig("t1", read_partitions=2, batch_ms=20),
                                 TopicConfig("gone", batch_ms=20)))
     b = Broker(config, publisher=NullPublisher(), admin=NullAdmin())   # type: ignore[arg-type]

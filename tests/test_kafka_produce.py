@@ -4,17 +4,24 @@ dev cluster (moto S3, tansu); memq's Consumer and the Spark source read back exa
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import shutil
 import subprocess
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 from confluent_kafka import KafkaError, Message, Producer
+from test_audit_service import audit_config
+from waiting import async_wait_for
+
+from memq.audit.books import GroupSummary
+from memq.audit.dashboard import AuditService
+from memq.audit.emitter import AuditEmitter, make_audit_sink
 
 from memq.broker import Broker
 from memq.client.cluster import fetch_metadata
@@ -44,8 +51,14 @@ class Running:
 
 @pytest.fixture(scope="module")
 def running(devcluster: DevCluster) -> Iterator[Running]:
+    with broker_thread(dataclasses.replace(devcluster.config(cluster="kafkaapi"),
+                                           broker=BrokerConfig(kafka_port=0))) as r:
+        yield r
+
+
+@contextlib.contextmanager
+def broker_thread(config: MemqConfig) -> Iterator[Running]:
     """One broker with a Kafka listener (in this process, on its own loop thread)."""
-    config = dataclasses.replace(devcluster.config(cluster="kafkaapi"), broker=BrokerConfig(kafka_port=0))
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, daemon=True)
     thread.start()
@@ -81,9 +94,10 @@ def kafka_produce(address: str, topic: str, records: list[LogMessage], **conf: o
     assert errors == []
 
 
-def consume(config: MemqConfig, topic: str, n: int, timeout_s: float = 60) -> list[Row]:
+def consume(config: MemqConfig, topic: str, n: int, timeout_s: float = 60, *,
+            audit: AuditEmitter | None = None) -> list[Row]:
     got: list[Row] = []
-    with Consumer(config, topic, group_id=f"g-{uuid.uuid4().hex[:8]}") as c:
+    with Consumer(config, topic, group_id=f"g-{uuid.uuid4().hex[:8]}", audit=audit) as c:
         deadline = time.monotonic() + timeout_s
         while len(got) < n:
             assert time.monotonic() < deadline, f"read {len(got)} of {n} records"
@@ -175,3 +189,39 @@ def test_kafka_producer_follows_a_topic_the_governor_moves(devcluster: DevCluste
         assert errors == []
         assert "NOT_LEADER_OR_FOLLOWER" in gc.broker("b1").log_tail()   # the redirect did happen
         assert sorted(consume(gc.config(), topic, len(first) + len(second))) == sorted(as_rows(first + second))
+
+
+async def test_the_audit_counts_what_kafka_producers_wrote(devcluster: DevCluster, unique_name: Callable[[str], str],
+                                                           tmp_path: Path) -> None:
+    """A Kafka client carries no memq audit emitter: the broker reports its acked Messages, so the
+    books balance against memq's Consumer (acks=0 writes are not reported, as memq's own ack=0)."""
+    config = audit_config(dataclasses.replace(devcluster.config(cluster=unique_name("kaudit")),
+                                              broker=BrokerConfig(kafka_port=0)), unique_name)
+    service = AuditService(config, db_path=str(tmp_path / "audit.db"), port=0)
+    await service.start()
+    try:
+        with broker_thread(config) as r:
+            topic = r.add_topic(partitions=2)
+            sent = rows(1_500, "audited")
+            await asyncio.to_thread(kafka_produce, r.broker.kafka_address, topic, sent[:1_000], acks="all",
+                                    **{"enable.idempotence": True, "compression.type": "zstd"})
+            await asyncio.to_thread(kafka_produce, r.broker.kafka_address, topic, sent[1_000:], acks="1")
+            sink = make_audit_sink(config, client_id="kaudit-consumer")
+            assert sink is not None
+            try:
+                got = await asyncio.to_thread(consume, config, topic, len(sent), audit=sink)
+            finally:
+                assert sink.flush(10) == 0
+                sink.close()
+        assert sorted(got) == sorted(as_rows(sent))
+
+        def row() -> GroupSummary | None:
+            rows_ = [s for s in service.auditor.read(lambda b: b.summary(int(time.time() * 1000))) if s.topic == topic]
+            return rows_[0] if rows_ else None
+
+        await async_wait_for(lambda: (x := row()) is not None and x.produced == x.consumed == len(sent), 30,
+                             "the broker's and the consumer's audit records")
+        x = row()
+        assert x is not None and (x.lost, x.duplicates, x.mismatches) == (0, 0, 0)
+    finally:
+        await service.stop()

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from memq.audit.emitter import AuditEmitter, make_audit_sink
 from memq.config import MemqConfig, TopicConfig
 from memq.format.metadata import BrokerMetadata, ClusterMetadata, ClusterView, StorageMetadata, TopicMetadata
 from memq.format.wire import AckCode
@@ -51,6 +52,7 @@ class Broker:
         self._draining = False
         self._runner: web.AppRunner | None = None
         self._kafka: KafkaListener | None = None   # broker.kafka_port >= 0: the Kafka wire protocol
+        self._kafka_audit: AuditEmitter | None = None
         self.cluster_view: Callable[[], ClusterView | None] | None = None   # governed: from ZooKeeper
         self.url = ""
         self.guard = Guard(config.security, self.metrics.denials)
@@ -84,7 +86,9 @@ class Broker:
             for topic in self.config.topics:
                 await self.add_topic(topic)
             if bc.kafka_port >= 0:
-                self._kafka = KafkaListener(self)
+                # Kafka clients carry no memq audit emitter: the broker reports their Messages.
+                self._kafka_audit = make_audit_sink(self.config, client_id=f"memq-broker-{self.broker_id}-audit")
+                self._kafka = KafkaListener(self, self._kafka_audit)
                 await self._kafka.start(bc.host, bc.kafka_port, bc.kafka_advertised_host)
         except BaseException:
             sock.close()
@@ -109,6 +113,8 @@ class Broker:
         await asyncio.gather(*(c.shutdown(max(deadline - time.monotonic(), 0.5)) for c in list(self._connections)))
         if self._kafka is not None:
             await self._kafka.stop()
+        if self._kafka_audit is not None:
+            await asyncio.to_thread(self._kafka_audit.close)
         if self._runner is not None:
             await self._runner.cleanup()
         if self._publisher is not None and hasattr(self._publisher, "close"):

@@ -6,7 +6,8 @@ order and written by one writer task, so acks=all Produce requests pipeline like
 broker (librdkafka keeps up to 5 in flight). Each RecordBatch of a Produce request has its
 header and CRC32C checked and goes, unchanged, as one Codec.KAFKA Message through
 `TopicProcessor.append`: the same batching, storage, notification and dedup as memq's own
-protocol. A frame that cannot be parsed, is larger than `broker.max_frame_bytes`, or names an
+protocol. A Kafka client has no memq audit emitter, so the listener reports each acked Message
+(acks 1 and all) to the audit as its producer would. A frame that cannot be parsed, is larger than `broker.max_frame_bytes`, or names an
 API or version not served (other than ApiVersions, which answers UNSUPPORTED_VERSION with our
 ranges) closes the connection with the reason in the log, as a Kafka broker does: its
 response shape is unknown, so no answer could be parsed by the client.
@@ -23,7 +24,7 @@ from typing import TYPE_CHECKING
 
 from memq.errors import FormatError, ProtocolError, UnsupportedCodecError, UnsupportedVersionError
 from memq.format.kafka_records import split_kafka_batches, verify_kafka_batch
-from memq.format.message import MESSAGE_HEADER_SIZE, encode_kafka_message
+from memq.format.message import MESSAGE_HEADER_SIZE, MessageHeader, encode_kafka_message
 from memq.format.wire import Ack, AckCode, AckLevel
 
 from .mapping import PRODUCER_ID_BITS, ack_level, error_code, memq_producer_id, metadata_view, node_id
@@ -34,6 +35,7 @@ from .protocol import (ApiKey, ErrorCode, PartitionData, PartitionResult, Produc
                        is_supported)
 
 if TYPE_CHECKING:
+    from memq.audit.emitter import AuditEmitter
     from memq.broker.server import Broker
 
 log = logging.getLogger(__name__)
@@ -53,8 +55,9 @@ MAX_ACK_WAIT_S = 300.0
 class KafkaListener:
     """Serves Kafka producers for one Broker on its own port."""
 
-    def __init__(self, broker: Broker) -> None:
+    def __init__(self, broker: Broker, audit: AuditEmitter | None = None) -> None:
         self._broker = broker
+        self._audit = audit
         self._server: asyncio.Server | None = None
         self._connections: dict[KafkaConnection, asyncio.Task[None]] = {}
         self.address = ""
@@ -81,7 +84,7 @@ class KafkaListener:
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
         assert task is not None
-        conn = KafkaConnection(self._broker, reader, writer)
+        conn = KafkaConnection(self._broker, reader, writer, self._audit)
         self._connections[conn] = task
         try:
             await conn.run()
@@ -90,8 +93,10 @@ class KafkaListener:
 
 
 class KafkaConnection:
-    def __init__(self, broker: Broker, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    def __init__(self, broker: Broker, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                 audit: AuditEmitter | None = None) -> None:
         self._broker = broker
+        self._audit = audit
         self._reader = reader
         self._writer = writer
         self._peer = writer.get_extra_info("peername")
@@ -259,10 +264,16 @@ class KafkaConnection:
                 ids = (self._producer_id, 0, next(self._sequence))
             msg, header = encode_kafka_message(b, kh, producer_id=ids[0], epoch=ids[1], sequence=ids[2])
             fut: asyncio.Future[Ack] = loop.create_future()
+            audited = self._audit if level is not AckLevel.NONE else None
 
-            def reply(a: Ack, fut: asyncio.Future[Ack] = fut) -> None:
-                if not fut.done():
-                    fut.set_result(a)
+            def reply(a: Ack, fut: asyncio.Future[Ack] = fut, h: MessageHeader = header, topic: str = topic,
+                      audit: AuditEmitter | None = audited) -> None:
+                if fut.done():
+                    return
+                fut.set_result(a)
+                if a.ok and audit is not None:   # the broker stands in for the Kafka client's audit
+                    audit.produced(topic=topic, producer_id=h.producer_id, epoch=h.epoch, sequence=h.sequence,
+                                   count=h.count, digest=h.body_crc32c, created_ms=h.created_ms)
 
             request_id = next(self._request_ids)
             ack = await proc.append(memoryview(msg), header, request_id, level, reply)
