@@ -1,19 +1,22 @@
 """Produce quotas on a running broker (in this process, on the dev cluster's moto S3 and tansu),
-through the real Producer: a producer over its quota is delayed to its rate and told so in its
-acks, never failed; a producer of another topic or principal is not delayed at all."""
+through the real Producer and a confluent-kafka producer on the Kafka listener: a producer over
+its quota is delayed to its rate and told so in its acks, never failed; a producer of another
+topic or principal is not delayed at all."""
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import time
 from collections.abc import Callable
 
 import pytest
+from confluent_kafka import Producer as KafkaProducer
 
 from memq.broker import Broker
 from memq.client.producer import Producer
-from memq.config import MemqConfig, ProducerConfig, QuotaConfig, SecurityConfig
+from memq.config import BrokerConfig, MemqConfig, ProducerConfig, QuotaConfig, SecurityConfig
 from memq.devcluster import DevCluster
 from tests.test_broker_integration import read_stored, running_broker, topic_config
 from tests.test_security_integration import ALICE, ALICE_ENTRY, BOB, BOB_ENTRY
@@ -97,4 +100,42 @@ async def test_a_principal_quota_delays_that_principal_only_on_a_shared_topic(
         bob_s = sample(broker, "memq_broker_throttle_seconds_total", principal="bob", topic=topic)
     assert alice_s > 0 and p_alice.metrics.throttled_acks > 0
     assert bob_s == 0 and p_bob.metrics.throttled_acks == 0      # exempt (bob=0), on the same topic
+    assert await stored_count(config, topic) == TOTAL // 1000
+
+
+def kafka_send(address: str, topic: str, total: int) -> tuple[float, int]:
+    """A confluent-kafka producer sends `total` bytes of 1000-byte values (acks=all); the seconds it
+    took and the largest throttle time librdkafka reported in its statistics."""
+    throttle_max = 0
+
+    def stats(raw: str) -> None:
+        nonlocal throttle_max
+        for b in json.loads(raw).get("brokers", {}).values():
+            throttle_max = max(throttle_max, b.get("throttle", {}).get("max", 0))
+
+    p = KafkaProducer({"bootstrap.servers": address, "linger.ms": 5, "batch.size": MESSAGE, "acks": "all",
+                       "statistics.interval.ms": 200, "stats_cb": stats, "message.timeout.ms": 30_000})
+    t0 = time.monotonic()
+    for i in range(total // 1000):
+        p.produce(topic, b"k-%06d-" % i + b"x" * 991)
+        p.poll(0)
+    assert p.flush(60) == 0
+    elapsed = time.monotonic() - t0
+    p.poll(0.5)   # one more statistics report
+    return elapsed, throttle_max
+
+
+async def test_a_topic_quota_holds_a_kafka_producer_on_the_kafka_listener(
+        devcluster: DevCluster, unique_name: Callable[[str], str]) -> None:
+    topic = unique_name("kafka-noisy")
+    config = dataclasses.replace(devcluster.config(topics=[topic_config(topic)]), broker=BrokerConfig(kafka_port=0),
+                                 quota=QuotaConfig(topics=(f"{topic}={RATE}",), burst_s=BURST_S))
+    async with running_broker(config) as broker:
+        elapsed, client_throttle_ms = await asyncio.to_thread(kafka_send, broker.kafka_address, topic, TOTAL)
+        accepted = sample(broker, "memq_broker_message_bytes_total", topic=topic)
+        throttled_s = sample(broker, "memq_broker_throttle_seconds_total", principal="anonymous", topic=topic)
+    # the bound of the first test; 1% more for memq's Message header around each Kafka RecordBatch
+    assert accepted <= 1.01 * (RATE * elapsed + RATE * BURST_S + MESSAGE)
+    assert accepted >= 0.5 * RATE * elapsed
+    assert throttled_s > 0 and client_throttle_ms > 0   # the ProduceResponse said so (throttle_time_ms)
     assert await stored_count(config, topic) == TOTAL // 1000
