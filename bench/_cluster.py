@@ -9,6 +9,7 @@ every bench compares it: from the group assignment to the N-th record.
 
 from __future__ import annotations
 
+import dataclasses
 import tempfile
 import time
 import urllib.request
@@ -17,6 +18,7 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from confluent_kafka import Producer
 from prometheus_client.parser import text_string_to_metric_families
@@ -35,11 +37,23 @@ class BenchCluster:
     config: MemqConfig          # the cluster's servers, `topics`, producer.brokers = the broker
 
 
+@dataclass(frozen=True)
+class _WithSections:
+    """The dev cluster's config with some sections replaced (e.g. `security`, `quota`)."""
+
+    dc: DevCluster
+    sections: dict[str, Any]
+
+    def config(self, cluster: str = "dev") -> MemqConfig:
+        return dataclasses.replace(self.dc.config(cluster=cluster), **self.sections)
+
+
 @contextmanager
-def bench_cluster(topics: Iterable[TopicConfig]) -> Iterator[BenchCluster]:
+def bench_cluster(topics: Iterable[TopicConfig], **sections: Any) -> Iterator[BenchCluster]:
+    """`sections`: config sections every broker (and the yielded config) gets, e.g. `quota=QuotaConfig(...)`."""
     with tempfile.TemporaryDirectory(prefix="memq-bench-") as tmp, \
             DevCluster(Path(tmp) / "servers") as dc, \
-            GovernedCluster(tmp, brokers=1, servers=dc, cluster="bench") as gc:
+            GovernedCluster(tmp, brokers=1, servers=_WithSections(dc, sections), cluster="bench") as gc:
         for topic in topics:
             gc.create_topic(topic)
         yield BenchCluster(dc, gc.broker("b1"), gc.config())

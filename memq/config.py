@@ -20,6 +20,7 @@ from typing import Any, Literal, Mapping
 
 from memq.errors import ConfigError
 from memq.security.acl import parse_rules
+from memq.security.quota import QuotaTable, parse_overrides
 from memq.security.tokens import parse_entries
 
 MiB = 1024 * 1024
@@ -368,6 +369,36 @@ class SecurityConfig:
 
 
 @dataclass(frozen=True)
+class QuotaConfig:
+    """Produce byte-rate quotas, enforced by each broker on its own traffic by delaying, never
+    failing, requests (memq.security.quota). Rates are bytes/s of Messages as sent (after the
+    producer's compression); 0 = no quota. `principal_byte_rate` applies to each principal
+    (all its topics; "anonymous" with security off), `topic_byte_rate` to each topic (all its
+    principals); `principals` / `topics` override them, one `NAME=BYTES_PER_S` each (`=0`:
+    exempt). A client may run `burst_s` of its rate ahead; a connection over its quota is not
+    read for up to `max_throttle_ms` at a time: keep it under producers' request_timeout_ms, and
+    their max_message_bytes under rate x max_throttle_ms, or larger Messages overrun the quota.
+    """
+
+    principal_byte_rate: float = setting(0.0, ge=0)
+    topic_byte_rate: float = setting(0.0, ge=0)
+    principals: tuple[str, ...] = ()
+    topics: tuple[str, ...] = ()
+    burst_s: float = setting(1.0, ge=0.01, le=60)
+    max_throttle_ms: int = setting(10_000, ge=1, le=30_000)   # beyond, an unread WebSocket misses its heartbeat
+
+    def __post_init__(self) -> None:
+        check_ranges(self, "quota")
+        self.table()
+
+    def table(self) -> QuotaTable:
+        """The rates in force (ConfigError naming the override that is malformed)."""
+        return QuotaTable(self.principal_byte_rate, self.topic_byte_rate,
+                          parse_overrides(self.principals, "quota.principals"),
+                          parse_overrides(self.topics, "quota.topics"))
+
+
+@dataclass(frozen=True)
 class MemqConfig:
     """Everything a memq process needs; `topics` are the statically configured topics."""
 
@@ -383,6 +414,7 @@ class MemqConfig:
     audit: AuditConfig = field(default_factory=AuditConfig)
     cost: CostConfig = field(default_factory=CostConfig)
     security: SecurityConfig = field(default_factory=SecurityConfig)
+    quota: QuotaConfig = field(default_factory=QuotaConfig)
     topics: tuple[TopicConfig, ...] = ()
 
     def topic(self, name: str) -> TopicConfig:

@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from memq.errors import ProtocolError
-from memq.format.wire import (NO_REQUEST_ID, REQUEST_HEADER_SIZE, Ack, AckCode, AckLevel, RequestFlag,
+from memq.format.wire import (ACK_VERSION, NO_REQUEST_ID, REQUEST_HEADER_SIZE, Ack, AckCode, AckLevel, RequestFlag,
                               decode_acks, decode_request, encode_acks, encode_request, pack_request_header_into,
                               peek_request_id, request_header_size)
 from memq.format.message import encode_message, verify_message
@@ -94,6 +94,39 @@ def test_acks_round_trip_several_per_frame() -> None:
             Ack(2, False, AckCode.NOT_HERE, "moved", brokers=("http://b2:1",)),
             Ack(3, True)]
     assert decode_acks(encode_acks(acks)) == acks
+
+
+def _decode_acks_v1(frame: bytes) -> list[dict[str, object]]:
+    """The ack decoder of ack version 1 clients (before throttle_ms), field for field."""
+    return [dict(id=int(d["id"]), ok=bool(d["ok"]), code=str(d["code"]), error=str(d.get("error", "")),
+                 bucket=str(d.get("bucket", "")), key=str(d.get("key", "")), index=int(d.get("index", -1)),
+                 partition=int(d.get("partition", -1)), offset=int(d.get("offset", -1)),
+                 brokers=tuple(d.get("brokers", ())))
+            for d in msgpack.unpackb(frame)]
+
+
+def test_ack_version_2_throttle_time_round_trips_and_version_1_clients_still_parse_it() -> None:
+    assert ACK_VERSION == 2
+    throttled = [Ack(7, True, AckCode.OK, "", "bkt", "00/dev/topics/t/x", 1, 0, 5, throttle_ms=1250),
+                 Ack(8, True, throttle_ms=1)]
+    frame = encode_acks(throttled)
+    assert decode_acks(frame) == throttled
+    old = _decode_acks_v1(frame)                       # an old client: same acks, the new key ignored
+    assert [(a["id"], a["ok"], a["key"], a["offset"]) for a in old] == [(7, True, "00/dev/topics/t/x", 5),
+                                                                         (8, True, "", -1)]
+
+
+def test_unthrottled_acks_are_the_version_1_bytes_and_version_1_frames_read_as_unthrottled() -> None:
+    ack = Ack(3, False, AckCode.BUSY, "full")
+    v1_frame = msgpack.packb([{"id": 3, "ok": False, "code": "BUSY", "error": "full"}])
+    assert encode_acks([ack]) == v1_frame               # what a version 1 broker sent
+    assert decode_acks(v1_frame) == [ack] and ack.throttle_ms == 0
+
+
+@pytest.mark.parametrize("bad", [-1, "5", 1.5, True, None])
+def test_a_bad_throttle_time_is_a_protocol_error(bad: object) -> None:
+    with pytest.raises(ProtocolError, match="throttle_ms"):
+        decode_acks(msgpack.packb([{"id": 1, "ok": True, "code": "OK", "throttle_ms": bad}]))
 
 
 @given(st.binary(max_size=64))

@@ -1,7 +1,9 @@
 """One producer's `/v1/produce` WebSocket: read Message frames, write batched acks.
 
 Frames are handled one at a time, so while a TopicProcessor has no free slot this connection
-stops reading and TCP pushes back on the producer. Acks go through a bounded queue drained by
+stops reading and TCP pushes back on the producer. The same holds a client over its byte-rate
+quota (memq.security.quota): its request is accepted, its ack carries the throttle time, and
+the connection is not read for that long. Acks go through a bounded queue drained by
 one writer task, several per frame. Every bad frame gets an error ack naming the problem; a
 client that does not read its acks (queue full, or a write that does not finish within
 `write_timeout_s`) is closed cleanly, and other connections are not affected.
@@ -10,6 +12,7 @@ client that does not read its acks (queue full, or a write that does not finish 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections import deque
@@ -20,6 +23,7 @@ from aiohttp import WebSocketError, WSCloseCode, WSMsgType, web
 from memq.errors import FormatError, ProtocolError
 from memq.format import verify_message
 from memq.security.acl import Operation
+from memq.security.quota import ANONYMOUS
 from memq.format.wire import (NO_REQUEST_ID, Ack, AckCode, AckLevel, RequestFlag, decode_request, encode_acks,
                               peek_request_id)
 
@@ -84,9 +88,11 @@ class ProduceConnection:
         self._wakeup.set()
         await self._ws.close(code=WSCloseCode.GOING_AWAY, message=b"broker shutting down")
 
-    def _reply(self, ack: Ack, topic: str) -> None:
+    def _reply(self, ack: Ack, topic: str, throttle_ms: int = 0) -> None:
         if self._closed:
             return
+        if throttle_ms:
+            ack = dataclasses.replace(ack, throttle_ms=throttle_ms)
         if len(self._pending) >= self._max_pending:
             self._close_slow(f"client did not read its acks ({self._max_pending} pending)")
             return
@@ -130,12 +136,18 @@ class ProduceConnection:
             if not quiet:
                 self._reject(req.request_id, topic, AckCode.CORRUPT, f"request {req.request_id}: {e}")
             return
+        principal = self._principal or ANONYMOUS
+        throttle_s = self._broker.quotas.charge(principal, topic, len(req.message), time.monotonic())
+        throttle_ms = round(throttle_s * 1000)
         ack = await proc.append(req.message, header, req.request_id, req.ack,
-                                lambda a: self._reply(a, topic), seal=bool(req.flags & RequestFlag.SEAL))
+                                lambda a: self._reply(a, topic, throttle_ms), seal=bool(req.flags & RequestFlag.SEAL))
         if ack is not None and not quiet:
             if not ack.ok:
                 self._metrics.rejected.labels(ack.code).inc()
-            self._reply(ack, topic)
+            self._reply(ack, topic, throttle_ms)
+        if throttle_s:
+            self._metrics.throttle_seconds.labels(principal, topic).inc(throttle_s)
+            await asyncio.sleep(throttle_s)   # read nothing more from this client meanwhile
 
     def _close_slow(self, why: str) -> None:
         if self._closed:

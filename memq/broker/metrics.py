@@ -65,3 +65,8 @@ class BrokerMetrics:
         self.denials = Counter("memq_broker_denials",
                                "Requests refused: no valid credentials (operation=authenticate) or denied by an ACL",
                                ["operation"], registry=r)
+        # quotas (memq.security.quota)
+        self.throttle_seconds = Counter(
+            "memq_broker_throttle_seconds",
+            "Time produce connections were not read because a byte-rate quota was exceeded (principal "
+            "'anonymous' with security off)", ["principal", "topic"], registry=r)

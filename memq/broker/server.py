@@ -25,6 +25,7 @@ from memq.format.wire import AckCode
 from memq.kafka_api.listener import KafkaListener
 from memq.notify import NotificationPublisher, TopicAdmin
 from memq.security.acl import Operation
+from memq.security.quota import Throttler
 from memq.security.tls import server_context
 from memq.storage import StorageHandler, StorageMetrics, make_storage
 
@@ -56,6 +57,8 @@ class Broker:
         self.cluster_view: Callable[[], ClusterView | None] | None = None   # governed: from ZooKeeper
         self.url = ""
         self.guard = Guard(config.security, self.metrics.denials)
+        self.quotas = Throttler(config.quota.table(), burst_s=config.quota.burst_s,
+                                max_delay_s=config.quota.max_throttle_ms / 1000)
         self.app = web.Application(middlewares=[self.guard.middleware])
         self.app.add_routes([web.get("/v1/produce", self._produce), web.get("/v1/metadata", self._metadata),
                              web.get("/healthz", self._healthz), web.get("/health", self._healthz),

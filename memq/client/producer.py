@@ -144,6 +144,7 @@ class Producer:
             seal_bytes=self._seal_bytes, producer_id=self.producer_id,
             epoch=epoch, codec=Codec[config.codec.upper()])
         self._sender: Sender[Waiter] = Sender(config, self._done, router=router, connector=connector)
+        self.metrics = self._sender.metrics   # throttle time reported by brokers (quotas)
         self._linger: dict[str, asyncio.TimerHandle] = {}
         self._buffered = 0
         self._room = asyncio.Event()

@@ -34,6 +34,7 @@ from ._metadata import TopicRouter
 from ._singleflight import SingleFlight
 from .accumulator import Sealed, Waiting
 from .cluster import broker_urls
+from .metrics import ProducerMetrics
 
 log = logging.getLogger("memq.client.producer")
 
@@ -108,6 +109,7 @@ class Sender(Generic[W]):
         self._tasks: set[asyncio.Task[None]] = set()
         self._next_request_id = 1
         self.closed = False
+        self.metrics = ProducerMetrics()
 
     # --- what the Producer calls ---------------------------------------------------------------
 
@@ -225,6 +227,7 @@ class Sender(Generic[W]):
             self._finish(msg, None, Ack(request_id, True))
 
     def _on_ack(self, ack: Ack) -> None:
+        self.metrics.throttled(ack.throttle_ms)
         msg = self._in_flight.pop(ack.id, None)
         if msg is None:
             if ack.id < 0:

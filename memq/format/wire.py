@@ -5,7 +5,10 @@ level, flags, request id, topic) followed by the Message bytes, which the broker
 zero-copy slice of the frame. Version 2 added the flags byte (`RequestFlag`); brokers still
 parse version 1 frames (no flags), so old producers keep working against new brokers. Broker -> client: binary frames holding a msgpack list of acks,
 several per frame when they are ready together, in any order. Acks travel as msgpack maps
-so that new fields can be added without breaking old clients.
+so that new fields can be added without breaking old clients: a decoder reads the keys it
+knows and ignores the others, and a key is only written when it differs from its default.
+Ack version 2 added `throttle_ms` (a quota delayed the connection, `ACK_VERSION`); version 1
+clients ignore it, and version 2 clients read its absence from version 1 brokers as 0.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ _REQUEST_V1 = struct.Struct(">2sBBQH")  # version 1: no flags byte
 _LAYOUTS = {1: _REQUEST_V1, WIRE_VERSION: _REQUEST}
 REQUEST_HEADER_SIZE = _REQUEST.size   # of the frames this module writes
 MAX_TOPIC_BYTES = 255
+ACK_VERSION = 2   # the ack map fields this module knows (documentation: no version travels)
 
 
 class AckLevel(IntEnum):
@@ -99,6 +103,7 @@ class Ack:
     partition: int = -1
     offset: int = -1
     brokers: tuple[str, ...] = ()
+    throttle_ms: int = 0     # ack version 2: the broker stops reading this connection this long (a quota)
 
 
 def _topic_bytes(topic: str) -> bytes:
@@ -189,11 +194,19 @@ def _ack_to_map(a: Ack) -> dict[str, Any]:
         d.update(bucket=a.bucket, key=a.key, index=a.index, partition=a.partition, offset=a.offset)
     if a.brokers:
         d["brokers"] = list(a.brokers)
+    if a.throttle_ms:
+        d["throttle_ms"] = a.throttle_ms
     return d
 
 
 def encode_acks(acks: Sequence[Ack]) -> bytes:
     return msgpack.packb([_ack_to_map(a) for a in acks])
+
+
+def _throttle_ms(value: object) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ValueError(f"throttle_ms {value!r} is not a count of milliseconds")
+    return value
 
 
 def decode_acks(frame: bytes) -> list[Ack]:
@@ -205,7 +218,8 @@ def decode_acks(frame: bytes) -> list[Ack]:
         return [Ack(id=int(d["id"]), ok=bool(d["ok"]), code=str(d["code"]), error=str(d.get("error", "")),
                     bucket=str(d.get("bucket", "")), key=str(d.get("key", "")),
                     index=int(d.get("index", -1)), partition=int(d.get("partition", -1)),
-                    offset=int(d.get("offset", -1)), brokers=tuple(d.get("brokers", ())))
+                    offset=int(d.get("offset", -1)), brokers=tuple(d.get("brokers", ())),
+                    throttle_ms=_throttle_ms(d.get("throttle_ms", 0)))
                 for d in items]
     except (ValueError, TypeError, KeyError, AttributeError) as e:   # msgpack's errors are ValueErrors
         raise ProtocolError(f"ack frame of {len(frame)} bytes is malformed: {e}") from None

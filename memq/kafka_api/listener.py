@@ -11,6 +11,10 @@ protocol. A Kafka client has no memq audit emitter, so the listener reports each
 API or version not served (other than ApiVersions, which answers UNSUPPORTED_VERSION with our
 ranges) closes the connection with the reason in the log, as a Kafka broker does: its
 response shape is unknown, so no answer could be parsed by the client.
+
+Produce quotas hold here as on `/v1/produce` (memq.security.quota; the principal is
+"anonymous": this listener has no authentication): a Produce over quota is accepted, its
+response carries `throttle_time_ms`, and the connection is not read for that long (KIP-219).
 """
 
 from __future__ import annotations
@@ -20,12 +24,14 @@ import itertools
 import logging
 import secrets
 import struct
+import time
 from typing import TYPE_CHECKING
 
 from memq.errors import FormatError, ProtocolError, UnsupportedCodecError, UnsupportedVersionError
 from memq.format.kafka_records import split_kafka_batches, verify_kafka_batch
 from memq.format.message import MESSAGE_HEADER_SIZE, MessageHeader, encode_kafka_message
 from memq.format.wire import Ack, AckCode, AckLevel
+from memq.security.quota import ANONYMOUS
 
 from .mapping import PRODUCER_ID_BITS, ack_level, error_code, memq_producer_id, metadata_view, node_id
 from .protocol import (ApiKey, ErrorCode, PartitionData, PartitionResult, ProduceRequest, ProduceResult, Reader,
@@ -107,6 +113,7 @@ class KafkaConnection:
         self._producer_id = secrets.randbits(64)
         self._sequence = itertools.count()
         self._metrics = broker.metrics
+        self._throttle_s = 0.0   # owed by the request just handled: read nothing more for this long
 
     def close(self) -> None:
         self._writer.close()
@@ -155,6 +162,9 @@ class KafkaConnection:
                 return response
             if response is not None:
                 await self._responses.put(response)
+            if self._throttle_s:
+                await asyncio.sleep(self._throttle_s)
+                self._throttle_s = 0.0
 
     async def _dispatch(self, h: RequestHeader, body: Reader) -> asyncio.Future[bytes] | str | None:
         """The response to come, None for none (acks=0), or why the connection must close."""
@@ -210,18 +220,35 @@ class KafkaConnection:
                     log.info("Kafka produce to %s[%d] from %s: %s (%s)", topic, part.index, self._peer,
                              outcome.error.name, outcome.message)
                 appended.append((topic, part.index, outcome))
+        self._throttle_s = self._charge(req, appended)
         if level is AckLevel.NONE:
             return None   # Kafka sends no response to acks=0
         wait_s = min(max(req.timeout_ms / 1000, MIN_ACK_WAIT_S), MAX_ACK_WAIT_S)
-        return asyncio.ensure_future(self._produce_response(h, appended, wait_s))
+        return asyncio.ensure_future(self._produce_response(h, appended, wait_s, round(self._throttle_s * 1000)))
+
+    def _charge(self, req: ProduceRequest,
+                appended: list[tuple[str, int, list[asyncio.Future[Ack]] | PartitionResult]]) -> float:
+        """Charge the accepted records of each topic to the quotas; the longest delay owed."""
+        accepted = {(topic, index) for topic, index, o in appended if not isinstance(o, PartitionResult)}
+        delay, worst = 0.0, ""
+        now = time.monotonic()
+        for topic, parts in req.topics:
+            nbytes = sum(len(p.records or b"") for p in parts if (topic, p.index) in accepted)
+            if nbytes:
+                d = self._broker.quotas.charge(ANONYMOUS, topic, nbytes, now)
+                if d > delay:
+                    delay, worst = d, topic
+        if delay:
+            self._metrics.throttle_seconds.labels(ANONYMOUS, worst).inc(delay)
+        return delay
 
     async def _produce_response(self, h: RequestHeader,
                                 appended: list[tuple[str, int, list[asyncio.Future[Ack]] | PartitionResult]],
-                                timeout_s: float) -> bytes:
+                                timeout_s: float, throttle_ms: int) -> bytes:
         futures = [f for _, _, o in appended if not isinstance(o, PartitionResult) for f in o]
         if futures:
             await asyncio.wait(futures, timeout=timeout_s)
-        result = ProduceResult()
+        result = ProduceResult(throttle_ms=throttle_ms)
         for topic, index, outcome in appended:
             result.topics.setdefault(topic, []).append(
                 outcome if isinstance(outcome, PartitionResult) else _partition_result(index, outcome, timeout_s))

@@ -317,6 +317,7 @@ class PartitionResult:
 @dataclass(slots=True)
 class ProduceResult:
     topics: dict[str, list[PartitionResult]] = field(default_factory=dict)
+    throttle_ms: int = 0     # a produce quota delayed the connection this long (KIP-219)
 
 
 def encode_produce(h: RequestHeader, result: ProduceResult) -> bytes:
@@ -330,7 +331,7 @@ def encode_produce(h: RequestHeader, result: ProduceResult) -> bytes:
                 w.i64(-1)   # log_start_offset
             if v >= 8:
                 w.i32(0).nullable_string(p.message)   # record_errors, error_message
-    w.i32(0)   # throttle_time_ms
+    w.i32(result.throttle_ms)
     return w.frame()
 
 
