@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
 from memq.broker import Broker
 from memq.config import MemqConfig
 from memq.format import Notification
+from memq.notify import KafkaTopic
 
 
 class NullPublisher:
@@ -20,8 +21,8 @@ class NullPublisher:
 
 
 class NullAdmin:
-    def create_topic(self, name: str, partitions: int) -> None:
-        pass
+    def create_topics(self, topics: Sequence[KafkaTopic]) -> dict[str, str]:
+        return {}
 
 
 @contextmanager

@@ -162,7 +162,7 @@ async def test_unknown_topic_and_too_large_are_clear(devcluster: DevCluster, uni
     topic = unique_name("errs")
     config = devcluster.config(topics=[topic_config(topic)])
     async with running_broker(config) as broker:
-        async with Producer(producer_config(broker.url, max_message_bytes=64 * 1024)) as p:
+        async with Producer(producer_config(broker.url, max_message_bytes=64 * 1024, max_block_ms=1000)) as p:
             with pytest.raises(UnknownTopicError, match="no-such-topic"):
                 await p.send("no-such-topic", b"x")
             with pytest.raises(MessageTooLargeError, match="max_message_bytes"):

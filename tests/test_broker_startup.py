@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import Sequence
 from pathlib import Path
 
 import aiohttp
@@ -13,6 +14,8 @@ import pytest
 from memq.broker import Broker
 from memq.config import BrokerConfig, MemqConfig, StorageConfig, TopicConfig
 from memq.devcluster.process import free_port
+from memq.errors import NotifyError
+from memq.notify import KafkaTopic
 from inproc import NullPublisher
 
 
@@ -23,9 +26,10 @@ class GatedAdmin:
         self.gate = threading.Event()
         self.created: list[str] = []
 
-    def create_topic(self, name: str, partitions: int) -> None:
+    def create_topics(self, topics: Sequence[KafkaTopic]) -> dict[str, str]:
         assert self.gate.wait(10), "test never opened the gate"
-        self.created.append(name)
+        self.created.extend(t.name for t in topics)
+        return {}
 
 
 async def test_no_connection_is_accepted_before_configured_topics_are_open(tmp_path: Path) -> None:
@@ -49,4 +53,51 @@ async def test_no_connection_is_accepted_before_configured_topics_are_open(tmp_p
     finally:
         admin.gate.set()
         await asyncio.wait_for(starting, 10)
+        await broker.stop()
+
+
+class RecordingAdmin:
+    """Records each create_topics request; topics named in `failing` cannot be created."""
+
+    def __init__(self, failing: frozenset[str] = frozenset()) -> None:
+        self.requests: list[list[str]] = []
+        self.failing = failing
+
+    def create_topics(self, topics: Sequence[KafkaTopic]) -> dict[str, str]:
+        self.requests.append([t.name for t in topics])
+        return {t.name: f"cannot create Kafka topic {t.name!r}: boom" for t in topics if t.name in self.failing}
+
+
+async def test_a_governed_broker_answers_starting_until_it_hosts_its_assignment(tmp_path: Path) -> None:
+    config = MemqConfig(storage=StorageConfig(kind="file", root_dir=str(tmp_path)), broker=BrokerConfig(port=0))
+    admin = RecordingAdmin()
+    broker = Broker(config, publisher=NullPublisher(), admin=admin)   # type: ignore[arg-type]
+    url = await broker.start(ready=False)
+    try:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as s:
+            async with s.get(url + "/healthz") as resp:
+                body = await resp.json()
+                assert resp.status == 503 and body["status"] == "starting" and "assigned" in body["reason"]
+            await broker.add_topics([TopicConfig(f"t{i}") for i in range(300)])
+            broker.set_ready()
+            async with s.get(url + "/healthz") as resp:
+                assert resp.status == 200 and len((await resp.json())["topics"]) == 300
+        assert admin.requests == [[f"memq.dev.t{i}" for i in range(300)]]   # one Kafka request for all
+    finally:
+        await broker.stop()
+
+
+async def test_a_topic_whose_notification_topic_fails_does_not_keep_the_others_out(tmp_path: Path) -> None:
+    config = MemqConfig(storage=StorageConfig(kind="file", root_dir=str(tmp_path)), broker=BrokerConfig(port=0))
+    admin = RecordingAdmin(failing=frozenset({"memq.dev.bad"}))
+    broker = Broker(config, publisher=NullPublisher(), admin=admin)   # type: ignore[arg-type]
+    await broker.start()
+    try:
+        with pytest.raises(NotifyError, match="cannot host 1 topics.*'memq.dev.bad': boom"):
+            await broker.add_topics([TopicConfig("a"), TopicConfig("bad"), TopicConfig("c")])
+        assert broker.processor("a") and broker.processor("c") and broker.processor("bad") is None
+        admin.failing = frozenset()
+        await broker.add_topics([TopicConfig("a"), TopicConfig("bad"), TopicConfig("c")])   # the next reconcile
+        assert broker.processor("bad") and admin.requests[-1] == ["memq.dev.bad"]
+    finally:
         await broker.stop()

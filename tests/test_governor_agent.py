@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 
 import pytest
 from kazoo.client import KazooClient
@@ -35,8 +35,8 @@ class RecordingBroker:
     def health(self) -> str | None:
         return self.unhealthy
 
-    async def add_topic(self, topic: TopicConfig) -> None:
-        self.topics[topic.name] = topic
+    async def add_topics(self, topics: Iterable[TopicConfig]) -> None:
+        self.topics.update((t.name, t) for t in topics)
 
     async def remove_topic(self, name: str, *, moved_to: tuple[str, ...] = ()) -> None:
         self.topics.pop(name, None)

@@ -14,7 +14,7 @@ from memq.devcluster import DevCluster
 from memq.devcluster.process import free_port
 from memq.errors import CorruptDataError, NotifyError, UnknownTopicError, UnsupportedVersionError
 from memq.format import NOTIFICATION_VERSION, Notification
-from memq.notify import NotificationConsumer, NotificationPublisher, NotificationRecord, TopicAdmin
+from memq.notify import KafkaTopic, NotificationConsumer, NotificationPublisher, NotificationRecord, TopicAdmin
 
 pytestmark = pytest.mark.integration
 
@@ -74,6 +74,17 @@ def test_topic_admin(kafka: KafkaConfig, unique_name) -> None:
     with pytest.raises(UnknownTopicError):
         admin.partitions(never)
     assert never not in admin.list_topics()  # asking about it did not create it
+
+
+def test_topic_admin_creates_many_topics_in_one_request_and_names_each_failure(kafka: KafkaConfig, unique_name) -> None:
+    admin = TopicAdmin(kafka)
+    base = unique_name("bulk")
+    admin.create_topic(f"{base}-clash", 2)
+    topics = [KafkaTopic(f"{base}-{i}", 1 + i % 3) for i in range(200)]
+    failed = admin.create_topics([*topics, KafkaTopic(f"{base}-clash", 5)])
+    assert failed == {f"{base}-clash": f"Kafka topic '{base}-clash' exists with 2 partitions, not 5"}
+    assert all(admin.partitions(t.name) == t.partitions for t in topics[::37])
+    assert admin.create_topics(topics) == {}   # all exist as asked: a no-op
 
 
 async def test_publish_then_consume_everything(kafka: KafkaConfig, topic: str) -> None:

@@ -161,16 +161,58 @@ async def test_a_retriable_failure_resends_the_same_message_then_delivers() -> N
     assert first.request_id != retry.request_id and bytes(first.message) == bytes(retry.message)   # same bytes
 
 
-async def test_exhausted_retries_fail_every_waiter_and_unknown_topics_fail_at_once() -> None:
+async def test_exhausted_retries_fail_every_waiter_and_unknown_topics_fail_after_max_block_ms() -> None:
     broker = FakeBroker([AckCode.BUSY])
-    p = producer(broker, retries=2)
+    p = producer(broker, retries=2, max_block_ms=200)
     fut = await p.send("t", b"a")
     await p.flush()
     with pytest.raises(ProduceError, match="after 3 attempts"):
         await fut
     assert len(broker.frames) == 3
-    with pytest.raises(UnknownTopicError):
+    with pytest.raises(UnknownTopicError, match="nope.*still unknown after 0.2 s .producer.max_block_ms"):
         await p.send("nope", b"a")
+    await p.close()
+
+
+class LateRouter(FakeRouter):
+    """Knows topic "late" only from its `after`-th metadata request on (a broker still starting)."""
+
+    def __init__(self, url: str, after: int) -> None:
+        super().__init__({"t": [url]})
+        self.url, self.after, self.asked = url, after, 0
+
+    async def brokers_for(self, topic: str) -> list[str]:
+        if topic == "late":
+            self.asked += 1
+            if self.asked >= self.after:
+                self.topics["late"] = [self.url]
+        return await super().brokers_for(topic)
+
+
+async def test_send_waits_for_a_topic_that_is_not_hosted_yet_asking_again() -> None:
+    broker = FakeBroker([AckCode.OK])
+    router = LateRouter(broker.url, after=4)
+    p = Producer(ProducerConfig(brokers="http://fake", linger_ms=1, retry_backoff_ms=1, max_block_ms=5_000),
+                 router=router, connector=broker.connect)
+    assert (await (await p.send("late", b"a"))).topic == "late"
+    assert router.asked >= 4
+    await p.close()
+
+
+async def test_a_broker_answering_unknown_topic_is_retried_past_retries_until_the_delivery_deadline() -> None:
+    broker = FakeBroker([AckCode.UNKNOWN_TOPIC] * 4 + [AckCode.OK])   # more refusals than `retries`
+    p = producer(broker, retries=1)
+    assert (await (await p.send("t", b"a"))).topic == "t"
+    assert len(broker.frames) == 5
+    await p.close()
+
+    broker = FakeBroker([AckCode.UNKNOWN_TOPIC])                         # never hosted
+    p = producer(broker, retries=1, request_timeout_ms=100, delivery_timeout_ms=300)
+    fut = await p.send("t", b"a")
+    await p.flush()
+    with pytest.raises(UnknownTopicError, match="topic t .*delivery_timeout_ms=300.*stayed unknown.*UNKNOWN_TOPIC"):
+        await fut
+    assert len(broker.frames) > 2
     await p.close()
 
 

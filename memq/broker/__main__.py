@@ -19,10 +19,11 @@ from .server import Broker
 async def serve(config: MemqConfig) -> None:
     """Run a broker until SIGTERM or SIGINT, then stop gracefully (flush, store, ack)."""
     broker = Broker(config)
-    await broker.start()
+    await broker.start(ready=not config.zookeeper.enabled)   # governed: ready once its assignment is hosted
     agent = await start_agent(broker, config, broker.metrics.registry, broker.storage_metrics)   # None unless zookeeper.enabled
     if agent is not None:
         broker.cluster_view = agent.metadata
+        broker.set_ready()   # the agent's start hosted the topics assigned to this broker
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -1,7 +1,9 @@
 """The broker: an aiohttp app hosting TopicProcessors behind `/v1/produce`.
 
-`Broker` owns the hosted topics (`add_topic` / `remove_topic`, which the governor drives;
+`Broker` owns the hosted topics (`add_topics` / `remove_topic`, which the governor drives;
 until then the topics of the config), the storage handler and the notification publisher.
+Ready means ready: `/healthz` answers 200 only once the broker hosts what it must (the
+config's topics; governed, also its assignment: `start(ready=False)`, then `set_ready()`).
 `stop()` is the graceful shutdown: refuse new connections, answer CLOSING to new writes,
 seal, store, notify and ack every batch in flight, then close the connections.
 """
@@ -13,17 +15,18 @@ import dataclasses
 import logging
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from memq.audit.emitter import AuditEmitter, make_audit_sink
 from memq.config import MemqConfig, TopicConfig
+from memq.errors import NotifyError
 from memq.format.metadata import BrokerMetadata, ClusterMetadata, ClusterView, StorageMetadata, TopicMetadata
 from memq.format.wire import AckCode
 from memq.kafka_api.listener import KafkaListener
-from memq.notify import NotificationPublisher, TopicAdmin
+from memq.notify import KafkaTopic, NotificationPublisher, TopicAdmin
 from memq.security.acl import Operation
 from memq.security.quota import Throttler
 from memq.security.tls import server_context
@@ -51,6 +54,7 @@ class Broker:
         self._moved: dict[str, tuple[str, ...]] = {}
         self._connections: set[ProduceConnection] = set()
         self._draining = False
+        self._starting: str | None = None   # why /healthz is not 200 yet (None: ready)
         self._runner: web.AppRunner | None = None
         self._kafka: KafkaListener | None = None   # broker.kafka_port >= 0: the Kafka wire protocol
         self._kafka_audit: AuditEmitter | None = None
@@ -66,8 +70,14 @@ class Broker:
 
     # --- lifecycle ---------------------------------------------------------------------------
 
-    async def start(self) -> str:
-        """Listen on the configured host/port (0 = any free port), host the configured topics."""
+    async def start(self, *, ready: bool = True) -> str:
+        """Listen on the configured host/port (0 = any free port), host the configured topics.
+
+        `ready=False` (a governed broker): /healthz answers 503 "starting" until `set_ready()`,
+        once the broker hosts its assignment; process managers and the dev cluster wait on it.
+        """
+        if not ready:
+            self._starting = "starting: waiting to host the topics assigned to it"
         bc = self.config.broker
         if self._storage is None:
             self._storage = make_storage(self.config, metrics=self.storage_metrics)
@@ -86,8 +96,7 @@ class Broker:
         # manager polling /healthz) that reached us earlier would be told the topic is unknown.
         # The port is bound first, so a clash fails fast; until listen() clients see "refused".
         try:
-            for topic in self.config.topics:
-                await self.add_topic(topic)
+            await self.add_topics(self.config.topics)
             if bc.kafka_port >= 0:
                 # Kafka clients carry no memq audit emitter: the broker reports their Messages.
                 self._kafka_audit = make_audit_sink(self.config, client_id=f"memq-broker-{self.broker_id}-audit")
@@ -134,19 +143,36 @@ class Broker:
 
     # --- topics (the governor drives these) ----------------------------------------------------
 
+    def set_ready(self) -> None:
+        """The broker hosts what it must: /healthz may answer 200."""
+        self._starting = None
+
     async def add_topic(self, topic: TopicConfig) -> None:
-        """Host `topic` here; creates its notification topic with `read_partitions` partitions."""
-        if topic.name in self._processors:
+        await self.add_topics((topic,))
+
+    async def add_topics(self, topics: Iterable[TopicConfig]) -> None:
+        """Host `topics` here (those not hosted yet); first their notification topics are created
+        with `read_partitions` partitions, all in one Kafka request. NotifyError names those whose
+        notification topic could not be created; the others are hosted all the same."""
+        new = {t.name: t for t in topics if t.name not in self._processors}
+        if not new:
             return
         assert self._storage is not None and self._publisher is not None and self._admin is not None, "start() first"
         cluster = self.config.cluster.name
-        await asyncio.to_thread(self._admin.create_topic, topic.notification_topic_for(cluster),
-                                topic.read_partitions)
-        self._processors[topic.name] = TopicProcessor(
-            topic, cluster=cluster, broker_id=self.broker_id, storage=self._storage, publisher=self._publisher,
-            metrics=self.metrics, busy_wait_s=self.config.broker.busy_wait_ms / 1000,
-            dedup_capacity=self.config.broker.dedup_messages)
-        self._moved.pop(topic.name, None)
+        failed = await asyncio.to_thread(self._admin.create_topics, [
+            KafkaTopic(t.notification_topic_for(cluster), t.read_partitions) for t in new.values()])
+        for topic in new.values():
+            if topic.notification_topic_for(cluster) in failed:
+                continue
+            self._processors[topic.name] = TopicProcessor(
+                topic, cluster=cluster, broker_id=self.broker_id, storage=self._storage, publisher=self._publisher,
+                metrics=self.metrics, busy_wait_s=self.config.broker.busy_wait_ms / 1000,
+                dedup_capacity=self.config.broker.dedup_messages)
+            self._moved.pop(topic.name, None)
+        if failed:
+            more = f" (and {len(failed) - 3} more)" if len(failed) > 3 else ""
+            raise NotifyError(f"broker {self.broker_id} cannot host {len(failed)} topics: "
+                              + "; ".join(list(failed.values())[:3]) + more)
 
     async def remove_topic(self, name: str, *, moved_to: tuple[str, ...] = ()) -> None:
         """Stop writes (later requests get NOT_HERE naming `moved_to`), seal, upload, ack, drop."""
@@ -220,9 +246,11 @@ class Broker:
         return probe() if probe is not None else None
 
     async def _healthz(self, request: web.Request) -> web.Response:
-        """200 while healthy; 503 with the reason while draining or unable to publish notifications."""
-        why = self.health()
-        status = "ok" if why is None else "draining" if self._draining else "unhealthy"
+        """200 while healthy; 503 with the reason while starting, draining or unable to publish
+        notifications."""
+        why = self._starting or self.health()
+        status = ("ok" if why is None else "starting" if self._starting else "draining" if self._draining
+                  else "unhealthy")
         body = {"status": status, "broker_id": self.broker_id, "topics": sorted(self._processors)}
         if why is not None:
             body["reason"] = why

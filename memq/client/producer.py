@@ -4,7 +4,8 @@ Two halves: the `Accumulator` (no I/O: buffers, seals by size or `linger_ms`, as
 sequences) and the `Sender` (connections, in-flight attempts, retries, acks). The Producer
 between them validates input, bounds buffered and unacknowledged bytes by
 `max_in_flight_bytes` (`send` waits for room up to `max_block_ms`, then raises
-ProducerTimeoutError), runs the linger timers, and resolves each caller's future from its
+ProducerTimeoutError; for a topic no broker hosts yet it waits as long, then raises
+UnknownTopicError), runs the linger timers, and resolves each caller's future from its
 Message's outcome (and tells the audit sink). Each Message is acked or failed within
 `delivery_timeout_ms` of its seal, retries included; `flush(timeout)` and `close(timeout)`
 are bounded too.
@@ -273,7 +274,9 @@ class Producer:
         if not topic or len(topic.encode()) > MAX_TOPIC_BYTES:
             raise InvalidInputError(f"topic {topic!r}: must be 1..{MAX_TOPIC_BYTES} bytes")
         if not self._acc.knows(topic):
-            await self._sender.brokers_for(topic)   # UnknownTopicError now, not at ack time
+            # a topic no broker hosts yet (being created, its broker starting) is waited for, as
+            # Kafka's send() does, up to max_block_ms; then UnknownTopicError, not at ack time
+            await self._sender.await_topic(topic, self.config.max_block_ms / 1000)
             self._acc.register(topic)
         limit = self.config.max_in_flight_bytes
         if self._buffered + size > limit and self._buffered > 0:

@@ -8,7 +8,10 @@ from its seal, retries included (Kafka's `delivery.timeout.ms`): past it the Mes
 with ProducerTimeoutError whatever is under way. A retriable failure is retried after a
 jittered exponential backoff, a broker's failure at once on another broker (never twice in
 a row); a retry resends the very same bytes, so consumers can drop duplicates by
-(producer id, epoch, sequence). The outcome of each Message goes to `on_done`, once.
+(producer id, epoch, sequence). An unknown topic is retriable, as in Kafka (a topic being
+created, or a broker still starting, is unknown for a moment): its Messages retry with fresh
+metadata until their delivery deadline, whatever `retries` says, and then fail with
+UnknownTopicError naming it. The outcome of each Message goes to `on_done`, once.
 """
 
 from __future__ import annotations
@@ -84,6 +87,7 @@ class InFlight(Generic[W]):
     timer: asyncio.TimerHandle | None = None       # the attempt's ack deadline
     expiry: asyncio.TimerHandle | None = None      # the Message's delivery deadline
     flags: RequestFlag = RequestFlag.NONE   # SEAL once a flush() wants it sent now
+    unknown: str = ""                        # why the last attempt found the topic unknown
 
 
 class Sender(Generic[W]):
@@ -124,6 +128,24 @@ class Sender(Generic[W]):
     async def brokers_for(self, topic: str) -> list[str]:
         """The brokers hosting `topic` (UnknownTopicError if none does)."""
         return await self._router_for().brokers_for(topic)
+
+    async def await_topic(self, topic: str, timeout_s: float) -> None:
+        """Return once a broker hosts `topic`, asking the cluster again after each backoff;
+        UnknownTopicError naming it if none does within `timeout_s` (Kafka's max.block.ms)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        attempt = 0
+        while True:
+            try:
+                await self.brokers_for(topic)
+                return
+            except UnknownTopicError as e:
+                left = deadline - loop.time()
+                if left <= 0:
+                    raise UnknownTopicError(f"{e}; still unknown after {timeout_s:g} s "
+                                            f"(producer.max_block_ms)") from None
+                attempt += 1
+                await asyncio.sleep(min(self._backoff_s(attempt), left))
 
     async def flush(self, timeout_s: float | None = None) -> None:
         """Ask brokers to seal now, then wait until every Message handed over is finished
@@ -187,7 +209,10 @@ class Sender(Generic[W]):
         router = self._router_for()
         try:
             url = await router.next_broker(topic)
-        except (UnknownTopicError, AuthenticationError) as e:
+        except UnknownTopicError as e:
+            self._retry_or_fail(msg, str(e), UnknownTopicError)
+            return
+        except AuthenticationError as e:
             self._finish(msg, e)
             return
         except BrokerUnavailableError as e:
@@ -286,20 +311,21 @@ class Sender(Generic[W]):
         """The delivery deadline passed: fail the Message; a late ack of its attempt is ignored."""
         if self._in_flight.get(msg.request_id) is msg:
             del self._in_flight[msg.request_id]
-        self._finish(msg, ProducerTimeoutError(
-            f"topic {msg.sealed.topic} sequence {msg.sealed.sequence}: not acked within "
-            f"producer.delivery_timeout_ms={self.config.delivery_timeout_ms} ({msg.attempt} attempts)"))
+        what = f"topic {msg.sealed.topic} sequence {msg.sealed.sequence}: not acked within " \
+               f"producer.delivery_timeout_ms={self.config.delivery_timeout_ms} ({msg.attempt} attempts)"
+        self._finish(msg, UnknownTopicError(f"{what}: the topic stayed unknown: {msg.unknown}") if msg.unknown
+                     else ProducerTimeoutError(what))
 
     def _retry_or_fail(self, msg: InFlight[W], why: str, error: type[MemqError], *, failover: bool = False) -> None:
         """Retry after a jittered exponential backoff; a broker's failure (`failover`) is retried at
         once on another broker when the topic has one (never twice in a row, so a cluster that
-        is all down still gets backoff)."""
-        if msg.attempt > self.config.retries or self.closed:
+        is all down still gets backoff). An unknown topic is retried until the delivery deadline."""
+        msg.unknown = why if error is UnknownTopicError else ""
+        if (msg.attempt > self.config.retries and not msg.unknown) or self.closed:
             self._finish(msg, error(f"{why} (after {msg.attempt} attempts)"))
             return
         msg.failed_over = (failover and not msg.failed_over and self._router_for().can_fail_over(msg.sealed.topic))
-        backoff = 0.0 if msg.failed_over else min(self.config.retry_backoff_ms / 1000 * 2 ** (msg.attempt - 1),
-                                                  _MAX_BACKOFF_S)
+        backoff = 0.0 if msg.failed_over else self._backoff_s(msg.attempt)
         log.info("retrying %s in %.2fs: %s", msg.sealed.topic, backoff, why)
 
         async def later() -> None:
@@ -307,6 +333,10 @@ class Sender(Generic[W]):
                 await asyncio.sleep(backoff * (0.5 + random.random() / 2))
             await self._attempt(msg)
         self._spawn(later())
+
+    def _backoff_s(self, attempt: int) -> float:
+        """The backoff before retry number `attempt` (from 1), before jitter."""
+        return min(self.config.retry_backoff_ms / 1000 * 2 ** (attempt - 1), _MAX_BACKOFF_S)
 
     def _cancel_timer(self, msg: InFlight[W]) -> None:
         if msg.timer is not None:

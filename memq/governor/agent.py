@@ -14,6 +14,7 @@ import contextlib
 import logging
 import signal
 import time
+from collections.abc import Iterable
 from typing import Protocol
 
 from kazoo.protocol.states import KazooState
@@ -41,7 +42,7 @@ class HostingBroker(Protocol):
     @property
     def kafka_address(self) -> str: ...   # "" without a Kafka listener
 
-    async def add_topic(self, topic: TopicConfig) -> None: ...
+    async def add_topics(self, topics: Iterable[TopicConfig]) -> None: ...
     async def remove_topic(self, name: str, *, moved_to: tuple[str, ...] = ()) -> None: ...
     def health(self) -> str | None: ...
 
@@ -236,14 +237,18 @@ class BrokerAgent:
             for name in gone))
         for name in gone:
             del self.hosted[name]
-        for name, cfg in sorted(mine.items()):
-            if self.hosted.get(name) == cfg:
-                continue
-            if name in self.hosted:  # altered: restart its processor with the new settings
-                await self.broker.remove_topic(name, moved_to=tuple(state.topic_urls(name)))
-            log.info("broker %s: hosting topic %s", me, name)
-            await self.broker.add_topic(cfg)
-            self.hosted[name] = cfg
+        added = [cfg for name, cfg in sorted(mine.items()) if self.hosted.get(name) != cfg]
+        for cfg in added:
+            if cfg.name in self.hosted:  # altered: restart its processor with the new settings
+                await self.broker.remove_topic(cfg.name, moved_to=tuple(state.topic_urls(cfg.name)))
+                del self.hosted[cfg.name]
+        if added:
+            log.info("broker %s: hosting %d topics: %s", me, len(added), ", ".join(c.name for c in added[:20])
+                     + (", ..." if len(added) > 20 else ""))
+        # all at once: their notification topics are created in one Kafka request; if some
+        # fail, the others are hosted and the next reconcile retries the rest
+        await self.broker.add_topics(added)
+        self.hosted.update((cfg.name, cfg) for cfg in added)
         self._changed.set()
 
 

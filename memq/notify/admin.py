@@ -9,8 +9,10 @@ janitor: see `memq.governor.janitor`.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import time
+from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
+from dataclasses import dataclass
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
@@ -19,6 +21,15 @@ from confluent_kafka.admin import AdminClient, AlterConfigOpType, ClusterMetadat
 from memq.config import KafkaConfig
 from memq.errors import NotifyError, UnknownTopicError
 from memq.notify._kafka import base_settings, ensure_reachable, timeout_s
+
+
+@dataclass(frozen=True)
+class KafkaTopic:
+    """A notification topic to create: its partitions and, if given, its `retention.ms`."""
+
+    name: str
+    partitions: int
+    retention_ms: int | None = None
 
 
 class TopicAdmin:
@@ -42,23 +53,43 @@ class TopicAdmin:
     def create_topic(self, name: str, partitions: int, *, retention_ms: int | None = None) -> None:
         """Create `name` (with `retention.ms` if given); a no-op if it exists with `partitions`,
         NotifyError if with others."""
+        failed = self.create_topics([KafkaTopic(name, partitions, retention_ms)])
+        if failed:
+            raise NotifyError(failed[name])
+
+    def create_topics(self, topics: Sequence[KafkaTopic]) -> dict[str, str]:
+        """Create every topic of `topics` in one CreateTopics request (a broker hosting a thousand
+        topics starts in one round trip, not a thousand); those that exist already must have
+        their partitions (checked in one metadata request). Returns why, for each topic that
+        could not be created (empty: all exist as asked); NotifyError if Kafka is unreachable."""
+        if not topics:
+            return {}
         self._ensure_reachable()
-        configs = {} if retention_ms is None else {"retention.ms": str(retention_ms)}
-        new = NewTopic(name, num_partitions=partitions, replication_factor=self._kafka.replication_factor,
-                       config=configs)
-        future = self._admin.create_topics([new], request_timeout=self._timeout_s,
-                                           operation_timeout=self._timeout_s)[name]
-        try:
-            future.result(timeout=self._timeout_s + 1)
-        except KafkaException as e:
-            if e.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
-                raise NotifyError(f"cannot create Kafka topic {name!r} ({partitions} partitions): {e}") from None
-            existing = self.partitions(name)
-            if existing != partitions:
-                raise NotifyError(f"Kafka topic {name!r} exists with {existing} partitions, "
-                                  f"not {partitions}") from None
-        except TimeoutError:
-            raise NotifyError(f"creating Kafka topic {name!r} timed out after {self._timeout_s} s") from None
+        new = [NewTopic(t.name, num_partitions=t.partitions, replication_factor=self._kafka.replication_factor,
+                        config={} if t.retention_ms is None else {"retention.ms": str(t.retention_ms)})
+               for t in topics]
+        futures = self._admin.create_topics(new, request_timeout=self._timeout_s, operation_timeout=self._timeout_s)
+        deadline = time.monotonic() + self._timeout_s + 1
+        failed: dict[str, str] = {}
+        existing: list[KafkaTopic] = []
+        for t in topics:
+            try:
+                futures[t.name].result(timeout=max(deadline - time.monotonic(), 0))
+            except KafkaException as e:
+                if e.args[0].code() == KafkaError.TOPIC_ALREADY_EXISTS:
+                    existing.append(t)
+                else:
+                    failed[t.name] = f"cannot create Kafka topic {t.name!r} ({t.partitions} partitions): {e}"
+            except TimeoutError:
+                failed[t.name] = f"creating Kafka topic {t.name!r} timed out after {self._timeout_s} s"
+        if existing:
+            described = self._metadata().topics
+            for t in existing:
+                have = described.get(t.name)
+                count = len(have.partitions) if have is not None and have.error is None else 0
+                if count != t.partitions:
+                    failed[t.name] = f"Kafka topic {t.name!r} exists with {count} partitions, not {t.partitions}"
+        return failed
 
     def set_retention(self, name: str, retention_ms: int) -> None:
         """Set `retention.ms` of topic `name` (IncrementalAlterConfigs); NotifyError on failure."""
