@@ -110,7 +110,7 @@ def run(quick: bool = False, objects: int | None = None, object_bytes: int = 1 <
             DevCluster(Path(tmp) / "servers", zookeeper=False) as dc:
         old = time.time_ns() // 1_000_000 - 2 * DAY_MS        # written two days ago, kept one day
         memq_config = dc.config(cluster="bench", bucket="memq-retention")
-        topic = TopicConfig("expiring", read_partitions=1, retention_ms=DAY_MS)
+        topic = TopicConfig("expiring", read_partitions=1, retention_ms=DAY_MS, storage_group="")
         TopicAdmin(memq_config.kafka).create_topic(topic.notification_topic_for("bench"), 1,
                                                    retention_ms=topic.retention_ms)
         m_deleted, m_lists, m_deletes, m_s, warmup = asyncio.run(_expire_memq(

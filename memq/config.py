@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import os
+import re
 import tomllib
 import types
 import typing
@@ -25,6 +26,8 @@ from memq.security.tokens import parse_entries
 
 MiB = 1024 * 1024
 INTERNAL_PREFIX = "__"      # topic names reserved for memq's own topics (the audit topic)
+DEFAULT_STORAGE_GROUP = "shared"   # the cluster's one shared storage group, unless a topic names another
+_KEY_SEGMENT = re.compile(r"[A-Za-z0-9._-]+")
 
 
 def setting(default: Any, *, ge: float | None = None, gt: float | None = None,
@@ -170,10 +173,14 @@ class TopicConfig:
     # retention (the governor's janitor enforces it)
     retention_ms: int = setting(7 * 24 * 3_600_000, ge=1)
     retention_bytes: int | None = setting(None, ge=1)
+    storage_group: str = DEFAULT_STORAGE_GROUP
 
     def __post_init__(self) -> None:
         if not self.name or not all(c.isalnum() or c in "._-" for c in self.name):
             raise ConfigError(f"topic name {self.name!r}: use letters, digits, '.', '_', '-'")
+        if self.storage_group and not _KEY_SEGMENT.fullmatch(self.storage_group):
+            raise ConfigError(f"topic {self.name}: storage_group {self.storage_group!r} is used in object keys: "
+                              "use ASCII letters, digits, '.', '_', '-' (or \"\" for the topic's own objects)")
         if self.name.startswith(INTERNAL_PREFIX):
             raise ConfigError(f"topic name {self.name!r}: names starting with {INTERNAL_PREFIX!r} "
                               "are reserved for memq's internal topics")

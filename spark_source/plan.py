@@ -52,6 +52,7 @@ class BatchRef:
     max_timestamp_ms: int | None = None
     crc32c: int | None = None
     created_ms: int = 0         # when the broker created the batch (0 if unknown: s3list)
+    start: int = 0              # where the batch starts in its object (a part of a shared object)
 
 
 @dataclass(frozen=True)
@@ -187,7 +188,7 @@ class NotificationLog:
                 n = rec.notification
                 out[rec.partition].append(BatchRef(
                     rec.partition, rec.offset, ObjectLocation(n.bucket, n.key), n.size,
-                    n.min_timestamp_ms, n.max_timestamp_ms, n.crc32c, n.created_ms))
+                    n.min_timestamp_ms, n.max_timestamp_ms, n.crc32c, n.created_ms, n.offset))
                 if rec.offset >= todo[rec.partition][1] - 1:
                     del todo[rec.partition]
                 else:

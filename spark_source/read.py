@@ -20,7 +20,7 @@ log = logging.getLogger("memq.spark")
 
 def pointer(topic: str, ref: BatchRef) -> BatchPointer:
     """The reader's view of a planned batch: size always, CRC32C and position when notified."""
-    return BatchPointer(topic, ref.location, ref.size, ref.crc32c, ref.partition, ref.offset)
+    return BatchPointer(topic, ref.location, ref.size, ref.crc32c, ref.partition, ref.offset, ref.start)
 
 
 def _arrow(opts: SourceOptions, ref: BatchRef, bounds: Bounds, seen: SequenceTracker | None,

@@ -84,8 +84,9 @@ def read_notifications(bootstrap: str, kafka_topic: str, timeout_s: float = 30) 
 
 
 def topic_config(name: str, **kw: Any) -> TopicConfig:
+    """Topics of their own objects ("" group): `read_stored` lists them by topic."""
     return TopicConfig(name, **{"batch_bytes": 2 * 1024 * 1024, "max_message_bytes": 1024 * 1024, "batch_ms": 100,
-                              "read_partitions": 3, **kw})
+                              "read_partitions": 3, "storage_group": "", **kw})
 
 
 def producer_config(url: str, **kw: Any) -> ProducerConfig:

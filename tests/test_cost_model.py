@@ -130,3 +130,22 @@ def test_the_output_names_which_prices_it_used() -> None:
 
     assert "S3 Standard" in price_source(CostConfig()) and "public list prices" in price_source(CostConfig())
     assert price_source(CostConfig(s3_gb_month=0.021)) == "the [cost] price table of the config"
+
+
+def test_a_storage_groups_requests_are_split_over_its_topics_by_bytes() -> None:
+    """One PUT of a shared object served three topics: each pays its share of the bytes."""
+    m = BrokerMetrics("b1")
+    m.started.set(1000.0)
+    s = StorageMetrics(m.registry)
+    for topic, nbytes in (("a", 600), ("b", 300), ("c", 100)):
+        m.group_bytes.labels("g", topic).inc(nbytes)
+        m.batch_bytes.labels(topic).observe(nbytes)
+    for _ in range(10):
+        s.sent("s3", "put", "s3://memq/3f/dev/groups/g/0001700000000000-b1-0a1b-a0")
+    s.sent("s3", "list", "s3://memq/3f/dev/groups/g/")
+    s.sent("s3", "list", "s3://memq/3f/dev/groups/nobody/")       # no bytes in that group: dropped
+    snap = parse_metrics("b1", generate_latest(m.registry).decode(), taken_s=1100.0)
+    assert set(snap.topics) == {"a", "b", "c"}
+    assert {t: c.requests["put"] for t, c in snap.topics.items()} == pytest.approx({"a": 6, "b": 3, "c": 1})
+    assert sum(c.requests["list"] for c in snap.topics.values()) == pytest.approx(1)
+    assert snap.topics["a"].objects == 1                          # a part of an object is read by one GET

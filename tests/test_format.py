@@ -20,7 +20,7 @@ from memq.format import (BATCH_PREFIX_SIZE, MAX_BODY_BYTES, MESSAGE_HEADER_SIZE,
                          Compressors, LogMessage, batch_header_size, decode_batch,
                          decode_batch_header, decode_message, decode_message_header,
                          encode_batch, encode_message, iter_batch_messages, object_crc32c,
-                         verify_message)
+                         split_parts, verify_message)
 from memq.format import batch as format_batch
 from memq.format import message as format_message
 from memq.format.batch import _ENTRY, _FIXED, _PREFIX
@@ -175,6 +175,16 @@ def assert_rejected_or_equal(decode, buf: bytes, expected) -> None:
     except FormatError:
         return
     assert got == expected
+
+
+def test_split_parts_walks_batches_stored_back_to_back():
+    """A shared object is batches back to back; each part decodes on its own."""
+    (a, _), (b, _) = batch(2, Codec.NONE), batch(3, Codec.ZSTD)
+    parts = split_parts(a + b)
+    assert [bytes(p) for p in parts] == [a, b] and split_parts(a) == [memoryview(a)]
+    assert decode_batch(parts[1])[0].message_count == decode_batch(b)[0].message_count
+    with pytest.raises(CorruptDataError, match="part 1 at byte"):
+        split_parts(a + b[:-1])
 
 
 @pytest.mark.parametrize("codec", MSGPACK_CODECS)

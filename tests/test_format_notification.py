@@ -18,14 +18,14 @@ notifications = st.builds(
     Notification, v=st.just(NOTIFICATION_VERSION), topic=st.text(), bucket=st.text(),
     key=st.text(), size=U63, header_size=U63, message_count=U63, logmessage_count=U63,
     min_timestamp_ms=I64, max_timestamp_ms=I64, crc32c=st.integers(0, 2**32 - 1),
-    broker_id=st.text(), attempt=U63, created_ms=I64)
+    broker_id=st.text(), attempt=U63, created_ms=I64, offset=U63)
 
 
 def sample() -> Notification:
     return Notification(v=NOTIFICATION_VERSION, topic="t", bucket="b", key="ab/dev/topics/t/x",
                         size=1000, header_size=90, message_count=3, logmessage_count=30,
                         min_timestamp_ms=5, max_timestamp_ms=9, crc32c=123, broker_id="b1",
-                        attempt=0, created_ms=11)
+                        attempt=0, created_ms=11, offset=4096)
 
 
 def payload(**changes) -> bytes:
@@ -44,8 +44,22 @@ def test_round_trip(n):
 
 
 def test_newer_version_is_unsupported():
-    with pytest.raises(UnsupportedVersionError, match="version 2"):
+    with pytest.raises(UnsupportedVersionError, match=f"version {NOTIFICATION_VERSION + 1}"):
         Notification.from_bytes(payload(v=NOTIFICATION_VERSION + 1, topic=None))
+
+
+def test_version_1_names_a_whole_object_at_offset_0():
+    """v1 notifications (before storage groups) have no offset: their part starts the object."""
+    obj = dataclasses.asdict(sample())
+    del obj["offset"]
+    obj["v"] = 1
+    assert Notification.from_bytes(json.dumps(obj).encode()) == dataclasses.replace(sample(), v=1, offset=0)
+
+
+def test_offset_is_written_and_checked():
+    assert json.loads(sample().to_bytes())["offset"] == 4096
+    with pytest.raises(CorruptDataError, match="'offset'"):
+        Notification.from_bytes(payload(offset=-1))
 
 
 def test_unknown_extra_fields_are_ignored():

@@ -41,7 +41,7 @@ async def test_expired_and_orphaned_objects_go_announced_young_ones_stay(
     deleted in bulk; younger objects and announced ones inside retention are not."""
     config = dataclasses.replace(memq_config, governor=GovernorConfig(
         janitor_interval_s=1.0, retention_grace_s=1.0, orphan_grace_s=1.0, janitor_timeout_s=30.0))
-    topic = TopicConfig(unique_name("ret"), read_partitions=2, retention_ms=3_000)
+    topic = TopicConfig(unique_name("ret"), read_partitions=2, retention_ms=3_000, storage_group="")  # own objects
     kafka_topic = topic.notification_topic_for(config.cluster.name)
     admin = TopicAdmin(config.kafka)
     admin.create_topic(kafka_topic, topic.read_partitions, retention_ms=topic.retention_ms)
@@ -103,7 +103,8 @@ async def test_expired_and_orphaned_objects_go_announced_young_ones_stay(
 async def test_a_byte_budget_expires_the_oldest_objects_after_their_pointers(
         memq_config: MemqConfig, unique_name: Callable[[str], str]) -> None:
     config = dataclasses.replace(memq_config, governor=GovernorConfig(retention_grace_s=0.0, orphan_grace_s=600.0))
-    topic = TopicConfig(unique_name("bytes"), read_partitions=1, retention_ms=3_600_000, retention_bytes=250)
+    topic = TopicConfig(unique_name("bytes"), read_partitions=1, retention_ms=3_600_000, retention_bytes=250,
+                        storage_group="")
     kafka_topic = topic.notification_topic_for(config.cluster.name)
     TopicAdmin(config.kafka).create_topic(kafka_topic, 1, retention_ms=topic.retention_ms)
     storage = make_storage(config)
@@ -150,7 +151,7 @@ def test_janitor_runs_on_the_governor_only_and_its_successor_carries_on(tmp_path
     governor = dataclasses.replace(FAST_GOVERNOR, drain_timeout_s=5.0, janitor_interval_s=1.0,
                                    retention_grace_s=0.5, orphan_grace_s=600.0)
     with GovernedCluster(tmp_path, brokers=2, servers=devcluster, cluster="janitor", governor=governor) as gc:
-        topic = TopicConfig("expiring", read_partitions=1, retention_ms=1_500, batch_ms=20)
+        topic = TopicConfig("expiring", read_partitions=1, retention_ms=1_500, batch_ms=20, storage_group="")
         gc.create_topic(topic)
         storage_config = gc.config()
 

@@ -24,7 +24,13 @@ class MemoryStorage:
         self.requests: list[int] = []
 
     async def list_topic(self, topic: str, start_ms: int, end_ms: int, *, all_attempts: bool = False) -> list[ObjectInfo]:
-        return sorted((o for o in self.objects.values() if start_ms <= o.timestamp_ms < end_ms),
+        return self._list(f"/topics/{topic}/", start_ms, end_ms)
+
+    async def list_group(self, group: str, start_ms: int, end_ms: int, *, all_attempts: bool = False) -> list[ObjectInfo]:
+        return self._list(f"/groups/{group}/", start_ms, end_ms)
+
+    def _list(self, home: str, start_ms: int, end_ms: int) -> list[ObjectInfo]:
+        return sorted((o for o in self.objects.values() if home in o.location.key and start_ms <= o.timestamp_ms < end_ms),
                       key=lambda o: o.timestamp_ms)
 
     async def delete_many(self, locs: Sequence[ObjectLocation]) -> list[DeleteFailure]:
@@ -40,16 +46,18 @@ class MemoryStorage:
 
 
 class NoPointers:
-    """A notification topic with nothing retained."""
+    """Notification topics with nothing retained, unless `retained` names (per Kafka topic) the
+    oldest object time per home its retained notifications point to."""
 
-    def __init__(self) -> None:
+    def __init__(self, retained: dict[str, dict[str, int]] | None = None) -> None:
         self.retention: dict[str, int] = {}
+        self.retained = retained or {}
 
     def sync_retention(self, kafka_topic: str, retention_ms: int) -> None:
         self.retention[kafka_topic] = retention_ms
 
-    def expire(self, kafka_topic: str, before_ms: int) -> int | None:
-        return None
+    def expire(self, kafka_topic: str, before_ms: int) -> dict[str, int]:
+        return self.retained.get(kafka_topic, {})
 
     def references(self, kafka_topic: str, start_ms: int, end_ms: int) -> set[str]:
         return set()
@@ -72,16 +80,16 @@ def old_objects(n: int) -> list[ObjectInfo]:
 
 
 def janitor(storage: MemoryStorage, audit: Audit | None = None,
-            registry: CollectorRegistry | None = None) -> Janitor:
+            registry: CollectorRegistry | None = None, notifications: NoPointers | None = None) -> Janitor:
     config = MemqConfig(governor=GovernorConfig(retention_grace_s=60, orphan_grace_s=60))
     return Janitor(config, registry or CollectorRegistry(), storage=storage,  # type: ignore[arg-type]
-                   notifications=NoPointers(), audit=audit, clock_ms=lambda: NOW)  # type: ignore[arg-type]
+                   notifications=notifications or NoPointers(), audit=audit, clock_ms=lambda: NOW)  # type: ignore[arg-type]
 
 
 async def test_expired_objects_go_1000_keys_a_request_and_the_audit_hears_first() -> None:
     storage, audit = MemoryStorage(old_objects(2_500)), Audit()
     j = janitor(storage, audit)
-    [report] = await j.run_once({"t": TopicConfig("t", retention_ms=DAY)})
+    [report] = await j.run_once({"t": TopicConfig("t", retention_ms=DAY, storage_group="")})
     assert storage.requests == [1000, 1000, 500] and not storage.objects
     assert len(report.expired) == 2_500 and report.failed == 0
     assert audit.marks == [("t", report.object_ms)] and report.object_ms == NOW - DAY - 60_000
@@ -91,17 +99,52 @@ async def test_expired_objects_go_1000_keys_a_request_and_the_audit_hears_first(
 async def test_a_janitor_that_stops_governing_stops_deleting() -> None:
     storage = MemoryStorage(old_objects(2_500))
     answers = iter([True, True, False])             # the topic, the first request, then lost
-    [report] = await janitor(storage).run_once({"t": TopicConfig("t", retention_ms=DAY)}, lambda: next(answers))
+    [report] = await janitor(storage).run_once({"t": TopicConfig("t", retention_ms=DAY, storage_group="")}, lambda: next(answers))
     assert storage.requests == [1000] and len(storage.objects) == 1_500
-    assert await janitor(storage).run_once({"t": TopicConfig("t")}, lambda: False) == []
+    assert await janitor(storage).run_once({"t": TopicConfig("t", storage_group="")}, lambda: False) == []
 
 
 async def test_refused_keys_are_reported_counted_and_kept_for_the_next_pass() -> None:
     objs = old_objects(10)
     storage = MemoryStorage(objs, refuse={objs[3].location.key})
     registry = CollectorRegistry()
-    [report] = await janitor(storage, registry=registry).run_once({"t": TopicConfig("t", retention_ms=DAY)})
+    [report] = await janitor(storage, registry=registry).run_once({"t": TopicConfig("t", retention_ms=DAY, storage_group="")})
     assert report.failed == 1 and list(storage.objects) == [objs[3].location.key]
     assert registry.get_sample_value("memq_janitor_errors_total", {"topic": "t", "stage": "delete"}) == 1
     assert registry.get_sample_value("memq_janitor_deleted_objects_total",
                                      {"topic": "t", "reason": "expired"}) == 9
+
+
+def group_object(home: str, ms: int) -> ObjectInfo:
+    return ObjectInfo(ObjectLocation("b", f"00/c/{home}/{ms:013d}-b1-1-a0"), 10, ms)
+
+
+async def test_a_shared_object_goes_only_when_every_member_topics_retention_has_passed() -> None:
+    """Group g holds topics a (1 day) and b (3 days): its objects go after 3 days; c, alone in
+    its own group, after 1 day; the audit hears of both of g's topics."""
+    objs = [group_object("groups/g", NOW - 2 * DAY), group_object("groups/g", NOW - 4 * DAY),
+            group_object("groups/solo", NOW - 2 * DAY)]
+    storage, audit = MemoryStorage(objs), Audit()
+    topics = {"a": TopicConfig("a", retention_ms=DAY, storage_group="g"),
+              "b": TopicConfig("b", retention_ms=3 * DAY, storage_group="g"),
+              "c": TopicConfig("c", retention_ms=DAY, storage_group="solo")}
+    reports = {r.topic: r for r in await janitor(storage, audit).run_once(topics)}
+    assert sorted(reports) == ["a", "b", "c", "group:g", "group:solo"]
+    assert [o.location for o in reports["group:g"].expired] == [objs[1].location]
+    assert [o.location for o in reports["group:solo"].expired] == [objs[2].location]
+    assert list(storage.objects) == [objs[0].location.key]
+    assert reports["group:g"].object_ms == NOW - 3 * DAY - 60_000
+    assert sorted(audit.marks) == [("a", NOW - 3 * DAY - 60_000), ("b", NOW - 3 * DAY - 60_000),
+                                   ("c", NOW - DAY - 60_000)]
+
+
+async def test_a_shared_object_a_retained_notification_names_stays() -> None:
+    """Topic a's notifications still name a group object 5 days old (Kafka kept them): it and
+    everything newer in the group stay, whatever the retention says."""
+    objs = [group_object("groups/g", NOW - 6 * DAY), group_object("groups/g", NOW - 5 * DAY)]
+    storage = MemoryStorage(objs)
+    pointers = NoPointers({"memq.dev.a": {"groups/g": NOW - 5 * DAY}})
+    topics = {"a": TopicConfig("a", retention_ms=DAY, storage_group="g")}
+    reports = {r.topic: r for r in await janitor(storage, notifications=pointers).run_once(topics)}
+    assert [o.location for o in reports["group:g"].expired] == [objs[0].location]
+    assert list(storage.objects) == [objs[1].location.key]

@@ -30,7 +30,7 @@ async def broker(tmp_path) -> AsyncIterator[Broker]:
     config = MemqConfig(storage=StorageConfig(kind="file", root_dir=str(tmp_path)),
                         broker=BrokerConfig(kafka_port=0, max_frame_bytes=MAX_FRAME),
                         audit=AuditConfig(enabled=False),   # no Kafka here for the broker's audit records
-                        topics=(TopicConfig("t1", read_partitions=2, batch_ms=20),
+                        topics=(TopicConfig("t1", read_partitions=2, batch_ms=20, storage_group=""),  # `stored` lists it
                                 TopicConfig("gone", batch_ms=20)))
     b = Broker(config, publisher=NullPublisher(), admin=NullAdmin())   # type: ignore[arg-type]
     await b.start()

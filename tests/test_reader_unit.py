@@ -208,7 +208,7 @@ def test_consumer_raises_a_corrupt_batch_until_sought_past_or_skips_when_asked()
 def test_read_in_order_checks_size_and_skips_by_policy(caplog: pytest.LogCaptureFixture) -> None:
     objects: dict[str, bytes] = {}
     rs = [batch(f"k{i}", [(1, i, recs(str(i)))], i, objects) for i in range(3)]
-    objects["k0"] += b"x"                                 # one byte longer than notified
+    objects["k0"] = objects["k0"][:-1]                    # one byte shorter than notified (truncated)
     reader = BatchReader(MemqConfig(), 2, source=lambda: MemorySource(objects))
     ptrs = [BatchPointer("t", ObjectLocation("b", f"k{i}"), rs[i].notification.size) for i in range(3)]
 
@@ -227,5 +227,33 @@ def test_read_in_order_checks_size_and_skips_by_policy(caplog: pytest.LogCapture
         assert (header.sequence, bytes(log.value)) == (2, b"2")
         with pytest.raises(DataLossError, match="counts 1 LogMessages"):
             reader.read_one(ptrs[2], rs[2].notification.header_size, 1, 5)
+    finally:
+        reader.close()
+
+
+def test_parts_of_one_object_are_read_by_range_and_a_damaged_part_fails_alone() -> None:
+    """A shared object: two batches back to back; each pointer reads (and verifies) its own range."""
+    objects: dict[str, bytes] = {}
+    first = batch("a", [(1, 0, recs("a0", "a1"))], 0, objects)
+    second = batch("b", [(2, 0, recs("b0"))], 1, objects)
+    objects["shared"] = objects.pop("a") + objects.pop("b")
+    n1, n2 = first.notification, second.notification
+    ptrs = [BatchPointer("t", ObjectLocation("b", "shared"), n1.size, n1.crc32c, 0, 0, 0),
+            BatchPointer("t", ObjectLocation("b", "shared"), n2.size, n2.crc32c, 0, 1, n1.size)]
+    reader = BatchReader(MemqConfig(), 2, source=lambda: MemorySource(objects))
+
+    def build(decoded: object) -> list[bytes]:
+        return [bytes(r.value) for _, logs in decoded[1] for r in logs]   # type: ignore[index]
+
+    try:
+        assert [reader.submit(p, build).result(5) for p in ptrs] == [[b"a0", b"a1"], [b"b0"]]
+        header, log = reader.read_one(ptrs[1], n2.header_size, 0, 5)
+        assert (header.producer_id, bytes(log.value)) == (2, b"b0")
+        damaged = bytearray(objects["shared"])
+        damaged[n1.size + n2.size - 1] ^= 0xFF                  # the last byte of the second part
+        objects["shared"] = bytes(damaged)
+        assert reader.submit(ptrs[0], build).result(5) == [b"a0", b"a1"]
+        with pytest.raises(DataLossError, match=f"bytes {n1.size}..{n1.size + n2.size - 1}.*CRC32C"):
+            reader.submit(ptrs[1], build).result(5)
     finally:
         reader.close()

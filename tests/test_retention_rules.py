@@ -102,3 +102,14 @@ def test_topic_create_takes_retention_from_its_option_or_set() -> None:
     assert topic_config(MemqConfig(), "t", None, ("retention_bytes=1000",)).retention_bytes == 1_000
     with pytest.raises(ConfigError, match="--retention-ms 5000 and --set retention_ms=6000 disagree"):
         topic_config(MemqConfig(), "t", None, ("retention_ms=6000",), retention_ms=5_000)
+
+
+def test_group_cutoff_is_the_oldest_member_cutoff_and_below_every_named_part() -> None:
+    assert retention.group_cutoff([500, 300, 900], None, 50) == 300
+    assert retention.group_cutoff([500, 300], 320, 50) == 270          # a retained pointer at 320
+    assert retention.group_cutoff([500], 900, 50) == 500
+
+
+def test_groups_of_lists_members_and_leaves_out_topics_with_their_own_objects() -> None:
+    topics = {n: TopicConfig(n, storage_group=g) for n, g in (("a", "x"), ("b", ""), ("c", "x"), ("d", "shared"))}
+    assert retention.groups_of(topics) == {"x": ["a", "c"], "shared": ["d"]}

@@ -16,7 +16,7 @@ from memq.errors import ConfigError, InvalidInputError
 from memq.storage.base import ObjectInfo, ObjectLocation
 from memq.storage.listing import list_all_prefixes
 from memq.storage.naming import (MAX_TIMESTAMP_MS, PREFIXES, make_key, parse_key, prefix_for,
-                                 start_after, topic_dir)
+                                 home_dir, start_after, topic_home)
 from memq.storage.retry import RetryPolicy
 
 names = st.from_regex(r"[A-Za-z0-9._-]{1,20}", fullmatch=True)
@@ -65,13 +65,13 @@ def test_keys_sort_by_time_within_a_prefix() -> None:
 
 def test_start_after_splits_keys_at_the_start_time() -> None:
     p = prefix_for(3)
-    mark = start_after(p, "c", "t", 1_000)
+    mark = start_after(home_dir(p, "c", topic_home("t")), 1_000)
     before = str(make_key(cluster="c", topic="t", first_request_id=3, timestamp_ms=999,
                           broker_id="zz", unique="ff", attempt=9))
     at = str(make_key(cluster="c", topic="t", first_request_id=3, timestamp_ms=1_000,
                       broker_id="0", unique="0", attempt=0))
     assert before < mark < at
-    assert mark.startswith(topic_dir(p, "c", "t"))
+    assert mark.startswith(home_dir(p, "c", "topics/t"))
 
 
 @pytest.mark.parametrize("bad", [
@@ -132,3 +132,29 @@ async def test_listing_keeps_only_the_latest_attempt_of_each_batch() -> None:
 
     got = await list_all_prefixes(list_prefix, concurrency=4)
     assert got == [info(3, "bb", 0), info(4, "aa", 1, rid=2), info(5, "aa", 10)]
+
+
+def test_group_keys_name_the_group_and_parse_back() -> None:
+    """A storage group's shared object lives under groups/<group>/ (what a bucket policy scopes)."""
+    key = make_key(cluster="prod", topic="ignored", group="payments", first_request_id=7,
+                   timestamp_ms=1_700_000_000_123, broker_id="b-1", unique="ab", attempt=2)
+    text = str(key)
+    assert text.split("/")[1:4] == ["prod", "groups", "payments"]
+    assert "ignored" not in text
+    parsed = parse_key(text)
+    assert parsed == key and (parsed.group, parsed.topic, parsed.attempt) == ("payments", "", 2)
+    assert parse_key(str(make_key(cluster="prod", topic="t", first_request_id=7, timestamp_ms=1,
+                                  broker_id="b", unique="ab", attempt=0))).group == ""
+    with pytest.raises(InvalidInputError, match="storage group"):
+        make_key(cluster="c", topic="t", group="a/b", first_request_id=1, timestamp_ms=1, broker_id="b",
+                 unique="ab", attempt=0)
+    with pytest.raises(InvalidInputError, match="not a memq batch key"):
+        parse_key("ab/prod/other/x/0000000000001-b-ab-a0")
+
+
+def test_storage_metrics_label_a_groups_objects_by_group() -> None:
+    """Requests on shared objects are priced per group (`memq cost` splits them by bytes)."""
+    from memq.storage.metrics import topic_of
+    assert topic_of("s3://b/ab/prod/topics/orders/0000000000001-b-ab-a0") == "orders"
+    assert topic_of("ab/prod/groups/shared/") == "group:shared"
+    assert topic_of("s3://b (3 keys from x)") == ""

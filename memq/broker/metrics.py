@@ -32,8 +32,14 @@ class BrokerMetrics:
                              registry=r)
         self.batches = Counter("memq_broker_batches", "Batches finished, by result (ok, STORAGE, NOTIFY)",
                                ["topic", "result"], registry=r)
-        self.batch_bytes = Histogram("memq_broker_batch_bytes", "Size of stored batch objects", ["topic"],
+        self.batch_bytes = Histogram("memq_broker_batch_bytes", "Size of stored batches (a topic's part of an object)", ["topic"],
                                      buckets=tuple(2.0 ** i for i in range(10, 27)), registry=r)
+        self.group_objects = Counter("memq_broker_group_objects",
+                                     "Objects stored, by storage group (\"\": topics' own objects)",
+                                     ["group"], registry=r)
+        self.group_bytes = Counter("memq_broker_group_bytes",
+                                   "Bytes of each topic's parts in a storage group's objects (to split its requests)",
+                                   ["group", "topic"], registry=r)
         self.notification_bytes = Counter("memq_broker_notification_bytes",
                                           "Bytes of notifications published (batches ok count them)",
                                           ["topic"], registry=r)

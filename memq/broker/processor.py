@@ -13,6 +13,10 @@ The latency budget: a batch `batch_ms` old with fewer than `min_batch_bytes` kee
 until `max_batch_ms` (a trickle topic otherwise writes an object, a PUT and a notification every
 `batch_ms`); size, count and flush seals still apply meanwhile.
 
+Storing is the group's: a sealed batch goes to S3 as a part of its storage group's next object,
+with the filling batches of the group's other topics (`memq.broker.group.GroupWriter`); a
+batch's slot is released when its object is stored and its part announced.
+
 A stored batch is announced on Kafka before any ack=all Message in it is acked; if the PUT or
 the publish fails for good, every ack=all Message of that batch gets an error ack naming why.
 Nothing is deleted on such an ambiguous failure (see `_unannounced`).
@@ -29,12 +33,13 @@ from dataclasses import dataclass, field
 from typing import Callable, Protocol
 
 from memq.config import TopicConfig
-from memq.format import NOTIFICATION_VERSION, MessageHeader, Notification, encode_batch, object_crc32c
+from memq.format import NOTIFICATION_VERSION, MessageHeader, Notification
 from memq.format.wire import Ack, AckCode, AckLevel
 from memq.storage import ObjectLocation, StorageHandler
 from memq.storage.naming import parse_key
 
 from .dedup import Held, RecentMessages, message_id
+from .group import GroupWriter, Part
 from .metrics import BrokerMetrics
 
 log = logging.getLogger(__name__)
@@ -62,11 +67,13 @@ class _Batch:
 class TopicProcessor:
     def __init__(self, topic: TopicConfig, *, cluster: str, broker_id: str, storage: StorageHandler,
                  publisher: Publisher, metrics: BrokerMetrics, busy_wait_s: float = 5.0,
-                 dedup_capacity: int = 50_000) -> None:
+                 dedup_capacity: int = 50_000, group: GroupWriter | None = None) -> None:
+        """`group`: the writer of the topic's storage group (default: the topic's own objects)."""
         self.config = topic
         self.notification_topic = topic.notification_topic_for(cluster)
         self._broker_id = broker_id
-        self._storage = storage
+        self._group = group or GroupWriter("", storage=storage, broker_id=broker_id, metrics=metrics)
+        self._group.join(self)
         self._publisher = publisher
         self._busy_wait_s = busy_wait_s
         self._slots = asyncio.Semaphore(topic.ring_slots)
@@ -185,67 +192,71 @@ class TopicProcessor:
         self._seal(batch)
 
     def _seal(self, batch: _Batch) -> None:
-        if self._filling is not batch:
-            return   # already sealed (the age timer raced a size seal)
+        """`batch` must go: its group stores it now, with the other topics' filling batches."""
+        if self._filling is batch:   # else already sealed (the age timer raced a size seal)
+            self._group.seal()
+
+    def take(self) -> _Batch | None:
+        """The filling batch, sealed, for the group's object being stored (None if empty)."""
+        batch = self._filling
+        if batch is None:
+            return None
         self._filling = None
         if batch.timer is not None:
             batch.timer.cancel()
         if not batch.messages:
             self._release_slot()
-            return
+            return None
         self._m_stage["batch_fill"].observe(time.monotonic() - batch.opened)
-        task = asyncio.get_running_loop().create_task(self._upload(batch), name=f"upload-{self.config.name}")
+        return batch
+
+    def track(self, task: asyncio.Task[None]) -> None:
+        """The task storing a batch of this topic: `close` waits for it."""
         self._uploads.add(task)
         task.add_done_callback(self._uploads.discard)
+
+    def finished(self, batch: _Batch) -> None:
+        """The batch's object is stored and its part announced, or it failed: free its slot."""
+        batch.messages.clear()   # drop the frames now, the acks are out
+        self._release_slot()
 
     def _release_slot(self) -> None:
         self._busy -= 1
         self._m_busy.set(self._busy)
         self._slots.release()
 
-    async def _upload(self, batch: _Batch) -> None:
+    async def announce(self, batch: _Batch, loc: ObjectLocation, part: Part, created_ms: int,
+                       put_s: float, group: str) -> None:
+        """The batch is stored as `part` of `loc`: publish its notification, then ack its Messages."""
         topic = self.config.name
+        self._m_stage["upload"].observe(put_s)
+        self._m_batch_bytes.observe(part.size)
+        self._metrics.group_bytes.labels(group, topic).inc(part.size)
+        note = Notification(
+            v=NOTIFICATION_VERSION, topic=topic, bucket=loc.bucket, key=loc.key, size=part.size,
+            header_size=part.header_size, message_count=len(batch.headers), logmessage_count=batch.logcount,
+            min_timestamp_ms=min(h.min_timestamp_ms for h in batch.headers),
+            max_timestamp_ms=max(h.max_timestamp_ms for h in batch.headers),
+            crc32c=part.crc32c, broker_id=self._broker_id, attempt=parse_key(loc.key).attempt,
+            created_ms=created_ms, offset=part.offset)
+        t0 = time.monotonic()
         try:
-            created_ms = int(time.time() * 1000)
-            chunks = encode_batch(batch.messages, batch.headers, broker_id=self._broker_id, created_ms=created_ms)
-            size = sum(len(c) for c in chunks)
-            first = batch.headers[0]
-            t0 = time.monotonic()
-            try:
-                loc = await self._storage.put_batch(topic, chunks, first_request_id=first.producer_id ^ first.sequence,
-                                                    timestamp_ms=created_ms, broker_id=self._broker_id)
-            except Exception as e:   # a storage failure must fail this batch only, never the broker
-                self._fail(batch, AckCode.STORAGE, f"storing batch of topic {topic} failed: {e}")
-                return
-            self._m_stage["upload"].observe(time.monotonic() - t0)
-            self._m_batch_bytes.observe(size)
-            note = Notification(
-                v=NOTIFICATION_VERSION, topic=topic, bucket=loc.bucket, key=loc.key, size=size,
-                header_size=len(chunks[0]),
-                message_count=len(batch.headers), logmessage_count=batch.logcount,
-                min_timestamp_ms=min(h.min_timestamp_ms for h in batch.headers),
-                max_timestamp_ms=max(h.max_timestamp_ms for h in batch.headers),
-                crc32c=object_crc32c(chunks), broker_id=self._broker_id, attempt=parse_key(loc.key).attempt, created_ms=created_ms)
-            t0 = time.monotonic()
-            try:
-                partition, offset = await self._publisher.publish(self.notification_topic, note)
-            except Exception as e:   # as above: the batch fails, the broker goes on
-                self._fail(batch, AckCode.NOTIFY, f"notifying batch {loc.key} of topic {topic} failed: {e}")
-                self._unannounced(loc)
-                return
-            self._m_stage["notify"].observe(time.monotonic() - t0)
-            self._metrics.batches.labels(topic, "ok").inc()
-            self._m_notification_bytes.inc(len(note.to_bytes()))
-            outcome = [Ack(0, True, AckCode.OK, "", loc.bucket, loc.key, i, partition, offset)
-                       for i in range(len(batch.headers))]
-            for request_id, index, reply in batch.waiters:
-                reply(dataclasses.replace(outcome[index], id=request_id))
-            self._recent.stored(zip(map(message_id, batch.headers), outcome))
-        finally:
-            batch.messages.clear()   # drop the frames now, the acks are out
-            self._release_slot()
+            partition, offset = await self._publisher.publish(self.notification_topic, note)
+        except Exception as e:   # the batch fails, the broker goes on
+            self.failed(batch, AckCode.NOTIFY, f"notifying batch {loc.key} of topic {topic} failed: {e}")
+            self._unannounced(loc)
+            return
+        self._m_stage["notify"].observe(time.monotonic() - t0)
+        self._metrics.batches.labels(topic, "ok").inc()
+        self._m_notification_bytes.inc(len(note.to_bytes()))
+        outcome = [Ack(0, True, AckCode.OK, "", loc.bucket, loc.key, i, partition, offset)
+                   for i in range(len(batch.headers))]
+        for request_id, index, reply in batch.waiters:
+            reply(dataclasses.replace(outcome[index], id=request_id))
+        self._recent.stored(zip(map(message_id, batch.headers), outcome))
 
-    def _fail(self, batch: _Batch, code: AckCode, why: str) -> None:
+    def failed(self, batch: _Batch, code: AckCode, why: str) -> None:
+        """The batch failed for good (its object's PUT, or its publish): error acks to ack=all."""
         log.warning("%s (%d Messages get error acks)", why, len(batch.headers))
         self._metrics.batches.labels(self.config.name, str(code)).inc()
         for request_id, _index, reply in batch.waiters:
@@ -270,4 +281,5 @@ class TopicProcessor:
             self._seal(self._filling)
         while self._uploads:
             await asyncio.gather(*list(self._uploads))
+        self._group.leave(self)
 

@@ -35,6 +35,7 @@ from memq.storage import StorageHandler, StorageMetrics, make_storage
 from .connection import ProduceConnection
 from .guard import PRINCIPAL_KEY, Guard
 from .metrics import BrokerMetrics
+from .group import GroupWriters
 from .processor import Publisher, TopicProcessor
 
 log = logging.getLogger(__name__)
@@ -51,6 +52,7 @@ class Broker:
         self._publisher = publisher
         self._admin = admin
         self._processors: dict[str, TopicProcessor] = {}
+        self._groups: GroupWriters | None = None
         self._moved: dict[str, tuple[str, ...]] = {}
         self._connections: set[ProduceConnection] = set()
         self._draining = False
@@ -158,6 +160,8 @@ class Broker:
         if not new:
             return
         assert self._storage is not None and self._publisher is not None and self._admin is not None, "start() first"
+        if self._groups is None:
+            self._groups = GroupWriters(storage=self._storage, broker_id=self.broker_id, metrics=self.metrics)
         cluster = self.config.cluster.name
         failed = await asyncio.to_thread(self._admin.create_topics, [
             KafkaTopic(t.notification_topic_for(cluster), t.read_partitions) for t in new.values()])
@@ -167,7 +171,7 @@ class Broker:
             self._processors[topic.name] = TopicProcessor(
                 topic, cluster=cluster, broker_id=self.broker_id, storage=self._storage, publisher=self._publisher,
                 metrics=self.metrics, busy_wait_s=self.config.broker.busy_wait_ms / 1000,
-                dedup_capacity=self.config.broker.dedup_messages)
+                dedup_capacity=self.config.broker.dedup_messages, group=self._groups.writer(topic))
             self._moved.pop(topic.name, None)
         if failed:
             more = f" (and {len(failed) - 3} more)" if len(failed) > 3 else ""

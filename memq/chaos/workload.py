@@ -125,7 +125,7 @@ def read_objects(config: MemqConfig) -> list[StoredObject]:
     from botocore.config import Config
 
     from memq.errors import FormatError
-    from memq.format import decode_batch
+    from memq.format import decode_batch, split_parts
 
     s3 = boto3.client("s3", endpoint_url=config.s3.endpoint_url, region_name=config.s3.region,
                       aws_access_key_id=config.s3.access_key_id, aws_secret_access_key=config.s3.secret_access_key,
@@ -135,8 +135,8 @@ def read_objects(config: MemqConfig) -> list[StoredObject]:
         for item in page.get("Contents", []):
             body = s3.get_object(Bucket=config.s3.bucket, Key=item["Key"])["Body"].read()
             try:
-                _, messages = decode_batch(body)
-                ids = tuple(json.loads(r[0])["id"] for _, records in messages for r in records)
+                ids = tuple(json.loads(r[0])["id"] for part in split_parts(body)
+                            for _, records in decode_batch(part)[1] for r in records)
             except (FormatError, ValueError, KeyError):
                 ids = ()
             out.append(StoredObject(item["Key"], ids))

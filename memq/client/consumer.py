@@ -129,7 +129,8 @@ class _Batch:
 
 def _pointer(topic: str, rec: NotificationRecord) -> BatchPointer:
     n = rec.notification
-    return BatchPointer(topic, ObjectLocation(n.bucket, n.key), n.size, n.crc32c, rec.partition, rec.offset)
+    return BatchPointer(topic, ObjectLocation(n.bucket, n.key), n.size, n.crc32c, rec.partition, rec.offset,
+                        n.offset)
 
 
 def notification_topic(config: MemqConfig, topic: str) -> str:

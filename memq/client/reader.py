@@ -1,8 +1,11 @@
 """The one batch reader: fetch a batch object, verify it, decode it (Consumer and Spark alike).
 
 A batch is named by a `BatchPointer` (from a notification, or from a storage listing, which
-knows the size but no checksum). `BatchReader.submit` downloads the object on its
-`FetchLoop`, checks its size and CRC32C against the pointer (whatever of them it carries),
+knows the size but no checksum). A batch is a part of its object, at bytes [start, start +
+size): the whole object when the object is a topic's own, one topic's range of a storage
+group's shared object otherwise. `BatchReader.submit` downloads the part (a ranged GET; a
+whole GET when the size is unknown) on its `FetchLoop`, checks its size and CRC32C against the
+pointer (whatever of them it carries),
 decodes it and hands the header and Messages to the caller's `build` function, all in the
 loop's CPU worker, so the caller gets finished rows. A missing or corrupt object becomes a
 `DataLossError` (built here only); a storage failure stays a `StorageError` (never skipped).
@@ -35,8 +38,9 @@ Decoded = tuple[BatchHeader, list[tuple[MessageHeader, list[LogMessage]]]]
 
 @dataclass(frozen=True, slots=True)
 class BatchPointer:
-    """Where a batch is and what it must look like. `size`/`crc32c` are None when unknown
-    (a listing has no checksum); `partition`/`offset` are None when no notification names it."""
+    """Where a batch is and what it must look like: bytes [start, start + size) of the object.
+    `size`/`crc32c` are None when unknown (a listing has no checksum; the batch is then the
+    whole object); `partition`/`offset` (of its notification) are None when no notification names it."""
 
     topic: str
     location: ObjectLocation
@@ -44,9 +48,12 @@ class BatchPointer:
     crc32c: int | None = None
     partition: int | None = None
     offset: int | None = None
+    start: int = 0
 
     def describe(self) -> str:
         obj = f"{self.location.bucket}/{self.location.key}" if self.location.bucket else self.location.key
+        if self.start:
+            obj += f" bytes {self.start}..{self.start + (self.size or 0) - 1}"
         if self.partition is None:
             return f"batch {obj} (topic {self.topic})"
         return f"batch {obj} (topic {self.topic}, read partition {self.partition}, offset {self.offset})"
@@ -157,7 +164,7 @@ def verify(ptr: BatchPointer, obj: bytes) -> None:
     if ptr.size is not None and len(obj) != ptr.size:
         raise ptr.lost(f"is corrupt: {len(obj)} bytes, expected {ptr.size}")
     if ptr.crc32c is not None and object_crc32c((obj,)) != ptr.crc32c:
-        raise ptr.lost("is corrupt: CRC32C of the object does not match its notification")
+        raise ptr.lost("is corrupt: CRC32C of the batch does not match its notification")
 
 
 def decode_verified(ptr: BatchPointer, obj: bytes, build: Callable[[Decoded], T],
@@ -187,7 +194,12 @@ class BatchReader:
 
     async def _read(self, ptr: BatchPointer, build: Callable[[Decoded], T]) -> T:
         try:
-            obj = await self._fetch.get(ptr.location)
+            if ptr.size is None:
+                obj = await self._fetch.get(ptr.location)
+            elif ptr.size == 0:
+                obj = b""   # corrupt (no batch is empty); verify says so, no request needed
+            else:
+                obj = await self._fetch.get_range(ptr.location, ptr.start, ptr.size)
         except ObjectNotFoundError as e:
             raise ptr.lost(f"is missing: {e}") from e
         except StorageError as e:   # not data loss: the store failed; never skipped
@@ -202,11 +214,12 @@ class BatchReader:
 
     async def _read_one(self, ptr: BatchPointer, header_size: int, index: int) -> tuple[MessageHeader, LogMessage]:
         try:
-            bh = decode_batch_header(await self._fetch.get_range(ptr.location, 0, header_size))
+            bh = decode_batch_header(await self._fetch.get_range(ptr.location, ptr.start, header_size))
             first = 0
-            for (start, end), count in zip(bh.message_ranges, bh.message_counts):
+            for (start, end), count in zip(bh.message_ranges, bh.message_counts):   # within the batch
                 if index < first + count:
-                    header, logs = decode_message(await self._fetch.get_range(ptr.location, start, end - start))
+                    header, logs = decode_message(await self._fetch.get_range(ptr.location, ptr.start + start,
+                                                                              end - start))
                     return header, logs[index - first]
                 first += count
         except ObjectNotFoundError as e:

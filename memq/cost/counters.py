@@ -4,6 +4,11 @@ What S3 bills is a request (each try, failed ones included: `memq_storage_attemp
 storage operations map onto S3's request classes: put -> PUT, list -> LIST, delete and bulk
 deletes -> DELETE, anything else (get, get_range) -> GET, as S3 bills it. Only brokers are
 scraped: consumers' GETs are modelled by `memq.cost.model`, not counted here.
+
+A storage group's shared objects serve several topics with one request: requests labelled
+`group:<g>` are split over the group's topics by the bytes each put into the group's objects on
+that broker since it started (`memq_broker_group_bytes`); with no such bytes they are dropped,
+like requests that name no topic.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from dataclasses import dataclass, field
 from prometheus_client.parser import text_string_to_metric_families
 
 from memq.errors import InvalidInputError
+from memq.storage.metrics import GROUP_LABEL
 
 REQUEST_CLASSES = ("put", "get", "list", "delete")
 
@@ -69,11 +75,31 @@ _SCALARS = {"memq_broker_message_bytes_total": "bytes_in",
             "memq_broker_notification_bytes_total": "notification_bytes"}
 
 
+def split_groups(requests: dict[str, dict[str, float]],
+                 group_bytes: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
+    """Per topic requests, with each `group:<g>` entry of `requests` shared out over the group's
+    topics in proportion to `group_bytes[g]` (topic -> bytes); a group without bytes is dropped."""
+    out = {t: dict(per) for t, per in requests.items() if not t.startswith(GROUP_LABEL)}
+    for label, per in requests.items():
+        if not label.startswith(GROUP_LABEL):
+            continue
+        shares = group_bytes.get(label[len(GROUP_LABEL):], {})
+        total = sum(shares.values())
+        for topic, nbytes in shares.items():
+            if total > 0:
+                mine = out.setdefault(topic, dict.fromkeys(REQUEST_CLASSES, 0.0))
+                for cls, n in per.items():
+                    mine[cls] += n * nbytes / total
+    return out
+
+
 def parse_metrics(broker: str, text: str, taken_s: float) -> Snapshot:
-    """The cost counters in a broker's /metrics text. Requests that name no topic are dropped."""
+    """The cost counters in a broker's /metrics text. Requests that name no topic are dropped;
+    a storage group's are split over its topics (`split_groups`)."""
     started = 0.0
     values: dict[str, dict[str, float]] = {}
     requests: dict[str, dict[str, float]] = {}
+    group_bytes: dict[str, dict[str, float]] = {}
 
     def add(topic: str, name: str, v: float) -> None:
         values.setdefault(topic, {}).setdefault(name, 0.0)
@@ -91,9 +117,12 @@ def parse_metrics(broker: str, text: str, taken_s: float) -> Snapshot:
             elif s.name == "memq_storage_attempts_total" and topic:
                 per = requests.setdefault(topic, dict.fromkeys(REQUEST_CLASSES, 0.0))
                 per[request_class(s.labels["op"])] += s.value
+            elif s.name == "memq_broker_group_bytes_total" and topic:
+                group_bytes.setdefault(s.labels["group"], {})[topic] = s.value
     if not started:
         raise InvalidInputError(f"broker {broker}: /metrics has no memq_broker_start_time_seconds "
                                 "(a memq broker older than `memq cost`?)")
+    requests = split_groups(requests, group_bytes)
     topics = {t: TopicCounters(**values.get(t, {}), requests=requests.get(t, dict.fromkeys(REQUEST_CLASSES, 0.0)))
               for t in sorted(set(values) | set(requests))}
     return Snapshot(broker, taken_s, started, topics)

@@ -13,6 +13,7 @@ from memq.format.batch import (
     encode_batch,
     iter_batch_messages,
     object_crc32c,
+    split_parts,
 )
 from memq.format.codec import MAX_BODY_BYTES, Codec, Compressors
 from memq.format.message import (
@@ -31,5 +32,5 @@ __all__ = [
     "BatchHeader", "Codec", "Compressors", "LogMessage", "MessageHeader", "Notification",
     "batch_header_size", "decode_batch", "decode_batch_header", "decode_message",
     "decode_message_header", "encode_batch", "encode_message", "iter_batch_messages",
-    "object_crc32c", "verify_message",
+    "object_crc32c", "split_parts", "verify_message",
 ]

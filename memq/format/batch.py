@@ -7,6 +7,9 @@ Layout (little-endian):
   broker_id (UTF-8), then per Message: offset u64, length u32, LogMessage count u32
   CRC32C u32 of every header byte before it
 A reader fetches the prefix, then the header, then any one Message by its byte range.
+
+An object is one batch, or (a storage group's shared object) several batches back to back,
+each self-contained with offsets relative to its own start: `split_parts` walks them.
 """
 
 from __future__ import annotations
@@ -172,6 +175,22 @@ def decode_batch(obj: Buffer, *, compressors: Compressors | None = None
                                        f"range")
             out.append((mh, records))
     return header, out
+
+
+def split_parts(obj: Buffer) -> list[memoryview]:
+    """The batches of an object stored back to back (one for a topic's own object), each
+    checked by its header only (decode each to check its Messages)."""
+    view = memoryview(obj)
+    parts: list[memoryview] = []
+    at = 0
+    while at < len(view):
+        end = at + decode_batch_header(view[at:]).object_size
+        if end > len(view):
+            raise CorruptDataError(f"part {len(parts)} at byte {at} is truncated: it ends at {end}, "
+                                   f"the object at {len(view)}")
+        parts.append(view[at:end])
+        at = end
+    return parts
 
 
 def object_crc32c(chunks: Iterable[Buffer]) -> int:

@@ -1,4 +1,10 @@
-"""Notification: the JSON pointer to a stored batch that goes to Kafka, versioned by "v"."""
+"""Notification: the JSON pointer to a stored batch that goes to Kafka, versioned by "v".
+
+A notification names one *part* of an object: the batch at bytes [offset, offset + size) of
+the object `key`, whose CRC32C is `crc32c`. An object of one topic is the one-part case at
+offset 0; a storage group's object holds one part per topic (see `memq.broker.group`).
+Versions: 1 had no `offset` (always 0, read as such); 2 added it.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +15,7 @@ from typing import Any
 
 from memq.errors import CorruptDataError, UnsupportedVersionError
 
-NOTIFICATION_VERSION = 1
+NOTIFICATION_VERSION = 2
 
 
 @dataclass(frozen=True)
@@ -18,16 +24,17 @@ class Notification:
     topic: str
     bucket: str
     key: str
-    size: int
+    size: int                # of the part (the batch)
     header_size: int
     message_count: int
     logmessage_count: int
     min_timestamp_ms: int
     max_timestamp_ms: int
-    crc32c: int  # over the whole object
+    crc32c: int              # over the part's bytes
     broker_id: str
     attempt: int
     created_ms: int
+    offset: int = 0          # where the part starts in the object (v2; v1 objects held one part)
 
     def to_bytes(self) -> bytes:
         # vars(), not dataclasses.asdict(): the fields are flat, and asdict's deep copy was
@@ -49,6 +56,8 @@ class Notification:
         if v > NOTIFICATION_VERSION:
             raise UnsupportedVersionError(
                 f"notification version {v}, this reader knows up to {NOTIFICATION_VERSION}")
+        if v == 1:
+            obj = {**obj, "offset": 0}
         return cls(**{f.name: _field(obj, f.name, _TYPES[f.name]) for f in _FIELDS})
 
 

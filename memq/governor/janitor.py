@@ -24,6 +24,15 @@ failover can cause costs requests, never data. A new governor simply carries on.
 
 Before deleting a topic's expired objects the janitor tells the audit (an EXPIRED record with
 the object cutoff), so Messages a group had not consumed count as expired, never as lost.
+
+Storage groups: after the topics, a pass per group over its shared objects
+(`<pp>/<cluster>/groups/<group>/`). An object holds a part of several topics, all stamped with
+the object's time, so it is deleted only when it is past every member topic's object cutoff
+and older than any object of the group that a still-retained notification of any topic names
+(a topic that moved to another group keeps its old parts): every part has expired, and no
+pointer outlives its part (`retention.group_cutoff`). Orphans of a group are the objects no
+member topic's notification names. A group is skipped in a pass where a member topic failed.
+`retention_bytes` counts a topic's own objects only, not its parts of shared objects.
 """
 
 from __future__ import annotations
@@ -31,8 +40,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Coroutine, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter
 
@@ -42,7 +52,8 @@ from memq.errors import InvalidInputError, MemqError, NotifyError
 from memq.notify import NotificationConsumer, NotificationRecord, TopicAdmin
 from memq.storage import StorageHandler, StorageMetrics, make_storage
 from memq.storage.base import DELETE_CHUNK, ObjectInfo, delete_chunks
-from memq.storage.naming import parse_key
+from memq.storage.metrics import group_label
+from memq.storage.naming import group_home, parse_key
 
 from . import retention
 
@@ -73,7 +84,7 @@ class JanitorMetrics:
 
 @dataclass(frozen=True)
 class TopicReport:
-    """What one pass did to one topic."""
+    """What one pass did to one topic's own objects, or to a storage group's (`group:<g>`)."""
 
     topic: str
     pointer_ms: int                  # notifications before this expired
@@ -100,16 +111,20 @@ class NotificationLog:
             self.admin.set_retention(kafka_topic, retention_ms)
             log.info("janitor: %s retention.ms set to %d", kafka_topic, retention_ms)
 
-    def expire(self, kafka_topic: str, before_ms: int) -> int | None:
-        """Expire the notifications published before `before_ms`; the oldest object time the
-        first retained notification of any partition names (None: none retained)."""
+    def expire(self, kafka_topic: str, before_ms: int) -> dict[str, int]:
+        """Expire the notifications published before `before_ms`; per object home (`topics/<t>`,
+        `groups/<g>`, "" for a key memq does not parse), the oldest object time the first retained
+        notification of a partition names ({}: none retained)."""
         c = self._consumer(kafka_topic)
         try:
             cut = c.offsets_for_times(before_ms)
             marks = {p: c.watermarks(p) for p in cut}
             self._delete_records(kafka_topic, {p: o for p, o in cut.items() if o > marks[p][0]})
-            firsts = _scan(c, cut, {p: high for p, (_, high) in marks.items()}, self.timeout_s, first_only=True)
-            return min((_object_ms(r) for r in firsts), default=None)
+            floors: dict[str, int] = {}
+            for r in _scan(c, cut, {p: high for p, (_, high) in marks.items()}, self.timeout_s, first_only=True):
+                home, ms = _object_home(r)
+                floors[home] = min(ms, floors.get(home, ms))
+            return floors
         finally:
             c.close()
 
@@ -139,10 +154,17 @@ class NotificationLog:
 
 def _object_ms(record: NotificationRecord) -> int:
     """The time of the object a notification names (from its key, as listings see it)."""
+    return _object_home(record)[1]
+
+
+def _object_home(record: NotificationRecord) -> tuple[str, int]:
+    """The home (`topics/<t>`, `groups/<g>`; "" if memq does not parse the key) and time of
+    the object a notification names."""
     try:
-        return parse_key(record.notification.key).timestamp_ms
+        key = parse_key(record.notification.key)
     except InvalidInputError:
-        return record.notification.created_ms
+        return "", record.notification.created_ms
+    return key.home, key.timestamp_ms
 
 
 def _scan(c: NotificationConsumer, starts: Mapping[int, int], ends: Mapping[int, int], timeout_s: float,
@@ -205,19 +227,40 @@ class Janitor:
 
     async def run_once(self, topics: Mapping[str, TopicConfig],
                        leading: Callable[[], bool] = lambda: True) -> list[TopicReport]:
-        """One pass over `topics`; a topic that fails is logged, counted and retried next pass."""
-        reports = []
+        """One pass over `topics`, then over their storage groups (reports named `group:<g>`);
+        a topic or group that fails is logged, counted and retried next pass."""
+        reports: dict[str, TopicReport] = {}
+        floors: dict[str, int] = {}     # object home -> oldest object a retained notification names
         for name, cfg in sorted(topics.items()):
             if not leading():
                 log.info("janitor: no longer the governor, pass stopped before topic %s", name)
+                return list(reports.values())
+            report = await self._guarded(name, self.collect(cfg, leading, floors))
+            if report is not None:
+                reports[name] = report
+        for group, members in sorted(retention.groups_of(topics).items()):
+            if not leading():
+                log.info("janitor: no longer the governor, pass stopped before storage group %s", group)
                 break
-            try:
-                reports.append(await asyncio.wait_for(self.collect(cfg, leading), self.timeout_s))
-            except (MemqError, TimeoutError) as e:
-                self.metrics.errors.labels(name, "pass").inc()
-                log.warning("janitor: topic %s: pass failed, retrying next pass: %s", name,
-                            e if isinstance(e, MemqError) else f"over governor.janitor_timeout_s {self.timeout_s:g} s")
-        return reports
+            done = [reports[m] for m in members if m in reports]
+            if len(done) < len(members):
+                log.info("janitor: storage group %s waits for the next pass: a member topic failed", group)
+                continue
+            report = await self._guarded(group_label(group), self.collect_group(
+                group, [topics[m] for m in members], done, floors, leading))
+            if report is not None:
+                reports[report.topic] = report
+        return list(reports.values())
+
+    async def _guarded(self, name: str, work: Coroutine[Any, Any, TopicReport]) -> TopicReport | None:
+        """`work` within `janitor_timeout_s`; None (logged and counted) if it failed."""
+        try:
+            return await asyncio.wait_for(work, self.timeout_s)
+        except (MemqError, TimeoutError) as e:
+            self.metrics.errors.labels(name, "pass").inc()
+            log.warning("janitor: %s: pass failed, retrying next pass: %s", name,
+                        e if isinstance(e, MemqError) else f"over governor.janitor_timeout_s {self.timeout_s:g} s")
+            return None
 
     @property
     def notifications(self) -> NotificationLog:
@@ -226,8 +269,10 @@ class Janitor:
             self._notifications = NotificationLog(self.config, self.timeout_s)
         return self._notifications
 
-    async def collect(self, cfg: TopicConfig, leading: Callable[[], bool] = lambda: True) -> TopicReport:
-        """Expire and collect one topic (steps 1-4 of the module doc)."""
+    async def collect(self, cfg: TopicConfig, leading: Callable[[], bool] = lambda: True,
+                      floors: dict[str, int] | None = None) -> TopicReport:
+        """Expire and collect one topic's own objects (steps 1-4 of the module doc); adds to
+        `floors` the oldest object per home its retained notifications name."""
         now = self.clock_ms()
         kafka_topic = cfg.notification_topic_for(self.config.cluster.name)
         await asyncio.to_thread(self.notifications.sync_retention, kafka_topic, cfg.retention_ms)
@@ -241,8 +286,11 @@ class Janitor:
         listed = [o for start, end in ranges
                   for o in await self.storage.list_topic(cfg.name, start, end, all_attempts=True)]
         pointer_ms = retention.pointer_cutoff(listed, now, cfg.retention_ms, cfg.retention_bytes)
-        floor = await asyncio.to_thread(self.notifications.expire, kafka_topic, pointer_ms)
-        object_ms = retention.object_cutoff(pointer_ms, floor, self.grace_ms)
+        named = await asyncio.to_thread(self.notifications.expire, kafka_topic, pointer_ms)
+        if floors is not None:
+            for home, ms in named.items():
+                floors[home] = min(ms, floors.get(home, ms))
+        object_ms = retention.object_cutoff(pointer_ms, min(named.values(), default=None), self.grace_ms)
         expired = retention.expired(listed, object_ms)
         orphans: list[ObjectInfo] = []
         if window is not None:
@@ -266,6 +314,47 @@ class Janitor:
                      cfg.name, len(expired), sum(o.size for o in expired), object_ms, len(orphans),
                      sum(o.size for o in orphans), failed)
         return report
+
+    async def collect_group(self, group: str, members: Sequence[TopicConfig], reports: Sequence[TopicReport],
+                            floors: Mapping[str, int], leading: Callable[[], bool] = lambda: True) -> TopicReport:
+        """Expire and collect a storage group's shared objects, after its member topics' passes
+        (`reports`) expired their notifications."""
+        now = self.clock_ms()
+        label = group_label(group)
+        pointer_ms = min(r.pointer_ms for r in reports)
+        object_ms = retention.group_cutoff([r.object_ms for r in reports], floors.get(group_home(group)), self.grace_ms)
+        swept = self._swept.setdefault(label, now - 2 * self.orphan_grace_ms)
+        window = retention.orphan_window(now, self.orphan_grace_ms, swept, pointer_ms)
+        ranges = retention.listing_ranges((0, object_ms), window or (0, 0))
+        listed = [o for start, end in ranges
+                  for o in await self.storage.list_group(group, start, end, all_attempts=True)]
+        expired = retention.expired(listed, object_ms)
+        orphans: list[ObjectInfo] = []
+        if window is not None:
+            start, end = max(window[0], pointer_ms), window[1]
+            candidates = [o for o in listed if start <= o.timestamp_ms < end]
+            if candidates:
+                referenced: set[str] = set()
+                for cfg in members:
+                    referenced |= await asyncio.to_thread(self.notifications.references,
+                                                          cfg.notification_topic_for(self.config.cluster.name),
+                                                          start, end)
+                orphans = retention.orphans(candidates, referenced)
+        if expired and self.audit is not None:
+            for cfg in members:
+                self.audit.expired(topic=cfg.name, before_ms=object_ms)
+        failed = 0
+        for reason, objs in (("expired", expired), ("orphan", orphans)):
+            if objs:
+                failed += await self._delete(label, reason, objs, leading)
+        if window is not None and not failed:
+            self._swept[label] = window[1]
+        self.metrics.passes.labels(label).inc()
+        if expired or orphans or failed:
+            log.info("janitor: storage group %s: %d expired (%d bytes, before %d), %d orphans (%d bytes), %d failed",
+                     group, len(expired), sum(o.size for o in expired), object_ms, len(orphans),
+                     sum(o.size for o in orphans), failed)
+        return TopicReport(label, pointer_ms, object_ms, tuple(expired), tuple(orphans), failed)
 
     async def _delete(self, topic: str, reason: str, objs: list[ObjectInfo], leading: Callable[[], bool]) -> int:
         """Delete `objs` a request (`DELETE_CHUNK` keys) at a time, while still the governor;

@@ -8,9 +8,10 @@ janitor (`memq.governor.janitor`) does the I/O around these functions.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from memq.config import TopicConfig
 from memq.storage.base import ObjectInfo
 
 
@@ -45,6 +46,24 @@ def object_cutoff(pointer_ms: int, retained_floor_ms: int | None, grace_ms: int)
     retained), so an object goes only after its pointers, whatever Kafka did with them."""
     floor = pointer_ms if retained_floor_ms is None else min(pointer_ms, retained_floor_ms)
     return floor - grace_ms
+
+
+def group_cutoff(member_object_ms: Iterable[int], named_floor_ms: int | None, grace_ms: int) -> int:
+    """A storage group's shared objects before this are deleted: past every member topic's
+    object cutoff (each part of an object carries the object's time, so every part has
+    expired), and `grace_ms` before the oldest group object a retained notification of any
+    topic names (`named_floor_ms`, None if none), so no pointer outlives its part."""
+    cut = min(member_object_ms)
+    return cut if named_floor_ms is None else min(cut, named_floor_ms - grace_ms)
+
+
+def groups_of(topics: Mapping[str, TopicConfig]) -> dict[str, list[str]]:
+    """Storage group -> its member topics (by name); topics storing their own objects ("") have none."""
+    groups: dict[str, list[str]] = {}
+    for name, cfg in sorted(topics.items()):
+        if cfg.storage_group:
+            groups.setdefault(cfg.storage_group, []).append(name)
+    return groups
 
 
 def expired(objects: Iterable[ObjectInfo], object_ms: int) -> list[ObjectInfo]:

@@ -57,8 +57,9 @@ class StorageHandler(Protocol):
     """
 
     async def put_batch(self, topic: str, data: Chunks, *, first_request_id: int,
-                        timestamp_ms: int, broker_id: str) -> ObjectLocation:
-        """Store one batch (chunks are concatenated once); each retry goes under its own key."""
+                        timestamp_ms: int, broker_id: str, group: str = "") -> ObjectLocation:
+        """Store one object (chunks are concatenated once); each retry goes under its own key.
+        Under the topic's key, or with `group` under that storage group's (the parts of many topics)."""
         ...
 
     async def get(self, loc: ObjectLocation) -> bytes:
@@ -76,6 +77,11 @@ class StorageHandler(Protocol):
         Of a batch whose put was retried, only the highest stored attempt is listed
         (see `memq.storage.listing`), unless `all_attempts` (the janitor: every object costs).
         """
+        ...
+
+    async def list_group(self, group: str, start_ms: int, end_ms: int, *,
+                         all_attempts: bool = False) -> list[ObjectInfo]:
+        """As `list_topic`, for the shared objects of a storage group."""
         ...
 
     async def delete(self, loc: ObjectLocation) -> None:

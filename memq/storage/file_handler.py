@@ -25,7 +25,7 @@ from memq.errors import InvalidInputError, ObjectNotFoundError, StorageError
 from memq.storage.base import Chunks, DeleteFailure, ObjectInfo, ObjectLocation, delete_chunks
 from memq.storage.metrics import StorageMetrics
 from memq.storage.listing import list_all_prefixes
-from memq.storage.naming import check_name, make_key, parse_key, parse_name, topic_dir
+from memq.storage.naming import check_name, group_home, home_dir, make_key, parse_key, parse_name, topic_home
 from memq.storage.payload import check_range
 
 T = TypeVar("T")
@@ -76,10 +76,10 @@ class FileStorageHandler:
     # --- StorageHandler ------------------------------------------------------------------------
 
     async def put_batch(self, topic: str, data: Chunks, *, first_request_id: int,
-                        timestamp_ms: int, broker_id: str) -> ObjectLocation:
+                        timestamp_ms: int, broker_id: str, group: str = "") -> ObjectLocation:
         key = str(make_key(cluster=self.cluster, topic=topic, first_request_id=first_request_id,
                            timestamp_ms=timestamp_ms, broker_id=broker_id,
-                           unique=secrets.token_hex(8), attempt=0))
+                           unique=secrets.token_hex(8), attempt=0, group=group))
         try:  # written chunk by chunk: no concatenation at all
             views = [memoryview(data)] if isinstance(data, (bytes, bytearray, memoryview)) \
                 else [memoryview(c) for c in data]
@@ -132,12 +132,18 @@ class FileStorageHandler:
 
     async def list_topic(self, topic: str, start_ms: int, end_ms: int, *,
                          all_attempts: bool = False) -> list[ObjectInfo]:
-        check_name("topic", topic)
+        return await self._list_home(topic_home(topic), start_ms, end_ms, all_attempts)
+
+    async def list_group(self, group: str, start_ms: int, end_ms: int, *,
+                         all_attempts: bool = False) -> list[ObjectInfo]:
+        return await self._list_home(group_home(group), start_ms, end_ms, all_attempts)
+
+    async def _list_home(self, home: str, start_ms: int, end_ms: int, all_attempts: bool) -> list[ObjectInfo]:
         if end_ms <= start_ms:
             return []
 
         def list_prefix(prefix: str) -> Awaitable[list[ObjectInfo]]:
-            rel = topic_dir(prefix, self.cluster, topic)
+            rel = home_dir(prefix, self.cluster, home)
             return self._run("list", rel, lambda: self._list_dir(rel, start_ms, end_ms))
 
         return await list_all_prefixes(list_prefix, self._max_workers, all_attempts=all_attempts)

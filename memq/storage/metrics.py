@@ -5,7 +5,9 @@ handlers, can live in one interpreter: share one `StorageMetrics` per registry.
 
 Requests and bytes are labelled by topic (taken from the object key or listing prefix, see
 `memq.storage.naming`), because a storage request is what S3 bills: `memq cost` prices these
-counters per topic. Calls that name no topic are counted under topic "".
+counters per topic. A storage group's shared objects are labelled `group:<group>` (no topic
+name holds ':'), and `memq cost` splits them over the group's topics by their bytes. Calls
+that name no topic are counted under topic "".
 """
 
 from __future__ import annotations
@@ -15,14 +17,23 @@ import re
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
-# `<pp>/<cluster>/topics/<topic>/`, anywhere in an s3:// URL, a key or a listing prefix.
-_TOPIC_IN_KEY = re.compile(r"(?:^|/)[0-9a-f]{2}/[A-Za-z0-9._-]+/topics/([A-Za-z0-9._-]+)/")
+# `<pp>/<cluster>/topics/<topic>/` or `.../groups/<group>/`, anywhere in an s3:// URL, a key or a listing prefix.
+_TOPIC_IN_KEY = re.compile(r"(?:^|/)[0-9a-f]{2}/[A-Za-z0-9._-]+/(topics|groups)/([A-Za-z0-9._-]+)/")
+GROUP_LABEL = "group:"
+
+
+def group_label(group: str) -> str:
+    """The topic label of a storage group's objects in storage and janitor metrics."""
+    return f"{GROUP_LABEL}{group}"
 
 
 def topic_of(where: str) -> str:
-    """The topic whose object key or listing prefix `where` names, or "" when it names none."""
+    """The topic whose object key or listing prefix `where` names (`group:<g>` for a storage
+    group's), or "" when it names none."""
     m = _TOPIC_IN_KEY.search(where)
-    return m[1] if m else ""
+    if m is None:
+        return ""
+    return m[2] if m[1] == "topics" else group_label(m[2])
 
 
 class StorageMetrics:

@@ -29,7 +29,7 @@ from memq.errors import (ConfigError, InvalidInputError, ObjectNotFoundError, Re
 from memq.storage.base import Chunks, DeleteFailure, ObjectInfo, ObjectLocation, delete_chunks
 from memq.storage.metrics import StorageMetrics
 from memq.storage.listing import list_all_prefixes
-from memq.storage.naming import check_name, make_key, parse_key, start_after, topic_dir
+from memq.storage.naming import check_name, group_home, home_dir, make_key, parse_key, start_after, topic_home
 from memq.storage.payload import check_range, join_chunks
 from memq.storage.retry import RetryPolicy
 
@@ -150,7 +150,7 @@ class S3StorageHandler:
     # --- StorageHandler ------------------------------------------------------------------------
 
     async def put_batch(self, topic: str, data: Chunks, *, first_request_id: int,
-                        timestamp_ms: int, broker_id: str) -> ObjectLocation:
+                        timestamp_ms: int, broker_id: str, group: str = "") -> ObjectLocation:
         body = join_chunks(data)
         # memq supplies the body's CRC32C (hardware CRC, ~1 ms per 8 MiB) for S3 to verify on
         # arrival. botocore then skips its own CRC32 of the body (pure-Python-driven chunking,
@@ -162,7 +162,7 @@ class S3StorageHandler:
         def attempt_call(attempt: int) -> tuple[str, Callable[[], str]]:
             key = str(make_key(cluster=self.cluster, topic=topic, first_request_id=first_request_id,
                                timestamp_ms=timestamp_ms, broker_id=broker_id, unique=unique,
-                               attempt=attempt))
+                               attempt=attempt, group=group))
             return f"s3://{self.bucket}/{key}", lambda: self._put_blocking(key, body, checksum)
 
         key = await self._run("put", attempt_call)
@@ -195,19 +195,26 @@ class S3StorageHandler:
 
     async def list_topic(self, topic: str, start_ms: int, end_ms: int, *,
                          all_attempts: bool = False) -> list[ObjectInfo]:
-        check_name("topic", topic)
+        return await self._list_home(topic_home(topic), start_ms, end_ms, all_attempts)
+
+    async def list_group(self, group: str, start_ms: int, end_ms: int, *,
+                         all_attempts: bool = False) -> list[ObjectInfo]:
+        return await self._list_home(group_home(group), start_ms, end_ms, all_attempts)
+
+    async def _list_home(self, home: str, start_ms: int, end_ms: int, all_attempts: bool) -> list[ObjectInfo]:
         if end_ms <= start_ms:
             return []
-        return await list_all_prefixes(lambda prefix: self._list_prefix(prefix, topic, start_ms, end_ms),
+        return await list_all_prefixes(lambda prefix: self._list_prefix(home_dir(prefix, self.cluster, home),
+                                                                        start_ms, end_ms),
                                        self._list_concurrency, all_attempts=all_attempts)
 
-    async def _list_prefix(self, prefix: str, topic: str, start_ms: int, end_ms: int) -> list[ObjectInfo]:
+    async def _list_prefix(self, directory: str, start_ms: int, end_ms: int) -> list[ObjectInfo]:
         """One prefix's objects, a ListObjectsV2 request per page (each retried on its own and
         counted in `memq_storage_attempts{op="list"}`, so the count is the LIST requests paid)."""
         out: list[ObjectInfo] = []
-        where = f"s3://{self.bucket}/{topic_dir(prefix, self.cluster, topic)}"
-        kwargs: dict[str, Any] = {"Bucket": self.bucket, "Prefix": topic_dir(prefix, self.cluster, topic),
-                                  "StartAfter": start_after(prefix, self.cluster, topic, start_ms)}
+        where = f"s3://{self.bucket}/{directory}"
+        kwargs: dict[str, Any] = {"Bucket": self.bucket, "Prefix": directory,
+                                  "StartAfter": start_after(directory, start_ms)}
         while True:
             resp = await self._run("list", lambda _: (where, lambda: self._client.list_objects_v2(**kwargs)))
             for item in resp.get("Contents", ()):

@@ -1,0 +1,124 @@
+"""Storage groups on one broker: topics sealed together into one object, one part each.
+
+In process (file storage behind a gate, notifications recorded in memory), like
+test_broker_processor; the S3/Kafka path is in test_shared_objects.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+from memq.broker.group import GroupWriters, layout
+from memq.broker.metrics import BrokerMetrics
+from memq.broker.processor import TopicProcessor
+from memq.config import TopicConfig
+from memq.format import Notification, decode_batch, object_crc32c, verify_message
+from memq.format.wire import Ack, AckCode, AckLevel
+from memq.storage.naming import parse_key
+from tests.test_broker_processor import GatedStorage, MemoryPublisher, message
+
+
+def test_layout_puts_parts_back_to_back() -> None:
+    parts = layout([[b"ab", b"cde"], [b"f"], [b"gh", b"i"]])
+    assert [(p.offset, p.size, p.header_size) for p in parts] == [(0, 5, 2), (5, 1, 1), (6, 3, 2)]
+    assert parts[2].crc32c == object_crc32c([b"ghi"])
+
+
+class Group:
+    """Topics t0..tn-1 on one broker, all in storage group "g" unless `own` names theirs."""
+
+    def __init__(self, tmp_path: Path, n: int, own: dict[str, str] | None = None, **topic: Any) -> None:
+        self.storage = GatedStorage(tmp_path)
+        self.publisher = MemoryPublisher()
+        self.acks: list[Ack] = []
+        metrics = BrokerMetrics("b1")
+        writers = GroupWriters(storage=self.storage, broker_id="b1", metrics=metrics)  # type: ignore[arg-type]
+        self.procs: dict[str, TopicProcessor] = {}
+        for i in range(n):
+            name = f"t{i}"
+            cfg = TopicConfig(name=name, storage_group=(own or {}).get(name, "g"),
+                              **{"batch_ms": 10_000, "batch_bytes": 1 << 20, "max_message_bytes": 1 << 20, **topic})
+            self.procs[name] = TopicProcessor(cfg, cluster="test", broker_id="b1", storage=self.storage,  # type: ignore[arg-type]
+                                              publisher=self.publisher, metrics=metrics, busy_wait_s=0.2,
+                                              group=writers.writer(cfg))
+
+    async def append(self, topic: str, seq: int, *, seal: bool = False) -> Ack | None:
+        data = message(seq)
+        return await self.procs[topic].append(memoryview(data), verify_message(data), seq, AckLevel.ALL,
+                                              self.acks.append, seal=seal)
+
+    async def wait_acks(self, n: int) -> None:
+        async with asyncio.timeout(5):
+            while len(self.acks) < n:
+                await asyncio.sleep(0.005)
+
+    def notes(self) -> dict[str, Notification]:
+        return {n.topic: n for _, n in self.publisher.sent}
+
+
+async def test_one_seal_stores_every_topics_batch_as_a_part_of_one_object(tmp_path: Path) -> None:
+    g = Group(tmp_path, 3)
+    await g.append("t0", 1)
+    await g.append("t1", 2)
+    await g.append("t1", 3)
+    await g.append("t2", 4, seal=True)          # t2's flush: the object goes, with t0's and t1's batches
+    await g.wait_acks(4)
+    assert all(a.ok for a in g.acks) and len(g.storage.puts) == 1
+    loc = g.storage.puts[0]
+    assert parse_key(loc.key).group == "g" and "/groups/g/" in loc.key
+    obj = await g.storage.get(loc)
+    notes = g.notes()
+    assert sorted(notes) == ["t0", "t1", "t2"] and {n.key for n in notes.values()} == {loc.key}
+    assert sum(n.size for n in notes.values()) == len(obj)
+    for topic, seqs in (("t0", [1]), ("t1", [2, 3]), ("t2", [4])):
+        n = notes[topic]
+        part = obj[n.offset:n.offset + n.size]
+        assert object_crc32c([part]) == n.crc32c
+        header, msgs = decode_batch(part)
+        assert [h.sequence for h, _ in msgs] == seqs and header.header_size == n.header_size
+    assert {(a.id, a.key) for a in g.acks} == {(s, loc.key) for s in (1, 2, 3, 4)}
+
+
+async def test_a_topic_with_its_own_group_never_shares(tmp_path: Path) -> None:
+    g = Group(tmp_path, 3, own={"t2": "", "t1": "solo"})
+    for i, topic in enumerate(("t0", "t1", "t2")):
+        await g.append(topic, i)
+    await g.procs["t0"].close()                 # seals t0's group ("g") only
+    await g.wait_acks(1)
+    assert len(g.storage.puts) == 1 and g.notes().keys() == {"t0"}
+    await g.append("t2", 9, seal=True)
+    await g.append("t1", 8, seal=True)
+    await g.wait_acks(4)
+    keys = {topic: parse_key(n.key) for topic, n in g.notes().items()}
+    assert (keys["t0"].group, keys["t1"].group, keys["t2"].group, keys["t2"].topic) == ("g", "solo", "", "t2")
+    assert len({n.key for n in g.notes().values()}) == 3 and all(n.offset == 0 for n in g.notes().values())
+
+
+async def test_a_failed_put_fails_every_topic_of_the_object(tmp_path: Path) -> None:
+    g = Group(tmp_path, 2)
+    g.storage.fail = True
+    await g.append("t0", 1)
+    await g.append("t1", 2, seal=True)
+    await g.wait_acks(2)
+    assert all(not a.ok and a.code is AckCode.STORAGE for a in g.acks)
+    assert "one object with t0, t1" in g.acks[0].error
+    assert all(p.busy_slots == 0 for p in g.procs.values())     # slots freed: the ring is not leaked
+
+
+async def test_a_failed_publish_fails_only_that_topic(tmp_path: Path) -> None:
+    g = Group(tmp_path, 2)
+    real = g.publisher.publish
+
+    async def publish(kafka_topic: str, n: Notification) -> tuple[int, int]:
+        if n.topic == "t0":
+            raise RuntimeError("injected: t0's notification topic is gone")
+        return await real(kafka_topic, n)
+
+    g.publisher.publish = publish  # type: ignore[method-assign]
+    await g.append("t0", 1)
+    await g.append("t1", 2, seal=True)
+    await g.wait_acks(2)
+    by_id = {a.id: a for a in g.acks}
+    assert (by_id[1].ok, by_id[1].code, by_id[2].ok) == (False, AckCode.NOTIFY, True)
