@@ -125,7 +125,11 @@ def _print_endpoints(endpoints: dict[str, str], config_path: Path, topic: str) -
     memq = _memq_command()
     lines = [f"try:  {memq} --config {config_path} consume {topic} --count",
              f"      echo hello | {memq} --config {config_path} produce {topic}"]
-    if "security" not in endpoints:
+    if "security" in endpoints:
+        lines.append(f"      {memq} --config {config_path} token create alice   # stored in ZooKeeper, "
+                     "brokers apply it at once")
+        lines.append(f"      {memq} --config {config_path} acl add allow alice produce literal:{topic}")
+    else:
         kafka = endpoints["Kafka API"].split(",")[0]
         lines.append(f"      echo hello | kcat -P -b {kafka} -t {topic}   # or any Kafka producer")
     click.echo("\n".join([*lines, "Ctrl-C stops everything."]))
