@@ -12,6 +12,7 @@ import trustme
 from memq.config import load_config
 from memq.errors import ConfigError
 from memq.security.acl import Operation, is_allowed, parse_rule, parse_rules
+from memq.security.stored import StoredSecurity
 from memq.security.tls import client_context, server_context, subject_cn
 from memq.security.tokens import hash_token, new_token, parse_entry, principal_of
 
@@ -107,3 +108,46 @@ def test_security_settings_are_validated(tmp_path: Path) -> None:
     config = load_config(f, env={})
     assert config.security.acls == ("allow a produce literal:t", "deny a describe prefix:")
     assert "memq_secret" not in repr(config.producer)
+
+
+def test_stored_security_document_round_trips_and_is_checked() -> None:
+    alice = str(new_token("alice")[1])
+    stored = StoredSecurity((alice,), ("allow alice produce literal:t",))
+    assert StoredSecurity.from_json(stored.to_json(), "zk") == stored
+    assert StoredSecurity.from_json(None, "zk") == StoredSecurity() == StoredSecurity.from_json(b"", "zk")
+    edited = stored.edited("acls", lambda old: [*old, "deny * describe prefix:hr."])
+    assert edited.acls == ("allow alice produce literal:t", "deny * describe prefix:hr.") and edited.tokens == (alice,)
+    assert stored.edited("tokens", lambda old: []).tokens == ()
+    with pytest.raises(ConfigError, match="stored acls"):
+        stored.edited("acls", lambda old: ["allow alice write literal:t"])      # never written
+    with pytest.raises(ConfigError, match="no list 'quotas'"):
+        stored.edited("quotas", lambda old: old)
+
+
+@pytest.mark.parametrize(("data", "match"), [
+    (b"{", "zk: not JSON"),
+    (b"[]", "zk: not a JSON object"),
+    (b'{"v": 2, "tokens": []}', "not a version 1 security document"),
+    (b'{"v": 1, "tokens": "alice:00"}', "must be lists of strings"),
+    (b'{"v": 1, "tokens": ["alice:00"]}', r"zk: stored tokens\[0\]"),
+])
+def test_bad_stored_security_documents_name_the_znode(data: bytes, match: str) -> None:
+    with pytest.raises(ConfigError, match=match):
+        StoredSecurity.from_json(data, "zk")
+
+
+def test_guard_uses_the_config_and_the_stored_lists() -> None:
+    from prometheus_client import CollectorRegistry, Counter
+
+    from memq.broker.guard import Guard
+    from memq.config import SecurityConfig
+
+    admin, admin_entry = new_token("admin")
+    alice, alice_entry = new_token("alice")
+    guard = Guard(SecurityConfig(enabled=True, tokens=(str(admin_entry),), acls=("allow admin admin prefix:",)),
+                  Counter("d", "d", ["operation"], registry=CollectorRegistry()))
+    assert not guard.may("alice", Operation.PRODUCE, "t")
+    guard.use_stored(StoredSecurity((str(alice_entry),), ("allow alice produce literal:t",)))
+    assert guard.may("alice", Operation.PRODUCE, "t") and guard.may("admin", Operation.ADMIN, "t")
+    guard.use_stored(StoredSecurity())                                 # removed: the config file's stay
+    assert not guard.may("alice", Operation.PRODUCE, "t") and guard.may("admin", Operation.ADMIN, "t")

@@ -6,6 +6,10 @@ credentials gets 401 and its connection is closed. The principal is the token's 
 `Authorization: Bearer` header), else the subject CN of a client certificate that
 `security.tls_client_ca_file` verified. Health and Prometheus endpoints stay open, for
 process managers and scrapers.
+
+Tokens and ACLs are the config file's plus, with ZooKeeper, the cluster's stored ones
+(`use_stored`, called by the broker's watch on every change): immutable tuples, each
+replaced whole, so a decision never sees half an update.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from prometheus_client import Counter
 
 from memq.config import SecurityConfig
 from memq.security.acl import Operation, is_allowed, parse_rules
+from memq.security.stored import StoredSecurity
 from memq.security.tls import subject_cn
 from memq.security.tokens import parse_entries, principal_of
 
@@ -32,9 +37,14 @@ class Guard:
 
     def __init__(self, config: SecurityConfig, denials: Counter) -> None:
         self.enabled = config.enabled
-        self._tokens = parse_entries(config.tokens)
-        self._rules = parse_rules(config.acls)
+        self._configured = (parse_entries(config.tokens), parse_rules(config.acls))
+        self._tokens, self._rules = self._configured
         self._denials = denials
+
+    def use_stored(self, stored: StoredSecurity) -> None:
+        """From now on: the config file's tokens and ACLs plus `stored`."""
+        tokens, rules = self._configured
+        self._tokens, self._rules = (tokens + parse_entries(stored.tokens), rules + parse_rules(stored.acls))
 
     def authenticate(self, request: web.Request) -> str | web.Response:
         """The request's principal, or the 401 response naming what is wrong."""

@@ -27,6 +27,7 @@ from rich.live import Live
 
 from memq.audit.emitter import make_audit_sink
 from memq.config import BrokerConfig, MemqConfig, TopicConfig
+from memq.devcluster.secure import make_dev_security
 from memq.errors import MemqError
 
 if TYPE_CHECKING:
@@ -48,10 +49,13 @@ READY_TIMEOUT_S = 30.0
               help="Stop by itself after this many seconds.")
 @click.option("--audit-port", type=click.IntRange(0, 65535), default=0, show_default=True,
               help="Port of the audit dashboard (0: a free one, printed as 'audit:').")
+@click.option("--tls", is_flag=True,
+              help="Security on: a throwaway CA, TLS on every broker, token authentication and ACLs; "
+                   "the client config trusts the CA and holds a token.")
 @click.option("--run-dir", type=click.Path(file_okay=False, path_type=Path), default=Path(".memq-run/dev"),
               show_default=True, help="Logs, ZooKeeper data and the generated client config.")
 def dev(broker_count: int, topic_name: str, partitions: int, rate: float, duration: float | None,
-        audit_port: int, run_dir: Path) -> None:
+        audit_port: int, tls: bool, run_dir: Path) -> None:
     """Run memq locally: S3, Kafka, ZooKeeper, governed brokers and demo traffic (Ctrl-C stops)."""
     from memq.devcluster import GovernedCluster
 
@@ -59,12 +63,14 @@ def dev(broker_count: int, topic_name: str, partitions: int, rate: float, durati
     # SIGTERM ends the run like Ctrl-C, so every `finally` below stops what it started.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     run_dir = run_dir.resolve()
+    security = make_dev_security(run_dir / "tls") if tls else None
     try:
         with ExitStack() as stack:
             console.print(f"starting S3, Kafka, ZooKeeper and {broker_count} governed "
                           f"broker{'s' if broker_count > 1 else ''}...")
-            cluster = stack.enter_context(GovernedCluster(run_dir, broker_count, ready_timeout_s=READY_TIMEOUT_S,
-                                                          broker=BrokerConfig(kafka_port=0)))
+            cluster = stack.enter_context(GovernedCluster(
+                run_dir, broker_count, ready_timeout_s=READY_TIMEOUT_S, security=security,
+                broker=BrokerConfig(kafka_port=-1 if tls else 0)))   # the Kafka listener has no authentication
             governor = cluster.governor()
             placed = cluster.create_topic(TopicConfig(name=topic_name, read_partitions=partitions))
             config, client = cluster.base, cluster.config()
@@ -75,9 +81,13 @@ def dev(broker_count: int, topic_name: str, partitions: int, rate: float, durati
                 "ZooKeeper": f"{config.zookeeper.hosts}  (root {config.zookeeper.root}, cluster {config.cluster.name})",
                 "brokers": "  ".join(f"{b.url} ({bid}, {cluster.rack(bid)})" for bid, b in cluster.brokers.items()),
                 "governor": f"{governor} ({cluster.broker(governor).url})",
-                "Kafka API": _kafka_listeners(cluster.broker(governor).url),
+                "Kafka API": _kafka_listeners(cluster.broker(governor).url, client) if not tls else
+                "off with --tls (the Kafka listener has no authentication)",
                 "placement": _placement_line(topic_name, placed, cluster),
             }
+            if security is not None:
+                endpoints["security"] = (f"TLS (CA {security.ca_file}), token of principal {security.principal} "
+                                         "in the client config, ACLs allow it everything")
             # Further services (e.g. the audit dashboard) start here and add their endpoint.
             if config.audit.enabled:
                 from memq.audit.dashboard import AuditThread
@@ -113,18 +123,25 @@ def _print_endpoints(endpoints: dict[str, str], config_path: Path, topic: str) -
     for name, value in endpoints.items():
         click.echo(f"{name + ':':<{width}} {value}")
     memq = _memq_command()
-    kafka = endpoints["Kafka API"].split(",")[0]
-    click.echo(f"try:  {memq} --config {config_path} consume {topic} --count\n"
-               f"      echo hello | {memq} --config {config_path} produce {topic}\n"
-               f"      echo hello | kcat -P -b {kafka} -t {topic}   # or any Kafka producer\n"
-               "Ctrl-C stops everything.")
+    lines = [f"try:  {memq} --config {config_path} consume {topic} --count",
+             f"      echo hello | {memq} --config {config_path} produce {topic}"]
+    if "security" in endpoints:
+        lines.append(f"      {memq} --config {config_path} token create alice   # stored in ZooKeeper, "
+                     "brokers apply it at once")
+        lines.append(f"      {memq} --config {config_path} acl add allow alice produce literal:{topic}")
+    else:
+        kafka = endpoints["Kafka API"].split(",")[0]
+        lines.append(f"      echo hello | kcat -P -b {kafka} -t {topic}   # or any Kafka producer")
+    click.echo("\n".join([*lines, "Ctrl-C stops everything."]))
     sys.stdout.flush()
 
 
-def _kafka_listeners(broker_url: str) -> str:
+def _kafka_listeners(broker_url: str, client: MemqConfig) -> str:
     """Every broker's Kafka listener (any one is a bootstrap server for Kafka producers)."""
+    from memq.client._auth import BrokerAuth
     from memq.client.cluster import fetch_metadata
-    return ",".join(b.kafka_address for b in fetch_metadata(broker_url, 10.0).brokers if b.kafka_address)
+    brokers = fetch_metadata(broker_url, 10.0, BrokerAuth.of(client.producer)).brokers
+    return ",".join(b.kafka_address for b in brokers if b.kafka_address)
 
 
 def _memq_command() -> str:

@@ -1,16 +1,20 @@
-"""`memq token create|revoke` and `memq acl add|remove|list`: credentials and ACLs in the config file.
+"""`memq token create|revoke` and `memq acl add|remove|list`: credentials and ACLs.
 
-Tokens and ACLs live in the config file's `[security]` section (`tokens`, `acls`); these
-commands edit it in place (comments and layout kept, by tomlkit) after checking the new
-value, and brokers read it when they start. Storing both in ZooKeeper, watched by brokers
-so a change applies without a restart, is a later step.
+Where they are kept: with ZooKeeper configured (`zookeeper.enabled`, as in the config
+`memq dev` writes) in the cluster's znode `<root>/<cluster>/security`, which brokers watch,
+so a change applies without a restart; otherwise in the config file's `[security]` section
+(`tokens`, `acls`), edited in place (comments and layout kept, by tomlkit) after checking the
+new value, which brokers read when they start. Brokers use the config file's entries plus the
+stored ones.
 """
 
 from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import click
@@ -23,6 +27,21 @@ from memq.security.acl import parse_rule, parse_rules
 from memq.security.tokens import new_token
 
 RESTART_NOTE = "brokers read [security] when they start: restart them to apply"
+LIVE_NOTE = "brokers apply it at once"
+
+Change = Callable[[list[str]], list[str]]
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where this invocation keeps tokens and ACLs: `edit(key, change)` replaces list `key`
+    ("tokens" or "acls") by `change(old)` (which may run more than once: keep it pure) and
+    returns the new list; `read(key)` is the list now."""
+
+    where: str
+    note: str
+    edit: Callable[[str, Change], list[str]]
+    read: Callable[[str], list[str]]
 
 
 def _config_path(ctx: click.Context) -> Path:
@@ -32,13 +51,28 @@ def _config_path(ctx: click.Context) -> Path:
     return Path(state.config_path)
 
 
-def edit_security_list(path: Path, key: str, change: Callable[[list[str]], list[str]]) -> list[str]:
+@contextmanager
+def target(ctx: click.Context) -> Iterator[Target]:
+    """ZooKeeper when the config enables it, else the config file."""
+    config = config_of(ctx)
+    if not config.zookeeper.enabled:
+        path = _config_path(ctx)
+        yield Target(str(path), RESTART_NOTE, lambda key, change: edit_security_list(path, key, change),
+                     lambda key: _security_list(path, key))
+        return
+    from memq.governor.registry import Registry
+    from memq.governor.security_store import SecurityStore
+
+    with Registry(config.zookeeper, config.cluster.name) as registry:
+        store = SecurityStore(registry)
+        yield Target(f"ZooKeeper {store.path}", LIVE_NOTE, store.edit,
+                     lambda key: list(getattr(store.read()[0], key)))
+
+
+def edit_security_list(path: Path, key: str, change: Change) -> list[str]:
     """Replace `[security] key` of the TOML file at `path` by `change(old)`, keeping the rest of
     the file as it is; the file is replaced atomically and only if it still loads."""
-    try:
-        doc = tomlkit.parse(path.read_text()) if path.exists() else tomlkit.document()
-    except (OSError, tomlkit.exceptions.ParseError) as e:
-        raise ConfigError(f"config file {path}: {e}") from None
+    doc = _document(path)
     section = doc.setdefault("security", tomlkit.table())
     new = change([str(v) for v in section.get(key, [])])
     array = tomlkit.array()
@@ -56,25 +90,43 @@ def edit_security_list(path: Path, key: str, change: Callable[[list[str]], list[
     return new
 
 
+def _document(path: Path) -> tomlkit.TOMLDocument:
+    try:
+        return tomlkit.parse(path.read_text()) if path.exists() else tomlkit.document()
+    except (OSError, tomlkit.exceptions.ParseError) as e:
+        raise ConfigError(f"config file {path}: {e}") from None
+
+
+def _security_list(path: Path, key: str) -> list[str]:
+    """`[security] key` of the file at `path` as it is written ([] when absent)."""
+    section = _document(path).get("security", {})
+    values = section.get(key, []) if isinstance(section, dict) else []
+    return [str(v) for v in values]
+
+
 @click.group()
 def token() -> None:
-    """Issue and revoke bearer tokens (stored hashed in [security] tokens)."""
+    """Issue and revoke bearer tokens (stored hashed: in ZooKeeper, or [security] tokens)."""
 
 
 @token.command("create")
 @click.argument("principal")
-@click.option("--write", is_flag=True, help="Add the hashed entry to the config file's [security] tokens.")
+@click.option("--write", is_flag=True,
+              help="Without ZooKeeper: add the hashed entry to the config file's [security] tokens "
+                   "(with ZooKeeper it is always stored there).")
 @click.pass_context
 def token_create(ctx: click.Context, principal: str, write: bool) -> None:
     """Make a token for PRINCIPAL: printed once (give it to the client as producer.token); the
     broker keeps only its hash."""
     secret, entry = new_token(principal)
+    stored = write or config_of(ctx).zookeeper.enabled
+    if stored:
+        with target(ctx) as t:
+            t.edit("tokens", lambda old: [*old, str(entry)])
     click.echo(f"token for {principal} (shown once; clients set producer.token or MEMQ_PRODUCER_TOKEN):")
     click.echo(secret)
-    if write:
-        path = _config_path(ctx)
-        edit_security_list(path, "tokens", lambda old: [*old, str(entry)])
-        click.echo(f"added to [security] tokens in {path}; {RESTART_NOTE}")
+    if stored:
+        click.echo(f"added to {t.where}; {t.note}")
     else:
         click.echo(f'add to [security] tokens in the broker config: "{entry}"')
 
@@ -83,18 +135,19 @@ def token_create(ctx: click.Context, principal: str, write: bool) -> None:
 @click.argument("principal")
 @click.pass_context
 def token_revoke(ctx: click.Context, principal: str) -> None:
-    """Remove every token of PRINCIPAL from the config file."""
-    path = _config_path(ctx)
-    removed: list[str] = []
+    """Remove every token of PRINCIPAL."""
+    removed = 0
 
     def drop(old: list[str]) -> list[str]:
+        nonlocal removed
         keep = [e for e in old if e.rpartition(":")[0] != principal]
-        removed.extend(set(old) - set(keep))
+        removed = len(old) - len(keep)
         return keep
-    edit_security_list(path, "tokens", drop)
+    with target(ctx) as t:
+        t.edit("tokens", drop)
     if not removed:
-        raise ConfigError(f"security.tokens in {path}: no token of principal {principal!r}")
-    click.echo(f"revoked {len(removed)} token(s) of {principal}; {RESTART_NOTE}")
+        raise ConfigError(f"{t.where}: no token of principal {principal!r}")
+    click.echo(f"revoked {removed} token(s) of {principal} in {t.where}; {t.note}")
 
 
 @click.group()
@@ -105,7 +158,12 @@ def acl() -> None:
 @acl.command("list")
 @click.pass_context
 def acl_list(ctx: click.Context) -> None:
-    """The ACL rules of the config, one per line."""
+    """The ACL rules in force, one per line: the stored ones (ZooKeeper), then the config file's."""
+    if config_of(ctx).zookeeper.enabled:
+        with target(ctx) as t:
+            stored = t.read("acls")
+        for rule in parse_rules(stored):
+            click.echo(str(rule))
     for rule in parse_rules(config_of(ctx).security.acls):
         click.echo(str(rule))
 
@@ -119,9 +177,9 @@ def acl_list(ctx: click.Context) -> None:
 def acl_add(ctx: click.Context, permission: str, principal: str, operation: str, pattern: str) -> None:
     """Add a rule, e.g. `memq acl add allow alice produce prefix:orders.`"""
     rule = str(parse_rule(f"{permission} {principal} {operation} {pattern}", "acl add"))
-    path = _config_path(ctx)
-    edit_security_list(path, "acls", lambda old: old if rule in map(_normal, old) else [*old, rule])
-    click.echo(f"added {rule!r} to {path}; {RESTART_NOTE}")
+    with target(ctx) as t:
+        t.edit("acls", lambda old: old if rule in map(_normal, old) else [*old, rule])
+    click.echo(f"added {rule!r} to {t.where}; {t.note}")
 
 
 @acl.command("remove")
@@ -133,19 +191,19 @@ def acl_add(ctx: click.Context, permission: str, principal: str, operation: str,
 def acl_remove(ctx: click.Context, permission: str, principal: str, operation: str, pattern: str) -> None:
     """Remove a rule (as `memq acl list` prints it)."""
     rule = str(parse_rule(f"{permission} {principal} {operation} {pattern}", "acl remove"))
-    path = _config_path(ctx)
-    found: list[bool] = []
+    found = False
 
     def drop(old: list[str]) -> list[str]:
+        nonlocal found
         keep = [line for line in old if _normal(line) != rule]
-        found.append(len(keep) < len(old))
+        found = len(keep) < len(old)
         return keep
-    edit_security_list(path, "acls", drop)
-    if not found[0]:
-        raise ConfigError(f"security.acls in {path}: no rule {rule!r}")
-    click.echo(f"removed {rule!r} from {path}; {RESTART_NOTE}")
+    with target(ctx) as t:
+        t.edit("acls", drop)
+    if not found:
+        raise ConfigError(f"{t.where}: no rule {rule!r}")
+    click.echo(f"removed {rule!r} from {t.where}; {t.note}")
 
 
 def _normal(line: str) -> str:
     return str(parse_rule(line))
-

@@ -63,6 +63,7 @@ def create_topic(config: MemqConfig, cfg: TopicConfig) -> str:
     governor places it. Otherwise only the notification topic: static brokers serve the topics
     of their config file. An existing notification topic must have `read_partitions` partitions.
     """
+    from memq.client._auth import BrokerAuth
     from memq.governor.registry import Registry
     from memq.governor.topics import TopicManager
     from memq.notify import TopicAdmin
@@ -91,7 +92,7 @@ def create_topic(config: MemqConfig, cfg: TopicConfig) -> str:
             raise InvalidInputError(
                 f"topic {cfg.name} already exists with other settings ({current}): change them "
                 f"with memq topic alter {cfg.name} --set FIELD=VALUE")
-        placed = manager.wait_until_hosted(cfg.name, PLACEMENT_TIMEOUT_S)
+        placed = manager.wait_until_hosted(cfg.name, PLACEMENT_TIMEOUT_S, BrokerAuth.of(config.producer).ssl_context)
     return f"notifications on {kafka_topic}; served by {', '.join(placed)}"
 
 

@@ -12,6 +12,7 @@ import dataclasses
 import json
 import os
 import signal
+import ssl
 import sys
 import urllib.error
 import urllib.request
@@ -22,6 +23,7 @@ from typing import Any
 from memq.config import MemqConfig
 from memq.devcluster.process import ManagedProcess, free_port, spawn, wait_ready
 from memq.errors import DevClusterError
+from memq.security.tls import client_context
 
 PORT_ATTEMPTS = 3
 
@@ -79,16 +81,18 @@ class BrokerProcess:
     def start(self, timeout_s: float = 30.0) -> BrokerProcess:
         """Start on a free port (a new one if the chosen port was taken meanwhile)."""
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        trust = probe_trust(self.config)
         for _ in range(PORT_ATTEMPTS):
             port = self.config.broker.port or free_port()
             broker = dataclasses.replace(self.config.broker, port=port,
                                          advertised_url=self.config.broker.advertised_url)
             path = self.run_dir / f"broker-{self.broker_id}.toml"
             path.write_text(config_toml(dataclasses.replace(self.config, broker=broker)))
-            url = broker.advertised_url or f"http://{broker.host}:{port}"
+            scheme = "https" if self.config.security.tls_cert_file else "http"
+            url = broker.advertised_url or f"{scheme}://{broker.host}:{port}"
             argv = [*self.launcher, sys.executable, "-m", "memq.broker", "--config", str(path)]
             self._proc = spawn(f"broker-{self.broker_id}", argv, log_path=self.run_dir / f"broker-{self.broker_id}.log")
-            if wait_ready(self._proc, lambda: _healthy(url), timeout_s):
+            if wait_ready(self._proc, lambda: _healthy(url, trust), timeout_s):
                 self.url = url
                 return self
             if self.config.broker.port:
@@ -121,9 +125,15 @@ class BrokerProcess:
         self.stop()
 
 
-def _healthy(url: str) -> bool:
+def probe_trust(config: MemqConfig) -> ssl.SSLContext | None:
+    """How to verify a broker of `config` when probing it: an https broker (security.tls_cert_file
+    set) against producer.tls_ca_file, as its clients do; None for a plaintext one."""
+    return client_context(config.producer.tls_ca_file) if config.security.tls_cert_file else None
+
+
+def _healthy(url: str, trust: ssl.SSLContext | None) -> bool:
     try:
-        with urllib.request.urlopen(url + "/healthz", timeout=1.0) as resp:
+        with urllib.request.urlopen(url + "/healthz", timeout=1.0, context=trust) as resp:
             return resp.status == 200
     except (urllib.error.URLError, OSError):
         return False

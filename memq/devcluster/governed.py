@@ -25,11 +25,12 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from memq.config import BrokerConfig, GovernorConfig, MemqConfig, TopicConfig
-from memq.devcluster.broker_process import BrokerProcess, config_toml
+from memq.devcluster.broker_process import BrokerProcess, config_toml, probe_trust
 from memq.devcluster.cluster import DevCluster
 from memq.errors import DevClusterError
 
 if TYPE_CHECKING:
+    from memq.devcluster.secure import DevSecurity
     from memq.governor.registry import Registry
 
 RACKS = ("rack-a", "rack-b", "rack-c")
@@ -74,7 +75,8 @@ class GovernedCluster:
     def __init__(self, run_dir: str | Path, brokers: int = 3, *, servers: Servers | None = None,
                  cluster: str = "dev", governor: GovernorConfig = FAST_GOVERNOR,
                  session_timeout_s: float | None = None, broker: BrokerConfig = BrokerConfig(),
-                 placement: Callable[[str], BrokerHost] = loopback, ready_timeout_s: float = 30.0) -> None:
+                 placement: Callable[[str], BrokerHost] = loopback, ready_timeout_s: float = 30.0,
+                 security: DevSecurity | None = None) -> None:
         if brokers < 1:
             raise DevClusterError(f"a governed cluster needs at least 1 broker, not {brokers}")
         self.run_dir = Path(run_dir)
@@ -89,6 +91,7 @@ class GovernedCluster:
         self._session_timeout_s = session_timeout_s
         self._template = broker
         self._placement = placement
+        self._security = security
         self._base: MemqConfig | None = None
         self._registry: Registry | None = None
         self.brokers: dict[str, BrokerProcess] = {}
@@ -107,6 +110,8 @@ class GovernedCluster:
             if self._session_timeout_s is not None:
                 zk = dataclasses.replace(zk, session_timeout_s=self._session_timeout_s)
             self._base = dataclasses.replace(base, zookeeper=zk, governor=self._governor)
+            if self._security is not None:
+                self._base = self._security.brokers(self._base)
             self._registry = Registry(zk, self.cluster).start()
             for _ in range(self._initial):
                 self._start_broker(self._next_id())
@@ -160,14 +165,18 @@ class GovernedCluster:
 
     def config(self) -> MemqConfig:
         """Client config: `base` with producer.brokers = every broker's URL (dead ones too:
-        a restarted broker comes back at the same URL)."""
+        a restarted broker comes back at the same URL), and the token when secured."""
         urls = ",".join(b.url for b in self.brokers.values() if b.url)
-        return dataclasses.replace(self.base, producer=dataclasses.replace(self.base.producer, brokers=urls))
+        config = dataclasses.replace(self.base, producer=dataclasses.replace(self.base.producer, brokers=urls))
+        return self._security.client(config) if self._security is not None else config
 
     def write_client_config(self, path: str | Path) -> Path:
-        """`config()` as a TOML file that `memq --config FILE` and `load_config` read."""
+        """`config()` as a TOML file that `memq --config FILE` and `load_config` read (readable
+        by its owner only: it may hold a token)."""
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
+        path.touch(mode=0o600)
+        path.chmod(0o600)
         path.write_text(config_toml(self.config()))
         return path
 
@@ -263,11 +272,13 @@ class GovernedCluster:
         `brokers` of them, if given)."""
         from memq.governor.topics import hosted_topics
 
+        trust = probe_trust(self.base)
+
         def placed() -> tuple[str, ...] | None:
             got = self.placement(topic)
             live = self.live()
             ok = (got and (brokers is None or len(got) == brokers)
-                  and all(b in live and topic in hosted_topics(self.brokers[b].url) for b in got))
+                  and all(b in live and topic in hosted_topics(self.brokers[b].url, trust) for b in got))
             return got if ok else None
         return self._until(placed, lambda: f"topic {topic} not placed on live brokers "
                                            f"(assigned: {list(self.placement(topic)) or 'none'})")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import ssl
 import time
 import urllib.error
 import urllib.request
@@ -48,13 +49,14 @@ class TopicManager:
         self.registry.create_topic(cfg)
         return cfg
 
-    def wait_until_hosted(self, name: str, timeout_s: float) -> tuple[str, ...]:
-        """The brokers the governor placed topic `name` on, once each of them serves it."""
+    def wait_until_hosted(self, name: str, timeout_s: float, trust: ssl.SSLContext | None = None) -> tuple[str, ...]:
+        """The brokers the governor placed topic `name` on, once each of them serves it
+        (https brokers verified with `trust`)."""
         deadline = time.monotonic() + timeout_s
         while True:
             state = self.registry.snapshot()
             placed = state.assignments.get(name, ())
-            if placed and all(b in state.brokers and name in hosted_topics(state.brokers[b].url)
+            if placed and all(b in state.brokers and name in hosted_topics(state.brokers[b].url, trust)
                               for b in placed):
                 return placed
             if time.monotonic() > deadline:
@@ -89,10 +91,11 @@ class TopicManager:
         return self.registry.topics()
 
 
-def hosted_topics(url: str) -> list[str]:
-    """Topics a broker serves now, from its /healthz ([] while it does not answer)."""
+def hosted_topics(url: str, trust: ssl.SSLContext | None = None) -> list[str]:
+    """Topics a broker serves now, from its /healthz ([] while it does not answer); an https
+    broker is verified with `trust` (None: the system's CAs)."""
     try:
-        with urllib.request.urlopen(url.rstrip("/") + "/healthz", timeout=2.0) as resp:
+        with urllib.request.urlopen(url.rstrip("/") + "/healthz", timeout=2.0, context=trust) as resp:
             return list(json.load(resp)["topics"])
     except (urllib.error.URLError, OSError, ValueError, KeyError):
         return []

@@ -1,0 +1,113 @@
+"""Tokens and ACLs kept in ZooKeeper: `memq token` / `memq acl` write them there, a running,
+secured broker process applies each change without a restart (bounded waits, real Producer)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner, Result
+
+from memq.cli import main
+from memq.client.producer import Producer
+from memq.config import MemqConfig, ProducerConfig, TopicConfig
+from memq.devcluster import DevCluster, GovernedCluster
+from memq.devcluster.secure import DevSecurity, make_dev_security
+from memq.errors import MemqError
+from memq.governor.security_store import SecurityStore
+from memq.security.tokens import new_token
+from tests.test_broker_integration import read_stored
+
+pytestmark = pytest.mark.integration
+
+APPLY_TIMEOUT_S = 15.0
+
+
+@pytest.fixture
+def secured(devcluster: DevCluster, tmp_path: Path,
+            unique_name: Callable[[str], str]) -> Iterator[tuple[GovernedCluster, DevSecurity, Path]]:
+    """One secured broker process on ZooKeeper (its own cluster name), and its client config file."""
+    security = make_dev_security(tmp_path / "tls")
+    with GovernedCluster(tmp_path / "run", brokers=1, servers=devcluster, cluster=unique_name("zsec"),
+                         security=security) as gc:
+        yield gc, security, gc.write_client_config(tmp_path / "memq.toml")
+
+
+def send(config: MemqConfig, token: str, topic: str, value: bytes) -> str:
+    """'ok', or the error a fresh Producer (a new connection) with `token` gets."""
+    async def run() -> str:
+        pc = ProducerConfig(brokers=config.producer.brokers, tls_ca_file=config.producer.tls_ca_file, token=token,
+                            linger_ms=1, retries=0, request_timeout_ms=5_000, delivery_timeout_ms=10_000)
+        async with Producer(pc) as p:
+            await (await p.send(topic, value))
+        return "ok"
+    try:
+        return asyncio.run(run())
+    except MemqError as e:
+        return f"{type(e).__name__}: {e}"
+
+
+def until(probe: Callable[[], str], want: str) -> str:
+    """`probe()` once it contains `want`, retried for at most APPLY_TIMEOUT_S."""
+    deadline = time.monotonic() + APPLY_TIMEOUT_S
+    while want not in (got := probe()):
+        assert time.monotonic() < deadline, f"not applied within {APPLY_TIMEOUT_S}s: {got!r}"
+        time.sleep(0.3)
+    return got
+
+
+def test_stored_tokens_and_acls_apply_without_restart(secured: tuple[GovernedCluster, DevSecurity, Path]) -> None:
+    gc, security, path = secured
+    topic = "orders"
+    gc.create_topic(TopicConfig(name=topic, read_partitions=1))
+    client = gc.config()
+
+    def memq(*args: str, **kw: Any) -> Result:
+        return CliRunner().invoke(main, ["--config", str(path), *args], catch_exceptions=False, **kw)
+
+    created = memq("token", "create", "alice")
+    assert created.exit_code == 0, created.output
+    token = created.output.splitlines()[1]
+    assert "ZooKeeper" in created.output and "brokers apply it at once" in created.output
+    stored, _version = SecurityStore(gc.registry).read()
+    assert len(stored.tokens) == 1 and token not in stored.to_json().decode()   # only its hash
+    # a known token that may see the topic but has no produce rule: denied, nothing written
+    assert memq("acl", "add", "allow", "alice", "describe", f"literal:{topic}").exit_code == 0
+    until(lambda: send(client, token, topic, b"no-rule"), f"principal alice may not produce to topic {topic}")
+    assert memq("acl", "add", "allow", "alice", "produce", f"literal:{topic}").exit_code == 0
+    until(lambda: send(client, token, topic, b"allowed"), "ok")
+    listed = memq("acl", "list").output.splitlines()
+    assert listed[:2] == [f"allow alice describe literal:{topic}", f"allow alice produce literal:{topic}"]
+    assert "allow dev admin prefix:" in listed                     # the config file's rules follow
+    assert memq("acl", "remove", "allow", "alice", "produce", f"literal:{topic}").exit_code == 0
+    until(lambda: send(client, token, topic, b"removed-rule"), "AuthorizationError")
+    missing = memq("acl", "remove", "allow", "alice", "produce", f"literal:{topic}")
+    assert missing.exit_code == 2 and "no rule" in missing.output
+    assert memq("acl", "add", "allow", "alice", "produce", f"literal:{topic}").exit_code == 0
+    until(lambda: send(client, token, topic, b"allowed-again"), "ok")
+    revoked = memq("token", "revoke", "alice")
+    assert revoked.exit_code == 0 and "revoked 1 token(s) of alice" in revoked.output
+    until(lambda: send(client, token, topic, b"revoked"), "rejected the token")
+    values = sorted(v for _, v, _ in asyncio.run(read_stored(client, topic))[0].values())
+    assert values[0] == b"allowed" and set(values) == {b"allowed", b"allowed-again"}
+
+
+def test_a_broker_starts_with_the_stored_tokens(devcluster: DevCluster, tmp_path: Path,
+                                                unique_name: Callable[[str], str]) -> None:
+    """Tokens and ACLs stored before a broker starts work on its first request (read before it listens)."""
+    security = make_dev_security(tmp_path / "tls")
+    with GovernedCluster(tmp_path / "run", brokers=1, servers=devcluster, cluster=unique_name("zsec"),
+                         security=security) as gc:
+        topic = "early"
+        gc.create_topic(TopicConfig(name=topic, read_partitions=1))
+        store = SecurityStore(gc.registry)
+        token, entry = new_token("bob")
+        store.edit("tokens", lambda old: [*old, str(entry)])
+        store.edit("acls", lambda old: [*old, f"allow bob produce literal:{topic}", f"allow bob describe literal:{topic}"])
+        gc.restart_broker("b1")
+        gc.wait_placed(topic)
+        assert send(gc.config(), token, topic, b"first") == "ok"
