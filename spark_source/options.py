@@ -146,10 +146,10 @@ def parse_offsets(name: str, raw: str | None, topic: str, *, allow_earliest: boo
     return OffsetSpec("json", tuple(sorted(pairs)))
 
 
-def _connection(options: Mapping[str, str], topic: str) -> tuple[MemqConfig, str]:
-    """The MemqConfig (and notification topic) by memq's one precedence rule
-    (`memq.client.cluster`): these options > the broker's metadata > the config file
-    (`memq.config`, else $MEMQ_CONFIG like the CLI's `--config`)."""
+def _connection(options: Mapping[str, str], topic: str) -> tuple[MemqConfig, str, str]:
+    """The MemqConfig, notification topic and storage group ("" when not shared or not known
+    from brokers) by memq's one precedence rule (`memq.client.cluster`): these options > the
+    broker's metadata > the config file (`memq.config`, else $MEMQ_CONFIG like the CLI's `--config`)."""
     path = options.get("memq.config") or os.environ.get("MEMQ_CONFIG")
     config = load_config(path, env={}) if path else MemqConfig()
     broker = options.get("memq.broker")
@@ -188,7 +188,7 @@ def _connection(options: Mapping[str, str], topic: str) -> tuple[MemqConfig, str
                                  storage=StorageConfig(**storage), cluster=ClusterConfig(name=cluster))
     if config.storage.kind == "s3":
         _require_credentials(config.s3)
-    return config, notification_topic
+    return config, notification_topic, resolved.topic.storage_group if resolved.source == "metadata" else ""
 
 
 def _require_credentials(s3: S3Config) -> None:
@@ -219,7 +219,11 @@ def parse_options(options: Mapping[str, str]) -> SourceOptions:
     mode = str(opts.get("mode", "notifications")).lower()
     if mode not in ("notifications", "s3list"):
         raise ConfigError(f"option mode: {mode!r} is not notifications or s3list")
-    config, notification_topic = _connection(opts, topic)
+    config, notification_topic, group = _connection(opts, topic)
+    if mode == "s3list" and group:
+        raise ConfigError(f"option mode=s3list: topic {topic} is stored in storage group {group!r}, whose "
+                          f"objects hold parts of several topics that only its notifications tell apart; "
+                          f"use mode=notifications, or give the topic a group of its own (storage_group = \"\")")
     start_ts = _int(opts, "startingTimestamp", minimum=0)
     end_ts = _int(opts, "endingTimestamp", minimum=0)
     if start_ts is not None and end_ts is not None and end_ts < start_ts:

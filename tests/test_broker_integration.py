@@ -24,7 +24,7 @@ from memq.config import MemqConfig, ProducerConfig, TopicConfig
 from memq.devcluster import DevCluster
 from memq.errors import MessageTooLargeError, UnknownTopicError
 from memq.format import LogMessage, Notification, decode_batch
-from memq.storage import make_storage
+from memq.storage import ObjectLocation, make_storage
 
 pytestmark = pytest.mark.integration
 
@@ -43,20 +43,33 @@ async def running_broker(config: MemqConfig) -> AsyncIterator[Broker]:
 
 
 async def read_stored(config: MemqConfig, topic: str) -> tuple[Stored, dict[str, int], list[str]]:
-    """Every LogMessage in the topic's S3 objects; duplicates counted; object keys listed."""
+    """Every LogMessage in the topic's S3 objects; duplicates counted; object keys listed.
+
+    A topic with objects of its own is listed in S3 (so a batch stored but never announced is
+    found too); a topic of a shared storage group (the default for one not in `config.topics`)
+    is read through its notifications, the only record of which parts are its own."""
+    t = next((t for t in config.topics if t.name == topic), TopicConfig(topic))
     storage = make_storage(config)
     try:
-        infos = await storage.list_topic(topic, 0, 2**62)
+        if t.storage_group:
+            notes = await asyncio.to_thread(read_notifications, config.kafka.bootstrap_servers,
+                                            t.notification_topic_for(config.cluster.name))
+            keys = list(dict.fromkeys(n.key for n in notes))
+            blobs = [await storage.get_range(ObjectLocation(n.bucket, n.key), n.offset, n.size) for n in notes]
+        else:
+            infos = await storage.list_topic(topic, 0, 2**62)
+            keys = [i.location.key for i in infos]
+            blobs = [await storage.get(i.location) for i in infos]
         stored: Stored = {}
         dups: Counter[tuple[int, int, int, int]] = Counter()
-        for info in infos:
-            _, messages = decode_batch(await storage.get(info.location))
+        for blob in blobs:
+            _, messages = decode_batch(blob)
             for mh, records in messages:
                 for pos, r in enumerate(records):
                     ident = (mh.producer_id, mh.epoch, mh.sequence, pos)
                     dups[ident] += ident in stored
                     stored[ident] = (r.key, r.value, tuple(map(tuple, r.headers)))
-        return stored, {str(k): v for k, v in dups.items() if v}, [i.location.key for i in infos]
+        return stored, {str(k): v for k, v in dups.items() if v}, keys
     finally:
         await storage.close()
 
@@ -181,7 +194,8 @@ async def test_metadata_health_and_stage_metrics(devcluster: DevCluster, unique_
         async with aiohttp.ClientSession() as s:
             md = await (await s.get(broker.url + "/v1/metadata")).json()
             assert md["topics"][topic] == {"brokers": [broker.url], "notification_topic": f"memq.dev.{topic}",
-                                           "read_partitions": 2, "retention_ms": 7 * 86_400_000}
+                                           "read_partitions": 2, "retention_ms": 7 * 86_400_000,
+                                           "storage_group": ""}
             assert md["kafka"]["bootstrap_servers"] == devcluster.kafka_bootstrap
             assert (await s.get(broker.url + "/healthz")).status == 200
             metrics = await (await s.get(broker.url + "/metrics")).text()

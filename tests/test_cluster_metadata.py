@@ -91,7 +91,8 @@ def test_a_topic_the_brokers_do_not_know_falls_back_to_the_config_file() -> None
 def test_without_brokers_the_config_file_decides() -> None:
     config = MemqConfig(topics=(TopicConfig("events", read_partitions=2),))
     r = resolve_topic(config, "events")
-    assert r.config is config and r.topic == TopicMetadata("events", "memq.dev.events", 2, retention_ms=7 * 86_400_000)
+    assert r.config is config and r.topic == TopicMetadata("events", "memq.dev.events", 2, retention_ms=7 * 86_400_000,
+                                                                    storage_group="shared")
 
 
 def test_unreachable_brokers_fail_only_when_named_explicitly() -> None:

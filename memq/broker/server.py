@@ -233,7 +233,7 @@ class Broker:
             brokers=(BrokerMetadata(self.broker_id, self.url, c.broker.rack, c.broker.max_frame_bytes,
                                     self.kafka_address),),
             topics={name: TopicMetadata(name, p.notification_topic, p.config.read_partitions, (self.url,),
-                                          p.config.retention_ms)
+                                          p.config.retention_ms, p.config.storage_group)
                     for name, p in self._processors.items()})
         return own.overlaid(self.cluster_view() if self.cluster_view is not None else None)
 

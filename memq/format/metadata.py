@@ -38,6 +38,7 @@ class TopicMetadata:
     read_partitions: int
     brokers: tuple[str, ...] = ()
     retention_ms: int | None = None      # readers count objects older than this as expired, not lost
+    storage_group: str = ""              # "" = objects of its own (the s3list read mode needs that)
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,7 +87,8 @@ class ClusterMetadata:
                          "kafka_address": b.kafka_address}
                         for b in self.brokers],
             "topics": {name: {"brokers": list(t.brokers), "notification_topic": t.notification_topic,
-                              "read_partitions": t.read_partitions, "retention_ms": t.retention_ms}
+                              "read_partitions": t.read_partitions, "retention_ms": t.retention_ms,
+                              "storage_group": t.storage_group}
                        for name, t in self.topics.items()},
             "kafka": {"bootstrap_servers": self.kafka_bootstrap_servers},
             "storage": {f.name: getattr(self.storage, f.name) for f in dataclasses.fields(StorageMetadata)},
@@ -143,7 +145,8 @@ def _topic(name: str, doc: object) -> TopicMetadata:
     if retention is not None and (type(retention) is not int or retention < 1):
         raise CorruptDataError(f"{where}: retention_ms is {retention!r}, want a positive int or null")
     return TopicMetadata(name=name, notification_topic=_str(t, "notification_topic", where),
-                         read_partitions=partitions, brokers=tuple(u.rstrip("/") for u in urls), retention_ms=retention)
+                         read_partitions=partitions, brokers=tuple(u.rstrip("/") for u in urls), retention_ms=retention,
+                         storage_group=_str(t, "storage_group", where, ""))
 
 
 def _obj(doc: object, where: str) -> Mapping[str, Any]:

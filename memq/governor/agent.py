@@ -167,7 +167,7 @@ class BrokerAgent:
             brokers=tuple(BrokerMetadata(b.id, b.url, b.rack, b.max_frame_bytes, b.kafka_address)
                           for b in view.brokers.values()),
             topics={name: TopicMetadata(name, cfg.notification_topic_for(cluster), cfg.read_partitions,
-                                        tuple(view.topic_urls(name)), cfg.retention_ms)
+                                        tuple(view.topic_urls(name)), cfg.retention_ms, cfg.storage_group)
                     for name, cfg in view.topics.items()})
 
     # --- internals -------------------------------------------------------------------------
