@@ -10,10 +10,13 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from memq.broker.group import GroupWriters, layout
 from memq.broker.metrics import BrokerMetrics
 from memq.broker.processor import TopicProcessor
 from memq.config import TopicConfig
+from memq.errors import ConfigError
 from memq.format import Notification, decode_batch, object_crc32c, verify_message
 from memq.format.wire import Ack, AckCode, AckLevel
 from memq.storage.naming import parse_key
@@ -122,3 +125,11 @@ async def test_a_failed_publish_fails_only_that_topic(tmp_path: Path) -> None:
     await g.wait_acks(2)
     by_id = {a.id: a for a in g.acks}
     assert (by_id[1].ok, by_id[1].code, by_id[2].ok) == (False, AckCode.NOTIFY, True)
+
+
+def test_storage_group_names_are_checked_where_they_are_set() -> None:
+    """A group name becomes a key segment: a bad one fails at config time, naming the setting."""
+    assert TopicConfig("t").storage_group == "shared" and TopicConfig("t", storage_group="").storage_group == ""
+    for bad in ("a/b", "a b", "ü"):
+        with pytest.raises(ConfigError, match=f"topic t: storage_group {bad!r}"):
+            TopicConfig("t", storage_group=bad)

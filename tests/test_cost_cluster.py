@@ -56,7 +56,8 @@ def test_memq_cost_prints_the_requests_s3_served_and_a_trickle_topic_batches_by_
         devcluster: DevCluster, tmp_path: Path, unique_name: Callable[[str], str]) -> None:
     busy, trickle = unique_name("busy"), unique_name("trickle")
     with GovernedCluster(tmp_path, brokers=2, servers=devcluster, cluster=unique_name("c")) as gc:
-        # objects of their own, so S3's listing shows each topic's objects (groups: test_shared_objects)
+        # topics of their own objects (storage_group ""), counted in the bucket by topic key; the
+        # split of a storage group's requests is in test_cost_model.py
         gc.create_topic(TopicConfig(busy, storage_group=""), brokers=2)
         # latency budget: 5 values 0.2 s apart, batch_ms 100: without it, one object per value;
         # with it, one per broker at most (the topic is on both)

@@ -130,6 +130,25 @@ async def test_round_trip_list_range_delete_1000_objects(storage: StorageHandler
     assert metric(registry, "memq_storage_failures_total", backend=backend, op="get", reason="not_found") == 3
 
 
+async def test_a_groups_objects_live_and_list_under_the_group(storage: StorageHandler,
+                                                               registry: CollectorRegistry) -> None:
+    """A storage group's object: its key names the group (not the topic), `list_group` finds it,
+    `list_topic` does not, ranged GETs read a part, requests are labelled `group:<g>`."""
+    body = b"part-one" + b"part-two"
+    loc = await storage.put_batch("orders", [b"part-one", b"part-two"], first_request_id=9, timestamp_ms=5_000,
+                                  broker_id="b1", group="payments")
+    assert (parse_key(loc.key).group, parse_key(loc.key).topic) == ("payments", "")
+    assert "/groups/payments/" in loc.key and "orders" not in loc.key
+    assert [i.location for i in await storage.list_group("payments", 0, 10_000)] == [loc]
+    assert await storage.list_group("payments", 5_001, 10_000) == []
+    assert await storage.list_topic("orders", 0, 10_000) == [] and await storage.list_group("other", 0, 10_000) == []
+    assert await storage.get_range(loc, 8, 8) == body[8:]
+    backend = "s3" if isinstance(storage, S3StorageHandler) else "file"
+    assert metric(registry, "memq_storage_attempts_total", backend=backend, op="put", topic="group:payments") == 1
+    with pytest.raises(InvalidInputError, match="storage group"):
+        await storage.list_group("a/b", 0, 1)
+
+
 async def test_missing_objects_and_bad_arguments(storage: StorageHandler) -> None:
     loc = await storage.put_batch("t", b"abc", first_request_id=1, timestamp_ms=BASE_MS, broker_id="b1")
     missing = dataclasses.replace(loc, key=loc.key.replace("-a0", "-a1"))
