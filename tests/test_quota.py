@@ -1,15 +1,19 @@
 """The pure quota model (memq.security.quota) and the [quota] settings: which rate applies, and
-that delaying a greedy client by the throttle time holds it to its rate (simulated clock)."""
+that delaying a greedy client by the throttle time holds it to its rate (simulated clock); the
+Producer's throttle metrics over a fake broker."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import pytest
 
 from memq.config import QuotaConfig, load_config
 from memq.errors import ConfigError
+from memq.format.wire import Ack, AckCode, decode_request
 from memq.security.quota import ANONYMOUS, QuotaTable, Throttler, TokenBucket, parse_overrides
+from tests.test_producer_unit import FakeBroker, producer
 
 RATE = 100_000.0   # bytes/s
 
@@ -133,3 +137,24 @@ def test_quota_section_from_file_and_environment(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"quota: unknown setting\(s\) byte_rate"):
         (tmp_path / "memq.toml").write_text("[quota]\nbyte_rate = 5\n")
         load_config(tmp_path / "memq.toml", env={})
+
+
+class ThrottlingBroker(FakeBroker):
+    """Accepts every frame; its n-th ack says the connection was throttled 40 x n ms."""
+
+    async def send(self, frame: bytes | bytearray) -> None:
+        self.frames.append(bytes(frame))
+        ack = Ack(decode_request(self.frames[-1]).request_id, True, throttle_ms=40 * len(self.frames))
+        asyncio.get_running_loop().call_soon(self.on_ack, ack)
+
+
+async def test_the_producer_counts_throttle_time_from_acks_and_delivers() -> None:
+    broker = ThrottlingBroker([AckCode.OK])
+    async with producer(broker) as p:
+        futures = []
+        for value in (b"a", b"b", b"c"):
+            futures.append(await p.send("t", value))
+            await p.flush()
+        assert [(await f).sequence for f in futures] == [0, 1, 2]   # throttled, not failed
+        m = p.metrics
+        assert (m.throttled_acks, m.throttle_ms_total, m.throttle_ms_max) == (3, 240, 120)
