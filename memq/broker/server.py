@@ -19,7 +19,6 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from memq.config import MemqConfig, TopicConfig
-from memq.errors import ConfigError
 from memq.format.metadata import BrokerMetadata, ClusterMetadata, ClusterView, StorageMetadata, TopicMetadata
 from memq.format.wire import AckCode
 from memq.kafka_api.listener import KafkaListener
@@ -65,9 +64,6 @@ class Broker:
     async def start(self) -> str:
         """Listen on the configured host/port (0 = any free port), host the configured topics."""
         bc = self.config.broker
-        if bc.kafka_port >= 0 and self.config.security.enabled:
-            raise ConfigError("broker.kafka_port: the Kafka listener does not authenticate clients; with "
-                              "security.enabled set broker.kafka_port = -1")
         if self._storage is None:
             self._storage = make_storage(self.config, metrics=self.storage_metrics)
         if self._publisher is None:
@@ -89,7 +85,7 @@ class Broker:
                 await self.add_topic(topic)
             if bc.kafka_port >= 0:
                 self._kafka = KafkaListener(self)
-                await self._kafka.start(bc.host, bc.kafka_port, bc.kafka_advertised_host)
+                await self._kafka.start(bc.host, bc.kafka_port, bc.kafka_advertised_host, tls)
         except BaseException:
             sock.close()
             raise

@@ -10,14 +10,23 @@ protocol. A frame that cannot be parsed, is larger than `broker.max_frame_bytes`
 API or version not served (other than ApiVersions, which answers UNSUPPORTED_VERSION with our
 ranges) closes the connection with the reason in the log, as a Kafka broker does: its
 response shape is unknown, so no answer could be parsed by the client.
+
+With `security.enabled` the listener is behind the broker's Guard: TLS when the broker has a
+certificate; a connection's principal is its client certificate's CN or comes from SASL/PLAIN
+(password = a memq token, username = its principal). Until then only ApiVersions, SaslHandshake
+and SaslAuthenticate are served, in frames of at most `PRE_AUTH_MAX_FRAME` bytes; anything else
+closes the connection. Produce needs `produce` on the topic (TOPIC_AUTHORIZATION_FAILED naming
+principal and topic, nothing appended), Metadata lists only topics the principal may describe.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import logging
 import secrets
+import ssl
 import struct
 from typing import TYPE_CHECKING
 
@@ -25,13 +34,16 @@ from memq.errors import FormatError, ProtocolError, UnsupportedCodecError, Unsup
 from memq.format.kafka_records import split_kafka_batches, verify_kafka_batch
 from memq.format.message import MESSAGE_HEADER_SIZE, encode_kafka_message
 from memq.format.wire import Ack, AckCode, AckLevel
+from memq.security.acl import Operation
+from memq.security.tls import subject_cn
 
 from .mapping import PRODUCER_ID_BITS, ack_level, error_code, memq_producer_id, metadata_view, node_id
 from .protocol import (ApiKey, ErrorCode, PartitionData, PartitionResult, ProduceRequest, ProduceResult, Reader,
-                       RequestHeader, api_name, decode_fetch_partitions, decode_init_producer_id,
-                       decode_metadata, decode_produce, decode_request_header, encode_api_versions,
-                       encode_fetch_refusal, encode_init_producer_id, encode_metadata, encode_produce,
-                       is_supported)
+                       RequestHeader, TopicPartitions, api_name, decode_fetch_partitions, decode_init_producer_id,
+                       decode_metadata, decode_produce, decode_request_header, decode_sasl_authenticate,
+                       decode_sasl_handshake, encode_api_versions, encode_fetch_refusal, encode_init_producer_id,
+                       encode_metadata, encode_produce, encode_sasl_authenticate, encode_sasl_handshake,
+                       is_supported, parse_sasl_plain)
 
 if TYPE_CHECKING:
     from memq.broker.server import Broker
@@ -48,6 +60,9 @@ WRITE_TIMEOUT_S = 30.0         # a client that does not read its responses this 
 #: with the same ids, so an idempotent producer's retry is dropped as a duplicate).
 MIN_ACK_WAIT_S = 1.0
 MAX_ACK_WAIT_S = 300.0
+PRE_AUTH_MAX_FRAME = 64 * 1024   # before authentication: SASL messages are small
+SASL_MECHANISMS = ("PLAIN",)
+_PRE_AUTH_APIS = frozenset({ApiKey.API_VERSIONS, ApiKey.SASL_HANDSHAKE, ApiKey.SASL_AUTHENTICATE})
 
 
 class KafkaListener:
@@ -59,9 +74,9 @@ class KafkaListener:
         self._connections: dict[KafkaConnection, asyncio.Task[None]] = {}
         self.address = ""
 
-    async def start(self, host: str, port: int, advertised_host: str = "") -> str:
-        """Listen (port 0: any free one); returns the advertised "host:port"."""
-        self._server = await asyncio.start_server(self._accept, host, port)
+    async def start(self, host: str, port: int, advertised_host: str = "", tls: ssl.SSLContext | None = None) -> str:
+        """Listen (port 0: any free one; TLS with `tls`); returns the advertised "host:port"."""
+        self._server = await asyncio.start_server(self._accept, host, port, ssl=tls)
         bound = self._server.sockets[0].getsockname()[1]
         self.address = f"{advertised_host or host}:{bound}"
         log.info("broker %s: Kafka listener on %s", self._broker.broker_id, self.address)
@@ -102,6 +117,11 @@ class KafkaConnection:
         self._producer_id = secrets.randbits(64)
         self._sequence = itertools.count()
         self._metrics = broker.metrics
+        self._guard = broker.guard
+        # With security on: who this is (a verified client certificate's CN, or SASL below).
+        self._principal = subject_cn(writer.get_extra_info("peercert")) if broker.guard.enabled else None
+        self._authenticated = not broker.guard.enabled or self._principal is not None
+        self._close_after: str = ""    # set when a response must be the last one (failed SASL)
 
     def close(self) -> None:
         self._writer.close()
@@ -126,8 +146,8 @@ class KafkaConnection:
 
     async def _read_requests(self) -> str:
         """Handle requests until EOF (""), or return why the connection must close."""
-        limit = self._broker.config.broker.max_frame_bytes
         while True:
+            limit = self._broker.config.broker.max_frame_bytes if self._authenticated else PRE_AUTH_MAX_FRAME
             try:
                 head = await self._reader.readexactly(4)
             except (asyncio.IncompleteReadError, ConnectionError):
@@ -150,6 +170,8 @@ class KafkaConnection:
                 return response
             if response is not None:
                 await self._responses.put(response)
+            if self._close_after:
+                return self._close_after
 
     async def _dispatch(self, h: RequestHeader, body: Reader) -> asyncio.Future[bytes] | str | None:
         """The response to come, None for none (acks=0), or why the connection must close."""
@@ -159,6 +181,14 @@ class KafkaConnection:
         if not is_supported(h):
             return (f"{api_name(h.api_key)} version {h.api_version} is not served "
                     f"(client {h.client_id!r}; see ApiVersions)")
+        if h.api_key == ApiKey.SASL_HANDSHAKE:
+            return _ready(self._sasl_handshake(h, body))
+        if h.api_key == ApiKey.SASL_AUTHENTICATE:
+            return _ready(self._sasl_authenticate(h, body))
+        if not self._authenticated and h.api_key not in _PRE_AUTH_APIS:
+            self._guard.count_denial("authenticate")
+            return (f"{api_name(h.api_key)} before authentication (client {h.client_id!r}): use SASL/PLAIN "
+                    "with a memq token as password, or a client certificate")
         if h.api_key == ApiKey.METADATA:
             return _ready(self._metadata(h, body))
         if h.api_key == ApiKey.INIT_PRODUCER_ID:
@@ -170,10 +200,40 @@ class KafkaConnection:
         req = decode_produce(body)
         return await self._produce(h, req)
 
+    def _sasl_handshake(self, h: RequestHeader, body: Reader) -> bytes:
+        mechanism = decode_sasl_handshake(body)
+        if not self._guard.enabled:
+            return encode_sasl_handshake(h, ErrorCode.ILLEGAL_SASL_STATE, ())
+        ok = mechanism in SASL_MECHANISMS
+        return encode_sasl_handshake(h, ErrorCode.NONE if ok else ErrorCode.UNSUPPORTED_SASL_MECHANISM,
+                                     SASL_MECHANISMS)
+
+    def _sasl_authenticate(self, h: RequestHeader, body: Reader) -> bytes:
+        """SASL/PLAIN: the password is a memq token, the username must be its principal. A failure
+        is answered, then the connection closes."""
+        if not self._guard.enabled or self._authenticated:
+            self._close_after = "SaslAuthenticate on a connection that needs none (security off or done)"
+            return encode_sasl_authenticate(h, ErrorCode.ILLEGAL_SASL_STATE, self._close_after)
+        username, token = parse_sasl_plain(decode_sasl_authenticate(body))
+        principal = self._guard.principal_for(token)
+        if principal is None or principal != username:
+            self._guard.count_denial("authenticate")
+            self._close_after = (f"SASL/PLAIN authentication of {username!r} failed: the password must be a "
+                                 "valid memq token of that principal (unknown, revoked or another's)")
+            return encode_sasl_authenticate(h, ErrorCode.SASL_AUTHENTICATION_FAILED, self._close_after)
+        self._principal, self._authenticated = principal, True
+        return encode_sasl_authenticate(h, ErrorCode.NONE, None)
+
     def _metadata(self, h: RequestHeader, body: Reader) -> bytes:
         req = decode_metadata(h, body)
         meta = self._broker.metadata()
+        hidden: set[str] = set()
+        if self._guard.enabled:   # a principal sees only the topics it may describe
+            hidden = {t for t in meta.topics if not self._guard.may(self._principal, Operation.DESCRIBE, t)}
+            meta = dataclasses.replace(meta, topics={n: t for n, t in meta.topics.items() if n not in hidden})
         nodes, topics = metadata_view(meta, req.topics)
+        topics = [TopicPartitions(t.name, ErrorCode.TOPIC_AUTHORIZATION_FAILED) if t.name in hidden else t
+                  for t in topics]
         return encode_metadata(h, nodes, meta.cluster, node_id(self._broker.broker_id), topics)
 
     def _init_producer_id(self, h: RequestHeader, body: Reader) -> bytes:
@@ -191,9 +251,14 @@ class KafkaConnection:
         level = ack_level(req.acks)
         appended: list[tuple[str, int, list[asyncio.Future[Ack]] | PartitionResult]] = []
         for topic, parts in req.topics:
+            denied = None if self._guard.allowed(self._principal, Operation.PRODUCE, topic) else \
+                f"principal {self._principal} may not {Operation.PRODUCE} to topic {topic}"
             for part in parts:
-                if level is None:
+                if denied is not None:
                     outcome: list[asyncio.Future[Ack]] | PartitionResult = PartitionResult(
+                        part.index, ErrorCode.TOPIC_AUTHORIZATION_FAILED, message=denied)
+                elif level is None:
+                    outcome = PartitionResult(
                         part.index, ErrorCode.INVALID_REQUIRED_ACKS, message=f"acks={req.acks}: use 0, 1 or -1")
                 elif req.transactional_id is not None:
                     outcome = PartitionResult(part.index, ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
