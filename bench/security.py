@@ -3,7 +3,7 @@
 Two one-broker governed clusters on the same dev servers (moto S3, tansu, ZooKeeper): one
 plaintext, one as `memq dev --tls` makes it (its CA and certificate, a token, ACLs allowing
 it). The same memq Producer workload at ack=all goes to each, interleaved (plaintext, secured,
-twice) and the best of each side is kept, so drift on a shared machine cancels:
+three times) and the best of each side is kept, so drift on a shared machine cancels:
 - small: 100-byte values, msg/s; large: 64 KiB values, MB/s.
 Ratios secured/plaintext (1.0 = free; higher is better).
 """
@@ -23,7 +23,7 @@ from memq.config import ProducerConfig, TopicConfig
 from memq.devcluster import DevCluster, GovernedCluster
 from memq.devcluster.secure import make_dev_security
 
-ROUNDS = 2
+ROUNDS = 3
 
 
 async def _send_s(pc: ProducerConfig, topic: str, values: list[bytes]) -> float:
@@ -41,8 +41,8 @@ async def _send_s(pc: ProducerConfig, topic: str, values: list[bytes]) -> float:
 
 
 def run(quick: bool) -> dict:
-    n_small = 150_000 if quick else 1_000_000
-    large_bytes = 64 * MiB if quick else 512 * MiB
+    n_small = 400_000 if quick else 2_000_000
+    large_bytes = 256 * MiB if quick else 1024 * MiB
     topics = (TopicConfig("sec-small", batch_bytes=BATCH_BYTES, ring_slots=RING_SLOTS),
               TopicConfig("sec-large", batch_bytes=BATCH_BYTES, ring_slots=RING_SLOTS, batch_ms=2_000))
     with tempfile.TemporaryDirectory(prefix="memq-bench-") as tmp, DevCluster(Path(tmp) / "servers") as dc, \
