@@ -4,6 +4,7 @@ without the token or without the CA is refused with a clear error."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -73,6 +74,9 @@ def test_memq_dev_tls_round_trips_produce_consume_spark(tmp_path: Path) -> None:
         assert sorted(consumed.stdout.splitlines()) == ["hello-over-kafka", "hello-over-tls"]
         with urllib.request.urlopen(found["audit"], timeout=10) as resp:   # the dashboard still serves
             assert resp.status == 200
+        with urllib.request.urlopen(found["audit"] + "api/cost", timeout=30) as resp:   # scrapes the https brokers
+            cost = json.loads(resp.read())
+        assert "error" not in cost and "secure" in json.dumps(cost), cost
         example = subprocess.run([sys.executable, str(ROOT / "examples" / "spark_read.py"), config, "demo"],
                                  cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180)
         assert example.returncode == 0, example.stderr[-3000:]

@@ -91,7 +91,7 @@ def dev(broker_count: int, topic_name: str, partitions: int, rate: float, durati
             # Further services (e.g. the audit dashboard) start here and add their endpoint.
             if config.audit.enabled:
                 from memq.audit.dashboard import AuditThread
-                audit = stack.enter_context(AuditThread(config, db_path=str(run_dir / "audit.db"),
+                audit = stack.enter_context(AuditThread(client, db_path=str(run_dir / "audit.db"),
                                                              port=audit_port))
                 endpoints["audit"] = audit.url
             endpoints["config"] = str(config_path)
