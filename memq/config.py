@@ -67,7 +67,10 @@ def check_files(obj: Any, where: str, names: tuple[str, ...]) -> None:
 
 @dataclass(frozen=True)
 class S3Config:
-    """An S3 endpoint (AWS, MinIO, moto). `endpoint_url=None` means AWS itself.
+    """An S3 endpoint (AWS, MinIO, moto). `endpoint_url=None` means AWS itself. Credentials:
+    `access_key_id`/`secret_access_key` (+ `session_token`), else `profile`, else the AWS chain
+    (environment, instance or task role); every S3 client memq creates uses them
+    (`memq.storage.s3_handler.s3_session`).
 
     A call retries with backoff until `retry_budget_s` after its start (at most `max_attempts`
     tries); a broker caps the budget at 2/3 of producer.request_timeout_ms so acks stay on time.
@@ -77,7 +80,11 @@ class S3Config:
     bucket: str = "memq"
     region: str = "us-east-1"
     access_key_id: str | None = None
-    secret_access_key: str | None = None
+    secret_access_key: str | None = field(default=None, repr=False)
+    session_token: str | None = field(default=None, repr=False)   # temporary credentials (STS)
+    # A named profile of the AWS config files (~/.aws/config, credentials): static keys, SSO, or a
+    # role to assume (`role_arn` + `source_profile`/`credential_source`, refreshed by boto3).
+    profile: str | None = None
     connect_timeout_s: float = setting(5.0, gt=0)
     read_timeout_s: float = setting(30.0, gt=0)
     max_attempts: int = setting(50, ge=1)
@@ -97,7 +104,10 @@ class StorageConfig:
 
 @dataclass(frozen=True)
 class KafkaConfig:
-    """The notification queue."""
+    """The notification queue. `properties`: extra librdkafka settings `key=value` given to every
+    Kafka client memq creates (publisher, consumers, admin, audit), e.g. SASL/SSL:
+    `security.protocol=SASL_SSL`, `sasl.mechanism=SCRAM-SHA-512`, `sasl.username=...`,
+    `sasl.password=...`, `ssl.ca.location=...` (hidden from repr)."""
 
     bootstrap_servers: str = "127.0.0.1:9092"
     request_timeout_ms: int = setting(30_000, ge=10, le=300_000)   # librdkafka's socket.timeout.ms range
@@ -105,6 +115,26 @@ class KafkaConfig:
     # Consumer group session. tansu lets a new member join only after about half of it, so
     # the default is far below Kafka's 45 s; the heartbeats run on librdkafka's own thread.
     session_timeout_ms: int = setting(6_000, ge=1, le=3_600_000)
+    properties: tuple[str, ...] = field(default=(), repr=False)
+
+    def __post_init__(self) -> None:
+        self.librdkafka()
+
+    def librdkafka(self) -> dict[str, str]:
+        """`properties` as a dict; ConfigError naming a malformed one or one memq sets itself."""
+        out: dict[str, str] = {}
+        for i, line in enumerate(self.properties):
+            key, sep, value = line.partition("=")
+            key = key.strip()
+            if not sep or not key:
+                raise ConfigError(f"kafka.properties[{i}]: {line.split('=')[0]!r}... is not 'key=value'")
+            if key in OWN_KAFKA_KEYS:
+                raise ConfigError(f"kafka.properties[{i}]: set {key} with kafka.{OWN_KAFKA_KEYS[key]}")
+            out[key] = value.strip()
+        return out
+
+
+OWN_KAFKA_KEYS = {"bootstrap.servers": "bootstrap_servers", "socket.timeout.ms": "request_timeout_ms"}
 
 
 @dataclass(frozen=True)

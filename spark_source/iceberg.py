@@ -77,7 +77,9 @@ def default_catalog(config: MemqConfig, directory: str) -> dict[str, str]:
         props["warehouse"] = f"s3://{s3.bucket}/tables"
         props.update({k: v for k, v in {"s3.endpoint": s3.endpoint_url, "s3.region": s3.region,
                                         "s3.access-key-id": s3.access_key_id,
-                                        "s3.secret-access-key": s3.secret_access_key}.items() if v})
+                                        "s3.secret-access-key": s3.secret_access_key,
+                                        "s3.session-token": s3.session_token,
+                                        "s3.profile-name": s3.profile}.items() if v})
     else:
         props["warehouse"] = f"file://{directory.rstrip('/')}/warehouse"
     return props

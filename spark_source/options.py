@@ -196,12 +196,12 @@ def _require_credentials(s3: S3Config) -> None:
     broker metadata never carries them, and executors would only fail much later."""
     if s3.access_key_id and s3.secret_access_key:
         return
-    import boto3
+    from memq.storage.s3_handler import s3_session
 
-    if boto3.session.Session().get_credentials() is None:
+    if s3_session(s3).get_credentials() is None:
         raise ConfigError("memq source: no S3 credentials (broker metadata carries none): set option "
                           "memq.config to a memq config file with [s3] access_key_id/secret_access_key "
-                          "(memq dev writes one: .memq-run/dev/memq.toml), or options s3.accessKeyId and "
+                          "(memq dev writes one: .memq-run/dev/memq.toml) or [s3] profile, or options s3.accessKeyId and "
                           "s3.secretAccessKey, or the AWS chain (AWS_ACCESS_KEY_ID, AWS_PROFILE)")
 
 

@@ -4,15 +4,19 @@ without the token or without the CA is refused with a clear error."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import sys
 import time
+import tomllib
 import urllib.request
 from pathlib import Path
 
 import pytest
+
+from tests.test_security_kafka_listener import kafka_send, sasl
 
 ROOT = Path(__file__).resolve().parents[1]
 MEMQ = str(Path(sys.executable).with_name("memq"))
@@ -29,7 +33,7 @@ def _endpoints(dev: subprocess.Popen[bytes]) -> dict[str, str]:
         line = dev.stdout.readline().decode()
         assert time.monotonic() < deadline and dev.poll() is None, f"memq dev did not start: {line}"
         name, sep, value = line.partition(":")
-        if sep and " " not in name:
+        if sep and not line.startswith(" "):
             found[name] = value.strip()
     return found
 
@@ -60,11 +64,19 @@ def test_memq_dev_tls_round_trips_produce_consume_spark(tmp_path: Path) -> None:
         assert no_ca.returncode == 1 and "certificate verify failed" in no_ca.stderr
         produced = memq("produce", "secure", stdin="hello-over-tls\n")
         assert produced.returncode == 0, produced.stderr
+        kafka = found["Kafka API"].split(",")[0].split()[0]      # SASL_SSL with the same token
+        producer = tomllib.loads(text)["producer"]
+        delivery, client = kafka_send(kafka, "secure", b"hello-over-kafka",
+                                      **sasl(producer["tls_ca_file"], "dev", producer["token"]))
+        assert delivery == [], client
         consumed = memq("consume", "secure", "--from-beginning", "--idle-timeout", "3")
         assert consumed.returncode == 0, consumed.stderr
-        assert consumed.stdout.splitlines() == ["hello-over-tls"]
+        assert sorted(consumed.stdout.splitlines()) == ["hello-over-kafka", "hello-over-tls"]
         with urllib.request.urlopen(found["audit"], timeout=10) as resp:   # the dashboard still serves
             assert resp.status == 200
+        with urllib.request.urlopen(found["audit"] + "api/cost", timeout=30) as resp:   # scrapes the https brokers
+            cost = json.loads(resp.read())
+        assert "error" not in cost and "secure" in json.dumps(cost), cost
         example = subprocess.run([sys.executable, str(ROOT / "examples" / "spark_read.py"), config, "demo"],
                                  cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180)
         assert example.returncode == 0, example.stderr[-3000:]

@@ -4,6 +4,7 @@ the [security] / producer credential settings."""
 from __future__ import annotations
 
 import ssl
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,7 @@ import trustme
 from memq.config import load_config
 from memq.errors import ConfigError
 from memq.security.acl import Operation, is_allowed, parse_rule, parse_rules
-from memq.security.stored import StoredSecurity
+from memq.security.stored import SecurityLists, StoredSecurity
 from memq.security.tls import client_context, server_context, subject_cn
 from memq.security.tokens import hash_token, new_token, parse_entry, principal_of
 
@@ -151,3 +152,23 @@ def test_guard_uses_the_config_and_the_stored_lists() -> None:
     assert guard.may("alice", Operation.PRODUCE, "t") and guard.may("admin", Operation.ADMIN, "t")
     guard.use_stored(StoredSecurity())                                 # removed: the config file's stay
     assert not guard.may("alice", Operation.PRODUCE, "t") and guard.may("admin", Operation.ADMIN, "t")
+
+
+def test_security_lists_edit_through_any_store() -> None:
+    """The five admin operations over an in-memory `edit` (as over a file or ZooKeeper)."""
+    doc = StoredSecurity()
+
+    def edit(key: str, change: Callable[[list[str]], list[str]]) -> tuple[list[str], list[str]]:
+        nonlocal doc
+        old = list(getattr(doc, key))
+        doc = doc.edited(key, change)
+        return old, list(getattr(doc, key))
+
+    lists = SecurityLists(edit, "memory")
+    alice, bob = str(new_token("alice")[1]), str(new_token("bob")[1])
+    for entry in (alice, bob, str(new_token("alice")[1])):
+        lists.add_token(entry)
+    assert lists.revoke("alice") == 2 and doc.tokens == (bob,) and lists.revoke("alice") == 0
+    assert lists.add_rule("allow alice produce literal:t") and not lists.add_rule("ALLOW alice  Produce literal:t")
+    assert lists.rules() == ["allow alice produce literal:t"]
+    assert lists.remove_rule("allow alice PRODUCE literal:t") == 1 and lists.rules() == []

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 from click.testing import CliRunner, Result
@@ -19,6 +19,7 @@ from memq.devcluster import DevCluster, GovernedCluster
 from memq.devcluster.secure import DevSecurity, make_dev_security
 from memq.errors import MemqError
 from memq.governor.security_store import SecurityStore
+from memq.security.tls import client_context
 from memq.security.tokens import new_token
 from tests.test_broker_integration import read_stored
 
@@ -66,8 +67,10 @@ def test_stored_tokens_and_acls_apply_without_restart(secured: tuple[GovernedClu
     gc.create_topic(TopicConfig(name=topic, read_partitions=1))
     client = gc.config()
 
-    def memq(*args: str, **kw: Any) -> Result:
-        return CliRunner().invoke(main, ["--config", str(path), *args], catch_exceptions=False, **kw)
+    def memq(*args: str) -> Result:
+        """The CLI as an operator with ZooKeeper access and no credentials: it edits ZooKeeper."""
+        return CliRunner().invoke(main, ["--config", str(path), *args], catch_exceptions=False,
+                                  env={"MEMQ_PRODUCER_TOKEN": ""})
 
     created = memq("token", "create", "alice")
     assert created.exit_code == 0, created.output
@@ -111,3 +114,52 @@ def test_a_broker_starts_with_the_stored_tokens(devcluster: DevCluster, tmp_path
         gc.restart_broker("b1")
         gc.wait_placed(topic)
         assert send(gc.config(), token, topic, b"first") == "ok"
+
+
+def test_admin_operations_need_admin_on_the_topic_or_cluster(
+        secured: tuple[GovernedCluster, DevSecurity, Path]) -> None:
+    """With credentials the CLI administers through the brokers' admin API; a principal without
+    `admin` on the topic (or the cluster, for tokens and ACLs) is refused by name, nothing changes."""
+    gc, security, path = secured
+
+    def memq(*args: str, token: str = security.token) -> Result:
+        return CliRunner().invoke(main, ["--config", str(path), *args], catch_exceptions=False,
+                                  env={"MEMQ_PRODUCER_TOKEN": token})
+
+    made = memq("topic", "create", "shared", "-p", "1")
+    assert made.exit_code == 0 and "served by b1" in made.output, made.output
+    alice = memq("token", "create", "alice").output.splitlines()[1]
+    assert "the brokers' admin API" in memq("acl", "add", "allow", "alice", "describe", "prefix:").output
+
+    def as_alice(*args: str) -> str:
+        got = memq(*args, token=alice)
+        return f"exit {got.exit_code}: {got.output}"
+
+    until(lambda: as_alice("topic", "create", "alice.t1", "-p", "1"),
+          "AuthorizationError: principal alice may not admin topic alice.t1")
+    assert "alice.t1" not in gc.registry.topics()
+    assert memq("acl", "add", "allow", "alice", "admin", "prefix:alice.").exit_code == 0
+    until(lambda: as_alice("topic", "create", "alice.t1", "-p", "1"), "exit 0")
+    assert "exit 0" in as_alice("topic", "alter", "alice.t1", "--set", "expected_mbps=3")
+    assert gc.registry.topic("alice.t1").expected_mbps == 3
+    refused = {
+        "may not admin topic shared": [("topic", "alter", "shared", "--set", "expected_mbps=9"),
+                                       ("governor", "topic", "delete", "shared", "--yes")],
+        "may not admin the cluster": [("acl", "add", "allow", "alice", "admin", "prefix:"),
+                                      ("acl", "remove", "allow", "alice", "describe", "prefix:"),
+                                      ("token", "create", "mallory"), ("token", "revoke", "dev"),
+                                      ("acl", "list")],
+    }
+    for words, commands in refused.items():
+        for command in commands:
+            answer = as_alice(*command)
+            assert answer.startswith("exit 1") and f"principal alice {words}" in answer, (command, answer)
+    assert gc.registry.topic("shared").expected_mbps == 1.0          # nothing changed
+    stored, _ = SecurityStore(gc.registry).read()
+    assert [e.partition(":")[0] for e in stored.tokens] == ["alice"]
+    assert stored.acls == ("allow alice describe prefix:", "allow alice admin prefix:alice.")
+    assert "exit 0" in as_alice("governor", "topic", "delete", "alice.t1", "--yes", "--delete-notifications")
+    assert "alice.t1" not in gc.registry.topics()
+    metrics = urllib.request.urlopen(gc.broker("b1").url + "/metrics", timeout=10,
+                                     context=client_context(security.ca_file)).read().decode()
+    assert 'memq_broker_denials_total{operation="admin"} 8.0' in metrics

@@ -26,6 +26,7 @@ from memq.audit.store import AuditStore
 from memq.config import MemqConfig
 from memq.errors import FormatError, MemqError, NotifyError
 from memq.notify import TopicAdmin
+from memq.notify._kafka import base_settings
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -71,10 +72,10 @@ class Auditor:
         except NotifyError as e:        # e.g. auto-created with other partitions: we read them all
             log.warning("audit topic %s: %s", self.topic, e)
         consumer = confluent_kafka.Consumer({
-            "bootstrap.servers": self.config.kafka.bootstrap_servers,
+            **base_settings(self.config.kafka),
             "group.id": f"memq-auditor-{self.config.cluster.name}",
             "enable.auto.commit": False, "auto.offset.reset": "earliest",
-            "socket.timeout.ms": timeout_ms, "session.timeout.ms": max(6000, min(timeout_ms, 45000)),
+            "session.timeout.ms": max(6000, min(timeout_ms, 45000)),
         })
         try:
             meta = consumer.list_topics(self.topic, timeout=timeout_s)

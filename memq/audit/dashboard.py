@@ -25,6 +25,7 @@ from memq.audit.auditor import Auditor
 from memq.audit.books import BOOKS_MS, LIVE_MS, Books, GroupSummary
 from memq.config import MemqConfig
 from memq.cost import report, usage
+from memq.client._auth import BrokerAuth
 from memq.cost.scrape import cluster_brokers, scrape
 from memq.errors import InvalidInputError, MemqError
 
@@ -156,8 +157,9 @@ async def _cost(request: web.Request) -> web.Response:
         raise web.HTTPBadRequest(text="need 0 <= retention_days <= 3650")
 
     def measure() -> dict[str, Any]:
-        urls = cluster_brokers(config.producer.brokers, _COST_TIMEOUT_S)
-        return report(urls, usage(scrape(urls, _COST_TIMEOUT_S)), days * 86_400, config.cost)
+        auth = BrokerAuth.of(config.producer)
+        urls = cluster_brokers(config.producer.brokers, _COST_TIMEOUT_S, auth)
+        return report(urls, usage(scrape(urls, _COST_TIMEOUT_S, auth)), days * 86_400, config.cost)
 
     try:
         return web.json_response(await asyncio.get_running_loop().run_in_executor(None, measure))

@@ -13,14 +13,14 @@ from memq.errors import MemqError
 
 from memq.governor.agent import start_agent
 
-from .security_watch import watch_stored_security
+from .admin_api import attach_cluster_admin
 from .server import Broker
 
 
 async def serve(config: MemqConfig) -> None:
     """Run a broker until SIGTERM or SIGINT, then stop gracefully (flush, store, ack)."""
     broker = Broker(config)
-    watch = await asyncio.to_thread(watch_stored_security, broker.guard, config)   # None unless secured + ZooKeeper
+    admin = await asyncio.to_thread(attach_cluster_admin, broker.guard, broker.app, config)   # None without ZooKeeper
     await broker.start(ready=not config.zookeeper.enabled)   # governed: ready once its assignment is hosted
     agent = await start_agent(broker, config, broker.metrics.registry, broker.storage_metrics)   # None unless zookeeper.enabled
     if agent is not None:
@@ -36,8 +36,8 @@ async def serve(config: MemqConfig) -> None:
     if agent is not None:
         await agent.close(drain=True)   # governed: topics move to other brokers first
     await broker.stop()
-    if watch is not None:
-        await asyncio.to_thread(watch.close)
+    if admin is not None:
+        await asyncio.to_thread(admin.close)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -50,16 +50,23 @@ class Guard:
         """The request's principal, or the 401 response naming what is wrong."""
         header = request.headers.get("Authorization", "")
         if header:
-            principal = principal_of(header[len(_BEARER):].strip(), self._tokens) \
+            principal = self.principal_for(header[len(_BEARER):].strip()) \
                 if header.lower().startswith(_BEARER) else None
             return principal or self._unauthorized("the token is unknown or revoked")
         transport = request.transport
         cn = subject_cn(transport.get_extra_info("peercert")) if transport is not None else None
         return cn or self._unauthorized("no credentials: send 'Authorization: Bearer <token>' or a client certificate")
 
+    def principal_for(self, token: str) -> str | None:
+        """The principal of bearer `token`, None when it is unknown or revoked."""
+        return principal_of(token, self._tokens)
+
+    def count_denial(self, operation: str) -> None:
+        self._denials.labels(operation).inc()
+
     def _unauthorized(self, why: str) -> web.Response:
         """401, and the connection closed after it: nothing more from this client is read."""
-        self._denials.labels("authenticate").inc()
+        self.count_denial("authenticate")
         response = web.Response(status=401, text=why, headers={"WWW-Authenticate": "Bearer"})
         response.force_close()
         return response
@@ -72,7 +79,7 @@ class Guard:
         """`may`, counting a denial: for requests refused, not for topics left out of a listing."""
         ok = self.may(principal, operation, topic)
         if not ok:
-            self._denials.labels(str(operation)).inc()
+            self.count_denial(str(operation))
         return ok
 
     @web.middleware

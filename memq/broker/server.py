@@ -22,7 +22,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from memq.audit.emitter import AuditEmitter, make_audit_sink
 from memq.config import MemqConfig, TopicConfig
-from memq.errors import ConfigError, NotifyError
+from memq.errors import NotifyError
 from memq.format.metadata import BrokerMetadata, ClusterMetadata, ClusterView, StorageMetadata, TopicMetadata
 from memq.format.wire import AckCode
 from memq.kafka_api.listener import KafkaListener
@@ -81,9 +81,6 @@ class Broker:
         if not ready:
             self._starting = "starting: waiting to host the topics assigned to it"
         bc = self.config.broker
-        if bc.kafka_port >= 0 and self.config.security.enabled:
-            raise ConfigError("broker.kafka_port: the Kafka listener does not authenticate clients; with "
-                              "security.enabled set broker.kafka_port = -1")
         if self._storage is None:
             self._storage = make_storage(self.config, metrics=self.storage_metrics)
         if self._publisher is None:
@@ -106,7 +103,7 @@ class Broker:
                 # Kafka clients carry no memq audit emitter: the broker reports their Messages.
                 self._kafka_audit = make_audit_sink(self.config, client_id=f"memq-broker-{self.broker_id}-audit")
                 self._kafka = KafkaListener(self, self._kafka_audit)
-                await self._kafka.start(bc.host, bc.kafka_port, bc.kafka_advertised_host)
+                await self._kafka.start(bc.host, bc.kafka_port, bc.kafka_advertised_host, tls)
         except BaseException:
             sock.close()
             raise

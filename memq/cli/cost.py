@@ -11,6 +11,7 @@ from rich.table import Table
 
 from memq.cli._common import config_of, require
 from memq.cost import Estimate, Usage, estimate, price_source, report, usage
+from memq.client._auth import BrokerAuth
 from memq.cost.scrape import cluster_brokers, scrape
 
 _TIMEOUT_S = 5.0
@@ -47,11 +48,13 @@ def cost(ctx: click.Context, brokers: str | None, window: float, retention_days:
     inter-AZ transfer $0.01 per GB each way.
     """
     config = config_of(ctx)
-    urls = cluster_brokers(require(brokers or config.producer.brokers, "producer.brokers", "--brokers"), _TIMEOUT_S)
-    before = scrape(urls, _TIMEOUT_S) if window else []
+    auth = BrokerAuth.of(config.producer)
+    urls = cluster_brokers(require(brokers or config.producer.brokers, "producer.brokers", "--brokers"), _TIMEOUT_S,
+                           auth)
+    before = scrape(urls, _TIMEOUT_S, auth) if window else []
     if window:
         time.sleep(window)
-    used = usage(scrape(urls, _TIMEOUT_S), before)
+    used = usage(scrape(urls, _TIMEOUT_S, auth), before)
     if topics:
         used = {t: u for t, u in used.items() if t in topics}
     retention_s = retention_days * 86_400

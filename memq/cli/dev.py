@@ -27,7 +27,7 @@ from rich.live import Live
 
 from memq.audit.emitter import make_audit_sink
 from memq.config import BrokerConfig, MemqConfig, TopicConfig
-from memq.devcluster.secure import make_dev_security
+from memq.devcluster.secure import DEV_PRINCIPAL, make_dev_security
 from memq.errors import MemqError
 
 if TYPE_CHECKING:
@@ -70,7 +70,7 @@ def dev(broker_count: int, topic_name: str, partitions: int, rate: float, durati
                           f"broker{'s' if broker_count > 1 else ''}...")
             cluster = stack.enter_context(GovernedCluster(
                 run_dir, broker_count, ready_timeout_s=READY_TIMEOUT_S, security=security,
-                broker=BrokerConfig(kafka_port=-1 if tls else 0)))   # the Kafka listener has no authentication
+                broker=BrokerConfig(kafka_port=0)))
             governor = cluster.governor()
             placed = cluster.create_topic(TopicConfig(name=topic_name, read_partitions=partitions))
             config, client = cluster.base, cluster.config()
@@ -81,17 +81,17 @@ def dev(broker_count: int, topic_name: str, partitions: int, rate: float, durati
                 "ZooKeeper": f"{config.zookeeper.hosts}  (root {config.zookeeper.root}, cluster {config.cluster.name})",
                 "brokers": "  ".join(f"{b.url} ({bid}, {cluster.rack(bid)})" for bid, b in cluster.brokers.items()),
                 "governor": f"{governor} ({cluster.broker(governor).url})",
-                "Kafka API": _kafka_listeners(cluster.broker(governor).url, client) if not tls else
-                "off with --tls (the Kafka listener has no authentication)",
+                "Kafka API": _kafka_listeners(cluster.broker(governor).url, client),
                 "placement": _placement_line(topic_name, placed, cluster),
             }
             if security is not None:
                 endpoints["security"] = (f"TLS (CA {security.ca_file}), token of principal {security.principal} "
                                          "in the client config, ACLs allow it everything")
+                endpoints["Kafka API"] += f"  (SASL_SSL, PLAIN: user {security.principal}, password its token)"
             # Further services (e.g. the audit dashboard) start here and add their endpoint.
             if config.audit.enabled:
                 from memq.audit.dashboard import AuditThread
-                audit = stack.enter_context(AuditThread(config, db_path=str(run_dir / "audit.db"),
+                audit = stack.enter_context(AuditThread(client, db_path=str(run_dir / "audit.db"),
                                                              port=audit_port))
                 endpoints["audit"] = audit.url
             endpoints["config"] = str(config_path)
@@ -125,12 +125,16 @@ def _print_endpoints(endpoints: dict[str, str], config_path: Path, topic: str) -
     memq = _memq_command()
     lines = [f"try:  {memq} --config {config_path} consume {topic} --count",
              f"      echo hello | {memq} --config {config_path} produce {topic}"]
+    kafka = endpoints["Kafka API"].split(",")[0].split()[0]
     if "security" in endpoints:
-        lines.append(f"      {memq} --config {config_path} token create alice   # stored in ZooKeeper, "
-                     "brokers apply it at once")
+        ca = config_path.parent / "tls" / "ca.pem"
+        lines.append(f"      {memq} --config {config_path} token create alice   # through the brokers, "
+                     "applied at once")
         lines.append(f"      {memq} --config {config_path} acl add allow alice produce literal:{topic}")
+        lines.append(f"      echo hello | kcat -P -b {kafka} -t {topic} -X security.protocol=SASL_SSL "
+                     f"-X sasl.mechanisms=PLAIN -X sasl.username={DEV_PRINCIPAL} -X sasl.password=TOKEN -X ssl.ca.location={ca}"
+                     "   # TOKEN: producer.token in the config")
     else:
-        kafka = endpoints["Kafka API"].split(",")[0]
         lines.append(f"      echo hello | kcat -P -b {kafka} -t {topic}   # or any Kafka producer")
     click.echo("\n".join([*lines, "Ctrl-C stops everything."]))
     sys.stdout.flush()

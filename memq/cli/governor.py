@@ -3,7 +3,8 @@
 `status` shows the governor, brokers and assignments; `drain`/`undrain` set a broker's drain
 flag (the governor moves its topics away, for rolling restarts); `topic create|alter|delete|
 list` administer topics in ZooKeeper (creating the notification topic on Kafka); `topic create`
-and `topic alter` are `memq topic create` and `memq topic alter`.
+and `topic alter` are `memq topic create` and `memq topic alter`. With credentials in the
+config, create, alter and delete go through the brokers' admin API (memq.client.admin).
 """
 
 from __future__ import annotations
@@ -116,8 +117,14 @@ def delete(ctx: click.Context, name: str, yes: bool, delete_notifications: bool)
     """Delete topic NAME (its batches stay in storage)."""
     if not yes:
         click.confirm(f"delete topic {name}?", abort=True)
-    with registry_of(ctx) as r:
-        _manager(ctx, r).delete(name, delete_notifications=delete_notifications)
+    from memq.client.admin import BrokerAdmin, through_brokers
+
+    config = config_of(ctx)
+    if through_brokers(config.producer):
+        BrokerAdmin(config.producer).delete_topic(name, delete_notifications=delete_notifications)
+    else:
+        with registry_of(ctx) as r:
+            _manager(ctx, r).delete(name, delete_notifications=delete_notifications)
     click.echo(f"topic {name}: deleted")
 
 

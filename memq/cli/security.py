@@ -1,6 +1,8 @@
 """`memq token create|revoke` and `memq acl add|remove|list`: credentials and ACLs.
 
-Where they are kept: with ZooKeeper configured (`zookeeper.enabled`, as in the config
+With credentials in the config (`producer.token` or a client certificate) the commands go
+through the brokers' admin API (memq.client.admin), which needs `admin` on the cluster.
+Otherwise they work where tokens and ACLs are kept: with ZooKeeper configured (`zookeeper.enabled`, as in the config
 `memq dev` writes) in the cluster's znode `<root>/<cluster>/security`, which brokers watch,
 so a change applies without a restart; otherwise in the config file's `[security]` section
 (`tokens`, `acls`), edited in place (comments and layout kept, by tomlkit) after checking the
@@ -12,10 +14,11 @@ from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import click
 import tomlkit
@@ -24,24 +27,23 @@ from memq.cli._common import CliState, config_of
 from memq.config import load_config
 from memq.errors import ConfigError
 from memq.security.acl import parse_rule, parse_rules
+from memq.security.stored import Change, SecurityLists
 from memq.security.tokens import new_token
 
 RESTART_NOTE = "brokers read [security] when they start: restart them to apply"
 LIVE_NOTE = "brokers apply it at once"
 
-Change = Callable[[list[str]], list[str]]
 
-
-@dataclass(frozen=True)
-class Target:
-    """Where this invocation keeps tokens and ACLs: `edit(key, change)` replaces list `key`
-    ("tokens" or "acls") by `change(old)` (which may run more than once: keep it pure) and
-    returns the new list; `read(key)` is the list now."""
+class Admin(Protocol):
+    """Token and ACL administration (memq.security.stored.SecurityLists, memq.client.admin.BrokerAdmin)."""
 
     where: str
-    note: str
-    edit: Callable[[str, Change], list[str]]
-    read: Callable[[str], list[str]]
+
+    def add_token(self, entry: str) -> None: ...
+    def revoke(self, principal: str) -> int: ...
+    def add_rule(self, rule: str) -> bool: ...
+    def remove_rule(self, rule: str) -> int: ...
+    def rules(self) -> list[str]: ...
 
 
 def _config_path(ctx: click.Context) -> Path:
@@ -51,22 +53,41 @@ def _config_path(ctx: click.Context) -> Path:
     return Path(state.config_path)
 
 
+@dataclass(frozen=True)
+class Target:
+    """Where this invocation administers tokens and ACLs; `note`: when brokers apply a change;
+    `config_acls`: rules in force besides those `admin.rules()` lists (the config file's, which
+    brokers on ZooKeeper use as well)."""
+
+    admin: Admin
+    note: str
+    config_acls: tuple[str, ...] = ()
+
+
 @contextmanager
 def target(ctx: click.Context) -> Iterator[Target]:
-    """ZooKeeper when the config enables it, else the config file."""
-    config = config_of(ctx)
-    if not config.zookeeper.enabled:
-        path = _config_path(ctx)
-        yield Target(str(path), RESTART_NOTE, lambda key, change: edit_security_list(path, key, change),
-                     lambda key: _security_list(path, key))
-        return
-    from memq.governor.registry import Registry
-    from memq.governor.security_store import SecurityStore
+    """Through the brokers (with credentials), ZooKeeper (when enabled), else the config file."""
+    from memq.client.admin import BrokerAdmin, through_brokers
 
-    with Registry(config.zookeeper, config.cluster.name) as registry:
-        store = SecurityStore(registry)
-        yield Target(f"ZooKeeper {store.path}", LIVE_NOTE, store.edit,
-                     lambda key: list(getattr(store.read()[0], key)))
+    config = config_of(ctx)
+    if through_brokers(config.producer):
+        yield Target(BrokerAdmin(config.producer), LIVE_NOTE)
+    elif config.zookeeper.enabled:
+        from memq.governor.registry import Registry
+        from memq.governor.security_store import SecurityStore
+
+        with Registry(config.zookeeper, config.cluster.name) as registry:
+            yield Target(SecurityStore(registry).lists(), LIVE_NOTE, config.security.acls)
+    else:
+        path = _config_path(ctx)
+
+        def edit(key: str, change: Change) -> tuple[list[str], list[str]]:
+            old = _security_list(path, key)
+            new = change(old)
+            if new != old:
+                edit_security_list(path, key, lambda _: new)
+            return old, new
+        yield Target(SecurityLists(edit, f"config file {path}"), RESTART_NOTE)
 
 
 def edit_security_list(path: Path, key: str, change: Change) -> list[str]:
@@ -113,20 +134,23 @@ def token() -> None:
 @click.argument("principal")
 @click.option("--write", is_flag=True,
               help="Without ZooKeeper: add the hashed entry to the config file's [security] tokens "
-                   "(with ZooKeeper it is always stored there).")
+                   "(with ZooKeeper, or through the brokers, it is always stored).")
 @click.pass_context
 def token_create(ctx: click.Context, principal: str, write: bool) -> None:
     """Make a token for PRINCIPAL: printed once (give it to the client as producer.token); the
     broker keeps only its hash."""
+    from memq.client.admin import through_brokers
+
     secret, entry = new_token(principal)
-    stored = write or config_of(ctx).zookeeper.enabled
+    config = config_of(ctx)
+    stored = write or config.zookeeper.enabled or through_brokers(config.producer)
     if stored:
         with target(ctx) as t:
-            t.edit("tokens", lambda old: [*old, str(entry)])
+            t.admin.add_token(str(entry))
     click.echo(f"token for {principal} (shown once; clients set producer.token or MEMQ_PRODUCER_TOKEN):")
     click.echo(secret)
     if stored:
-        click.echo(f"added to {t.where}; {t.note}")
+        click.echo(f"added to {t.admin.where}; {t.note}")
     else:
         click.echo(f'add to [security] tokens in the broker config: "{entry}"')
 
@@ -136,18 +160,11 @@ def token_create(ctx: click.Context, principal: str, write: bool) -> None:
 @click.pass_context
 def token_revoke(ctx: click.Context, principal: str) -> None:
     """Remove every token of PRINCIPAL."""
-    removed = 0
-
-    def drop(old: list[str]) -> list[str]:
-        nonlocal removed
-        keep = [e for e in old if e.rpartition(":")[0] != principal]
-        removed = len(old) - len(keep)
-        return keep
     with target(ctx) as t:
-        t.edit("tokens", drop)
+        removed = t.admin.revoke(principal)
     if not removed:
-        raise ConfigError(f"{t.where}: no token of principal {principal!r}")
-    click.echo(f"revoked {removed} token(s) of {principal} in {t.where}; {t.note}")
+        raise ConfigError(f"{t.admin.where}: no token of principal {principal!r}")
+    click.echo(f"revoked {removed} token(s) of {principal} in {t.admin.where}; {t.note}")
 
 
 @click.group()
@@ -159,12 +176,9 @@ def acl() -> None:
 @click.pass_context
 def acl_list(ctx: click.Context) -> None:
     """The ACL rules in force, one per line: the stored ones (ZooKeeper), then the config file's."""
-    if config_of(ctx).zookeeper.enabled:
-        with target(ctx) as t:
-            stored = t.read("acls")
-        for rule in parse_rules(stored):
-            click.echo(str(rule))
-    for rule in parse_rules(config_of(ctx).security.acls):
+    with target(ctx) as t:
+        rules = [*t.admin.rules(), *t.config_acls]
+    for rule in parse_rules(rules):
         click.echo(str(rule))
 
 
@@ -178,8 +192,8 @@ def acl_add(ctx: click.Context, permission: str, principal: str, operation: str,
     """Add a rule, e.g. `memq acl add allow alice produce prefix:orders.`"""
     rule = str(parse_rule(f"{permission} {principal} {operation} {pattern}", "acl add"))
     with target(ctx) as t:
-        t.edit("acls", lambda old: old if rule in map(_normal, old) else [*old, rule])
-    click.echo(f"added {rule!r} to {t.where}; {t.note}")
+        t.admin.add_rule(rule)
+    click.echo(f"added {rule!r} to {t.admin.where}; {t.note}")
 
 
 @acl.command("remove")
@@ -191,19 +205,8 @@ def acl_add(ctx: click.Context, permission: str, principal: str, operation: str,
 def acl_remove(ctx: click.Context, permission: str, principal: str, operation: str, pattern: str) -> None:
     """Remove a rule (as `memq acl list` prints it)."""
     rule = str(parse_rule(f"{permission} {principal} {operation} {pattern}", "acl remove"))
-    found = False
-
-    def drop(old: list[str]) -> list[str]:
-        nonlocal found
-        keep = [line for line in old if _normal(line) != rule]
-        found = len(keep) < len(old)
-        return keep
     with target(ctx) as t:
-        t.edit("acls", drop)
-    if not found:
-        raise ConfigError(f"{t.where}: no rule {rule!r}")
-    click.echo(f"removed {rule!r} from {t.where}; {t.note}")
-
-
-def _normal(line: str) -> str:
-    return str(parse_rule(line))
+        removed = t.admin.remove_rule(rule)
+    if not removed:
+        raise ConfigError(f"{t.admin.where}: no rule {rule!r}")
+    click.echo(f"removed {rule!r} from {t.admin.where}; {t.note}")

@@ -19,10 +19,9 @@ from rich.table import Table
 from memq.cli._common import config_of
 from memq.cli.topic_tail import tail
 from memq.config import MemqConfig, TopicConfig, build, memq_topic_of
-from memq.errors import ConfigError, InvalidInputError, UnknownTopicError
+from memq.errors import ConfigError
 
 PLACEMENT_TIMEOUT_S = 60.0      # the governor's cycle plus the brokers' start of the topic
-DELETE_HINT = {False: "memq topic delete {}", True: "memq governor topic delete {} --delete-notifications"}
 
 
 @click.group()
@@ -59,40 +58,30 @@ def topic_config(config: MemqConfig, name: str, partitions: int | None,
 def create_topic(config: MemqConfig, cfg: TopicConfig) -> str:
     """Create topic `cfg` so that it can be produced to; returns how it was done.
 
-    Governed (ZooKeeper configured): registered in ZooKeeper with its notification topic, the
-    governor places it. Otherwise only the notification topic: static brokers serve the topics
-    of their config file. An existing notification topic must have `read_partitions` partitions.
+    With credentials (`producer.token` or a client certificate) through a broker's admin API,
+    as that principal (the broker checks `admin` on the topic). Governed (ZooKeeper configured):
+    registered in ZooKeeper with its notification topic, the governor places it. Otherwise only
+    the notification topic: static brokers serve the topics of their config file. An existing
+    notification topic must have `read_partitions` partitions.
     """
     from memq.client._auth import BrokerAuth
+    from memq.client.admin import BrokerAdmin, through_brokers
     from memq.governor.registry import Registry
-    from memq.governor.topics import TopicManager
+    from memq.governor.topics import TopicManager, check_partitions
     from memq.notify import TopicAdmin
 
-    admin = TopicAdmin(config.kafka)
     kafka_topic = cfg.notification_topic_for(config.cluster.name)
-    try:
-        existing = admin.partitions(kafka_topic)
-    except UnknownTopicError:
-        existing = cfg.read_partitions
-    if existing != cfg.read_partitions:
-        raise InvalidInputError(
-            f"topic {cfg.name}: its notification topic {kafka_topic} already has {existing} partitions, "
-            f"not {cfg.read_partitions}: create it with -p {existing}, or delete it first "
-            f"({DELETE_HINT[config.zookeeper.enabled].format(cfg.name)})")
+    if through_brokers(config.producer):
+        placed = BrokerAdmin(config.producer).create_topic(cfg)
+        return f"notifications on {kafka_topic}; served by {', '.join(placed)}"
+    admin = TopicAdmin(config.kafka)
     if not config.zookeeper.enabled:
+        check_partitions(admin, cfg, config.cluster.name, governed=False)
         admin.create_topic(kafka_topic, cfg.read_partitions, retention_ms=cfg.retention_ms)
         return f"notifications on {kafka_topic}; brokers must list it in their config"
     with Registry(config.zookeeper, config.cluster.name) as registry:
-        manager = TopicManager(registry, admin, config.cluster.name)
-        try:
-            current = registry.topic(cfg.name)
-        except UnknownTopicError:
-            current = manager.create(cfg)
-        if current != cfg:
-            raise InvalidInputError(
-                f"topic {cfg.name} already exists with other settings ({current}): change them "
-                f"with memq topic alter {cfg.name} --set FIELD=VALUE")
-        placed = manager.wait_until_hosted(cfg.name, PLACEMENT_TIMEOUT_S, BrokerAuth.of(config.producer).ssl_context)
+        placed = TopicManager(registry, admin, config.cluster.name).ensure(
+            cfg, PLACEMENT_TIMEOUT_S, BrokerAuth.of(config.producer).ssl_context)
     return f"notifications on {kafka_topic}; served by {', '.join(placed)}"
 
 
@@ -127,6 +116,12 @@ def alter(ctx: click.Context, name: str, pairs: tuple[str, ...]) -> None:
     """Change settings of topic NAME in a governed cluster: brokers pick them up, the governor
     re-places it, its notification topic's retention.ms follows retention_ms."""
     config = config_of(ctx)
+    from memq.client.admin import BrokerAdmin, through_brokers
+
+    if through_brokers(config.producer):
+        cfg = BrokerAdmin(config.producer).alter_topic(name, settings_of(pairs))
+        click.echo(f"topic {name}: {cfg}")
+        return
     if not config.zookeeper.enabled:
         raise ConfigError("memq topic alter changes a topic in ZooKeeper: set zookeeper.enabled = true "
                           "(a static broker takes its topics' settings from its config file)")

@@ -11,6 +11,7 @@ import time
 import urllib.error
 import urllib.request
 
+from memq.client._auth import NO_AUTH, BrokerAuth
 from memq.client.cluster import broker_urls, fetch_metadata
 from memq.errors import BrokerUnavailableError
 
@@ -19,8 +20,9 @@ from .counters import Snapshot, parse_metrics
 log = logging.getLogger(__name__)
 
 
-def cluster_brokers(brokers: str, timeout_s: float) -> list[str]:
-    """The named broker URLs and every broker their metadata lists, in order, without repeats."""
+def cluster_brokers(brokers: str, timeout_s: float, auth: BrokerAuth = NO_AUTH) -> list[str]:
+    """The named broker URLs and every broker their metadata lists, in order, without repeats
+    (asked with the client's credentials, `auth`)."""
     named = broker_urls(brokers)
     if not named:
         raise BrokerUnavailableError("no broker URL given: use --brokers or [producer] brokers")
@@ -28,7 +30,7 @@ def cluster_brokers(brokers: str, timeout_s: float) -> list[str]:
     errors: list[str] = []
     for url in named:
         try:
-            md = fetch_metadata(url, timeout_s)
+            md = fetch_metadata(url, timeout_s, auth)
         except BrokerUnavailableError as e:
             errors.append(str(e))
             continue
@@ -38,12 +40,13 @@ def cluster_brokers(brokers: str, timeout_s: float) -> list[str]:
     return list(dict.fromkeys(found))
 
 
-def scrape(urls: list[str], timeout_s: float) -> list[Snapshot]:
-    """Every answering broker's counters; a broker that does not answer is logged and left out."""
+def scrape(urls: list[str], timeout_s: float, auth: BrokerAuth = NO_AUTH) -> list[Snapshot]:
+    """Every answering broker's counters (https brokers verified as `auth` says); a broker that
+    does not answer is logged and left out."""
     out: list[Snapshot] = []
     for url in urls:
         try:
-            with urllib.request.urlopen(url + "/metrics", timeout=timeout_s) as resp:
+            with urllib.request.urlopen(url + "/metrics", timeout=timeout_s, context=auth.ssl_context) as resp:
                 text = resp.read().decode()
         except (urllib.error.URLError, OSError) as e:
             log.warning("broker %s: cannot read /metrics (%s): its counters are left out", url, e)

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 
 from memq.errors import ConfigError, CoordinationError
-from memq.security.stored import StoredSecurity
+from memq.security.stored import Change, SecurityLists, StoredSecurity
 
 from .registry import Registry
 
@@ -36,22 +36,30 @@ class SecurityStore:
             return StoredSecurity(), -1
         return StoredSecurity.from_json(bytes(data or b""), f"ZooKeeper {self.path}"), stat.version
 
-    def edit(self, key: str, change: Callable[[list[str]], list[str]]) -> list[str]:
-        """Replace list `key` ("tokens" or "acls") by `change(old)`; the new list. `change` may run
-        more than once (when another edit lands in between), so it must be a pure function."""
+    def edit(self, key: str, change: Change) -> tuple[list[str], list[str]]:
+        """Replace list `key` ("tokens" or "acls") by `change(old)`; (old, new) of the write that
+        landed (none when they are equal). `change` runs again when another edit lands in
+        between, on that one's result."""
         client = self.registry.client
         for _ in range(EDIT_ATTEMPTS):
             current, version = self.read()
             new = current.edited(key, change)
+            before, after = list(getattr(current, key)), list(getattr(new, key))
+            if before == after:
+                return before, after
             try:
                 if version < 0:
                     self.registry._wait(client.create_async(self.path, new.to_json(), makepath=True), self.path)
                 else:
                     self.registry._wait(client.set_async(self.path, new.to_json(), version=version), self.path)
-                return list(getattr(new, key))
+                return before, after
             except (BadVersionError, NodeExistsError, NoNodeError):
                 continue     # someone else wrote first: apply the change to theirs
         raise CoordinationError(f"ZooKeeper {self.path}: {EDIT_ATTEMPTS} concurrent edits in a row, try again")
+
+    def lists(self) -> SecurityLists:
+        """Token and ACL administration on this store."""
+        return SecurityLists(self.edit, f"ZooKeeper {self.path}")
 
     def watch(self, apply: Callable[[StoredSecurity], None]) -> None:
         """Call `apply` with the stored document now (before returning) and after every change,

@@ -17,7 +17,7 @@ import urllib.request
 from typing import Any, Protocol
 
 from memq.config import TopicConfig, build
-from memq.errors import CoordinationError, InvalidInputError
+from memq.errors import CoordinationError, InvalidInputError, UnknownTopicError
 
 from .registry import Registry
 
@@ -26,6 +26,7 @@ class NotificationTopics(Protocol):
     """What topic admin needs from Kafka (memq.notify.TopicAdmin fits)."""
 
     def create_topic(self, name: str, partitions: int, *, retention_ms: int | None = None) -> None: ...
+    def partitions(self, name: str) -> int: ...
     def set_retention(self, name: str, retention_ms: int) -> None: ...
     def delete_topic(self, name: str) -> None: ...
 
@@ -48,6 +49,20 @@ class TopicManager:
                                 retention_ms=cfg.retention_ms)
         self.registry.create_topic(cfg)
         return cfg
+
+    def ensure(self, cfg: TopicConfig, timeout_s: float, trust: ssl.SSLContext | None = None) -> tuple[str, ...]:
+        """Create topic `cfg` unless it exists with the same settings (InvalidInputError if with
+        others); the brokers serving it once placed (`wait_until_hosted`)."""
+        check_partitions(self.kafka, cfg, self.cluster, governed=True)
+        try:
+            current = self.registry.topic(cfg.name)
+        except UnknownTopicError:
+            current = self.create(cfg)
+        if current != cfg:
+            raise InvalidInputError(
+                f"topic {cfg.name} already exists with other settings ({current}): change them "
+                f"with memq topic alter {cfg.name} --set FIELD=VALUE")
+        return self.wait_until_hosted(cfg.name, timeout_s, trust)
 
     def wait_until_hosted(self, name: str, timeout_s: float, trust: ssl.SSLContext | None = None) -> tuple[str, ...]:
         """The brokers the governor placed topic `name` on, once each of them serves it
@@ -89,6 +104,24 @@ class TopicManager:
 
     def list(self) -> dict[str, TopicConfig]:
         return self.registry.topics()
+
+
+DELETE_HINT = {False: "memq topic delete {}", True: "memq governor topic delete {} --delete-notifications"}
+
+
+def check_partitions(kafka: NotificationTopics, cfg: TopicConfig, cluster: str, *, governed: bool) -> None:
+    """InvalidInputError when `cfg`'s notification topic exists with another partition count
+    than its read_partitions (Kafka cannot shrink it, and growing it would reorder keys)."""
+    kafka_topic = cfg.notification_topic_for(cluster)
+    try:
+        existing = kafka.partitions(kafka_topic)
+    except UnknownTopicError:
+        return
+    if existing != cfg.read_partitions:
+        raise InvalidInputError(
+            f"topic {cfg.name}: its notification topic {kafka_topic} already has {existing} partitions, "
+            f"not {cfg.read_partitions}: create it with -p {existing}, or delete it first "
+            f"({DELETE_HINT[governed].format(cfg.name)})")
 
 
 def hosted_topics(url: str, trust: ssl.SSLContext | None = None) -> list[str]:

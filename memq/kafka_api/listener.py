@@ -7,22 +7,30 @@ broker (librdkafka keeps up to 5 in flight). Each RecordBatch of a Produce reque
 header and CRC32C checked and goes, unchanged, as one Codec.KAFKA Message through
 `TopicProcessor.append`: the same batching, storage, notification and dedup as memq's own
 protocol. A Kafka client has no memq audit emitter, so the listener reports each acked Message
-(acks 1 and all) to the audit as its producer would. A frame that cannot be parsed, is larger than `broker.max_frame_bytes`, or names an
-API or version not served (other than ApiVersions, which answers UNSUPPORTED_VERSION with our
-ranges) closes the connection with the reason in the log, as a Kafka broker does: its
+(acks 1 and all) to the audit as its producer would. A frame that cannot be parsed, is larger
+than `broker.max_frame_bytes`, or names an API or version not served (other than ApiVersions,
+which answers UNSUPPORTED_VERSION with our ranges) closes the connection with the reason in the log, as a Kafka broker does: its
 response shape is unknown, so no answer could be parsed by the client.
 
-Produce quotas hold here as on `/v1/produce` (memq.security.quota; the principal is
-"anonymous": this listener has no authentication): a Produce over quota is accepted, its
-response carries `throttle_time_ms`, and the connection is not read for that long (KIP-219).
+With `security.enabled` the listener is behind the broker's Guard: TLS when the broker has a
+certificate; a connection's principal is its client certificate's CN or comes from SASL/PLAIN
+(password = a memq token, username = its principal). Until then only ApiVersions, SaslHandshake
+and SaslAuthenticate are served, in frames of at most `PRE_AUTH_MAX_FRAME` bytes; anything else
+closes the connection. Produce needs `produce` on the topic (TOPIC_AUTHORIZATION_FAILED naming
+principal and topic, nothing appended), Metadata lists only topics the principal may describe.
+Produce quotas hold here as on `/v1/produce` (memq.security.quota; the principal is the
+connection's, "anonymous" with security off): a Produce over quota is accepted, its response
+carries `throttle_time_ms`, and the connection is not read for that long (KIP-219).
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import logging
 import secrets
+import ssl
 import struct
 import time
 from typing import TYPE_CHECKING
@@ -32,13 +40,16 @@ from memq.format.kafka_records import split_kafka_batches, verify_kafka_batch
 from memq.format.message import MESSAGE_HEADER_SIZE, MessageHeader, encode_kafka_message
 from memq.format.wire import Ack, AckCode, AckLevel
 from memq.security.quota import ANONYMOUS
+from memq.security.acl import Operation
+from memq.security.tls import subject_cn
 
 from .mapping import PRODUCER_ID_BITS, ack_level, error_code, memq_producer_id, metadata_view, node_id
 from .protocol import (ApiKey, ErrorCode, PartitionData, PartitionResult, ProduceRequest, ProduceResult, Reader,
-                       RequestHeader, api_name, decode_fetch_partitions, decode_init_producer_id,
-                       decode_metadata, decode_produce, decode_request_header, encode_api_versions,
-                       encode_fetch_refusal, encode_init_producer_id, encode_metadata, encode_produce,
-                       is_supported)
+                       RequestHeader, TopicPartitions, api_name, decode_fetch_partitions, decode_init_producer_id,
+                       decode_metadata, decode_produce, decode_request_header, decode_sasl_authenticate,
+                       decode_sasl_handshake, encode_api_versions, encode_fetch_refusal, encode_init_producer_id,
+                       encode_metadata, encode_produce, encode_sasl_authenticate, encode_sasl_handshake,
+                       is_supported, parse_sasl_plain)
 
 if TYPE_CHECKING:
     from memq.audit.emitter import AuditEmitter
@@ -56,6 +67,9 @@ WRITE_TIMEOUT_S = 30.0         # a client that does not read its responses this 
 #: with the same ids, so an idempotent producer's retry is dropped as a duplicate).
 MIN_ACK_WAIT_S = 1.0
 MAX_ACK_WAIT_S = 300.0
+PRE_AUTH_MAX_FRAME = 64 * 1024   # before authentication: SASL messages are small
+SASL_MECHANISMS = ("PLAIN",)
+_PRE_AUTH_APIS = frozenset({ApiKey.API_VERSIONS, ApiKey.SASL_HANDSHAKE, ApiKey.SASL_AUTHENTICATE})
 
 
 class KafkaListener:
@@ -68,9 +82,9 @@ class KafkaListener:
         self._connections: dict[KafkaConnection, asyncio.Task[None]] = {}
         self.address = ""
 
-    async def start(self, host: str, port: int, advertised_host: str = "") -> str:
-        """Listen (port 0: any free one); returns the advertised "host:port"."""
-        self._server = await asyncio.start_server(self._accept, host, port)
+    async def start(self, host: str, port: int, advertised_host: str = "", tls: ssl.SSLContext | None = None) -> str:
+        """Listen (port 0: any free one; TLS with `tls`); returns the advertised "host:port"."""
+        self._server = await asyncio.start_server(self._accept, host, port, ssl=tls)
         bound = self._server.sockets[0].getsockname()[1]
         self.address = f"{advertised_host or host}:{bound}"
         log.info("broker %s: Kafka listener on %s", self._broker.broker_id, self.address)
@@ -114,6 +128,11 @@ class KafkaConnection:
         self._sequence = itertools.count()
         self._metrics = broker.metrics
         self._throttle_s = 0.0   # owed by the request just handled: read nothing more for this long
+        self._guard = broker.guard
+        # With security on: who this is (a verified client certificate's CN, or SASL below).
+        self._principal = subject_cn(writer.get_extra_info("peercert")) if broker.guard.enabled else None
+        self._authenticated = not broker.guard.enabled or self._principal is not None
+        self._close_after: str = ""    # set when a response must be the last one (failed SASL)
 
     def close(self) -> None:
         self._writer.close()
@@ -138,8 +157,8 @@ class KafkaConnection:
 
     async def _read_requests(self) -> str:
         """Handle requests until EOF (""), or return why the connection must close."""
-        limit = self._broker.config.broker.max_frame_bytes
         while True:
+            limit = self._broker.config.broker.max_frame_bytes if self._authenticated else PRE_AUTH_MAX_FRAME
             try:
                 head = await self._reader.readexactly(4)
             except (asyncio.IncompleteReadError, ConnectionError):
@@ -165,6 +184,8 @@ class KafkaConnection:
             if self._throttle_s:
                 await asyncio.sleep(self._throttle_s)
                 self._throttle_s = 0.0
+            if self._close_after:
+                return self._close_after
 
     async def _dispatch(self, h: RequestHeader, body: Reader) -> asyncio.Future[bytes] | str | None:
         """The response to come, None for none (acks=0), or why the connection must close."""
@@ -174,6 +195,14 @@ class KafkaConnection:
         if not is_supported(h):
             return (f"{api_name(h.api_key)} version {h.api_version} is not served "
                     f"(client {h.client_id!r}; see ApiVersions)")
+        if h.api_key == ApiKey.SASL_HANDSHAKE:
+            return _ready(self._sasl_handshake(h, body))
+        if h.api_key == ApiKey.SASL_AUTHENTICATE:
+            return _ready(self._sasl_authenticate(h, body))
+        if not self._authenticated and h.api_key not in _PRE_AUTH_APIS:
+            self._guard.count_denial("authenticate")
+            return (f"{api_name(h.api_key)} before authentication (client {h.client_id!r}): use SASL/PLAIN "
+                    "with a memq token as password, or a client certificate")
         if h.api_key == ApiKey.METADATA:
             return _ready(self._metadata(h, body))
         if h.api_key == ApiKey.INIT_PRODUCER_ID:
@@ -185,10 +214,40 @@ class KafkaConnection:
         req = decode_produce(body)
         return await self._produce(h, req)
 
+    def _sasl_handshake(self, h: RequestHeader, body: Reader) -> bytes:
+        mechanism = decode_sasl_handshake(body)
+        if not self._guard.enabled:
+            return encode_sasl_handshake(h, ErrorCode.ILLEGAL_SASL_STATE, ())
+        ok = mechanism in SASL_MECHANISMS
+        return encode_sasl_handshake(h, ErrorCode.NONE if ok else ErrorCode.UNSUPPORTED_SASL_MECHANISM,
+                                     SASL_MECHANISMS)
+
+    def _sasl_authenticate(self, h: RequestHeader, body: Reader) -> bytes:
+        """SASL/PLAIN: the password is a memq token, the username must be its principal. A failure
+        is answered, then the connection closes."""
+        if not self._guard.enabled or self._authenticated:
+            self._close_after = "SaslAuthenticate on a connection that needs none (security off or done)"
+            return encode_sasl_authenticate(h, ErrorCode.ILLEGAL_SASL_STATE, self._close_after)
+        username, token = parse_sasl_plain(decode_sasl_authenticate(body))
+        principal = self._guard.principal_for(token)
+        if principal is None or principal != username:
+            self._guard.count_denial("authenticate")
+            self._close_after = (f"SASL/PLAIN authentication of {username!r} failed: the password must be a "
+                                 "valid memq token of that principal (unknown, revoked or another's)")
+            return encode_sasl_authenticate(h, ErrorCode.SASL_AUTHENTICATION_FAILED, self._close_after)
+        self._principal, self._authenticated = principal, True
+        return encode_sasl_authenticate(h, ErrorCode.NONE, None)
+
     def _metadata(self, h: RequestHeader, body: Reader) -> bytes:
         req = decode_metadata(h, body)
         meta = self._broker.metadata()
+        hidden: set[str] = set()
+        if self._guard.enabled:   # a principal sees only the topics it may describe
+            hidden = {t for t in meta.topics if not self._guard.may(self._principal, Operation.DESCRIBE, t)}
+            meta = dataclasses.replace(meta, topics={n: t for n, t in meta.topics.items() if n not in hidden})
         nodes, topics = metadata_view(meta, req.topics)
+        topics = [TopicPartitions(t.name, ErrorCode.TOPIC_AUTHORIZATION_FAILED) if t.name in hidden else t
+                  for t in topics]
         return encode_metadata(h, nodes, meta.cluster, node_id(self._broker.broker_id), topics)
 
     def _init_producer_id(self, h: RequestHeader, body: Reader) -> bytes:
@@ -206,9 +265,14 @@ class KafkaConnection:
         level = ack_level(req.acks)
         appended: list[tuple[str, int, list[asyncio.Future[Ack]] | PartitionResult]] = []
         for topic, parts in req.topics:
+            denied = None if self._guard.allowed(self._principal, Operation.PRODUCE, topic) else \
+                f"principal {self._principal} may not {Operation.PRODUCE} to topic {topic}"
             for part in parts:
-                if level is None:
+                if denied is not None:
                     outcome: list[asyncio.Future[Ack]] | PartitionResult = PartitionResult(
+                        part.index, ErrorCode.TOPIC_AUTHORIZATION_FAILED, message=denied)
+                elif level is None:
+                    outcome = PartitionResult(
                         part.index, ErrorCode.INVALID_REQUIRED_ACKS, message=f"acks={req.acks}: use 0, 1 or -1")
                 elif req.transactional_id is not None:
                     outcome = PartitionResult(part.index, ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
@@ -235,11 +299,11 @@ class KafkaConnection:
         for topic, parts in req.topics:
             nbytes = sum(len(p.records or b"") for p in parts if (topic, p.index) in accepted)
             if nbytes:
-                d = self._broker.quotas.charge(ANONYMOUS, topic, nbytes, now)
+                d = self._broker.quotas.charge(self._principal or ANONYMOUS, topic, nbytes, now)
                 if d > delay:
                     delay, worst = d, topic
         if delay:
-            self._metrics.throttle_seconds.labels(ANONYMOUS, worst).inc(delay)
+            self._metrics.throttle_seconds.labels(self._principal or ANONYMOUS, worst).inc(delay)
         return delay
 
     async def _produce_response(self, h: RequestHeader,

@@ -2,7 +2,7 @@
 
 Only non-flexible versions are served (request header v1, response header v0, no tagged
 fields): ApiVersions v0-2, Metadata v1-8, Produce v3-8 (RecordBatch v2), InitProducerId
-v0-1. librdkafka and the Java client open with ApiVersions v3; the answer to any version we do
+v0-1, SaslHandshake v0-1 and SaslAuthenticate v0-1. librdkafka and the Java client open with ApiVersions v3; the answer to any version we do
 not serve is Kafka's v0-shaped UNSUPPORTED_VERSION carrying our ranges (KIP-511), and the
 client retries with the highest we list. Field layouts follow Kafka's
 clients/src/main/resources/common/message/*.json.
@@ -27,8 +27,10 @@ class ApiKey(IntEnum):
     PRODUCE = 0
     FETCH = 1
     METADATA = 3
+    SASL_HANDSHAKE = 17
     API_VERSIONS = 18
     INIT_PRODUCER_ID = 22
+    SASL_AUTHENTICATE = 36
 
 
 #: The (min, max) version of each API served; ApiVersions advertises exactly these.
@@ -41,6 +43,8 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     ApiKey.METADATA: (1, 8),
     ApiKey.API_VERSIONS: (0, 2),
     ApiKey.INIT_PRODUCER_ID: (0, 1),
+    ApiKey.SASL_HANDSHAKE: (0, 1),      # v1: the SASL exchange goes in SaslAuthenticate requests
+    ApiKey.SASL_AUTHENTICATE: (0, 1),
 }
 
 
@@ -56,11 +60,15 @@ class ErrorCode(IntEnum):
     REQUEST_TIMED_OUT = 7
     MESSAGE_TOO_LARGE = 10
     INVALID_REQUIRED_ACKS = 21
+    TOPIC_AUTHORIZATION_FAILED = 29
+    UNSUPPORTED_SASL_MECHANISM = 33
+    ILLEGAL_SASL_STATE = 34
     UNSUPPORTED_VERSION = 35
     INVALID_REQUEST = 42
     UNSUPPORTED_FOR_MESSAGE_FORMAT = 43
     TRANSACTIONAL_ID_AUTHORIZATION_FAILED = 53
     KAFKA_STORAGE_ERROR = 56
+    SASL_AUTHENTICATION_FAILED = 58
     UNSUPPORTED_COMPRESSION_TYPE = 76
 
 
@@ -212,6 +220,47 @@ def encode_api_versions(h: RequestHeader, error: ErrorCode = ErrorCode.NONE) -> 
     if version >= 1:
         w.i32(0)   # throttle_time_ms
     return w.frame()
+
+
+# --- SASL (KIP-152: SaslHandshake v1, then the exchange in SaslAuthenticate) -----------------
+
+
+def decode_sasl_handshake(r: Reader) -> str:
+    mechanism = r.string()
+    r.done()
+    return mechanism
+
+
+def encode_sasl_handshake(h: RequestHeader, error: ErrorCode, mechanisms: tuple[str, ...]) -> bytes:
+    w = Writer(h.correlation_id).i16(error).i32(len(mechanisms))
+    for m in mechanisms:
+        w.nullable_string(m)
+    return w.frame()
+
+
+def decode_sasl_authenticate(r: Reader) -> bytes:
+    raw = r.nullable_bytes(r.i32())
+    r.done()
+    return bytes(raw or b"")
+
+
+def encode_sasl_authenticate(h: RequestHeader, error: ErrorCode, message: str | None) -> bytes:
+    """No server bytes (PLAIN has none); v1's session lifetime 0: no re-authentication."""
+    w = Writer(h.correlation_id).i16(error).nullable_string(message).i32(0)
+    if h.api_version >= 1:
+        w.i64(0)
+    return w.frame()
+
+
+def parse_sasl_plain(auth: bytes) -> tuple[str, str]:
+    """(username, password) of a SASL/PLAIN message `authzid NUL authcid NUL passwd` (RFC 4616)."""
+    parts = auth.split(b"\0")
+    if len(parts) != 3 or not parts[1] or not parts[2]:
+        raise ProtocolError("SASL/PLAIN message is not 'authzid NUL username NUL password'")
+    try:
+        return parts[1].decode(), parts[2].decode()
+    except UnicodeDecodeError:
+        raise ProtocolError("SASL/PLAIN username or password is not UTF-8") from None
 
 
 # --- Metadata ------------------------------------------------------------------------------

@@ -32,8 +32,10 @@ class _LibrdkafkaLog:
 
 
 def base_settings(kafka: KafkaConfig) -> dict[str, Any]:
-    """Settings for any confluent-kafka client: bootstrap, timeouts, logging."""
+    """Settings for any confluent-kafka client: bootstrap, timeouts, logging, and the config's
+    extra librdkafka properties (`kafka.properties`: SASL, SSL, ...)."""
     return {
+        **kafka.librdkafka(),
         "bootstrap.servers": kafka.bootstrap_servers,
         "socket.timeout.ms": kafka.request_timeout_ms,
         "logger": _LibrdkafkaLog(),

@@ -3,6 +3,8 @@
 A rule is one line: `allow|deny PRINCIPAL OPERATION literal:TOPIC|prefix:PREFIX`, e.g.
 `allow alice produce prefix:orders.`. `*` as principal means every authenticated principal.
 Deny wins over allow; with security on, a request no allow rule matches is denied.
+Administering tokens and ACLs needs `admin` on the cluster, the resource `CLUSTER_RESOURCE`
+(`literal:__cluster`; `prefix:` covers it too): names starting with `__` are no user topic's.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from typing import Iterable
 from memq.errors import ConfigError
 
 ANY_PRINCIPAL = "*"
+CLUSTER_RESOURCE = "__cluster"
 
 
 class Operation(StrEnum):

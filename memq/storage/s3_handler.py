@@ -70,6 +70,17 @@ def classify(exc: BaseException) -> tuple[str, str] | None:
     return None
 
 
+def s3_session(s3: S3Config) -> boto3.session.Session:
+    """The boto3 session of every S3 client memq creates: keys (and session token) from the
+    config, else its named profile (which may assume a role), else the AWS default chain."""
+    try:
+        return boto3.session.Session(aws_access_key_id=s3.access_key_id, aws_secret_access_key=s3.secret_access_key,
+                                     aws_session_token=s3.session_token, profile_name=s3.profile,
+                                     region_name=s3.region)
+    except bce.ProfileNotFound:
+        raise ConfigError(f"s3.profile = {s3.profile!r}: no such profile in the AWS config files") from None
+
+
 class S3StorageHandler:
     """`StorageHandler` on S3 (AWS, MinIO, moto). Safe to share across tasks and event loops."""
 
@@ -91,10 +102,7 @@ class S3StorageHandler:
                                    s3.retry_budget_s if retry_budget_s is None else retry_budget_s)
         self._metrics = metrics or StorageMetrics(CollectorRegistry())
         self._rng = rng or random.Random()
-        session = boto3.session.Session(aws_access_key_id=s3.access_key_id,
-                                        aws_secret_access_key=s3.secret_access_key,
-                                        region_name=s3.region)
-        self._client = session.client("s3", endpoint_url=s3.endpoint_url, config=botocore.config.Config(
+        self._client = s3_session(s3).client("s3", endpoint_url=s3.endpoint_url, config=botocore.config.Config(
             connect_timeout=s3.connect_timeout_s, read_timeout=s3.read_timeout_s,
             retries={"total_max_attempts": 1, "mode": "standard"},
             max_pool_connections=s3.max_pool_connections))
