@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from memq.errors import CorruptDataError, FormatError, InvalidInputError
+from memq.errors import CorruptDataError, FormatError, InvalidInputError, UnsupportedCodecError
 from memq.format import Codec, LogMessage, decode_batch, decode_message, encode_batch, encode_message, verify_message
 from memq.format.arrow_body import ArrowRecords, body_schema, encode_arrow_body
 from tests.test_format import log_messages, records, rebody, reheader
@@ -94,3 +94,16 @@ def test_truncated_or_flipped_bodies_never_escape_as_other_errors(recs: list[Log
         list(out)
     except FormatError:
         return
+
+
+def test_without_pyarrow_arrow_bodies_fail_naming_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    import memq.format.arrow_body as arrow_body
+
+    def missing(name: str) -> None:
+        raise ImportError(name)
+
+    good = message(records(2))
+    monkeypatch.setattr(arrow_body.importlib, "import_module", missing)
+    for call in (lambda: message(records(2)), lambda: decode_message(good)):
+        with pytest.raises(UnsupportedCodecError, match=r"memq\[arrow\]"):
+            call()

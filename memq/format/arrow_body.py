@@ -5,9 +5,9 @@ instead of building Python objects per record and converting them back to column
 decoding plus that Arrow build were most of a Spark read's CPU; docs/DECISIONS.md). Arrow
 compresses the buffers with LZ4 (frame): reading them back costs ~0.05 s per 1M 100-byte
 records, zstd's ~0.17 s (for ~12% fewer bytes), the read being what such a topic is for.
-Arrow's own threads stay off: a decoder runs in one worker thread by design. The broker still never decodes a body: it checks CRCs and
-lengths, whatever the codec. pyarrow is needed only where such bodies are written or read
-(`pip install memq[arrow]`; Spark brings it).
+Arrow's own threads stay off: a decoder runs in one worker thread by design. The broker
+still never decodes a body: it checks CRCs and lengths, whatever the codec. pyarrow is
+needed only where such bodies are written or read (`pip install memq[arrow]`; Spark brings it).
 """
 
 from __future__ import annotations
