@@ -276,7 +276,7 @@ class ProducerConfig:
 
     brokers: str = ""
     ack: Literal["0", "1", "all"] = "all"
-    codec: Literal["none", "zstd", "gzip"] = "zstd"
+    codec: Literal["none", "zstd", "gzip", "arrow"] = "zstd"   # arrow: Arrow columns, for topics read by Spark
     linger_ms: int = setting(5, ge=0)
     max_message_bytes: int = setting(1 * MiB, ge=1)
     max_in_flight_bytes: int = setting(64 * MiB, ge=1)

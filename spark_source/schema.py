@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from operator import itemgetter
 from typing import Callable, Sequence
 
 import numpy as np
@@ -22,6 +23,7 @@ from pyspark.sql.types import (
 
 from memq.errors import ConfigError
 from memq.format import LogMessage, MessageHeader
+from memq.format.arrow_body import ArrowRecords
 
 SCHEMA = StructType([
     StructField("key", BinaryType()),
@@ -47,9 +49,8 @@ MESSAGE_ID_COLUMNS = ("producerId", "producerEpoch", "sequence", "messageIndex")
 # Spark checks read()'s RecordBatches against exactly this Arrow schema.
 ARROW_SCHEMA: pa.Schema = to_arrow_schema(SCHEMA, timezone="UTC")
 _HEADER_TYPE = ARROW_SCHEMA.field("headers").type
-# A LogMessage as an Arrow struct, fields in its tuple order.
-_LOG_TYPE = pa.struct([("value", pa.binary()), ("key", pa.binary()), ("headers", _HEADER_TYPE),
-                       ("timestamp_ms", pa.int64()), ("message_id", pa.binary())])
+# A LogMessage's fields as Arrow types.
+_LOG_TYPES = {"value": pa.binary(), "key": pa.binary(), "headers": _HEADER_TYPE, "timestamp_ms": pa.int64()}
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +77,26 @@ def projection(schema: StructType) -> pa.Schema:
     return pa.schema([ARROW_SCHEMA.field(f.name) for f in schema.fields])
 
 
+class _LogColumns:
+    """Arrow columns of LogMessage fields, each built on first use: a Codec.ARROW Message gives
+    its stored column as is, any other Message one C pass over the field's values. A query
+    converts only the fields it reads (the headers, lists of tuples, cost as much as the
+    other fields together)."""
+
+    def __init__(self, messages: Sequence[tuple[MessageHeader, Sequence[LogMessage]]]) -> None:
+        self._messages = messages
+        self._built: dict[str, pa.Array] = {}
+
+    def __call__(self, field: str) -> pa.Array:
+        if field not in self._built:
+            typ = _LOG_TYPES[field]
+            get = itemgetter(LogMessage._fields.index(field))
+            chunks = [msgs.batch.column(field).cast(typ) if isinstance(msgs, ArrowRecords)
+                      else pa.array(list(map(get, msgs)), typ) for _, msgs in self._messages]
+            self._built[field] = pa.concat_arrays(chunks) if chunks else pa.array([], typ)
+        return self._built[field]
+
+
 def _signed64(value: int) -> int:
     return value - (1 << 64) if value >= (1 << 63) else value
 
@@ -90,21 +111,19 @@ def to_record_batch(ctx: BatchContext, messages: Sequence[tuple[MessageHeader, S
     Rows outside [start_ms, end_ms) (message timestamp) are dropped, and the rows of Messages
     whose `keep` is False (duplicates); `index` stays the LogMessage's place in the object.
     """
-    logs = [m for _, msgs in messages for m in msgs]
-    n = len(logs)
-    # One C pass converts the LogMessage tuples; its children are the columns (no transpose).
-    value, key, headers, ts_ms, _ = pa.array(logs, _LOG_TYPE).flatten()
+    n = sum(len(msgs) for _, msgs in messages)
+    log_column = _LogColumns(messages)
     counts = np.array([len(msgs) for _, msgs in messages], dtype=np.int32)
     build: dict[str, Callable[[], pa.Array]] = {
-        "key": lambda: key,
-        "value": lambda: value,
+        "key": lambda: log_column("key"),
+        "value": lambda: log_column("value"),
         "topic": lambda: pa.repeat(ctx.topic, n),
         "partition": lambda: pa.nulls(n, pa.int32()) if ctx.partition is None
         else pa.array(np.full(n, ctx.partition, np.int32)),
         "offset": lambda: pa.nulls(n, pa.int64()) if ctx.offset is None else pa.array(np.full(n, ctx.offset, np.int64)),
         "index": lambda: pa.array(np.arange(n, dtype=np.int32)),
-        "timestamp": lambda: pc.multiply(ts_ms, 1000).cast(ARROW_SCHEMA.field("timestamp").type),
-        "headers": lambda: headers,
+        "timestamp": lambda: pc.multiply(log_column("timestamp_ms"), 1000).cast(ARROW_SCHEMA.field("timestamp").type),
+        "headers": lambda: log_column("headers"),
         "bucket": lambda: pa.repeat(ctx.bucket, n),
         "objectKey": lambda: pa.repeat(ctx.key, n),
         "producerId": lambda: pa.array(np.repeat(np.array([_signed64(h.producer_id) for h, _ in messages],
@@ -119,6 +138,7 @@ def to_record_batch(ctx: BatchContext, messages: Sequence[tuple[MessageHeader, S
     batch = pa.RecordBatch.from_arrays(columns, schema=schema)
     mask = None if keep is None or all(keep) else pa.array(np.repeat(np.array(keep, dtype=bool), counts))
     if start_ms is not None or end_ms is not None:
+        ts_ms = log_column("timestamp_ms")
         in_time = pc.and_(pc.greater_equal(ts_ms, start_ms if start_ms is not None else np.iinfo(np.int64).min),
                           pc.less(ts_ms, end_ms if end_ms is not None else np.iinfo(np.int64).max))
         mask = in_time if mask is None else pc.and_(mask, in_time)

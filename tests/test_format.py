@@ -38,9 +38,10 @@ log_messages = st.builds(
     message_id=st.none() | st.binary(max_size=16),
 )
 record_lists = st.lists(log_messages, max_size=20)
-# Codec.KAFKA tags a stored Kafka RecordBatch (tests/test_kafka_records.py), not a msgpack body.
-MSGPACK_CODECS = [c for c in Codec if c is not Codec.KAFKA]
-codecs = st.sampled_from(MSGPACK_CODECS)
+# Codec.KAFKA tags a stored Kafka RecordBatch (tests/test_kafka_records.py), not a LogMessage body;
+# Codec.ARROW bodies are Arrow columns (more cases in tests/test_format_arrow.py).
+BODY_CODECS = [c for c in Codec if c is not Codec.KAFKA]
+codecs = st.sampled_from(BODY_CODECS)
 FAST = settings(max_examples=150, deadline=None,
                 suppress_health_check=[HealthCheck.too_slow])
 
@@ -187,7 +188,7 @@ def test_split_parts_walks_batches_stored_back_to_back():
         split_parts(a + b[:-1])
 
 
-@pytest.mark.parametrize("codec", MSGPACK_CODECS)
+@pytest.mark.parametrize("codec", BODY_CODECS)
 def test_every_truncation_of_a_batch_is_rejected(codec):
     obj, _ = batch(2, codec)
     for n in range(len(obj)):
@@ -197,7 +198,7 @@ def test_every_truncation_of_a_batch_is_rejected(codec):
             list(iter_batch_messages(obj[:n]))
 
 
-@pytest.mark.parametrize("codec", MSGPACK_CODECS)
+@pytest.mark.parametrize("codec", BODY_CODECS)
 def test_every_truncation_of_a_message_is_rejected(codec):
     buf = message(codec=codec)
     for n in range(len(buf)):
@@ -205,7 +206,7 @@ def test_every_truncation_of_a_message_is_rejected(codec):
             decode_message(buf[:n])
 
 
-BATCHES = {codec: batch(2, codec)[0] for codec in MSGPACK_CODECS}
+BATCHES = {codec: batch(2, codec)[0] for codec in BODY_CODECS}
 
 
 @settings(max_examples=1000, deadline=None)
@@ -306,7 +307,7 @@ def test_message_timestamps_out_of_order():
         decode_message_header(reheader(message(), lo=10, hi=5))
 
 
-@pytest.mark.parametrize("codec", MSGPACK_CODECS)
+@pytest.mark.parametrize("codec", BODY_CODECS)
 @pytest.mark.parametrize("delta", [-1, 1])
 def test_declared_raw_length_must_match(codec, delta):
     buf = message(codec=codec)
@@ -400,7 +401,7 @@ def test_encode_rejects_bad_input():
                        sequence=1, compressors=comp)
     with pytest.raises(InvalidInputError, match="out of range"):  # fails after packing
         encode_message(records(), producer_id=-1, epoch=1, sequence=1, compressors=comp)
-    for codec in MSGPACK_CODECS:
+    for codec in BODY_CODECS:
         buf = encode_message(records(), producer_id=1, epoch=1, sequence=1, codec=codec,
                              compressors=comp)
         assert decode_message(buf)[1] == records()

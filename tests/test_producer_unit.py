@@ -243,3 +243,16 @@ async def test_flush_and_close_are_bounded_by_their_timeout() -> None:
 def test_a_delivery_deadline_shorter_than_one_request_is_refused() -> None:
     with pytest.raises(ConfigError, match="delivery_timeout_ms"):
         Producer(ProducerConfig(brokers="http://x", request_timeout_ms=1000, delivery_timeout_ms=999))
+
+
+async def test_arrow_messages_stay_within_max_message_bytes_and_decode() -> None:
+    """Codec "arrow": the worst case for the size estimate (empty values) still seals in time."""
+    broker = FakeBroker([AckCode.OK])
+    limit = 64 * 1024
+    async with producer(broker, codec="arrow", max_message_bytes=limit) as p:
+        sent = await p.send_many("t", [b""] * 20_000, keys=[b"k"] * 20_000)
+        await p.flush()
+    assert sum(d.count for d in await sent) == 20_000
+    messages = [decode_message(decode_request(f).message) for f in broker.frames]
+    assert all(h.codec is Codec.ARROW and h.total_size <= limit for h, _ in messages)
+    assert [r.key for _, recs in messages for r in recs] == [b"k"] * 20_000

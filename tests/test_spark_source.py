@@ -19,6 +19,7 @@ from typing import Iterator
 
 import pytest
 
+from bench._cluster import read_memq
 from bench.spark import store_batches
 from memq.config import MemqConfig
 from memq.devcluster import DevCluster
@@ -278,8 +279,10 @@ def test_clear_errors(spark: SparkSession, config: MemqConfig, big: tuple[str, l
     assert time.monotonic() - t < 60
 
 
-def test_real_producer_and_broker_discovery(spark: SparkSession, config: MemqConfig) -> None:
-    """Messages sent by memq's Producer through a broker; the source finds Kafka and S3 via the broker."""
+@pytest.mark.parametrize("codec", ["zstd", "arrow"])
+def test_real_producer_and_broker_discovery(spark: SparkSession, config: MemqConfig, codec: str) -> None:
+    """Messages sent by memq's Producer through a broker; the source finds Kafka and S3 via the broker.
+    Arrow bodies (a producer option) read the same, in Spark and in a Consumer."""
     from memq.broker.server import Broker
     from memq.client.producer import Producer
     from memq.config import ProducerConfig, TopicConfig
@@ -295,7 +298,7 @@ def test_real_producer_and_broker_discovery(spark: SparkSession, config: MemqCon
     broker = Broker(broker_config)
 
     async def produce(url: str) -> None:
-        producer = Producer(ProducerConfig(brokers=url, ack="all"))
+        producer = Producer(ProducerConfig(brokers=url, ack="all", codec=codec))  # type: ignore[arg-type]
         try:
             for i in range(0, n, 10_000):
                 await (await producer.send_many(topic, values[i:i + 10_000], keys=keys[i:i + 10_000],
@@ -310,6 +313,8 @@ def test_real_producer_and_broker_discovery(spark: SparkSession, config: MemqCon
               .option("s3.accessKeyId", config.s3.access_key_id or "")
               .option("s3.secretAccessKey", config.s3.secret_access_key or "").load())
         rows = df.select("key", "value", "headers", "partition").collect()
+        projected = read_schema(spark, broker_config, topic, "key binary, value binary").collect()
+        consumed = read_memq(broker_config, topic, n) if codec == "arrow" else None
     finally:
         asyncio.run_coroutine_threadsafe(broker.stop(), loop).result(60)
         loop.call_soon_threadsafe(loop.stop)
@@ -317,3 +322,5 @@ def test_real_producer_and_broker_discovery(spark: SparkSession, config: MemqCon
     assert sorted((r.key, r.value) for r in rows) == sorted(zip(keys, values))
     assert all([(h.key, bytes(h.value)) for h in r.headers] == [("source", b"producer")] for r in rows)
     assert {r.partition for r in rows} <= {0, 1}
+    assert sorted((r.key, r.value) for r in projected) == sorted(zip(keys, values))
+    assert consumed is None or (consumed.records, consumed.value_bytes) == (n, sum(map(len, values)))

@@ -19,7 +19,7 @@ import concurrent.futures
 import logging
 import threading
 from collections import deque
-from collections.abc import Callable, Coroutine, Iterable, Iterator
+from collections.abc import Callable, Coroutine, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
@@ -33,7 +33,7 @@ from memq.storage import ObjectLocation, make_storage
 
 T = TypeVar("T")
 
-Decoded = tuple[BatchHeader, list[tuple[MessageHeader, list[LogMessage]]]]
+Decoded = tuple[BatchHeader, list[tuple[MessageHeader, Sequence[LogMessage]]]]
 
 
 @dataclass(frozen=True, slots=True)

@@ -155,7 +155,7 @@ def _message_views(obj: Buffer, header: BatchHeader) -> Iterator[memoryview]:
 
 
 def decode_batch(obj: Buffer, *, compressors: Compressors | None = None
-                 ) -> tuple[BatchHeader, list[tuple[MessageHeader, list[LogMessage]]]]:
+                 ) -> tuple[BatchHeader, list[tuple[MessageHeader, Sequence[LogMessage]]]]:
     """Decode a whole object; every Message must agree with the batch index.
 
     One GC pause for the whole object, not one per Message: the records stay alive, so

@@ -26,6 +26,7 @@ class Codec(IntEnum):
     ZSTD = 1
     GZIP = 2
     KAFKA = 3   # the body is a Kafka RecordBatch v2, compressed inside (memq.format.kafka_records)
+    ARROW = 4   # the body is an Arrow IPC stream of the LogMessages' columns (memq.format.arrow_body)
 
 
 def codec_of(value: int) -> Codec:

@@ -18,6 +18,7 @@ from crc32c import crc32c
 
 from memq.errors import CorruptDataError, InvalidInputError, UnsupportedVersionError
 from memq.format.codec import MAX_BODY_BYTES, Codec, Compressors, codec_of
+from memq.format.arrow_body import ArrowRecords, decode_arrow_body, encode_arrow_body
 from memq.format.kafka_records import KafkaBatchHeader, decode_kafka_records
 from memq.format.records import (LogMessage, check_records, gc_paused, packed_records,
                                  timestamp_range, unpack_records)
@@ -75,11 +76,20 @@ def encode_message(records: Sequence[LogMessage], *, producer_id: int, epoch: in
     """
     if len(records) > _MAX_U32:
         raise InvalidInputError(f"a Message holds at most {_MAX_U32} LogMessages")
+    codec = codec_of(codec)
+    if codec is Codec.ARROW:   # Arrow compresses the buffers inside; `adaptive` does not apply
+        if not shaped:
+            check_records(records)
+        body = encode_arrow_body(records)
+        if len(body) > MAX_BODY_BYTES:
+            raise InvalidInputError(f"Message body of {len(body)} bytes exceeds {MAX_BODY_BYTES}")
+        lo, hi = timestamp_range(records) if timestamps is None else timestamps
+        return _message(headroom, codec, producer_id, epoch, sequence, len(records), lo, hi, created_ms,
+                        body, len(body))
     comp = compressors or Compressors()
     with packed_records(records, comp.packer) as raw:
         if not shaped:
             check_records(records)   # after packing, while the records are still in cache
-        codec = codec_of(codec)
         if adaptive:
             codec, body = comp.compress_if_pays(codec, raw)
         else:
@@ -87,11 +97,16 @@ def encode_message(records: Sequence[LogMessage], *, producer_id: int, epoch: in
         if len(raw) > MAX_BODY_BYTES or len(body) > MAX_BODY_BYTES:
             raise InvalidInputError(f"Message body of {len(raw)} bytes exceeds {MAX_BODY_BYTES}")
         lo, hi = timestamp_range(records) if timestamps is None else timestamps
-        out = bytearray(headroom + MESSAGE_HEADER_SIZE)   # `+= body` below: no zero-fill of 1 MiB
-        _pack_header(out, headroom, codec, producer_id, epoch, sequence, len(records), lo, hi, created_ms,
-                     body, len(raw))
-        out += body
-        return out
+        return _message(headroom, codec, producer_id, epoch, sequence, len(records), lo, hi, created_ms,
+                        body, len(raw))
+
+
+def _message(headroom: int, codec: Codec, producer_id: int, epoch: int, sequence: int, count: int,
+             lo: int, hi: int, created_ms: int | None, body: Buffer, raw_length: int) -> bytearray:
+    out = bytearray(headroom + MESSAGE_HEADER_SIZE)   # `+= body` below: no zero-fill of 1 MiB
+    _pack_header(out, headroom, codec, producer_id, epoch, sequence, count, lo, hi, created_ms, body, raw_length)
+    out += body
+    return out
 
 
 def encode_kafka_message(batch: Buffer, kafka: KafkaBatchHeader, *, producer_id: int, epoch: int,
@@ -174,10 +189,11 @@ def verify_message(buf: Buffer) -> MessageHeader:
 
 
 def decode_message(buf: Buffer, *, compressors: Compressors | None = None
-                   ) -> tuple[MessageHeader, list[LogMessage]]:
+                   ) -> tuple[MessageHeader, Sequence[LogMessage]]:
     """Verify, decompress and unpack a Message into its LogMessages (with the GC paused).
 
-    A Codec.KAFKA Message holds a Kafka RecordBatch v2, decoded by `decode_kafka_records`.
+    A Codec.KAFKA Message holds a Kafka RecordBatch v2, decoded by `decode_kafka_records`; a
+    Codec.ARROW one Arrow columns, kept as such in `ArrowRecords` until its rows are read.
     """
     header = verify_message(buf)
     body = memoryview(buf)[header.header_size:]
@@ -186,6 +202,10 @@ def decode_message(buf: Buffer, *, compressors: Compressors | None = None
         if len(records) != header.count:
             raise CorruptDataError(f"Kafka batch holds {len(records)} records, header says {header.count}")
         return header, records
+    if header.codec is Codec.ARROW:   # stored as Arrow wrote it: raw = body
+        if header.raw_length != header.body_length:
+            raise CorruptDataError(f"Codec.ARROW raw length {header.raw_length}, body length {header.body_length}")
+        return header, ArrowRecords(decode_arrow_body(body, header.count))
     raw = (compressors or Compressors()).decompress(header.codec, body, header.raw_length)
     with gc_paused():
         return header, unpack_records(raw, header.count)
