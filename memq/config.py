@@ -268,6 +268,12 @@ class BrokerConfig:
     # request is max_frame_bytes; it advertises kafka_advertised_host (default: host).
     kafka_port: int = setting(-1, ge=-1, le=65_535)
     kafka_advertised_host: str = ""
+    # A Kafka connection quiet this long while its acks=all Messages wait is a producer waiting
+    # on us (Kafka has no flush to say so): their topics' batches seal now if they hold at least
+    # kafka_idle_seal_bytes (so a trickle still waits for batch_ms: at most one extra object per
+    # that many bytes). 0 ms = off.
+    kafka_idle_seal_ms: int = setting(20, ge=0)
+    kafka_idle_seal_bytes: int = setting(1 * MiB, ge=1)
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import os
 import shutil
 import subprocess
 import threading
@@ -42,9 +43,9 @@ class Running:
     broker: Broker
     loop: asyncio.AbstractEventLoop
 
-    def add_topic(self, partitions: int = 3) -> str:
+    def add_topic(self, partitions: int = 3, batch_ms: int = 50) -> str:
         name = f"kafka-{uuid.uuid4().hex[:8]}"
-        topic = TopicConfig(name=name, read_partitions=partitions, batch_ms=50)
+        topic = TopicConfig(name=name, read_partitions=partitions, batch_ms=batch_ms)
         asyncio.run_coroutine_threadsafe(self.broker.add_topic(topic), self.loop).result(30)
         return name
 
@@ -225,3 +226,19 @@ async def test_the_audit_counts_what_kafka_producers_wrote(devcluster: DevCluste
         assert x is not None and (x.lost, x.duplicates, x.mismatches) == (0, 0, 0)
     finally:
         await service.stop()
+
+
+def test_a_kafka_producer_waiting_on_acks_gets_its_batch_sealed_when_it_is_large(running: Running) -> None:
+    """Kafka has no flush a broker could see: a connection gone quiet with acks=all pending is a
+    producer waiting, so a batch of kafka_idle_seal_bytes (1 MiB) or more seals at once; a small
+    one still waits for batch_ms (no object per request for a trickle)."""
+    topic = running.add_topic(partitions=1, batch_ms=8_000)
+    acked: list[int] = []
+    p = Producer({"bootstrap.servers": running.broker.kafka_address, "acks": "all", "linger.ms": 5,
+                  "message.timeout.ms": 60_000})
+    for i in range(3):                                   # ~1.5 MiB, then the producer waits
+        p.produce(topic, os.urandom(500_000), on_delivery=lambda e, _m: acked.append(0 if e else 1))
+    assert p.flush(6) == 0 and acked == [1, 1, 1], "the large batch waited for batch_ms (8 s)"
+    p.produce(topic, b"small", on_delivery=lambda e, _m: acked.append(0 if e else 1))
+    assert p.flush(2) == 1, "a small batch must wait for batch_ms, not seal on every quiet moment"
+    assert p.flush(30) == 0 and acked == [1, 1, 1, 1]

@@ -196,6 +196,16 @@ class TopicProcessor:
         if self._filling is batch:   # else already sealed (the age timer raced a size seal)
             self._group.seal()
 
+    def seal_if_at_least(self, nbytes: int) -> bool:
+        """Seal the filling batch now if it holds `nbytes` or more (a Kafka producer waiting on its
+        acks: `kafka_api.listener`); counted with the flush seals. True if it did."""
+        batch = self._filling
+        if batch is None or batch.nbytes < nbytes:
+            return False
+        self._m_flush_seals.inc()
+        self._seal(batch)
+        return True
+
     def take(self) -> _Batch | None:
         """The filling batch, sealed, for the group's object being stored (None if empty)."""
         batch = self._filling

@@ -128,6 +128,7 @@ class KafkaConnection:
         self._sequence = itertools.count()
         self._metrics = broker.metrics
         self._throttle_s = 0.0   # owed by the request just handled: read nothing more for this long
+        self._awaiting: set[str] = set()   # topics with acks=all Messages appended since the last idle seal
         self._guard = broker.guard
         # With security on: who this is (a verified client certificate's CN, or SASL below).
         self._principal = subject_cn(writer.get_extra_info("peercert")) if broker.guard.enabled else None
@@ -160,7 +161,7 @@ class KafkaConnection:
         while True:
             limit = self._broker.config.broker.max_frame_bytes if self._authenticated else PRE_AUTH_MAX_FRAME
             try:
-                head = await self._reader.readexactly(4)
+                head = await self._read_head()
             except (asyncio.IncompleteReadError, ConnectionError):
                 return ""
             (size,) = _SIZE.unpack(head)
@@ -186,6 +187,22 @@ class KafkaConnection:
                 self._throttle_s = 0.0
             if self._close_after:
                 return self._close_after
+
+    async def _read_head(self) -> bytes:
+        """The next frame's size. Quiet for `kafka_idle_seal_ms` with acks=all Messages appended,
+        the client is waiting on them: seal their topics' batches (of `kafka_idle_seal_bytes` or
+        more) rather than make it wait for `batch_ms`. A timed-out read consumes nothing."""
+        bc = self._broker.config.broker
+        if self._awaiting and bc.kafka_idle_seal_ms:
+            try:
+                return await asyncio.wait_for(self._reader.readexactly(4), bc.kafka_idle_seal_ms / 1000)
+            except TimeoutError:
+                for topic in self._awaiting:
+                    proc = self._broker.processor(topic)
+                    if proc is not None:
+                        proc.seal_if_at_least(bc.kafka_idle_seal_bytes)
+                self._awaiting.clear()
+        return await self._reader.readexactly(4)
 
     async def _dispatch(self, h: RequestHeader, body: Reader) -> asyncio.Future[bytes] | str | None:
         """The response to come, None for none (acks=0), or why the connection must close."""
@@ -372,6 +389,8 @@ class KafkaConnection:
                 ack = Ack(request_id, True)
             if ack is not None:
                 reply(ack)
+            elif level is AckLevel.ALL:
+                self._awaiting.add(topic)
             futures.append(fut)
         return futures
 
