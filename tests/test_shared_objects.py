@@ -131,23 +131,31 @@ def test_topics_with_their_own_group_never_share(written: Written) -> None:
         assert key not in shared and (parsed.group, parsed.topic) == ((group, "") if group else ("", t))
 
 
-def test_spark_reads_each_topics_part_exactly(written: Written) -> None:
+@pytest.fixture(scope="module")
+def spark() -> Iterator[Any]:
     pytest.importorskip("pyspark")
     from spark_source import local_session
+
+    session = local_session("memq-shared-tests", "local[2]", {"spark.sql.shuffle.partitions": "2"})
+    yield session
+    session.stop()
+
+
+def spark_values(spark: Any, config: MemqConfig, topic: str, **options: str) -> list[bytes]:
     from tests.test_spark_source import connection
 
-    spark = local_session("memq-shared-tests", "local[2]", {"spark.sql.shuffle.partitions": "2"})
-    try:
-        for t in SHARED:
-            df = spark.read.format("memq").options(**connection(written.config)).option("topic", t).load()
-            assert sorted(bytes(r.value) for r in df.select("value").collect()) == sorted(written.values[t])
-    finally:
-        spark.stop()
+    df = spark.read.format("memq").options(**connection(config)).option("topic", topic).options(**options).load()
+    return sorted(bytes(r.value) for r in df.select("value").collect())
 
 
-def test_a_damaged_part_fails_only_its_own_topics_reads(written: Written) -> None:
-    """Bytes inside b's part are overwritten in S3: b's reads raise (or skip, when told);
-    a's and c's parts of the same object read as before."""
+def test_spark_reads_each_topics_part_exactly(written: Written, spark: Any) -> None:
+    for t in SHARED:
+        assert spark_values(spark, written.config, t) == sorted(written.values[t])
+
+
+def test_a_damaged_part_fails_only_its_own_topics_reads(written: Written, spark: Any) -> None:
+    """Bytes inside b's part are overwritten in S3: b's reads raise (or skip, when told), by the
+    Consumer and by Spark; a's and c's parts of the same object read as before."""
     cfg = written.config
     loc = next(r.location for r in consume(cfg, "b", 1))
     s3 = boto3.client("s3", endpoint_url=cfg.s3.endpoint_url, region_name=cfg.s3.region,
@@ -165,6 +173,10 @@ def test_a_damaged_part_fails_only_its_own_topics_reads(written: Written) -> Non
     assert consume(cfg, "b", 1, wait_s=5, on_data_loss="skip") == []
     for t in ("a", "c"):
         assert sorted(bytes(r.value) for r in consume(cfg, t, counts[t])) == sorted(written.values[t])
+    with pytest.raises(Exception, match="CRC32C"):           # Spark wraps the task's DataLossError
+        spark_values(spark, cfg, "b")
+    assert spark_values(spark, cfg, "b", failOnDataLoss="false") == []
+    assert spark_values(spark, cfg, "a") == sorted(written.values["a"])
 
 
 async def test_retention_deletes_a_shared_object_only_when_every_part_expired(
