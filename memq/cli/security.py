@@ -80,22 +80,23 @@ def target(ctx: click.Context) -> Iterator[Target]:
             yield Target(SecurityStore(registry).lists(), LIVE_NOTE, config.security.acls)
     else:
         path = _config_path(ctx)
-
-        def edit(key: str, change: Change) -> tuple[list[str], list[str]]:
-            old = _security_list(path, key)
-            new = change(old)
-            if new != old:
-                edit_security_list(path, key, lambda _: new)
-            return old, new
-        yield Target(SecurityLists(edit, f"config file {path}"), RESTART_NOTE)
+        yield Target(SecurityLists(lambda key, change: edit_security_list(path, key, change),
+                                   f"config file {path}"), RESTART_NOTE)
 
 
-def edit_security_list(path: Path, key: str, change: Change) -> list[str]:
+def edit_security_list(path: Path, key: str, change: Change) -> tuple[list[str], list[str]]:
     """Replace `[security] key` of the TOML file at `path` by `change(old)`, keeping the rest of
-    the file as it is; the file is replaced atomically and only if it still loads."""
-    doc = _document(path)
+    the file as it is; the file is replaced atomically and only if it still loads (and not at
+    all when nothing changes). Returns (old, new)."""
+    try:
+        doc = tomlkit.parse(path.read_text()) if path.exists() else tomlkit.document()
+    except (OSError, tomlkit.exceptions.ParseError) as e:
+        raise ConfigError(f"config file {path}: {e}") from None
     section = doc.setdefault("security", tomlkit.table())
-    new = change([str(v) for v in section.get(key, [])])
+    old = [str(v) for v in section.get(key, [])]
+    new = change(old)
+    if new == old:
+        return old, new
     array = tomlkit.array()
     array.extend(new)
     section[key] = array.multiline(True)
@@ -108,21 +109,7 @@ def edit_security_list(path: Path, key: str, change: Change) -> list[str]:
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
-    return new
-
-
-def _document(path: Path) -> tomlkit.TOMLDocument:
-    try:
-        return tomlkit.parse(path.read_text()) if path.exists() else tomlkit.document()
-    except (OSError, tomlkit.exceptions.ParseError) as e:
-        raise ConfigError(f"config file {path}: {e}") from None
-
-
-def _security_list(path: Path, key: str) -> list[str]:
-    """`[security] key` of the file at `path` as it is written ([] when absent)."""
-    section = _document(path).get("security", {})
-    values = section.get(key, []) if isinstance(section, dict) else []
-    return [str(v) for v in values]
+    return old, new
 
 
 @click.group()
