@@ -30,6 +30,7 @@ from pyspark import TaskContext
 from pyspark.sql.datasource import DataSourceArrowWriter, DataSourceStreamArrowWriter, WriterCommitMessage
 from pyspark.sql.types import StructType
 
+from memq.client.cluster import resolve_topic
 from memq.client.producer import Producer
 from memq.config import MemqConfig, ProducerConfig, load_config
 from memq.errors import ConfigError, InvalidInputError
@@ -59,7 +60,8 @@ class Written(WriterCommitMessage):
 
 def parse_sink_options(options: Mapping[str, str], schema: StructType, overwrite: bool = False) -> SinkOptions:
     """Broker URLs from `memq.broker` or the config file (`memq.config`, else $MEMQ_CONFIG);
-    `acks` 0/1/all; the columns checked here, on the driver, before any task runs."""
+    `acks` 0/1/all; the columns and the topic (known to the brokers) checked here, on the driver,
+    before any task runs."""
     if overwrite:
         raise ConfigError("memq sink: a topic is append-only; use mode('append')")
     names = {f.name for f in schema.fields}
@@ -81,6 +83,9 @@ def parse_sink_options(options: Mapping[str, str], schema: StructType, overwrite
         raise ConfigError(f"memq sink: option acks {options.get('acks')!r} is not 0, 1 or all")
     producer = dataclasses.replace(config.producer, brokers=str(brokers), ack=acks,   # type: ignore[arg-type]
                                    linger_ms=NO_LINGER_MS)
+    if topic:   # fail on the driver, at once: a task's Producer would retry an unknown topic until max_block_ms
+        resolve_topic(dataclasses.replace(config, producer=producer), topic, brokers=str(brokers),
+                      timeout_s=producer.request_timeout_ms / 1000)
     return SinkOptions(producer, topic or None)
 
 
