@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import dataclasses
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -48,9 +49,10 @@ def _values(size: int, n: int) -> list[bytes]:
     return [pool[i % 1024] for i in range(n)]
 
 
-async def _memq(url: str, topic: str, values: list[bytes], audit: AuditEmitter | None = None) -> float:
-    """Seconds to send every value and get every ack=all."""
-    cfg = ProducerConfig(brokers=url, ack="all", linger_ms=5, max_in_flight_bytes=128 * MiB)
+async def memq_send_s(pc: ProducerConfig, topic: str, values: list[bytes],
+                      audit: AuditEmitter | None = None) -> float:
+    """Seconds to send every value and get every ack=all, with `pc`'s brokers and credentials."""
+    cfg = dataclasses.replace(pc, ack="all", linger_ms=5, max_in_flight_bytes=128 * MiB)
     async with Producer(cfg, audit=audit) as producer:
         t0 = time.perf_counter()
         futures = [await producer.send_many(topic, values[i:i + CHUNK]) for i in range(0, len(values), CHUNK)]
@@ -111,9 +113,10 @@ def run(quick: bool) -> dict:
     with bench_cluster(topics) as bc:
         dc, config, broker = bc.dc, bc.config, bc.broker
         print(f"broker at {broker.url}; S3 {dc.s3_endpoint}; Kafka {dc.kafka_bootstrap}", flush=True)
+        pc = ProducerConfig(brokers=broker.url)
         small = _values(SMALL, n_small)
-        asyncio.run(_memq(broker.url, "bench-small", small[:20_000]))       # warm up connections
-        memq_rate = n_small / asyncio.run(_memq(broker.url, "bench-small", small))
+        asyncio.run(memq_send_s(pc, "bench-small", small[:20_000]))       # warm up connections
+        memq_rate = n_small / asyncio.run(memq_send_s(pc, "bench-small", small))
         print(f"memq  ack=all {SMALL} B: {memq_rate:,.0f} msg/s", flush=True)
         # Audit on vs off: interleaved pairs, best of each, so drift on a shared machine cancels.
         sink = AuditEmitter(config.kafka, config.audit, config.cluster.name, client_id="bench")
@@ -121,8 +124,8 @@ def run(quick: bool) -> dict:
             audited_rate, off_rate = 0.0, memq_rate
             for _ in range(2):
                 audited_rate = max(audited_rate, n_small / asyncio.run(
-                    _memq(broker.url, "bench-small", small, audit=sink)))
-                off_rate = max(off_rate, n_small / asyncio.run(_memq(broker.url, "bench-small", small)))
+                    memq_send_s(pc, "bench-small", small, audit=sink)))
+                off_rate = max(off_rate, n_small / asyncio.run(memq_send_s(pc, "bench-small", small)))
         finally:
             sink.close()
         print(f"memq  ack=all {SMALL} B, audit on: {audited_rate:,.0f} msg/s vs off {off_rate:,.0f} "
@@ -137,7 +140,7 @@ def run(quick: bool) -> dict:
 
         large = [os.urandom(LARGE) for _ in range(large_bytes // LARGE)]
         cpu0 = _cpu_s(broker.pid)
-        memq_large_s = asyncio.run(_memq(broker.url, "bench-large", large))
+        memq_large_s = asyncio.run(memq_send_s(pc, "bench-large", large))
         cpu_per_gib = (_cpu_s(broker.pid) - cpu0) / (large_bytes / GiB)
         memq_mbps = large_bytes / MiB / memq_large_s
         print(f"memq  ack=all 64 KiB: {memq_mbps:,.1f} MB/s; broker {cpu_per_gib:.2f} CPU-s per GiB", flush=True)

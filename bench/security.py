@@ -11,33 +11,16 @@ Ratios secured/plaintext (1.0 = free; higher is better).
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import os
 import tempfile
-import time
 from pathlib import Path
 
-from bench.produce import BATCH_BYTES, CHUNK, LARGE, MiB, RING_SLOTS, SMALL, _values
-from memq.client.producer import Producer
-from memq.config import ProducerConfig, TopicConfig
+from bench.produce import BATCH_BYTES, LARGE, MiB, RING_SLOTS, SMALL, _values, memq_send_s
+from memq.config import TopicConfig
 from memq.devcluster import DevCluster, GovernedCluster
 from memq.devcluster.secure import make_dev_security
 
 ROUNDS = 3
-
-
-async def _send_s(pc: ProducerConfig, topic: str, values: list[bytes]) -> float:
-    """Seconds to send every value and get every ack=all, with `pc`'s brokers and credentials."""
-    cfg = dataclasses.replace(pc, ack="all", linger_ms=5, max_in_flight_bytes=128 * MiB)
-    async with Producer(cfg) as producer:
-        t0 = time.perf_counter()
-        futures = [await producer.send_many(topic, values[i:i + CHUNK]) for i in range(0, len(values), CHUNK)]
-        await producer.flush()
-        results = await asyncio.gather(*futures)
-        elapsed = time.perf_counter() - t0
-    acked = sum(d.count for r in results for d in r)
-    assert acked == len(values), f"{acked} of {len(values)} acked"
-    return elapsed
 
 
 def run(quick: bool) -> dict:
@@ -57,12 +40,12 @@ def run(quick: bool) -> dict:
         small = _values(SMALL, n_small)
         large = [os.urandom(LARGE) for _ in range(large_bytes // LARGE)]
         for pc in sides.values():                                  # warm up connections and TLS sessions
-            asyncio.run(_send_s(pc, "sec-small", small[:20_000]))
+            asyncio.run(memq_send_s(pc, "sec-small", small[:20_000]))
         best: dict[tuple[str, str], float] = {}
         for _ in range(ROUNDS):
             for name, pc in sides.items():
-                rate = n_small / asyncio.run(_send_s(pc, "sec-small", small))
-                mbps = large_bytes / MiB / asyncio.run(_send_s(pc, "sec-large", large))
+                rate = n_small / asyncio.run(memq_send_s(pc, "sec-small", small))
+                mbps = large_bytes / MiB / asyncio.run(memq_send_s(pc, "sec-large", large))
                 best[name, "small"] = max(best.get((name, "small"), 0.0), rate)
                 best[name, "large"] = max(best.get((name, "large"), 0.0), mbps)
                 print(f"{name:>9}: {SMALL} B {rate:,.0f} msg/s, 64 KiB {mbps:,.1f} MB/s", flush=True)
