@@ -229,3 +229,43 @@ def test_cli_drain_status_undrain(registries, zk: ZooKeeperConfig) -> None:
         assert out.exit_code != 0 and "batch_ms" in (out.output + str(out.exception))
     finally:
         gov.stop()
+
+
+def test_registry_reads_each_znode_once_per_change(registries) -> None:
+    """Cycles read the whole registry; only what a watch reported changed is read again, and
+    changes by another process and by this one are seen."""
+    r, other = registries(), registries()
+    for i in range(30):
+        r.create_topic(TopicConfig(f"t{i}"))
+    r.write_assignments({f"t{i}": ("b1",) for i in range(30)})
+    r.register_broker(broker(1))
+    events: list[object] = []
+    first = r.snapshot(watch=events.append)
+    assert len(first.topics) == 30 and first.assignments["t7"] == ("b1",)
+    loads = r.cache.loads
+    assert r.snapshot() == first
+    assert r.cache.loads == loads                           # nothing changed: nothing read
+
+    other.alter_topic(TopicConfig("t3", expected_mbps=42))  # another process: by watch
+    wait_for(lambda: r.snapshot().topics["t3"].expected_mbps == 42, timeout_s=10, what="altered topic seen")
+    assert events, "the subscriber was not told"
+    assert r.cache.loads - loads <= 2                      # the changed znode (a racing read at most twice)
+
+    r.write_assignments({"t4": ("b2",), "t5": None})         # this process: seen at once, no wait
+    state = r.snapshot()
+    assert state.assignments["t4"] == ("b2",) and "t5" not in state.assignments
+    other.delete_topic("t6")
+    wait_for(lambda: "t6" not in r.topics(), timeout_s=10, what="deleted topic gone")
+    other.set_drain("b1")
+    wait_for(lambda: r.brokers()["b1"].draining, timeout_s=10, what="drain flag seen")
+
+
+def test_registry_cache_is_read_again_after_session_loss(registries, zk: ZooKeeperConfig) -> None:
+    r, other = registries(), registries()
+    r.create_topic(TopicConfig("a"))
+    assert set(r.topics()) == {"a"}
+    r.client.stop()                  # watches go with the connection: nothing cached may outlive it
+    assert len(r.cache) == 0
+    other.create_topic(TopicConfig("b"))
+    r.client.start(timeout=zk.connect_timeout_s)
+    assert set(r.topics()) == {"a", "b"}

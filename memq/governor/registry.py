@@ -10,6 +10,11 @@ Layout under `<zookeeper.root>/<cluster>`:
 
 Every call has a timeout (`ZooKeeperConfig.connect_timeout_s`) and kazoo failures become
 `CoordinationError`s naming the path, so callers never hang on a lost connection.
+
+Brokers, topics, assignments and drain flags are read through a `ZnodeCache`: each znode is
+read (and parsed) once per change its watch reports, not on every cycle, and this registry's
+own writes are visible to its next read at once. A `watch` passed to a read subscribes to
+every change of what the cache holds (cycles re-read everything through the cache anyway).
 """
 
 from __future__ import annotations
@@ -19,21 +24,23 @@ import json
 import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import (BadVersionError, KazooException, NodeExistsError,
                               NoNodeError, RolledBackError)
-from kazoo.protocol.states import KazooState, WatchedEvent
+from kazoo.protocol.states import EventType, KazooState, WatchedEvent
 
 from memq.config import TopicConfig, ZooKeeperConfig, build
 from memq.errors import ConfigError, CoordinationError, LeadershipLostError, UnknownTopicError
 
 from .assignment import BrokerInfo
+from .znode_cache import ZnodeCache
 
 log = logging.getLogger(__name__)
 
 Watch = Callable[[WatchedEvent], None]
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -78,6 +85,9 @@ class Registry:
         self.client = KazooClient(hosts=zk.hosts, timeout=zk.session_timeout_s,
                                   connection_retry={"max_tries": -1, "max_delay": 1.0},
                                   command_retry={"max_tries": 3, "max_delay": 1.0})
+        self.cache = ZnodeCache()
+        self._subscribers: set[Watch] = set()
+        self.client.add_listener(self._on_state)
 
     # --- paths ---------------------------------------------------------------------------
     @property
@@ -147,15 +157,53 @@ class Registry:
         except KazooException as e:
             raise CoordinationError(f"ZooKeeper {what}: {type(e).__name__} {e}") from None
 
-    def _children(self, path: str, watch: Watch | None) -> list[str]:
-        return sorted(self._wait(self.client.get_children_async(path, watch=watch), path))
+    def _children(self, path: str) -> list[str]:
+        """Children of `path`, read now (uncached: for a write that must see the latest)."""
+        return sorted(self._wait(self.client.get_children_async(path), path))
 
-    def _get(self, path: str, watch: Watch | None = None) -> bytes | None:
+    def _get(self, path: str) -> bytes | None:
         try:
-            data, _ = self._wait(self.client.get_async(path, watch=watch), path)
+            data, _ = self._wait(self.client.get_async(path), path)
         except NoNodeError:
             return None
         return bytes(data or b"")
+
+    # --- cached reads ----------------------------------------------------------------------
+    def _subscribe(self, watch: Watch | None) -> None:
+        if watch is not None:
+            self._subscribers.add(watch)
+
+    def _cached_children(self, path: str) -> list[str]:
+        return list(self.cache.get(("children", path), lambda: tuple(sorted(
+            self._wait(self.client.get_children_async(path, watch=self._on_event), path)))))
+
+    def _cached_data(self, path: str, decode: Callable[[bytes], T]) -> T | None:
+        """The decoded znode, None if it does not exist (not cached: a missing znode has no watch)."""
+        def load() -> T:
+            data, _ = self._wait(self.client.get_async(path, watch=self._on_event), path)
+            return decode(bytes(data or b""))
+        try:
+            return self.cache.get(("data", path), load)
+        except NoNodeError:
+            return None
+
+    def _on_event(self, event: WatchedEvent) -> None:
+        """kazoo's watch callback: forget what changed, then tell the subscribers."""
+        if event.type in (EventType.CHILD, EventType.DELETED):
+            self.cache.invalidate(("children", event.path))
+        if event.type != EventType.CHILD:
+            self.cache.invalidate(("data", event.path))
+        for watch in list(self._subscribers):
+            watch(event)
+
+    def _on_state(self, state: KazooState) -> None:
+        if state != KazooState.CONNECTED:
+            self.cache.clear()   # watches may not survive: read everything again once back
+
+    def _wrote(self, path: str) -> None:
+        """After a write of ours: our next read must see it, before its watch event arrives."""
+        self.cache.invalidate(("data", path))
+        self.cache.invalidate(("children", path.rsplit("/", 1)[0]))
 
     # --- brokers -------------------------------------------------------------------------
     @staticmethod
@@ -171,6 +219,7 @@ class Registry:
         path = f"{self.brokers_path}/{info.id}"
         try:
             self._wait(self.client.set_async(path, self._broker_json(info, unhealthy)), path)
+            self._wrote(path)
         except NoNodeError:
             raise CoordinationError(f"{path}: broker {info.id} is not registered") from None
 
@@ -193,6 +242,8 @@ class Registry:
             self._wait(self.client.create_async(path, data, ephemeral=True), path)
         except NodeExistsError:
             raise CoordinationError(f"{path}: another process registered broker {info.id}") from None
+        finally:
+            self._wrote(path)
         return True
 
     def brokers(self, watch: Watch | None = None) -> dict[str, BrokerInfo]:
@@ -201,15 +252,15 @@ class Registry:
 
     def _brokers(self, watch: Watch | None) -> tuple[dict[str, BrokerInfo], dict[str, str]]:
         """Live brokers, and why those reporting unhealthy are."""
-        drains = set(self._children(self.drain_path, watch))
+        self._subscribe(watch)
+        drains = set(self._cached_children(self.drain_path))
         out: dict[str, BrokerInfo] = {}
         unhealthy: dict[str, str] = {}
-        for bid in self._children(self.brokers_path, watch):
-            data = self._get(f"{self.brokers_path}/{bid}", watch)   # watched: health changes
-            if data is None:
-                continue  # went away between list and read
+        for bid in self._cached_children(self.brokers_path):
             try:
-                d = json.loads(data)
+                d = self._cached_data(f"{self.brokers_path}/{bid}", json.loads)   # watched: health changes
+                if d is None:
+                    continue  # went away between list and read
                 out[bid] = BrokerInfo(bid, d["url"], d.get("rack", ""), float(d["capacity_mbps"]),
                                       draining=bid in drains, max_frame_bytes=int(d.get("max_frame_bytes", 0)),
                                       kafka_address=str(d.get("kafka_address", "")))
@@ -230,9 +281,10 @@ class Registry:
                 self._wait(self.client.delete_async(path), path)
         except (NodeExistsError, NoNodeError):
             pass
+        self._wrote(path)
 
     def drains(self) -> set[str]:
-        return set(self._children(self.drain_path, None))
+        return set(self._cached_children(self.drain_path))
 
     # --- topics --------------------------------------------------------------------------
     def create_topic(self, cfg: TopicConfig) -> None:
@@ -241,6 +293,7 @@ class Registry:
             self._wait(self.client.create_async(path, topic_to_json(cfg)), path)
         except NodeExistsError:
             raise CoordinationError(f"topic {cfg.name} already exists") from None
+        self._wrote(path)
 
     def alter_topic(self, cfg: TopicConfig) -> None:
         path = f"{self.topics_path}/{cfg.name}"
@@ -248,6 +301,7 @@ class Registry:
             self._wait(self.client.set_async(path, topic_to_json(cfg)), path)
         except NoNodeError:
             raise UnknownTopicError(f"topic {cfg.name} does not exist") from None
+        self._wrote(path)
 
     def delete_topic(self, name: str) -> None:
         """Delete the topic; the governor then drops its assignment and brokers stop it."""
@@ -256,6 +310,7 @@ class Registry:
             self._wait(self.client.delete_async(path), path)
         except NoNodeError:
             raise UnknownTopicError(f"topic {name} does not exist") from None
+        self._wrote(path)
 
     def topic(self, name: str) -> TopicConfig:
         path = f"{self.topics_path}/{name}"
@@ -265,30 +320,32 @@ class Registry:
         return topic_from_json(data, path)
 
     def topics(self, watch: Watch | None = None) -> dict[str, TopicConfig]:
+        self._subscribe(watch)
         out: dict[str, TopicConfig] = {}
-        for name in self._children(self.topics_path, watch):
+        for name in self._cached_children(self.topics_path):
             path = f"{self.topics_path}/{name}"
-            data = self._get(path, watch)
-            if data is None:
-                continue
             try:
-                out[name] = topic_from_json(data, path)
+                cfg = self._cached_data(path, lambda data, where=path: topic_from_json(data, where))
             except CoordinationError as e:
                 log.error("ignoring %s", e)
+                continue
+            if cfg is not None:
+                out[name] = cfg
         return out
 
     # --- assignments ---------------------------------------------------------------------
     def assignments(self, watch: Watch | None = None) -> dict[str, tuple[str, ...]]:
+        self._subscribe(watch)
         out: dict[str, tuple[str, ...]] = {}
-        for name in self._children(self.assignments_path, watch):
+        for name in self._cached_children(self.assignments_path):
             path = f"{self.assignments_path}/{name}"
-            data = self._get(path, watch)
-            if data is None:
-                continue
             try:
-                out[name] = tuple(str(b) for b in json.loads(data)["brokers"])
+                brokers = self._cached_data(path, lambda data: tuple(str(b) for b in json.loads(data)["brokers"]))
             except (ValueError, KeyError, TypeError) as e:
                 log.error("ignoring assignment %s: %s", path, e)
+                continue
+            if brokers is not None:
+                out[name] = brokers
         return out
 
     def write_assignments(self, changes: dict[str, tuple[str, ...] | None], *,
@@ -300,7 +357,7 @@ class Registry:
         """
         if not changes:
             return
-        existing = set(self._children(self.assignments_path, None))
+        existing = set(self._children(self.assignments_path))
         tx = self.client.transaction()
         if fence is not None:
             tx.check(fence, 0)  # lock znodes are created once and never written: version 0
@@ -313,7 +370,11 @@ class Registry:
                 tx.set_data(path, json.dumps({"brokers": list(brokers)}).encode())
             else:
                 tx.create(path, json.dumps({"brokers": list(brokers)}).encode())
-        results = self._wait(tx.commit_async(), self.assignments_path)
+        try:
+            results = self._wait(tx.commit_async(), self.assignments_path)
+        finally:
+            for topic in changes:
+                self._wrote(f"{self.assignments_path}/{topic}")
         failed = [r for r in results if isinstance(r, Exception)]
         if fence is not None and isinstance(results[0], NoNodeError):
             raise LeadershipLostError(f"{fence} is gone: this governor lost its election")
