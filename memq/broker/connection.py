@@ -19,6 +19,7 @@ from collections import deque
 from typing import TYPE_CHECKING
 
 from aiohttp import WebSocketError, WSCloseCode, WSMsgType, web
+from prometheus_client import Histogram
 
 from memq.errors import FormatError, ProtocolError
 from memq.format import verify_message
@@ -47,7 +48,7 @@ class ProduceConnection:
         self._pending: deque[tuple[Ack, str, float]] = deque()
         self._wakeup = asyncio.Event()
         self._closed = False
-        self._ack_stage = broker.metrics.stage_seconds
+        self._ack_stages: dict[str, Histogram] = {}   # topic -> its "ack" stage (labels() costs a lock per call)
 
     async def run(self) -> None:
         writer = asyncio.create_task(self._write_acks(), name="ack-writer")
@@ -160,6 +161,12 @@ class ProduceConnection:
         asyncio.get_running_loop().create_task(
             self._ws.close(code=WSCloseCode.TRY_AGAIN_LATER, message=why[:120].encode()))
 
+    def _ack_stage(self, topic: str) -> Histogram:
+        child = self._ack_stages.get(topic)
+        if child is None:
+            child = self._ack_stages[topic] = self._metrics.stage_seconds.labels(topic, "ack")
+        return child
+
     async def _write_acks(self) -> None:
         while True:
             await self._wakeup.wait()
@@ -177,6 +184,6 @@ class ProduceConnection:
                     return   # the peer went away; nothing left to tell it
                 now = time.monotonic()
                 for _, topic, t in items:
-                    self._ack_stage.labels(topic, "ack").observe(now - t)
+                    self._ack_stage(topic).observe(now - t)
             if self._closed:
                 return

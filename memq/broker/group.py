@@ -104,7 +104,7 @@ class GroupWriter:
                 return
             put_s = time.monotonic() - t0
             self._m_objects.inc()
-            await asyncio.gather(*(p.announce(b, loc, part, created_ms, put_s, self.group)
+            await asyncio.gather(*(p.announce(b, loc, part, created_ms, put_s)
                                    for (p, b), part in zip(parts, layout(encoded))))
         finally:
             for p, b in parts:

@@ -95,6 +95,8 @@ class TopicProcessor:
         self._m_notification_bytes = metrics.notification_bytes.labels(name)
         self._m_unannounced = metrics.unannounced_batches.labels(name)
         self._m_duplicates = metrics.duplicate_messages.labels(name)
+        self._m_ok = metrics.batches.labels(name, "ok")
+        self._m_group_bytes = metrics.group_bytes.labels(self._group.group, name)
         self._metrics = metrics
 
     @property
@@ -236,12 +238,12 @@ class TopicProcessor:
         self._slots.release()
 
     async def announce(self, batch: _Batch, loc: ObjectLocation, part: Part, created_ms: int,
-                       put_s: float, group: str) -> None:
+                       put_s: float) -> None:
         """The batch is stored as `part` of `loc`: publish its notification, then ack its Messages."""
         topic = self.config.name
         self._m_stage["upload"].observe(put_s)
         self._m_batch_bytes.observe(part.size)
-        self._metrics.group_bytes.labels(group, topic).inc(part.size)
+        self._m_group_bytes.inc(part.size)
         note = Notification(
             v=NOTIFICATION_VERSION, topic=topic, bucket=loc.bucket, key=loc.key, size=part.size,
             header_size=part.header_size, message_count=len(batch.headers), logmessage_count=batch.logcount,
@@ -257,7 +259,7 @@ class TopicProcessor:
             self._unannounced(loc)
             return
         self._m_stage["notify"].observe(time.monotonic() - t0)
-        self._metrics.batches.labels(topic, "ok").inc()
+        self._m_ok.inc()
         self._m_notification_bytes.inc(len(note.to_bytes()))
         outcome = [Ack(0, True, AckCode.OK, "", loc.bucket, loc.key, i, partition, offset)
                    for i in range(len(batch.headers))]

@@ -20,6 +20,7 @@ every change of what the cache holds (cycles re-read everything through the cach
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
 from collections.abc import Callable, Iterable
@@ -325,7 +326,7 @@ class Registry:
         for name in self._cached_children(self.topics_path):
             path = f"{self.topics_path}/{name}"
             try:
-                cfg = self._cached_data(path, lambda data, where=path: topic_from_json(data, where))
+                cfg = self._cached_data(path, functools.partial(topic_from_json, where=path))
             except CoordinationError as e:
                 log.error("ignoring %s", e)
                 continue
