@@ -16,6 +16,7 @@ from typing import Any
 from memq.errors import CorruptDataError, UnsupportedVersionError
 
 NOTIFICATION_VERSION = 2
+_ENCODER = json.JSONEncoder(separators=(",", ":"))
 
 
 @dataclass(frozen=True)
@@ -38,8 +39,8 @@ class Notification:
 
     def to_bytes(self) -> bytes:
         # vars(), not dataclasses.asdict(): the fields are flat, and asdict's deep copy was
-        # a third of the publisher's time.
-        return json.dumps(vars(self), separators=(",", ":")).encode()
+        # a third of the publisher's time; one encoder, not json.dumps' new one per call.
+        return _ENCODER.encode(vars(self)).encode()
 
     @classmethod
     def from_bytes(cls, data: bytes | bytearray | memoryview) -> Notification:
