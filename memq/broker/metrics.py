@@ -25,10 +25,10 @@ class BrokerMetrics:
         r = self.registry
         self.stage_seconds = Histogram("memq_broker_stage_seconds", "Time spent per produce stage",
                                        ["topic", "stage"], buckets=_BUCKETS, registry=r)
-        self.messages = Counter("memq_broker_messages", "Messages accepted into a batch", ["topic"], registry=r)
-        self.logmessages = Counter("memq_broker_logmessages", "LogMessages accepted into a batch",
+        self.messages = Counter("memq_broker_messages", "Messages accepted into a batch (counted as the batch seals)", ["topic"], registry=r)
+        self.logmessages = Counter("memq_broker_logmessages", "LogMessages accepted into a batch (counted as the batch seals)",
                                    ["topic"], registry=r)
-        self.bytes = Counter("memq_broker_message_bytes", "Message bytes accepted into a batch", ["topic"],
+        self.bytes = Counter("memq_broker_message_bytes", "Message bytes accepted into a batch (counted as the batch seals)", ["topic"],
                              registry=r)
         self.batches = Counter("memq_broker_batches", "Batches finished, by result (ok, STORAGE, NOTIFY)",
                                ["topic", "result"], registry=r)

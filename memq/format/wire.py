@@ -154,6 +154,10 @@ def peek_request_id(frame: bytes | memoryview) -> int:
     return layout.unpack_from(frame)[-2]
 
 
+_ACK_LEVELS = tuple(AckLevel)                           # by value: the enum call costs ~1 us a request
+_FLAGS = {int(f): f for f in (RequestFlag.NONE, RequestFlag.SEAL)}   # every value decode_request lets through
+
+
 def decode_request(frame: bytes | memoryview) -> ProduceRequest:
     """Parse one client frame (version 1 or 2); raises ProtocolError naming what is wrong."""
     n = len(frame)
@@ -183,7 +187,7 @@ def decode_request(frame: bytes | memoryview) -> ProduceRequest:
         topic = bytes(view[size:end]).decode()
     except UnicodeDecodeError:
         raise ProtocolError(f"request {request_id}: topic is not UTF-8") from None
-    return ProduceRequest(request_id, AckLevel(ack), topic, view[end:], RequestFlag(flags))
+    return ProduceRequest(request_id, _ACK_LEVELS[ack], topic, view[end:], _FLAGS[flags])
 
 
 def _ack_to_map(a: Ack) -> dict[str, Any]:
