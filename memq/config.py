@@ -230,6 +230,17 @@ class TopicConfig:
             raise ConfigError(f"{where}: min_batch_bytes {self.min_batch_bytes} needs max_batch_ms > batch_ms "
                               f"{self.batch_ms}: how long a small batch may keep filling")
 
+    def check_byte_retention(self) -> None:
+        """ConfigError if `retention_bytes` is set on a topic of a shared storage group: the janitor
+        counts a topic's own objects, not its parts of shared objects, so the limit would do
+        nothing. Checked where topics are created or altered (config file, `memq topic`), not on
+        every read, so a topic stored before storage groups existed keeps being served."""
+        if self.retention_bytes is not None and self.storage_group:
+            raise ConfigError(
+                f"topic {self.name}: retention_bytes counts a topic's own objects only, and in storage group "
+                f"{self.storage_group!r} its data is in shared objects, which expire by retention_ms: set "
+                f'storage_group = "" (objects of its own) or use retention_ms alone')
+
     @property
     def hold_until_ms(self) -> int:
         """The age at which a batch seals whatever its size: max_batch_ms, or batch_ms when unset."""
@@ -591,7 +602,9 @@ def load_config(path: str | os.PathLike[str] | None = None,
     for i, t in enumerate(topics_raw):
         if not isinstance(t, dict) or "name" not in t:
             raise ConfigError(f"config: topics[{i}] needs a name")
-        topics.append(build(TopicConfig, t, f"topics[{i}]"))
+        topic = build(TopicConfig, t, f"topics[{i}]")
+        topic.check_byte_retention()
+        topics.append(topic)
     return MemqConfig(**sections, topics=tuple(topics))
 
 

@@ -205,3 +205,11 @@ def test_topic_alter_changes_retention_in_zookeeper_and_kafka(tmp_path: Path, me
         bad = runner.invoke(memq_cli, ["--config", str(path), "governor", "topic", "alter", name,
                                        "--set", "retention_bytes=-1"])
         assert bad.exit_code == 2 and "retention_bytes = -1 is out of range" in bad.output, bad.output
+        # the topic is in the shared storage group, where a byte limit would do nothing: refused, unchanged
+        shared = runner.invoke(memq_cli, ["--config", str(path), "topic", "alter", name, "--set", "retention_bytes=1000"])
+        assert shared.exit_code != 0 and 'storage_group = ""' in shared.output, shared.output
+        assert registry.topic(name).retention_bytes is None
+        ok = runner.invoke(memq_cli, ["--config", str(path), "topic", "alter", name,
+                                      "--set", "retention_bytes=1000", "--set", "storage_group="])
+        assert ok.exit_code == 0, ok.output
+        assert registry.topic(name).retention_bytes == 1000

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from memq.cli.topic import topic_config
-from memq.config import GovernorConfig, MemqConfig, TopicConfig, build
+from memq.config import GovernorConfig, MemqConfig, TopicConfig, build, load_config
 from memq.errors import ConfigError
 from memq.governor import retention
 from memq.storage import FileStorageHandler
@@ -66,6 +66,17 @@ def test_bulk_deletes_are_cut_into_requests_of_at_most_1000_keys() -> None:
     assert [len(c) for c in chunks] == [DELETE_CHUNK, DELETE_CHUNK, 501]
     assert [loc for c in chunks for loc in c] == locs
     assert delete_chunks([]) == []
+
+
+def test_a_byte_limit_needs_the_topics_own_objects(tmp_path: Path) -> None:
+    """Parts of shared objects are not counted by size: a byte limit there is refused, not ignored."""
+    path = tmp_path / "memq.toml"
+    path.write_text('[[topics]]\nname = "t"\nretention_bytes = 1000\n')
+    with pytest.raises(ConfigError, match='topic t: retention_bytes .* storage_group = ""'):
+        load_config(path, env={})
+    path.write_text('[[topics]]\nname = "t"\nretention_bytes = 1000\nstorage_group = ""\n')
+    assert load_config(path, env={}).topics[0].retention_bytes == 1000
+    TopicConfig("t", retention_bytes=1000)   # read back as stored (e.g. before storage groups): still served
 
 
 def test_retention_settings_are_validated_by_name() -> None:

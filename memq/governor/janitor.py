@@ -32,7 +32,8 @@ and older than any object of the group that a still-retained notification of any
 (a topic that moved to another group keeps its old parts): every part has expired, and no
 pointer outlives its part (`retention.group_cutoff`). Orphans of a group are the objects no
 member topic's notification names. A group is skipped in a pass where a member topic failed.
-`retention_bytes` counts a topic's own objects only, not its parts of shared objects.
+`retention_bytes` counts a topic's own objects only, not its parts of shared objects: creating or
+altering a shared-group topic with it is refused (`TopicConfig.check_byte_retention`).
 """
 
 from __future__ import annotations
@@ -206,6 +207,7 @@ class Janitor:
         self.audit = audit
         self.clock_ms = clock_ms
         self._swept: dict[str, int] = {}     # topic -> end of its last orphan sweep
+        self._warned_bytes: set[str] = set()   # shared-group topics told their retention_bytes does nothing
 
     async def run(self, topics: Callable[[], Mapping[str, TopicConfig]], leading: Callable[[], bool],
                   stopping: asyncio.Event) -> None:
@@ -279,6 +281,10 @@ class Janitor:
         time_cut = now - cfg.retention_ms
         swept = self._swept.setdefault(cfg.name, now - 2 * self.orphan_grace_ms)
         window = retention.orphan_window(now, self.orphan_grace_ms, swept, time_cut)
+        if cfg.retention_bytes is not None and cfg.storage_group and cfg.name not in self._warned_bytes:
+            self._warned_bytes.add(cfg.name)   # stored before storage groups: creating one is refused
+            log.warning("janitor: topic %s: retention_bytes counts its own objects only; its parts of storage "
+                        "group %s's shared objects expire by retention_ms", cfg.name, cfg.storage_group)
         if cfg.retention_bytes is None:
             ranges = retention.listing_ranges((0, time_cut - self.grace_ms), window or (0, 0))
         else:

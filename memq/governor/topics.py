@@ -45,6 +45,7 @@ class TopicManager:
         self.cluster = cluster
 
     def create(self, cfg: TopicConfig) -> TopicConfig:
+        cfg.check_byte_retention()
         self.kafka.create_topic(cfg.notification_topic_for(self.cluster), cfg.read_partitions,
                                 retention_ms=cfg.retention_ms)
         self.registry.create_topic(cfg)
@@ -87,6 +88,7 @@ class TopicManager:
             raise InvalidInputError(f"topic {name}: cannot rename a topic")
         values = dataclasses.asdict(current) | changes
         cfg: TopicConfig = build(TopicConfig, values, f"topic {name}")
+        cfg.check_byte_retention()
         fixed = [f for f in FIXED_FIELDS if getattr(cfg, f) != getattr(current, f)]
         if fixed:
             raise InvalidInputError(f"topic {name}: {', '.join(fixed)} cannot be altered")
