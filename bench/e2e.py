@@ -27,8 +27,11 @@ import struct
 import time
 import uuid
 from array import array
+from collections.abc import Iterable
 from multiprocessing.connection import Connection
 from multiprocessing.synchronize import Event
+
+from prometheus_client.samples import Sample
 
 from bench._cluster import bench_cluster, broker_samples
 from memq.client.consumer import Consumer
@@ -154,11 +157,12 @@ async def _produce(url: str, topic: str, duration_s: float, warm: Event) -> dict
 
 # --- broker stage breakdown --------------------------------------------------------------------
 
-def _stage_breakdown(url: str, topic: str) -> dict[str, dict[str, float]]:
-    """Per stage: count, mean, and p50/p99 as the upper bound of the histogram bucket holding them."""
+def stage_breakdown(samples: Iterable[Sample], topic: str) -> dict[str, dict[str, float]]:
+    """Per stage of `topic`: count, mean, and p50/p99 as the upper bound of the histogram bucket
+    holding them, from the samples of `memq_broker_stage_seconds` (`broker_samples`)."""
     buckets: dict[str, list[tuple[float, float]]] = {}
     totals: dict[str, dict[str, float]] = {}
-    for s in broker_samples(url, "memq_broker_stage_seconds"):
+    for s in samples:
         if s.labels.get("topic") != topic:
             continue
         stage = s.labels["stage"]
@@ -202,7 +206,7 @@ def run(quick: bool) -> dict:
                 raise RuntimeError("the consumer process sent no result")
             raw, duplicates, missing = ours.recv()
             reader.join(10)
-            stages = _stage_breakdown(bc.broker.url, topic.name)
+            stages = stage_breakdown(broker_samples(bc.broker.url, "memq_broker_stage_seconds"), topic.name)
         finally:
             if reader.is_alive():
                 reader.terminate()

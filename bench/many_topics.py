@@ -51,8 +51,10 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from multiprocessing.synchronize import Event
 
+from prometheus_client.parser import text_string_to_metric_families
+
 from bench._cluster import bench_cluster
-from bench.e2e import quantile
+from bench.e2e import quantile, stage_breakdown
 from bench.produce import cpu_s
 from memq.client.consumer import Consumer
 from memq.client.producer import Producer
@@ -67,9 +69,11 @@ NOISE_BYTES = 16 * 1024 ** 2   # values are slices of this random buffer: unique
 JOIN_TIMEOUT_S = 90.0          # the consumers' group assignments (tansu admits members late)
 DRAIN_TIMEOUT_S = 30.0         # after a case's last ack, for the consumers to receive the rest
 _HEAD = struct.Struct("<d")    # send time, seconds since the epoch
-# The /metrics counters `_Scrape` sums, in its fields' order (attempts: the PUTs only).
-_COUNTERS = ("memq_broker_group_objects_total{", "memq_storage_attempts_total{", "memq_broker_batch_bytes_count{",
-             "memq_broker_logmessages_total{", "memq_broker_message_bytes_total{")
+# The /metrics counters `_Scrape` sums into its fields (attempts: the PUTs only).
+_COUNTERS = {"memq_broker_group_objects_total{": "objects", "memq_storage_attempts_total{": "puts",
+             "memq_broker_batch_bytes_count{": "parts", "memq_broker_logmessages_total{": "records",
+             "memq_broker_message_bytes_total{": "bytes_in"}
+_STAGES = "memq_broker_stage_seconds"
 
 
 @dataclass(frozen=True)
@@ -259,6 +263,7 @@ class _Scrape:
     parts: float            # topics' batches stored (parts of those objects)
     records: float          # LogMessages taken into batches
     bytes_in: float
+    stages: dict[str, dict[str, float]]   # of the topic asked for (`stage_breakdown`)
 
     def since(self, before: _Scrape) -> Usage:
         """What the broker did between `before` and this scrape, as `memq cost` counts it."""
@@ -268,16 +273,23 @@ class _Scrape:
         return Usage("case", window, counts, counts.scaled(1 / window))
 
 
-def _scrape(url: str) -> _Scrape:
-    """Read the counters. A thousand topics' histograms make /metrics ~10 MB: only the lines of
-    these counters are parsed, which keeps a scrape to about the broker's rendering time."""
+def _scrape(url: str, stage_topic: str = "") -> _Scrape:
+    """Read the counters, and the produce stages of `stage_topic`. A thousand topics' histograms
+    make /metrics ~10 MB: only these lines are parsed, so a scrape takes about the broker's
+    rendering time."""
     taken = time.time()
     text = urllib.request.urlopen(url + "/metrics", timeout=30).read().decode()
-    totals = dict.fromkeys(_COUNTERS, 0.0)
+    totals = dict.fromkeys(_COUNTERS.values(), 0.0)
+    stage_lines = [f"# TYPE {_STAGES} histogram"]
     for line in text.splitlines():
-        if line.startswith(_COUNTERS) and (not line.startswith("memq_storage_attempts_total{") or 'op="put"' in line):
-            totals[line[:line.index("{") + 1]] += float(line.rsplit(" ", 1)[1])
-    return _Scrape(taken, *totals.values())
+        field = _COUNTERS.get(line[:line.find("{") + 1])
+        if field is not None and (field != "puts" or 'op="put"' in line):
+            totals[field] += float(line.rsplit(" ", 1)[1])
+        elif stage_topic and line.startswith(_STAGES) and f'topic="{stage_topic}"' in line:
+            stage_lines.append(line)
+    samples = [s for f in text_string_to_metric_families("\n".join(stage_lines) + "\n") for s in f.samples]
+    return _Scrape(taken, totals["objects"], totals["puts"], totals["parts"], totals["records"], totals["bytes_in"],
+                   stage_breakdown(samples, stage_topic))
 
 
 def _run_case(case: Case, url: str, pid: int, consumer: Connection, warm_s: float, measure_s: float,
@@ -297,7 +309,7 @@ def _run_case(case: Case, url: str, pid: int, consumer: Connection, warm_s: floa
         if not done.wait(measure_s + 60):
             raise RuntimeError(f"case {case.name}: the feeder did not finish its window")
         cpu1, t1, wall1 = cpu_s(pid), time.monotonic(), time.time()
-        s1 = _scrape(url)
+        s1 = _scrape(url, names[0])
         if not ours.poll(120):
             raise RuntimeError(f"case {case.name}: the feeder sent no result")
         fed = ours.recv()
@@ -326,7 +338,7 @@ def _run_case(case: Case, url: str, pid: int, consumer: Connection, warm_s: floa
            "put_cost_per_gib_usd": round(cost.put_usd_per_gib, 5), "put_cost_vs_kafka": round(cost.put_vs_kafka, 3),
            "s3_usd_per_broker_month": round(cost.put_usd_month, 2),
            "consumer_get_usd_month": round(cost.consumer_get_usd_month, 2),
-           "window_s": round(window, 1), "sends_failed": fed["failed"], "feeder_max_round_lag_s": round(fed["max_round_lag_s"], 3)}
+           "broker_stages": s1.stages, "window_s": round(window, 1), "sends_failed": fed["failed"], "feeder_max_round_lag_s": round(fed["max_round_lag_s"], 3)}
     print(f"{case.name}: {case.topics} topics, {case.offered_msg_s:,.0f} msg/s offered, {feeder_msg_s:,.0f} sent, "
           f"{taken_msg_s:,.0f} taken by the broker{'' if reached else ' (BELOW 95%: a saturated broker or feeder)'}; "
           f"{out['objects_per_s']} objects/s "
@@ -336,6 +348,8 @@ def _run_case(case: Case, url: str, pid: int, consumer: Connection, warm_s: floa
           f"PUTs ${out['put_cost_per_gib_usd']}/GiB = {out['put_cost_vs_kafka']}x Kafka's replication, "
           f"${out['s3_usd_per_broker_month']}/broker-month (consumers' GETs ${out['consumer_get_usd_month']}/month)",
           flush=True)
+    print(f"  {names[0]} at the broker (since its start): " + "; ".join(
+        f"{stage} mean {st['mean_s']:.3f}s p99 <= {st['p99_le_s']}s" for stage, st in s1.stages.items()), flush=True)
     return out
 
 
