@@ -10,8 +10,9 @@ With `--before`, `trickle` and `hundred` run again with topics storing their own
 (storage_group ""), memq's behaviour before storage groups.
 
 Each case's feeder is one memq Producer (asyncio) in its own process; a consumer process reads a
-few of the case's topics with memq's Consumer (a thread each). After `warm` seconds the steady
-window starts; over it:
+few of the case's topics with memq's Consumer (a thread each). Once the feeder has sent to every
+topic and `warm` seconds more have passed, the steady window starts; over it (counters: from
+before the warm-up to the window's end, at the same offered rate):
 - `objects_per_s`: objects the broker stored (`memq_broker_group_objects`: one per PUT that
   succeeded, whatever the number of parts in it), and `puts_per_s`, the PUTs it sent;
 - `broker_cpu_core_frac`: broker process CPU seconds (all threads, /proc) / wall seconds;
@@ -49,6 +50,7 @@ from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
 from multiprocessing.synchronize import Event
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -67,6 +69,7 @@ OFFERED_MIN = 0.95             # of the offered msg/s the broker must take, else
 TICK_S = 0.02                  # feeder pacing: one round of sends per 20 ms
 NOISE_BYTES = 16 * 1024 ** 2   # values are slices of this random buffer: unique within any batch
 JOIN_TIMEOUT_S = 90.0          # the consumers' group assignments (tansu admits members late)
+FEEDER_WAIT_S = 900.0          # a spawned feeder waits this long for its turn, then exits
 DRAIN_TIMEOUT_S = 30.0         # after a case's last ack, for the consumers to receive the rest
 _HEAD = struct.Struct("<d")    # send time, seconds since the epoch
 # The /metrics counters `_Scrape` sums into its fields (attempts: the PUTs only).
@@ -143,10 +146,23 @@ def prices(u: Usage, p: CostConfig) -> Prices:
 
 # --- feeder process -------------------------------------------------------------------------
 
+@dataclass(frozen=True)
+class _Signals:
+    """Between the bench and a feeder: its case's turn (`start`: feeders are spawned ahead, as
+    starting a process takes seconds); every topic sent to once (`learned`); the bench has read
+    the counters (`go`), so `warm` seconds later the window starts (`steady`) and ends (`done`)."""
+
+    start: Event
+    learned: Event
+    go: Event
+    steady: Event
+    done: Event
+
+
 async def _feed_async(url: str, topics: Sequence[str], msg_s_per_topic: float, value_bytes: int,
-                      warm_s: float, measure_s: float, steady: Event, done: Event) -> dict[str, float]:
-    """Send round-robin over `topics` at the offered rate for warm_s + measure_s; `steady` is set
-    when the window starts, `done` when it ends. Returns sends, acks and failures."""
+                      warm_s: float, measure_s: float, signals: _Signals) -> dict[str, float]:
+    """Send round-robin over `topics` at the offered rate, through `signals`' phases, until the
+    window has lasted `measure_s`. Returns sends, acks, send -> ack quantiles and failures."""
     noise = os.urandom(NOISE_BYTES)
     pad = value_bytes - _HEAD.size
     rate = msg_s_per_topic * len(topics)
@@ -170,12 +186,16 @@ async def _feed_async(url: str, topics: Sequence[str], msg_s_per_topic: float, v
     window_s = lag_s = 0.0
     async with Producer(ProducerConfig(brokers=url, ack="1", linger_ms=5)) as producer:
         t0 = time.monotonic()
-        window_t0 = t0 + warm_s
+        window_t0 = float("inf")
         in_window = False
         while (now := time.monotonic()) < window_t0 + measure_s or not in_window:
-            if not in_window and now >= window_t0 and sent >= n:   # every topic learned and sent to
+            if sent >= n and not signals.learned.is_set():
+                signals.learned.set()
+            if window_t0 == float("inf") and signals.go.is_set():
+                window_t0 = now + warm_s
+            if not in_window and now >= window_t0:
                 in_window, window_sent, window_t0 = True, sent, now
-                steady.set()
+                signals.steady.set()
             due = int((now - t0) * rate) + 1 - sent
             if due > 0:
                 wall = time.time()
@@ -193,7 +213,7 @@ async def _feed_async(url: str, topics: Sequence[str], msg_s_per_topic: float, v
             await asyncio.sleep(max(0.0, TICK_S - (time.monotonic() - now)))
         window_s = time.monotonic() - window_t0
         window_sent = sent - window_sent
-        done.set()
+        signals.done.set()
         await producer.flush()
         if pending:
             await asyncio.wait(list(pending), timeout=60)
@@ -205,8 +225,26 @@ async def _feed_async(url: str, topics: Sequence[str], msg_s_per_topic: float, v
 
 
 def _feed(url: str, topics: list[str], msg_s_per_topic: float, value_bytes: int, warm_s: float, measure_s: float,
-          steady: Event, done: Event, conn: Connection) -> None:
-    conn.send(asyncio.run(_feed_async(url, topics, msg_s_per_topic, value_bytes, warm_s, measure_s, steady, done)))
+          signals: _Signals, conn: Connection) -> None:
+    if signals.start.wait(FEEDER_WAIT_S):
+        conn.send(asyncio.run(_feed_async(url, topics, msg_s_per_topic, value_bytes, warm_s, measure_s, signals)))
+
+
+@dataclass(frozen=True)
+class _Feeder:
+    process: BaseProcess
+    signals: _Signals
+    results: Connection
+
+
+def _spawn_feeder(case: Case, url: str, warm_s: float, measure_s: float) -> _Feeder:
+    ctx = multiprocessing.get_context("spawn")     # no fork of a process with threads and a loop
+    signals = _Signals(ctx.Event(), ctx.Event(), ctx.Event(), ctx.Event(), ctx.Event())
+    ours, theirs = ctx.Pipe()
+    process = ctx.Process(target=_feed, args=(url, case.topic_names, case.msg_s_per_topic, case.value_bytes, warm_s,
+                                              measure_s, signals, theirs), name=f"feed-{case.name}", daemon=True)
+    process.start()
+    return _Feeder(process, signals, ours)
 
 
 # --- consumer process -----------------------------------------------------------------------
@@ -265,9 +303,9 @@ class _Scrape:
     bytes_in: float
     stages: dict[str, dict[str, float]]   # of the topic asked for (`stage_breakdown`)
 
-    def since(self, before: _Scrape) -> Usage:
-        """What the broker did between `before` and this scrape, as `memq cost` counts it."""
-        window = self.taken_s - before.taken_s
+    def since(self, before: _Scrape, window: float) -> Usage:
+        """What the broker did between `before` and this scrape, as `memq cost` counts it, over
+        `window` seconds of traffic."""
         counts = TopicCounters(bytes_in=self.bytes_in - before.bytes_in, objects=self.parts - before.parts,
                                requests={"put": self.puts - before.puts, "get": 0.0, "list": 0.0, "delete": 0.0})
         return Usage("case", window, counts, counts.scaled(1 / window))
@@ -292,40 +330,43 @@ def _scrape(url: str, stage_topic: str = "") -> _Scrape:
                    stage_breakdown(samples, stage_topic))
 
 
-def _run_case(case: Case, url: str, pid: int, consumer: Connection, warm_s: float, measure_s: float,
-              p: CostConfig) -> dict:
-    ctx = multiprocessing.get_context("spawn")
-    steady, done = ctx.Event(), ctx.Event()
-    ours, theirs = ctx.Pipe()
-    names = case.topic_names
-    feeder = ctx.Process(target=_feed, args=(url, names, case.msg_s_per_topic, case.value_bytes, warm_s, measure_s,
-                                             steady, done, theirs), name=f"feed-{case.name}", daemon=True)
-    feeder.start()
+def _run_case(case: Case, feeder: _Feeder, url: str, pid: int, consumer: Connection, consumers_ready: Event,
+              warm_s: float, measure_s: float, p: CostConfig) -> dict:
+    names, signals = case.topic_names, feeder.signals
+    signals.start.set()
+    # Rendering /metrics blocks the broker about a second with a thousand topics, so the counters
+    # are read before the warm-up ends (s0) and after the consumers got the window's records (s1):
+    # neither scrape delays a measured record, and the window's CPU excludes both.
     try:
-        if not steady.wait(warm_s + 60):
-            raise RuntimeError(f"case {case.name}: the feeder did not start sending")
+        if not signals.learned.wait(60):
+            raise RuntimeError(f"case {case.name}: the feeder did not send to every topic within 60 s")
+        if not consumers_ready.wait(JOIN_TIMEOUT_S):
+            raise RuntimeError(f"the consumers were not all assigned within {JOIN_TIMEOUT_S:.0f} s")
         s0 = _scrape(url)
+        signals.go.set()
+        if not signals.steady.wait(warm_s + 60):
+            raise RuntimeError(f"case {case.name}: the feeder's window did not start")
         cpu0, t0, wall0 = cpu_s(pid), time.monotonic(), time.time()
-        if not done.wait(measure_s + 60):
+        if not signals.done.wait(measure_s + 60):
             raise RuntimeError(f"case {case.name}: the feeder did not finish its window")
         cpu1, t1, wall1 = cpu_s(pid), time.monotonic(), time.time()
-        s1 = _scrape(url, names[0])
-        if not ours.poll(120):
+        if not feeder.results.poll(120):
             raise RuntimeError(f"case {case.name}: the feeder sent no result")
-        fed = ours.recv()
-        feeder.join(10)
+        fed = feeder.results.recv()
+        feeder.process.join(10)
     finally:
-        if feeder.is_alive():
-            feeder.terminate()
-            feeder.join(5)
+        if feeder.process.is_alive():
+            feeder.process.terminate()
+            feeder.process.join(5)
     consumer.send((names[:case.sampled], sent_to_first(fed["sent"], case.topics, case.sampled)))
     raw = array("d", consumer.recv())
     latencies = sorted(lat for sent, lat in zip(raw[::2], raw[1::2]) if wall0 <= sent <= wall1)
-    window = s1.taken_s - s0.taken_s
+    s1 = _scrape(url, names[0])
+    window = wall1 - s0.taken_s      # the counters' traffic: every record sent by then is counted (acked)
     taken_msg_s = (s1.records - s0.records) / window
     feeder_msg_s = fed["window_sent"] / fed["window_s"]
     reached = min(taken_msg_s, feeder_msg_s) >= OFFERED_MIN * case.offered_msg_s
-    cost = prices(s1.since(s0), p)
+    cost = prices(s1.since(s0, window), p)
     out = {"topics": case.topics, "value_bytes": case.value_bytes, "storage_group": case.storage_group,
            "offered_msg_s": case.offered_msg_s, "achieved_msg_s": round(taken_msg_s, 1),
            "feeder_msg_s": round(feeder_msg_s, 1), "offered_reached": reached,
@@ -359,7 +400,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(quick: bool, before: bool = False) -> dict:
-    warm_s, measure_s, idle_s = (2.0, 6.0, 2.0) if quick else (5.0, 60.0, 10.0)
+    warm_s, measure_s, idle_s = (2.0, 5.0, 2.0) if quick else (5.0, 60.0, 10.0)
     chosen = cases(before)
     p = CostConfig()
     ctx = multiprocessing.get_context("spawn")     # no fork of a process with threads and a loop
@@ -374,21 +415,20 @@ def run(quick: bool, before: bool = False) -> dict:
         sampled = [n for c in chosen for n in c.topic_names[:c.sampled]]
         reader = ctx.Process(target=_consume, args=(bc.config, sampled, ready, theirs), name="mt-consumers", daemon=True)
         reader.start()
+        feeders = {c.name: _spawn_feeder(c, url, warm_s, measure_s) for c in chosen}
         try:
             cpu0 = cpu_s(pid)
             time.sleep(idle_s)
             idle = (cpu_s(pid) - cpu0) / idle_s
-            print(f"idle: broker CPU {idle:.0%} of a core with every topic hosted", flush=True)
-            if not ready.wait(JOIN_TIMEOUT_S):
-                raise RuntimeError(f"the {len(sampled)} consumers were not all assigned within {JOIN_TIMEOUT_S:.0f} s")
-            print(f"{len(sampled)} consumers assigned after {time.monotonic() - t_start:.1f} s", flush=True)
-            out = {c.name: _run_case(c, url, pid, ours, warm_s, measure_s, p) for c in chosen}
+            print(f"idle: broker CPU {idle:.0%} of a core with every topic hosted (consumers joining)", flush=True)
+            out = {c.name: _run_case(c, feeders[c.name], url, pid, ours, ready, warm_s, measure_s, p) for c in chosen}
             ours.send(None)
             reader.join(10)
         finally:
-            if reader.is_alive():
-                reader.terminate()
-                reader.join(5)
+            for proc in (reader, *(f.process for f in feeders.values())):
+                if proc.is_alive():
+                    proc.terminate()
+                    proc.join(5)
     trickle, hundred, one = out["trickle"], out["hundred"], out["one"]
     ratios = {"trickle_objects_per_s_vs_goal": round(1000 / BATCH_MS / max(trickle["objects_per_s"], 1e-9), 3),
               "trickle_cpu_vs_goal": round(0.10 / trickle["broker_cpu_core_frac"], 3),
