@@ -24,14 +24,17 @@ before the warm-up to the window's end, at the same offered rate):
   is left out of both; consumers' per-part GETs are shown apart (`consumer_get_usd_month`);
 - `s3_usd_per_broker_month`: the PUTs per month (the floor of a trickle: per broker, not per GiB).
 The offered rate is checked: a case whose feeder sent, or whose broker took (its LogMessages
-counter over the window), less than 95% of it is flagged (`offered_reached` false, and a
-warning), as its figures describe a saturated broker or load generator. Short (`--quick`)
-windows make the broker's count noisy: a backlog from the warm-up may land in the window.
-Before the cases, `idle_cpu_core_frac`: the broker's CPU with every topic hosted and no traffic.
+counter), less than 95% of it, or with sends that failed (unacked 30 s after the window
+counts), is flagged (`offered_reached` false, and a warning): its figures describe a saturated
+broker or load generator. Short (`--quick`) windows make the broker's count noisy. Each case
+also prints the broker's produce stages of one of its topics (`broker_stages`), so a slow E2E
+shows where it goes; before the cases, `idle_cpu_core_frac` is the broker's CPU with every
+topic hosted and no traffic. `--seconds N` sets the window (default 60 s, `--quick` 5 s).
 
 Ratios (goal over measured, higher is better; >= 1 meets the issue's goal): objects/s of the
 trickle against 1/batch_ms per group, broker CPU of the trickle against 10% of a core, `hundred`
-CPU against 2x `one`'s, `hundred`'s E2E p99 against `one`'s, `put_cost_vs_kafka` against 0.1.
+CPU against 2x `one`'s, `hundred`'s E2E p99 against `one`'s, `put_cost_vs_kafka` against 0.1;
+with `--before` also own over shared objects/s and CPU of `trickle` and `hundred`.
 """
 
 from __future__ import annotations
@@ -70,6 +73,8 @@ TICK_S = 0.02                  # feeder pacing: one round of sends per 20 ms
 NOISE_BYTES = 16 * 1024 ** 2   # values are slices of this random buffer: unique within any batch
 JOIN_TIMEOUT_S = 90.0          # the consumers' group assignments (tansu admits members late)
 FEEDER_WAIT_S = 900.0          # a spawned feeder waits this long for its turn, then exits
+FEEDER_BLOCK_S = 90.0          # longer than a send may wait for room (producer max_block_ms)
+TAIL_S = 30.0                  # after its window, how long a feeder waits for its acks
 DRAIN_TIMEOUT_S = 30.0         # after a case's last ack, for the consumers to receive the rest
 _HEAD = struct.Struct("<d")    # send time, seconds since the epoch
 # The /metrics counters `_Scrape` sums into its fields (attempts: the PUTs only).
@@ -108,8 +113,10 @@ class Case:
 def cases(before: bool) -> list[Case]:
     shared = [Case("trickle", 1000, 1.0, 100, sampled=20), Case("hundred", 100, 100.0, 1024, sampled=4),
               Case("one", 1, 10_000.0, 1024, sampled=1)]
+    # the trickle with its own objects last: it saturates the broker (~1 PUT per message) and
+    # leaves a backlog of uploads that would slow whatever case came next
     own = [Case(f"{c.name}-own", c.topics, c.msg_s_per_topic, c.value_bytes, c.sampled, own_objects=True)
-           for c in shared[:2]]
+           for c in (shared[1], shared[0])]
     return shared + own if before else shared
 
 
@@ -168,12 +175,10 @@ async def _feed_async(url: str, topics: Sequence[str], msg_s_per_topic: float, v
     rate = msg_s_per_topic * len(topics)
     n = len(topics)
     counts = {"acked": 0, "failed": 0}
-    pending: set[asyncio.Future[list]] = set()
     first_error: list[BaseException] = []
     ack_s = array("d")          # send -> ack of the window's sends
 
     def on_ack(stamp: float | None, fut: asyncio.Future[list]) -> None:
-        pending.discard(fut)
         if fut.cancelled() or fut.exception() is not None:
             counts["failed"] += 1
             first_error[:] = first_error or [fut.exception() or RuntimeError("cancelled")]
@@ -184,7 +189,8 @@ async def _feed_async(url: str, topics: Sequence[str], msg_s_per_topic: float, v
 
     sent = window_sent = 0
     window_s = lag_s = 0.0
-    async with Producer(ProducerConfig(brokers=url, ack="1", linger_ms=5)) as producer:
+    producer = Producer(ProducerConfig(brokers=url, ack="1", linger_ms=5))
+    try:
         t0 = time.monotonic()
         window_t0 = float("inf")
         in_window = False
@@ -206,7 +212,6 @@ async def _feed_async(url: str, topics: Sequence[str], msg_s_per_topic: float, v
                     by_topic.setdefault(i % n, []).append(stamp + noise[off:off + pad])
                 for k, values in by_topic.items():
                     fut = await producer.send_many(topics[k], values)
-                    pending.add(fut)
                     fut.add_done_callback(functools.partial(on_ack, wall if in_window else None))
                 sent += due
             lag_s = max(lag_s, time.monotonic() - now - TICK_S)
@@ -214,9 +219,9 @@ async def _feed_async(url: str, topics: Sequence[str], msg_s_per_topic: float, v
         window_s = time.monotonic() - window_t0
         window_sent = sent - window_sent
         signals.done.set()
-        await producer.flush()
-        if pending:
-            await asyncio.wait(list(pending), timeout=60)
+    finally:
+        await producer.close(TAIL_S)   # a saturated broker may not ack it all: what is left fails
+        await asyncio.sleep(0)         # let the last futures' callbacks count them
     if first_error:
         print(f"  feeder: {counts['failed']} sends failed, first: {first_error[0]!r}", flush=True)
     acks = sorted(ack_s)
@@ -347,7 +352,7 @@ def _run_case(case: Case, feeder: _Feeder, url: str, pid: int, consumer: Connect
         if not signals.steady.wait(warm_s + 60):
             raise RuntimeError(f"case {case.name}: the feeder's window did not start")
         cpu0, t0, wall0 = cpu_s(pid), time.monotonic(), time.time()
-        if not signals.done.wait(measure_s + 60):
+        if not signals.done.wait(measure_s + FEEDER_BLOCK_S):
             raise RuntimeError(f"case {case.name}: the feeder did not finish its window")
         cpu1, t1, wall1 = cpu_s(pid), time.monotonic(), time.time()
         if not feeder.results.poll(120):
@@ -365,7 +370,7 @@ def _run_case(case: Case, feeder: _Feeder, url: str, pid: int, consumer: Connect
     window = wall1 - s0.taken_s      # the counters' traffic: every record sent by then is counted (acked)
     taken_msg_s = (s1.records - s0.records) / window
     feeder_msg_s = fed["window_sent"] / fed["window_s"]
-    reached = min(taken_msg_s, feeder_msg_s) >= OFFERED_MIN * case.offered_msg_s
+    reached = min(taken_msg_s, feeder_msg_s) >= OFFERED_MIN * case.offered_msg_s and not fed["failed"]
     cost = prices(s1.since(s0, window), p)
     out = {"topics": case.topics, "value_bytes": case.value_bytes, "storage_group": case.storage_group,
            "offered_msg_s": case.offered_msg_s, "achieved_msg_s": round(taken_msg_s, 1),
@@ -381,7 +386,8 @@ def _run_case(case: Case, feeder: _Feeder, url: str, pid: int, consumer: Connect
            "consumer_get_usd_month": round(cost.consumer_get_usd_month, 2),
            "broker_stages": s1.stages, "window_s": round(window, 1), "sends_failed": fed["failed"], "feeder_max_round_lag_s": round(fed["max_round_lag_s"], 3)}
     print(f"{case.name}: {case.topics} topics, {case.offered_msg_s:,.0f} msg/s offered, {feeder_msg_s:,.0f} sent, "
-          f"{taken_msg_s:,.0f} taken by the broker{'' if reached else ' (BELOW 95%: a saturated broker or feeder)'}; "
+          f"{taken_msg_s:,.0f} taken by the broker, {fed['failed']} failed"
+          f"{'' if reached else ' (FLAGGED: under 95% or failures, a saturated broker or feeder)'}; "
           f"{out['objects_per_s']} objects/s "
           f"({out['puts_per_s']} PUTs/s); broker CPU {out['broker_cpu_core_frac']:.0%} of a core; "
           f"e2e p50 {out['e2e_p50_s']}s p99 {out['e2e_p99_s']}s ({len(latencies)} samples; send->ack p99 "
@@ -397,10 +403,13 @@ def _run_case(case: Case, feeder: _Feeder, url: str, pid: int, consumer: Connect
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--before", action="store_true",
                         help="also run trickle and hundred with topics storing their own objects (storage_group \"\")")
+    parser.add_argument("--seconds", type=float, default=None,
+                        help="each case's measured window (default 60, --quick 5)")
 
 
-def run(quick: bool, before: bool = False) -> dict:
+def run(quick: bool, before: bool = False, seconds: float | None = None) -> dict:
     warm_s, measure_s, idle_s = (2.0, 5.0, 2.0) if quick else (5.0, 60.0, 10.0)
+    measure_s = seconds or measure_s
     chosen = cases(before)
     p = CostConfig()
     ctx = multiprocessing.get_context("spawn")     # no fork of a process with threads and a loop
@@ -435,6 +444,11 @@ def run(quick: bool, before: bool = False) -> dict:
               "hundred_cpu_vs_2x_one": round(2 * one["broker_cpu_core_frac"] / hundred["broker_cpu_core_frac"], 3),
               "hundred_e2e_p99_vs_one": round(one["e2e_p99_s"] / hundred["e2e_p99_s"], 3),
               "hundred_put_cost_vs_kafka_vs_goal": round(0.1 / hundred["put_cost_vs_kafka"], 3)}
+    for name in ("trickle", "hundred"):
+        if f"{name}-own" in out:     # --before: what the shared group saves (own over shared)
+            own = out[f"{name}-own"]
+            ratios[f"{name}_objects_own_vs_shared"] = round(own["objects_per_s"] / out[name]["objects_per_s"], 1)
+            ratios[f"{name}_cpu_own_vs_shared"] = round(own["broker_cpu_core_frac"] / out[name]["broker_cpu_core_frac"], 2)
     flagged = [name for name, case in out.items() if not case["offered_reached"]]
     if flagged:
         print(f"WARNING: offered rate not reached in {', '.join(flagged)}: those figures are of a saturated run",
