@@ -2,7 +2,8 @@
 
 `bench_cluster` starts the servers (moto S3, tansu, ZooKeeper) in a temporary directory and a
 `GovernedCluster` of one broker (the way `memq dev` and the tests run brokers), creates
-`topics` through its governor, and yields a config whose producer points at that broker;
+`topics` through its governor (in bulk: a bench may want a thousand), and yields a config
+whose producer points at that broker;
 everything is stopped and removed on exit. `read_memq` times memq's Consumer the one way
 every bench compares it: from the group assignment to the N-th record.
 """
@@ -25,9 +26,12 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
 from memq.client.consumer import Consumer
-from memq.config import MemqConfig, TopicConfig
+from memq.config import GovernorConfig, MemqConfig, TopicConfig
 from memq.devcluster import DevCluster, GovernedCluster
+from memq.devcluster.governed import FAST_GOVERNOR
 from memq.devcluster.broker_process import BrokerProcess
+from memq.governor.topics import hosted_topics
+from memq.notify import KafkaTopic, TopicAdmin
 
 
 @dataclass(frozen=True)
@@ -49,14 +53,34 @@ class _WithSections:
 
 
 @contextmanager
-def bench_cluster(topics: Iterable[TopicConfig], **sections: Any) -> Iterator[BenchCluster]:
-    """`sections`: config sections every broker (and the yielded config) gets, e.g. `quota=QuotaConfig(...)`."""
+def bench_cluster(topics: Iterable[TopicConfig], governor: GovernorConfig = FAST_GOVERNOR,
+                  **sections: Any) -> Iterator[BenchCluster]:
+    """`sections`: config sections every broker (and the yielded config) gets, e.g. `quota=QuotaConfig(...)`;
+    `governor`: its cycles (the dev cluster's fast ones by default, so topics are placed at once)."""
     with tempfile.TemporaryDirectory(prefix="memq-bench-") as tmp, \
             DevCluster(Path(tmp) / "servers") as dc, \
-            GovernedCluster(tmp, brokers=1, servers=_WithSections(dc, sections), cluster="bench") as gc:
-        for topic in topics:
-            gc.create_topic(topic)
-        yield BenchCluster(dc, gc.broker("b1"), gc.config())
+            GovernedCluster(tmp, brokers=1, servers=_WithSections(dc, sections), cluster="bench",
+                            governor=governor) as gc:
+        broker = gc.broker("b1")
+        _create_topics(gc, broker.url, list(topics))
+        yield BenchCluster(dc, broker, gc.config())
+
+
+def _create_topics(gc: GovernedCluster, url: str, topics: list[TopicConfig], timeout_s: float = 120.0) -> None:
+    """Create `topics` as the governor's topic admin does (notification topic, then znode), their
+    notification topics in one Kafka request; return once the broker at `url` hosts them all."""
+    failed = TopicAdmin(gc.base.kafka).create_topics(
+        [KafkaTopic(t.notification_topic_for(gc.cluster), t.read_partitions, t.retention_ms) for t in topics])
+    if failed:
+        raise RuntimeError(f"{len(failed)} notification topics not created, e.g. {next(iter(failed.values()))}")
+    for t in topics:
+        gc.registry.create_topic(t)
+    wanted = {t.name for t in topics}
+    deadline = time.monotonic() + timeout_s
+    while missing := wanted - set(hosted_topics(url)):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{len(missing)} of {len(wanted)} topics not hosted by {url} after {timeout_s:.0f} s")
+        time.sleep(0.2)
 
 
 def broker_samples(url: str, metric: str) -> list[Sample]:

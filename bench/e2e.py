@@ -27,8 +27,11 @@ import struct
 import time
 import uuid
 from array import array
+from collections.abc import Iterable
 from multiprocessing.connection import Connection
 from multiprocessing.synchronize import Event
+
+from prometheus_client.samples import Sample
 
 from bench._cluster import bench_cluster, broker_samples
 from memq.client.consumer import Consumer
@@ -47,7 +50,7 @@ DRAIN_TIMEOUT_S = 30.0         # after the last ack, for the consumer to receive
 _HEAD = struct.Struct("<dq")   # send time (s since epoch), sequence (-1: warm-up)
 
 
-def _quantile(sorted_values: list[float] | array, q: float) -> float:
+def quantile(sorted_values: list[float] | array, q: float) -> float:
     """Nearest-rank quantile of already sorted values."""
     if not sorted_values:
         return math.nan
@@ -89,7 +92,7 @@ def _consume(config: MemqConfig, topic: str, assigned: Event, warm: Event, conn:
                 window.sort()
                 cumulative.extend(window)
                 cumulative.sort()               # two sorted runs: a linear merge
-                p99s = (f" p99 last 1 s {_quantile(window, 0.99):.3f}s running p99 {_quantile(cumulative, 0.99):.3f}s"
+                p99s = (f" p99 last 1 s {quantile(window, 0.99):.3f}s running p99 {quantile(cumulative, 0.99):.3f}s"
                         if window else "")
                 print(f"  consumer t={mono - t_start:5.1f}s received {len(latencies):>8,} "
                       f"({len(window) * VALUE_BYTES / MiB / (mono - last_report):5.2f} MB/s){p99s}", flush=True)
@@ -148,17 +151,18 @@ async def _produce(url: str, topic: str, duration_s: float, warm: Event) -> dict
     if acked != sent:
         raise RuntimeError(f"{acked} of {sent} messages acked")
     ack_latencies.sort()
-    return {"sent": sent, "send_s": send_s, "ack_p50_s": _quantile(ack_latencies, 0.5),
-            "ack_p99_s": _quantile(ack_latencies, 0.99)}
+    return {"sent": sent, "send_s": send_s, "ack_p50_s": quantile(ack_latencies, 0.5),
+            "ack_p99_s": quantile(ack_latencies, 0.99)}
 
 
 # --- broker stage breakdown --------------------------------------------------------------------
 
-def _stage_breakdown(url: str, topic: str) -> dict[str, dict[str, float]]:
-    """Per stage: count, mean, and p50/p99 as the upper bound of the histogram bucket holding them."""
+def stage_breakdown(samples: Iterable[Sample], topic: str) -> dict[str, dict[str, float]]:
+    """Per stage of `topic`: count, mean, and p50/p99 as the upper bound of the histogram bucket
+    holding them, from the samples of `memq_broker_stage_seconds` (`broker_samples`)."""
     buckets: dict[str, list[tuple[float, float]]] = {}
     totals: dict[str, dict[str, float]] = {}
-    for s in broker_samples(url, "memq_broker_stage_seconds"):
+    for s in samples:
         if s.labels.get("topic") != topic:
             continue
         stage = s.labels["stage"]
@@ -202,7 +206,7 @@ def run(quick: bool) -> dict:
                 raise RuntimeError("the consumer process sent no result")
             raw, duplicates, missing = ours.recv()
             reader.join(10)
-            stages = _stage_breakdown(bc.broker.url, topic.name)
+            stages = stage_breakdown(broker_samples(bc.broker.url, "memq_broker_stage_seconds"), topic.name)
         finally:
             if reader.is_alive():
                 reader.terminate()
@@ -212,7 +216,7 @@ def run(quick: bool) -> dict:
     if missing:
         raise RuntimeError(f"consumer received {len(latencies):,} of {sent:,} acked messages; "
                            f"{len(missing):,} missing, first sequence numbers {missing[:10]}")
-    p50, p99, worst = _quantile(latencies, 0.5), _quantile(latencies, 0.99), latencies[-1]
+    p50, p99, worst = quantile(latencies, 0.5), quantile(latencies, 0.99), latencies[-1]
     mbps = sent * VALUE_BYTES / MiB / produced["send_s"]
     print(f"received {len(latencies):,} of {sent:,} ({duplicates} duplicates); achieved {mbps:.2f} MB/s; "
           f"e2e p50 {p50:.3f}s p99 {p99:.3f}s max {worst:.3f}s; "

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 
 from bench._cluster import bench_cluster, broker_samples
-from bench.e2e import _quantile
+from bench.e2e import quantile
 from memq.client.producer import Delivery, Producer
 from memq.config import ProducerConfig, QuotaConfig, SecurityConfig, TopicConfig
 from memq.security.tokens import new_token
@@ -167,8 +167,8 @@ async def _rounds(url: str, token: str, topic: str, neighbours: list[Neighbour],
             solo += await _quiet_phase(p, topic, phase_s, pool)
             for n in neighbours:
                 await _shared_phase(p, url, topic, pool, n, phase_s)
-            print(f"round {r + 1}/{rounds}: quiet p99 solo {_quantile(sorted(solo), 0.99):.3f}s; "
-                  + "; ".join(f"beside {n.principal} {_quantile(sorted(n.quiet), 0.99):.3f}s "
+            print(f"round {r + 1}/{rounds}: quiet p99 solo {quantile(sorted(solo), 0.99):.3f}s; "
+                  + "; ".join(f"beside {n.principal} {quantile(sorted(n.quiet), 0.99):.3f}s "
                               f"({n.principal} at {n.rate / MiB:.2f} MB/s)" for n in neighbours), flush=True)
         return sorted(solo), p.metrics.throttled_acks
 
@@ -213,8 +213,8 @@ def run(quick: bool) -> dict:
                     proc.terminate()
                     proc.join(5)
     noisy, unlimited = neighbours
-    solo_p99 = _quantile(solo, 0.99)
-    p99 = {n.principal: _quantile(sorted(n.quiet), 0.99) for n in neighbours}
+    solo_p99 = quantile(solo, 0.99)
+    p99 = {n.principal: quantile(sorted(n.quiet), 0.99) for n in neighbours}
     throttled_acks, throttle_ms_total, throttle_ms_max = noisy.metrics
     print(f"noisy tenant: {noisy.rate / MiB:.3f} MB/s accepted vs quota {QUOTA / MiB:.3f} (tried "
           f"{noisy.offered / noisy.seconds / MiB:.2f} MB/s against its blocking buffer); throttled "
@@ -231,8 +231,8 @@ def run(quick: bool) -> dict:
         "noisy_throttle_ms_max": throttle_ms_max,
         "broker_throttle_s": {k: round(v, 2) for k, v in broker_throttle.items()},
         "quiet_mb_s": QUIET_RATE / MiB, "quiet_throttled_acks": quiet_throttled,
-        "quiet_solo_p50_s": round(_quantile(solo, 0.5), 4), "quiet_solo_p99_s": round(solo_p99, 4),
-        "quiet_shared_p50_s": round(_quantile(sorted(noisy.quiet), 0.5), 4),
+        "quiet_solo_p50_s": round(quantile(solo, 0.5), 4), "quiet_solo_p99_s": round(solo_p99, 4),
+        "quiet_shared_p50_s": round(quantile(sorted(noisy.quiet), 0.5), 4),
         "quiet_shared_p99_s": round(p99["noisy"], 4),
         # the control: the same noisy client exempt from the quota
         "unlimited_accepted_mb_s": round(unlimited.rate / MiB, 3),

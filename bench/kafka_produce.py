@@ -28,7 +28,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from bench._cluster import kafka_produce_s
 from bench.e2e import (_HEAD, DRAIN_TIMEOUT_S, JOIN_TIMEOUT_S, RATE_BYTES_S, TARGET_P99_S, TICK_S, _consume,
-                       _quantile)
+                       quantile)
 from memq.client.cluster import fetch_metadata
 from memq.config import BrokerConfig, MemqConfig, TopicConfig
 from memq.devcluster import DevCluster, GovernedCluster
@@ -109,7 +109,7 @@ def _e2e(config: MemqConfig, address: str, topic: str, duration_s: float) -> dic
     if missing:
         raise RuntimeError(f"consumer missed {len(missing):,} of {sent:,} acked messages, first {missing[:10]}")
     latencies = sorted(array("d", raw))
-    p50, p99 = _quantile(latencies, 0.5), _quantile(latencies, 0.99)
+    p50, p99 = quantile(latencies, 0.5), quantile(latencies, 0.99)
     mbps = sent * E2E_VALUE_BYTES / MiB / send_s
     print(f"e2e via Kafka listener: {sent:,} messages at {mbps:.2f} MB/s, p50 {p50:.3f}s p99 {p99:.3f}s "
           f"({duplicates} duplicates)", flush=True)

@@ -90,7 +90,7 @@ def _crc32c_b64(body: bytes) -> str:
     return base64.b64encode(crc32c(body).to_bytes(4, "big")).decode()
 
 
-def _cpu_s(pid: int) -> float:
+def cpu_s(pid: int) -> float:
     """User + system CPU seconds of process `pid` so far, all threads (Linux /proc/PID/stat)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")   # utime, stime
@@ -139,9 +139,9 @@ def run(quick: bool) -> dict:
         del small
 
         large = [os.urandom(LARGE) for _ in range(large_bytes // LARGE)]
-        cpu0 = _cpu_s(broker.pid)
+        cpu0 = cpu_s(broker.pid)
         memq_large_s = asyncio.run(memq_send_s(pc, "bench-large", large))
-        cpu_per_gib = (_cpu_s(broker.pid) - cpu0) / (large_bytes / GiB)
+        cpu_per_gib = (cpu_s(broker.pid) - cpu0) / (large_bytes / GiB)
         memq_mbps = large_bytes / MiB / memq_large_s
         print(f"memq  ack=all 64 KiB: {memq_mbps:,.1f} MB/s; broker {cpu_per_gib:.2f} CPU-s per GiB", flush=True)
         batches, stored = _broker_batches(broker.url, "bench-large")

@@ -118,17 +118,21 @@ class TopicRouter:
                 raise rejected
             raise BrokerUnavailableError(f"no broker answered /v1/metadata (tried {', '.join(asked)}): "
                                          f"{results[0]}")
-        hosting: dict[str, None] = {}
+        hosting: dict[str, dict[str, None]] = {}
         for md in answered:
             for b in md.brokers:
                 self._known.setdefault(b.url.rstrip("/"))
                 if b.max_frame_bytes:
                     self._frame_limits[b.url.rstrip("/")] = b.max_frame_bytes
-            info = md.topics.get(topic)
-            if info:
-                hosting.update(dict.fromkeys(info.brokers))
-        if not hosting:
+            for name, info in md.topics.items():
+                if info.brokers:
+                    hosting.setdefault(name, {}).update(dict.fromkeys(info.brokers))
+        if topic not in hosting:
             raise UnknownTopicError(f"topic {topic!r} is not hosted by any broker ({', '.join(self._known)})")
+        # Keep every topic the answers place, as Kafka clients do: a producer of a thousand topics
+        # learns them in one round, not one round each. Known topics keep theirs (and their cursor).
+        for name, urls in hosting.items():
+            self._topics.setdefault(name, list(urls))
         self.forget(topic)
-        self._topics[topic] = list(hosting)
+        self._topics[topic] = list(hosting[topic])
         return self._topics[topic]

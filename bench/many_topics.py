@@ -1,0 +1,465 @@
+"""Many topics, few objects: a broker's objects, CPU, E2E latency and S3 request cost by topic count.
+
+One governed broker (moto S3, tansu, ZooKeeper; production governor cycles), every topic with
+batch_ms 250 in the cluster's one shared storage group, producers at ack=1, values that start
+with their send time and go on with random bytes (incompressible). Cases, one after another:
+- `trickle`: 1000 topics at 1 msg/s of 100 B each (sends spread evenly over each second);
+- `hundred`: 100 topics at 100 msg/s of 1 KiB each (10,000 msg/s, ~10 MB/s in all);
+- `one`: 1 topic at 10,000 msg/s of 1 KiB, the reference for `hundred`.
+With `--before`, `trickle` and `hundred` run again with topics storing their own objects
+(storage_group ""), memq's behaviour before storage groups.
+
+Each case's feeder is one memq Producer (asyncio) in its own process; a consumer process reads a
+few of the case's topics with memq's Consumer (a thread each). Once the feeder has sent to every
+topic and `warm` seconds more have passed, the steady window starts; over it (counters: from
+before the warm-up to the window's end, at the same offered rate):
+- `objects_per_s`: objects the broker stored (`memq_broker_group_objects`: one per PUT that
+  succeeded, whatever the number of parts in it), and `puts_per_s`, the PUTs it sent;
+- `broker_cpu_core_frac`: broker process CPU seconds (all threads, /proc) / wall seconds;
+- `e2e_p99_s`: Consumer receipt minus send time of the sampled topics' messages sent in the window;
+- `put_cost_per_gib_usd`: the broker's S3 PUTs per GiB produced at `CostConfig`'s (public S3
+  Standard) prices; `put_cost_vs_kafka`: that over what 3-replica Kafka pays per GiB for
+  cross-zone replication (`memq.cost.kafka_lines`: leader -> 2 followers in other zones, each GB
+  charged $0.01 out and $0.01 in: $0.04/GiB). Both pay the producer's own zone crossing, so it
+  is left out of both; consumers' per-part GETs are shown apart (`consumer_get_usd_month`);
+- `s3_usd_per_broker_month`: the PUTs per month (the floor of a trickle: per broker, not per GiB).
+The offered rate is checked: a case whose feeder sent, or whose broker took (its LogMessages
+counter), less than 95% of it, or with sends that failed (unacked 30 s after the window
+counts), is flagged (`offered_reached` false, and a warning): its figures describe a saturated
+broker or load generator. Short (`--quick`) windows make the broker's count noisy. Each case
+also prints the broker's produce stages of one of its topics (`broker_stages`), so a slow E2E
+shows where it goes; before the cases, `idle_cpu_core_frac` is the broker's CPU with every
+topic hosted and no traffic. `--seconds N` sets the window (default 60 s, `--quick` 4 s).
+
+Ratios (goal over measured, higher is better; >= 1 meets the issue's goal): objects/s of the
+trickle against 1/batch_ms per group, broker CPU of the trickle against 10% of a core, `hundred`
+CPU against 2x `one`'s, `hundred`'s E2E p99 against `one`'s, `put_cost_vs_kafka` against 0.1;
+with `--before` also own over shared objects/s and CPU of `trickle` and `hundred`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import functools
+import multiprocessing
+import os
+import struct
+import threading
+import time
+import urllib.request
+import uuid
+from array import array
+from collections.abc import Sequence
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
+from multiprocessing.synchronize import Event
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from bench._cluster import bench_cluster
+from bench.e2e import quantile, stage_breakdown
+from bench.produce import cpu_s
+from memq.client.consumer import Consumer
+from memq.client.producer import Producer
+from memq.config import DEFAULT_STORAGE_GROUP, CostConfig, GovernorConfig, MemqConfig, ProducerConfig, TopicConfig
+from memq.cost import TopicCounters, Usage, estimate, kafka_lines
+from memq.cost.model import GB, MONTH_S
+
+BATCH_MS = 250
+OFFERED_MIN = 0.95             # of the offered msg/s the broker must take, else the case is flagged
+TICK_S = 0.02                  # feeder pacing: one round of sends per 20 ms
+NOISE_BYTES = 16 * 1024 ** 2   # values are slices of this random buffer: unique within any batch
+JOIN_TIMEOUT_S = 90.0          # the consumers' group assignments (tansu admits members late)
+FEEDER_WAIT_S = 900.0          # a spawned feeder waits this long for its turn, then exits
+FEEDER_BLOCK_S = 90.0          # longer than a send may wait for room (producer max_block_ms)
+TAIL_S = 30.0                  # after its window, how long a feeder waits for its acks
+DRAIN_TIMEOUT_S = 30.0         # after a case's last ack, for the consumers to receive the rest
+_HEAD = struct.Struct("<d")    # send time, seconds since the epoch
+# The /metrics counters `_Scrape` sums into its fields (attempts: the PUTs only).
+_COUNTERS = {"memq_broker_group_objects_total{": "objects", "memq_storage_attempts_total{": "puts",
+             "memq_broker_batch_bytes_count{": "parts", "memq_broker_logmessages_total{": "records",
+             "memq_broker_message_bytes_total{": "bytes_in"}
+_STAGES = "memq_broker_stage_seconds"
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    topics: int
+    msg_s_per_topic: float
+    value_bytes: int
+    sampled: int               # topics the consumer process reads, for E2E latency
+    own_objects: bool = False  # storage_group "": one object per topic (before storage groups)
+
+    @property
+    def topic_names(self) -> list[str]:
+        return [f"{self.name}-{i:04d}" for i in range(self.topics)]
+
+    @property
+    def offered_msg_s(self) -> float:
+        return self.topics * self.msg_s_per_topic
+
+    def topic_configs(self) -> list[TopicConfig]:
+        return [TopicConfig(n, read_partitions=1, batch_ms=BATCH_MS, storage_group=self.storage_group)
+                for n in self.topic_names]
+
+    @property
+    def storage_group(self) -> str:
+        return "" if self.own_objects else DEFAULT_STORAGE_GROUP
+
+
+def cases(before: bool) -> list[Case]:
+    shared = [Case("trickle", 1000, 1.0, 100, sampled=20), Case("hundred", 100, 100.0, 1024, sampled=4),
+              Case("one", 1, 10_000.0, 1024, sampled=1)]
+    # the trickle with its own objects last: it saturates the broker (~1 PUT per message) and
+    # leaves a backlog of uploads that would slow whatever case came next
+    own = [Case(f"{c.name}-own", c.topics, c.msg_s_per_topic, c.value_bytes, c.sampled, own_objects=True)
+           for c in (shared[1], shared[0])]
+    return shared + own if before else shared
+
+
+def sent_to_first(sent: int, topics: int, first: int) -> int:
+    """Messages among the first `sent` (sent round-robin over `topics`) that went to topics 0..first-1."""
+    whole, rest = divmod(sent, topics)
+    return whole * first + min(rest, first)
+
+
+@dataclass(frozen=True)
+class Prices:
+    """A case's S3 request cost at `CostConfig` prices, from its measured rates."""
+
+    put_usd_month: float            # the broker's PUTs
+    put_usd_per_gib: float          # the same per GiB produced
+    kafka_replication_usd_per_gib: float
+    consumer_get_usd_month: float   # one (ranged) GET per part per consumer group, modelled
+
+    @property
+    def put_vs_kafka(self) -> float:
+        return self.put_usd_per_gib / self.kafka_replication_usd_per_gib
+
+
+def prices(u: Usage, p: CostConfig) -> Prices:
+    """Price the rates `u` (all topics of a case together) with `memq cost`'s model."""
+    lines = {line.item: line.usd for line in estimate(u, 0.0, p).memq}
+    put = lines["S3 PUT requests"]
+    gets = sum(usd for item, usd in lines.items() if item.startswith("S3 GET requests (") and "consumer" in item)
+    gib_month = u.rates.bytes_in * MONTH_S / GB
+    per_gib_month = kafka_lines(GB / MONTH_S, 0.0, p)          # 1 GiB in per month
+    replication = sum(line.usd for line in per_gib_month if "replication" in line.item)
+    return Prices(put, put / gib_month if gib_month else float("nan"), replication, gets)
+
+
+# --- feeder process -------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class _Signals:
+    """Between the bench and a feeder: its case's turn (`start`: feeders are spawned ahead, as
+    starting a process takes seconds); every topic sent to once (`learned`); the bench has read
+    the counters (`go`), so `warm` seconds later the window starts (`steady`) and ends (`done`)."""
+
+    start: Event
+    learned: Event
+    go: Event
+    steady: Event
+    done: Event
+
+
+async def _feed_async(url: str, topics: Sequence[str], msg_s_per_topic: float, value_bytes: int,
+                      warm_s: float, measure_s: float, signals: _Signals) -> dict[str, float]:
+    """Send round-robin over `topics` at the offered rate, through `signals`' phases, until the
+    window has lasted `measure_s`. Returns sends, acks, send -> ack quantiles and failures."""
+    noise = os.urandom(NOISE_BYTES)
+    pad = value_bytes - _HEAD.size
+    rate = msg_s_per_topic * len(topics)
+    n = len(topics)
+    counts = {"acked": 0, "failed": 0}
+    first_error: list[BaseException] = []
+    ack_s = array("d")          # send -> ack of the window's sends
+    pending: set[asyncio.Future[list]] = set()
+
+    def on_ack(stamp: float | None, fut: asyncio.Future[list]) -> None:
+        pending.discard(fut)
+        if fut.cancelled() or fut.exception() is not None:
+            counts["failed"] += 1
+            first_error[:] = first_error or [fut.exception() or RuntimeError("cancelled")]
+            return
+        counts["acked"] += sum(d.count for d in fut.result())
+        if stamp is not None:
+            ack_s.append(time.time() - stamp)
+
+    sent = window_sent = 0
+    window_s = lag_s = 0.0
+    producer = Producer(ProducerConfig(brokers=url, ack="1", linger_ms=5))
+    try:
+        t0 = time.monotonic()
+        window_t0 = float("inf")
+        in_window = False
+        while (now := time.monotonic()) < window_t0 + measure_s or not in_window:
+            if sent >= n and not signals.learned.is_set():
+                signals.learned.set()
+            if window_t0 == float("inf") and signals.go.is_set():
+                window_t0 = now + warm_s
+            if not in_window and now >= window_t0:
+                in_window, window_sent, window_t0 = True, sent, now
+                signals.steady.set()
+            due = int((now - t0) * rate) + 1 - sent
+            if due > 0:
+                wall = time.time()
+                stamp = _HEAD.pack(wall)
+                by_topic: dict[int, list[bytes]] = {}
+                for i in range(sent, sent + due):
+                    off = (i * pad) % (NOISE_BYTES - pad)
+                    by_topic.setdefault(i % n, []).append(stamp + noise[off:off + pad])
+                for k, values in by_topic.items():
+                    fut = await producer.send_many(topics[k], values)
+                    pending.add(fut)
+                    fut.add_done_callback(functools.partial(on_ack, wall if in_window else None))
+                sent += due
+            lag_s = max(lag_s, time.monotonic() - now - TICK_S)
+            await asyncio.sleep(max(0.0, TICK_S - (time.monotonic() - now)))
+        window_s = time.monotonic() - window_t0
+        window_sent = sent - window_sent
+        signals.done.set()
+        # acks before close: close flushes, and a flush asks brokers to seal the last Message's
+        # batch of every topic, which in a shared group is one object per topic
+        if pending:
+            await asyncio.wait(list(pending), timeout=TAIL_S)
+    finally:
+        await producer.close(1.0)      # a saturated broker may not ack it all: what is left fails
+        await asyncio.sleep(0)         # let the last futures' callbacks count them
+    if first_error:
+        print(f"  feeder: {counts['failed']} sends failed, first: {first_error[0]!r}", flush=True)
+    acks = sorted(ack_s)
+    return {"sent": sent, "window_sent": window_sent, "window_s": window_s, "max_round_lag_s": lag_s,
+            "ack_p50_s": quantile(acks, 0.5), "ack_p99_s": quantile(acks, 0.99), **counts}
+
+
+def _feed(url: str, topics: list[str], msg_s_per_topic: float, value_bytes: int, warm_s: float, measure_s: float,
+          signals: _Signals, conn: Connection) -> None:
+    if signals.start.wait(FEEDER_WAIT_S):
+        conn.send(asyncio.run(_feed_async(url, topics, msg_s_per_topic, value_bytes, warm_s, measure_s, signals)))
+
+
+@dataclass(frozen=True)
+class _Feeder:
+    process: BaseProcess
+    signals: _Signals
+    results: Connection
+
+
+def _spawn_feeder(case: Case, url: str, warm_s: float, measure_s: float) -> _Feeder:
+    ctx = multiprocessing.get_context("spawn")     # no fork of a process with threads and a loop
+    signals = _Signals(ctx.Event(), ctx.Event(), ctx.Event(), ctx.Event(), ctx.Event())
+    ours, theirs = ctx.Pipe()
+    process = ctx.Process(target=_feed, args=(url, case.topic_names, case.msg_s_per_topic, case.value_bytes, warm_s,
+                                              measure_s, signals, theirs), name=f"feed-{case.name}", daemon=True)
+    process.start()
+    return _Feeder(process, signals, ours)
+
+
+# --- consumer process -----------------------------------------------------------------------
+
+def _consume(config: MemqConfig, topics: list[str], ready: Event, conn: Connection) -> None:
+    """One Consumer (own group, own thread) per topic, recording (send time, latency) per record.
+    Asked `(topics, expected)`, answers once that many records of those topics arrived (or after
+    DRAIN_TIMEOUT_S) with their samples as array('d') bytes, and forgets them; None stops it."""
+    samples = {t: array("d") for t in topics}
+    assigned: set[str] = set()
+    stop = threading.Event()
+
+    def read(topic: str) -> None:
+        out = samples[topic]
+        with Consumer(config, topic, group_id=f"bench-mt-{uuid.uuid4().hex[:6]}",
+                      on_assign=lambda _: assigned.add(topic)) as consumer:
+            while not stop.is_set():
+                for record in consumer.poll(0.2):
+                    now = time.time()
+                    sent = _HEAD.unpack_from(record.value)[0]
+                    out.append(sent)
+                    out.append(now - sent)
+
+    threads = [threading.Thread(target=read, args=(t,), name=f"consume-{t}", daemon=True) for t in topics]
+    for th in threads:
+        th.start()
+    deadline = time.monotonic() + JOIN_TIMEOUT_S
+    while len(assigned) < len(topics) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    if len(assigned) == len(topics):
+        ready.set()
+    while (ask := conn.recv()) is not None:
+        wanted, expected = ask
+        give_up = time.monotonic() + DRAIN_TIMEOUT_S
+        while sum(len(samples[t]) // 2 for t in wanted) < expected and time.monotonic() < give_up:
+            time.sleep(0.05)
+        conn.send(b"".join(samples[t].tobytes() for t in wanted))
+        for t in wanted:
+            samples[t] = array("d")
+    stop.set()
+    for th in threads:
+        th.join(5)
+
+
+# --- the bench (this process) ---------------------------------------------------------------
+
+@dataclass(frozen=True)
+class _Scrape:
+    """The broker's cumulative counters at `taken_s`, summed over topics and groups."""
+
+    taken_s: float
+    objects: float          # objects stored (PUTs that succeeded)
+    puts: float             # PUT requests sent, each try
+    parts: float            # topics' batches stored (parts of those objects)
+    records: float          # LogMessages taken into batches
+    bytes_in: float
+    stages: dict[str, dict[str, float]]   # of the topic asked for (`stage_breakdown`)
+
+    def since(self, before: _Scrape, window: float) -> Usage:
+        """What the broker did between `before` and this scrape, as `memq cost` counts it, over
+        `window` seconds of traffic."""
+        counts = TopicCounters(bytes_in=self.bytes_in - before.bytes_in, objects=self.parts - before.parts,
+                               requests={"put": self.puts - before.puts, "get": 0.0, "list": 0.0, "delete": 0.0})
+        return Usage("case", window, counts, counts.scaled(1 / window))
+
+
+def _scrape(url: str, stage_topic: str = "") -> _Scrape:
+    """Read the counters, and the produce stages of `stage_topic`. A thousand topics' histograms
+    make /metrics ~10 MB: only these lines are parsed, so a scrape takes about the broker's
+    rendering time."""
+    taken = time.time()
+    text = urllib.request.urlopen(url + "/metrics", timeout=30).read().decode()
+    totals = dict.fromkeys(_COUNTERS.values(), 0.0)
+    stage_lines = [f"# TYPE {_STAGES} histogram"]
+    for line in text.splitlines():
+        field = _COUNTERS.get(line[:line.find("{") + 1])
+        if field is not None and (field != "puts" or 'op="put"' in line):
+            totals[field] += float(line.rsplit(" ", 1)[1])
+        elif stage_topic and line.startswith(_STAGES) and f'topic="{stage_topic}"' in line:
+            stage_lines.append(line)
+    samples = [s for f in text_string_to_metric_families("\n".join(stage_lines) + "\n") for s in f.samples]
+    return _Scrape(taken, totals["objects"], totals["puts"], totals["parts"], totals["records"], totals["bytes_in"],
+                   stage_breakdown(samples, stage_topic))
+
+
+def _run_case(case: Case, feeder: _Feeder, url: str, pid: int, consumer: Connection, consumers_ready: Event,
+              warm_s: float, measure_s: float, p: CostConfig) -> dict:
+    names, signals = case.topic_names, feeder.signals
+    signals.start.set()
+    # Rendering /metrics blocks the broker about a second with a thousand topics, so the counters
+    # are read before the warm-up ends (s0) and after the consumers got the window's records (s1):
+    # neither scrape delays a measured record, and the window's CPU excludes both.
+    try:
+        if not signals.learned.wait(60):
+            raise RuntimeError(f"case {case.name}: the feeder did not send to every topic within 60 s")
+        if not consumers_ready.wait(JOIN_TIMEOUT_S):
+            raise RuntimeError(f"the consumers were not all assigned within {JOIN_TIMEOUT_S:.0f} s")
+        s0 = _scrape(url)
+        signals.go.set()
+        if not signals.steady.wait(warm_s + 60):
+            raise RuntimeError(f"case {case.name}: the feeder's window did not start")
+        cpu0, t0, wall0 = cpu_s(pid), time.monotonic(), time.time()
+        if not signals.done.wait(measure_s + FEEDER_BLOCK_S):
+            raise RuntimeError(f"case {case.name}: the feeder did not finish its window")
+        cpu1, t1, wall1 = cpu_s(pid), time.monotonic(), time.time()
+        if not feeder.results.poll(120):
+            raise RuntimeError(f"case {case.name}: the feeder sent no result")
+        fed = feeder.results.recv()
+        feeder.process.join(10)
+    finally:
+        if feeder.process.is_alive():
+            feeder.process.terminate()
+            feeder.process.join(5)
+    consumer.send((names[:case.sampled], sent_to_first(fed["sent"], case.topics, case.sampled)))
+    raw = array("d", consumer.recv())
+    latencies = sorted(lat for sent, lat in zip(raw[::2], raw[1::2]) if wall0 <= sent <= wall1)
+    s1 = _scrape(url, names[0])
+    window = wall1 - s0.taken_s      # the counters' traffic: every record sent by then is counted (acked)
+    taken_msg_s = (s1.records - s0.records) / window
+    feeder_msg_s = fed["window_sent"] / fed["window_s"]
+    reached = min(taken_msg_s, feeder_msg_s) >= OFFERED_MIN * case.offered_msg_s and not fed["failed"]
+    cost = prices(s1.since(s0, window), p)
+    out = {"topics": case.topics, "value_bytes": case.value_bytes, "storage_group": case.storage_group,
+           "offered_msg_s": case.offered_msg_s, "achieved_msg_s": round(taken_msg_s, 1),
+           "feeder_msg_s": round(feeder_msg_s, 1), "offered_reached": reached,
+           "objects_per_s": round((s1.objects - s0.objects) / window, 2),
+           "puts_per_s": round((s1.puts - s0.puts) / window, 2),
+           "broker_cpu_core_frac": round((cpu1 - cpu0) / (t1 - t0), 3),
+           "e2e_p50_s": round(quantile(latencies, 0.5), 3), "e2e_p99_s": round(quantile(latencies, 0.99), 3),
+           "e2e_samples": len(latencies), "send_to_ack_p50_s": round(fed["ack_p50_s"], 3),
+           "send_to_ack_p99_s": round(fed["ack_p99_s"], 3),
+           "put_cost_per_gib_usd": round(cost.put_usd_per_gib, 5), "put_cost_vs_kafka": round(cost.put_vs_kafka, 3),
+           "s3_usd_per_broker_month": round(cost.put_usd_month, 2),
+           "consumer_get_usd_month": round(cost.consumer_get_usd_month, 2),
+           "broker_stages": s1.stages, "window_s": round(window, 1), "sends_failed": fed["failed"], "feeder_max_round_lag_s": round(fed["max_round_lag_s"], 3)}
+    print(f"{case.name}: {case.topics} topics, {case.offered_msg_s:,.0f} msg/s offered, {feeder_msg_s:,.0f} sent, "
+          f"{taken_msg_s:,.0f} taken by the broker, {fed['failed']} failed"
+          f"{'' if reached else ' (FLAGGED: under 95% or failures, a saturated broker or feeder)'}; "
+          f"{out['objects_per_s']} objects/s "
+          f"({out['puts_per_s']} PUTs/s); broker CPU {out['broker_cpu_core_frac']:.0%} of a core; "
+          f"e2e p50 {out['e2e_p50_s']}s p99 {out['e2e_p99_s']}s ({len(latencies)} samples; send->ack p99 "
+          f"{out['send_to_ack_p99_s']}s); "
+          f"PUTs ${out['put_cost_per_gib_usd']}/GiB = {out['put_cost_vs_kafka']}x Kafka's replication, "
+          f"${out['s3_usd_per_broker_month']}/broker-month (consumers' GETs ${out['consumer_get_usd_month']}/month)",
+          flush=True)
+    print(f"  {names[0]} at the broker (since its start): " + "; ".join(
+        f"{stage} mean {st['mean_s']:.3f}s p99 <= {st['p99_le_s']}s" for stage, st in s1.stages.items()), flush=True)
+    return out
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--before", action="store_true",
+                        help="also run trickle and hundred with topics storing their own objects (storage_group \"\")")
+    parser.add_argument("--seconds", type=float, default=None,
+                        help="each case's measured window (default 60, --quick 4)")
+
+
+def run(quick: bool, before: bool = False, seconds: float | None = None) -> dict:
+    warm_s, measure_s, idle_s = (2.0, 4.0, 1.0) if quick else (5.0, 60.0, 10.0)
+    measure_s = seconds or measure_s
+    chosen = cases(before)
+    p = CostConfig()
+    ctx = multiprocessing.get_context("spawn")     # no fork of a process with threads and a loop
+    t_start = time.monotonic()
+    with bench_cluster([t for c in chosen for t in c.topic_configs()], governor=GovernorConfig()) as bc:
+        url, pid = bc.broker.url, bc.broker.pid
+        print(f"broker at {url}: {sum(c.topics for c in chosen)} topics hosted after "
+              f"{time.monotonic() - t_start:.1f} s; batch_ms {BATCH_MS}, ack=1; warm {warm_s:.0f} s, "
+              f"window {measure_s:.0f} s per case", flush=True)
+        ready = ctx.Event()
+        ours, theirs = ctx.Pipe()
+        sampled = [n for c in chosen for n in c.topic_names[:c.sampled]]
+        reader = ctx.Process(target=_consume, args=(bc.config, sampled, ready, theirs), name="mt-consumers", daemon=True)
+        reader.start()
+        feeders = {c.name: _spawn_feeder(c, url, warm_s, measure_s) for c in chosen}
+        try:
+            cpu0 = cpu_s(pid)
+            time.sleep(idle_s)
+            idle = (cpu_s(pid) - cpu0) / idle_s
+            print(f"idle: broker CPU {idle:.0%} of a core with every topic hosted (consumers joining)", flush=True)
+            out = {c.name: _run_case(c, feeders[c.name], url, pid, ours, ready, warm_s, measure_s, p) for c in chosen}
+            ours.send(None)
+            reader.join(10)
+        finally:
+            for proc in (reader, *(f.process for f in feeders.values())):
+                if proc.is_alive():
+                    proc.terminate()
+                    proc.join(5)
+    trickle, hundred, one = out["trickle"], out["hundred"], out["one"]
+    ratios = {"trickle_objects_per_s_vs_goal": round(1000 / BATCH_MS / max(trickle["objects_per_s"], 1e-9), 3),
+              "trickle_cpu_vs_goal": round(0.10 / trickle["broker_cpu_core_frac"], 3),
+              "hundred_cpu_vs_2x_one": round(2 * one["broker_cpu_core_frac"] / hundred["broker_cpu_core_frac"], 3),
+              "hundred_e2e_p99_vs_one": round(one["e2e_p99_s"] / hundred["e2e_p99_s"], 3),
+              "hundred_put_cost_vs_kafka_vs_goal": round(0.1 / hundred["put_cost_vs_kafka"], 3)}
+    for name in ("trickle", "hundred"):
+        if f"{name}-own" in out:     # --before: what the shared group saves (own over shared)
+            own = out[f"{name}-own"]
+            ratios[f"{name}_objects_own_vs_shared"] = round(own["objects_per_s"] / out[name]["objects_per_s"], 1)
+            ratios[f"{name}_cpu_own_vs_shared"] = round(own["broker_cpu_core_frac"] / out[name]["broker_cpu_core_frac"], 2)
+    flagged = [name for name, case in out.items() if not case["offered_reached"]]
+    if flagged:
+        print(f"WARNING: offered rate not reached in {', '.join(flagged)}: those figures are of a saturated run",
+              flush=True)
+    return {"ratios": ratios, **out, "idle_cpu_core_frac": round(idle, 3), "batch_ms": BATCH_MS, "ack": "1",
+            "warm_s": warm_s, "window_s": measure_s, "below_offered": flagged,
+            "total_s": round(time.monotonic() - t_start, 1)}
