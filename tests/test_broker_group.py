@@ -84,6 +84,16 @@ async def test_one_seal_stores_every_topics_batch_as_a_part_of_one_object(tmp_pa
     assert {(a.id, a.key) for a in g.acks} == {(s, loc.key) for s in (1, 2, 3, 4)}
 
 
+async def test_a_flush_to_many_topics_seals_one_object(tmp_path: Path) -> None:
+    """A producer's flush marks its last Message to every topic: they go together, not one object each."""
+    g = Group(tmp_path, 4)
+    for i, topic in enumerate(g.procs):
+        await g.append(topic, i, seal=True)
+        await asyncio.sleep(0)                  # each on its own turn of the loop, as frames arrive
+    await g.wait_acks(4)
+    assert len(g.storage.puts) == 1 and sorted(g.notes()) == ["t0", "t1", "t2", "t3"]
+
+
 async def test_a_topic_with_its_own_group_never_shares(tmp_path: Path) -> None:
     g = Group(tmp_path, 3, own={"t2": "", "t1": "solo"})
     for i, topic in enumerate(("t0", "t1", "t2")):

@@ -54,6 +54,10 @@ def layout(encoded: Sequence[Sequence[Buffer]]) -> list[Part]:
     return parts
 
 
+FLUSH_GATHER_S = 0.002
+"""How long a flush's seal waits for the same flush's Messages to other topics of the group."""
+
+
 class GroupWriter:
     """Seals and stores the objects of one storage group (or of one topic, group "")."""
 
@@ -63,6 +67,7 @@ class GroupWriter:
         self._broker_id = broker_id
         self._members: dict[str, TopicProcessor] = {}
         self._m_objects = metrics.group_objects.labels(group)
+        self._soon: asyncio.Handle | None = None
 
     @property
     def members(self) -> list[str]:
@@ -75,8 +80,19 @@ class GroupWriter:
         if self._members.get(processor.config.name) is processor:
             del self._members[processor.config.name]
 
+    def seal_soon(self) -> None:
+        """A producer flushed: seal `FLUSH_GATHER_S` from now, so the flush's other Messages (one
+        per topic, sent together) join this object instead of sealing one object each."""
+        if not self.group:
+            self.seal()          # a topic's own objects: nothing to gather
+        elif self._soon is None:
+            self._soon = asyncio.get_running_loop().call_later(FLUSH_GATHER_S, self.seal)
+
     def seal(self) -> None:
         """A member's batch must go: store every member's filling batch now, as one object."""
+        if self._soon is not None:
+            self._soon.cancel()
+            self._soon = None
         parts = [(p, b) for p in list(self._members.values()) if (b := p.take()) is not None]
         if not parts:
             return

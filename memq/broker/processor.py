@@ -138,7 +138,7 @@ class TopicProcessor:
             self._seal(batch)
         elif seal:
             self._m_flush_seals.inc()
-            self._seal(batch)
+            self._group.seal_soon()
         if ack is AckLevel.LEADER:
             return Ack(request_id, True)
         return None
