@@ -173,7 +173,8 @@ class KafkaConnection:
             if not 0 < size <= limit:
                 return f"request of {size} bytes (broker.max_frame_bytes={limit})"
             try:
-                frame = await asyncio.wait_for(self._reader.readexactly(size), FRAME_READ_TIMEOUT_S)
+                async with asyncio.timeout(FRAME_READ_TIMEOUT_S):   # no task per read, unlike wait_for
+                    frame = await self._reader.readexactly(size)
             except (asyncio.IncompleteReadError, ConnectionError, TimeoutError):
                 return f"request of {size} bytes not received in full"
             try:
@@ -200,7 +201,8 @@ class KafkaConnection:
         bc = self._broker.config.broker
         if self._awaiting and bc.kafka_idle_seal_ms:
             try:
-                return await asyncio.wait_for(self._reader.readexactly(4), bc.kafka_idle_seal_ms / 1000)
+                async with asyncio.timeout(bc.kafka_idle_seal_ms / 1000):
+                    return await self._reader.readexactly(4)
             except TimeoutError:
                 self._idle_seal()
         return await self._reader.readexactly(4)
@@ -425,7 +427,8 @@ class KafkaConnection:
                 return
             try:
                 self._writer.write(data)
-                await asyncio.wait_for(self._writer.drain(), WRITE_TIMEOUT_S)
+                async with asyncio.timeout(WRITE_TIMEOUT_S):
+                    await self._writer.drain()
             except (ConnectionError, TimeoutError) as e:
                 log.warning("Kafka connection from %s: response not written (%s)", self._peer, e)
                 self._writer.close()
