@@ -281,8 +281,9 @@ class BrokerConfig:
     kafka_advertised_host: str = ""
     # A Kafka connection quiet this long while its acks=all Messages wait is a producer waiting
     # on us (Kafka has no flush to say so): their topics' batches seal now if they hold at least
-    # kafka_idle_seal_bytes (so a trickle still waits for batch_ms: at most one extra object per
-    # that many bytes). 0 ms = off.
+    # kafka_idle_seal_bytes, or whatever they hold once the connection sent that many bytes since
+    # its last idle seal (a bulk producer's tail). So early objects are at most one per that many
+    # bytes a connection sends, and a trickle still waits for batch_ms. 0 ms = off.
     kafka_idle_seal_ms: int = setting(20, ge=0)
     kafka_idle_seal_bytes: int = setting(1 * MiB, ge=1)
 

@@ -169,3 +169,27 @@ async def test_fetch_is_refused_per_partition(broker: Broker) -> None:
     r = await c.response()
     assert (r.i32(), r.i32(), r.count(), r.string(), r.count(), r.i32(), r.i16()) == (
         8, 0, 1, "t1", 1, 0, ErrorCode.UNSUPPORTED_VERSION)
+
+
+async def test_a_request_split_across_an_idle_seal_timeout_is_read_whole(broker: Broker) -> None:
+    """With acks=all pending the listener reads the next size under a kafka_idle_seal_ms timeout;
+    a timed-out read must consume nothing, so a frame arriving in pieces is still parsed intact."""
+    c = await Client.connect(broker)
+    batch = record_batch([LogMessage(b"v", timestamp_ms=1)])
+    first, second = (request(0, 8, cid, produce_body("t1", 0, batch, acks=-1)) for cid in (1, 2))
+    await c.send(first + second[:2])    # half of the next size while the first one's ack waits
+    await asyncio.sleep(0.1)            # longer than the 20 ms idle: that read times out
+    await c.send(second[2:])
+    assert [(await c.response()).i32() for _ in range(2)] == [1, 2]
+    assert (await c.produce(3, "t1", 0, batch))[:2] == (3, ErrorCode.NONE)
+
+
+async def test_a_frame_whose_body_stalls_closes_the_connection_with_the_reason_logged(
+        broker: Broker, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("memq.kafka_api.listener.FRAME_READ_TIMEOUT_S", 0.2)
+    c = await Client.connect(broker)
+    with caplog.at_level(logging.WARNING, "memq.kafka_api.listener"):
+        await c.send(struct.pack(">i", 100) + b"partial")
+        assert await c.closed()
+    assert "request of 100 bytes not received in full" in caplog.text
+    assert await api_versions_ok(broker)

@@ -43,9 +43,10 @@ class Running:
     broker: Broker
     loop: asyncio.AbstractEventLoop
 
-    def add_topic(self, partitions: int = 3, batch_ms: int = 50) -> str:
+    def add_topic(self, partitions: int = 3, batch_ms: int = 50, **settings: int) -> str:
+        """`settings`: other TopicConfig fields, e.g. batch_bytes."""
         name = f"kafka-{uuid.uuid4().hex[:8]}"
-        topic = TopicConfig(name=name, read_partitions=partitions, batch_ms=batch_ms)
+        topic = TopicConfig(name=name, read_partitions=partitions, batch_ms=batch_ms, **settings)
         asyncio.run_coroutine_threadsafe(self.broker.add_topic(topic), self.loop).result(30)
         return name
 
@@ -230,8 +231,9 @@ async def test_the_audit_counts_what_kafka_producers_wrote(devcluster: DevCluste
 
 def test_a_kafka_producer_waiting_on_acks_gets_its_batch_sealed_when_it_is_large(running: Running) -> None:
     """Kafka has no flush a broker could see: a connection gone quiet with acks=all pending is a
-    producer waiting, so a batch of kafka_idle_seal_bytes (1 MiB) or more seals at once; a small
-    one still waits for batch_ms (no object per request for a trickle)."""
+    producer waiting, so a batch of kafka_idle_seal_bytes (1 MiB) or more seals at once; then a
+    small one still waits for batch_ms (its connection spent its credit: no object per request
+    for a trickle)."""
     topic = running.add_topic(partitions=1, batch_ms=8_000)
     acked: list[int] = []
     p = Producer({"bootstrap.servers": running.broker.kafka_address, "acks": "all", "linger.ms": 5,
@@ -242,3 +244,18 @@ def test_a_kafka_producer_waiting_on_acks_gets_its_batch_sealed_when_it_is_large
     p.produce(topic, b"small", on_delivery=lambda e, _m: acked.append(0 if e else 1))
     assert p.flush(2) == 1, "a small batch must wait for batch_ms, not seal on every quiet moment"
     assert p.flush(30) == 0 and acked == [1, 1, 1, 1]
+
+
+def test_a_bulk_kafka_producer_gets_its_last_small_batch_sealed_when_it_waits(running: Running) -> None:
+    """A connection that sent kafka_idle_seal_bytes or more has credit for an early seal: the
+    small batch left at the end of a bulk send (the rest sealed at batch_bytes) goes as soon as
+    the producer waits, not after batch_ms."""
+    topic = running.add_topic(partitions=1, batch_ms=8_000, batch_bytes=1024 * 1024, max_message_bytes=1024 * 1024)
+    acked: list[int] = []
+    p = Producer({"bootstrap.servers": running.broker.kafka_address, "acks": "all", "linger.ms": 5,
+                  "message.timeout.ms": 60_000})
+    for _ in range(8):              # ~4 MB: batches seal at 1 MiB, a smaller last one is left
+        p.produce(topic, os.urandom(500_000), on_delivery=lambda e, _m: acked.append(0 if e else 1))
+    p.produce(topic, b"tail", on_delivery=lambda e, _m: acked.append(0 if e else 1))
+    assert p.flush(4) == 0, "the bulk's last small batch waited for batch_ms (8 s)"
+    assert acked == [1] * 9

@@ -43,6 +43,7 @@ from memq.security.quota import ANONYMOUS
 from memq.security.acl import Operation
 from memq.security.tls import subject_cn
 
+from .idle_seal import SealCredit
 from .mapping import PRODUCER_ID_BITS, ack_level, error_code, memq_producer_id, metadata_view, node_id
 from .protocol import (ApiKey, ErrorCode, PartitionData, PartitionResult, ProduceRequest, ProduceResult, Reader,
                        RequestHeader, TopicPartitions, api_name, decode_fetch_partitions, decode_init_producer_id,
@@ -67,6 +68,8 @@ WRITE_TIMEOUT_S = 30.0         # a client that does not read its responses this 
 #: with the same ids, so an idempotent producer's retry is dropped as a duplicate).
 MIN_ACK_WAIT_S = 1.0
 MAX_ACK_WAIT_S = 300.0
+#: A connection banks idle-seal credit (`idle_seal`) up to this many `broker.kafka_idle_seal_bytes`.
+IDLE_SEAL_BANK = 4
 PRE_AUTH_MAX_FRAME = 64 * 1024   # before authentication: SASL messages are small
 SASL_MECHANISMS = ("PLAIN",)
 _PRE_AUTH_APIS = frozenset({ApiKey.API_VERSIONS, ApiKey.SASL_HANDSHAKE, ApiKey.SASL_AUTHENTICATE})
@@ -129,6 +132,8 @@ class KafkaConnection:
         self._metrics = broker.metrics
         self._throttle_s = 0.0   # owed by the request just handled: read nothing more for this long
         self._awaiting: set[str] = set()   # topics with acks=all Messages appended since the last idle seal
+        seal_unit = broker.config.broker.kafka_idle_seal_bytes
+        self._seal_credit = SealCredit(seal_unit, IDLE_SEAL_BANK * seal_unit)
         self._guard = broker.guard
         # With security on: who this is (a verified client certificate's CN, or SASL below).
         self._principal = subject_cn(writer.get_extra_info("peercert")) if broker.guard.enabled else None
@@ -168,7 +173,8 @@ class KafkaConnection:
             if not 0 < size <= limit:
                 return f"request of {size} bytes (broker.max_frame_bytes={limit})"
             try:
-                frame = await asyncio.wait_for(self._reader.readexactly(size), FRAME_READ_TIMEOUT_S)
+                async with asyncio.timeout(FRAME_READ_TIMEOUT_S):   # no task per read, unlike wait_for
+                    frame = await self._reader.readexactly(size)
             except (asyncio.IncompleteReadError, ConnectionError, TimeoutError):
                 return f"request of {size} bytes not received in full"
             try:
@@ -190,19 +196,24 @@ class KafkaConnection:
 
     async def _read_head(self) -> bytes:
         """The next frame's size. Quiet for `kafka_idle_seal_ms` with acks=all Messages appended,
-        the client is waiting on them: seal their topics' batches (of `kafka_idle_seal_bytes` or
-        more) rather than make it wait for `batch_ms`. A timed-out read consumes nothing."""
+        the client is waiting on them: seal their topics' batches (`_idle_seal`) rather than make
+        it wait for `batch_ms`. A timed-out read consumes nothing."""
         bc = self._broker.config.broker
         if self._awaiting and bc.kafka_idle_seal_ms:
             try:
-                return await asyncio.wait_for(self._reader.readexactly(4), bc.kafka_idle_seal_ms / 1000)
+                async with asyncio.timeout(bc.kafka_idle_seal_ms / 1000):
+                    return await self._reader.readexactly(4)
             except TimeoutError:
-                for topic in self._awaiting:
-                    proc = self._broker.processor(topic)
-                    if proc is not None:
-                        proc.seal_if_at_least(bc.kafka_idle_seal_bytes)
-                self._awaiting.clear()
+                self._idle_seal()
         return await self._reader.readexactly(4)
+
+    def _idle_seal(self) -> None:
+        """Seal the awaited topics' batches the connection's credit allows (`idle_seal`)."""
+        for topic in self._awaiting:
+            proc = self._broker.processor(topic)
+            if proc is not None and proc.seal_if_at_least(self._seal_credit.threshold()):
+                self._seal_credit.spend()
+        self._awaiting.clear()
 
     async def _dispatch(self, h: RequestHeader, body: Reader) -> asyncio.Future[bytes] | str | None:
         """The response to come, None for none (acks=0), or why the connection must close."""
@@ -385,6 +396,8 @@ class KafkaConnection:
 
             request_id = next(self._request_ids)
             ack = await proc.append(memoryview(msg), header, request_id, level, reply)
+            if ack is None or ack.ok:
+                self._seal_credit.earn(len(msg))
             if ack is None and level is AckLevel.NONE:
                 ack = Ack(request_id, True)
             if ack is not None:
@@ -414,7 +427,8 @@ class KafkaConnection:
                 return
             try:
                 self._writer.write(data)
-                await asyncio.wait_for(self._writer.drain(), WRITE_TIMEOUT_S)
+                async with asyncio.timeout(WRITE_TIMEOUT_S):
+                    await self._writer.drain()
             except (ConnectionError, TimeoutError) as e:
                 log.warning("Kafka connection from %s: response not written (%s)", self._peer, e)
                 self._writer.close()
