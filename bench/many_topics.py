@@ -30,6 +30,10 @@ broker or load generator. Short (`--quick`) windows make the broker's count nois
 also prints the broker's produce stages of one of its topics (`broker_stages`), so a slow E2E
 shows where it goes; before the cases, `idle_cpu_core_frac` is the broker's CPU with every
 topic hosted and no traffic. `--seconds N` sets the window (default 60 s, `--quick` 4 s).
+The peer of the notify stage (not in `--quick`): a confluent-kafka producer set like memq's
+notification publisher sends one message to each of as many new topics as a trickle object has
+parts, on the same Kafka; `kafka_fanout_s` is how long until all are delivered (ratio key
+`kafka_fanout_vs_trickle_notify`: that over the trickle's mean notify stage).
 
 Ratios (goal over measured, higher is better; >= 1 meets the issue's goal): objects/s of the
 trickle against 1/batch_ms per group, broker CPU of the trickle against 10% of a core, `hundred`
@@ -56,6 +60,8 @@ from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from multiprocessing.synchronize import Event
 
+from confluent_kafka import Producer as KafkaProducer
+from confluent_kafka.admin import AdminClient, NewTopic
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench._cluster import bench_cluster
@@ -407,6 +413,26 @@ def _run_case(case: Case, feeder: _Feeder, url: str, pid: int, consumer: Connect
     return out
 
 
+def kafka_fanout_s(bootstrap: str, topics: int) -> float:
+    """The peer of the notify stage: seconds until one message to each of `topics` new topics
+    (3 partitions, keyed) is delivered, from a producer set like memq's notification publisher
+    (acks=all, idempotent, linger 2 ms), after a warm-up round."""
+    names = [f"bench-fanout-{uuid.uuid4().hex[:6]}-{i}" for i in range(topics)]
+    admin = AdminClient({"bootstrap.servers": bootstrap})   # kept: its futures fail once it is collected
+    for future in admin.create_topics([NewTopic(n, num_partitions=3, replication_factor=1) for n in names]).values():
+        future.result(60)
+    p = KafkaProducer({"bootstrap.servers": bootstrap, "acks": "all", "enable.idempotence": True, "linger.ms": 2})
+    best = float("inf")
+    for _ in range(3):            # the first is the warm-up (metadata, connections)
+        t0 = time.perf_counter()
+        for n in names:
+            p.produce(n, os.urandom(300), key=os.urandom(8))
+        if p.flush(60):
+            raise RuntimeError(f"Kafka did not take {topics} messages within 60 s")
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--before", action="store_true",
                         help="also run trickle and hundred with topics storing their own objects (storage_group \"\")")
@@ -440,6 +466,14 @@ def run(quick: bool, before: bool = False, seconds: float | None = None) -> dict
             out = {c.name: _run_case(c, feeders[c.name], url, pid, ours, ready, warm_s, measure_s, p) for c in chosen}
             ours.send(None)
             reader.join(10)
+            trickle = out["trickle"]
+            parts = round(trickle["feeder_msg_s"] / max(trickle["objects_per_s"], 1e-9))   # ~ parts per object
+            fanout_s = None if quick else kafka_fanout_s(bc.config.kafka.bootstrap_servers, min(parts, 1000))
+            if fanout_s is not None:
+                notify_s = trickle["broker_stages"]["notify"]["mean_s"]
+                print(f"peer: one message to each of {min(parts, 1000)} Kafka topics (a trickle object's parts, "
+                      f"each a notification) delivered in {fanout_s:.3f} s on the same Kafka; the trickle's notify "
+                      f"stage: mean {notify_s:.3f} s", flush=True)
         finally:
             for proc in (reader, *(f.process for f in feeders.values())):
                 if proc.is_alive():
@@ -456,10 +490,12 @@ def run(quick: bool, before: bool = False, seconds: float | None = None) -> dict
             own = out[f"{name}-own"]
             ratios[f"{name}_objects_own_vs_shared"] = round(own["objects_per_s"] / out[name]["objects_per_s"], 1)
             ratios[f"{name}_cpu_own_vs_shared"] = round(own["broker_cpu_core_frac"] / out[name]["broker_cpu_core_frac"], 2)
+    if fanout_s is not None:
+        ratios["kafka_fanout_vs_trickle_notify"] = round(fanout_s / max(trickle["broker_stages"]["notify"]["mean_s"], 1e-9), 3)
     flagged = [name for name, case in out.items() if not case["offered_reached"]]
     if flagged:
         print(f"WARNING: offered rate not reached in {', '.join(flagged)}: those figures are of a saturated run",
               flush=True)
-    return {"ratios": ratios, **out, "idle_cpu_core_frac": round(idle, 3), "batch_ms": BATCH_MS, "ack": "1",
+    return {"ratios": ratios, **out, "idle_cpu_core_frac": round(idle, 3), "kafka_fanout_s": fanout_s, "batch_ms": BATCH_MS, "ack": "1",
             "warm_s": warm_s, "window_s": measure_s, "below_offered": flagged,
             "total_s": round(time.monotonic() - t_start, 1)}
