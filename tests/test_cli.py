@@ -8,6 +8,7 @@ import re
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 import uuid
@@ -195,21 +196,28 @@ def _processes_under(run_dir: Path) -> list[int]:
 def _consume_until(config: Path, topic: str, wanted: set[str], timeout_s: float = 60) -> list[str]:
     """Run `memq consume` (demo traffic never goes idle) until `wanted` lines came, then
     Ctrl-C it, which must end it cleanly."""
-    proc = subprocess.Popen([MEMQ, "--config", str(config), "consume", topic, "--group", f"check-{uuid.uuid4().hex[:6]}",
-                             "--from-beginning"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
-    values: list[str] = []
-    try:
-        deadline = time.monotonic() + timeout_s
-        assert proc.stdout is not None
-        while not wanted <= set(values):
-            assert time.monotonic() < deadline and proc.poll() is None, f"wanted {wanted} not consumed"
-            values.append(proc.stdout.readline().decode().rstrip("\n"))
-        proc.send_signal(signal.SIGINT)
-        assert proc.wait(30) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(10)
+    with tempfile.TemporaryFile() as stderr:   # a file, not a pipe: nobody reads it until the end
+        proc = subprocess.Popen([MEMQ, "--config", str(config), "consume", topic, "--group",
+                                 f"check-{uuid.uuid4().hex[:6]}", "--from-beginning"],
+                                stdout=subprocess.PIPE, stderr=stderr)
+
+        def why() -> str:
+            stderr.seek(0)
+            return stderr.read().decode(errors="replace")[-3000:]
+        values: list[str] = []
+        try:
+            deadline = time.monotonic() + timeout_s
+            assert proc.stdout is not None
+            while not wanted <= set(values):
+                assert time.monotonic() < deadline and proc.poll() is None, \
+                    f"wanted {wanted} not consumed (exit {proc.poll()}); memq consume said:\n{why()}"
+                values.append(proc.stdout.readline().decode().rstrip("\n"))
+            proc.send_signal(signal.SIGINT)
+            assert proc.wait(30) == 0, why()
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(10)
     return values
 
 
