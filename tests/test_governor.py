@@ -145,6 +145,21 @@ def test_stopping_a_waiting_governor_logs_no_warning(registries, caplog: pytest.
         leader.stop()
 
 
+def test_a_governor_takes_up_its_own_contender_znode_left_in_a_live_session(registries) -> None:
+    # a create whose reply was lost (or a cleanup delete that failed) on a flapping connection leaves
+    # the governor's contender znode in a session that lives on: first in line, nobody may lead
+    r = registries()
+    g = Governor(r, "b1", interval_s=0.3)
+    r.client.create(f"{r.election_path}/{g.election_lock.prefix}", b"b1", ephemeral=True, sequence=True,
+                    makepath=True)
+    g.start()
+    try:
+        wait_for(g.leading.is_set, 15, "the governor to lead past its own leftover znode")
+        assert len(r.client.get_children(r.election_path)) == 1
+    finally:
+        g.stop()
+
+
 def test_stale_governor_cannot_write(registries) -> None:
     r = registries()
     r.register_broker(broker(1))

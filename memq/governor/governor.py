@@ -77,7 +77,11 @@ class Governor:
         self._stop = threading.Event()
         self._session_lost = threading.Event()
         self._thread: threading.Thread | None = None
-        self._lock: Lock | None = None
+        # One lock for the governor's life: a contender znode whose create reply or delete was
+        # lost stays in a session that lives on, first in line. kazoo's cleanup of it is best
+        # effort, and a new Lock (new name prefix) would wait behind it forever, and so would
+        # every other contender; the same Lock finds its own znode by prefix and takes it up.
+        self.election_lock: Lock = registry.client.Lock(registry.election_path, identifier)
         self.leading = threading.Event()
         zk = registry.zk
         self.missing_grace_s = (missing_grace_s if missing_grace_s is not None else
@@ -95,8 +99,7 @@ class Governor:
     def stop(self, timeout_s: float = 10.0) -> None:
         self._stop.set()
         self._poke.set()
-        if self._lock is not None:
-            self._lock.cancel()  # wakes a contender waiting in acquire()
+        self.election_lock.cancel()  # wakes a contender waiting in acquire()
         if self._thread is not None:
             self._thread.join(timeout_s)
 
@@ -116,8 +119,8 @@ class Governor:
         return max(0.0, self._session[1] + self.missing_grace_s - time.monotonic())
 
     def _run(self) -> None:
+        lock = self.election_lock
         while not self._stop.is_set():
-            lock = self._lock = self.registry.client.Lock(self.registry.election_path, self.identifier)
             try:
                 if not self.registry.connected:
                     self._stop.wait(0.2)
@@ -142,7 +145,7 @@ class Governor:
                     if self.registry.connected:
                         lock.release()
                 except KazooException as e:
-                    # its znode stays until the session ends, ahead of any new contender of ours
+                    # its znode stays first in line; the next acquire() finds it and takes it up
                     log.warning("governor could not release its election lock: %r", e)
 
     def _lead(self, fence: str) -> None:
