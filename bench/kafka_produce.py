@@ -4,7 +4,9 @@ One dev cluster (moto S3, tansu, ZooKeeper) and one governed broker process with
 listener on; the same Producer settings (100-byte values, acks=all, linger.ms=5) write to a
 3-partition memq topic through the listener (stored in S3 and notified before each ack) and to
 a 3-partition topic on tansu. Runs alternate, best of `--runs` each; ratio key `vs_tansu` is
-memq msg/s over tansu msg/s. Then the end-to-end latency through the Kafka path: the same
+memq msg/s over tansu msg/s. Each run also takes the CPU seconds of the servers: the memq broker,
+the S3 server it stores to (moto: its PUT handling and ETag MD5 run on the same cores; on AWS they
+do not) and tansu; `broker_cpu_vs_tansu` is tansu's CPU per value over the broker's (best runs). Then the end-to-end latency through the Kafka path: the same
 Producer paced at 10 MB/s of 1 KiB values (acks=all) into the listener, memq's Consumer in its
 own process, exactly as `bench e2e` measures memq's own producer (its consumer and quantiles);
 ratio key `e2e_p99_vs_target` is that bench's 0.5 s target over the p99. Kafka's protocol has no "flush" a broker could see, so the last
@@ -27,6 +29,7 @@ from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from bench._cluster import kafka_produce_s
+from bench.produce import cpu_s
 from bench.e2e import (_HEAD, DRAIN_TIMEOUT_S, JOIN_TIMEOUT_S, RATE_BYTES_S, TARGET_P99_S, TICK_S, _consume,
                        quantile)
 from memq.client.cluster import fetch_metadata
@@ -140,18 +143,31 @@ def run(quick: bool, messages: int | None = None, runs: int | None = None,
         values = _values(n)
         kafka_produce_s(memq_at, TOPIC, values[:20_000])    # warm up both: connections, metadata
         kafka_produce_s(tansu_at, TOPIC, values[:20_000])
+        servers = {"broker": gc.broker("b1").pid, "s3": dc.pids["s3"], "tansu": dc.pids["kafka"]}
         memq_rates, tansu_rates = [], []
+        cpu: dict[str, list[float]] = {name: [] for name in servers}
         for _ in range(runs):   # interleaved, so drift on a shared machine hits both alike
+            before = {name: cpu_s(pid) for name, pid in servers.items()}
             memq_rates.append(n / kafka_produce_s(memq_at, TOPIC, values))
+            middle = {name: cpu_s(pid) for name, pid in servers.items()}
             tansu_rates.append(n / kafka_produce_s(tansu_at, TOPIC, values))
-            print(f"acks=all {VALUE_BYTES} B: memq {memq_rates[-1]:,.0f} msg/s, tansu {tansu_rates[-1]:,.0f} msg/s",
+            after = {name: cpu_s(pid) for name, pid in servers.items()}
+            for name in ("broker", "s3"):
+                cpu[name].append(middle[name] - before[name])
+            cpu["tansu"].append(after["tansu"] - middle["tansu"])
+            print(f"acks=all {VALUE_BYTES} B: memq {memq_rates[-1]:,.0f} msg/s (broker CPU {cpu['broker'][-1]:.2f} s, "
+                  f"S3 server {cpu['s3'][-1]:.2f} s), tansu {tansu_rates[-1]:,.0f} msg/s (CPU {cpu['tansu'][-1]:.2f} s)",
                   flush=True)
         del values
         gc.create_topic(TopicConfig(E2E_TOPIC, read_partitions=PARTITIONS))
         e2e = _e2e(gc.config(), memq_at, E2E_TOPIC, 10.0 if quick else 30.0)
     best_memq, best_tansu = max(memq_rates), max(tansu_rates)
+    per_m = {name: min(seconds) * 1e6 / n for name, seconds in cpu.items()}   # CPU s per million values
     return {"ratios": {"vs_tansu": round(best_memq / best_tansu, 3),
+                       "broker_cpu_vs_tansu": round(per_m["tansu"] / per_m["broker"], 3),
                        "e2e_p99_vs_target": round(TARGET_P99_S / e2e["e2e_p99_s"], 3)},
             **e2e,
             "memq_kafka_msg_s": round(best_memq), "tansu_msg_s": round(best_tansu),
+            "broker_cpu_s_per_m": round(per_m["broker"], 3), "s3_server_cpu_s_per_m": round(per_m["s3"], 3),
+            "tansu_cpu_s_per_m": round(per_m["tansu"], 3),
             "messages": n, "value_bytes": VALUE_BYTES, "runs": runs, "batch_ms": batch_ms}
