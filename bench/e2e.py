@@ -157,13 +157,21 @@ async def _produce(url: str, topic: str, duration_s: float, warm: Event) -> dict
 
 # --- broker stage breakdown --------------------------------------------------------------------
 
-def stage_breakdown(samples: Iterable[Sample], topic: str) -> dict[str, dict[str, float]]:
-    """Per stage of `topic`: count, mean, and p50/p99 as the upper bound of the histogram bucket
-    holding them, from the samples of `memq_broker_stage_seconds` (`broker_samples`)."""
+def stage_family(topic: TopicConfig) -> tuple[str, dict[str, str]]:
+    """The histogram family holding `topic`'s produce stages and the labels selecting it: its
+    own (objects of its own) or its shared storage group's (`memq.broker.metrics`)."""
+    if topic.storage_group:
+        return "memq_broker_group_stage_seconds", {"group": topic.storage_group}
+    return "memq_broker_stage_seconds", {"topic": topic.name}
+
+
+def stage_breakdown(samples: Iterable[Sample], **labels: str) -> dict[str, dict[str, float]]:
+    """Per stage of the series with these `labels`: count, mean, and p50/p99 as the upper bound
+    of the histogram bucket holding them, from a stage family's samples (`broker_samples`)."""
     buckets: dict[str, list[tuple[float, float]]] = {}
     totals: dict[str, dict[str, float]] = {}
     for s in samples:
-        if s.labels.get("topic") != topic:
+        if any(s.labels.get(k) != v for k, v in labels.items()):
             continue
         stage = s.labels["stage"]
         if s.name.endswith("_bucket"):
@@ -206,7 +214,8 @@ def run(quick: bool) -> dict:
                 raise RuntimeError("the consumer process sent no result")
             raw, duplicates, missing = ours.recv()
             reader.join(10)
-            stages = stage_breakdown(broker_samples(bc.broker.url, "memq_broker_stage_seconds"), topic.name)
+            family, labels = stage_family(topic)
+            stages = stage_breakdown(broker_samples(bc.broker.url, family), **labels)
         finally:
             if reader.is_alive():
                 reader.terminate()

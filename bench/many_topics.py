@@ -63,9 +63,10 @@ from multiprocessing.synchronize import Event
 from confluent_kafka import Producer as KafkaProducer
 from confluent_kafka.admin import AdminClient, NewTopic
 from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.samples import Sample
 
 from bench._cluster import bench_cluster
-from bench.e2e import quantile, stage_breakdown
+from bench.e2e import quantile, stage_breakdown, stage_family
 from bench.produce import cpu_s
 from memq.client.consumer import Consumer
 from memq.client.producer import Producer
@@ -87,7 +88,6 @@ _HEAD = struct.Struct("<d")    # send time, seconds since the epoch
 _COUNTERS = {"memq_broker_group_objects_total{": "objects", "memq_storage_attempts_total{": "puts",
              "memq_broker_batch_bytes_count{": "parts", "memq_broker_logmessages_total{": "records",
              "memq_broker_message_bytes_total{": "bytes_in"}
-_STAGES = "memq_broker_stage_seconds"
 
 
 @dataclass(frozen=True)
@@ -319,7 +319,14 @@ class _Scrape:
     parts: float            # topics' batches stored (parts of those objects)
     records: float          # LogMessages taken into batches
     bytes_in: float
-    stages: dict[str, dict[str, float]]   # of the topic asked for (`stage_breakdown`)
+    stage_samples: tuple[Sample, ...]   # cumulative, of the stage series asked for (`stage_family`)
+
+    def stages_since(self, before: _Scrape) -> dict[str, dict[str, float]]:
+        """`stage_breakdown` of what was observed between `before` and this scrape: a shared
+        group's stages are the group's, and the cases before this one used the same group."""
+        was = {(b.name, tuple(sorted(b.labels.items()))): b.value for b in before.stage_samples}
+        return stage_breakdown(s._replace(value=s.value - was.get((s.name, tuple(sorted(s.labels.items()))), 0.0))
+                               for s in self.stage_samples)
 
     def since(self, before: _Scrape, window: float) -> Usage:
         """What the broker did between `before` and this scrape, as `memq cost` counts it, over
@@ -329,24 +336,26 @@ class _Scrape:
         return Usage("case", window, counts, counts.scaled(1 / window))
 
 
-def _scrape(url: str, stage_topic: str = "") -> _Scrape:
-    """Read the counters, and the produce stages of `stage_topic`. A thousand topics' histograms
-    make /metrics ~10 MB: only these lines are parsed, so a scrape takes about the broker's
-    rendering time."""
+def _scrape(url: str, case: Case) -> _Scrape:
+    """Read the counters, and the produce stages of `case`'s topics (its group's, or its first
+    topic's when topics have objects of their own). Only these lines are parsed: a thousand
+    topics' counters make /metrics ~2 MB."""
     asked = time.time()
     text = urllib.request.urlopen(url + "/metrics", timeout=30).read().decode()
     taken = (asked + time.time()) / 2   # the counters are read somewhere in a rendering of ~1-2 s
     totals = dict.fromkeys(_COUNTERS.values(), 0.0)
-    stage_lines = [f"# TYPE {_STAGES} histogram"]
+    family, labels = stage_family(case.topic_configs()[0])
+    wanted = "".join(f'{k}="{v}"' for k, v in labels.items())
+    stage_lines = [f"# TYPE {family} histogram"]
     for line in text.splitlines():
         field = _COUNTERS.get(line[:line.find("{") + 1])
         if field is not None and (field != "puts" or 'op="put"' in line):
             totals[field] += float(line.rsplit(" ", 1)[1])
-        elif stage_topic and line.startswith(_STAGES) and f'topic="{stage_topic}"' in line:
+        elif line.startswith(family + "_") and wanted in line:
             stage_lines.append(line)
-    samples = [s for f in text_string_to_metric_families("\n".join(stage_lines) + "\n") for s in f.samples]
+    samples = tuple(s for f in text_string_to_metric_families("\n".join(stage_lines) + "\n") for s in f.samples)
     return _Scrape(taken, totals["objects"], totals["puts"], totals["parts"], totals["records"], totals["bytes_in"],
-                   stage_breakdown(samples, stage_topic))
+                   samples)
 
 
 def _run_case(case: Case, feeder: _Feeder, url: str, pid: int, consumer: Connection, consumers_ready: Event,
@@ -361,7 +370,7 @@ def _run_case(case: Case, feeder: _Feeder, url: str, pid: int, consumer: Connect
             raise RuntimeError(f"case {case.name}: the feeder did not send to every topic within 60 s")
         if not consumers_ready.wait(JOIN_TIMEOUT_S):
             raise RuntimeError(f"the consumers were not all assigned within {JOIN_TIMEOUT_S:.0f} s")
-        s0 = _scrape(url)
+        s0 = _scrape(url, case)
         signals.go.set()
         if not signals.steady.wait(warm_s + 60):
             raise RuntimeError(f"case {case.name}: the feeder's window did not start")
@@ -380,7 +389,8 @@ def _run_case(case: Case, feeder: _Feeder, url: str, pid: int, consumer: Connect
     consumer.send((names[:case.sampled], sent_to_first(fed["sent"], case.topics, case.sampled)))
     raw = array("d", consumer.recv())
     latencies = sorted(lat for sent, lat in zip(raw[::2], raw[1::2]) if wall0 <= sent <= wall1)
-    s1 = _scrape(url, names[0])
+    s1 = _scrape(url, case)
+    stages = s1.stages_since(s0)
     window = wall1 - s0.taken_s      # the counters' traffic: every record sent by then is counted (acked)
     taken_msg_s = (s1.records - s0.records) / window
     feeder_msg_s = fed["window_sent"] / fed["window_s"]
@@ -398,7 +408,7 @@ def _run_case(case: Case, feeder: _Feeder, url: str, pid: int, consumer: Connect
            "put_cost_per_gib_usd": round(cost.put_usd_per_gib, 5), "put_cost_vs_kafka": round(cost.put_vs_kafka, 3),
            "s3_usd_per_broker_month": round(cost.put_usd_month, 2),
            "consumer_get_usd_month": round(cost.consumer_get_usd_month, 2),
-           "broker_stages": s1.stages, "window_s": round(window, 1), "sends_failed": fed["failed"], "feeder_max_round_lag_s": round(fed["max_round_lag_s"], 3)}
+           "broker_stages": stages, "window_s": round(window, 1), "sends_failed": fed["failed"], "feeder_max_round_lag_s": round(fed["max_round_lag_s"], 3)}
     print(f"{case.name}: {case.topics} topics, {case.offered_msg_s:,.0f} msg/s offered, {feeder_msg_s:,.0f} sent, "
           f"{taken_msg_s:,.0f} taken by the broker, {fed['failed']} failed"
           f"{'' if reached else ' (FLAGGED: under 95% or failures, a saturated broker or feeder)'}; "
@@ -410,7 +420,7 @@ def _run_case(case: Case, feeder: _Feeder, url: str, pid: int, consumer: Connect
           f"${out['s3_usd_per_broker_month']}/broker-month (consumers' GETs ${out['consumer_get_usd_month']}/month)",
           flush=True)
     print(f"  {names[0]} at the broker (since its start): " + "; ".join(
-        f"{stage} mean {st['mean_s']:.3f}s p99 <= {st['p99_le_s']}s" for stage, st in s1.stages.items()), flush=True)
+        f"{stage} mean {st['mean_s']:.3f}s p99 <= {st['p99_le_s']}s" for stage, st in stages.items()), flush=True)
     return out
 
 

@@ -204,6 +204,23 @@ async def test_metadata_health_and_stage_metrics(devcluster: DevCluster, unique_
     assert "memq_storage_latency_seconds" in metrics
 
 
+async def test_topics_of_a_shared_group_report_their_stages_per_group(devcluster: DevCluster,
+                                                                       unique_name: Callable[[str], str]) -> None:
+    # per-topic stage histograms are ~90 lines of /metrics each: a thousand small topics made ~10 MB
+    import aiohttp
+    topics = [unique_name("g1"), unique_name("g2")]
+    config = devcluster.config(topics=[topic_config(t, storage_group="grp") for t in topics])
+    async with running_broker(config) as broker:
+        async with Producer(producer_config(broker.url, ack="all")) as p:   # acked once stored and notified
+            await asyncio.gather(*[await p.send(t, b"m") for t in topics])
+        async with aiohttp.ClientSession() as s:
+            metrics = await (await s.get(broker.url + "/metrics")).text()
+    for stage in ("queue_wait", "batch_fill", "upload", "notify", "ack"):
+        assert f'memq_broker_group_stage_seconds_count{{group="grp",stage="{stage}"}} 2.0' in metrics
+    assert not [line for line in metrics.splitlines()
+                if line.startswith("memq_broker_stage_seconds") and any(t in line for t in topics)]
+
+
 async def test_flush_sends_now_instead_of_waiting_batch_ms(devcluster: DevCluster,
                                                           unique_name: Callable[[str], str]) -> None:
     topic = unique_name("flush")

@@ -45,10 +45,11 @@ class ProduceConnection:
         self._metrics = broker.metrics
         self._max_pending = max_pending_acks
         self._write_timeout_s = write_timeout_s
-        self._pending: deque[tuple[Ack, str, float]] = deque()
+        # (ack, the "ack" stage histogram of its topic or None for a request refused before
+        # reaching a topic's processor, when it was queued)
+        self._pending: deque[tuple[Ack, Histogram | None, float]] = deque()
         self._wakeup = asyncio.Event()
         self._closed = False
-        self._ack_stages: dict[str, Histogram] = {}   # topic -> its "ack" stage (labels() costs a lock per call)
 
     async def run(self) -> None:
         writer = asyncio.create_task(self._write_acks(), name="ack-writer")
@@ -60,7 +61,7 @@ class ProduceConnection:
                 if msg.type == WSMsgType.BINARY:
                     await self._handle(msg.data)
                 elif msg.type == WSMsgType.TEXT:
-                    self._reject(NO_REQUEST_ID, "", AckCode.PROTOCOL,
+                    self._reject(NO_REQUEST_ID, AckCode.PROTOCOL,
                                  "text frame: the produce protocol uses binary frames only")
                 elif msg.type == WSMsgType.ERROR:
                     e = self._ws.exception()
@@ -89,7 +90,7 @@ class ProduceConnection:
         self._wakeup.set()
         await self._ws.close(code=WSCloseCode.GOING_AWAY, message=b"broker shutting down")
 
-    def _reply(self, ack: Ack, topic: str, throttle_ms: int = 0) -> None:
+    def _reply(self, ack: Ack, stage: Histogram | None, throttle_ms: int = 0) -> None:
         if self._closed:
             return
         if throttle_ms:
@@ -97,37 +98,36 @@ class ProduceConnection:
         if len(self._pending) >= self._max_pending:
             self._close_slow(f"client did not read its acks ({self._max_pending} pending)")
             return
-        self._pending.append((ack, topic, time.monotonic()))
+        self._pending.append((ack, stage, time.monotonic()))
         self._wakeup.set()
 
-    def _reject(self, request_id: int, topic: str, code: AckCode, why: str,
-                brokers: tuple[str, ...] = ()) -> None:
+    def _reject(self, request_id: int, code: AckCode, why: str, brokers: tuple[str, ...] = ()) -> None:
         self._metrics.rejected.labels(str(code)).inc()
-        self._reply(Ack(request_id, False, code, why, brokers=brokers), topic)
+        self._reply(Ack(request_id, False, code, why, brokers=brokers), None)
 
     async def _handle(self, data: bytes) -> None:
         try:
             req = decode_request(data)
         except ProtocolError as e:
-            self._reject(peek_request_id(data), "", AckCode.PROTOCOL, str(e))
+            self._reject(peek_request_id(data), AckCode.PROTOCOL, str(e))
             return
         topic = req.topic
         quiet = req.ack is AckLevel.NONE
         if not self._broker.guard.allowed(self._principal, Operation.PRODUCE, topic):
             if not quiet:
-                self._reject(req.request_id, topic, AckCode.DENIED,
+                self._reject(req.request_id, AckCode.DENIED,
                              f"principal {self._principal} may not {Operation.PRODUCE} to topic {topic}")
             return
         proc = self._broker.processor(topic)
         if proc is None:
             code, why, brokers = self._broker.where_is(topic)
             if not quiet:
-                self._reject(req.request_id, topic, code, why, brokers)
+                self._reject(req.request_id, code, why, brokers)
             return
         limit = proc.config.max_message_bytes
         if len(req.message) > limit:
             if not quiet:
-                self._reject(req.request_id, topic, AckCode.TOO_LARGE,
+                self._reject(req.request_id, AckCode.TOO_LARGE,
                              f"Message of {len(req.message)} bytes exceeds topic {topic}'s "
                              f"max_message_bytes={limit}")
             return
@@ -135,17 +135,18 @@ class ProduceConnection:
             header = verify_message(req.message)
         except FormatError as e:
             if not quiet:
-                self._reject(req.request_id, topic, AckCode.CORRUPT, f"request {req.request_id}: {e}")
+                self._reject(req.request_id, AckCode.CORRUPT, f"request {req.request_id}: {e}")
             return
         principal = self._principal or ANONYMOUS
         throttle_s = self._broker.quotas.charge(principal, topic, len(req.message), time.monotonic())
         throttle_ms = round(throttle_s * 1000)
+        stage = proc.ack_stage
         ack = await proc.append(req.message, header, req.request_id, req.ack,
-                                lambda a: self._reply(a, topic, throttle_ms), seal=bool(req.flags & RequestFlag.SEAL))
+                                lambda a: self._reply(a, stage, throttle_ms), seal=req.flags is RequestFlag.SEAL)
         if ack is not None and not quiet:
             if not ack.ok:
                 self._metrics.rejected.labels(ack.code).inc()
-            self._reply(ack, topic, throttle_ms)
+            self._reply(ack, stage, throttle_ms)
         if throttle_s:
             self._metrics.throttle_seconds.labels(principal, topic).inc(throttle_s)
             await asyncio.sleep(throttle_s)   # read nothing more from this client meanwhile
@@ -160,12 +161,6 @@ class ProduceConnection:
         self._wakeup.set()
         asyncio.get_running_loop().create_task(
             self._ws.close(code=WSCloseCode.TRY_AGAIN_LATER, message=why[:120].encode()))
-
-    def _ack_stage(self, topic: str) -> Histogram:
-        child = self._ack_stages.get(topic)
-        if child is None:
-            child = self._ack_stages[topic] = self._metrics.stage_seconds.labels(topic, "ack")
-        return child
 
     async def _write_acks(self) -> None:
         while True:
@@ -183,7 +178,8 @@ class ProduceConnection:
                 except (ConnectionError, RuntimeError):
                     return   # the peer went away; nothing left to tell it
                 now = time.monotonic()
-                for _, topic, t in items:
-                    self._ack_stage(topic).observe(now - t)
+                for _, stage, t in items:
+                    if stage is not None:
+                        stage.observe(now - t)
             if self._closed:
                 return

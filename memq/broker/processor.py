@@ -83,8 +83,9 @@ class TopicProcessor:
         self._closing = False
         self._recent = RecentMessages(dedup_capacity)
         name = topic.name
-        self._m_stage = {s: metrics.stage_seconds.labels(name, s) for s in ("queue_wait", "batch_fill",
-                                                                            "upload", "notify")}
+        shared = self._group.group
+        self._m_stage = {s: metrics.stage(name, shared, s) for s in ("queue_wait", "batch_fill", "upload", "notify")}
+        self.ack_stage = metrics.stage(name, shared, "ack")   # observed by the connection writing the ack
         self._m_messages = metrics.messages.labels(name)
         self._m_logmessages = metrics.logmessages.labels(name)
         self._m_bytes = metrics.bytes.labels(name)
