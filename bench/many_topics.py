@@ -320,6 +320,7 @@ class _Scrape:
     records: float          # LogMessages taken into batches
     bytes_in: float
     stage_samples: tuple[Sample, ...]   # cumulative, of the stage series asked for (`stage_family`)
+    page_bytes: int                     # of the whole /metrics page (every hosted topic's series)
 
     def stages_since(self, before: _Scrape) -> dict[str, dict[str, float]]:
         """`stage_breakdown` of what was observed between `before` and this scrape: a shared
@@ -355,7 +356,7 @@ def _scrape(url: str, case: Case) -> _Scrape:
             stage_lines.append(line)
     samples = tuple(s for f in text_string_to_metric_families("\n".join(stage_lines) + "\n") for s in f.samples)
     return _Scrape(taken, totals["objects"], totals["puts"], totals["parts"], totals["records"], totals["bytes_in"],
-                   samples)
+                   samples, len(text))
 
 
 def _run_case(case: Case, feeder: _Feeder, url: str, pid: int, consumer: Connection, consumers_ready: Event,
@@ -408,7 +409,7 @@ def _run_case(case: Case, feeder: _Feeder, url: str, pid: int, consumer: Connect
            "put_cost_per_gib_usd": round(cost.put_usd_per_gib, 5), "put_cost_vs_kafka": round(cost.put_vs_kafka, 3),
            "s3_usd_per_broker_month": round(cost.put_usd_month, 2),
            "consumer_get_usd_month": round(cost.consumer_get_usd_month, 2),
-           "broker_stages": stages, "window_s": round(window, 1), "sends_failed": fed["failed"], "feeder_max_round_lag_s": round(fed["max_round_lag_s"], 3)}
+           "broker_stages": stages, "metrics_page_bytes": s1.page_bytes, "window_s": round(window, 1), "sends_failed": fed["failed"], "feeder_max_round_lag_s": round(fed["max_round_lag_s"], 3)}
     print(f"{case.name}: {case.topics} topics, {case.offered_msg_s:,.0f} msg/s offered, {feeder_msg_s:,.0f} sent, "
           f"{taken_msg_s:,.0f} taken by the broker, {fed['failed']} failed"
           f"{'' if reached else ' (FLAGGED: under 95% or failures, a saturated broker or feeder)'}; "
@@ -417,9 +418,11 @@ def _run_case(case: Case, feeder: _Feeder, url: str, pid: int, consumer: Connect
           f"e2e p50 {out['e2e_p50_s']}s p99 {out['e2e_p99_s']}s ({len(latencies)} samples; send->ack p99 "
           f"{out['send_to_ack_p99_s']}s); "
           f"PUTs ${out['put_cost_per_gib_usd']}/GiB = {out['put_cost_vs_kafka']}x Kafka's replication, "
-          f"${out['s3_usd_per_broker_month']}/broker-month (consumers' GETs ${out['consumer_get_usd_month']}/month)",
-          flush=True)
-    print(f"  {names[0]} at the broker (since its start): " + "; ".join(
+          f"${out['s3_usd_per_broker_month']}/broker-month (consumers' GETs ${out['consumer_get_usd_month']}/month); "
+          f"/metrics {s1.page_bytes / 1e6:.1f} MB", flush=True)
+    family, labels = stage_family(case.topic_configs()[0])
+    whose = f"storage group {labels['group']}" if "group" in labels else names[0]
+    print(f"  {whose} at the broker, this case's window: " + "; ".join(
         f"{stage} mean {st['mean_s']:.3f}s p99 <= {st['p99_le_s']}s" for stage, st in stages.items()), flush=True)
     return out
 
