@@ -237,7 +237,10 @@ class BrokerAgent:
             for name in gone))
         for name in gone:
             del self.hosted[name]
-        added = [cfg for name, cfg in sorted(mine.items()) if self.hosted.get(name) != cfg]
+        # `is` first: an unchanged topic's config is the registry cache's same object, and
+        # comparing a thousand configs field by field each reconcile showed in profiles
+        added = [cfg for name, cfg in sorted(mine.items())
+                 if (held := self.hosted.get(name)) is not cfg and held != cfg]
         for cfg in added:
             if cfg.name in self.hosted:  # altered: restart its processor with the new settings
                 await self.broker.remove_topic(cfg.name, moved_to=tuple(state.topic_urls(cfg.name)))
