@@ -161,12 +161,15 @@ class TopicProcessor:
         while self._filling is None:
             if self._closing:
                 return None
-            remaining = self._busy_wait_s - (time.monotonic() - t0)
-            try:
-                async with asyncio.timeout(max(remaining, 0.0)):
-                    await self._slots.acquire()
-            except TimeoutError:
-                return None
+            if self._slots.locked():   # else acquire() returns at once: no timeout to arm
+                remaining = self._busy_wait_s - (time.monotonic() - t0)
+                try:
+                    async with asyncio.timeout(max(remaining, 0.0)):
+                        await self._slots.acquire()
+                except TimeoutError:
+                    return None
+            else:
+                await self._slots.acquire()
             if self._filling is not None or self._closing:   # another request opened one meanwhile
                 self._slots.release()
                 continue
