@@ -29,11 +29,14 @@ class Codec(IntEnum):
     ARROW = 4   # the body is an Arrow IPC stream of the LogMessages' columns (memq.format.arrow_body)
 
 
+_CODECS = {int(c): c for c in Codec}   # by value: the enum call costs ~0.5 us, once per Message
+
+
 def codec_of(value: int) -> Codec:
-    try:
-        return Codec(value)
-    except ValueError:
-        raise UnsupportedCodecError(f"unknown codec id {value}") from None
+    codec = _CODECS.get(value)
+    if codec is None:
+        raise UnsupportedCodecError(f"unknown codec id {value}")
+    return codec
 
 
 class Compressors:
