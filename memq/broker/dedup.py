@@ -6,7 +6,10 @@ storing the resend too multiplies the data exactly when storage is the bottlenec
 processor asks `seen()` first: a Message still held gets the original's outcome when that
 batch finishes; one already stored gets the original's ack at once. A failed batch forgets
 its Messages, so the producer's retry is stored afresh. Memory: held Messages are bounded
-by the ring; stored ones by `capacity` (oldest forgotten first).
+by the ring; stored ones by `capacity` (oldest forgotten first), each kept as a tuple of
+plain values rather than its Ack: the garbage collector stops tracking such tuples, and a
+broker hosting many topics keeps millions of entries (an Ack object each made the collector's
+passes ~30% of the produce path's CPU).
 """
 
 from __future__ import annotations
@@ -16,10 +19,11 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable
 
 from memq.format import MessageHeader
-from memq.format.wire import Ack
+from memq.format.wire import Ack, AckCode
 
 MessageId = tuple[int, int, int]
 Reply = Callable[[Ack], None]
+Stored = tuple[str, str, int, int, int]   # the stored original's bucket, key, index, partition, offset
 
 
 def message_id(h: MessageHeader) -> MessageId:
@@ -37,7 +41,7 @@ class RecentMessages:
     def __init__(self, capacity: int) -> None:
         self._capacity = capacity
         self._held: dict[MessageId, Held] = {}
-        self._stored: OrderedDict[MessageId, Ack] = OrderedDict()
+        self._stored: OrderedDict[MessageId, Stored] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._held) + len(self._stored)
@@ -47,7 +51,8 @@ class RecentMessages:
         held = self._held.get(mid)
         if held is not None:
             return held
-        return self._stored.get(mid)
+        where = self._stored.get(mid)
+        return None if where is None else Ack(0, True, AckCode.OK, "", *where)
 
     def hold(self, mid: MessageId) -> None:
         self._held[mid] = Held()
@@ -56,7 +61,7 @@ class RecentMessages:
         """The batch holding these Messages is stored and announced; answer their duplicates."""
         for mid, ack in acks:
             self._answer(mid, ack)
-            self._stored[mid] = ack
+            self._stored[mid] = (ack.bucket, ack.key, ack.index, ack.partition, ack.offset)
             self._stored.move_to_end(mid)
         while len(self._stored) > self._capacity:
             self._stored.popitem(last=False)
