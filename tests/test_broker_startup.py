@@ -101,3 +101,17 @@ async def test_a_topic_whose_notification_topic_fails_does_not_keep_the_others_o
         assert broker.processor("bad") and admin.requests[-1] == ["memq.dev.bad"]
     finally:
         await broker.stop()
+
+
+def test_a_broker_process_collects_garbage_less_often() -> None:
+    # each Message allocates a few tracked objects that live about batch_ms: at Python's default
+    # threshold (700) the collector ran every few ms, ~20% of a busy broker's CPU
+    import gc
+
+    from memq.broker.__main__ import GC_YOUNG_THRESHOLD, tune_gc
+    before = gc.get_threshold()
+    try:
+        tune_gc()
+        assert gc.get_threshold() == (GC_YOUNG_THRESHOLD, *before[1:]) and GC_YOUNG_THRESHOLD > before[0]
+    finally:
+        gc.set_threshold(*before)

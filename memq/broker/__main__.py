@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import logging
 import signal
 import sys
@@ -17,8 +18,24 @@ from .admin_api import attach_cluster_admin
 from .server import Broker
 
 
+#: The garbage collector's youngest-generation threshold in a broker process (Python's default:
+#: 700 allocations). Each Message allocates a few tracked objects and its batch keeps them about
+#: `batch_ms`, so by default the collector ran every few milliseconds and kept rescanning those
+#: survivors: ~20% of the broker's CPU with 100 small topics (0.45 -> 0.35 of a core, and 1000
+#: trickle topics 0.44 -> 0.39, in `bench many_topics`'s cases). Memory is still reclaimed by
+#: reference counting; only cycles wait for a collection.
+GC_YOUNG_THRESHOLD = 10_000
+
+
+def tune_gc() -> None:
+    """Collect the young generation every GC_YOUNG_THRESHOLD allocations (the process is a broker)."""
+    _, older, oldest = gc.get_threshold()
+    gc.set_threshold(GC_YOUNG_THRESHOLD, older, oldest)
+
+
 async def serve(config: MemqConfig) -> None:
     """Run a broker until SIGTERM or SIGINT, then stop gracefully (flush, store, ack)."""
+    tune_gc()
     broker = Broker(config)
     admin = await asyncio.to_thread(attach_cluster_admin, broker.guard, broker.app, config)   # None without ZooKeeper
     await broker.start(ready=not config.zookeeper.enabled)   # governed: ready once its assignment is hosted
