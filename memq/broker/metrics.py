@@ -41,7 +41,7 @@ class BrokerMetrics:
         self.batches = Counter("memq_broker_batches", "Batches finished, by result (ok, STORAGE, NOTIFY)",
                                ["topic", "result"], registry=r)
         self.batch_bytes = Histogram("memq_broker_batch_bytes", "Size of stored batches (a topic's part of an object)", ["topic"],
-                                     buckets=tuple(2.0 ** i for i in range(10, 27)), registry=r)
+                                     buckets=tuple(4.0 ** i for i in range(5, 14)), registry=r)   # 1 KiB..64 MiB, x4: per topic, so few
         self.group_objects = Counter("memq_broker_group_objects",
                                      "Objects stored, by storage group (\"\": topics' own objects)",
                                      ["group"], registry=r)
