@@ -137,6 +137,7 @@ def _metric(url: str, name: str, **labels: str) -> float:
 
     with urllib.request.urlopen(url + "/metrics", timeout=10) as resp:
         text = resp.read().decode()
+    assert "_created{" not in text     # a broker process serves no per-series creation times
     return sum(smp.value for fam in text_string_to_metric_families(text) for smp in fam.samples
                if smp.name == name and labels.items() <= smp.labels.items())
 
