@@ -281,6 +281,6 @@ def test_recent_messages_forget_the_oldest_stored_beyond_capacity() -> None:
     recent = RecentMessages(capacity=2)
     for seq in range(3):
         recent.hold((7, 0, seq))
-    recent.stored(((7, 0, seq), Ack(0, True, key=f"k{seq}")) for seq in range(3))
+    recent.stored(((7, 0, seq) for seq in range(3)), "b", "k", 1, 40)
     assert recent.seen((7, 0, 0)) is None and len(recent) == 2
-    assert recent.seen((7, 0, 2)) == Ack(0, True, key="k2")
+    assert recent.seen((7, 0, 2)) == Ack(0, True, bucket="b", key="k", index=2, partition=1, offset=40)

@@ -57,22 +57,28 @@ class RecentMessages:
     def hold(self, mid: MessageId) -> None:
         self._held[mid] = Held()
 
-    def stored(self, acks: Iterable[tuple[MessageId, Ack]]) -> None:
-        """The batch holding these Messages is stored and announced; answer their duplicates."""
-        for mid, ack in acks:
-            self._answer(mid, ack)
-            self._stored[mid] = (ack.bucket, ack.key, ack.index, ack.partition, ack.offset)
-            self._stored.move_to_end(mid)
-        while len(self._stored) > self._capacity:
-            self._stored.popitem(last=False)
+    def stored(self, mids: Iterable[MessageId], bucket: str, key: str, partition: int, offset: int) -> None:
+        """The batch holding these Messages (in batch order) is stored in `key` and announced at
+        (`partition`, `offset`): remember them, and answer their duplicates. A Message reaches a
+        batch only when `seen()` knew nothing of it, so each is new here."""
+        stored, held = self._stored, self._held
+        for index, mid in enumerate(mids):
+            where = (bucket, key, index, partition, offset)
+            waiting = held.pop(mid, None)
+            if waiting is not None and waiting.waiters:
+                self._reply_all(waiting, Ack(0, True, AckCode.OK, "", *where))
+            stored[mid] = where
+        while len(stored) > self._capacity:
+            stored.popitem(last=False)
 
     def failed(self, mids: Iterable[MessageId], ack: Ack) -> None:
         """The batch failed: its duplicates get the same error; a later resend is stored afresh."""
         for mid in mids:
-            self._answer(mid, ack)
+            held = self._held.pop(mid, None)
+            if held is not None:
+                self._reply_all(held, ack)
 
-    def _answer(self, mid: MessageId, ack: Ack) -> None:
-        held = self._held.pop(mid, None)
-        if held is not None:
-            for request_id, reply in held.waiters:
-                reply(dataclasses.replace(ack, id=request_id))
+    @staticmethod
+    def _reply_all(held: Held, ack: Ack) -> None:
+        for request_id, reply in held.waiters:
+            reply(dataclasses.replace(ack, id=request_id))

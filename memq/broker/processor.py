@@ -267,11 +267,9 @@ class TopicProcessor:
         self._m_stage["notify"].observe(time.monotonic() - t0)
         self._m_ok.inc()
         self._m_notification_bytes.inc(len(note.to_bytes()))
-        outcome = [Ack(0, True, AckCode.OK, "", loc.bucket, loc.key, i, partition, offset)
-                   for i in range(len(batch.headers))]
-        for request_id, index, reply in batch.waiters:
-            reply(dataclasses.replace(outcome[index], id=request_id))
-        self._recent.stored(zip(map(message_id, batch.headers), outcome))
+        for request_id, index, reply in batch.waiters:   # ack=all Messages; ack=1 ones were answered
+            reply(Ack(request_id, True, AckCode.OK, "", loc.bucket, loc.key, index, partition, offset))
+        self._recent.stored(map(message_id, batch.headers), loc.bucket, loc.key, partition, offset)
 
     def failed(self, batch: _Batch, code: AckCode, why: str) -> None:
         """The batch failed for good (its object's PUT, or its publish): error acks to ack=all."""
