@@ -275,6 +275,7 @@ class BrokerConfig:
     max_pending_acks: int = setting(100_000, ge=1)    # per connection; more means a slow client: closed
     shutdown_timeout_ms: int = setting(30_000, ge=0)  # SIGTERM: time to flush, store and ack in-flight batches
     dedup_messages: int = setting(50_000, ge=1)      # per topic: stored Message ids remembered to drop resends
+    dedup_window_ms: int = setting(300_000, ge=0)    # ... for at most this long (producers resend within delivery_timeout_ms)
     # Kafka wire-protocol listener (memq.kafka_api): -1 = off, 0 = any free port. Its largest
     # request is max_frame_bytes; it advertises kafka_advertised_host (default: host).
     kafka_port: int = setting(-1, ge=-1, le=65_535)

@@ -278,9 +278,23 @@ async def test_a_resend_after_a_failed_batch_is_stored_and_its_waiting_duplicate
 
 
 def test_recent_messages_forget_the_oldest_stored_beyond_capacity() -> None:
-    recent = RecentMessages(capacity=2)
+    recent = RecentMessages(capacity=2, window_s=300)
     for seq in range(3):
         recent.hold((7, 0, seq))
-    recent.stored(((7, 0, seq) for seq in range(3)), "b", "k", 1, 40)
+    recent.stored(((7, 0, seq) for seq in range(3)), "b", "k", 1, 40, now=0.0)
     assert recent.seen((7, 0, 0)) is None and len(recent) == 2
     assert recent.seen((7, 0, 2)) == Ack(0, True, bucket="b", key="k", index=2, partition=1, offset=40)
+    recent.stored([(7, 0, 3)], "b", "k2", 1, 41, now=1.0)      # over capacity again: the oldest goes
+    assert recent.seen((7, 0, 1)) is None and recent.seen((7, 0, 3)) is not None and len(recent) == 2
+
+
+def test_recent_messages_forget_what_was_stored_longer_ago_than_the_window() -> None:
+    # a quiet topic must not keep its ids for hours: producers resend within their delivery timeout
+    recent = RecentMessages(capacity=1000, window_s=60)
+    recent.stored([(7, 0, 0), (7, 0, 1)], "b", "k0", 0, 0, now=0.0)
+    recent.stored([(7, 0, 2)], "b", "k1", 0, 1, now=30.0)
+    assert len(recent) == 3
+    recent.stored([(7, 0, 3)], "b", "k2", 0, 2, now=61.0)      # the first batch is 61 s old
+    assert [recent.seen((7, 0, s)) is not None for s in range(4)] == [False, False, True, True]
+    recent.stored([(7, 0, 4)], "b", "k3", 0, 3, now=200.0)
+    assert len(recent) == 1 and recent.seen((7, 0, 4)) is not None

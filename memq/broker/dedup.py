@@ -6,16 +6,16 @@ storing the resend too multiplies the data exactly when storage is the bottlenec
 processor asks `seen()` first: a Message still held gets the original's outcome when that
 batch finishes; one already stored gets the original's ack at once. A failed batch forgets
 its Messages, so the producer's retry is stored afresh. Memory: held Messages are bounded
-by the ring; stored ones by `capacity` (oldest forgotten first), each kept as a tuple of
-plain values rather than its Ack: the garbage collector stops tracking such tuples, and a
-broker hosting many topics keeps millions of entries (an Ack object each made the collector's
-passes ~30% of the produce path's CPU).
+by the ring; stored ones by `capacity` and by `window_s` (oldest forgotten first): a producer
+resends within its delivery timeout, and a count alone let a broker hosting a thousand quiet
+topics keep every id for hours (up to `capacity` per topic). Each is kept as a tuple of plain
+values, not an Ack object, which the garbage collector stops tracking.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable
 
 from memq.format import MessageHeader
@@ -37,11 +37,19 @@ class Held:
     waiters: list[tuple[int, Reply]] = dataclasses.field(default_factory=list)   # (request id, reply)
 
 
+@dataclasses.dataclass(slots=True)
+class _StoredBatch:
+    at: float   # monotonic time it was stored
+    ids: int    # of its Messages' ids still remembered (the oldest go first over capacity)
+
+
 class RecentMessages:
-    def __init__(self, capacity: int) -> None:
+    def __init__(self, capacity: int, window_s: float) -> None:
         self._capacity = capacity
+        self._window_s = window_s
         self._held: dict[MessageId, Held] = {}
         self._stored: OrderedDict[MessageId, Stored] = OrderedDict()
+        self._batches: deque[_StoredBatch] = deque()   # oldest first
 
     def __len__(self) -> int:
         return len(self._held) + len(self._stored)
@@ -57,19 +65,35 @@ class RecentMessages:
     def hold(self, mid: MessageId) -> None:
         self._held[mid] = Held()
 
-    def stored(self, mids: Iterable[MessageId], bucket: str, key: str, partition: int, offset: int) -> None:
+    def stored(self, mids: Iterable[MessageId], bucket: str, key: str, partition: int, offset: int,
+               now: float) -> None:
         """The batch holding these Messages (in batch order) is stored in `key` and announced at
-        (`partition`, `offset`): remember them, and answer their duplicates. A Message reaches a
-        batch only when `seen()` knew nothing of it, so each is new here."""
+        (`partition`, `offset`) at monotonic time `now`: remember them, answer their duplicates,
+        forget what is past the window or the capacity. A Message reaches a batch only when
+        `seen()` knew nothing of it, so each is new here."""
         stored, held = self._stored, self._held
+        before = len(stored)
         for index, mid in enumerate(mids):
             where = (bucket, key, index, partition, offset)
             waiting = held.pop(mid, None)
             if waiting is not None and waiting.waiters:
                 self._reply_all(waiting, Ack(0, True, AckCode.OK, "", *where))
             stored[mid] = where
+        if len(stored) > before:
+            self._batches.append(_StoredBatch(now, len(stored) - before))
+        self._forget(now - self._window_s)
+
+    def _forget(self, cutoff: float) -> None:
+        """Drop the oldest ids: whole batches stored before `cutoff`, then single ids over capacity."""
+        stored, batches = self._stored, self._batches
+        while batches and batches[0].at < cutoff:
+            for _ in range(batches.popleft().ids):
+                stored.popitem(last=False)
         while len(stored) > self._capacity:
             stored.popitem(last=False)
+            batches[0].ids -= 1
+            if not batches[0].ids:
+                batches.popleft()
 
     def failed(self, mids: Iterable[MessageId], ack: Ack) -> None:
         """The batch failed: its duplicates get the same error; a later resend is stored afresh."""

@@ -67,7 +67,8 @@ class _Batch:
 class TopicProcessor:
     def __init__(self, topic: TopicConfig, *, cluster: str, broker_id: str, storage: StorageHandler,
                  publisher: Publisher, metrics: BrokerMetrics, busy_wait_s: float = 5.0,
-                 dedup_capacity: int = 50_000, group: GroupWriter | None = None) -> None:
+                 dedup_capacity: int = 50_000, dedup_window_s: float = 300.0,
+                 group: GroupWriter | None = None) -> None:
         """`group`: the writer of the topic's storage group (default: the topic's own objects)."""
         self.config = topic
         self.notification_topic = topic.notification_topic_for(cluster)
@@ -81,7 +82,7 @@ class TopicProcessor:
         self._filling: _Batch | None = None
         self._uploads: set[asyncio.Task[None]] = set()
         self._closing = False
-        self._recent = RecentMessages(dedup_capacity)
+        self._recent = RecentMessages(dedup_capacity, dedup_window_s)
         name = topic.name
         shared = self._group.group
         self._m_stage = {s: metrics.stage(name, shared, s) for s in ("queue_wait", "batch_fill", "upload", "notify")}
@@ -269,7 +270,7 @@ class TopicProcessor:
         self._m_notification_bytes.inc(len(note.to_bytes()))
         for request_id, index, reply in batch.waiters:   # ack=all Messages; ack=1 ones were answered
             reply(Ack(request_id, True, AckCode.OK, "", loc.bucket, loc.key, index, partition, offset))
-        self._recent.stored(map(message_id, batch.headers), loc.bucket, loc.key, partition, offset)
+        self._recent.stored(map(message_id, batch.headers), loc.bucket, loc.key, partition, offset, time.monotonic())
 
     def failed(self, batch: _Batch, code: AckCode, why: str) -> None:
         """The batch failed for good (its object's PUT, or its publish): error acks to ack=all."""

@@ -171,7 +171,8 @@ class Broker:
             self._processors[topic.name] = TopicProcessor(
                 topic, cluster=cluster, broker_id=self.broker_id, storage=self._storage, publisher=self._publisher,
                 metrics=self.metrics, busy_wait_s=self.config.broker.busy_wait_ms / 1000,
-                dedup_capacity=self.config.broker.dedup_messages, group=self._groups.writer(topic))
+                dedup_capacity=self.config.broker.dedup_messages,
+                dedup_window_s=self.config.broker.dedup_window_ms / 1000, group=self._groups.writer(topic))
             self._moved.pop(topic.name, None)
         if failed:
             more = f" (and {len(failed) - 3} more)" if len(failed) > 3 else ""
