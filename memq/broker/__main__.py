@@ -23,9 +23,9 @@ from .server import Broker
 #: The garbage collector's youngest-generation threshold in a broker process (Python's default:
 #: 700 allocations). Each Message allocates a few tracked objects and its batch keeps them about
 #: `batch_ms`, so by default the collector ran every few milliseconds and kept rescanning those
-#: survivors: ~20% of the broker's CPU with 100 small topics (0.45 -> 0.35 of a core, and 1000
-#: trickle topics 0.44 -> 0.39, in `bench many_topics`'s cases). Memory is still reclaimed by
-#: reference counting; only cycles wait for a collection.
+#: survivors: ~20% of the broker's CPU with 100 small topics (an ad hoc 30 s run: 0.45 -> 0.35
+#: of a core; 1000 trickle topics 0.44 -> 0.39). Memory is still reclaimed by reference
+#: counting; only cycles wait for a collection.
 GC_YOUNG_THRESHOLD = 10_000
 
 

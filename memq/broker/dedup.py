@@ -26,6 +26,11 @@ Reply = Callable[[Ack], None]
 Stored = tuple[str, str, int, int, int]   # the stored original's bucket, key, index, partition, offset
 
 
+def _ack_of(where: Stored) -> Ack:
+    """The success ack (id 0) of a Message stored at `where`."""
+    return Ack(0, True, AckCode.OK, "", *where)
+
+
 def message_id(h: MessageHeader) -> MessageId:
     return h.producer_id, h.epoch, h.sequence
 
@@ -60,7 +65,7 @@ class RecentMessages:
         if held is not None:
             return held
         where = self._stored.get(mid)
-        return None if where is None else Ack(0, True, AckCode.OK, "", *where)
+        return None if where is None else _ack_of(where)
 
     def hold(self, mid: MessageId) -> None:
         self._held[mid] = Held()
@@ -77,7 +82,7 @@ class RecentMessages:
             where = (bucket, key, index, partition, offset)
             waiting = held.pop(mid, None)
             if waiting is not None and waiting.waiters:
-                self._reply_all(waiting, Ack(0, True, AckCode.OK, "", *where))
+                self._reply_all(waiting, _ack_of(where))
             stored[mid] = where
         if len(stored) > before:
             self._batches.append(_StoredBatch(now, len(stored) - before))
