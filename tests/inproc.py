@@ -9,11 +9,28 @@ from contextlib import contextmanager
 
 from memq.broker import Broker
 from memq.config import MemqConfig
+from memq.errors import NotifyError
 from memq.format import Notification
 from memq.notify import KafkaTopic
 
 
-class NullPublisher:
+class OneByOne:
+    """A test publisher's `publish_many` from its `publish`: each note in turn, errors as results."""
+
+    async def publish(self, kafka_topic: str, n: Notification) -> tuple[int, int]:
+        raise NotImplementedError
+
+    async def publish_many(self, notes: Sequence[tuple[str, Notification]]) -> list[tuple[int, int] | NotifyError]:
+        out: list[tuple[int, int] | NotifyError] = []
+        for kafka_topic, n in notes:
+            try:
+                out.append(await self.publish(kafka_topic, n))
+            except Exception as e:
+                out.append(e if isinstance(e, NotifyError) else NotifyError(str(e)))
+        return out
+
+
+class NullPublisher(OneByOne):
     """Takes every notification (nothing reads them in these tests)."""
 
     async def publish(self, kafka_topic: str, n: Notification) -> tuple[int, int]:

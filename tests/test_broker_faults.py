@@ -10,7 +10,7 @@ import dataclasses
 import os
 import signal
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import aiohttp
@@ -107,10 +107,11 @@ class DeliveredButTimedOut:
         self.inner = NotificationPublisher(kafka, client_id="delivered-but-timed-out")
         self.published = 0
 
-    async def publish(self, kafka_topic: str, n: Notification) -> tuple[int, int]:
-        await self.inner.publish(kafka_topic, n)
-        self.published += 1
-        raise NotifyError(f"publishing to Kafka topic {kafka_topic!r} failed: Local: Message timed out")
+    async def publish_many(self, notes: Sequence[tuple[str, Notification]]) -> list[tuple[int, int] | NotifyError]:
+        for result in await self.inner.publish_many(notes):
+            assert not isinstance(result, NotifyError), result
+        self.published += len(notes)
+        return [NotifyError(f"publishing to Kafka topic {t!r} failed: Local: Message timed out") for t, _ in notes]
 
     def close(self) -> None:
         self.inner.close()

@@ -37,7 +37,8 @@ class Group:
         self.publisher = MemoryPublisher()
         self.acks: list[Ack] = []
         metrics = BrokerMetrics("b1")
-        writers = GroupWriters(storage=self.storage, broker_id="b1", metrics=metrics)  # type: ignore[arg-type]
+        writers = GroupWriters(storage=self.storage, publisher=self.publisher, broker_id="b1",  # type: ignore[arg-type]
+                               metrics=metrics)
         self.procs: dict[str, TopicProcessor] = {}
         for i in range(n):
             name = f"t{i}"

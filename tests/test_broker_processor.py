@@ -22,6 +22,7 @@ from memq.errors import NotifyError, StorageError
 from memq.format import Codec, LogMessage, Notification, decode_batch, encode_message, verify_message
 from memq.format.wire import Ack, AckCode, AckLevel
 from memq.storage import FileStorageHandler, ObjectLocation
+from inproc import OneByOne
 from waiting import async_wait_for
 
 
@@ -59,7 +60,7 @@ class GatedStorage:
         await self.inner.delete(loc)
 
 
-class MemoryPublisher:
+class MemoryPublisher(OneByOne):
     def __init__(self) -> None:
         self.sent: list[tuple[str, Notification]] = []
         self.fail = False

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import time
 
@@ -206,3 +207,48 @@ async def test_publish_without_kafka_fails_naming_topic() -> None:
         pub.close(timeout_s=1)
     with pytest.raises(NotifyError, match="closed"):
         await pub.publish("nowhere", note(0))
+
+
+async def test_publish_many_places_each_note_and_fails_a_refused_one_alone(kafka: KafkaConfig, topic: str,
+                                                                          unique_name) -> None:
+    """One object's parts go out as one round: every note gets its own place or its own error,
+    in the order given, and the round waits for all of them."""
+    other = unique_name("n2")
+    TopicAdmin(kafka).create_topic(other, 1)
+    pub = NotificationPublisher(kafka, client_id="test-many")
+    try:
+        notes = [(topic, note(0)), ("bad/topic", note(1)), (other, note(2)), (topic, note(3))]
+        results = await pub.publish_many(notes)
+        assert [type(r) for r in results] == [tuple, NotifyError, tuple, tuple]
+        assert "bad/topic" in str(results[1])
+        assert results[2] == (0, 0)
+        assert await pub.publish_many([]) == []
+    finally:
+        pub.close()
+    consumer = NotificationConsumer(kafka, topic, group_id="g-many")
+    try:
+        consumer.assign({p: 0 for p in range(PARTITIONS)})
+        got = {(r.partition, r.offset): r.notification for r in read_until(consumer, 2)}
+        assert got == {results[0]: note(0), results[3]: note(3)}
+    finally:
+        consumer.close()
+
+
+async def test_a_round_larger_than_librdkafka_s_queue_is_published_whole(kafka: KafkaConfig, topic: str) -> None:
+    """librdkafka refuses messages beyond its queue (BufferError): the round waits for room and
+    goes on where it stopped, so no part of a large object is skipped or sent twice."""
+    small = dataclasses.replace(kafka, properties=("queue.buffering.max.messages=7",))
+    pub = NotificationPublisher(small, client_id="test-small-queue")
+    try:
+        results = await pub.publish_many([(topic, note(i)) for i in range(60)])
+    finally:
+        pub.close()
+    assert all(isinstance(r, tuple) for r in results), results
+    assert len(set(results)) == 60
+    consumer = NotificationConsumer(kafka, topic, group_id="g-small-queue")
+    try:
+        consumer.assign({p: 0 for p in range(PARTITIONS)})
+        got = {(r.partition, r.offset): r.notification for r in read_until(consumer, 60)}
+        assert got == {place: note(i) for i, place in enumerate(results)}
+    finally:
+        consumer.close()

@@ -4,8 +4,9 @@ The topics of a storage group are sealed together: when one topic's batch must g
 count, age, latency-budget or flush seal, decided by its `TopicProcessor`), the writer takes
 the filling batch of every member topic with it and stores them as one object, each batch a
 self-contained part at its own byte range. One PUT then serves every topic of the group, so a
-broker's objects (and PUTs, and their CPU) follow its groups, not its topics. Each topic then
-publishes its own part's notification and acks its own Messages (`TopicProcessor.announce`).
+broker's objects (and PUTs, and their CPU) follow its groups, not its topics. The writer then
+publishes every part's notification at once (each on its topic's notification topic), and each
+topic acks its own Messages (`TopicProcessor.announced`).
 
 A group named "" is a topic's own: one member, objects under the topic's key.
 """
@@ -20,15 +21,17 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from memq.config import TopicConfig
+from memq.errors import NotifyError
 from memq.format import encode_batch, object_crc32c
 from memq.format.message import Buffer
 from memq.format.wire import AckCode
 from memq.storage import StorageHandler
+from memq.storage.naming import parse_key
 
 from .metrics import BrokerMetrics
 
 if TYPE_CHECKING:
-    from .processor import TopicProcessor, _Batch
+    from .processor import Publisher, TopicProcessor, _Batch
 
 log = logging.getLogger(__name__)
 
@@ -61,9 +64,11 @@ FLUSH_GATHER_S = 0.002
 class GroupWriter:
     """Seals and stores the objects of one storage group (or of one topic, group "")."""
 
-    def __init__(self, group: str, *, storage: StorageHandler, broker_id: str, metrics: BrokerMetrics) -> None:
+    def __init__(self, group: str, *, storage: StorageHandler, publisher: Publisher, broker_id: str,
+                 metrics: BrokerMetrics) -> None:
         self.group = group
         self._storage = storage
+        self._publisher = publisher
         self._broker_id = broker_id
         self._members: dict[str, TopicProcessor] = {}
         self._m_objects = metrics.group_objects.labels(group)
@@ -120,8 +125,18 @@ class GroupWriter:
                 return
             put_s = time.monotonic() - t0
             self._m_objects.inc()
-            await asyncio.gather(*(p.announce(b, loc, part, created_ms, put_s)
-                                   for (p, b), part in zip(parts, layout(encoded))))
+            attempt = parse_key(loc.key).attempt
+            notes = [p.notification(b, loc, part, created_ms, attempt) for (p, b), part in zip(parts, layout(encoded))]
+            t0 = time.monotonic()
+            published: list[tuple[int, int] | NotifyError]
+            try:
+                published = await self._publisher.publish_many(
+                    [(p.notification_topic, note) for (p, _), note in zip(parts, notes)])
+            except Exception as e:   # a publisher bug must fail these batches only, never the broker
+                published = [NotifyError(str(e))] * len(parts)
+            notify_s = time.monotonic() - t0
+            for (p, b), note, result in zip(parts, notes, published):
+                p.announced(b, note, result, put_s, notify_s)
         finally:
             for p, b in parts:
                 p.finished(b)
@@ -130,8 +145,10 @@ class GroupWriter:
 class GroupWriters:
     """A broker's writers, one per storage group, made on first use."""
 
-    def __init__(self, *, storage: StorageHandler, broker_id: str, metrics: BrokerMetrics) -> None:
+    def __init__(self, *, storage: StorageHandler, publisher: Publisher, broker_id: str,
+                 metrics: BrokerMetrics) -> None:
         self._storage = storage
+        self._publisher = publisher
         self._broker_id = broker_id
         self._metrics = metrics
         self._writers: dict[str, GroupWriter] = {}
@@ -139,9 +156,11 @@ class GroupWriters:
     def writer(self, topic: TopicConfig) -> GroupWriter:
         """The writer of `topic`'s group; a topic with group "" gets a writer of its own."""
         if not topic.storage_group:
-            return GroupWriter("", storage=self._storage, broker_id=self._broker_id, metrics=self._metrics)
+            return GroupWriter("", storage=self._storage, publisher=self._publisher, broker_id=self._broker_id,
+                               metrics=self._metrics)
         w = self._writers.get(topic.storage_group)
         if w is None:
             w = self._writers[topic.storage_group] = GroupWriter(
-                topic.storage_group, storage=self._storage, broker_id=self._broker_id, metrics=self._metrics)
+                topic.storage_group, storage=self._storage, publisher=self._publisher, broker_id=self._broker_id,
+                metrics=self._metrics)
         return w

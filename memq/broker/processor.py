@@ -30,13 +30,14 @@ import dataclasses
 import logging
 import time
 from dataclasses import dataclass, field
+from collections.abc import Sequence
 from typing import Callable, Protocol
 
 from memq.config import TopicConfig
+from memq.errors import NotifyError
 from memq.format import NOTIFICATION_VERSION, MessageHeader, Notification
 from memq.format.wire import Ack, AckCode, AckLevel
 from memq.storage import ObjectLocation, StorageHandler
-from memq.storage.naming import parse_key
 
 from .dedup import Held, RecentMessages, message_id
 from .group import GroupWriter, Part
@@ -49,7 +50,7 @@ Reply = Callable[[Ack], None]
 
 
 class Publisher(Protocol):
-    async def publish(self, kafka_topic: str, n: Notification) -> tuple[int, int]: ...
+    async def publish_many(self, notes: Sequence[tuple[str, Notification]]) -> list[tuple[int, int] | NotifyError]: ...
 
 
 @dataclass(slots=True)
@@ -69,13 +70,14 @@ class TopicProcessor:
                  publisher: Publisher, metrics: BrokerMetrics, busy_wait_s: float = 5.0,
                  dedup_capacity: int = 50_000, dedup_window_s: float = 300.0,
                  group: GroupWriter | None = None) -> None:
-        """`group`: the writer of the topic's storage group (default: the topic's own objects)."""
+        """`group`: the writer of the topic's storage group (default: the topic's own objects,
+        published through `publisher`)."""
         self.config = topic
         self.notification_topic = topic.notification_topic_for(cluster)
         self._broker_id = broker_id
-        self._group = group or GroupWriter("", storage=storage, broker_id=broker_id, metrics=metrics)
+        self._group = group or GroupWriter("", storage=storage, publisher=publisher, broker_id=broker_id,
+                                           metrics=metrics)
         self._group.join(self)
-        self._publisher = publisher
         self._busy_wait_s = busy_wait_s
         self._slots = asyncio.Semaphore(topic.ring_slots)
         self._busy = 0
@@ -244,33 +246,38 @@ class TopicProcessor:
         self._m_busy.set(self._busy)
         self._slots.release()
 
-    async def announce(self, batch: _Batch, loc: ObjectLocation, part: Part, created_ms: int,
-                       put_s: float) -> None:
-        """The batch is stored as `part` of `loc`: publish its notification, then ack its Messages."""
-        topic = self.config.name
-        self._m_stage["upload"].observe(put_s)
-        self._m_batch_bytes.observe(part.size)
-        self._m_group_bytes.inc(part.size)
-        note = Notification(
-            v=NOTIFICATION_VERSION, topic=topic, bucket=loc.bucket, key=loc.key, size=part.size,
-            header_size=part.header_size, message_count=len(batch.headers), logmessage_count=batch.logcount,
-            min_timestamp_ms=min(h.min_timestamp_ms for h in batch.headers),
-            max_timestamp_ms=max(h.max_timestamp_ms for h in batch.headers),
-            crc32c=part.crc32c, broker_id=self._broker_id, attempt=parse_key(loc.key).attempt,
+    def notification(self, batch: _Batch, loc: ObjectLocation, part: Part, created_ms: int,
+                     attempt: int) -> Notification:
+        """The notification of `batch`, stored as `part` of the object at `loc`."""
+        headers = batch.headers
+        return Notification(
+            v=NOTIFICATION_VERSION, topic=self.config.name, bucket=loc.bucket, key=loc.key, size=part.size,
+            header_size=part.header_size, message_count=len(headers), logmessage_count=batch.logcount,
+            min_timestamp_ms=min(h.min_timestamp_ms for h in headers),
+            max_timestamp_ms=max(h.max_timestamp_ms for h in headers),
+            crc32c=part.crc32c, broker_id=self._broker_id, attempt=attempt,
             created_ms=created_ms, offset=part.offset)
-        t0 = time.monotonic()
-        try:
-            partition, offset = await self._publisher.publish(self.notification_topic, note)
-        except Exception as e:   # the batch fails, the broker goes on
-            self.failed(batch, AckCode.NOTIFY, f"notifying batch {loc.key} of topic {topic} failed: {e}")
-            self._unannounced(loc)
+
+    def announced(self, batch: _Batch, note: Notification, published: tuple[int, int] | NotifyError,
+                  put_s: float, notify_s: float) -> None:
+        """The batch's part is stored (`put_s`) and its notification published (or not): ack its
+        ack=all Messages, or fail them naming why."""
+        self._m_stage["upload"].observe(put_s)
+        self._m_batch_bytes.observe(note.size)
+        self._m_group_bytes.inc(note.size)
+        if isinstance(published, NotifyError):   # the batch fails, the broker goes on
+            self.failed(batch, AckCode.NOTIFY, f"notifying batch {note.key} of topic {note.topic} failed: "
+                                               f"{published}")
+            self._unannounced(note)
             return
-        self._m_stage["notify"].observe(time.monotonic() - t0)
+        partition, offset = published
+        self._m_stage["notify"].observe(notify_s)
         self._m_ok.inc()
         self._m_notification_bytes.inc(len(note.to_bytes()))
         for request_id, index, reply in batch.waiters:   # ack=all Messages; ack=1 ones were answered
-            reply(Ack(request_id, True, AckCode.OK, "", loc.bucket, loc.key, index, partition, offset))
-        self._recent.stored(map(message_id, batch.headers), loc.bucket, loc.key, partition, offset, time.monotonic())
+            reply(Ack(request_id, True, AckCode.OK, "", note.bucket, note.key, index, partition, offset))
+        self._recent.stored(map(message_id, batch.headers), note.bucket, note.key, partition, offset,
+                            time.monotonic())
 
     def failed(self, batch: _Batch, code: AckCode, why: str) -> None:
         """The batch failed for good (its object's PUT, or its publish): error acks to ack=all."""
@@ -280,7 +287,7 @@ class TopicProcessor:
             reply(Ack(request_id, False, code, why))
         self._recent.failed(map(message_id, batch.headers), Ack(0, False, code, why))
 
-    def _unannounced(self, loc: ObjectLocation) -> None:
+    def _unannounced(self, note: Notification) -> None:
         """Keep the object of a batch whose publish failed: a failure may still be delivered.
 
         librdkafka's "Message timed out" does not mean "not delivered": a notification queued
@@ -289,7 +296,7 @@ class TopicProcessor:
         """
         self._m_unannounced.inc()
         log.warning("kept batch %s of topic %s after its failed publish: an orphan unless the "
-                    "notification was delivered after all", loc, self.config.name)
+                    "notification was delivered after all", ObjectLocation(note.bucket, note.key), self.config.name)
 
     async def close(self) -> None:
         """Stop taking writes, seal the filling batch and wait until every batch is acked."""

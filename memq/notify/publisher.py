@@ -19,6 +19,7 @@ import logging
 import threading
 import time
 from collections import defaultdict
+from collections.abc import Sequence
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
@@ -40,8 +41,51 @@ _FENCED = frozenset({KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPO
                      KafkaError.OUT_OF_ORDER_SEQUENCE_NUMBER, KafkaError.INVALID_PRODUCER_ID_MAPPING,
                      KafkaError._FATAL})
 
-# (future, topic, error, partition, offset) of one delivery report
-_Report = tuple[asyncio.Future[tuple[int, int]], str, KafkaError | None, int | None, int | None]
+class _Round:
+    """The notifications of one `publish_many`, settled on their event loop as reports come."""
+
+    __slots__ = ("loop", "topics", "results", "left", "done")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, topics: list[str]) -> None:
+        self.loop = loop
+        self.topics = topics
+        self.results: list[tuple[int, int] | NotifyError] = [_PENDING] * len(topics)
+        self.left = len(topics)
+        self.done: asyncio.Future[None] = loop.create_future()
+        if not topics:
+            self.done.set_result(None)
+
+    def settle(self, i: int, err: KafkaError | None, partition: int | None, offset: int | None) -> None:
+        topic = self.topics[i]
+        if err is None and partition is not None and offset is not None:
+            self._set(i, (partition, offset))
+        elif err is None:
+            self._set(i, NotifyError(f"Kafka acked a publish to {topic!r} without its offset"))
+        else:
+            self._set(i, NotifyError(f"publishing to Kafka topic {topic!r} failed: {err.str()}"))
+
+    def fail(self, i: int, error: NotifyError) -> None:
+        self._set(i, error)
+
+    def expire(self, why: str) -> None:
+        """The backstop timed out: every note without a report fails."""
+        for i, r in enumerate(self.results):
+            if r is _PENDING:
+                self._set(i, NotifyError(f"{why} for {self.topics[i]!r}"))
+
+    def _set(self, i: int, result: tuple[int, int] | NotifyError) -> None:
+        if self.results[i] is not _PENDING:   # reported after the backstop expired it
+            return
+        self.results[i] = result
+        self.left -= 1
+        if self.left == 0 and not self.done.done():
+            self.done.set_result(None)
+
+
+_PENDING = NotifyError("no delivery report yet")
+
+# (round, index in the round, error, partition, offset) of one delivery report
+_Report = tuple[_Round, int, KafkaError | None, int | None, int | None]
 
 
 def needs_new_producer(err: KafkaError) -> bool:
@@ -64,7 +108,7 @@ class NotificationPublisher:
             "request.timeout.ms": kafka.request_timeout_ms,
             "error_cb": self._on_error,
         }
-        self._reports: list[tuple[asyncio.AbstractEventLoop, _Report]] = []
+        self._reports: list[_Report] = []
         self._swap = threading.Lock()      # produce() never lands on a producer being retired
         self._producer = Producer(self._settings)
         self._rebuild_why: str | None = None
@@ -86,43 +130,67 @@ class NotificationPublisher:
 
     async def publish(self, kafka_topic: str, n: Notification) -> tuple[int, int]:
         """Publish `n`; NotifyError naming the topic if Kafka does not take it in time."""
+        result = (await self.publish_many([(kafka_topic, n)]))[0]
+        if isinstance(result, NotifyError):
+            raise result
+        return result
+
+    async def publish_many(self, notes: Sequence[tuple[str, Notification]]) -> list[tuple[int, int] | NotifyError]:
+        """Publish every (Kafka topic, notification) at once: each result is its (partition,
+        offset) once Kafka has it, or the NotifyError saying why not.
+
+        One object's parts are handed to librdkafka in one burst under one future and one
+        timeout: per-part tasks and timers were a third of a broker's Python with 1000 topics,
+        and parts queued over many loop steps woke librdkafka's sender once per few parts
+        (ad hoc, 1000 parts/s over 1000 topics: 0.11 of a core in bursts, 0.17 spread out).
+        """
         if self._stop.is_set():
-            raise NotifyError(f"publisher is closed; cannot publish to {kafka_topic!r}")
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[tuple[int, int]] = loop.create_future()
-
-        def on_delivery(err: KafkaError | None, msg: Message) -> None:  # poll thread
-            self._record(err)
-            self._reports.append((loop, (future, kafka_topic, err, msg.partition(), msg.offset())))
-
-        payload = n.to_bytes()
-        # Keyed by the (unique) object key, so the hash partitioner spreads batches over the
-        # read partitions; unkeyed, librdkafka's sticky partitioner puts a burst on one
-        # partition and a consumer group loses its parallelism.
-        key = n.key.encode()
+            return [NotifyError(f"publisher is closed; cannot publish to {t!r}") for t, _ in notes]
+        round_ = _Round(asyncio.get_running_loop(), [kafka_topic for kafka_topic, _ in notes])
         deadline = time.monotonic() + self._timeout_s
-        while True:
-            try:
-                with self._swap:
-                    self._producer.produce(kafka_topic, payload, key=key, on_delivery=on_delivery)
-                break
-            except BufferError:  # librdkafka's queue is full: wait for deliveries to drain it
+        i = 0
+        while i < len(notes):
+            i = self._produce_from(round_, notes, i)
+            if i < len(notes):   # librdkafka's queue is full: wait for deliveries to drain it
                 if time.monotonic() > deadline:
-                    raise NotifyError(f"cannot publish to {kafka_topic!r}: producer queue full "
-                                      f"for {self._timeout_s} s") from None
+                    for j in range(i, len(notes)):
+                        round_.fail(j, NotifyError(f"cannot publish to {notes[j][0]!r}: producer queue "
+                                                   f"full for {self._timeout_s} s"))
+                    break
                 await asyncio.sleep(QUEUE_FULL_BACKOFF_S)
-            except KafkaException as e:   # not queued: nothing was sent, so it is safe to fail
-                err = e.args[0] if e.args and isinstance(e.args[0], KafkaError) else None
-                if err is not None and needs_new_producer(err):
-                    self._request_rebuild(err.str())
-                raise NotifyError(f"cannot publish to {kafka_topic!r}: {e}") from None
         try:
             # librdkafka reports every message within message.timeout.ms; this is a backstop
-            # (a timeout context, not wait_for: no wrapper per notification, ~1000/s with many topics)
             async with asyncio.timeout(self._timeout_s + 5):
-                return await future
+                await round_.done
         except TimeoutError:
-            raise NotifyError(f"no delivery report for {kafka_topic!r} after {self._timeout_s + 5} s") from None
+            round_.expire(f"no delivery report after {self._timeout_s + 5} s")
+        return round_.results
+
+    def _produce_from(self, round_: _Round, notes: Sequence[tuple[str, Notification]], start: int) -> int:
+        """Queue notes[start:] on librdkafka; returns the index of the first one not queued
+        (len(notes) unless the queue filled up). A note Kafka refuses at once fails alone."""
+        with self._swap:
+            producer = self._producer
+            for i in range(start, len(notes)):
+                kafka_topic, n = notes[i]
+
+                def on_delivery(err: KafkaError | None, msg: Message, i: int = i) -> None:  # poll thread
+                    self._record(err)
+                    self._reports.append((round_, i, err, msg.partition(), msg.offset()))
+
+                # Keyed by the (unique) object key, so the hash partitioner spreads batches over
+                # the read partitions; unkeyed, librdkafka's sticky partitioner puts a burst on
+                # one partition and a consumer group loses its parallelism.
+                try:
+                    producer.produce(kafka_topic, n.to_bytes(), key=n.key.encode(), on_delivery=on_delivery)
+                except BufferError:
+                    return i
+                except KafkaException as e:   # not queued: nothing was sent, so it is safe to fail
+                    err = e.args[0] if e.args and isinstance(e.args[0], KafkaError) else None
+                    if err is not None and needs_new_producer(err):
+                        self._request_rebuild(err.str())
+                    round_.fail(i, NotifyError(f"cannot publish to {kafka_topic!r}: {e}"))
+        return len(notes)
 
     def close(self, timeout_s: float = 10) -> None:
         """Deliver what is queued within `timeout_s`; fail the rest with NotifyError."""
@@ -195,8 +263,8 @@ class NotificationPublisher:
             return
         reports, self._reports = self._reports, []
         by_loop: dict[asyncio.AbstractEventLoop, list[_Report]] = defaultdict(list)
-        for loop, report in reports:
-            by_loop[loop].append(report)
+        for report in reports:
+            by_loop[report[0].loop].append(report)
         for loop, batch in by_loop.items():
             try:
                 loop.call_soon_threadsafe(_settle, batch)
@@ -211,13 +279,6 @@ class NotificationPublisher:
 
 
 def _settle(batch: list[_Report]) -> None:
-    """On the event loop: resolve the futures of a round of delivery reports."""
-    for future, topic, err, partition, offset in batch:
-        if future.done():  # cancelled or timed out meanwhile
-            continue
-        if err is None and partition is not None and offset is not None:
-            future.set_result((partition, offset))
-        elif err is None:
-            future.set_exception(NotifyError(f"Kafka acked a publish to {topic!r} without its offset"))
-        else:
-            future.set_exception(NotifyError(f"publishing to Kafka topic {topic!r} failed: {err.str()}"))
+    """On the event loop: settle a round of delivery reports."""
+    for round_, i, err, partition, offset in batch:
+        round_.settle(i, err, partition, offset)
