@@ -276,6 +276,11 @@ class BrokerConfig:
     shutdown_timeout_ms: int = setting(30_000, ge=0)  # SIGTERM: time to flush, store and ack in-flight batches
     dedup_messages: int = setting(50_000, ge=1)      # per topic: stored Message ids remembered to drop resends
     dedup_window_ms: int = setting(300_000, ge=0)    # ... for at most this long (producers resend within delivery_timeout_ms)
+    # librdkafka producers publishing notifications, each Kafka topic always through the same one.
+    # With 1000s of topics more producers cost less CPU (a producer's sender walks all its
+    # partitions per wake-up) but open more connections; on the dev Kafka (tansu) 4 cut the
+    # trickle bench's broker CPU 0.27 -> 0.16 and slowed its notifications (docs/DECISIONS.md)
+    notify_producers: int = setting(1, ge=1, le=64)
     # Kafka wire-protocol listener (memq.kafka_api): -1 = off, 0 = any free port. Its largest
     # request is max_frame_bytes; it advertises kafka_advertised_host (default: host).
     kafka_port: int = setting(-1, ge=-1, le=65_535)

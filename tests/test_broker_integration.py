@@ -8,6 +8,8 @@ not through memq's consumer.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import threading
 import time
 import uuid
 from collections import Counter
@@ -250,3 +252,24 @@ async def test_flush_sends_now_instead_of_waiting_batch_ms(devcluster: DevCluste
             assert (mh.min_timestamp_ms, mh.max_timestamp_ms) == (min(stamps), max(stamps))
     finally:
         await storage.close()
+
+
+async def test_a_broker_publishes_through_several_producers_each_topic_in_order(
+        devcluster: DevCluster, unique_name: Callable[[str], str]) -> None:
+    """`broker.notify_producers` librdkafka producers publish a shared group's parts; each
+    topic's notifications keep the order its batches were stored in."""
+    topics = [unique_name(f"np{i}") for i in range(9)]
+    config = devcluster.config(topics=[TopicConfig(t, batch_ms=30, read_partitions=1) for t in topics])
+    config = dataclasses.replace(config, broker=dataclasses.replace(config.broker, notify_producers=3))
+    async with running_broker(config) as broker:
+        pollers = {t.name for t in threading.enumerate() if t.name.startswith(f"memq-notify-memq-broker-{broker.broker_id}-")}
+        assert len(pollers) == 3
+        async with Producer(producer_config(broker.url, ack="all")) as p:
+            for r in range(4):            # four objects, each with a part of every topic
+                futures = [await p.send(t, b"r%d" % r) for t in topics]
+                await p.flush()
+                assert all(d.count == 1 for d in await asyncio.gather(*futures))
+    for t in topics:
+        notes = read_notifications(devcluster.kafka_bootstrap or "", f"memq.dev.{t}")
+        assert len(notes) == 4 and len({n.key for n in notes}) == 4
+        assert [n.created_ms for n in notes] == sorted(n.created_ms for n in notes), t

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import threading
 import time
 
 import pytest
@@ -252,3 +253,25 @@ async def test_a_round_larger_than_librdkafka_s_queue_is_published_whole(kafka: 
         assert got == {place: note(i) for i, place in enumerate(results)}
     finally:
         consumer.close()
+
+
+async def test_each_topic_keeps_one_producer_so_its_notifications_stay_in_order(kafka: KafkaConfig,
+                                                                               unique_name) -> None:
+    """With several producers, a topic's notifications always go through the same one: each
+    (one-partition) topic's offsets follow the order its notes were published in."""
+    topics = [unique_name(f"o{i}") for i in range(8)]
+    admin = TopicAdmin(kafka)
+    for t in topics:
+        admin.create_topic(t, 1)
+    pub = NotificationPublisher(kafka, client_id="test-shards", producers=3)
+    try:
+        pollers = {t.name for t in threading.enumerate() if t.name.startswith("memq-notify-test-shards-")}
+        assert len(pollers) == 3
+        rounds = [[(t, note(r * 10 + j, t)) for t in topics for j in range(10)] for r in range(5)]
+        results = await asyncio.gather(*(pub.publish_many(r) for r in rounds))
+        assert pub.health() is None and pub.rebuilds == 0
+    finally:
+        pub.close()
+    for t in topics:
+        placed = [res for rnd, out in zip(rounds, results) for (topic, _), res in zip(rnd, out) if topic == t]
+        assert placed == [(0, offset) for offset in range(50)], t

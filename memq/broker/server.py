@@ -84,7 +84,8 @@ class Broker:
         if self._storage is None:
             self._storage = make_storage(self.config, metrics=self.storage_metrics)
         if self._publisher is None:
-            self._publisher = NotificationPublisher(self.config.kafka, client_id=f"memq-broker-{self.broker_id}")
+            self._publisher = NotificationPublisher(self.config.kafka, client_id=f"memq-broker-{self.broker_id}",
+                                                    producers=self.config.broker.notify_producers)
         if self._admin is None:
             self._admin = TopicAdmin(self.config.kafka)
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
