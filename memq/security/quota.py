@@ -114,8 +114,11 @@ class Throttler:
 
     def charge(self, principal: str, topic: str, nbytes: int, now: float) -> float:
         """Account a request of `nbytes`; the seconds to stop reading its connection."""
-        return max(self._charge(self._principals, principal, self.source.principal_rate(principal), nbytes, now),
-                   self._charge(self._topics, topic, self.source.topic_rate(topic), nbytes, now))
+        p_rate, t_rate = self.source.principal_rate(principal), self.source.topic_rate(topic)
+        if p_rate is None and t_rate is None and not self._principals and not self._topics:
+            return 0.0           # no quota anywhere: the common case, once per Message
+        return max(self._charge(self._principals, principal, p_rate, nbytes, now),
+                   self._charge(self._topics, topic, t_rate, nbytes, now))
 
     def _charge(self, buckets: dict[str, TokenBucket], name: str, rate: float | None, nbytes: int,
                 now: float) -> float:
