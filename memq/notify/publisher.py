@@ -105,7 +105,8 @@ class NotificationPublisher:
     to an idle partition wakes it: with 1000 topics of 3 partitions on one producer, 1000
     notifications a second cost its thread ~0.26 of a core, on 8 producers ~0.08 in all (ad hoc,
     tansu, bursts of 250 every 250 ms). One by default: librdkafka sends one partition per
-    request, and the dev Kafka (tansu) answered 4 connections' requests ~10x slower than one's.
+    request, and the dev Kafka (tansu) answered 4 producers' requests ~10x slower than one's
+    (their batches conflict on its one metadata object).
     """
 
     def __init__(self, kafka: KafkaConfig, *, client_id: str, linger_ms: int = 2, producers: int = 1) -> None:
