@@ -5,10 +5,12 @@ from __future__ import annotations
 
 from collections.abc import Collection, Sequence
 
+import pytest
 from prometheus_client import CollectorRegistry
 
 from memq.config import GovernorConfig, MemqConfig, TopicConfig
-from memq.governor.janitor import Janitor
+import memq.governor.janitor as janitor_module
+from memq.governor.janitor import Janitor, NotificationLog
 from memq.storage.base import DeleteFailure, ObjectInfo, ObjectLocation
 
 NOW = 1_800_000_000_000
@@ -175,3 +177,37 @@ async def test_a_shared_group_topic_s_own_key_space_is_listed_until_found_empty(
     await j.run_once(topics)
     assert set(storage.listed) == {"a", "own"}
 
+
+
+class CountingAdmin:
+    """A Kafka admin whose topics' retention.ms can be changed behind the janitor's back."""
+
+    def __init__(self) -> None:
+        self.retention: dict[str, int] = {}
+        self.describes = 0
+
+    def retention_ms(self, name: str) -> int | None:
+        self.describes += 1
+        return self.retention.get(name)
+
+    def set_retention(self, name: str, retention_ms: int) -> None:
+        self.retention[name] = retention_ms
+
+
+def test_a_notification_topic_s_retention_is_described_once_until_it_changes_or_an_hour_passes(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    log = NotificationLog(MemqConfig(), timeout_s=5)
+    admin = log.admin = CountingAdmin()                     # type: ignore[assignment]
+    clock = [1000.0]
+    monkeypatch.setattr(janitor_module.time, "monotonic", lambda: clock[0])
+    for _ in range(3):                                      # three passes
+        log.sync_retention("memq.dev.t", 60_000)
+    assert (admin.describes, admin.retention["memq.dev.t"]) == (1, 60_000)
+    log.sync_retention("memq.dev.t", 5_000)                 # the topic's retention was altered
+    assert (admin.describes, admin.retention["memq.dev.t"]) == (2, 5_000)
+    admin.retention["memq.dev.t"] = 1                       # changed outside memq: seen within the hour
+    log.sync_retention("memq.dev.t", 5_000)
+    assert admin.describes == 2
+    clock[0] += janitor_module.RETENTION_RECHECK_S + 1
+    log.sync_retention("memq.dev.t", 5_000)
+    assert (admin.describes, admin.retention["memq.dev.t"]) == (3, 5_000)

@@ -69,6 +69,10 @@ CLOCK_SKEW_MS = 60_000
 time follows the object's time on one broker, brokers' clocks may differ a little."""
 DELETE_RECORDS_RETRY_S = 3600.0
 """After Kafka refuses DeleteRecords for a topic, try again this much later (not every pass)."""
+RETENTION_RECHECK_S = 3600.0
+"""A notification topic's retention.ms found right is described again only after this long, or
+when the topic's retention changes: one DescribeConfigs per topic and pass was 1000s of Kafka
+requests a pass with 1000s of topics, to catch a change made outside memq."""
 
 
 class JanitorMetrics:
@@ -107,14 +111,20 @@ class NotificationLog:
         self.timeout_s = timeout_s
         self.admin = TopicAdmin(config.kafka)
         self._no_delete_records: dict[str, float] = {}    # topic -> when Kafka refused
+        self._retention_seen: dict[str, tuple[int, float]] = {}   # topic -> (retention.ms, when checked)
 
     def _consumer(self, kafka_topic: str) -> NotificationConsumer:
         return NotificationConsumer(self.config.kafka, kafka_topic, group_id=f"memq-janitor-{self.config.cluster.name}")
 
     def sync_retention(self, kafka_topic: str, retention_ms: int) -> None:
+        seen = self._retention_seen.get(kafka_topic)
+        now = time.monotonic()
+        if seen is not None and seen[0] == retention_ms and now - seen[1] < RETENTION_RECHECK_S:
+            return
         if self.admin.retention_ms(kafka_topic) != retention_ms:
             self.admin.set_retention(kafka_topic, retention_ms)
             log.info("janitor: %s retention.ms set to %d", kafka_topic, retention_ms)
+        self._retention_seen[kafka_topic] = (retention_ms, now)
 
     def expire(self, kafka_topic: str, before_ms: int) -> dict[str, int]:
         """Expire the notifications published before `before_ms`; per object home (`topics/<t>`,
