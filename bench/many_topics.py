@@ -29,7 +29,8 @@ counts), is flagged (`offered_reached` false, and a warning): its figures descri
 broker or load generator. Short (`--quick`) windows make the broker's count noisy. Each case
 also prints the broker's produce stages of one of its topics (`broker_stages`), so a slow E2E
 shows where it goes; before the cases, `idle_cpu_core_frac` is the broker's CPU with every
-topic hosted and no traffic. `--seconds N` sets the window (default 60 s, `--quick` 4 s).
+topic hosted and no traffic. `--seconds N` sets the window (default 60 s, `--quick` 4 s);
+`--cases hundred,one` runs only those (the ratios that need a case left out are not printed).
 The peer of the notify stage (not in `--quick`): a confluent-kafka producer set like memq's
 notification publisher sends one message to each of as many new topics as a trickle object has
 parts, on the same Kafka; `kafka_fanout_s` is how long until all are delivered (ratio key
@@ -54,8 +55,9 @@ import time
 import urllib.request
 import uuid
 from array import array
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from multiprocessing.synchronize import Event
@@ -116,7 +118,7 @@ class Case:
         return "" if self.own_objects else DEFAULT_STORAGE_GROUP
 
 
-def cases(before: bool) -> list[Case]:
+def all_cases(before: bool) -> list[Case]:
     # the trickle last: its ~1000 notifications/s are near what the dev Kafka (tansu) takes (one
     # request per partition from librdkafka), and the backlog it can leave there would slow the
     # notifications of whatever case came next; the trickle with its own objects after it (it
@@ -449,17 +451,49 @@ def kafka_fanout_s(bootstrap: str, topics: int) -> float:
     return best
 
 
+def case_ratios(out: Mapping[str, Mapping[str, Any]], fanout_s: float | None) -> dict[str, float]:
+    """The goals' ratios (higher is better) for the cases that ran: each needs its cases."""
+    ratios: dict[str, float] = {}
+    trickle, hundred, one = out.get("trickle"), out.get("hundred"), out.get("one")
+    if trickle is not None:
+        ratios["trickle_objects_per_s_vs_goal"] = round(1000 / BATCH_MS / max(trickle["objects_per_s"], 1e-9), 3)
+        ratios["trickle_cpu_vs_goal"] = round(0.10 / trickle["broker_cpu_core_frac"], 3)
+        if fanout_s is not None:
+            ratios["kafka_fanout_vs_trickle_notify"] = round(
+                fanout_s / max(trickle["broker_stages"]["notify"]["mean_s"], 1e-9), 3)
+    if hundred is not None:
+        ratios["hundred_put_cost_vs_kafka_vs_goal"] = round(0.1 / hundred["put_cost_vs_kafka"], 3)
+        if one is not None:
+            ratios["hundred_cpu_vs_2x_one"] = round(2 * one["broker_cpu_core_frac"] / hundred["broker_cpu_core_frac"], 3)
+            ratios["hundred_e2e_p99_vs_one"] = round(one["e2e_p99_s"] / hundred["e2e_p99_s"], 3)
+    for name in ("trickle", "hundred"):
+        if f"{name}-own" in out and name in out:     # --before: what the shared group saves (own over shared)
+            own, shared = out[f"{name}-own"], out[name]
+            ratios[f"{name}_objects_own_vs_shared"] = round(own["objects_per_s"] / shared["objects_per_s"], 1)
+            ratios[f"{name}_cpu_own_vs_shared"] = round(own["broker_cpu_core_frac"] / shared["broker_cpu_core_frac"], 2)
+    return ratios
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--before", action="store_true",
                         help="also run trickle and hundred with topics storing their own objects (storage_group \"\")")
     parser.add_argument("--seconds", type=float, default=None,
                         help="each case's measured window (default 60, --quick 4)")
+    parser.add_argument("--cases", default=None,
+                        help="comma-separated cases to run (default all), e.g. hundred,one; the "
+                             "ratios need trickle, hundred and one")
 
 
-def run(quick: bool, before: bool = False, seconds: float | None = None) -> dict:
+def run(quick: bool, before: bool = False, seconds: float | None = None, cases: str | None = None) -> dict:
     warm_s, measure_s, idle_s = (2.0, 4.0, 1.0) if quick else (5.0, 60.0, 10.0)
     measure_s = seconds or measure_s
-    chosen = cases(before)
+    chosen = all_cases(before)
+    if cases is not None:
+        wanted = [c.strip() for c in cases.split(",") if c.strip()]
+        unknown = sorted(set(wanted) - {c.name for c in chosen})
+        if unknown or not wanted:
+            raise SystemExit(f"--cases {cases!r}: choose among {', '.join(c.name for c in chosen)}")
+        chosen = [c for c in chosen if c.name in wanted]
     p = CostConfig()
     ctx = multiprocessing.get_context("spawn")     # no fork of a process with threads and a loop
     t_start = time.monotonic()
@@ -482,10 +516,11 @@ def run(quick: bool, before: bool = False, seconds: float | None = None) -> dict
             out = {c.name: _run_case(c, feeders[c.name], url, pid, ours, ready, warm_s, measure_s, p) for c in chosen}
             ours.send(None)
             reader.join(10)
-            trickle = out["trickle"]
-            parts = round(trickle["feeder_msg_s"] / max(trickle["objects_per_s"], 1e-9))   # ~ parts per object
-            fanout_s = None if quick else kafka_fanout_s(bc.config.kafka.bootstrap_servers, min(parts, 1000))
-            if fanout_s is not None:
+            trickle = out.get("trickle")
+            fanout_s = None
+            if trickle is not None and not quick:
+                parts = round(trickle["feeder_msg_s"] / max(trickle["objects_per_s"], 1e-9))   # ~ parts per object
+                fanout_s = kafka_fanout_s(bc.config.kafka.bootstrap_servers, min(parts, 1000))
                 notify_s = trickle["broker_stages"]["notify"]["mean_s"]
                 print(f"peer: one message to each of {min(parts, 1000)} Kafka topics (a trickle object's parts, "
                       f"each a notification) delivered in {fanout_s:.3f} s on the same Kafka; the trickle's notify "
@@ -495,19 +530,7 @@ def run(quick: bool, before: bool = False, seconds: float | None = None) -> dict
                 if proc.is_alive():
                     proc.terminate()
                     proc.join(5)
-    trickle, hundred, one = out["trickle"], out["hundred"], out["one"]
-    ratios = {"trickle_objects_per_s_vs_goal": round(1000 / BATCH_MS / max(trickle["objects_per_s"], 1e-9), 3),
-              "trickle_cpu_vs_goal": round(0.10 / trickle["broker_cpu_core_frac"], 3),
-              "hundred_cpu_vs_2x_one": round(2 * one["broker_cpu_core_frac"] / hundred["broker_cpu_core_frac"], 3),
-              "hundred_e2e_p99_vs_one": round(one["e2e_p99_s"] / hundred["e2e_p99_s"], 3),
-              "hundred_put_cost_vs_kafka_vs_goal": round(0.1 / hundred["put_cost_vs_kafka"], 3)}
-    for name in ("trickle", "hundred"):
-        if f"{name}-own" in out:     # --before: what the shared group saves (own over shared)
-            own = out[f"{name}-own"]
-            ratios[f"{name}_objects_own_vs_shared"] = round(own["objects_per_s"] / out[name]["objects_per_s"], 1)
-            ratios[f"{name}_cpu_own_vs_shared"] = round(own["broker_cpu_core_frac"] / out[name]["broker_cpu_core_frac"], 2)
-    if fanout_s is not None:
-        ratios["kafka_fanout_vs_trickle_notify"] = round(fanout_s / max(trickle["broker_stages"]["notify"]["mean_s"], 1e-9), 3)
+    ratios = case_ratios(out, fanout_s)
     flagged = [name for name, case in out.items() if not case["offered_reached"]]
     if flagged:
         print(f"WARNING: offered rate not reached in {', '.join(flagged)}: those figures are of a saturated run",

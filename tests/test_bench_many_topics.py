@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.many_topics import prices, sent_to_first
+from bench.many_topics import case_ratios, prices, sent_to_first
 from memq.config import CostConfig
 from memq.cost import TopicCounters, Usage
 
@@ -40,3 +40,17 @@ def test_shared_objects_price_their_puts_not_their_parts() -> None:
 def test_sent_to_first_counts_round_robin_sends_to_the_first_topics(sent: int, topics: int, first: int,
                                                                    expected: int) -> None:
     assert sent_to_first(sent, topics, first) == expected
+
+
+def test_ratios_are_given_for_the_cases_that_ran() -> None:
+    def case(cpu: float, p99: float, objects: float = 3.0, put_vs_kafka: float = 0.05, notify: float = 1.0) -> dict:
+        return {"broker_cpu_core_frac": cpu, "e2e_p99_s": p99, "objects_per_s": objects,
+                "put_cost_vs_kafka": put_vs_kafka, "broker_stages": {"notify": {"mean_s": notify}}}
+
+    everything = case_ratios({"trickle": case(0.2, 4.0, objects=2.0, notify=2.0), "hundred": case(0.3, 0.6),
+                              "one": case(0.06, 0.3)}, fanout_s=1.0)
+    assert everything == {"trickle_objects_per_s_vs_goal": 2.0, "trickle_cpu_vs_goal": 0.5,
+                          "kafka_fanout_vs_trickle_notify": 0.5, "hundred_put_cost_vs_kafka_vs_goal": 2.0,
+                          "hundred_cpu_vs_2x_one": 0.4, "hundred_e2e_p99_vs_one": 0.5}
+    assert case_ratios({"one": case(0.06, 0.3)}, None) == {}
+    assert set(case_ratios({"hundred": case(0.3, 0.6)}, None)) == {"hundred_put_cost_vs_kafka_vs_goal"}
