@@ -18,11 +18,11 @@ import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from memq.config import TopicConfig
 from memq.errors import NotifyError
-from memq.format import encode_batch, object_crc32c
+from memq.format import Notification, encode_batch, object_crc32c
 from memq.format.message import Buffer
 from memq.format.wire import AckCode
 from memq.storage import StorageHandler
@@ -31,9 +31,15 @@ from memq.storage.naming import parse_key
 from .metrics import BrokerMetrics
 
 if TYPE_CHECKING:
-    from .processor import Publisher, TopicProcessor, _Batch
+    from .processor import TopicProcessor, _Batch
 
 log = logging.getLogger(__name__)
+
+
+class Publisher(Protocol):
+    """Where a writer publishes an object's notifications (`memq.notify.NotificationPublisher`)."""
+
+    async def publish_many(self, notes: Sequence[tuple[str, Notification]]) -> list[tuple[int, int] | NotifyError]: ...
 
 
 @dataclass(frozen=True, slots=True)

@@ -30,8 +30,7 @@ import dataclasses
 import logging
 import time
 from dataclasses import dataclass, field
-from collections.abc import Sequence
-from typing import Callable, Protocol
+from typing import Callable
 
 from memq.config import TopicConfig
 from memq.errors import NotifyError
@@ -40,17 +39,13 @@ from memq.format.wire import Ack, AckCode, AckLevel
 from memq.storage import ObjectLocation, StorageHandler
 
 from .dedup import Held, RecentMessages, message_id
-from .group import GroupWriter, Part
+from .group import GroupWriter, Part, Publisher
 from .metrics import BrokerMetrics
 
 log = logging.getLogger(__name__)
 
 #: Called with an ack for a Message that asked for ack=all (from the processor's upload task).
 Reply = Callable[[Ack], None]
-
-
-class Publisher(Protocol):
-    async def publish_many(self, notes: Sequence[tuple[str, Notification]]) -> list[tuple[int, int] | NotifyError]: ...
 
 
 @dataclass(slots=True)

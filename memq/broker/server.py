@@ -35,8 +35,8 @@ from memq.storage import StorageHandler, StorageMetrics, make_storage
 from .connection import ProduceConnection
 from .guard import PRINCIPAL_KEY, Guard
 from .metrics import BrokerMetrics
-from .group import GroupWriters
-from .processor import Publisher, TopicProcessor
+from .group import GroupWriters, Publisher
+from .processor import TopicProcessor
 
 log = logging.getLogger(__name__)
 

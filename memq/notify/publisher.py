@@ -27,7 +27,7 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from memq.config import KafkaConfig
-from memq.errors import NotifyError
+from memq.errors import ConfigError, NotifyError
 from memq.format import Notification
 from memq.notify._kafka import base_settings, timeout_s
 
@@ -111,7 +111,7 @@ class NotificationPublisher:
 
     def __init__(self, kafka: KafkaConfig, *, client_id: str, linger_ms: int = 2, producers: int = 1) -> None:
         if producers < 1:
-            raise ValueError(f"a publisher needs at least one producer, not {producers}")
+            raise ConfigError(f"broker.notify_producers = {producers}: a publisher needs at least one producer")
         self._timeout_s = timeout_s(kafka)
         self._shards = [_Shard(kafka, client_id if producers == 1 else f"{client_id}-{i}", linger_ms)
                         for i in range(producers)]
