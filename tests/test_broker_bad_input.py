@@ -14,7 +14,8 @@ from memq.broker import Broker
 from memq.config import MemqConfig
 from memq.devcluster import DevCluster
 from memq.format import Codec, LogMessage, encode_message
-from memq.format.wire import NO_REQUEST_ID, Ack, AckLevel, decode_acks, encode_request
+from memq.format.wire import (BUNDLE_SUBPROTOCOL, NO_REQUEST_ID, Ack, AckLevel, decode_acks, encode_bundle,
+                              encode_request)
 from test_broker_integration import running_broker, topic_config
 
 pytestmark = pytest.mark.integration
@@ -65,6 +66,38 @@ async def test_each_bad_frame_gets_a_named_error_and_the_connection_goes_on(brok
         await ws.send_bytes(encode_request(20, AckLevel.ALL, topic, good_message(20)))   # still served
         [ack] = await next_acks(ws)
         assert (ack.id, ack.ok) == (20, True) and ack.key
+
+
+async def test_a_bundle_s_requests_are_each_answered_and_a_malformed_bundle_is_refused_whole(broker: Broker) -> None:
+    topic = next(iter(broker.metadata().topics))
+    corrupt = bytearray(good_message(2))
+    corrupt[-1] ^= 0xFF
+    m = broker.metrics.registry.get_sample_value
+    async with aiohttp.ClientSession() as s, s.ws_connect(broker.url + "/v1/produce",
+                                                          protocols=(BUNDLE_SUBPROTOCOL,)) as ws:
+        assert ws.protocol == BUNDLE_SUBPROTOCOL          # the broker says it reads bundles
+        await ws.send_bytes(encode_bundle([
+            encode_request(1, AckLevel.ALL, topic, good_message(1)),
+            encode_request(2, AckLevel.ALL, topic, bytes(corrupt)),     # fails alone
+            encode_request(3, AckLevel.ALL, "nope", good_message(3)),
+            encode_request(4, AckLevel.NONE, topic, good_message(4)),   # quiet, as in its own frame
+            encode_request(5, AckLevel.ALL, topic, good_message(5)),
+        ]))
+        acks = {a.id: a for a in await next_acks(ws, 4)}
+        assert {i: (a.ok, a.code) for i, a in acks.items()} == \
+            {1: (True, "OK"), 2: (False, "CORRUPT"), 3: (False, "UNKNOWN_TOPIC"), 5: (True, "OK")}
+        assert acks[1].key and acks[1].key == acks[5].key and (acks[1].index, acks[5].index) == (0, 2)
+        assert (m("memq_broker_bundles_total"), m("memq_broker_bundled_requests_total")) == (1, 5)
+
+        bad = encode_bundle([encode_request(6, AckLevel.ALL, topic, good_message(6))])[:-1]
+        await ws.send_bytes(bad)
+        [ack] = await next_acks(ws)
+        assert (ack.id, ack.code) == (NO_REQUEST_ID, "PROTOCOL") and "does not fit" in ack.error
+        await ws.send_bytes(encode_request(7, AckLevel.ALL, topic, good_message(7)))   # still served
+        [ack] = await next_acks(ws)
+        assert (ack.id, ack.ok) == (7, True)
+    async with aiohttp.ClientSession() as s, s.ws_connect(broker.url + "/v1/produce") as ws:
+        assert ws.protocol is None   # a client that asks for no subprotocol gets plain frames as before
 
 
 async def test_oversized_frame_closes_cleanly_others_unaffected(broker: Broker) -> None:

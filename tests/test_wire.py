@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import msgpack
 import pytest
 from hypothesis import given
@@ -9,8 +11,8 @@ from hypothesis import strategies as st
 
 from memq.errors import ProtocolError
 from memq.format.wire import (ACK_VERSION, NO_REQUEST_ID, REQUEST_HEADER_SIZE, Ack, AckCode, AckLevel, RequestFlag,
-                              decode_acks, decode_request, encode_acks, encode_request, pack_request_header_into,
-                              peek_request_id, request_header_size)
+                              decode_acks, decode_request, encode_acks, encode_bundle, encode_request, is_bundle,
+                              pack_request_header_into, peek_request_id, request_header_size, split_bundle)
 from memq.format.message import encode_message, verify_message
 
 
@@ -69,6 +71,40 @@ def test_version_1_frames_without_flags_still_parse() -> None:
     assert peek_request_id(v1) == 77
     with pytest.raises(ProtocolError, match="topic length 3"):
         decode_request(v1[:15])
+
+
+def test_a_bundle_holds_requests_in_order_as_zero_copy_views() -> None:
+    frames = [encode_request(i, AckLevel.LEADER, f"t{i}", b"m" * i) for i in range(1, 4)]
+    frames.append(bytearray(encode_request(9, AckLevel.ALL, "ü", b"last", RequestFlag.SEAL)))
+    bundle = encode_bundle(frames)
+    assert is_bundle(bundle) and not any(is_bundle(f) for f in frames)
+    views = split_bundle(bundle)
+    assert [bytes(v) for v in views] == [bytes(f) for f in frames]
+    reqs = [decode_request(v) for v in views]
+    assert [(r.request_id, r.topic, bytes(r.message)) for r in reqs] == \
+        [(1, "t1", b"m"), (2, "t2", b"mm"), (3, "t3", b"mmm"), (9, "ü", b"last")]
+    assert reqs[-1].flags is RequestFlag.SEAL and reqs[0].message.obj is bundle
+    assert peek_request_id(bundle) == NO_REQUEST_ID   # a bundle's error ack names no request
+
+
+@pytest.mark.parametrize("cut, words", [
+    (lambda b: b[:3], "holds no request"),
+    (lambda b: b[:-1], "does not fit"),
+    (lambda b: b + b"\x00\x00", "cut off"),
+    (lambda b: b + b"\x00\x00\x00\x00", "of 0 bytes"),
+    (lambda b: b"XX" + b[2:], "not a bundle"),
+])
+def test_a_malformed_bundle_is_refused_whole(cut: Callable[[bytes], bytes], words: str) -> None:
+    bundle = encode_bundle([encode_request(1, AckLevel.LEADER, "t", b"m"), encode_request(2, AckLevel.LEADER, "t", b"n")])
+    with pytest.raises(ProtocolError, match=words):
+        split_bundle(cut(bundle))
+
+
+def test_a_bundle_inside_a_bundle_is_not_a_request() -> None:
+    inner = encode_bundle([encode_request(1, AckLevel.LEADER, "t", b"m")])
+    [view] = split_bundle(encode_bundle([inner]))
+    with pytest.raises(ProtocolError, match="version 3 is not supported"):
+        decode_request(view)
 
 
 def test_peek_request_id_of_short_frame() -> None:

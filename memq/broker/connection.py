@@ -1,5 +1,8 @@
 """One producer's `/v1/produce` WebSocket: read Message frames, write batched acks.
 
+A frame holds one request, or a bundle of them (memq.format.wire): a bundle's requests are
+handled in order, exactly as if each had come in its own frame.
+
 Frames are handled one at a time, so while a TopicProcessor has no free slot this connection
 stops reading and TCP pushes back on the producer. The same holds a client over its byte-rate
 quota (memq.security.quota): its request is accepted, its ack carries the throttle time, and
@@ -26,7 +29,7 @@ from memq.format import verify_message
 from memq.security.acl import Operation
 from memq.security.quota import ANONYMOUS
 from memq.format.wire import (NO_REQUEST_ID, Ack, AckCode, AckLevel, RequestFlag, decode_request, encode_acks,
-                              peek_request_id)
+                              is_bundle, peek_request_id, split_bundle)
 
 if TYPE_CHECKING:
     from .server import Broker
@@ -106,6 +109,22 @@ class ProduceConnection:
         self._reply(Ack(request_id, False, code, why, brokers=brokers), None)
 
     async def _handle(self, data: bytes) -> None:
+        if not is_bundle(data):
+            await self._handle_request(data)
+            return
+        try:
+            requests = split_bundle(data)
+        except ProtocolError as e:
+            self._reject(NO_REQUEST_ID, AckCode.PROTOCOL, str(e))
+            return
+        self._metrics.bundles.inc()
+        self._metrics.bundled_requests.inc(len(requests))
+        for request in requests:
+            if self._closed:
+                return
+            await self._handle_request(request)
+
+    async def _handle_request(self, data: bytes | memoryview) -> None:
         try:
             req = decode_request(data)
         except ProtocolError as e:

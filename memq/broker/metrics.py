@@ -72,6 +72,9 @@ class BrokerMetrics:
                                 ["code"], registry=r)
         self.busy_slots = Gauge("memq_broker_ring_busy_slots", "Batch slots filling or uploading", ["topic"],
                                 registry=r)
+        self.bundles = Counter("memq_broker_bundles", "Produce frames that held several requests (wire bundles)",
+                               registry=r)
+        self.bundled_requests = Counter("memq_broker_bundled_requests", "Requests that came in bundles", registry=r)
         self.connections = Gauge("memq_broker_connections", "Open produce connections", registry=r)
         self.slow_clients = Counter("memq_broker_slow_client_closes",
                                     "Connections closed because the client did not read its acks", registry=r)

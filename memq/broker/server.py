@@ -24,7 +24,7 @@ from memq.audit.emitter import AuditEmitter, make_audit_sink
 from memq.config import MemqConfig, TopicConfig
 from memq.errors import NotifyError
 from memq.format.metadata import BrokerMetadata, ClusterMetadata, ClusterView, StorageMetadata, TopicMetadata
-from memq.format.wire import AckCode
+from memq.format.wire import BUNDLE_SUBPROTOCOL, AckCode
 from memq.kafka_api.listener import KafkaListener
 from memq.notify import KafkaTopic, NotificationPublisher, TopicAdmin
 from memq.security.acl import Operation
@@ -211,7 +211,8 @@ class Broker:
         if self._draining:
             raise web.HTTPServiceUnavailable(text=f"broker {self.broker_id} is shutting down")
         bc = self.config.broker
-        ws = web.WebSocketResponse(max_msg_size=bc.max_frame_bytes, heartbeat=30.0, compress=False)
+        ws = web.WebSocketResponse(max_msg_size=bc.max_frame_bytes, heartbeat=30.0, compress=False,
+                                   protocols=(BUNDLE_SUBPROTOCOL,))
         await ws.prepare(request)
         conn = ProduceConnection(ws, self, max_pending_acks=bc.max_pending_acks,
                                  write_timeout_s=bc.ack_write_timeout_ms / 1000,

@@ -3,7 +3,12 @@
 Client -> broker: one binary frame per Message, a small fixed header (magic, version, ack
 level, flags, request id, topic) followed by the Message bytes, which the broker keeps as a
 zero-copy slice of the frame. Version 2 added the flags byte (`RequestFlag`); brokers still
-parse version 1 frames (no flags), so old producers keep working against new brokers. Broker -> client: binary frames holding a msgpack list of acks,
+parse version 1 frames (no flags), so old producers keep working against new brokers. A
+bundle (`BUNDLE_VERSION`, 3) is one frame holding several such requests, each behind its
+length, as a Kafka ProduceRequest holds many partitions' batches: a producer of many small
+topics sends what it sealed together in one frame, and the broker reads one frame instead of
+dozens. A producer sends bundles only to a broker that chose `BUNDLE_SUBPROTOCOL` when the
+WebSocket opened (older brokers choose none). Broker -> client: binary frames holding a msgpack list of acks,
 several per frame when they are ready together, in any order. Acks travel as msgpack maps
 so that new fields can be added without breaking old clients: a decoder reads the keys it
 knows and ignores the others, and a key is only written when it differs from its default.
@@ -29,6 +34,12 @@ _REQUEST_V1 = struct.Struct(">2sBBQH")  # version 1: no flags byte
 _LAYOUTS = {1: _REQUEST_V1, WIRE_VERSION: _REQUEST}
 REQUEST_HEADER_SIZE = _REQUEST.size   # of the frames this module writes
 MAX_TOPIC_BYTES = 255
+BUNDLE_VERSION = 3
+BUNDLE_SUBPROTOCOL = "memq.produce.bundle"   # the WebSocket subprotocol of a broker that reads bundles
+_BUNDLE_HEAD = WIRE_MAGIC + bytes((BUNDLE_VERSION,))
+_LENGTH = struct.Struct(">I")
+BUNDLE_HEAD_BYTES = len(_BUNDLE_HEAD)
+BUNDLE_ENTRY_BYTES = _LENGTH.size   # a bundle's bytes per request beyond the request's own
 ACK_VERSION = 2   # the ack map fields this module knows (documentation: no version travels)
 
 
@@ -154,6 +165,46 @@ def peek_request_id(frame: bytes | memoryview) -> int:
     if layout is None or len(frame) < layout.size:
         return NO_REQUEST_ID
     return layout.unpack_from(frame)[-2]
+
+
+def is_bundle(frame: bytes | memoryview) -> bool:
+    return len(frame) > 2 and frame[2] == BUNDLE_VERSION
+
+
+def encode_bundle(frames: Sequence[bytes | bytearray]) -> bytes:
+    """One frame holding the request `frames` (each as `encode_request` or
+    `pack_request_header_into` made it), in order."""
+    parts: list[bytes | bytearray] = [_BUNDLE_HEAD]
+    pack = _LENGTH.pack
+    for f in frames:
+        parts.append(pack(len(f)))
+        parts.append(f)
+    return b"".join(parts)
+
+
+def split_bundle(frame: bytes | memoryview) -> list[memoryview]:
+    """The request frames of a bundle, as zero-copy views; ProtocolError if its lengths do not
+    tile it exactly (nothing of a malformed bundle is taken)."""
+    view = memoryview(frame)
+    n = len(view)
+    if n < len(_BUNDLE_HEAD) or bytes(view[:2]) != WIRE_MAGIC or view[2] != BUNDLE_VERSION:
+        raise ProtocolError(f"frame of {n} bytes is not a bundle")
+    out: list[memoryview] = []
+    at = len(_BUNDLE_HEAD)
+    unpack = _LENGTH.unpack_from
+    while at < n:
+        if at + 4 > n:
+            raise ProtocolError(f"bundle of {n} bytes: a length at byte {at} is cut off")
+        (size,) = unpack(view, at)
+        at += 4
+        if size == 0 or at + size > n:
+            raise ProtocolError(f"bundle of {n} bytes: request {len(out)} of {size} bytes at byte {at} "
+                                "does not fit")
+        out.append(view[at:at + size])
+        at += size
+    if not out:
+        raise ProtocolError("bundle holds no request")
+    return out
 
 
 _ACK_LEVELS = tuple(AckLevel)                           # by value: the enum call costs ~1 us a request
