@@ -273,3 +273,24 @@ async def test_a_broker_publishes_through_several_producers_each_topic_in_order(
         notes = read_notifications(devcluster.kafka_bootstrap or "", f"memq.dev.{t}")
         assert len(notes) == 4 and len({n.key for n in notes}) == 4
         assert [n.created_ms for n in notes] == sorted(n.created_ms for n in notes), t
+
+
+async def test_a_producer_of_many_topics_sends_what_it_seals_together_as_one_bundle(
+        devcluster: DevCluster, unique_name: Callable[[str], str]) -> None:
+    """Messages sealed in the same turn go to the broker in one frame; each is stored, acked
+    and read back exactly as if it had come alone."""
+    topics = [unique_name(f"bu{i}") for i in range(6)]
+    config = devcluster.config(topics=[TopicConfig(t, batch_ms=50, read_partitions=1) for t in topics])
+    async with running_broker(config) as broker:
+        async with Producer(producer_config(broker.url, ack="all", linger_ms=60_000)) as p:
+            for r in range(3):
+                futures = [await p.send(t, b"%s-r%d" % (t.encode(), r)) for t in topics]
+                await p.flush()   # seals every topic's Message at once
+                assert all(d.count == 1 and d.key for d in await asyncio.gather(*futures))
+        m = broker.metrics.registry.get_sample_value
+        bundles, bundled = m("memq_broker_bundles_total"), m("memq_broker_bundled_requests_total")
+    assert bundles >= 3 and bundled >= 3 * len(topics) - 3 and bundled / bundles >= 2, (bundles, bundled)
+    for t in topics:
+        stored, dups, _ = await read_stored(config, t)
+        assert sorted(v for _, v, _ in stored.values()) == [b"%s-r%d" % (t.encode(), r) for r in range(3)]
+        assert dups == {}

@@ -1,17 +1,24 @@
-"""The producer's WebSocket to one broker: many requests in flight, acks matched by id."""
+"""The producer's WebSocket to one broker: many requests in flight, acks matched by id.
+
+Small frames handed over in the same turn of the event loop go out as one bundle when the
+broker reads bundles (it chose `BUNDLE_SUBPROTOCOL`): a producer of a hundred small topics
+seals many one-record Messages at once, and a frame each cost both sides more than the
+Messages themselves.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import socket
+from dataclasses import dataclass, field
 from typing import Callable
 
 import aiohttp
 from aiohttp import WSCloseCode
 
 from memq.errors import BrokerUnavailableError, ProtocolError
-from memq.format.wire import Ack, decode_acks
+from memq.format.wire import BUNDLE_ENTRY_BYTES, BUNDLE_HEAD_BYTES, BUNDLE_SUBPROTOCOL, Ack, decode_acks, encode_bundle
 
 from ._auth import NO_AUTH, BrokerAuth
 from ._reasons import reason
@@ -24,6 +31,18 @@ log = logging.getLogger(__name__)
 # at 64 KiB values. A buffer larger than a frame lets send() take the whole frame in one go.
 SEND_BUFFER_BYTES = 4 * 1024 * 1024
 
+BUNDLE_BYTES = 256 * 1024        # a bundle stops taking frames at this size (or the broker's frame limit)
+BUNDLE_FRAME_BYTES = 16 * 1024   # larger frames go alone: bundling them would only copy them
+
+
+@dataclass(slots=True)
+class _Bundle:
+    """Frames waiting to go out together; `sent` tells those who joined how the write went."""
+
+    frames: list[bytes | bytearray]
+    nbytes: int
+    sent: asyncio.Future[None] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+
 
 class BrokerConnection:
     """Frames go out with `send`; a reader task hands every ack to `on_ack`, and calls
@@ -31,7 +50,7 @@ class BrokerConnection:
 
     def __init__(self, url: str, session: aiohttp.ClientSession, *, on_ack: Callable[[Ack], None],
                  on_lost: Callable[[BrokerConnection, str], None], timeout_s: float, max_frame_bytes: int,
-                 auth: BrokerAuth = NO_AUTH) -> None:
+                 auth: BrokerAuth = NO_AUTH, broker_frame_limit: int = 0) -> None:
         self.url = url
         self._session = session
         self._on_ack = on_ack
@@ -42,6 +61,10 @@ class BrokerConnection:
         self._ws: aiohttp.ClientWebSocketResponse | None = None
         self._reader: asyncio.Task[None] | None = None
         self._send_lock = asyncio.Lock()
+        limit = broker_frame_limit or BUNDLE_BYTES
+        self._bundle_bytes = min(BUNDLE_BYTES, limit - BUNDLE_FRAME_BYTES)   # a bundle stays under the limit
+        self._bundling = False   # the broker reads bundles
+        self._filling: _Bundle | None = None
         self.closed = False
         self.too_large = False
 
@@ -50,10 +73,11 @@ class BrokerConnection:
             async with asyncio.timeout(self._timeout_s):
                 self._ws = await self._session.ws_connect(
                     self.url.rstrip("/") + "/v1/produce", heartbeat=30.0, compress=0,
-                    max_msg_size=self._max_frame_bytes)
+                    max_msg_size=self._max_frame_bytes, protocols=(BUNDLE_SUBPROTOCOL,))
         except (aiohttp.ClientError, OSError, TimeoutError) as e:
             self.closed = True
             raise self._auth.failure(self.url, e) from None
+        self._bundling = self._ws.protocol == BUNDLE_SUBPROTOCOL and self._bundle_bytes > 0
         _widen_send_buffer(self._ws)
         self._reader = asyncio.create_task(self._read(), name=f"acks-{self.url}")
 
@@ -65,13 +89,46 @@ class BrokerConnection:
         asyncio's write buffer (tens of MiB), and each append and partial send then copied that
         whole bytearray again (quadratic; most of the producer's CPU at 64 KiB values). Waiters
         queue here without a deadline; the sender ahead of them has one, and if it fails the
-        connection is closed and they fail at once.
+        connection is closed and they fail at once. A small frame joins the bundle being
+        filled, or starts one and lets the rest of this turn of the event loop join it.
         """
-        async with self._send_lock:
-            ws = self._ws
-            if ws is None or self.closed or ws.closed:
-                raise BrokerUnavailableError(f"produce connection to {self.url} is closed")
-            await self._send_locked(ws, frame)
+        if not self._bundling or len(frame) > BUNDLE_FRAME_BYTES:
+            if self._filling is not None:   # the bundle's frames were handed over first: they go first
+                self._filling = None
+                await asyncio.sleep(0)
+            async with self._send_lock:
+                await self._send_locked(self._open_ws(), frame)
+            return
+        bundle = self._filling
+        if bundle is not None:
+            bundle.frames.append(frame)
+            bundle.nbytes += len(frame) + BUNDLE_ENTRY_BYTES
+            if bundle.nbytes >= self._bundle_bytes:
+                self._filling = None
+            await asyncio.shield(bundle.sent)
+            return
+        bundle = self._filling = _Bundle([frame], BUNDLE_HEAD_BYTES + BUNDLE_ENTRY_BYTES + len(frame))
+        try:
+            await asyncio.sleep(0)   # Messages sealed in this turn join
+            async with self._send_lock:
+                if self._filling is bundle:
+                    self._filling = None
+                frames = bundle.frames
+                await self._send_locked(self._open_ws(), frames[0] if len(frames) == 1 else encode_bundle(frames))
+        except BaseException as e:
+            if self._filling is bundle:
+                self._filling = None
+            if len(bundle.frames) > 1:   # those who joined fail as this sender does
+                bundle.sent.set_exception(e if isinstance(e, BrokerUnavailableError) else BrokerUnavailableError(
+                    f"writing to broker {self.url} was interrupted: {e!r}"))
+            raise
+        bundle.sent.set_result(None)
+
+    def _open_ws(self) -> aiohttp.ClientWebSocketResponse:
+        ws = self._ws
+        if ws is None or self.closed or ws.closed:
+            raise BrokerUnavailableError(f"produce connection to {self.url} is closed")
+        return ws
 
     async def _send_locked(self, ws: aiohttp.ClientWebSocketResponse, frame: bytes | bytearray) -> None:
         try:

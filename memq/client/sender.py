@@ -380,7 +380,7 @@ class Sender(Generic[W]):
             ws = BrokerConnection(url, self._session_for(), on_ack=self._on_ack, on_lost=self._on_lost,
                                   timeout_s=self._timeout_s,
                                   max_frame_bytes=self.config.max_message_bytes + REQUEST_HEADER_SIZE,
-                                  auth=self._auth)
+                                  auth=self._auth, broker_frame_limit=self._router_for().frame_limit(url))
             await ws.connect()
             conn = ws
         self._router_for().broker_ok(url)
