@@ -196,9 +196,14 @@ class ProduceConnection:
                     return
                 except (ConnectionError, RuntimeError):
                     return   # the peer went away; nothing left to tell it
-                now = time.monotonic()
+                # the ack stage: per frame and histogram, its oldest ack's wait (an observation
+                # per ack was ~5% of a broker taking 10,000 small Messages a second)
+                oldest: dict[Histogram, float] = {}
                 for _, stage, t in items:
                     if stage is not None:
-                        stage.observe(now - t)
+                        oldest.setdefault(stage, t)
+                now = time.monotonic()
+                for stage, t in oldest.items():
+                    stage.observe(now - t)
             if self._closed:
                 return
