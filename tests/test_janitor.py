@@ -8,6 +8,9 @@ import time
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from click.testing import CliRunner
 from prometheus_client import CollectorRegistry
@@ -19,7 +22,9 @@ from memq.devcluster import DevCluster, GovernedCluster
 from memq.devcluster.broker_process import config_toml
 from memq.devcluster.governed import FAST_GOVERNOR
 from memq.format import Notification
-from memq.governor.janitor import Janitor
+from memq.errors import MemqError
+from memq.governor import janitor as janitor_module
+from memq.governor.janitor import Janitor, NotificationLog
 from memq.governor.registry import Registry
 from memq.governor.topics import TopicManager
 from memq.notify import NotificationConsumer, NotificationPublisher, TopicAdmin
@@ -214,3 +219,46 @@ def test_topic_alter_changes_retention_in_zookeeper_and_kafka(tmp_path: Path, me
                                       "--set", "retention_bytes=1000", "--set", "storage_group="])
         assert ok.exit_code == 0, ok.output
         assert registry.topic(name).retention_bytes == 1000
+
+
+async def test_one_consumer_reads_the_notification_topics_of_a_pass_each_answer_its_own(
+        memq_config: MemqConfig, unique_name: Callable[[str], str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A consumer per topic and pass cost ~86 ms of wall time each (thousands of topics a pass):
+    the janitor's NotificationLog reads topic after topic on one consumer; a failed topic drops
+    it, and the next topic is read by a fresh one."""
+    made: list[NotificationConsumer] = []
+
+    class Counted(NotificationConsumer):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            made.append(self)
+
+    monkeypatch.setattr(janitor_module, "NotificationConsumer", Counted)
+    admin = TopicAdmin(memq_config.kafka)
+    storage = make_storage(memq_config)
+    publisher = NotificationPublisher(memq_config.kafka, client_id="test-janitor-log")
+    log = NotificationLog(memq_config, timeout_s=30)
+    try:
+        names = [unique_name(f"log{i}") for i in range(3)]
+        keys: dict[str, set[str]] = {}
+        for i, name in enumerate(names):
+            kafka_topic = f"memq.test.{name}"
+            admin.create_topic(kafka_topic, 2, retention_ms=3_600_000)
+            locs = [await storage.put_batch(name, b"batch", first_request_id=time.time_ns() + j,
+                                            timestamp_ms=1_000_000 * (i + 1) + j, broker_id="b1") for j in range(3)]
+            for loc in locs:
+                await publisher.publish(kafka_topic, _notification(name, loc))
+            keys[name] = {loc.key for loc in locs}
+        for i, name in enumerate(names):
+            kafka_topic = f"memq.test.{name}"
+            assert log.expire(kafka_topic, 0) == {f"topics/{name}": 1_000_000 * (i + 1)}   # nothing before 0
+            assert log.references(kafka_topic, 0, 10**13) == keys[name]
+        assert len(made) == 1
+        with pytest.raises(MemqError, match="does not exist"):
+            log.expire(f"memq.test.{unique_name('absent')}", 0)
+        assert log.references(f"memq.test.{names[0]}", 100_000, 10**13) == keys[names[0]]
+        assert len(made) == 2 and made[0]._closed
+    finally:
+        log.close()
+        publisher.close()
+        await storage.close()

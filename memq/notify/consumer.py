@@ -44,7 +44,7 @@ class NotificationConsumer:
     """Consumer of one notification topic; `subscribe` (group) or `assign` (explicit)."""
 
     def __init__(self, kafka: KafkaConfig, kafka_topic: str, *, group_id: str,
-                 auto_offset_reset: str = "earliest") -> None:
+                 auto_offset_reset: str = "earliest", fetch_wait_ms: int = 100) -> None:
         self.topic = kafka_topic
         self.group_id = group_id
         self._kafka = kafka
@@ -57,7 +57,9 @@ class NotificationConsumer:
             "enable.auto.offset.store": False,
             "session.timeout.ms": kafka.session_timeout_ms,
             "heartbeat.interval.ms": max(100, kafka.session_timeout_ms // 6),
-            "fetch.wait.max.ms": 100,  # bounds how late a seek takes effect (Kafka's default: 500)
+            # bounds how late a seek takes effect (Kafka's default: 500), and how long a request
+            # waits behind an idle fetch on brokers that answer a connection's requests in turn (tansu)
+            "fetch.wait.max.ms": fetch_wait_ms,
         }
         try:
             self._consumer = Consumer(self._settings)
@@ -69,7 +71,9 @@ class NotificationConsumer:
             self._consumer.close()
             raise
         self._reader: Consumer | None = None     # see _side_reader
+        self._reader_topic = ""                  # the topic whose metadata the side reader has
         self._warned_bisect = False
+        self._subscribed = False
         self._closed = False
 
     # --- membership ----------------------------------------------------------------------
@@ -86,6 +90,17 @@ class NotificationConsumer:
                 on_revoke([tp.partition for tp in tps])
 
         self._consumer.subscribe([self.topic], on_assign=assigned, on_revoke=revoked)
+        self._subscribed = True
+
+    def read_topic(self, kafka_topic: str) -> None:
+        """Go on with another topic on the same clients (assigned reading only): the janitor
+        visits every notification topic each pass, and a consumer per topic (two librdkafka
+        clients and a metadata round trip) was most of its time with thousands of topics."""
+        if self._subscribed:
+            raise NotifyError(f"consumer of group {self.group_id!r} is subscribed to {self.topic!r}: "
+                              "only an assigning consumer changes topics")
+        self._consumer.unassign()
+        self.topic = kafka_topic
 
     def assign(self, partitions_offsets: Mapping[int, int]) -> None:
         """Read exactly these partitions from these offsets (no group rebalancing)."""
@@ -217,7 +232,7 @@ class NotificationConsumer:
 
     def partitions(self) -> list[int]:
         try:
-            md = self._consumer.list_topics(timeout=self._timeout_s)
+            md = self._consumer.list_topics(self.topic, timeout=self._timeout_s)   # not all topics
         except KafkaException as e:
             raise NotifyError(f"cannot read Kafka metadata for topic {self.topic!r}: {e}") from None
         topic = md.topics.get(self.topic)
@@ -231,8 +246,11 @@ class NotificationConsumer:
         The broker's answer is checked against the records on both sides of it; brokers that
         answer wrongly (tansu 0.6 always says 0) are answered by bisecting the partition,
         which assumes timestamps grow with offsets (publish time, one publisher per batch).
+        A time before 1970 is asked as 0: Kafka reads -1 and -2 as "latest" and "earliest", and
+        tansu drops the connection on other negative times.
         """
         parts = self.partitions()
+        ts_ms = max(ts_ms, 0)
         try:
             answer = self._consumer.offsets_for_times(
                 [TopicPartition(self.topic, p, ts_ms) for p in parts], timeout=self._timeout_s)
@@ -279,6 +297,14 @@ class NotificationConsumer:
 
     def _read_one(self, partition: int, offset: int) -> Message:
         reader = self._side_reader()
+        if self._reader_topic != self.topic:
+            # learn where the topic's partitions lead first: else the first fetch after
+            # `read_topic` waits ~140 ms for librdkafka's own metadata refresh
+            try:
+                reader.list_topics(self.topic, timeout=self._timeout_s)
+            except KafkaException as e:
+                raise NotifyError(f"cannot read Kafka metadata for topic {self.topic!r}: {e}") from None
+            self._reader_topic = self.topic
         reader.assign([TopicPartition(self.topic, partition, offset)])
         deadline = time.monotonic() + self._timeout_s
         while (left := deadline - time.monotonic()) > 0:
