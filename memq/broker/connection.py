@@ -3,8 +3,13 @@
 A frame holds one request, or a bundle of them (memq.format.wire): a bundle's requests are
 handled in order, exactly as if each had come in its own frame.
 
-Frames are handled one at a time, so while a TopicProcessor has no free slot this connection
-stops reading and TCP pushes back on the producer. The same holds a client over its byte-rate
+Frames are handled one at a time. A request for a topic with no free batch slot waits aside,
+behind that topic's earlier waiting requests and in order, while the connection goes on with
+other topics (one busy topic, e.g. waiting for a slow notification, stalled every topic of the
+producer's connection: seconds of ack latency for all). Up to `MAX_PARKED_BYTES` of Messages
+wait so; then the connection stops reading and TCP pushes back on the producer. A request
+still waiting when its connection closes is dropped unanswered (a producer waiting for its ack
+sends it again). The same holds a client over its byte-rate
 quota (memq.security.quota): its request is accepted, its ack carries the throttle time, and
 the connection is not read for that long. Acks go through a bounded queue drained by
 one writer task, several per frame. Every bad frame gets an error ack naming the problem; a
@@ -19,6 +24,8 @@ import dataclasses
 import logging
 import time
 from collections import deque
+from collections.abc import Awaitable, Callable
+from functools import partial
 from typing import TYPE_CHECKING
 
 from aiohttp import WebSocketError, WSCloseCode, WSMsgType, web
@@ -28,15 +35,18 @@ from memq.errors import FormatError, ProtocolError
 from memq.format import verify_message
 from memq.security.acl import Operation
 from memq.security.quota import ANONYMOUS
-from memq.format.wire import (NO_REQUEST_ID, Ack, AckCode, AckLevel, RequestFlag, decode_request, encode_acks,
-                              is_bundle, peek_request_id, split_bundle)
+from memq.format.message import MessageHeader
+from memq.format.wire import (NO_REQUEST_ID, Ack, AckCode, AckLevel, ProduceRequest, RequestFlag, decode_request,
+                              encode_acks, is_bundle, peek_request_id, split_bundle)
 
 if TYPE_CHECKING:
+    from .processor import TopicProcessor
     from .server import Broker
 
 log = logging.getLogger(__name__)
 
 MAX_ACKS_PER_FRAME = 4096
+MAX_PARKED_BYTES = 8 * 1024 * 1024   # Message bytes waiting for a batch slot, per connection
 
 
 class ProduceConnection:
@@ -53,6 +63,11 @@ class ProduceConnection:
         self._pending: deque[tuple[Ack, Histogram | None, float]] = deque()
         self._wakeup = asyncio.Event()
         self._closed = False
+        # topic -> its requests waiting for a batch slot, in order: (bytes, the append to run)
+        self._parked: dict[str, deque[tuple[int, Callable[[], Awaitable[None]]]]] = {}
+        self._parked_bytes = 0
+        self._unparked = asyncio.Event()
+        self._drainers: set[asyncio.Task[None]] = set()
 
     async def run(self) -> None:
         writer = asyncio.create_task(self._write_acks(), name="ack-writer")
@@ -81,6 +96,9 @@ class ProduceConnection:
             self._metrics.connections.dec()
             self._closed = True
             self._wakeup.set()
+            for task in list(self._drainers):
+                task.cancel()
+            await asyncio.gather(*self._drainers, return_exceptions=True)
             await writer
             await self._ws.close()
 
@@ -159,16 +177,51 @@ class ProduceConnection:
         principal = self._principal or ANONYMOUS
         throttle_s = self._broker.quotas.charge(principal, topic, len(req.message), time.monotonic())
         throttle_ms = round(throttle_s * 1000)
-        stage = proc.ack_stage
-        ack = await proc.append(req.message, header, req.request_id, req.ack,
-                                lambda a: self._reply(a, stage, throttle_ms), seal=req.flags is RequestFlag.SEAL)
-        if ack is not None and not quiet:
-            if not ack.ok:
-                self._metrics.rejected.labels(ack.code).inc()
-            self._reply(ack, stage, throttle_ms)
+        if topic in self._parked or not proc.can_append_now():
+            await self._park(topic, len(req.message), partial(self._append, proc, req, header, throttle_ms))
+        else:
+            await self._append(proc, req, header, throttle_ms)
         if throttle_s:
             self._metrics.throttle_seconds.labels(principal, topic).inc(throttle_s)
             await asyncio.sleep(throttle_s)   # read nothing more from this client meanwhile
+
+    async def _append(self, proc: TopicProcessor, req: ProduceRequest, header: MessageHeader, throttle_ms: int) -> None:
+        stage = proc.ack_stage
+        ack = await proc.append(req.message, header, req.request_id, req.ack,
+                                lambda a: self._reply(a, stage, throttle_ms), seal=req.flags is RequestFlag.SEAL)
+        if ack is not None and req.ack is not AckLevel.NONE:
+            if not ack.ok:
+                self._metrics.rejected.labels(ack.code).inc()
+            self._reply(ack, stage, throttle_ms)
+
+    async def _park(self, topic: str, size: int, append: Callable[[], Awaitable[None]]) -> None:
+        """Queue `append` behind `topic`'s waiting requests; waits only while the connection
+        already holds MAX_PARKED_BYTES of waiting Messages."""
+        while self._parked_bytes and self._parked_bytes + size > MAX_PARKED_BYTES:
+            self._unparked.clear()
+            await self._unparked.wait()
+        queue = self._parked.get(topic)
+        if queue is None:
+            queue = self._parked[topic] = deque()
+            task = asyncio.get_running_loop().create_task(self._drain(topic, queue), name=f"parked-{topic}")
+            self._drainers.add(task)
+            task.add_done_callback(self._drainers.discard)
+        queue.append((size, append))
+        self._parked_bytes += size
+
+    async def _drain(self, topic: str, queue: deque[tuple[int, Callable[[], Awaitable[None]]]]) -> None:
+        try:
+            while queue:
+                size, append = queue[0]
+                try:
+                    await append()
+                finally:
+                    queue.popleft()
+                    self._parked_bytes -= size
+                    self._unparked.set()
+        finally:
+            if self._parked.get(topic) is queue:
+                del self._parked[topic]
 
     def _close_slow(self, why: str) -> None:
         if self._closed:

@@ -6,8 +6,8 @@ Message asks for it (`seal=True`: the producer flushed and wants its acks now, n
 batch_ms). An early seal costs a smaller object, so more PUTs and notifications per GiB; a
 producer flushing often trades storage requests for latency, which is its call. Each slot is a
 permit of a semaphore, so at most `ring_slots` batches exist at once: when every slot is
-busy, `append` waits (the connection stops reading its socket) up to `busy_wait_s`, then
-answers BUSY. Memory is therefore bounded by `ring_slots * (batch_bytes + max_message_bytes)`.
+busy, `append` waits up to `busy_wait_s` (the connection sets the request aside and goes on
+with other topics, `can_append_now`), then answers BUSY. Memory is therefore bounded by `ring_slots * (batch_bytes + max_message_bytes)`.
 
 The latency budget: a batch `batch_ms` old with fewer than `min_batch_bytes` keeps filling
 until `max_batch_ms` (a trickle topic otherwise writes an object, a PUT and a notification every
@@ -101,6 +101,10 @@ class TopicProcessor:
     @property
     def busy_slots(self) -> int:
         return self._busy
+
+    def can_append_now(self) -> bool:
+        """An `append` now would not wait for a batch slot (it may still answer CLOSING)."""
+        return self._filling is not None or self._closing or not self._slots.locked()
 
     async def append(self, message: memoryview, header: MessageHeader, request_id: int, ack: AckLevel,
                      reply: Reply, *, seal: bool = False) -> Ack | None:
