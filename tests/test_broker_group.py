@@ -14,7 +14,7 @@ import pytest
 
 from memq.broker.group import GroupWriters, layout
 from memq.broker.metrics import BrokerMetrics
-from memq.broker.processor import TopicProcessor
+from memq.broker.processor import SMALL_BATCH_BYTES, SMALL_BATCHES, TopicProcessor
 from memq.config import TopicConfig
 from memq.errors import ConfigError
 from memq.format import Notification, decode_batch, object_crc32c, verify_message
@@ -37,8 +37,8 @@ class Group:
         self.publisher = MemoryPublisher()
         self.acks: list[Ack] = []
         metrics = BrokerMetrics("b1")
-        writers = GroupWriters(storage=self.storage, publisher=self.publisher, broker_id="b1",  # type: ignore[arg-type]
-                               metrics=metrics)
+        self.writers = writers = GroupWriters(storage=self.storage, publisher=self.publisher,  # type: ignore[arg-type]
+                                              broker_id="b1", metrics=metrics)
         self.procs: dict[str, TopicProcessor] = {}
         for i in range(n):
             name = f"t{i}"
@@ -48,8 +48,8 @@ class Group:
                                               publisher=self.publisher, metrics=metrics, busy_wait_s=0.2,
                                               group=writers.writer(cfg))
 
-    async def append(self, topic: str, seq: int, *, seal: bool = False) -> Ack | None:
-        data = message(seq)
+    async def append(self, topic: str, seq: int, *, seal: bool = False, **kw: Any) -> Ack | None:
+        data = message(seq, **kw)
         return await self.procs[topic].append(memoryview(data), verify_message(data), seq, AckLevel.ALL,
                                               self.acks.append, seal=seal)
 
@@ -144,3 +144,26 @@ def test_storage_group_names_are_checked_where_they_are_set() -> None:
     for bad in ("a/b", "a b", "ü"):
         with pytest.raises(ConfigError, match=f"topic t: storage_group {bad!r}"):
             TopicConfig("t", storage_group=bad)
+
+
+async def test_small_batches_give_their_slot_back_when_their_object_takes_them(tmp_path: Path) -> None:
+    """A trickle topic has a part in most objects of its group, and each may wait seconds for
+    its notification: a count of slots meant for full batches filled, and its next Message
+    waited. Small batches are bounded by bytes and SMALL_BATCHES instead; full ones keep theirs."""
+    g = Group(tmp_path, 2, ring_slots=2)
+    g.storage.gate.clear()                                   # every object waits for its PUT
+    seal = g.writers.writer(g.procs["t0"].config).seal
+    for seq in range(SMALL_BATCHES + 2):                     # a batch, and an object, each
+        assert await asyncio.wait_for(g.append("t0", seq), 1.0) is None
+        seal()
+    big = SMALL_BATCH_BYTES + 1000
+    assert await asyncio.wait_for(g.append("t1", 100, n=1, size=big), 1.0) is None
+    seal()
+    assert (g.procs["t0"].busy_slots, g.procs["t1"].busy_slots) == (2, 1)   # the last two, the big one
+    ack = await g.append("t0", 99)                           # 16 small ones out, both slots held
+    assert ack is not None and ack.code is AckCode.BUSY
+    g.storage.gate.set()
+    await g.wait_acks(SMALL_BATCHES + 3)
+    assert all(a.ok for a in g.acks) and len(g.storage.puts) == SMALL_BATCHES + 3
+    assert all(p.busy_slots == 0 for p in g.procs.values())
+    assert await asyncio.wait_for(g.append("t0", 200), 1.0) is None    # slots and byte budget back

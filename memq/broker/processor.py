@@ -8,6 +8,11 @@ producer flushing often trades storage requests for latency, which is its call. 
 permit of a semaphore, so at most `ring_slots` batches exist at once: when every slot is
 busy, `append` waits up to `busy_wait_s` (the connection sets the request aside and goes on
 with other topics, `can_append_now`), then answers BUSY. Memory is therefore bounded by `ring_slots * (batch_bytes + max_message_bytes)`.
+A small batch of a shared group (at most `SMALL_BATCH_BYTES`) gives its slot back as soon as
+its group's object takes it, up to `SMALL_BATCHES` of them and `batch_bytes` in all per topic
+(bounding memory by bytes, not by a count meant for full batches): a trickle topic has a part
+in most of its group's objects, and while each waits seconds for its notification (tansu with
+a thousand topics) four slots were full and its next Message waited for one.
 
 The latency budget: a batch `batch_ms` old with fewer than `min_batch_bytes` keeps filling
 until `max_batch_ms` (a trickle topic otherwise writes an object, a PUT and a notification every
@@ -44,6 +49,9 @@ from .metrics import BrokerMetrics
 
 log = logging.getLogger(__name__)
 
+SMALL_BATCH_BYTES = 64 * 1024   # a shared-group batch this small gives its slot back when taken
+SMALL_BATCHES = 16              # per topic: at most this many such batches waiting for their object
+
 #: Called with an ack for a Message that asked for ack=all (from the processor's upload task).
 Reply = Callable[[Ack], None]
 
@@ -58,6 +66,7 @@ class _Batch:
     logcount: int = 0
     timer: asyncio.TimerHandle | None = None
     held: bool = False          # past batch_ms, under min_batch_bytes: filling until max_batch_ms
+    slot_returned: bool = False  # a small shared-group batch: its slot was given back when taken
 
 
 class TopicProcessor:
@@ -76,6 +85,8 @@ class TopicProcessor:
         self._busy_wait_s = busy_wait_s
         self._slots = asyncio.Semaphore(topic.ring_slots)
         self._busy = 0
+        self._small = 0               # taken small batches whose slot was given back, and their bytes
+        self._small_bytes = 0
         self._filling: _Batch | None = None
         self._uploads: set[asyncio.Task[None]] = set()
         self._closing = False
@@ -228,6 +239,12 @@ class TopicProcessor:
         self._m_logmessages.inc(batch.logcount)
         self._m_bytes.inc(batch.nbytes)
         self._m_stage["batch_fill"].observe(time.monotonic() - batch.opened)
+        if (self._group.group and batch.nbytes <= SMALL_BATCH_BYTES and self._small < SMALL_BATCHES
+                and self._small_bytes + batch.nbytes <= self.config.batch_bytes):
+            batch.slot_returned = True
+            self._small += 1
+            self._small_bytes += batch.nbytes
+            self._release_slot()
         return batch
 
     def track(self, task: asyncio.Task[None]) -> None:
@@ -238,7 +255,11 @@ class TopicProcessor:
     def finished(self, batch: _Batch) -> None:
         """The batch's object is stored and its part announced, or it failed: free its slot."""
         batch.messages.clear()   # drop the frames now, the acks are out
-        self._release_slot()
+        if batch.slot_returned:
+            self._small -= 1
+            self._small_bytes -= batch.nbytes
+        else:
+            self._release_slot()
 
     def _release_slot(self) -> None:
         self._busy -= 1
