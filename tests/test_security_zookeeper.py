@@ -131,8 +131,12 @@ def test_admin_operations_need_admin_on_the_topic_or_cluster(
     alice = memq("token", "create", "alice").output.splitlines()[1]
     assert "the brokers' admin API" in memq("acl", "add", "allow", "alice", "describe", "prefix:").output
 
+    denied = 0   # as the broker counts them: `until` below may see a denial more than once
+
     def as_alice(*args: str) -> str:
+        nonlocal denied
         got = memq(*args, token=alice)
+        denied += "principal alice may not admin" in got.output
         return f"exit {got.exit_code}: {got.output}"
 
     until(lambda: as_alice("topic", "create", "alice.t1", "-p", "1"),
@@ -162,4 +166,4 @@ def test_admin_operations_need_admin_on_the_topic_or_cluster(
     assert "alice.t1" not in gc.registry.topics()
     metrics = urllib.request.urlopen(gc.broker("b1").url + "/metrics", timeout=10,
                                      context=client_context(security.ca_file)).read().decode()
-    assert 'memq_broker_denials_total{operation="admin"} 8.0' in metrics
+    assert denied >= 8 and f'memq_broker_denials_total{{operation="admin"}} {denied:.1f}' in metrics, denied
