@@ -46,7 +46,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 MAX_ACKS_PER_FRAME = 4096
-MAX_PARKED_BYTES = 8 * 1024 * 1024   # Message bytes waiting for a batch slot, per connection
+MAX_PARKED_BYTES = 1024 * 1024   # Message bytes waiting for a batch slot, per connection (~ one large Message)
 
 
 class ProduceConnection:
