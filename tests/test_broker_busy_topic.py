@@ -5,6 +5,8 @@ broker over a real WebSocket; one topic's PUTs held at a gate)."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +41,22 @@ async def receive_acks(ws: aiohttp.ClientWebSocketResponse, into: dict[int, Ack]
             into.update((a.id, a) for a in decode_acks(msg.data))
 
 
+@asynccontextmanager
+async def slow_topic_broker(tmp_path: Path, **topic: Any) -> AsyncIterator[tuple[Broker, SlowTopicStorage]]:
+    """A broker with topics "slow" (PUTs held at the storage's gate) and "fast", two slots each."""
+    topics = [TopicConfig(name, batch_ms=20, ring_slots=2, storage_group="", **topic) for name in ("slow", "fast")]
+    config = MemqConfig(topics=topics, storage=StorageConfig(kind="file", root_dir=str(tmp_path)),
+                        broker=BrokerConfig(port=0, busy_wait_ms=30_000))
+    storage = SlowTopicStorage(tmp_path, "slow")
+    broker = Broker(config, storage=storage, publisher=NullPublisher(), admin=NullAdmin())  # type: ignore[arg-type]
+    await broker.start()
+    try:
+        yield broker, storage
+    finally:
+        storage.gate.set()
+        await broker.stop()
+
+
 async def until(predicate: Any, timeout_s: float) -> None:
     async with asyncio.timeout(timeout_s):
         while not predicate():
@@ -46,14 +64,8 @@ async def until(predicate: Any, timeout_s: float) -> None:
 
 
 async def test_a_topic_waiting_for_a_slot_does_not_stall_the_connection_s_other_topics(tmp_path: Path) -> None:
-    topics = [TopicConfig(name, batch_ms=20, ring_slots=2, storage_group="") for name in ("slow", "fast")]
-    config = MemqConfig(topics=topics, storage=StorageConfig(kind="file", root_dir=str(tmp_path)),
-                        broker=BrokerConfig(port=0, busy_wait_ms=30_000))
-    storage = SlowTopicStorage(tmp_path, "slow")
-    broker = Broker(config, storage=storage, publisher=NullPublisher(), admin=NullAdmin())  # type: ignore[arg-type]
-    await broker.start()
     acks: dict[int, Ack] = {}
-    try:
+    async with slow_topic_broker(tmp_path) as (broker, storage):
         async with aiohttp.ClientSession() as s, s.ws_connect(broker.url + "/v1/produce") as ws:
             reader = asyncio.create_task(receive_acks(ws, acks))
             for rid in (1, 2):   # each fills and seals a batch whose PUT waits: both slots busy
@@ -69,24 +81,14 @@ async def test_a_topic_waiting_for_a_slot_does_not_stall_the_connection_s_other_
             reader.cancel()
         assert acks[3].ok and acks[4].ok and acks[3].key == acks[4].key
         assert (acks[3].index, acks[4].index) == (0, 1)    # appended in the order they came
-    finally:
-        storage.gate.set()
-        await broker.stop()
 
 
 async def test_a_connection_stops_reading_once_its_waiting_requests_fill_their_budget(tmp_path: Path) -> None:
     """Waiting aside is bounded: past MAX_PARKED_BYTES the connection reads nothing more, and
     the fast topic's request behind them waits too (TCP pushes back, as before)."""
     size = 1024 * 1024 - 200
-    topics = [TopicConfig(name, batch_ms=20, ring_slots=2, storage_group="", max_message_bytes=1 << 20)
-              for name in ("slow", "fast")]
-    config = MemqConfig(topics=topics, storage=StorageConfig(kind="file", root_dir=str(tmp_path)),
-                        broker=BrokerConfig(port=0, busy_wait_ms=30_000))
-    storage = SlowTopicStorage(tmp_path, "slow")
-    broker = Broker(config, storage=storage, publisher=NullPublisher(), admin=NullAdmin())  # type: ignore[arg-type]
-    await broker.start()
     acks: dict[int, Ack] = {}
-    try:
+    async with slow_topic_broker(tmp_path, max_message_bytes=1 << 20) as (broker, storage):
         async with aiohttp.ClientSession() as s, s.ws_connect(broker.url + "/v1/produce") as ws:
             reader = asyncio.create_task(receive_acks(ws, acks))
             for rid in (1, 2):
@@ -102,6 +104,3 @@ async def test_a_connection_stops_reading_once_its_waiting_requests_fill_their_b
             await until(lambda: 5 in acks and len(acks) == 3 + waiting, 20)
             reader.cancel()
         assert all(a.ok for a in acks.values())
-    finally:
-        storage.gate.set()
-        await broker.stop()

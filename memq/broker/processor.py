@@ -7,7 +7,8 @@ batch_ms). An early seal costs a smaller object, so more PUTs and notifications 
 producer flushing often trades storage requests for latency, which is its call. Each slot is a
 permit of a semaphore, so at most `ring_slots` batches exist at once: when every slot is
 busy, `append` waits up to `busy_wait_s` (the connection sets the request aside and goes on
-with other topics, `can_append_now`), then answers BUSY. Memory is therefore bounded by `ring_slots * (batch_bytes + max_message_bytes)`.
+with other topics, `can_append_now`), then answers BUSY. Memory is therefore bounded by
+`ring_slots * (batch_bytes + max_message_bytes)`.
 A small batch of a shared group (at most `SMALL_BATCH_BYTES`) gives its slot back as soon as
 its group's object takes it, up to `SMALL_BATCHES` of them and `batch_bytes` in all per topic
 (bounding memory by bytes, not by a count meant for full batches): a trickle topic has a part
