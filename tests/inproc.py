@@ -7,7 +7,7 @@ import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
-from memq.broker import Broker
+from memq.broker.server import Broker
 from memq.config import MemqConfig
 from memq.errors import NotifyError
 from memq.format import Notification
@@ -28,6 +28,12 @@ class OneByOne:
             except Exception as e:
                 out.append(e if isinstance(e, NotifyError) else NotifyError(str(e)))
         return out
+
+    def health(self) -> str | None:
+        return None
+
+    def close(self) -> None:
+        pass
 
 
 class NullPublisher(OneByOne):

@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator, Callable
 import aiohttp
 import pytest
 
-from memq.broker import Broker
+from memq.broker.server import Broker
 from memq.config import MemqConfig
 from memq.devcluster import DevCluster
 from memq.format import Codec, LogMessage, encode_message

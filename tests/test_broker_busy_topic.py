@@ -12,8 +12,8 @@ from typing import Any
 
 import aiohttp
 
-from memq.broker import Broker
-from memq.broker.connection import MAX_PARKED_BYTES
+from memq.broker.server import Broker
+from memq.broker.doors.websocket import MAX_PARKED_BYTES
 from memq.config import BrokerConfig, MemqConfig, StorageConfig, TopicConfig
 from memq.format.wire import Ack, AckLevel, RequestFlag, decode_acks, encode_request
 from memq.storage import FileStorageHandler, ObjectLocation

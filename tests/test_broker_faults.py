@@ -16,7 +16,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from memq.broker import Broker
+from memq.broker.server import Broker
 from memq.client.producer import Producer
 from memq.config import KafkaConfig, MemqConfig
 from memq.devcluster import DevCluster

@@ -12,12 +12,13 @@ from typing import Any
 
 import pytest
 
+from tests.support.appending import append
 from memq.broker.group import GroupWriters, layout
 from memq.broker.metrics import BrokerMetrics
 from memq.broker.processor import SMALL_BATCH_BYTES, SMALL_BATCHES, TopicProcessor
 from memq.config import TopicConfig
 from memq.errors import ConfigError
-from memq.format import Notification, decode_batch, object_crc32c, verify_message
+from memq.format import Notification, decode_batch, object_crc32c
 from memq.format.wire import Ack, AckCode, AckLevel
 from memq.storage.naming import parse_key
 from tests.test_broker_processor import GatedStorage, MemoryPublisher, message
@@ -50,8 +51,7 @@ class Group:
 
     async def append(self, topic: str, seq: int, *, seal: bool = False, **kw: Any) -> Ack | None:
         data = message(seq, **kw)
-        return await self.procs[topic].append(memoryview(data), verify_message(data), seq, AckLevel.ALL,
-                                              self.acks.append, seal=seal)
+        return await append(self.procs[topic], data, seq, AckLevel.ALL, self.acks.append, seal=seal)
 
     async def wait_acks(self, n: int) -> None:
         async with asyncio.timeout(5):

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
-from memq.broker import Broker
+from memq.broker.server import Broker
 from memq.client.producer import Delivery, Producer
 from memq.config import MemqConfig, ProducerConfig, TopicConfig
 from memq.devcluster import DevCluster

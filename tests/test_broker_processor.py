@@ -14,12 +14,13 @@ from typing import Any
 
 import pytest
 
+from tests.support.appending import append
 from memq.broker.dedup import RecentMessages
 from memq.broker.metrics import BrokerMetrics
 from memq.broker.processor import TopicProcessor
 from memq.config import TopicConfig
 from memq.errors import NotifyError, StorageError
-from memq.format import Codec, LogMessage, Notification, decode_batch, encode_message, verify_message
+from memq.format import Codec, LogMessage, Notification, decode_batch, encode_message
 from memq.format.wire import Ack, AckCode, AckLevel
 from memq.storage import FileStorageHandler, ObjectLocation
 from inproc import OneByOne
@@ -89,7 +90,7 @@ class Harness:
 
     async def append(self, seq: int, ack: AckLevel = AckLevel.ALL, *, seal: bool = False, **kw: Any) -> Ack | None:
         data = message(seq, **kw)
-        return await self.proc.append(memoryview(data), verify_message(data), seq, ack, self.acks.append, seal=seal)
+        return await append(self.proc, data, seq, ack, self.acks.append, seal=seal)
 
     async def wait_acks(self, n: int, timeout: float = 5.0) -> None:
         async with asyncio.timeout(timeout):
@@ -234,7 +235,7 @@ async def test_many_concurrent_appenders_each_message_once(tmp_path: Path, slots
 async def resend(h: Harness, seq: int, request_id: int, ack: AckLevel = AckLevel.ALL) -> Ack | None:
     """The producer's retry: the very same Message bytes under a new request id."""
     data = message(seq)
-    return await h.proc.append(memoryview(data), verify_message(data), request_id, ack, h.acks.append)
+    return await append(h.proc, data, request_id, ack, h.acks.append)
 
 
 def duplicates(h: Harness) -> float | None:

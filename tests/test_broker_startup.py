@@ -11,7 +11,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from memq.broker import Broker
+from memq.broker.server import Broker
 from memq.config import BrokerConfig, MemqConfig, StorageConfig, TopicConfig
 from memq.devcluster.process import free_port
 from memq.errors import NotifyError

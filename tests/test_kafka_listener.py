@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from inproc import NullAdmin, NullPublisher
 from kafka_frames import produce_body, record_batch, request
-from memq.broker import Broker
+from memq.broker.server import Broker
 from memq.config import AuditConfig, BrokerConfig, MemqConfig, StorageConfig, TopicConfig
 from memq.format import LogMessage, decode_batch
 from memq.kafka_api.protocol import ErrorCode, Reader

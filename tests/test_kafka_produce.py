@@ -24,7 +24,7 @@ from memq.audit.books import GroupSummary
 from memq.audit.dashboard import AuditService
 from memq.audit.emitter import AuditEmitter, make_audit_sink
 
-from memq.broker import Broker
+from memq.broker.server import Broker
 from memq.client.cluster import fetch_metadata
 from memq.client.consumer import Consumer
 from memq.config import BrokerConfig, MemqConfig, TopicConfig

@@ -14,7 +14,7 @@ from collections.abc import Callable
 import pytest
 from confluent_kafka import Producer as KafkaProducer
 
-from memq.broker import Broker
+from memq.broker.server import Broker
 from memq.client.producer import Producer
 from memq.config import BrokerConfig, MemqConfig, ProducerConfig, QuotaConfig, SecurityConfig
 from memq.devcluster import DevCluster

@@ -16,7 +16,7 @@ from memq.errors import MemqError
 
 from memq.governor.agent import start_agent
 
-from .admin_api import attach_cluster_admin
+from .doors.admin import attach_cluster_admin
 from .server import Broker
 
 

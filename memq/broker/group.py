@@ -5,8 +5,9 @@ count, age, latency-budget or flush seal, decided by its `TopicProcessor`), the 
 the filling batch of every member topic with it and stores them as one object, each batch a
 self-contained part at its own byte range. One PUT then serves every topic of the group, so a
 broker's objects (and PUTs, and their CPU) follow its groups, not its topics. The writer then
-publishes every part's notification at once (each on its topic's notification topic), and each
-topic acks its own Messages (`TopicProcessor.announced`).
+publishes every part's notification at once (each on its topic's notification topic), and hands
+each member topic one `Outcome` for its batch; the topic acks its own Messages. The writer
+knows its members only as `Member`s: the dependency runs processor -> group, never back.
 
 A group named "" is a topic's own: one member, objects under the topic's key.
 """
@@ -15,31 +16,54 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
+from memq.clock import Clock, SystemClock
 from memq.config import TopicConfig
 from memq.errors import NotifyError
-from memq.format import Notification, encode_batch, object_crc32c
+from memq.format import NOTIFICATION_VERSION, Notification, encode_batch, object_crc32c
 from memq.format.message import Buffer
 from memq.format.wire import AckCode
-from memq.storage import StorageHandler
+from memq.storage import ObjectLocation, StorageHandler
 from memq.storage.naming import parse_key
 
+from .batch import Batch, Failed, Outcome, Stored
 from .metrics import BrokerMetrics
-
-if TYPE_CHECKING:
-    from .processor import TopicProcessor, _Batch
 
 log = logging.getLogger(__name__)
 
 
 class Publisher(Protocol):
-    """Where a writer publishes an object's notifications (`memq.notify.NotificationPublisher`)."""
+    """Where a broker publishes notifications (`memq.notify.NotificationPublisher`)."""
 
     async def publish_many(self, notes: Sequence[tuple[str, Notification]]) -> list[tuple[int, int] | NotifyError]: ...
+
+    def health(self) -> str | None:
+        """None while notifications can be published; otherwise why not."""
+
+    def close(self) -> None:
+        """Deliver what is queued (bounded), then release the Kafka clients."""
+
+
+class Member(Protocol):
+    """What a writer needs of a member topic (a `TopicProcessor`)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def notification_topic(self) -> str: ...
+
+    def take(self) -> Batch | None:
+        """The filling batch, sealed, for the object being stored (None if empty)."""
+
+    def track(self, task: asyncio.Task[None]) -> None:
+        """The task storing a batch of this member (its `close` waits for it)."""
+
+    def settle(self, batch: Batch, outcome: Outcome) -> None:
+        """What became of `batch`: ack or fail its Messages and free its slot. Called exactly once."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +87,18 @@ def layout(encoded: Sequence[Sequence[Buffer]]) -> list[Part]:
     return parts
 
 
+def notification(topic: str, batch: Batch, loc: ObjectLocation, part: Part, *, created_ms: int, attempt: int,
+                 broker_id: str) -> Notification:
+    """The notification of `batch` of `topic`, stored as `part` of the object at `loc`."""
+    headers = batch.headers
+    return Notification(
+        v=NOTIFICATION_VERSION, topic=topic, bucket=loc.bucket, key=loc.key, size=part.size,
+        header_size=part.header_size, message_count=len(headers), logmessage_count=batch.logcount,
+        min_timestamp_ms=min(h.min_timestamp_ms for h in headers),
+        max_timestamp_ms=max(h.max_timestamp_ms for h in headers),
+        crc32c=part.crc32c, broker_id=broker_id, attempt=attempt, created_ms=created_ms, offset=part.offset)
+
+
 FLUSH_GATHER_S = 0.002
 """How long a flush's seal waits for the same flush's Messages to other topics of the group."""
 
@@ -71,12 +107,13 @@ class GroupWriter:
     """Seals and stores the objects of one storage group (or of one topic, group "")."""
 
     def __init__(self, group: str, *, storage: StorageHandler, publisher: Publisher, broker_id: str,
-                 metrics: BrokerMetrics) -> None:
+                 metrics: BrokerMetrics, clock: Clock | None = None) -> None:
         self.group = group
         self._storage = storage
         self._publisher = publisher
         self._broker_id = broker_id
-        self._members: dict[str, TopicProcessor] = {}
+        self._clock = clock or SystemClock()
+        self._members: dict[str, Member] = {}
         self._m_objects = metrics.group_objects.labels(group)
         self._soon: asyncio.Handle | None = None
 
@@ -84,12 +121,12 @@ class GroupWriter:
     def members(self) -> list[str]:
         return list(self._members)
 
-    def join(self, processor: TopicProcessor) -> None:
-        self._members[processor.config.name] = processor
+    def join(self, member: Member) -> None:
+        self._members[member.name] = member
 
-    def leave(self, processor: TopicProcessor) -> None:
-        if self._members.get(processor.config.name) is processor:
-            del self._members[processor.config.name]
+    def leave(self, member: Member) -> None:
+        if self._members.get(member.name) is member:
+            del self._members[member.name]
 
     def seal_soon(self) -> None:
         """A producer flushed: seal `FLUSH_GATHER_S` from now, so the flush's other Messages (one
@@ -107,66 +144,78 @@ class GroupWriter:
         parts = [(p, b) for p in list(self._members.values()) if (b := p.take()) is not None]
         if not parts:
             return
-        task = asyncio.get_running_loop().create_task(self._store(parts), name=f"store-{self.group or parts[0][0].config.name}")
-        for p, _ in parts:
-            p.track(task)
+        task = asyncio.get_running_loop().create_task(self._store(parts), name=f"store-{self.group or parts[0][0].name}")
+        for m, _ in parts:
+            m.track(task)
 
-    async def _store(self, parts: list[tuple[TopicProcessor, _Batch]]) -> None:
+    async def _store(self, parts: list[tuple[Member, Batch]]) -> None:
+        outcomes: list[Outcome] | None = None
         try:
-            created_ms = int(time.time() * 1000)
-            encoded = [encode_batch(b.messages, b.headers, broker_id=self._broker_id, created_ms=created_ms)
-                       for _, b in parts]
-            first = parts[0][1].headers[0]
-            t0 = time.monotonic()
-            try:
-                loc = await self._storage.put_batch(
-                    parts[0][0].config.name, [c for chunks in encoded for c in chunks],
-                    first_request_id=first.producer_id ^ first.sequence, timestamp_ms=created_ms,
-                    broker_id=self._broker_id, group=self.group)
-            except Exception as e:   # a storage failure must fail these batches only, never the broker
-                topics = ", ".join(p.config.name for p, _ in parts)
-                for p, b in parts:
-                    p.failed(b, AckCode.STORAGE, f"storing batch of topic {p.config.name} failed "
-                                                 f"(one object with {topics}): {e}")
-                return
-            put_s = time.monotonic() - t0
-            self._m_objects.inc()
-            attempt = parse_key(loc.key).attempt
-            notes = [p.notification(b, loc, part, created_ms, attempt) for (p, b), part in zip(parts, layout(encoded))]
-            t0 = time.monotonic()
-            published: list[tuple[int, int] | NotifyError]
-            try:
-                published = await self._publisher.publish_many(
-                    [(p.notification_topic, note) for (p, _), note in zip(parts, notes)])
-            except Exception as e:   # a publisher bug must fail these batches only, never the broker
-                published = [NotifyError(str(e))] * len(parts)
-            notify_s = time.monotonic() - t0
-            for (p, b), note, result in zip(parts, notes, published):
-                p.announced(b, note, result, put_s, notify_s)
+            outcomes = await self._outcomes(parts)
+        except Exception as e:   # a bug here must fail these batches only, never the broker
+            log.exception("storing an object of %s failed", [m.name for m, _ in parts])
+            outcomes = [Failed(AckCode.STORAGE, f"storing batch of topic {m.name} failed: {e}") for m, _ in parts]
         finally:
-            for p, b in parts:
-                p.finished(b)
+            if outcomes is None:   # cancelled: the batches' slots must still be freed
+                outcomes = [Failed(AckCode.CLOSING, f"storing batch of topic {m.name} was cancelled")
+                            for m, _ in parts]
+            for (m, b), outcome in zip(parts, outcomes):
+                m.settle(b, outcome)
+
+    async def _outcomes(self, parts: list[tuple[Member, Batch]]) -> list[Outcome]:
+        """Store the members' batches as one object and publish each part: an outcome per part."""
+        clock = self._clock
+        created_ms = int(clock.time() * 1000)
+        encoded = [encode_batch(b.messages, b.headers, broker_id=self._broker_id, created_ms=created_ms)
+                   for _, b in parts]
+        first = parts[0][1].headers[0]
+        t0 = clock.monotonic()
+        try:
+            loc = await self._storage.put_batch(
+                parts[0][0].name, [c for chunks in encoded for c in chunks],
+                first_request_id=first.producer_id ^ first.sequence, timestamp_ms=created_ms,
+                broker_id=self._broker_id, group=self.group)
+        except Exception as e:   # a storage failure must fail these batches only, never the broker
+            topics = ", ".join(m.name for m, _ in parts)
+            return [Failed(AckCode.STORAGE, f"storing batch of topic {m.name} failed (one object with {topics}): {e}")
+                    for m, _ in parts]
+        put_s = clock.monotonic() - t0
+        self._m_objects.inc()
+        attempt = parse_key(loc.key).attempt
+        notes = [notification(m.name, b, loc, part, created_ms=created_ms, attempt=attempt, broker_id=self._broker_id)
+                 for (m, b), part in zip(parts, layout(encoded))]
+        t0 = clock.monotonic()
+        published: list[tuple[int, int] | NotifyError]
+        try:
+            published = await self._publisher.publish_many(
+                [(m.notification_topic, note) for (m, _), note in zip(parts, notes)])
+        except Exception as e:   # a publisher bug must fail these batches only, never the broker
+            published = [NotifyError(str(e))] * len(parts)
+        notify_s = clock.monotonic() - t0
+        return [Stored(note, result, put_s, notify_s) for note, result in zip(notes, published)]
 
 
 class GroupWriters:
     """A broker's writers, one per storage group, made on first use."""
 
     def __init__(self, *, storage: StorageHandler, publisher: Publisher, broker_id: str,
-                 metrics: BrokerMetrics) -> None:
+                 metrics: BrokerMetrics, clock: Clock | None = None) -> None:
         self._storage = storage
         self._publisher = publisher
         self._broker_id = broker_id
         self._metrics = metrics
+        self._clock = clock
         self._writers: dict[str, GroupWriter] = {}
 
     def writer(self, topic: TopicConfig) -> GroupWriter:
         """The writer of `topic`'s group; a topic with group "" gets a writer of its own."""
         if not topic.storage_group:
-            return GroupWriter("", storage=self._storage, publisher=self._publisher, broker_id=self._broker_id,
-                               metrics=self._metrics)
+            return self._new("")
         w = self._writers.get(topic.storage_group)
         if w is None:
-            w = self._writers[topic.storage_group] = GroupWriter(
-                topic.storage_group, storage=self._storage, publisher=self._publisher, broker_id=self._broker_id,
-                metrics=self._metrics)
+            w = self._writers[topic.storage_group] = self._new(topic.storage_group)
         return w
+
+    def _new(self, group: str) -> GroupWriter:
+        return GroupWriter(group, storage=self._storage, publisher=self._publisher, broker_id=self._broker_id,
+                           metrics=self._metrics, clock=self._clock)

@@ -20,8 +20,8 @@ until `max_batch_ms` (a trickle topic otherwise writes an object, a PUT and a no
 `batch_ms`); size, count and flush seals still apply meanwhile.
 
 Storing is the group's: a sealed batch goes to S3 as a part of its storage group's next object,
-with the filling batches of the group's other topics (`memq.broker.group.GroupWriter`); a
-batch's slot is released when its object is stored and its part announced.
+with the filling batches of the group's other topics (`memq.broker.group.GroupWriter`), which
+hands back one `Outcome` per batch (`settle`); the batch's slot is released then.
 
 A stored batch is announced on Kafka before any ack=all Message in it is acked; if the PUT or
 the publish fails for good, every ack=all Message of that batch gets an error ack naming why.
@@ -34,18 +34,16 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-import time
-from dataclasses import dataclass, field
-from typing import Callable
 
+from memq.clock import Clock, SystemClock
 from memq.config import TopicConfig
-from memq.errors import NotifyError
-from memq.format import NOTIFICATION_VERSION, MessageHeader, Notification
+from memq.format import MessageHeader, Notification
 from memq.format.wire import Ack, AckCode, AckLevel
 from memq.storage import ObjectLocation, StorageHandler
 
+from .batch import Batch, Failed, Outcome, Reply
 from .dedup import Held, RecentMessages, message_id
-from .group import GroupWriter, Part, Publisher
+from .group import GroupWriter, Publisher
 from .metrics import BrokerMetrics
 
 log = logging.getLogger(__name__)
@@ -53,42 +51,25 @@ log = logging.getLogger(__name__)
 SMALL_BATCH_BYTES = 64 * 1024   # a shared-group batch this small gives its slot back when taken
 SMALL_BATCHES = 16              # per topic: at most this many such batches waiting for their object
 
-#: Called with an ack for a Message that asked for ack=all (from the processor's upload task).
-Reply = Callable[[Ack], None]
-
-
-@dataclass(slots=True)
-class _Batch:
-    opened: float
-    messages: list[memoryview] = field(default_factory=list)
-    headers: list[MessageHeader] = field(default_factory=list)
-    waiters: list[tuple[int, int, Reply]] = field(default_factory=list)   # (request id, index, reply)
-    nbytes: int = 0
-    logcount: int = 0
-    timer: asyncio.TimerHandle | None = None
-    held: bool = False          # past batch_ms, under min_batch_bytes: filling until max_batch_ms
-    slot_returned: bool = False  # a small shared-group batch: its slot was given back when taken
-
-
 class TopicProcessor:
     def __init__(self, topic: TopicConfig, *, cluster: str, broker_id: str, storage: StorageHandler,
                  publisher: Publisher, metrics: BrokerMetrics, busy_wait_s: float = 5.0,
                  dedup_capacity: int = 50_000, dedup_window_s: float = 300.0,
-                 group: GroupWriter | None = None) -> None:
+                 group: GroupWriter | None = None, clock: Clock | None = None) -> None:
         """`group`: the writer of the topic's storage group (default: the topic's own objects,
         published through `publisher`)."""
         self.config = topic
         self.notification_topic = topic.notification_topic_for(cluster)
-        self._broker_id = broker_id
+        self._clock = clock or SystemClock()
         self._group = group or GroupWriter("", storage=storage, publisher=publisher, broker_id=broker_id,
-                                           metrics=metrics)
+                                           metrics=metrics, clock=self._clock)
         self._group.join(self)
         self._busy_wait_s = busy_wait_s
         self._slots = asyncio.Semaphore(topic.ring_slots)
         self._busy = 0
         self._small = 0               # taken small batches whose slot was given back, and their bytes
         self._small_bytes = 0
-        self._filling: _Batch | None = None
+        self._filling: Batch | None = None
         self._uploads: set[asyncio.Task[None]] = set()
         self._closing = False
         self._recent = RecentMessages(dedup_capacity, dedup_window_s)
@@ -111,6 +92,10 @@ class TopicProcessor:
         self._metrics = metrics
 
     @property
+    def name(self) -> str:
+        return self.config.name
+
+    @property
     def busy_slots(self) -> int:
         return self._busy
 
@@ -119,18 +104,19 @@ class TopicProcessor:
         return self._filling is not None or self._closing or not self._slots.locked()
 
     async def append(self, message: memoryview, header: MessageHeader, request_id: int, ack: AckLevel,
-                     reply: Reply, *, seal: bool = False) -> Ack | None:
+                     reply: Reply, *, seal: bool = False) -> None:
         """Put one verified Message into the filling batch, sealing it after when `seal`.
 
-        Returns the ack to send now (ack=1 success, BUSY, CLOSING), or None when the ack comes
-        later through `reply` (ack=all) or never (ack=0). A Message this processor already
-        holds or recently stored (same producer id, epoch, sequence) is not stored again: it
-        gets the original's outcome.
+        `reply` gets the Message's ack exactly once, whatever its level: at once for ack=0 and
+        ack=1 successes and for refusals (BUSY, CLOSING), once its batch is stored and announced
+        (or failed) for ack=all. A Message this processor already holds or recently stored (same
+        producer id, epoch, sequence) is not stored again: it gets the original's outcome.
         """
         mid = message_id(header)
         seen = self._recent.seen(mid)
         if seen is not None:
-            return self._duplicate(seen, request_id, ack, reply)
+            self._duplicate(seen, request_id, ack, reply)
+            return
         size = len(message)
         batch = self._filling
         if batch is None or self._closing:
@@ -139,7 +125,9 @@ class TopicProcessor:
                 code = AckCode.CLOSING if self._closing else AckCode.BUSY
                 why = ("topic is closing on this broker" if self._closing else
                        f"all {self.config.ring_slots} batch slots busy for {self._busy_wait_s:g}s")
-                return Ack(request_id, False, code, f"topic {self.config.name}: {why}")
+                self._metrics.rejected.labels(str(code)).inc()
+                reply(Ack(request_id, False, code, f"topic {self.config.name}: {why}"))
+                return
         if ack is AckLevel.ALL:
             batch.waiters.append((request_id, len(batch.messages), reply))
         batch.messages.append(message)
@@ -154,29 +142,27 @@ class TopicProcessor:
         elif seal:
             self._m_flush_seals.inc()
             self._group.seal_soon()
-        if ack is AckLevel.LEADER:
-            return Ack(request_id, True)
-        return None
+        if ack is not AckLevel.ALL:
+            reply(Ack(request_id, True))
 
-    def _duplicate(self, seen: Held | Ack, request_id: int, ack: AckLevel, reply: Reply) -> Ack | None:
+    def _duplicate(self, seen: Held | Ack, request_id: int, ack: AckLevel, reply: Reply) -> None:
         self._m_duplicates.inc()
-        if ack is AckLevel.LEADER:
-            return Ack(request_id, True)
-        if ack is AckLevel.NONE:
-            return None
-        if isinstance(seen, Held):     # still in a batch: answered when that batch finishes
+        if ack is not AckLevel.ALL:
+            reply(Ack(request_id, True))
+        elif isinstance(seen, Held):     # still in a batch: answered when that batch finishes
             seen.waiters.append((request_id, reply))
-            return None
-        return dataclasses.replace(seen, id=request_id)
+        else:
+            reply(dataclasses.replace(seen, id=request_id))
 
-    async def _open_batch(self) -> _Batch | None:
+    async def _open_batch(self) -> Batch | None:
         """The filling batch, opening one when a slot frees up; None if closing or still busy."""
-        t0 = time.monotonic()
+        clock = self._clock
+        t0 = clock.monotonic()
         while self._filling is None:
             if self._closing:
                 return None
             if self._slots.locked():   # else acquire() returns at once: no timeout to arm
-                remaining = self._busy_wait_s - (time.monotonic() - t0)
+                remaining = self._busy_wait_s - (clock.monotonic() - t0)
                 try:
                     async with asyncio.timeout(max(remaining, 0.0)):
                         await self._slots.acquire()
@@ -189,18 +175,18 @@ class TopicProcessor:
                 continue
             self._busy += 1
             self._m_busy.set(self._busy)
-            batch = _Batch(opened=time.monotonic())
+            batch = Batch(opened=clock.monotonic())
             batch.timer = asyncio.get_running_loop().call_later(self.config.batch_ms / 1000, self._aged, batch)
             self._filling = batch
-        self._m_stage["queue_wait"].observe(time.monotonic() - t0)
+        self._m_stage["queue_wait"].observe(clock.monotonic() - t0)
         return self._filling
 
-    def _aged(self, batch: _Batch) -> None:
+    def _aged(self, batch: Batch) -> None:
         """`batch_ms` passed: seal, unless the latency budget says a small batch keeps filling."""
         if self._filling is not batch:
             return
         if batch.nbytes < self.config.min_batch_bytes and not self._closing:
-            rest_s = batch.opened + self.config.hold_until_ms / 1000 - time.monotonic()
+            rest_s = batch.opened + self.config.hold_until_ms / 1000 - self._clock.monotonic()
             if rest_s > 0:
                 self._m_held.inc()
                 batch.held = True
@@ -208,7 +194,7 @@ class TopicProcessor:
                 return
         self._seal(batch)
 
-    def _seal(self, batch: _Batch) -> None:
+    def _seal(self, batch: Batch) -> None:
         """`batch` must go: its group stores it now, with the other topics' filling batches."""
         if self._filling is batch:   # else already sealed (the age timer raced a size seal)
             self._group.seal()
@@ -223,7 +209,7 @@ class TopicProcessor:
         self._seal(batch)
         return True
 
-    def take(self) -> _Batch | None:
+    def take(self) -> Batch | None:
         """The filling batch, sealed, for the group's object being stored (None if empty)."""
         batch = self._filling
         if batch is None:
@@ -239,7 +225,7 @@ class TopicProcessor:
         self._m_messages.inc(len(batch.messages))
         self._m_logmessages.inc(batch.logcount)
         self._m_bytes.inc(batch.nbytes)
-        self._m_stage["batch_fill"].observe(time.monotonic() - batch.opened)
+        self._m_stage["batch_fill"].observe(self._clock.monotonic() - batch.opened)
         if (self._group.group and batch.nbytes <= SMALL_BATCH_BYTES and self._small < SMALL_BATCHES
                 and self._small_bytes + batch.nbytes <= self.config.batch_bytes):
             batch.slot_returned = True
@@ -253,55 +239,47 @@ class TopicProcessor:
         self._uploads.add(task)
         task.add_done_callback(self._uploads.discard)
 
-    def finished(self, batch: _Batch) -> None:
-        """The batch's object is stored and its part announced, or it failed: free its slot."""
-        batch.messages.clear()   # drop the frames now, the acks are out
-        if batch.slot_returned:
-            self._small -= 1
-            self._small_bytes -= batch.nbytes
-        else:
-            self._release_slot()
+    def settle(self, batch: Batch, outcome: Outcome) -> None:
+        """The group stored `batch` (and announced it, or not) or failed to: ack or fail its
+        ack=all Messages (ack=1 ones were answered), then free its slot."""
+        try:
+            if isinstance(outcome, Failed):
+                self._fail(batch, outcome.code, outcome.why)
+            else:
+                self._announced(batch, outcome.note, outcome.published, outcome.put_s, outcome.notify_s)
+        finally:
+            batch.messages.clear()   # drop the frames now, the acks are out
+            if batch.slot_returned:
+                self._small -= 1
+                self._small_bytes -= batch.nbytes
+            else:
+                self._release_slot()
 
     def _release_slot(self) -> None:
         self._busy -= 1
         self._m_busy.set(self._busy)
         self._slots.release()
 
-    def notification(self, batch: _Batch, loc: ObjectLocation, part: Part, created_ms: int,
-                     attempt: int) -> Notification:
-        """The notification of `batch`, stored as `part` of the object at `loc`."""
-        headers = batch.headers
-        return Notification(
-            v=NOTIFICATION_VERSION, topic=self.config.name, bucket=loc.bucket, key=loc.key, size=part.size,
-            header_size=part.header_size, message_count=len(headers), logmessage_count=batch.logcount,
-            min_timestamp_ms=min(h.min_timestamp_ms for h in headers),
-            max_timestamp_ms=max(h.max_timestamp_ms for h in headers),
-            crc32c=part.crc32c, broker_id=self._broker_id, attempt=attempt,
-            created_ms=created_ms, offset=part.offset)
-
-    def announced(self, batch: _Batch, note: Notification, published: tuple[int, int] | NotifyError,
-                  put_s: float, notify_s: float) -> None:
-        """The batch's part is stored (`put_s`) and its notification published (or not): ack its
-        ack=all Messages, or fail them naming why."""
+    def _announced(self, batch: Batch, note: Notification, published: tuple[int, int] | Exception,
+                   put_s: float, notify_s: float) -> None:
         self._m_stage["upload"].observe(put_s)
         self._m_batch_bytes.observe(note.size)
         self._m_group_bytes.inc(note.size)
-        if isinstance(published, NotifyError):   # the batch fails, the broker goes on
-            self.failed(batch, AckCode.NOTIFY, f"notifying batch {note.key} of topic {note.topic} failed: "
-                                               f"{published}")
+        if isinstance(published, Exception):   # the batch fails, the broker goes on
+            self._fail(batch, AckCode.NOTIFY, f"notifying batch {note.key} of topic {note.topic} failed: "
+                                              f"{published}")
             self._unannounced(note)
             return
         partition, offset = published
         self._m_stage["notify"].observe(notify_s)
         self._m_ok.inc()
         self._m_notification_bytes.inc(len(note.to_bytes()))
-        for request_id, index, reply in batch.waiters:   # ack=all Messages; ack=1 ones were answered
+        for request_id, index, reply in batch.waiters:
             reply(Ack(request_id, True, AckCode.OK, "", note.bucket, note.key, index, partition, offset))
         self._recent.stored(map(message_id, batch.headers), note.bucket, note.key, partition, offset,
-                            time.monotonic())
+                            self._clock.monotonic())
 
-    def failed(self, batch: _Batch, code: AckCode, why: str) -> None:
-        """The batch failed for good (its object's PUT, or its publish): error acks to ack=all."""
+    def _fail(self, batch: Batch, code: AckCode, why: str) -> None:
         log.warning("%s (%d Messages get error acks)", why, len(batch.headers))
         self._metrics.batches.labels(self.config.name, str(code)).inc()
         for request_id, _index, reply in batch.waiters:

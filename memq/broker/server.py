@@ -1,4 +1,7 @@
-"""The broker: an aiohttp app hosting TopicProcessors behind `/v1/produce`.
+"""The broker: the core (TopicProcessors, their groups, admission) assembled with its doors.
+
+`Broker` is the composition root and implements `memq.broker.seam.BrokerCore`, the one thing
+its doors (`doors.http`, `doors.websocket`, the Kafka listener) are given.
 
 `Broker` owns the hosted topics (`add_topics` / `remove_topic`, which the governor drives;
 until then the topics of the config), the storage handler and the notification publisher.
@@ -11,29 +14,27 @@ seal, store, notify and ack every batch in flight, then close the connections.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import socket
-import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from memq.audit.emitter import AuditEmitter, make_audit_sink
+from memq.clock import Clock, SystemClock
 from memq.config import MemqConfig, TopicConfig
 from memq.errors import NotifyError
 from memq.format.metadata import BrokerMetadata, ClusterMetadata, ClusterView, StorageMetadata, TopicMetadata
-from memq.format.wire import BUNDLE_SUBPROTOCOL, AckCode
+from memq.format.wire import AckCode
 from memq.kafka_api.listener import KafkaListener
-from memq.notify import KafkaTopic, NotificationPublisher, TopicAdmin
-from memq.security.acl import Operation
+from memq.notify import KafkaTopic, NotificationPublisher, TopicAdmin, TopicCreator
 from memq.security.quota import Throttler
 from memq.security.tls import server_context
 from memq.storage import StorageHandler, StorageMetrics, make_storage
 
-from .connection import ProduceConnection
-from .guard import PRINCIPAL_KEY, Guard
+from .admission import Admission, Check
+from .doors.http import HttpDoor
+from .guard import Guard
 from .metrics import BrokerMetrics
 from .group import GroupWriters, Publisher
 from .processor import TopicProcessor
@@ -42,11 +43,16 @@ log = logging.getLogger(__name__)
 
 
 class Broker:
+    """`storage`, `publisher`, `admin` and `clock` default to the real ones (made on `start`);
+    `checks` are extra admission rules every produce door applies (memq.broker.admission)."""
+
     def __init__(self, config: MemqConfig, *, storage: StorageHandler | None = None,
-                 publisher: Publisher | None = None, admin: TopicAdmin | None = None) -> None:
+                 publisher: Publisher | None = None, admin: TopicCreator | None = None,
+                 clock: Clock | None = None, checks: Sequence[Check] = ()) -> None:
         self.config = config
         self.broker_id = config.broker.broker_id
         self.metrics = BrokerMetrics(self.broker_id)
+        self._clock = clock or SystemClock()
         self.storage_metrics = StorageMetrics(self.metrics.registry)   # shared with the janitor, if any
         self._storage = storage
         self._publisher = publisher
@@ -54,9 +60,7 @@ class Broker:
         self._processors: dict[str, TopicProcessor] = {}
         self._groups: GroupWriters | None = None
         self._moved: dict[str, tuple[str, ...]] = {}
-        self._connections: set[ProduceConnection] = set()
         self._draining = False
-        self._starting: str | None = None   # why /healthz is not 200 yet (None: ready)
         self._runner: web.AppRunner | None = None
         self._kafka: KafkaListener | None = None   # broker.kafka_port >= 0: the Kafka wire protocol
         self._kafka_audit: AuditEmitter | None = None
@@ -65,10 +69,10 @@ class Broker:
         self.guard = Guard(config.security, self.metrics.denials)
         self.quotas = Throttler(config.quota.table(), burst_s=config.quota.burst_s,
                                 max_delay_s=config.quota.max_throttle_ms / 1000)
+        self.admission = Admission(guard=self.guard, quotas=self.quotas, metrics=self.metrics, clock=self._clock,
+                                   processor=self._processors.get, where_is=self.where_is, checks=checks)
         self.app = web.Application(middlewares=[self.guard.middleware])
-        self.app.add_routes([web.get("/v1/produce", self._produce), web.get("/v1/metadata", self._metadata),
-                             web.get("/healthz", self._healthz), web.get("/health", self._healthz),
-                             web.get("/metrics", self._prometheus)])
+        self._http = HttpDoor(self, self.app)
 
     # --- lifecycle ---------------------------------------------------------------------------
 
@@ -79,7 +83,7 @@ class Broker:
         once the broker hosts its assignment; process managers and the dev cluster wait on it.
         """
         if not ready:
-            self._starting = "starting: waiting to host the topics assigned to it"
+            self._http.starting = "starting: waiting to host the topics assigned to it"
         bc = self.config.broker
         if self._storage is None:
             self._storage = make_storage(self.config, metrics=self.storage_metrics)
@@ -118,21 +122,21 @@ class Broker:
         """Graceful shutdown: flush and ack everything in flight, then close."""
         self._draining = True
         timeout = self.config.broker.shutdown_timeout_ms / 1000
-        deadline = time.monotonic() + timeout
+        deadline = self._clock.monotonic() + timeout
         names = list(self._processors)
         try:
             async with asyncio.timeout(timeout):
                 await asyncio.gather(*(self.remove_topic(n) for n in names))
         except TimeoutError:
             log.error("shutdown: batches of %s not finished within %gs", names, timeout)
-        await asyncio.gather(*(c.shutdown(max(deadline - time.monotonic(), 0.5)) for c in list(self._connections)))
+        await self._http.shutdown(max(deadline - self._clock.monotonic(), 0.5))
         if self._kafka is not None:
             await self._kafka.stop()
         if self._kafka_audit is not None:
             await asyncio.to_thread(self._kafka_audit.close)
         if self._runner is not None:
             await self._runner.cleanup()
-        if self._publisher is not None and hasattr(self._publisher, "close"):
+        if self._publisher is not None:
             await asyncio.to_thread(self._publisher.close)
         if self._storage is not None:
             await self._storage.close()
@@ -148,7 +152,7 @@ class Broker:
 
     def set_ready(self) -> None:
         """The broker hosts what it must: /healthz may answer 200."""
-        self._starting = None
+        self._http.starting = None
 
     async def add_topic(self, topic: TopicConfig) -> None:
         await self.add_topics((topic,))
@@ -163,7 +167,7 @@ class Broker:
         assert self._storage is not None and self._publisher is not None and self._admin is not None, "start() first"
         if self._groups is None:
             self._groups = GroupWriters(storage=self._storage, publisher=self._publisher, broker_id=self.broker_id,
-                                        metrics=self.metrics)
+                                        metrics=self.metrics, clock=self._clock)
         cluster = self.config.cluster.name
         failed = await asyncio.to_thread(self._admin.create_topics, [
             KafkaTopic(t.notification_topic_for(cluster), t.read_partitions) for t in new.values()])
@@ -174,7 +178,8 @@ class Broker:
                 topic, cluster=cluster, broker_id=self.broker_id, storage=self._storage, publisher=self._publisher,
                 metrics=self.metrics, busy_wait_s=self.config.broker.busy_wait_ms / 1000,
                 dedup_capacity=self.config.broker.dedup_messages,
-                dedup_window_s=self.config.broker.dedup_window_ms / 1000, group=self._groups.writer(topic))
+                dedup_window_s=self.config.broker.dedup_window_ms / 1000, group=self._groups.writer(topic),
+                clock=self._clock)
             self._moved.pop(topic.name, None)
         if failed:
             more = f" (and {len(failed) - 3} more)" if len(failed) > 3 else ""
@@ -205,24 +210,14 @@ class Broker:
             return AckCode.CLOSING, f"broker {self.broker_id} is shutting down", ()
         return AckCode.UNKNOWN_TOPIC, f"topic {topic!r} is not known to broker {self.broker_id}", ()
 
-    # --- HTTP handlers -----------------------------------------------------------------------
+    # --- what the doors may ask (memq.broker.seam.BrokerCore) ----------------------------------
 
-    async def _produce(self, request: web.Request) -> web.StreamResponse:
-        if self._draining:
-            raise web.HTTPServiceUnavailable(text=f"broker {self.broker_id} is shutting down")
-        bc = self.config.broker
-        ws = web.WebSocketResponse(max_msg_size=bc.max_frame_bytes, heartbeat=30.0, compress=False,
-                                   protocols=(BUNDLE_SUBPROTOCOL,))
-        await ws.prepare(request)
-        conn = ProduceConnection(ws, self, max_pending_acks=bc.max_pending_acks,
-                                 write_timeout_s=bc.ack_write_timeout_ms / 1000,
-                                 principal=request.get(PRINCIPAL_KEY))
-        self._connections.add(conn)
-        try:
-            await conn.run()
-        finally:
-            self._connections.discard(conn)
-        return ws
+    @property
+    def draining(self) -> bool:
+        return self._draining
+
+    def hosted(self) -> list[str]:
+        return sorted(self._processors)
 
     def metadata(self) -> ClusterMetadata:
         """This broker's view (its own topics), overlaid with the cluster's when governed."""
@@ -238,35 +233,8 @@ class Broker:
                     for name, p in self._processors.items()})
         return own.overlaid(self.cluster_view() if self.cluster_view is not None else None)
 
-    async def _metadata(self, request: web.Request) -> web.Response:
-        md = self.metadata()
-        if self.guard.enabled:   # a principal sees only the topics it may describe
-            principal = request.get(PRINCIPAL_KEY)
-            md = dataclasses.replace(md, topics={name: t for name, t in md.topics.items()
-                                                 if self.guard.may(principal, Operation.DESCRIBE, name)})
-        return web.json_response(md.to_dict())
-
     def health(self) -> str | None:
         """None when this broker can take ack=all writes; otherwise why it cannot."""
         if self._draining:
             return f"broker {self.broker_id} is shutting down"
-        probe = getattr(self._publisher, "health", None)   # test fakes may not report health
-        return probe() if probe is not None else None
-
-    async def _healthz(self, request: web.Request) -> web.Response:
-        """200 while healthy; 503 with the reason while starting, draining or unable to publish
-        notifications."""
-        why = self._starting or self.health()
-        status = ("ok" if why is None else "starting" if self._starting else "draining" if self._draining
-                  else "unhealthy")
-        body = {"status": status, "broker_id": self.broker_id, "topics": sorted(self._processors)}
-        if why is not None:
-            body["reason"] = why
-        return web.json_response(body, status=200 if why is None else 503)
-
-    async def _prometheus(self, request: web.Request) -> web.Response:
-        # in a thread: with a thousand topics rendering takes ~1 s, which on the event loop
-        # would stall every produce connection for as long
-        body = await asyncio.to_thread(generate_latest, self.metrics.registry)
-        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
-
+        return self._publisher.health() if self._publisher is not None else None

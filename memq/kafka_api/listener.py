@@ -4,8 +4,8 @@ Requests are read and handled one at a time, in order (so a full batch ring stop
 reading and TCP pushes back, as on `/v1/produce`); responses are futures queued in request
 order and written by one writer task, so acks=all Produce requests pipeline like on a Kafka
 broker (librdkafka keeps up to 5 in flight). Each RecordBatch of a Produce request has its
-header and CRC32C checked and goes, unchanged, as one Codec.KAFKA Message through
-`TopicProcessor.append`: the same batching, storage, notification and dedup as memq's own
+header and CRC32C checked and goes, unchanged, as one Codec.KAFKA Message through the broker's
+one admission path (`memq.broker.admission`, the same checks as `/v1/produce`): the same batching, storage, notification and dedup as memq's own
 protocol. A Kafka client has no memq audit emitter, so the listener reports each acked Message
 (acks 1 and all) to the audit as its producer would. A frame that cannot be parsed, is larger
 than `broker.max_frame_bytes`, or names an API or version not served (other than ApiVersions,
@@ -32,14 +32,14 @@ import logging
 import secrets
 import ssl
 import struct
-import time
 from typing import TYPE_CHECKING
 
+from memq.broker.admission import Refusal, Ticket
+from memq.broker.seam import BrokerCore
 from memq.errors import FormatError, ProtocolError, UnsupportedCodecError, UnsupportedVersionError
 from memq.format.kafka_records import split_kafka_batches, verify_kafka_batch
 from memq.format.message import MESSAGE_HEADER_SIZE, MessageHeader, encode_kafka_message
 from memq.format.wire import Ack, AckCode, AckLevel
-from memq.security.quota import ANONYMOUS
 from memq.security.acl import Operation
 from memq.security.tls import subject_cn
 
@@ -54,7 +54,6 @@ from .protocol import (ApiKey, ErrorCode, PartitionData, PartitionResult, Produc
 
 if TYPE_CHECKING:
     from memq.audit.emitter import AuditEmitter
-    from memq.broker.server import Broker
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +81,7 @@ _PRE_AUTH_APIS = frozenset({ApiKey.API_VERSIONS, ApiKey.SASL_HANDSHAKE, ApiKey.S
 class KafkaListener:
     """Serves Kafka producers for one Broker on its own port."""
 
-    def __init__(self, broker: Broker, audit: AuditEmitter | None = None) -> None:
+    def __init__(self, broker: BrokerCore, audit: AuditEmitter | None = None) -> None:
         self._broker = broker
         self._audit = audit
         self._server: asyncio.Server | None = None
@@ -120,7 +119,7 @@ class KafkaListener:
 
 
 class KafkaConnection:
-    def __init__(self, broker: Broker, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+    def __init__(self, broker: BrokerCore, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
                  audit: AuditEmitter | None = None) -> None:
         self._broker = broker
         self._audit = audit
@@ -135,7 +134,8 @@ class KafkaConnection:
         self._sequence = itertools.count()
         self._metrics = broker.metrics
         self._throttle_s = 0.0   # owed by the request just handled: read nothing more for this long
-        self._awaiting: set[str] = set()   # topics with acks=all Messages appended since the last idle seal
+        # topics with acks=all Messages appended since the last idle seal
+        self._awaiting: dict[str, Ticket] = {}
         seal_unit = broker.config.broker.kafka_idle_seal_bytes
         self._seal_credit = SealCredit(seal_unit, IDLE_SEAL_BANK * seal_unit)
         self._guard = broker.guard
@@ -213,9 +213,8 @@ class KafkaConnection:
 
     def _idle_seal(self) -> None:
         """Seal the awaited topics' batches the connection's credit allows (`idle_seal`)."""
-        for topic in self._awaiting:
-            proc = self._broker.processor(topic)
-            if proc is not None and proc.seal_if_at_least(self._seal_credit.threshold()):
+        for ticket in self._awaiting.values():
+            if ticket.seal_if_at_least(self._seal_credit.threshold()):
                 self._seal_credit.spend()
         self._awaiting.clear()
 
@@ -296,14 +295,11 @@ class KafkaConnection:
     async def _produce(self, h: RequestHeader, req: ProduceRequest) -> asyncio.Future[bytes] | None:
         level = ack_level(req.acks)
         appended: list[tuple[str, int, list[asyncio.Future[Ack]] | PartitionResult]] = []
+        accepted: list[tuple[str, int]] = []   # (topic, record bytes) to charge to the quotas
         for topic, parts in req.topics:
-            denied = None if self._guard.allowed(self._principal, Operation.PRODUCE, topic) else \
-                f"principal {self._principal} may not {Operation.PRODUCE} to topic {topic}"
             for part in parts:
-                if denied is not None:
-                    outcome: list[asyncio.Future[Ack]] | PartitionResult = PartitionResult(
-                        part.index, ErrorCode.TOPIC_AUTHORIZATION_FAILED, message=denied)
-                elif level is None:
+                outcome: list[asyncio.Future[Ack]] | PartitionResult
+                if level is None:
                     outcome = PartitionResult(
                         part.index, ErrorCode.INVALID_REQUIRED_ACKS, message=f"acks={req.acks}: use 0, 1 or -1")
                 elif req.transactional_id is not None:
@@ -311,32 +307,19 @@ class KafkaConnection:
                                               message="memq has no Kafka transactions")
                 else:
                     outcome = await self._append(topic, part, level)
-                if isinstance(outcome, PartitionResult) and outcome.error:
-                    self._metrics.rejected.labels(f"kafka:{outcome.error.name}").inc()
-                    log.info("Kafka produce to %s[%d] from %s: %s (%s)", topic, part.index, self._peer,
-                             outcome.error.name, outcome.message)
+                if isinstance(outcome, PartitionResult):
+                    if outcome.error:
+                        self._metrics.rejected.labels(f"kafka:{outcome.error.name}").inc()
+                        log.info("Kafka produce to %s[%d] from %s: %s (%s)", topic, part.index, self._peer,
+                                 outcome.error.name, outcome.message)
+                else:
+                    accepted.append((topic, len(part.records or b"")))
                 appended.append((topic, part.index, outcome))
-        self._throttle_s = self._charge(req, appended)
+        self._throttle_s = self._broker.admission.charge(self._principal, accepted)
         if level is AckLevel.NONE:
             return None   # Kafka sends no response to acks=0
         wait_s = min(max(req.timeout_ms / 1000, MIN_ACK_WAIT_S), MAX_ACK_WAIT_S)
         return asyncio.ensure_future(self._produce_response(h, appended, wait_s, round(self._throttle_s * 1000)))
-
-    def _charge(self, req: ProduceRequest,
-                appended: list[tuple[str, int, list[asyncio.Future[Ack]] | PartitionResult]]) -> float:
-        """Charge the accepted records of each topic to the quotas; the longest delay owed."""
-        accepted = {(topic, index) for topic, index, o in appended if not isinstance(o, PartitionResult)}
-        delay, worst = 0.0, ""
-        now = time.monotonic()
-        for topic, parts in req.topics:
-            nbytes = sum(len(p.records or b"") for p in parts if (topic, p.index) in accepted)
-            if nbytes:
-                d = self._broker.quotas.charge(self._principal or ANONYMOUS, topic, nbytes, now)
-                if d > delay:
-                    delay, worst = d, topic
-        if delay:
-            self._metrics.throttle_seconds.labels(self._principal or ANONYMOUS, worst).inc(delay)
-        return delay
 
     async def _produce_response(self, h: RequestHeader,
                                 appended: list[tuple[str, int, list[asyncio.Future[Ack]] | PartitionResult]],
@@ -352,34 +335,36 @@ class KafkaConnection:
 
     async def _append(self, topic: str, part: PartitionData, level: AckLevel
                       ) -> list[asyncio.Future[Ack]] | PartitionResult:
-        """Append each RecordBatch of one partition's records as a Message; futures of their acks."""
-        proc = self._broker.processor(topic)
-        if proc is None:
-            return PartitionResult(part.index, *self._not_here(topic))
-        if not 0 <= part.index < proc.config.read_partitions:
+        """Admit one partition's records, then append each RecordBatch as a Message; futures of their acks."""
+        try:
+            split: list[memoryview] | FormatError = split_kafka_batches(part.records) if part.records else []
+        except FormatError as e:
+            split = e   # reported after admission: who may write here is checked first
+        largest = max((len(b) for b in split), default=0) + MESSAGE_HEADER_SIZE if isinstance(split, list) else 0
+        admitted = self._broker.admission.admit(self._principal, topic, largest)
+        if isinstance(admitted, Refusal):
+            return self._refused(topic, part.index, admitted)
+        if not 0 <= part.index < admitted.config.read_partitions:
             return PartitionResult(part.index, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
-                                   message=f"topic {topic} has {proc.config.read_partitions} partitions")
+                                   message=f"topic {topic} has {admitted.config.read_partitions} partitions")
         if not part.records:
             return PartitionResult(part.index, ErrorCode.CORRUPT_MESSAGE, message="no records")
         try:
-            batches = [(b, verify_kafka_batch(b)) for b in split_kafka_batches(part.records)]
+            if isinstance(split, FormatError):
+                raise split
+            batches = [(b, verify_kafka_batch(b)) for b in split]
         except UnsupportedCodecError as e:
             return PartitionResult(part.index, ErrorCode.UNSUPPORTED_COMPRESSION_TYPE, message=str(e))
         except UnsupportedVersionError as e:
             return PartitionResult(part.index, ErrorCode.UNSUPPORTED_FOR_MESSAGE_FORMAT, message=str(e))
         except FormatError as e:
             return PartitionResult(part.index, ErrorCode.CORRUPT_MESSAGE, message=str(e))
-        limit = proc.config.max_message_bytes
-        for b, kh in batches:
-            if len(b) + MESSAGE_HEADER_SIZE > limit:
-                return PartitionResult(part.index, ErrorCode.MESSAGE_TOO_LARGE,
-                                       message=f"record batch of {len(b)} bytes exceeds topic {topic}'s "
-                                               f"max_message_bytes={limit}")
-            if kh.transactional:
-                return PartitionResult(part.index, ErrorCode.INVALID_REQUEST,
-                                       message="transactional batches: memq has no Kafka transactions")
+        if any(kh.transactional for _, kh in batches):
+            return PartitionResult(part.index, ErrorCode.INVALID_REQUEST,
+                                   message="transactional batches: memq has no Kafka transactions")
         loop = asyncio.get_running_loop()
         futures = []
+        audited = self._audit if level is not AckLevel.NONE else None
         for b, kh in batches:
             if kh.producer_id >= 0:   # idempotent: a retry carries the same ids, so dedup drops it
                 ids = (memq_producer_id(kh.producer_id, part.index), max(kh.producer_epoch, 0), kh.base_sequence)
@@ -387,7 +372,6 @@ class KafkaConnection:
                 ids = (self._producer_id, 0, next(self._sequence))
             msg, header = encode_kafka_message(b, kh, producer_id=ids[0], epoch=ids[1], sequence=ids[2])
             fut: asyncio.Future[Ack] = loop.create_future()
-            audited = self._audit if level is not AckLevel.NONE else None
 
             def reply(a: Ack, fut: asyncio.Future[Ack] = fut, h: MessageHeader = header, topic: str = topic,
                       audit: AuditEmitter | None = audited) -> None:
@@ -398,25 +382,20 @@ class KafkaConnection:
                     audit.produced(topic=topic, producer_id=h.producer_id, epoch=h.epoch, sequence=h.sequence,
                                    count=h.count, digest=h.body_crc32c, created_ms=h.created_ms)
 
-            request_id = next(self._request_ids)
-            ack = await proc.append(memoryview(msg), header, request_id, level, reply)
-            if ack is None or ack.ok:
+            await admitted.append(memoryview(msg), header, next(self._request_ids), level, reply)
+            if not fut.done() or fut.result().ok:
                 self._seal_credit.earn(len(msg))
-            if ack is None and level is AckLevel.NONE:
-                ack = Ack(request_id, True)
-            if ack is not None:
-                reply(ack)
-            elif level is AckLevel.ALL:
-                self._awaiting.add(topic)
+            if not fut.done() and level is AckLevel.ALL:
+                self._awaiting[topic] = admitted
             futures.append(fut)
         return futures
 
-    def _not_here(self, topic: str) -> tuple[ErrorCode, int, str]:
-        """(error, base offset, why) for a topic this broker does not host (not the hot path)."""
-        code, why, _ = self._broker.where_is(topic)
+    def _refused(self, topic: str, index: int, refusal: Refusal) -> PartitionResult:
+        """A partition not admitted, in Kafka's terms (not the hot path)."""
+        code = refusal.code
         if code is AckCode.UNKNOWN_TOPIC and topic in self._broker.metadata().topics:
             code = AckCode.NOT_HERE   # hosted elsewhere in the cluster: the client re-reads metadata
-        return error_code(code), -1, why
+        return PartitionResult(index, error_code(code), -1, refusal.why)
 
     async def _write_responses(self) -> None:
         while True:

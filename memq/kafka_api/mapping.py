@@ -41,6 +41,7 @@ _ERRORS = {
     AckCode.STORAGE: ErrorCode.KAFKA_STORAGE_ERROR,      # retriable in Kafka as in memq
     AckCode.NOTIFY: ErrorCode.KAFKA_STORAGE_ERROR,
     AckCode.PROTOCOL: ErrorCode.INVALID_REQUEST,
+    AckCode.DENIED: ErrorCode.TOPIC_AUTHORIZATION_FAILED,
 }
 
 

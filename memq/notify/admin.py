@@ -13,7 +13,7 @@ import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, AlterConfigOpType, ClusterMetadata, ConfigEntry, ConfigResource, NewTopic
@@ -30,6 +30,13 @@ class KafkaTopic:
     name: str
     partitions: int
     retention_ms: int | None = None
+
+
+class TopicCreator(Protocol):
+    """What a broker needs of Kafka's admin: creating its topics' notification topics."""
+
+    def create_topics(self, topics: Sequence[KafkaTopic]) -> dict[str, str]:
+        """Create those missing; {kafka topic: why} for those that could not be created."""
 
 
 class TopicAdmin:

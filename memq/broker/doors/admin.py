@@ -38,7 +38,7 @@ from memq.security.acl import CLUSTER_RESOURCE, Operation, parse_rule
 from memq.security.tokens import parse_entry
 from memq.security.tls import client_context
 
-from .guard import PRINCIPAL_KEY, Guard
+from ..guard import PRINCIPAL_KEY, Guard
 
 PLACEMENT_TIMEOUT_S = 60.0
 MAX_BODY_BYTES = 64 * 1024

@@ -26,22 +26,18 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from functools import partial
-from typing import TYPE_CHECKING
 
 from aiohttp import WebSocketError, WSCloseCode, WSMsgType, web
 from prometheus_client import Histogram
 
 from memq.errors import FormatError, ProtocolError
 from memq.format import verify_message
-from memq.security.acl import Operation
-from memq.security.quota import ANONYMOUS
 from memq.format.message import MessageHeader
 from memq.format.wire import (NO_REQUEST_ID, Ack, AckCode, AckLevel, ProduceRequest, RequestFlag, decode_request,
                               encode_acks, is_bundle, peek_request_id, split_bundle)
 
-if TYPE_CHECKING:
-    from .processor import TopicProcessor
-    from .server import Broker
+from ..admission import Refusal, Ticket
+from ..seam import BrokerCore
 
 log = logging.getLogger(__name__)
 
@@ -50,12 +46,12 @@ MAX_PARKED_BYTES = 1024 * 1024   # Message bytes waiting for a batch slot, per c
 
 
 class ProduceConnection:
-    def __init__(self, ws: web.WebSocketResponse, broker: Broker, *, max_pending_acks: int,
+    def __init__(self, ws: web.WebSocketResponse, core: BrokerCore, *, max_pending_acks: int,
                  write_timeout_s: float, principal: str | None = None) -> None:
         self._ws = ws
         self._principal = principal   # None: security off
-        self._broker = broker
-        self._metrics = broker.metrics
+        self._core = core
+        self._metrics = core.metrics
         self._max_pending = max_pending_acks
         self._write_timeout_s = write_timeout_s
         # (ack, the "ack" stage histogram of its topic or None for a request refused before
@@ -85,7 +81,7 @@ class ProduceConnection:
                     e = self._ws.exception()
                     if isinstance(e, WebSocketError) and e.code == WSCloseCode.MESSAGE_TOO_BIG:
                         log.warning("closed a produce connection (1009): %s (broker.max_frame_bytes=%d)",
-                                    e, self._broker.config.broker.max_frame_bytes)
+                                    e, self._core.config.broker.max_frame_bytes)
                     else:
                         log.info("produce connection error: %s", e)
                     break
@@ -112,6 +108,7 @@ class ProduceConnection:
         await self._ws.close(code=WSCloseCode.GOING_AWAY, message=b"broker shutting down")
 
     def _reply(self, ack: Ack, stage: Histogram | None, throttle_ms: int = 0) -> None:
+        """Queue `ack` for the writer task."""
         if self._closed:
             return
         if throttle_ms:
@@ -125,6 +122,7 @@ class ProduceConnection:
     def _reject(self, request_id: int, code: AckCode, why: str, brokers: tuple[str, ...] = ()) -> None:
         self._metrics.rejected.labels(str(code)).inc()
         self._reply(Ack(request_id, False, code, why, brokers=brokers), None)
+
 
     async def _handle(self, data: bytes) -> None:
         if not is_bundle(data):
@@ -149,50 +147,38 @@ class ProduceConnection:
             self._reject(peek_request_id(data), AckCode.PROTOCOL, str(e))
             return
         topic = req.topic
-        quiet = req.ack is AckLevel.NONE
-        if not self._broker.guard.allowed(self._principal, Operation.PRODUCE, topic):
-            if not quiet:
-                self._reject(req.request_id, AckCode.DENIED,
-                             f"principal {self._principal} may not {Operation.PRODUCE} to topic {topic}")
-            return
-        proc = self._broker.processor(topic)
-        if proc is None:
-            code, why, brokers = self._broker.where_is(topic)
-            if not quiet:
-                self._reject(req.request_id, code, why, brokers)
-            return
-        limit = proc.config.max_message_bytes
-        if len(req.message) > limit:
-            if not quiet:
-                self._reject(req.request_id, AckCode.TOO_LARGE,
-                             f"Message of {len(req.message)} bytes exceeds topic {topic}'s "
-                             f"max_message_bytes={limit}")
+        size = len(req.message)
+        admitted = self._core.admission.admit(self._principal, topic, size)
+        if isinstance(admitted, Refusal):
+            self._refuse(req, admitted.code, admitted.why, admitted.brokers)
             return
         try:
             header = verify_message(req.message)
         except FormatError as e:
-            if not quiet:
-                self._reject(req.request_id, AckCode.CORRUPT, f"request {req.request_id}: {e}")
+            self._refuse(req, AckCode.CORRUPT, f"request {req.request_id}: {e}")
             return
-        principal = self._principal or ANONYMOUS
-        throttle_s = self._broker.quotas.charge(principal, topic, len(req.message), time.monotonic())
+        throttle_s = self._core.admission.charge(self._principal, ((topic, size),))
         throttle_ms = round(throttle_s * 1000)
-        if topic in self._parked or not proc.can_append_now():
-            await self._park(topic, len(req.message), partial(self._append, proc, req, header, throttle_ms))
+        if topic in self._parked or not admitted.can_append_now():
+            await self._park(topic, size, partial(self._append, admitted, req, header, throttle_ms))
         else:
-            await self._append(proc, req, header, throttle_ms)
+            await self._append(admitted, req, header, throttle_ms)
         if throttle_s:
-            self._metrics.throttle_seconds.labels(principal, topic).inc(throttle_s)
             await asyncio.sleep(throttle_s)   # read nothing more from this client meanwhile
 
-    async def _append(self, proc: TopicProcessor, req: ProduceRequest, header: MessageHeader, throttle_ms: int) -> None:
-        stage = proc.ack_stage
-        ack = await proc.append(req.message, header, req.request_id, req.ack,
-                                lambda a: self._reply(a, stage, throttle_ms), seal=req.flags is RequestFlag.SEAL)
-        if ack is not None and req.ack is not AckLevel.NONE:
-            if not ack.ok:
-                self._metrics.rejected.labels(ack.code).inc()
-            self._reply(ack, stage, throttle_ms)
+    def _refuse(self, req: ProduceRequest, code: AckCode, why: str, brokers: tuple[str, ...] = ()) -> None:
+        """A request refused before reaching a topic: an error ack, unless it asked for none."""
+        if req.ack is AckLevel.NONE:
+            return
+        self._reject(req.request_id, code, why, brokers)
+
+    async def _append(self, ticket: Ticket, req: ProduceRequest, header: MessageHeader, throttle_ms: int) -> None:
+        if req.ack is AckLevel.NONE:
+            reply = _ignore
+        else:
+            stage = ticket.ack_stage
+            reply = partial(self._reply, stage=stage, throttle_ms=throttle_ms)
+        await ticket.append(req.message, header, req.request_id, req.ack, reply, seal=req.flags is RequestFlag.SEAL)
 
     async def _park(self, topic: str, size: int, append: Callable[[], Awaitable[None]]) -> None:
         """Queue `append` behind `topic`'s waiting requests; waits only while the connection
@@ -260,3 +246,7 @@ class ProduceConnection:
                     stage.observe(now - t)
             if self._closed:
                 return
+
+
+def _ignore(ack: Ack) -> None:
+    """The reply of an ack=0 Message: the producer asked for no answer."""

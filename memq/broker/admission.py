@@ -1,0 +1,131 @@
+"""The one admission path of every produce door (memq's WebSocket, Kafka's Produce).
+
+A door decodes its own framing, then asks `Admission.admit` whether a principal may write
+Messages of a given size to a topic here. The checks run in one order for every door:
+principal's ACL -> the topic is hosted here -> the Message size -> any extra `Check` the broker
+was built with. A door then verifies its format (memq's header CRC, Kafka's RecordBatch CRC),
+charges the bytes it accepted to the quotas (`charge`) and appends through the `Ticket`: the
+only way a door reaches a topic's processor. A check added here applies to every door.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+
+from prometheus_client import Histogram
+
+from memq.clock import Clock
+from memq.config import TopicConfig
+from memq.format import MessageHeader
+from memq.format.wire import AckCode, AckLevel
+from memq.security.acl import Operation
+from memq.security.quota import ANONYMOUS, Throttler
+
+from .batch import Reply
+from .guard import Guard
+from .metrics import BrokerMetrics
+from .processor import TopicProcessor
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """Why a write is not admitted: a memq ack code (doors map it to their own), the reason,
+    and the brokers that host the topic when it moved."""
+
+    code: AckCode
+    why: str
+    brokers: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """What a door asks to admit: `largest` is the size of the largest Message it would append."""
+
+    principal: str | None
+    topic: str
+    largest: int
+
+
+#: An extra admission rule: a Refusal, or None to let the write through.
+Check = Callable[[Entry, TopicConfig], "Refusal | None"]
+
+
+class Ticket:
+    """An admitted write to one hosted topic: what a door may do with its processor."""
+
+    __slots__ = ("_processor",)
+
+    def __init__(self, processor: TopicProcessor) -> None:
+        self._processor = processor
+
+    @property
+    def config(self) -> TopicConfig:
+        return self._processor.config
+
+    @property
+    def ack_stage(self) -> Histogram:
+        """Where a door observes how long this topic's acks waited to be written."""
+        return self._processor.ack_stage
+
+    def can_append_now(self) -> bool:
+        """An append now would not wait for a batch slot."""
+        return self._processor.can_append_now()
+
+    async def append(self, message: memoryview, header: MessageHeader, request_id: int, level: AckLevel,
+                     reply: Reply, *, seal: bool = False) -> None:
+        """`TopicProcessor.append`: `reply` gets the Message's ack exactly once."""
+        await self._processor.append(message, header, request_id, level, reply, seal=seal)
+
+    def seal_if_at_least(self, nbytes: int) -> bool:
+        """Seal the topic's filling batch if it holds `nbytes` or more; True if it did."""
+        return self._processor.seal_if_at_least(nbytes)
+
+
+class Admission:
+    """The checks every produce door runs, in one order, and the quota charge after them."""
+
+    def __init__(self, *, guard: Guard, quotas: Throttler, metrics: BrokerMetrics, clock: Clock,
+                 processor: Callable[[str], TopicProcessor | None],
+                 where_is: Callable[[str], tuple[AckCode, str, tuple[str, ...]]],
+                 checks: Sequence[Check] = ()) -> None:
+        self._guard = guard
+        self._quotas = quotas
+        self._metrics = metrics
+        self._clock = clock
+        self._processor = processor
+        self._where_is = where_is
+        self._checks = tuple(checks)
+
+    def admit(self, principal: str | None, topic: str, largest: int) -> Ticket | Refusal:
+        """ACL, hosted here, size, extra checks: a Ticket to append, or why not."""
+        if not self._guard.allowed(principal, Operation.PRODUCE, topic):
+            return Refusal(AckCode.DENIED, f"principal {principal} may not {Operation.PRODUCE} to topic {topic}")
+        proc = self._processor(topic)
+        if proc is None:
+            return Refusal(*self._where_is(topic))
+        limit = proc.config.max_message_bytes
+        if largest > limit:
+            return Refusal(AckCode.TOO_LARGE, f"Message of {largest} bytes exceeds topic {topic}'s "
+                                              f"max_message_bytes={limit}")
+        if self._checks:
+            entry = Entry(principal, topic, largest)
+            for check in self._checks:
+                refusal = check(entry, proc.config)
+                if refusal is not None:
+                    return refusal
+        return Ticket(proc)
+
+    def charge(self, principal: str | None, charges: Iterable[tuple[str, int]]) -> float:
+        """Charge each (topic, bytes accepted) to the quotas; the seconds the door must stop
+        reading its connection (the longest owed), counted once per request."""
+        who = principal or ANONYMOUS
+        now = self._clock.monotonic()
+        delay, worst = 0.0, ""
+        for topic, nbytes in charges:
+            d = self._quotas.charge(who, topic, nbytes, now)
+            if d > delay:
+                delay, worst = d, topic
+        if delay:
+            self._metrics.throttle_seconds.labels(who, worst).inc(delay)
+        return delay

@@ -1,0 +1,56 @@
+"""A batch being filled by a TopicProcessor and stored by its GroupWriter, and what became of it.
+
+The public types that cross from the processor (which fills batches and acks their Messages)
+to the group writer (which stores and announces them): the writer never sees a processor's
+internals, only a `Batch`, and answers each with one `Outcome`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from memq.errors import NotifyError
+from memq.format import MessageHeader, Notification
+from memq.format.wire import Ack, AckCode
+
+#: Called once with the outcome of one appended Message (see `TopicProcessor.append`).
+Reply = Callable[[Ack], None]
+
+
+@dataclass(slots=True)
+class Batch:
+    """One topic's batch: verified Message frames, their headers, and who waits for the acks."""
+
+    opened: float                # clock.monotonic() when the batch was opened
+    messages: list[memoryview] = field(default_factory=list)
+    headers: list[MessageHeader] = field(default_factory=list)
+    waiters: list[tuple[int, int, Reply]] = field(default_factory=list)   # ack=all: (request id, index, reply)
+    nbytes: int = 0
+    logcount: int = 0
+    timer: asyncio.TimerHandle | None = None
+    held: bool = False           # past batch_ms, under min_batch_bytes: filling until max_batch_ms
+    slot_returned: bool = False  # a small shared-group batch: its slot was given back when taken
+
+
+@dataclass(frozen=True, slots=True)
+class Stored:
+    """The batch is a part of a stored object; `published` is its notification's (partition,
+    offset) on Kafka, or why publishing failed (the object is kept: it may still land)."""
+
+    note: Notification
+    published: tuple[int, int] | NotifyError
+    put_s: float
+    notify_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class Failed:
+    """The batch's object could not be stored: every ack=all Message of it fails with `code`."""
+
+    code: AckCode
+    why: str
+
+
+Outcome = Stored | Failed

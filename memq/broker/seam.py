@@ -1,0 +1,49 @@
+"""What a front door may ask of the broker core: the one seam every door is built on.
+
+Doors (memq's WebSocket produce and HTTP endpoints in `memq.broker.doors`, the Kafka listener
+in `memq.kafka_api`) depend on this Protocol, never on `Broker`; the core never imports a door.
+A door gets a topic's processor only through `admission` (memq.broker.admission).
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from memq.config import MemqConfig
+from memq.format.metadata import ClusterMetadata
+
+from .admission import Admission
+from .guard import Guard
+from .metrics import BrokerMetrics
+
+
+class BrokerCore(Protocol):
+    @property
+    def broker_id(self) -> str: ...
+
+    @property
+    def config(self) -> MemqConfig: ...
+
+    @property
+    def metrics(self) -> BrokerMetrics: ...
+
+    @property
+    def guard(self) -> Guard:
+        """Authentication and ACLs (SASL principals, describe filtering, denial counts)."""
+
+    @property
+    def admission(self) -> Admission:
+        """The produce checks and quota charge, and the only way to append."""
+
+    @property
+    def draining(self) -> bool:
+        """Shutting down: doors refuse new connections."""
+
+    def metadata(self) -> ClusterMetadata:
+        """This broker's view of the cluster (its topics, overlaid with the governor's)."""
+
+    def health(self) -> str | None:
+        """None when this broker can take ack=all writes; otherwise why it cannot."""
+
+    def hosted(self) -> list[str]:
+        """The topics hosted here, sorted."""
