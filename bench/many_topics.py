@@ -152,13 +152,11 @@ class Prices:
 
 def prices(u: Usage, p: CostConfig) -> Prices:
     """Price the rates `u` (all topics of a case together) with `memq cost`'s model."""
-    lines = {line.item: line.usd for line in estimate(u, 0.0, p).memq}
-    put = lines["S3 PUT requests"]
-    gets = sum(usd for item, usd in lines.items() if item.startswith("S3 GET requests (") and "consumer" in item)
+    memq = estimate(u, 0.0, p).memq
+    put = memq.s3_put.usd
     gib_month = u.rates.bytes_in * MONTH_S / GB
-    per_gib_month = kafka_lines(GB / MONTH_S, 0.0, p)          # 1 GiB in per month
-    replication = sum(line.usd for line in per_gib_month if "replication" in line.item)
-    return Prices(put, put / gib_month if gib_month else float("nan"), replication, gets)
+    replication = kafka_lines(GB / MONTH_S, 0.0, p).replication.usd      # 1 GiB in per month
+    return Prices(put, put / gib_month if gib_month else float("nan"), replication, memq.s3_get_consumers.usd)
 
 
 # --- feeder process -------------------------------------------------------------------------

@@ -57,10 +57,9 @@ def _objects(url: str, topic: str) -> int:
 
 
 def _put_usd_month(objects_per_s: float) -> float:
-    """The S3 PUT + consumer GET cost per month of a topic writing `objects_per_s`."""
+    """The S3 request cost per month (PUTs, consumer GETs) of a topic writing `objects_per_s`."""
     r = TopicCounters(objects=objects_per_s, requests={"put": objects_per_s, "get": 0.0, "list": 0.0, "delete": 0.0})
-    lines = estimate(Usage("t", 1.0, r, r), 0.0, CostConfig()).memq
-    return sum(line.usd for line in lines if "requests" in line.unit)
+    return estimate(Usage("t", 1.0, r, r), 0.0, CostConfig()).memq.requests_usd
 
 
 def run(quick: bool) -> dict:

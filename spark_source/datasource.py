@@ -35,7 +35,7 @@ _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
 
 
 class MemqDataSource(DataSource):
-    """`spark.read.format("memq")` / `spark.readStream.format("memq")`; options in the README."""
+    """`spark.read.format("memq")` / `spark.readStream.format("memq")`; options in docs/guides/spark.md."""
 
     @classmethod
     def name(cls) -> str:

@@ -1,4 +1,4 @@
-"""The README's Spark snippet and `examples/spark_read.py`, run as written against `memq dev`."""
+"""The Spark guide's first snippet and `examples/spark_read.py`, run as written against `memq dev`."""
 
 from __future__ import annotations
 
@@ -14,12 +14,12 @@ ROOT = Path(__file__).resolve().parents[1]
 MEMQ = str(Path(sys.executable).with_name("memq"))
 
 
-def _readme_spark_snippet() -> str:
-    spark = (ROOT / "README.md").read_text().split("\n## Spark\n", 1)[1]
+def _guide_spark_snippet() -> str:
+    spark = (ROOT / "docs" / "guides" / "spark.md").read_text()
     return spark.split("```python\n", 1)[1].split("```", 1)[0]
 
 
-def test_readme_snippet_and_example_read_rows_from_memq_dev(tmp_path: Path) -> None:
+def test_guide_snippet_and_example_read_rows_from_memq_dev(tmp_path: Path) -> None:
     """From the directory where `memq dev` runs, with no credentials anywhere but the client
     config file it writes, both return the demo topic's rows."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "MEMQ_"))}
@@ -32,7 +32,7 @@ def test_readme_snippet_and_example_read_rows_from_memq_dev(tmp_path: Path) -> N
         while not (line := dev.stdout.readline().decode()).startswith("config:"):
             assert time.monotonic() < deadline and dev.poll() is None, f"memq dev did not start: {line}"
         time.sleep(3)   # a few demo batches land
-        snippet = _readme_spark_snippet() + "\nprint('ROWS', df.count())\n"
+        snippet = _guide_spark_snippet() + "\nprint('ROWS', df.count())\n"
         run = subprocess.run([sys.executable, "-c", snippet], cwd=tmp_path, env=env, capture_output=True,
                              text=True, timeout=180)
         assert run.returncode == 0, run.stderr[-3000:]

@@ -82,7 +82,7 @@ def _print(console: Console, urls: list[str], prices: str, retention_days: float
         table.add_column("item")
         table.add_column("quantity", justify="right")
         table.add_column("USD", justify="right")
-        for system, lines in (("memq", e.memq), ("kafka", e.kafka)):
+        for system, lines in (("memq", e.memq.lines), ("kafka", e.kafka.lines)):
             for line in lines:
                 table.add_row(system, line.item, f"{line.quantity:,.1f} {line.unit}", f"{line.usd:,.2f}")
         table.add_row("memq", "[bold]total[/]", "", f"[bold]{e.memq_usd:,.2f}[/]")

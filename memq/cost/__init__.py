@@ -4,7 +4,7 @@
 """
 
 from memq.cost.counters import Snapshot, TopicCounters, Usage, parse_metrics, request_class, usage
-from memq.cost.model import Estimate, Line, as_dict, estimate, kafka_lines, price_source, report
+from memq.cost.model import Estimate, KafkaBill, Line, MemqBill, as_dict, estimate, kafka_lines, price_source, report
 
-__all__ = ["Estimate", "Line", "Snapshot", "TopicCounters", "Usage", "as_dict", "estimate", "kafka_lines",
+__all__ = ["Estimate", "KafkaBill", "Line", "MemqBill", "Snapshot", "TopicCounters", "Usage", "as_dict", "estimate", "kafka_lines",
            "parse_metrics", "price_source", "report", "request_class", "usage"]

@@ -35,7 +35,8 @@ MONTH_S = 730 * 3600.0
 
 @dataclass(frozen=True)
 class Line:
-    """One billed item per month: `quantity` in `unit` (requests, GB, GB-month), costing `usd`."""
+    """One billed item per month: `quantity` in `unit` (requests, GB, GB-month), costing `usd`;
+    `item` is its label for people (callers pick a line by its field name, not by this)."""
 
     item: str
     quantity: float
@@ -44,19 +45,61 @@ class Line:
 
 
 @dataclass(frozen=True)
+class _Bill:
+    """A system's monthly lines as named fields, in display order."""
+
+    @property
+    def lines(self) -> tuple[Line, ...]:
+        return tuple(getattr(self, f.name) for f in dataclasses.fields(self))
+
+    def named(self) -> tuple[tuple[str, Line], ...]:
+        return tuple((f.name, getattr(self, f.name)) for f in dataclasses.fields(self))
+
+    @property
+    def usd(self) -> float:
+        return sum(line.usd for line in self.lines)
+
+
+@dataclass(frozen=True)
+class MemqBill(_Bill):
+    s3_put: Line
+    s3_get_brokers: Line
+    s3_get_consumers: Line        # one GET per object per consumer group, modelled
+    s3_list: Line
+    s3_delete: Line
+    s3_storage: Line
+    producer_transfer: Line       # producers -> brokers across zones
+    notifications: Line           # their bytes priced on the Kafka model
+
+    @property
+    def requests_usd(self) -> float:
+        """The S3 request lines together (PUT, GET, LIST, DELETE)."""
+        return sum(x.usd for x in (self.s3_put, self.s3_get_brokers, self.s3_get_consumers, self.s3_list,
+                                   self.s3_delete))
+
+
+@dataclass(frozen=True)
+class KafkaBill(_Bill):
+    storage: Line                 # EBS, all replicas
+    producer_transfer: Line       # producers -> leaders across zones
+    replication: Line             # leader -> followers in other zones
+    consumer_transfer: Line       # leaders -> consumer groups across zones
+
+
+@dataclass(frozen=True)
 class Estimate:
     topic: str
     retention_s: float
-    memq: tuple[Line, ...]
-    kafka: tuple[Line, ...]
+    memq: MemqBill
+    kafka: KafkaBill
 
     @property
     def memq_usd(self) -> float:
-        return sum(line.usd for line in self.memq)
+        return self.memq.usd
 
     @property
     def kafka_usd(self) -> float:
-        return sum(line.usd for line in self.kafka)
+        return self.kafka.usd
 
     @property
     def saving(self) -> float:
@@ -69,7 +112,7 @@ def _requests(item: str, per_s: float, price_per_1000: float) -> Line:
     return Line(item, n, "requests", n / 1000 * price_per_1000)
 
 
-def kafka_lines(bytes_per_s: float, retention_s: float, p: CostConfig, what: str = "") -> tuple[Line, ...]:
+def kafka_lines(bytes_per_s: float, retention_s: float, p: CostConfig, what: str = "") -> KafkaBill:
     """3-replica Kafka on block storage with cross-zone replication, for `bytes_per_s` in."""
     gb_month = bytes_per_s * MONTH_S / GB
     crossing = 2 * p.cross_az_gb
@@ -77,11 +120,14 @@ def kafka_lines(bytes_per_s: float, retention_s: float, p: CostConfig, what: str
     produce = gb_month * p.cross_az_fraction
     replicate = gb_month * (p.kafka_replicas - 1)
     consume = gb_month * p.consumer_groups * p.cross_az_fraction
-    return (Line(f"{what}EBS gp3 storage ({p.kafka_replicas} replicas)", stored, "GB-month", stored * p.ebs_gb_month),
-            Line(f"{what}cross-AZ producers -> leaders", produce, "GB", produce * crossing),
-            Line(f"{what}cross-AZ replication to {p.kafka_replicas - 1} followers", replicate, "GB",
-                 replicate * crossing),
-            Line(f"{what}cross-AZ leaders -> {p.consumer_groups} consumer group(s)", consume, "GB", consume * crossing))
+    return KafkaBill(
+        storage=Line(f"{what}EBS gp3 storage ({p.kafka_replicas} replicas)", stored, "GB-month",
+                     stored * p.ebs_gb_month),
+        producer_transfer=Line(f"{what}cross-AZ producers -> leaders", produce, "GB", produce * crossing),
+        replication=Line(f"{what}cross-AZ replication to {p.kafka_replicas - 1} followers", replicate, "GB",
+                         replicate * crossing),
+        consumer_transfer=Line(f"{what}cross-AZ leaders -> {p.consumer_groups} consumer group(s)", consume, "GB",
+                               consume * crossing))
 
 
 def estimate(u: Usage, retention_s: float, p: CostConfig) -> Estimate:
@@ -89,17 +135,18 @@ def estimate(u: Usage, retention_s: float, p: CostConfig) -> Estimate:
     r = u.rates
     stored = r.stored_bytes * retention_s / GB
     produce = r.bytes_in * MONTH_S / GB * p.cross_az_fraction
-    notify = sum(line.usd for line in kafka_lines(r.notification_bytes, retention_s, p))
+    notify = kafka_lines(r.notification_bytes, retention_s, p).usd
     notify_gb = r.notification_bytes * MONTH_S / GB
-    memq = (_requests("S3 PUT requests", r.requests["put"], p.s3_put_per_1000),
-            _requests("S3 GET requests (brokers)", r.requests["get"], p.s3_get_per_1000),
-            _requests(f"S3 GET requests ({p.consumer_groups} consumer group(s), 1 per object)",
-                      r.objects * p.consumer_groups, p.s3_get_per_1000),
-            _requests("S3 LIST requests", r.requests["list"], p.s3_list_per_1000),
-            _requests("S3 DELETE requests", r.requests["delete"], p.s3_delete_per_1000),
-            Line("S3 Standard storage", stored, "GB-month", stored * p.s3_gb_month),
-            Line("cross-AZ producers -> brokers", produce, "GB", produce * 2 * p.cross_az_gb),
-            Line("notifications on Kafka (the Kafka model below)", notify_gb, "GB", notify))
+    memq = MemqBill(
+        s3_put=_requests("S3 PUT requests", r.requests["put"], p.s3_put_per_1000),
+        s3_get_brokers=_requests("S3 GET requests (brokers)", r.requests["get"], p.s3_get_per_1000),
+        s3_get_consumers=_requests(f"S3 GET requests ({p.consumer_groups} consumer group(s), 1 per object)",
+                                   r.objects * p.consumer_groups, p.s3_get_per_1000),
+        s3_list=_requests("S3 LIST requests", r.requests["list"], p.s3_list_per_1000),
+        s3_delete=_requests("S3 DELETE requests", r.requests["delete"], p.s3_delete_per_1000),
+        s3_storage=Line("S3 Standard storage", stored, "GB-month", stored * p.s3_gb_month),
+        producer_transfer=Line("cross-AZ producers -> brokers", produce, "GB", produce * 2 * p.cross_az_gb),
+        notifications=Line("notifications on Kafka (the Kafka model below)", notify_gb, "GB", notify))
     return Estimate(u.topic, retention_s, memq, kafka_lines(r.bytes_in, retention_s, p))
 
 
@@ -110,7 +157,12 @@ def as_dict(u: Usage, e: Estimate) -> dict[str, Any]:
             "counts": {"bytes_in": c.bytes_in, "objects": c.objects, "stored_bytes": c.stored_bytes,
                        "notifications": c.notifications, "requests": c.requests},
             "memq_usd_month": e.memq_usd, "kafka_usd_month": e.kafka_usd, "saving": e.saving,
-            "memq": [dataclasses.asdict(x) for x in e.memq], "kafka": [dataclasses.asdict(x) for x in e.kafka]}
+            "memq": _as_list(e.memq), "kafka": _as_list(e.kafka)}
+
+
+def _as_list(bill: MemqBill | KafkaBill) -> list[dict[str, Any]]:
+    """A bill's lines in display order, each with its field `name` for programs and `item` for people."""
+    return [{"name": name, **dataclasses.asdict(line)} for name, line in bill.named()]
 
 
 def price_source(p: CostConfig) -> str:
