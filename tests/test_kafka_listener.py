@@ -111,7 +111,7 @@ async def test_newer_api_versions_gets_unsupported_version_with_our_ranges(broke
 async def test_bad_frames_close_the_connection_with_the_reason_logged(broker: Broker, caplog: pytest.LogCaptureFixture,
                                                                       frame: bytes, why: str) -> None:
     c = await Client.connect(broker)
-    with caplog.at_level(logging.WARNING, "memq.kafka_api.listener"):
+    with caplog.at_level(logging.WARNING, "memq.broker.doors.kafka"):
         await c.send(frame)
         assert await c.closed()
     assert why in caplog.text
@@ -186,9 +186,9 @@ async def test_a_request_split_across_an_idle_seal_timeout_is_read_whole(broker:
 
 async def test_a_frame_whose_body_stalls_closes_the_connection_with_the_reason_logged(
         broker: Broker, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("memq.kafka_api.listener.FRAME_READ_TIMEOUT_S", 0.2)
+    monkeypatch.setattr("memq.broker.doors.kafka.FRAME_READ_TIMEOUT_S", 0.2)
     c = await Client.connect(broker)
-    with caplog.at_level(logging.WARNING, "memq.kafka_api.listener"):
+    with caplog.at_level(logging.WARNING, "memq.broker.doors.kafka"):
         await c.send(struct.pack(">i", 100) + b"partial")
         assert await c.closed()
     assert "request of 100 bytes not received in full" in caplog.text

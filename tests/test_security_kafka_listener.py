@@ -15,7 +15,7 @@ from confluent_kafka import KafkaError, Message, Producer
 
 from memq.config import BrokerConfig, SecurityConfig
 from memq.devcluster import DevCluster
-from memq.kafka_api.listener import PRE_AUTH_MAX_FRAME
+from memq.broker.doors.kafka import PRE_AUTH_MAX_FRAME
 from memq.security.tokens import new_token
 from tests.test_broker_integration import read_stored, running_broker, topic_config
 

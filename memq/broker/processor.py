@@ -201,7 +201,7 @@ class TopicProcessor:
 
     def seal_if_at_least(self, nbytes: int) -> bool:
         """Seal the filling batch now if it holds `nbytes` or more (a Kafka producer waiting on its
-        acks: `kafka_api.listener`); counted with the flush seals. True if it did."""
+        acks: `memq.broker.doors.kafka`); counted with the flush seals. True if it did."""
         batch = self._filling
         if batch is None or batch.nbytes < nbytes:
             return False

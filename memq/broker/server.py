@@ -26,7 +26,6 @@ from memq.config import MemqConfig, TopicConfig
 from memq.errors import NotifyError
 from memq.format.metadata import BrokerMetadata, ClusterMetadata, ClusterView, StorageMetadata, TopicMetadata
 from memq.format.wire import AckCode
-from memq.kafka_api.listener import KafkaListener
 from memq.notify import KafkaTopic, NotificationPublisher, TopicAdmin, TopicCreator
 from memq.security.quota import Throttler
 from memq.security.tls import server_context
@@ -34,6 +33,7 @@ from memq.storage import StorageHandler, StorageMetrics, make_storage
 
 from .admission import Admission, Check
 from .doors.http import HttpDoor
+from .doors.kafka import KafkaListener
 from .guard import Guard
 from .metrics import BrokerMetrics
 from .group import GroupWriters, Publisher

@@ -1,4 +1,5 @@
-"""The asyncio Kafka listener of a broker: one task per client connection.
+"""The broker's Kafka door: an asyncio shell over the sans-I/O codec of `memq.kafka_api`, one
+task per client connection.
 
 Requests are read and handled one at a time, in order (so a full batch ring stops the
 reading and TCP pushes back, as on `/v1/produce`); responses are futures queued in request
@@ -34,8 +35,6 @@ import ssl
 import struct
 from typing import TYPE_CHECKING
 
-from memq.broker.admission import Refusal, Ticket
-from memq.broker.seam import BrokerCore
 from memq.errors import FormatError, ProtocolError, UnsupportedCodecError, UnsupportedVersionError
 from memq.format.kafka_records import split_kafka_batches, verify_kafka_batch
 from memq.format.message import MESSAGE_HEADER_SIZE, MessageHeader, encode_kafka_message
@@ -43,9 +42,12 @@ from memq.format.wire import Ack, AckCode, AckLevel
 from memq.security.acl import Operation
 from memq.security.tls import subject_cn
 
-from .idle_seal import SealCredit
-from .mapping import PRODUCER_ID_BITS, ack_level, error_code, memq_producer_id, metadata_view, node_id
-from .protocol import (ApiKey, ErrorCode, PartitionData, PartitionResult, ProduceRequest, ProduceResult, Reader,
+from ..admission import Refusal, Ticket
+from ..seam import BrokerCore
+
+from memq.kafka_api.idle_seal import SealCredit
+from memq.kafka_api.mapping import PRODUCER_ID_BITS, ack_level, error_code, memq_producer_id, metadata_view, node_id
+from memq.kafka_api.protocol import (ApiKey, ErrorCode, PartitionData, PartitionResult, ProduceRequest, ProduceResult, Reader,
                        RequestHeader, TopicPartitions, api_name, decode_fetch_partitions, decode_init_producer_id,
                        decode_metadata, decode_produce, decode_request_header, decode_sasl_authenticate,
                        decode_sasl_handshake, encode_api_versions, encode_fetch_refusal, encode_init_producer_id,
