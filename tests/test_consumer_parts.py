@@ -11,9 +11,11 @@ from collections.abc import Iterable, Mapping
 from typing import Literal
 
 import pytest
-from support.consumer_fakes import CommitRecorder, MemorySource, SinkRecorder, StepClock, batch, recs
+from support.consumer_fakes import (CommitRecorder, FakeNotifications, MemorySource, SinkRecorder, StepClock, batch,
+                                    recs, values)
 
 from memq.client.commits import Committer
+from memq.client.consumer import Consumer
 from memq.client.consumer_record import DecodedBatch, batch_pointer, build_records
 from memq.client.handover import Handover
 from memq.client.metrics import ConsumerMetrics
@@ -429,3 +431,43 @@ def test_read_returns_one_log_message_by_position_through_a_throwaway_probe() ->
         reader.close()
     assert all(p.closed for _, p in probes) and len(probes) == 4
     assert len({g for g, _ in probes}) == 4 and all(g.startswith("g.read.") for g, _ in probes)
+
+
+# --- the Consumer coordinating them ------------------------------------------------------------
+
+
+def coordinated(rs: list[NotificationRecord], objects: dict[str, bytes]) -> tuple[Consumer, FakeNotifications]:
+    notes = FakeNotifications(rs)
+    config = MemqConfig()
+    return Consumer(config, "t", notifications=notes,
+                    reader=BatchReader(config, 2, source=lambda: MemorySource(objects))), notes
+
+
+def test_a_seek_mid_batch_stops_the_live_iterator_frees_its_memory_and_reads_from_there() -> None:
+    objects: dict[str, bytes] = {}
+    rs = [batch(f"k{i}", [(1, i, recs(f"{i}a", f"{i}b"))], i, objects) for i in range(3)]
+    c, _ = coordinated(rs, objects)
+    with c:
+        it = c.poll(5)
+        assert bytes(next(it).value) == b"0a" and c.buffered_bytes > 0
+        c.seek(0, 2)
+        assert list(it) == [] and c.buffered_bytes == 0 and c.position() == {0: 2}
+        assert values(c, 1) == [b"2a", b"2b"] and c.commit() == {0: 3}
+
+
+def test_a_revocation_commits_what_was_handed_over_and_drops_the_rest() -> None:
+    objects: dict[str, bytes] = {}
+    rs = [batch(f"k{i}", [(1, i, recs(f"{i}a", f"{i}b"))], i, objects) for i in range(3)]
+    revoked: list[list[int]] = []
+    notes = FakeNotifications(rs)
+    config = MemqConfig()
+    c = Consumer(config, "t", notifications=notes, on_revoke=revoked.append,
+                 reader=BatchReader(config, 2, source=lambda: MemorySource(objects)))
+    with c:
+        assert values(c, 1) == [b"0a", b"0b"]
+        it = c.poll(5)
+        next(it)
+        assert notes.on_revoke is not None
+        notes.on_revoke([0])
+        assert notes.commits == [{0: 1}] and revoked == [[0]]      # batch 0 handed over, batch 1 half
+        assert list(it) == [] and c.buffered_bytes == 0 and c.commit() == {}

@@ -30,6 +30,7 @@ import concurrent.futures
 import logging
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
 from dataclasses import replace
+from functools import partial
 from typing import Protocol
 
 from memq.client.cluster import resolve, resolve_topic
@@ -41,7 +42,7 @@ from memq.client.position_policy import PositionPolicy, RangeCheck
 from memq.client.positions import Offsets, SequenceTracker
 from memq.client.prefetch import Fetch, Prefetch, PrefetchBudget
 from memq.client.random_access import RandomAccess
-from memq.client.reader import BatchReader, DataLossPolicy, Decoded
+from memq.client.reader import BatchReader, DataLossPolicy
 from memq.clock import SystemClock
 from memq.config import MemqConfig
 from memq.errors import ConsumerError, DataLossError
@@ -102,9 +103,10 @@ class Consumer:
         config = resolved.config
         kafka_topic = resolved.topic.notification_topic
         self._offsets = Offsets()
-        self._ranges = RangeCheck(PositionPolicy(
-            topic, kafka_topic, cc.group_id, cc.auto_offset_reset, resolved.topic.retention_ms,
-            DataLossPolicy(skip=cc.on_data_loss == "skip", logger=log, hint="")))
+        self._policy = PositionPolicy(topic, kafka_topic, cc.group_id, cc.auto_offset_reset,
+                                      resolved.topic.retention_ms,
+                                      DataLossPolicy(skip=cc.on_data_loss == "skip", logger=log, hint=""))
+        self._ranges = RangeCheck(self._policy)
         self._prefetch = Prefetch(PrefetchBudget(cc.prefetch_bytes), self._submit)
         self._handover = Handover(
             topic, cc.group_id, audit=audit, metrics=self.metrics, clock=clock, on_finished=self._finish,
@@ -193,15 +195,13 @@ class Consumer:
 
     def _lost(self, rec: NotificationRecord, e: DataLossError) -> None:
         """Count a lost batch as expired or skipped, or raise by the position policy."""
-        if self._ranges.policy.lost(rec, e, int(self._clock.time() * 1000)) == "expired":
+        if self._policy.lost(rec, e, int(self._clock.time() * 1000)) == "expired":
             self.metrics.expired += 1
         else:
             self.metrics.data_loss_skipped += 1
 
     def _submit(self, rec: NotificationRecord) -> concurrent.futures.Future[DecodedBatch]:
-        def build(decoded: Decoded) -> DecodedBatch:
-            return build_records(self.topic, rec, decoded)
-        return self._reader.submit(batch_pointer(self.topic, rec), build)
+        return self._reader.submit(batch_pointer(self.topic, rec), partial(build_records, self.topic, rec))
 
     def _finish(self, f: Fetch) -> None:
         """`f` is fully handed over (or skipped): its offset may be committed."""

@@ -42,9 +42,12 @@ class FakeNotifications:
         self.at = 0
         self.commits: list[dict[int, int]] = []
         self.closed = False
+        self.on_revoke: Callable[[list[int]], None] | None = None
 
     def subscribe(self, on_assign: Callable[[list[int]], None] | None = None,
                   on_revoke: Callable[[list[int]], None] | None = None) -> None:
+        """Assigns partition 0 at once; `on_revoke` is kept for the test to call (a rebalance)."""
+        self.on_revoke = on_revoke
         if on_assign:
             on_assign([0])
 
