@@ -31,8 +31,8 @@ class ConsumedSink(Protocol):
 
 
 class Handover:
-    """The batch being handed over. `on_finished(fetch)` is called once each batch was handed
-    over to its last record (not for a dropped one)."""
+    """The batch being handed over. `on_finished(fetch)` is called once a batch was handed
+    over to its last record (not for one dropped, nor for one `start` did not take)."""
 
     def __init__(self, topic: str, group_id: str, *, dedup: SequenceTracker | None, audit: ConsumedSink | None,
                  metrics: ConsumerMetrics, clock: Clock, on_finished: Callable[[Fetch], None]) -> None:
@@ -106,6 +106,7 @@ class Handover:
             self._metrics.records += len(records)
             return True
         self._cur_header, self._cur = None, iter(())
+        self._messages, self._next_msg = [], 0      # the batch's memory is the application's now
         return False
 
     def _message_done(self, fetch: Fetch) -> None:
