@@ -9,7 +9,7 @@ import dataclasses
 import time
 
 import pytest
-from test_reader_unit import FakeNotifications, MemorySource, batch, recs, values
+from support.consumer_fakes import FakeNotifications, MemorySource, batch, recs, values
 
 from memq.client.consumer import Consumer
 from memq.client.positions import is_expired, out_of_range

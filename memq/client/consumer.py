@@ -17,9 +17,10 @@ memory: after a restart, or for a copy on a read partition another group member 
 resend is delivered again (at-least-once still holds; the Kafka in the dev cluster keeps no
 commit metadata to carry the state in).
 
-Retention: a position outside the retained notifications follows `consumer.auto_offset_reset`
-(Kafka's OffsetOutOfRange), and an object gone because it is older than the topic's
-retention counts as `metrics.expired`, not as data loss.
+The Consumer coordinates its parts, each with one job: `prefetch` (what to fetch ahead
+within the byte budget), `handover` (what `poll()` returns, duplicates dropped),
+`position_policy` (offset-range resets, expiry versus data loss), `commits`, and
+`random_access` (`read()`); `positions` keeps the offsets.
 """
 
 from __future__ import annotations
@@ -27,75 +28,30 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
-import time
-import uuid
-from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from functools import partial
-from itertools import islice, repeat
-from operator import add, length_hint
-from typing import NamedTuple, Protocol
+from typing import Protocol
 
 from memq.client.cluster import resolve, resolve_topic
-from memq.client.positions import Offsets, SequenceTracker, is_expired, out_of_range
-from memq.client.reader import BatchPointer, BatchReader, DataLossPolicy, Decoded
+from memq.client.commits import Committer
+from memq.client.consumer_record import ConsumerRecord, DecodedBatch, batch_pointer, build_records
+from memq.client.handover import ConsumedSink, Handover
+from memq.client.metrics import ConsumerMetrics
+from memq.client.position_policy import PositionPolicy, RangeCheck
+from memq.client.positions import Offsets, SequenceTracker
+from memq.client.prefetch import Fetch, Prefetch, PrefetchBudget
+from memq.client.random_access import RandomAccess
+from memq.client.reader import BatchReader, DataLossPolicy
+from memq.clock import SystemClock
 from memq.config import MemqConfig
-from memq.errors import ConsumerError, DataLossError, InvalidInputError, ObjectNotFoundError, OffsetOutOfRangeError
-from memq.format import MessageHeader
+from memq.errors import ConsumerError, DataLossError
 from memq.notify import NotificationConsumer, NotificationRecord
-from memq.storage import ObjectLocation
+
+__all__ = ["ConsumedSink", "Consumer", "ConsumerMetrics", "ConsumerRecord", "NotificationSource",
+           "notification_topic"]
 
 log = logging.getLogger(__name__)
-_tuple_new = tuple.__new__
-_RECORD_OVERHEAD = 200      # bytes of Python objects per record beyond its raw bytes (tuples, bytes headers)
-
-
-class ConsumerRecord(NamedTuple):
-    """One LogMessage as handed to the application, with where it came from.
-
-    A NamedTuple whose first five fields are LogMessage's, so a batch's records are built in
-    bulk (tuple concatenation in C) rather than one Python constructor call each.
-    """
-
-    value: bytes
-    key: bytes | None
-    headers: tuple[tuple[str, bytes], ...]
-    timestamp_ms: int
-    message_id: bytes | None
-    topic: str
-    partition: int                 # read partition = notification topic partition
-    offset: int                    # notification offset (the batch)
-    index: int   # type: ignore[assignment]  # LogMessage index inside the batch; shadows tuple.index (public name)
-    producer_id: int
-    epoch: int
-    sequence: int
-    location: ObjectLocation
-
-
-class ConsumedSink(Protocol):
-    """The consumer half of docs/ARCHITECTURE.md's AuditSink."""
-
-    def consumed(self, *, topic: str, group: str, producer_id: int, epoch: int, sequence: int,
-                 count: int, digest: int, created_ms: int, consumed_ms: int) -> None: ...
-
-
-@dataclass
-class ConsumerMetrics:
-    """Counters of one Consumer (plain numbers: a client has no metrics endpoint)."""
-
-    records: int = 0
-    batches: int = 0
-    bytes: int = 0
-    duplicates_dropped: int = 0        # LogMessages of dropped duplicate Messages
-    duplicate_messages: int = 0        # Messages dropped as duplicates
-    data_loss_skipped: int = 0
-    expired: int = 0                   # notifications and objects past retention, skipped (never "lost")
-    offset_resets: int = 0             # positions outside the retained notifications, reset
-    commits: int = 0
-
-
-_Decoded = list[tuple[MessageHeader, list[ConsumerRecord]]]
 
 
 class NotificationSource(Protocol):
@@ -112,25 +68,6 @@ class NotificationSource(Protocol):
     def watermarks(self, partition: int) -> tuple[int, int]: ...
     def offsets_for_times(self, ts_ms: int) -> dict[int, int]: ...
     def close(self) -> None: ...
-
-
-@dataclass(slots=True, eq=False)
-class _Batch:
-    """One notification on its way to the application."""
-
-    rec: NotificationRecord
-    future: concurrent.futures.Future[_Decoded] | None = None
-    messages: _Decoded = field(default_factory=list)
-    next_msg: int = 0
-    cur: Iterator[ConsumerRecord] = field(default_factory=lambda: iter(()))
-    cur_header: MessageHeader | None = None
-    cost: int = 0                                   # bytes reserved in the prefetch budget
-
-
-def _pointer(topic: str, rec: NotificationRecord) -> BatchPointer:
-    n = rec.notification
-    return BatchPointer(topic, ObjectLocation(n.bucket, n.key), n.size, n.crc32c, rec.partition, rec.offset,
-                        n.offset)
 
 
 def notification_topic(config: MemqConfig, topic: str) -> str:
@@ -160,30 +97,33 @@ class Consumer:
         self.topic = topic
         self.group_id = cc.group_id
         self.metrics = ConsumerMetrics()
-        self._cc = cc
-        self._audit = audit
+        self._fetch_concurrency = cc.fetch_concurrency
+        self._clock = clock = SystemClock()
         resolved = resolve_topic(config, topic)   # no I/O unless producer.brokers names brokers
         config = resolved.config
-        self._kafka_topic = resolved.topic.notification_topic
-        self._retention_ms = resolved.topic.retention_ms   # None: no missing object counts as expired
-        self._queue: deque[_Batch] = deque()        # polled, in order; some being fetched
-        self._current: _Batch | None = None         # the batch being handed over
-        self._inflight_bytes = 0                    # estimated memory of submitted, unfinished batches
-        self._expansion = 1.0                       # decoded bytes per object byte, measured
+        kafka_topic = resolved.topic.notification_topic
         self._offsets = Offsets()
-        self._dedup = SequenceTracker(cc.dedup_max_producers, cc.dedup_max_ranges) if cc.dedup else None
-        self._unchecked: set[int] = set()           # assigned partitions whose start is not range-checked yet
-        self._loss = DataLossPolicy(skip=cc.on_data_loss == "skip", logger=log, hint="")
-        self._last_auto_commit = time.monotonic()
+        self._policy = PositionPolicy(topic, kafka_topic, cc.group_id, cc.auto_offset_reset,
+                                      resolved.topic.retention_ms,
+                                      DataLossPolicy(skip=cc.on_data_loss == "skip", logger=log, hint=""))
+        self._ranges = RangeCheck(self._policy)
+        self._prefetch = Prefetch(PrefetchBudget(cc.prefetch_bytes), self._submit)
+        self._handover = Handover(
+            topic, cc.group_id, audit=audit, metrics=self.metrics, clock=clock, on_finished=self._finish,
+            dedup=SequenceTracker(cc.dedup_max_producers, cc.dedup_max_ranges) if cc.dedup else None)
         self._closed = False
         self._notify: NotificationSource = notifications or NotificationConsumer(
-            config.kafka, self._kafka_topic, group_id=cc.group_id, auto_offset_reset=cc.auto_offset_reset)
+            config.kafka, kafka_topic, group_id=cc.group_id, auto_offset_reset=cc.auto_offset_reset)
         try:
             self._reader = reader or BatchReader(config, cc.fetch_concurrency)
         except BaseException:
             self._notify.close()
             raise
-        self._kafka_config = config.kafka
+        self._committer = Committer(self._notify, self._offsets, self.metrics, clock=clock, logger=log,
+                                    interval_s=cc.auto_commit_interval_ms / 1000 if cc.enable_auto_commit else None)
+        self._random = RandomAccess(
+            topic, cc.group_id, self._reader, clock=clock,
+            open_probe=lambda group: NotificationConsumer(config.kafka, kafka_topic, group_id=group))
         self._user_on_assign, self._user_on_revoke = on_assign, on_revoke
         if subscribe:
             self._notify.subscribe(on_assign=self._on_assign, on_revoke=self._on_revoke)
@@ -195,39 +135,26 @@ class Consumer:
         within `timeout` seconds. Raises `DataLossError` for a missing or corrupt batch when
         `on_data_loss` is "raise" (again on every poll, until the application seeks past it)."""
         self._check_open()
-        deadline = time.monotonic() + timeout
+        deadline = self._clock.monotonic() + timeout
         while True:
-            if self._current is not None:
-                return self._deliver(self._current)
-            self._maybe_auto_commit()
-            self._top_up(wait_s=0.0 if self._queue else max(0.0, deadline - time.monotonic()))
-            if self._queue:
-                head = self._queue[0]
-                assert head.future is not None
+            if self._handover.current is not None:
+                return self._handover.deliver()
+            self._committer.tick()
+            self._top_up(wait_s=0.0 if self._prefetch else max(0.0, deadline - self._clock.monotonic()))
+            if self._prefetch:
                 try:
-                    head.messages = head.future.result(timeout=max(0.0, deadline - time.monotonic()))
-                except concurrent.futures.TimeoutError:
-                    return iter(())
+                    taken = self._prefetch.take(timeout_s=max(0.0, deadline - self._clock.monotonic()))
                 except DataLossError as e:
-                    if self._expired(head.rec, e):
-                        self.metrics.expired += 1
-                    else:
-                        self._loss.handle(e)   # raises unless consumer.on_data_loss = "skip"
-                        self.metrics.data_loss_skipped += 1
-                    self._queue.popleft()
-                    self._finish(head)
+                    self._lost(self._prefetch.head.rec, e)   # raises unless skipped or expired
+                    self._finish(self._prefetch.skip())
                     continue
-                except Exception:
-                    head.future = self._submit(head.rec)   # transient: retry next poll
-                    raise
-                self._queue.popleft()
-                self._measure(head)
-                if self._next_message(head):
-                    self._current = head
-                else:                               # nothing left after dropping duplicates
+                if taken is None:
+                    return iter(())
+                head, messages = taken
+                if not self._handover.start(head, messages):   # nothing left after dropping duplicates
                     self._finish(head)
                 continue
-            if time.monotonic() >= deadline:
+            if self._clock.monotonic() >= deadline:
                 return iter(())
 
     def __iter__(self) -> Iterator[ConsumerRecord]:
@@ -242,202 +169,53 @@ class Consumer:
             for record in batch:
                 yield record
 
-    def _next_message(self, b: _Batch) -> bool:
-        """Move `b` to its next not-duplicate Message; False when the batch is exhausted."""
-        while b.next_msg < len(b.messages):
-            header, records = b.messages[b.next_msg]
-            b.next_msg += 1
-            if self._dedup is not None and self._dedup.seen(header.producer_id, header.epoch, header.sequence):
-                self.metrics.duplicate_messages += 1
-                self.metrics.duplicates_dropped += len(records)
-                continue
-            b.cur_header, b.cur = header, iter(records)
-            self.metrics.records += len(records)
-            return True
-        b.cur_header, b.cur = None, iter(())
-        return False
-
-    def _deliver(self, b: _Batch) -> Iterator[ConsumerRecord]:
-        """Hand over `b`'s records. All but the last of a Message stream from the shared list
-        iterator (an abandoned poll resumes there); the last one is yielded after its Message
-        was accounted for (audit, and the batch made committable when it is its last)."""
-        while self._current is b:
-            left = length_hint(b.cur)
-            if left > 1:
-                yield from islice(b.cur, left - 1)
-                continue
-            last = next(b.cur, None)
-            self._message_done(b)
-            if last is not None:
-                yield last
-
-    def _message_done(self, b: _Batch) -> None:
-        header = b.cur_header
-        if header is not None and self._audit is not None:
-            self._audit.consumed(topic=self.topic, group=self.group_id, producer_id=header.producer_id,
-                                 epoch=header.epoch, sequence=header.sequence, count=header.count,
-                                 digest=header.body_crc32c, created_ms=header.created_ms,
-                                 consumed_ms=int(time.time() * 1000))
-        if not self._next_message(b):
-            self._current = None
-            self._finish(b)
-
-    def _expired(self, rec: NotificationRecord, e: DataLossError) -> bool:
-        """A missing object older than the topic's retention expired (raises if that is an
-        error by `consumer.auto_offset_reset`); any other loss is data loss."""
-        missing = isinstance(e.__cause__, ObjectNotFoundError)
-        if not is_expired(missing, rec.timestamp_ms, int(time.time() * 1000), self._retention_ms):
-            return False
-        log.info("%s; expired (older than the topic's retention of %s ms), skipped", e, self._retention_ms)
-        if self._cc.auto_offset_reset == "error":
-            raise OffsetOutOfRangeError(
-                f"topic {self.topic}: {e}: older than the topic's retention ({self._retention_ms} ms); "
-                f"consumer.auto_offset_reset = error", topic=self.topic, partition=rec.partition,
-                offset=rec.offset, oldest=rec.offset + 1) from e
-        return True
-
-    def _finish(self, b: _Batch) -> None:
-        """`b` is fully handed over (or skipped): its offset may be committed."""
-        self._offsets.finished(b.rec.partition, b.rec.offset)
-        self._inflight_bytes -= b.cost
-        self.metrics.batches += 1
-        self.metrics.bytes += b.rec.notification.size
-
-    # --- fetching ahead ------------------------------------------------------------------
+    def read(self, partition: int, offset: int, index: int, timeout: float = 10.0) -> ConsumerRecord:
+        """One LogMessage by position, with ranged GETs: the batch header, then its Message."""
+        self._check_open()
+        return self._random.read(partition, offset, index, timeout)
 
     def _top_up(self, wait_s: float) -> None:
-        """Start fetches within the byte budget; read more notifications if all are started."""
-        self._check_ranges()
-        self._submit_queued()
-        if self._inflight_bytes >= self._cc.prefetch_bytes or any(b.future is None for b in self._queue):
+        """Apply due offset-range resets, start fetches within the byte budget, and read more
+        notifications if all are started."""
+        for reset in self._ranges.resets(self._notify):
+            self.metrics.offset_resets += 1
+            self.metrics.expired += reset.expired
+            self.seek(reset.partition, reset.target)
+        self._prefetch.start()
+        if not self._prefetch.wants_notifications():
             return
         # librdkafka's batch consume waits its whole timeout unless it fills up: wait for one
         # notification, then take what else is already there without waiting.
         records = self._notify.poll(wait_s, max_records=1)
         if records:
-            records += self._notify.poll(0.0, max_records=2 * self._cc.fetch_concurrency)
+            records += self._notify.poll(0.0, max_records=2 * self._fetch_concurrency)
         for r in records:
             self._offsets.fetched(r.partition, r.offset)
-        self._queue.extend(_Batch(r) for r in records)
-        self._submit_queued()
+        self._prefetch.add(records)
 
-    def _check_ranges(self) -> None:
-        """Kafka's OffsetOutOfRange for newly assigned partitions: a committed offset outside
-        the retained notifications follows `consumer.auto_offset_reset`. Checked here rather
-        than left to the Kafka client, since not every Kafka reports it (tansu reads nothing)."""
-        if not self._unchecked:
-            return
-        positions = self._notify.committed(sorted(self._unchecked))   # one request for all of them
-        self._unchecked.clear()
-        for p, committed in positions.items():
-            if committed is None:           # nothing committed: Kafka's reset policy applies anyway
-                continue
-            low, high = self._notify.watermarks(p)
-            if not out_of_range(committed, low, high):
-                continue
-            where = (f"topic {self.topic} read partition {p}: committed position {committed} of group "
-                     f"{self.group_id} is outside the retained notifications {low}..{high - 1} "
-                     f"(oldest available offset {low}) of Kafka topic {self._kafka_topic}")
-            if self._cc.auto_offset_reset == "error":
-                self._unchecked.update(q for q in positions if q >= p)   # raised again on the next poll
-                raise OffsetOutOfRangeError(f"{where}; consumer.auto_offset_reset = error: seek, or set it "
-                                            f"to earliest or latest", topic=self.topic, partition=p,
-                                            offset=committed, oldest=low)
-            target = low if self._cc.auto_offset_reset == "earliest" else high
-            log.warning("%s; reset to %s (%d) by consumer.auto_offset_reset", where, self._cc.auto_offset_reset, target)
-            self.metrics.offset_resets += 1
-            self.metrics.expired += max(0, low - committed)
-            self.seek(p, target)
+    def _lost(self, rec: NotificationRecord, e: DataLossError) -> None:
+        """Count a lost batch as expired or skipped, or raise by the position policy."""
+        if self._policy.lost(rec, e, int(self._clock.time() * 1000)) == "expired":
+            self.metrics.expired += 1
+        else:
+            self.metrics.data_loss_skipped += 1
 
-    def _measure(self, b: _Batch) -> None:
-        """Learn how much memory a batch takes once decoded (records are Python objects, the
-        object is compressed), so the budget bounds memory rather than object bytes."""
-        decoded = sum(h.raw_length + _RECORD_OVERHEAD * h.count for h, _ in b.messages)
-        ratio = decoded / max(1, b.rec.notification.size)
-        self._expansion = ratio if self.metrics.batches == 0 else 0.8 * self._expansion + 0.2 * ratio
+    def _submit(self, rec: NotificationRecord) -> concurrent.futures.Future[DecodedBatch]:
+        return self._reader.submit(batch_pointer(self.topic, rec), partial(build_records, self.topic, rec))
 
-    def _submit_queued(self) -> None:
-        for b in self._queue:
-            if b.future is not None:
-                continue
-            # always let one batch through, however large, so progress never stops
-            if self._inflight_bytes >= self._cc.prefetch_bytes and self._inflight_bytes > 0:
-                break
-            b.cost = int(b.rec.notification.size * self._expansion)
-            self._inflight_bytes += b.cost
-            b.future = self._submit(b.rec)
-
-    def _submit(self, rec: NotificationRecord) -> concurrent.futures.Future[_Decoded]:
-        return self._reader.submit(_pointer(self.topic, rec), partial(self._records, rec))
-
-    def _records(self, rec: NotificationRecord, decoded: Decoded) -> _Decoded:
-        """Bulk-build ConsumerRecords: LogMessage + position tuple, concatenated and re-typed in C
-        (in the reader's CPU worker)."""
-        n = rec.notification
-        topic, partition, offset, loc = self.topic, rec.partition, rec.offset, ObjectLocation(n.bucket, n.key)
-        _, messages = decoded
-        out: _Decoded = []
-        first = 0
-        for h, logs in messages:
-            pid, epoch, seq = h.producer_id, h.epoch, h.sequence
-            tails = [(topic, partition, offset, i, pid, epoch, seq, loc)
-                     for i in range(first, first + len(logs))]
-            out.append((h, list(map(_tuple_new, repeat(ConsumerRecord), map(add, logs, tails)))))
-            first += len(logs)
-        return out
-
-    # --- random access -------------------------------------------------------------------
-
-    def read(self, partition: int, offset: int, index: int, timeout: float = 10.0) -> ConsumerRecord:
-        """One LogMessage by position, with ranged GETs: the batch header, then its Message."""
-        self._check_open()
-        rec = self._notification_at(partition, offset, timeout)
-        n = rec.notification
-        ptr = _pointer(self.topic, rec)
-        if not 0 <= index < n.logmessage_count:
-            raise InvalidInputError(f"index {index} is outside {ptr.describe()} ({n.logmessage_count} LogMessages)")
-        header, log_message = self._reader.read_one(ptr, n.header_size, index, timeout)
-        return ConsumerRecord(*log_message, self.topic, rec.partition, rec.offset, index,
-                              header.producer_id, header.epoch, header.sequence, ptr.location)
-
-    def _notification_at(self, partition: int, offset: int, timeout: float) -> NotificationRecord:
-        """The notification at (partition, offset), read by a throw-away assigned consumer so
-        this consumer's own positions are untouched."""
-        probe = NotificationConsumer(self._kafka_config, self._kafka_topic,
-                                     group_id=f"{self.group_id}.read.{uuid.uuid4().hex[:8]}")
-        try:
-            probe.assign({partition: offset})
-            deadline = time.monotonic() + timeout
-            while time.monotonic() < deadline:
-                for r in probe.poll(min(0.5, max(0.0, deadline - time.monotonic())), max_records=1):
-                    if r.partition == partition and r.offset == offset:
-                        return r
-                    raise InvalidInputError(f"no notification at topic {self.topic} read partition "
-                                            f"{partition} offset {offset} (next is {r.offset})")
-        finally:
-            probe.close()
-        raise ConsumerError(f"no notification at topic {self.topic} read partition {partition} "
-                            f"offset {offset} within {timeout}s")
+    def _finish(self, f: Fetch) -> None:
+        """`f` is fully handed over (or skipped): its offset may be committed."""
+        self._offsets.finished(f.rec.partition, f.rec.offset)
+        self._prefetch.done(f)
+        self.metrics.batches += 1
+        self.metrics.bytes += f.rec.notification.size
 
     # --- offsets -------------------------------------------------------------------------
 
     def commit(self, asynchronous: bool = False) -> dict[int, int]:
         """Commit every fully handed batch; returns the committed {partition: next offset}."""
         self._check_open()
-        offsets = self._offsets.to_commit()
-        if offsets:
-            self._notify.commit(offsets, asynchronous=asynchronous)
-            self._offsets.did_commit(offsets)
-            self.metrics.commits += 1
-        return offsets
-
-    def _maybe_auto_commit(self) -> None:
-        if not self._cc.enable_auto_commit:
-            return
-        now = time.monotonic()
-        if now - self._last_auto_commit >= self._cc.auto_commit_interval_ms / 1000:
-            self._last_auto_commit = now
-            self.commit(asynchronous=True)
+        return self._committer.commit(asynchronous)
 
     def committed(self, partitions: Iterable[int] | None = None) -> dict[int, int | None]:
         self._check_open()
@@ -446,15 +224,15 @@ class Consumer:
     def position(self) -> dict[int, int]:
         """Per assigned partition, the notification offset of the next batch to be handed over."""
         self._check_open()
-        pending = [*([self._current] if self._current else []), *self._queue]
-        return self._offsets.position(self._notify.position(), self.assignment(),
-                                      [(b.rec.partition, b.rec.offset) for b in pending])
+        cur = self._handover.current
+        pending = [*([(cur.rec.partition, cur.rec.offset)] if cur else []), *self._prefetch.pending()]
+        return self._offsets.position(self._notify.position(), self.assignment(), pending)
 
     @property
     def buffered_bytes(self) -> int:
         """Estimated memory held by batches fetched ahead (bounded by consumer.prefetch_bytes,
         or one batch if a single one is larger)."""
-        return self._inflight_bytes
+        return self._prefetch.budget.reserved
 
     def assignment(self) -> list[int]:
         return sorted(self._notify.assignment())
@@ -463,9 +241,8 @@ class Consumer:
         """Continue `partition` at notification `offset`; drops what was fetched ahead for it.
         De-duplication starts afresh: records read again after a seek are wanted again."""
         self._check_open()
-        self._unchecked.discard(partition)          # the application chose where to read
-        if self._dedup is not None:
-            self._dedup.clear()
+        self._ranges.discard({partition})          # the application chose where to read
+        self._handover.clear_dedup()
         self._drop({partition})
         self._notify.seek(partition, offset)
         self._offsets.sought(partition, offset)
@@ -492,41 +269,28 @@ class Consumer:
 
     def _drop(self, partitions: set[int]) -> None:
         """Forget fetched-ahead and current batches of `partitions` (seek, revocation)."""
-        for b in [b for b in self._queue if b.rec.partition in partitions]:
-            self._queue.remove(b)
-            if b.future is not None:
-                b.future.cancel()
-                self._inflight_bytes -= b.cost
-        cur = self._current
-        if cur is not None and cur.rec.partition in partitions:
-            deque(cur.cur, maxlen=0)                # exhaust it: a live poll iterator stops too
-            cur.next_msg = len(cur.messages)
-            self._current = None
-            self._inflight_bytes -= cur.cost
+        self._prefetch.drop(partitions)
+        dropped = self._handover.drop(partitions)
+        if dropped is not None:
+            self._prefetch.done(dropped)
+
+    # --- rebalances and life cycle -------------------------------------------------------
 
     def _on_assign(self, partitions: list[int]) -> None:
         log.info("consumer %s/%s assigned %s", self.group_id, self.topic, partitions)
-        self._unchecked.update(partitions)
+        self._ranges.add(partitions)
         if self._user_on_assign is not None:
             self._user_on_assign(partitions)
 
     def _on_revoke(self, partitions: list[int]) -> None:
         """Commit what was handed over for the partitions leaving us, then drop the rest."""
         mine = set(partitions)
-        offsets = self._offsets.to_commit(mine)
-        if offsets:
-            try:
-                self._notify.commit(offsets, asynchronous=False)
-                self._offsets.did_commit(offsets)
-            except Exception as e:  # the group already moved on; at-least-once covers it
-                log.warning("commit on revoke failed for %s: %s", sorted(offsets), e)
+        self._committer.revoked(mine)
         self._drop(mine)
         self._offsets.forget(mine)
-        self._unchecked -= mine
+        self._ranges.discard(mine)
         if self._user_on_revoke is not None:
             self._user_on_revoke(partitions)
-
-    # --- life cycle ----------------------------------------------------------------------
 
     def _check_open(self) -> None:
         if self._closed:
@@ -537,11 +301,11 @@ class Consumer:
         if self._closed:
             return
         try:
-            if self._cc.enable_auto_commit:
+            if self._committer.auto:
                 self.commit()
         finally:
             self._closed = True
-            self._drop(set(self.assignment()) | {b.rec.partition for b in self._queue})
+            self._drop(set(self.assignment()) | self._prefetch.partitions())
             try:
                 self._notify.close()
             finally:

@@ -1,4 +1,4 @@
-"""Counters of one Producer (plain numbers, like ConsumerMetrics: a client has no metrics endpoint)."""
+"""Counters of one Producer or Consumer (plain numbers: a client has no metrics endpoint)."""
 
 from __future__ import annotations
 
@@ -21,3 +21,18 @@ class ProducerMetrics:
             self.throttled_acks += 1
             self.throttle_ms_total += throttle_ms
             self.throttle_ms_max = max(self.throttle_ms_max, throttle_ms)
+
+
+@dataclass
+class ConsumerMetrics:
+    """Counters of one Consumer, kept by its parts (handover, policy, commits) as they act."""
+
+    records: int = 0
+    batches: int = 0
+    bytes: int = 0
+    duplicates_dropped: int = 0        # LogMessages of dropped duplicate Messages
+    duplicate_messages: int = 0        # Messages dropped as duplicates
+    data_loss_skipped: int = 0
+    expired: int = 0                   # notifications and objects past retention, skipped (never "lost")
+    offset_resets: int = 0             # positions outside the retained notifications, reset
+    commits: int = 0

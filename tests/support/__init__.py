@@ -1,1 +1,1 @@
-"""Typed fakes and helpers shared by tests (import from here, not from other test modules)."""
+"""Typed fakes and helpers shared by tests: import them from here, never from another test module."""
