@@ -98,7 +98,13 @@ async def test_a_connection_stops_reading_once_its_waiting_requests_fill_their_b
             for rid in range(10, 10 + waiting):
                 await ws.send_bytes(encode_request(rid, AckLevel.LEADER, "slow", good_message(rid, size=size)))
             await ws.send_bytes(encode_request(5, AckLevel.LEADER, "fast", good_message(5)))
-            await asyncio.sleep(1.0)
+            # the broker moves on: another connection's requests, sent after 5, are read and acked
+            async with s.ws_connect(broker.url + "/v1/produce") as other:
+                for rid in (6, 7):
+                    await other.send_bytes(encode_request(rid, AckLevel.LEADER, "fast", good_message(rid)))
+                    async with asyncio.timeout(5):
+                        reply = await other.receive()
+                    assert [a.id for a in decode_acks(reply.data)] == [rid]
             assert 5 not in acks                        # behind the request that did not fit
             storage.gate.set()
             await until(lambda: 5 in acks and len(acks) == 3 + waiting, 20)

@@ -140,10 +140,11 @@ async def test_flagged_message_seals_at_once_without_waiting_batch_ms(tmp_path: 
     # the slot is free again, no timer left behind (freed once every part's announce returned:
     # a step after the acks went out, which a loaded machine lets this test see)
     await async_wait_for(lambda: h.proc.busy_slots == 0, 2.0, "the batch's slot freed")
-    await h.append(3)                           # the next Message opens a fresh batch
-    await asyncio.sleep(0.05)
-    assert len(h.acks) == 2
-    assert h.metrics.registry.get_sample_value("memq_broker_flush_seals_total", {"topic": "t1"}) == 1
+    await h.append(3)                           # the next Message opens a fresh batch ...
+    await h.append(4, seal=True)                # ... which only the next flush seals, 3 with 4
+    await h.wait_acks(4, timeout=2.0)
+    assert len(h.storage.puts) == 2 and h.acks[2].key == h.acks[3].key == h.storage.puts[1].key
+    assert h.metrics.registry.get_sample_value("memq_broker_flush_seals_total", {"topic": "t1"}) == 2
 
 
 async def test_ack_one_is_immediate_and_ack_zero_silent(tmp_path: Path) -> None:
@@ -166,7 +167,7 @@ async def test_ring_full_waits_then_busy_and_never_exceeds_slots(tmp_path: Path)
     assert time.monotonic() - t0 >= 0.19
     assert h.proc.busy_slots == 2
     waiter = asyncio.create_task(h.append(4))   # waits for a slot ...
-    await asyncio.sleep(0.05)
+    await async_wait_for(lambda: h.proc.waiting_for_slot == 1, 2.0, "the append waiting for a slot")
     assert not waiter.done()
     h.storage.gate.set()                        # ... and gets one when storage recovers
     assert await waiter is None
@@ -247,7 +248,7 @@ async def test_a_resent_message_still_held_is_not_stored_twice_and_gets_the_orig
     h.storage.gate.clear()                       # storage is slow: the batch sits uploading
     await h.append(1)
     await h.append(2)
-    await asyncio.sleep(0.1)
+    await async_wait_for(lambda: h.storage.active == 1, 2.0, "the batch sealed by batch_ms, uploading")
     assert await resend(h, 1, 101) is None       # held in the uploading batch: wait for its outcome
     assert await resend(h, 1, 102, AckLevel.LEADER) == Ack(102, True)
     assert h.acks == []
@@ -261,7 +262,7 @@ async def test_a_resent_message_still_held_is_not_stored_twice_and_gets_the_orig
     # once stored, a resend is answered at once with the original's location
     again = await resend(h, 2, 103)
     assert again == dataclasses.replace(by_id[2], id=103)
-    await asyncio.sleep(0.1)
+    await h.proc.close()                          # seals and stores whatever it still holds: nothing
     assert len(h.storage.puts) == 1 and duplicates(h) == 3
 
 
@@ -270,7 +271,7 @@ async def test_a_resend_after_a_failed_batch_is_stored_and_its_waiting_duplicate
     h.storage.gate.clear()
     h.storage.fail = True
     await h.append(1)
-    await asyncio.sleep(0.1)
+    await async_wait_for(lambda: h.storage.active == 1, 2.0, "the batch sealed by batch_ms, uploading")
     await resend(h, 1, 101)
     h.storage.gate.set()
     await h.wait_acks(2)

@@ -67,6 +67,7 @@ class TopicProcessor:
         self._busy_wait_s = busy_wait_s
         self._slots = asyncio.Semaphore(topic.ring_slots)
         self._busy = 0
+        self._waiting = 0             # appends waiting for a batch slot
         self._small = 0               # taken small batches whose slot was given back, and their bytes
         self._small_bytes = 0
         self._filling: Batch | None = None
@@ -98,6 +99,11 @@ class TopicProcessor:
     @property
     def busy_slots(self) -> int:
         return self._busy
+
+    @property
+    def waiting_for_slot(self) -> int:
+        """Appends now waiting for a free batch slot (each answers BUSY after `busy_wait_s`)."""
+        return self._waiting
 
     def can_append_now(self) -> bool:
         """An `append` now would not wait for a batch slot (it may still answer CLOSING)."""
@@ -163,11 +169,14 @@ class TopicProcessor:
                 return None
             if self._slots.locked():   # else acquire() returns at once: no timeout to arm
                 remaining = self._busy_wait_s - (clock.monotonic() - t0)
+                self._waiting += 1
                 try:
                     async with asyncio.timeout(max(remaining, 0.0)):
                         await self._slots.acquire()
                 except TimeoutError:
                     return None
+                finally:
+                    self._waiting -= 1
             else:
                 await self._slots.acquire()
             if self._filling is not None or self._closing:   # another request opened one meanwhile
