@@ -1,4 +1,5 @@
-"""The part of kustomize that deploy/kubernetes uses, to render it where no kustomize binary is:
+"""The part of kustomize that deploy/kubernetes uses, to render it where no kustomize binary is
+(where kubectl is, tests/test_deploy_kubernetes.py checks both render the same):
 `resources`, `namespace`, `images`, `configMapGenerator` (files; create or replace, without a
 hash suffix) and JSON 6902 `patches` with a kind/name target. Any other field fails, so an
 overlay that needs more fails its test instead of rendering differently from kustomize."""

@@ -7,11 +7,14 @@ from __future__ import annotations
 import copy
 import re
 import shlex
+import shutil
+import subprocess
 import tomllib
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from kubernetes_validate import validate
 from kubernetes_validate.utils import ValidationError
 
@@ -40,6 +43,20 @@ def test_every_rendered_manifest_passes_the_kubernetes_schemas_strictly(overlay:
     assert {d["kind"] for d in docs} == {"ServiceAccount", "Deployment", "Service", "PodDisruptionBudget", "ConfigMap"}
     for doc in docs:
         validate(doc, K8S_VERSION, strict=True)
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS, ids=lambda p: p.name)
+def test_the_renderer_agrees_with_kubectl_kustomize(overlay: Path) -> None:
+    """Where kubectl is installed, its kustomize renders exactly what the suite checks."""
+    if shutil.which("kubectl") is None:
+        pytest.skip("kubectl not found: the manifests are checked as tests/kustomize_lite.py renders them")
+    out = subprocess.run(["kubectl", "kustomize", str(overlay)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    real = [d for d in yaml.safe_load_all(out.stdout) if d]
+
+    def key(d: Doc) -> tuple[str, str]:
+        return d["kind"], d["metadata"]["name"]
+    assert sorted(real, key=key) == sorted(render(overlay), key=key)
 
 
 def test_the_schema_check_rejects_a_misspelled_field() -> None:
