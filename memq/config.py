@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import logging
 import os
 import re
 import tomllib
@@ -28,6 +29,7 @@ MiB = 1024 * 1024
 INTERNAL_PREFIX = "__"      # topic names reserved for memq's own topics (the audit topic)
 DEFAULT_STORAGE_GROUP = "shared"   # the cluster's one shared storage group, unless a topic names another
 _KEY_SEGMENT = re.compile(r"[A-Za-z0-9._-]+")
+_log = logging.getLogger(__name__)
 
 
 def setting(default: Any, *, ge: float | None = None, gt: float | None = None,
@@ -577,8 +579,7 @@ def load_config(path: str | os.PathLike[str] | None = None,
     Topics come from `[[topics]]` tables in the file. A missing or unreadable file, an
     unknown section or key, or a bad value raises `ConfigError` naming it.
     """
-    env = os.environ if env is None else env
-    _reject_unknown_env(env)
+    env = _settings_env(os.environ if env is None else env)
     raw: dict[str, Any] = {}
     if path is not None:
         p = Path(path)
@@ -615,11 +616,49 @@ def load_config(path: str | os.PathLike[str] | None = None,
     return MemqConfig(**sections, topics=tuple(topics))
 
 
-def _reject_unknown_env(env: Mapping[str, str]) -> None:
-    """A misspelled MEMQ_* variable would be silently ignored: name it and the closest valid one."""
-    valid = {CONFIG_FILE_VAR} | {env_var(name, f.name) for name, cls in _SECTIONS.items()
-                                 for f in dataclasses.fields(cls)}
-    unknown = sorted(v for v in env if v.startswith(ENV_PREFIX) and v not in valid)
-    if unknown:
+#: Variables Kubernetes injects for every Service in a pod's namespace: for a Service `memq`,
+#: MEMQ_SERVICE_HOST, MEMQ_SERVICE_PORT[_NAME], MEMQ_PORT and MEMQ_PORT_8080_TCP[_ADDR|_PORT|_PROTO].
+_SERVICE_LINK = re.compile(r"(?:\w+_)?(?:SERVICE_HOST|SERVICE_PORT(?:_\w+)?"
+                           r"|PORT_\d+_(?:TCP|UDP|SCTP)(?:_(?:ADDR|PORT|PROTO))?)")
+#: A link's bare `NAME_PORT` counts only with a link's value (tcp://10.0.0.7:8080): MEMQ_BROKER_PORT
+#: from a Service `memq-broker` is such a link, never broker.port; MEMQ_BROKER_HTTP_PORT=8081 is a typo.
+_SERVICE_LINK_PORT = re.compile(r"(?:\w+_)?PORT")
+_SERVICE_LINK_URL = re.compile(r"(?:tcp|udp|sctp)://[^/\s]+:\d+")
+#: How close a name that does not start with a section must be to a setting to count as its typo.
+_TYPO_CUTOFF = 0.9
+
+
+def _is_service_link(var: str, value: str) -> bool:
+    name = var[len(ENV_PREFIX):]
+    return bool(_SERVICE_LINK.fullmatch(name)
+                or _SERVICE_LINK_PORT.fullmatch(name) and _SERVICE_LINK_URL.fullmatch(value))
+
+
+def _settings_env(env: Mapping[str, str]) -> dict[str, str]:
+    """The MEMQ_* variables of `env` that configure memq; other MEMQ_* names are ignored.
+
+    A process shares its environment with things that are not memq's settings: Kubernetes
+    injects service links (MEMQ_PORT, MEMQ_BROKER_SERVICE_HOST, ... for Services named memq*)
+    and a shell may hold MEMQ_SRC or MEMQ_HOME. Such names are logged at debug and ignored.
+    A name that starts with a section (MEMQ_PRODUCER_LINGERMS), or nearly spells a setting,
+    is a typo that would silently do nothing: it fails, naming the closest valid variable.
+    """
+    valid = {env_var(name, f.name) for name, cls in _SECTIONS.items() for f in dataclasses.fields(cls)}
+    sections = tuple(f"{ENV_PREFIX}{name.upper()}_" for name in _SECTIONS)
+    settings: dict[str, str] = {}
+    typos: list[str] = []
+    for var, value in env.items():
+        if not var.startswith(ENV_PREFIX) or var == CONFIG_FILE_VAR:
+            continue
+        if _is_service_link(var, value):
+            _log.debug("ignoring %s: a Kubernetes service link, not a memq setting", var)
+        elif var in valid:
+            settings[var] = value
+        elif var.startswith(sections) or difflib.get_close_matches(var, valid, n=1, cutoff=_TYPO_CUTOFF):
+            typos.append(var)
+        else:
+            _log.debug("ignoring %s: names no config section, so it is not a memq setting", var)
+    if typos:
         raise ConfigError("unknown environment variable(s) "
-                          + ", ".join(v + _did_you_mean(v, valid) for v in unknown))
+                          + ", ".join(v + _did_you_mean(v, valid) for v in sorted(typos)))
+    return settings

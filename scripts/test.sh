@@ -6,12 +6,14 @@ source scripts/_venv.sh
 ensure_venv test
 
 # System packages the suite needs: Java for ZooKeeper, chromium for the dashboard browser tests,
-# kcat for the Kafka-listener test with a stock Kafka CLI producer.
+# kcat for the Kafka-listener test with a stock Kafka CLI producer, prometheus (and its promtool)
+# for the alert-rule tests of deploy/prometheus.
 missing=()
 command -v java >/dev/null || missing+=(default-jre-headless)
 command -v iptables >/dev/null || missing+=(iptables)
 command -v chromium >/dev/null || command -v chromium-browser >/dev/null || missing+=(chromium)
 command -v kcat >/dev/null || missing+=(kcat)
+command -v promtool >/dev/null || missing+=(prometheus)
 if (( ${#missing[@]} )); then
     if [[ "$(id -u)" == 0 ]] && command -v apt-get >/dev/null; then
         echo "==> apt-get install ${missing[*]}"

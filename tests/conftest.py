@@ -33,3 +33,8 @@ def unique_name(request: pytest.FixtureRequest) -> Callable[[str], str]:
         return f"{prefix}-{test}-{uuid.uuid4().hex[:8]}"
 
     return make
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # Also marked slow, so the default suite leaves it out; run with `-m container`.
+    config.addinivalue_line("markers", "container: builds and runs the OCI image (podman), see tests/test_image.py")
