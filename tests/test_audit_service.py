@@ -21,7 +21,7 @@ from memq.audit.emitter import AuditEmitter, make_audit_sink
 from memq.audit.records import AuditRecord, Kind
 from memq.audit.store import AuditStore
 from memq.config import MemqConfig
-from waiting import async_wait_for
+from tests.support.waiting import async_wait_for
 
 pytestmark = pytest.mark.integration
 GRACE_S = 2.0

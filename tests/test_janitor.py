@@ -31,7 +31,7 @@ from memq.notify import NotificationConsumer, NotificationPublisher, TopicAdmin
 from memq.storage import make_storage
 from memq.storage.base import ObjectLocation
 
-from waiting import wait_for
+from tests.support.waiting import wait_for
 
 
 def _notification(topic: str, loc: ObjectLocation) -> Notification:
