@@ -17,7 +17,7 @@ from pathlib import Path
 
 import boto3
 import pytest
-from test_audit_service import GRACE_S, audit_config
+from tests.support.audit import GRACE_S, audit_config
 from tests.support.waiting import async_wait_for
 
 from memq.audit.books import BOOKS_MS

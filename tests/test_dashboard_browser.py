@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from test_audit_service import GRACE_S, audit_config, emit_traffic
+from tests.support.audit import GRACE_S, audit_config, emit_traffic
 from tests.support.waiting import async_wait_for
 
 from memq.audit.dashboard import AuditService

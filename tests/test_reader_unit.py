@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import logging
-import time
-from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
 import pytest
 
@@ -12,11 +11,11 @@ from memq.client.consumer import Consumer
 from memq.client.positions import Offsets
 from memq.client.reader import BatchPointer, BatchReader, DataLossPolicy, read_in_order
 from memq.config import ConsumerConfig, MemqConfig
-from memq.errors import DataLossError, ObjectNotFoundError
-from memq.format import (NOTIFICATION_VERSION, LogMessage, Notification, decode_message_header, encode_batch,
-                         encode_message, object_crc32c)
+from memq.errors import DataLossError
 from memq.notify import NotificationRecord
 from memq.storage import ObjectLocation
+
+from tests.support.reader import FakeNotifications, MemorySource, batch, recs, values
 
 
 # --- pure bookkeeping --------------------------------------------------------------------------
@@ -55,100 +54,12 @@ def test_data_loss_policy_raises_with_hint_or_logs(caplog: pytest.LogCaptureFixt
     assert "b/k" in caplog.text
 
 
-# --- fakes -------------------------------------------------------------------------------------
-
-
-class MemorySource:
-    """An ObjectSource over a dict (what a StorageHandler is to the reader)."""
-
-    def __init__(self, objects: dict[str, bytes]) -> None:
-        self.objects = objects
-
-    async def get(self, loc: ObjectLocation) -> bytes:
-        try:
-            return self.objects[loc.key]
-        except KeyError:
-            raise ObjectNotFoundError(f"no object {loc.key}") from None
-
-    async def get_range(self, loc: ObjectLocation, start: int, length: int) -> bytes:
-        return (await self.get(loc))[start:start + length]
-
-    async def close(self) -> None:
-        pass
-
-
-class FakeNotifications:
-    """A NotificationSource over a list of records on one partition; records commits."""
-
-    def __init__(self, records: list[NotificationRecord]) -> None:
-        self.records = records
-        self.at = 0
-        self.commits: list[dict[int, int]] = []
-        self.closed = False
-
-    def subscribe(self, on_assign: Callable[[list[int]], None] | None = None,
-                  on_revoke: Callable[[list[int]], None] | None = None) -> None:
-        if on_assign:
-            on_assign([0])
-
-    def assignment(self) -> list[int]:
-        return [0]
-
-    def poll(self, timeout_s: float, max_records: int = 500) -> list[NotificationRecord]:
-        out = self.records[self.at:self.at + max_records]
-        self.at += len(out)
-        return out
-
-    def seek(self, partition: int, offset: int) -> None:
-        self.at = offset
-
-    def position(self, partitions: Iterable[int] | None = None) -> dict[int, int | None]:
-        return {0: self.at}
-
-    def commit(self, offsets: Mapping[int, int], asynchronous: bool = False) -> None:
-        self.commits.append(dict(offsets))
-
-    def committed(self, partitions: Iterable[int]) -> dict[int, int | None]:
-        return {0: self.commits[-1][0] if self.commits else None}
-
-    def watermarks(self, partition: int) -> tuple[int, int]:
-        return 0, len(self.records)
-
-    def offsets_for_times(self, ts_ms: int) -> dict[int, int]:
-        return {0: 0}
-
-    def close(self) -> None:
-        self.closed = True
-
-
-def batch(key: str, messages: list[tuple[int, int, list[LogMessage]]], offset: int,
-          objects: dict[str, bytes]) -> NotificationRecord:
-    """Store a batch of (producer id, sequence, records) Messages under `key`; its notification."""
-    msgs = [encode_message(recs, producer_id=pid, epoch=0, sequence=seq) for pid, seq, recs in messages]
-    headers = [decode_message_header(m) for m in msgs]
-    chunks = encode_batch(msgs, headers, broker_id="t", created_ms=1)
-    objects[key] = b"".join(chunks)
-    note = Notification(v=NOTIFICATION_VERSION, topic="t", bucket="b", key=key, size=len(objects[key]),
-                        header_size=len(chunks[0]), message_count=len(msgs),
-                        logmessage_count=sum(h.count for h in headers), min_timestamp_ms=1, max_timestamp_ms=9,
-                        crc32c=object_crc32c(chunks), broker_id="t", attempt=0, created_ms=1)
-    return NotificationRecord(0, offset, int(time.time() * 1000), note)   # published now: inside retention
-
-
-def recs(*values: str) -> list[LogMessage]:
-    return [LogMessage(v.encode(), None, (), 5) for v in values]
-
-
 def consumer(records: list[NotificationRecord], objects: dict[str, bytes],
-             **cc: object) -> tuple[Consumer, FakeNotifications]:
-    config = MemqConfig(consumer=ConsumerConfig(**cc))   # type: ignore[arg-type]
+             **cc: Any) -> tuple[Consumer, FakeNotifications]:
+    config = MemqConfig(consumer=ConsumerConfig(**cc))
     notes = FakeNotifications(records)
     reader = BatchReader(config, 2, source=lambda: MemorySource(objects))
     return Consumer(config, "t", notifications=notes, reader=reader), notes
-
-
-def values(c: Consumer, batches: int) -> list[bytes]:
-    return [bytes(r.value) for _ in range(batches) for r in c.poll(5)]
 
 
 # --- the Consumer over the fakes -------------------------------------------------------------
