@@ -28,6 +28,7 @@ from tests.support.cli import MEMQ, consume_until, memq, processes_under, start_
 
 pytestmark = [pytest.mark.integration]
 
+
 @pytest.fixture(scope="module")
 def served(devcluster: DevCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, str]]:
     """A broker process hosting one topic, and a client config file naming it."""

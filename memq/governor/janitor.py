@@ -64,6 +64,7 @@ from . import retention
 
 log = logging.getLogger(__name__)
 
+
 class JanitorMetrics:
     """The janitor's counters. Its LIST and DeleteObjects requests are `memq_storage_attempts
     {op="list"|"delete_many"}` of its own storage handler, on the same registry."""
