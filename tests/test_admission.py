@@ -12,8 +12,8 @@ from typing import Any
 import aiohttp
 import pytest
 
-from inproc import NullAdmin, NullPublisher
-from kafka_frames import produce_body, record_batch, request
+from tests.support.inproc import NullAdmin, NullPublisher
+from tests.support.kafka_frames import produce_body, record_batch, request
 from memq.broker.admission import Admission, Entry, Refusal, Ticket
 from memq.broker.guard import Guard
 from memq.broker.metrics import BrokerMetrics

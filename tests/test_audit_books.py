@@ -7,26 +7,12 @@ import dataclasses
 
 import pytest
 
-from memq.audit.books import BOOKS_MS, LIVE_MS, Books, BooksSettings, Status
+from memq.audit.books import BOOKS_MS, LIVE_MS, Books, Status
 from memq.audit.dashboard import series_json
-from memq.audit.records import AuditRecord, Kind, decode_records, encode_records
+from memq.audit.records import decode_records, encode_records
 from memq.errors import CorruptDataError, UnsupportedVersionError
 
-SETTINGS = BooksSettings(grace_ms=5_000, retention_ms=60_000, warn_lag_ms=3_000, stall_ms=4_000,
-                         skew_ms=0)
-T0 = 1_700_000_000_000 - 1_700_000_000_000 % BOOKS_MS   # a minute boundary
-
-
-def prod(seq: int, count: int = 10, created: int = T0, acked: int | None = None, digest: int = 7,
-         topic: str = "t", pid: int = 1) -> AuditRecord:
-    return AuditRecord(Kind.PRODUCED, topic, "", pid, 0, seq, count, digest, created,
-                       created + 5 if acked is None else acked)
-
-
-def cons(seq: int, count: int = 10, created: int = T0, consumed: int | None = None,
-         digest: int = 7, topic: str = "t", group: str = "g", pid: int = 1) -> AuditRecord:
-    return AuditRecord(Kind.CONSUMED, topic, group, pid, 0, seq, count, digest, created,
-                       created + 100 if consumed is None else consumed)
+from tests.support.audit import SETTINGS, T0, cons, prod
 
 
 def test_records_roundtrip_and_bad_bytes() -> None:

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import boto3
 import pytest
-from test_audit_service import GRACE_S, audit_config
-from waiting import async_wait_for
+from tests.support.audit import GRACE_S, audit_config
+from tests.support.waiting import async_wait_for
 
 from memq.audit.books import BOOKS_MS
 from memq.audit.dashboard import AuditService

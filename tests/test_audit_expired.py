@@ -5,7 +5,7 @@ from __future__ import annotations
 from memq.audit.books import Books, Status
 from memq.audit.records import AuditRecord, Kind, decode_records, encode_records
 
-from test_audit_books import SETTINGS, T0, cons, prod
+from tests.support.audit import SETTINGS, T0, cons, prod
 
 
 def expired(before_ms: int, topic: str = "t") -> AuditRecord:

@@ -21,36 +21,10 @@ from memq.audit.emitter import AuditEmitter, make_audit_sink
 from memq.audit.records import AuditRecord, Kind
 from memq.audit.store import AuditStore
 from memq.config import MemqConfig
-from waiting import async_wait_for
+from tests.support.audit import GRACE_S, audit_config, emit_traffic
+from tests.support.waiting import async_wait_for
 
 pytestmark = pytest.mark.integration
-GRACE_S = 2.0
-
-
-def audit_config(memq_config: MemqConfig, unique_name: Callable[[str], str], **audit: object) -> MemqConfig:
-    """The dev cluster's config with a private audit topic and a short grace period."""
-    settings = {"topic": unique_name("audit"), "grace_s": GRACE_S, "flush_ms": 50,
-                "partition_skew_s": 0.0, **audit}
-    a = dataclasses.replace(memq_config.audit, **settings)
-    return dataclasses.replace(memq_config, audit=a)
-
-
-def emit_traffic(em: AuditEmitter, topic: str, group: str, *, messages: int, count: int,
-                 lose: range = range(0), duplicate: range = range(0), corrupt: range = range(0),
-                 first_seq: int = 0) -> int:
-    """Report `messages` Messages as produced, and as consumed except `lose`; returns now_ms."""
-    now = int(time.time() * 1000)
-    for s in range(first_seq, first_seq + messages):
-        created = now - 500 + s % 100
-        em.produced(topic=topic, producer_id=42, epoch=1, sequence=s, count=count, digest=1000 + s,
-                    created_ms=created)
-        if s in lose:
-            continue
-        for _ in range(2 if s in duplicate else 1):
-            em.consumed(topic=topic, group=group, producer_id=42, epoch=1, sequence=s, count=count,
-                        digest=1000 + s + (s in corrupt), created_ms=created, consumed_ms=created + 80)
-    assert em.flush(10) == 0 and em.stats().failed == 0 and em.stats().dropped == 0
-    return now
 
 
 def summary(service: AuditService) -> dict[tuple[str, str], object]:

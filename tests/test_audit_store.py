@@ -6,7 +6,7 @@ from pathlib import Path
 
 from memq.audit.books import BOOKS_MS, Books
 from memq.audit.store import AuditStore
-from test_audit_books import SETTINGS, T0, cons, prod
+from tests.support.audit import SETTINGS, T0, cons, prod
 
 
 def test_incremental_commits_reload_into_identical_books(tmp_path: Path) -> None:

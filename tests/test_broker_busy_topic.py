@@ -17,7 +17,7 @@ from memq.broker.doors.websocket import MAX_PARKED_BYTES
 from memq.config import BrokerConfig, MemqConfig, StorageConfig, TopicConfig
 from memq.format.wire import Ack, AckLevel, RequestFlag, decode_acks, encode_request
 from memq.storage import FileStorageHandler, ObjectLocation
-from inproc import NullAdmin, NullPublisher
+from tests.support.inproc import NullAdmin, NullPublisher
 from test_broker_bad_input import good_message
 
 

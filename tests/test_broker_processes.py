@@ -17,7 +17,7 @@ from memq.devcluster import DevCluster
 from memq.devcluster.broker_process import BrokerProcess
 from memq.devcluster.process import free_port
 from memq.errors import MemqError
-from faultproxy import FaultPlan, FaultProxy
+from tests.support.faultproxy import FaultPlan, FaultProxy
 from test_broker_integration import producer_config, read_notifications, read_stored, topic_config
 
 pytestmark = pytest.mark.integration

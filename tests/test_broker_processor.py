@@ -23,8 +23,8 @@ from memq.errors import NotifyError, StorageError
 from memq.format import Codec, LogMessage, Notification, decode_batch, encode_message
 from memq.format.wire import Ack, AckCode, AckLevel
 from memq.storage import FileStorageHandler, ObjectLocation
-from inproc import OneByOne
-from waiting import async_wait_for
+from tests.support.inproc import OneByOne
+from tests.support.waiting import async_wait_for
 
 
 class GatedStorage:

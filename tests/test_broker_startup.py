@@ -16,7 +16,7 @@ from memq.config import BrokerConfig, MemqConfig, StorageConfig, TopicConfig
 from memq.devcluster.process import free_port
 from memq.errors import NotifyError
 from memq.notify import KafkaTopic
-from inproc import NullPublisher
+from tests.support.inproc import NullPublisher
 
 
 class GatedAdmin:

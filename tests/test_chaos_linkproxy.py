@@ -18,7 +18,7 @@ import pytest
 from memq.chaos.linkproxy import LinkShape, due_time
 from memq.devcluster.process import free_port
 from memq.errors import ConfigError
-from waiting import wait_for
+from tests.support.waiting import wait_for
 
 
 def test_due_times_keep_stream_order_and_stay_within_jitter() -> None:

@@ -7,8 +7,6 @@ import os
 import re
 import signal
 import subprocess
-import sys
-import tempfile
 import time
 import urllib.request
 import uuid
@@ -26,17 +24,9 @@ from memq.devcluster.broker_process import BrokerProcess, config_toml
 from memq.errors import ConfigError
 from memq.governor.registry import Registry
 from memq.notify import TopicAdmin
+from tests.support.cli import MEMQ, consume_until, memq, processes_under, start_dev, stop_dev
 
 pytestmark = [pytest.mark.integration]
-
-MEMQ = str(Path(sys.executable).with_name("memq"))
-
-
-def memq(*args: str, config: Path | None = None, input: bytes | None = None, timeout: float = 60,
-         env: dict[str, str] | None = None) -> subprocess.CompletedProcess[bytes]:
-    argv = [MEMQ, *(["--config", str(config)] if config else []), *args]
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("MEMQ_")}
-    return subprocess.run(argv, input=input, capture_output=True, timeout=timeout, env={**clean, **(env or {})})
 
 
 @pytest.fixture(scope="module")
@@ -177,86 +167,6 @@ def test_internal_topic_names_are_reserved() -> None:
     assert memq_topic_of("memq.c2.orders", "c1") is None
 
 
-def _processes_under(run_dir: Path) -> list[int]:
-    """Live processes whose command line or working directory points into `run_dir`."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            cwd = os.readlink(entry / "cwd")
-        except OSError:
-            continue
-        if str(run_dir) in cmd or cwd.startswith(str(run_dir)):
-            found.append(int(entry.name))
-    return found
-
-
-def _consume_until(config: Path, topic: str, wanted: set[str], timeout_s: float = 60) -> list[str]:
-    """Run `memq consume` (demo traffic never goes idle) until `wanted` lines came, then
-    Ctrl-C it, which must end it cleanly."""
-    with tempfile.TemporaryFile() as stderr:   # a file, not a pipe: nobody reads it until the end
-        proc = subprocess.Popen([MEMQ, "--config", str(config), "consume", topic, "--group",
-                                 f"check-{uuid.uuid4().hex[:6]}", "--from-beginning"],
-                                stdout=subprocess.PIPE, stderr=stderr)
-
-        def why() -> str:
-            stderr.seek(0)
-            return stderr.read().decode(errors="replace")[-3000:]
-        values: list[str] = []
-        try:
-            deadline = time.monotonic() + timeout_s
-            assert proc.stdout is not None
-            while not wanted <= set(values):
-                assert time.monotonic() < deadline and proc.poll() is None, \
-                    f"wanted {wanted} not consumed (exit {proc.poll()}); memq consume said:\n{why()}"
-                values.append(proc.stdout.readline().decode().rstrip("\n"))
-            proc.send_signal(signal.SIGINT)
-            assert proc.wait(30) == 0, why()
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait(10)
-    return values
-
-
-def _start_dev(run_dir: Path, *args: str) -> tuple[subprocess.Popen[bytes], dict[str, str]]:
-    """`memq dev` in its own session, and the `name: value` endpoint lines it printed."""
-    proc = subprocess.Popen([MEMQ, "dev", "--duration", "150", "--run-dir", str(run_dir), *args],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
-    endpoints: dict[str, str] = {}
-    deadline = time.monotonic() + 90
-    assert proc.stdout is not None
-    while "config" not in endpoints:
-        if time.monotonic() > deadline or proc.poll() is not None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            raise AssertionError(f"memq dev did not start: {endpoints}")
-        line = proc.stdout.readline().decode()
-        if m := re.match(r"^(\w[\w ]*):\s+(\S.*)$", line):
-            endpoints[m.group(1)] = m.group(2).strip()
-    return proc, endpoints
-
-
-def _stop_dev(proc: subprocess.Popen[bytes], run_dir: Path) -> str:
-    """SIGTERM `memq dev`: it exits 0 and leaves no process behind. Returns its last output."""
-    try:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-        assert proc.wait(60) == 0
-        assert proc.stdout is not None
-        tail = proc.stdout.read().decode()
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(10)
-    deadline = time.monotonic() + 10
-    while (left := _processes_under(run_dir)) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert left == [], f"processes left behind: {left}"
-    return tail
-
-
 def _governed(config: Path, topic: str) -> tuple[str, dict[str, str]]:
     """The governor named by `memq governor status`, and `topic`'s brokers -> racks from ZooKeeper."""
     r = memq("governor", "status", config=config)
@@ -272,7 +182,7 @@ def _governed(config: Path, topic: str) -> tuple[str, dict[str, str]]:
 @pytest.mark.timeout(180)
 def test_memq_dev_serves_a_round_trip_and_stops_clean(tmp_path: Path) -> None:
     run_dir = (tmp_path / "dev").resolve()
-    proc, endpoints = _start_dev(run_dir, "--rate", "200")
+    proc, endpoints = start_dev(run_dir, "--rate", "200")
     try:
         assert {"S3", "Kafka", "ZooKeeper", "brokers", "governor", "placement", "audit"} <= endpoints.keys()
         audit = re.fullmatch(r"http://127\.0\.0\.1:(\d+)/", endpoints["audit"])
@@ -287,24 +197,24 @@ def test_memq_dev_serves_a_round_trip_and_stops_clean(tmp_path: Path) -> None:
         marker = uuid.uuid4().hex
         r = memq("produce", "demo", config=config, input=f"{marker} one\n{marker} two\n".encode())
         assert r.returncode == 0, r.stderr.decode()
-        values = _consume_until(config, "demo", {f"{marker} one", f"{marker} two"})
+        values = consume_until(config, "demo", {f"{marker} one", f"{marker} two"})
         assert any(v.startswith("demo message") for v in values)     # the demo producer runs
-        assert _processes_under(run_dir)                              # (the check below can see them)
+        assert processes_under(run_dir)                              # (the check below can see them)
     finally:
-        tail = _stop_dev(proc, run_dir)
+        tail = stop_dev(proc, run_dir)
     assert re.search(r"consumed [1-9]", tail), tail            # the live demo counts
 
 
 @pytest.mark.timeout(120)
 def test_memq_dev_with_one_broker_places_the_topic_there_and_says_so(tmp_path: Path) -> None:
     run_dir = (tmp_path / "dev1").resolve()
-    proc, endpoints = _start_dev(run_dir, "--brokers", "1", "--rate", "0")
+    proc, endpoints = start_dev(run_dir, "--brokers", "1", "--rate", "0")
     try:
         assert "no failover" in endpoints["placement"], endpoints
         config = Path(endpoints["config"])
         assert _governed(config, "demo") == ("b1", {"b1": "rack-a"})
         r = memq("produce", "demo", config=config, input=b"solo\n")
         assert r.returncode == 0, r.stderr.decode()
-        assert _consume_until(config, "demo", {"solo"}) == ["solo"]
+        assert consume_until(config, "demo", {"solo"}) == ["solo"]
     finally:
-        _stop_dev(proc, run_dir)
+        stop_dev(proc, run_dir)

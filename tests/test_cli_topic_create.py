@@ -12,7 +12,7 @@ import pytest
 
 from memq.config import load_config
 from memq.notify import TopicAdmin
-from test_cli import _consume_until, _start_dev, _stop_dev, memq
+from tests.support.cli import consume_until, memq, start_dev, stop_dev
 
 pytestmark = [pytest.mark.integration]
 
@@ -25,7 +25,7 @@ def audit_rows(url: str) -> dict[tuple[str, str], dict]:
 @pytest.mark.timeout(240)
 def test_topic_create_yields_a_topic_that_takes_messages(tmp_path: Path) -> None:
     run_dir = (tmp_path / "dev").resolve()
-    proc, endpoints = _start_dev(run_dir, "--brokers", "1", "--rate", "0")
+    proc, endpoints = start_dev(run_dir, "--brokers", "1", "--rate", "0")
     try:
         config = Path(endpoints["config"])
         r = memq("topic", "create", "events", "-p", "4", config=config, timeout=90)
@@ -34,7 +34,7 @@ def test_topic_create_yields_a_topic_that_takes_messages(tmp_path: Path) -> None
         assert "events" in memq("topic", "list", config=config).stdout.decode().split()
         r = memq("produce", "events", config=config, input=b"first\nsecond\n")
         assert r.returncode == 0, r.stderr.decode()
-        assert set(_consume_until(config, "events", {"first", "second"})) == {"first", "second"}
+        assert set(consume_until(config, "events", {"first", "second"})) == {"first", "second"}
         again = memq("topic", "create", "events", "-p", "4", config=config)        # idempotent
         assert again.returncode == 0, again.stderr.decode()
         alias = memq("governor", "topic", "create", "orders", "-p", "2", config=config, timeout=90)
@@ -46,19 +46,19 @@ def test_topic_create_yields_a_topic_that_takes_messages(tmp_path: Path) -> None
         assert clash.returncode == 1 and "already has 2 partitions, not 4" in err and "-p 2" in err, err
         assert "memq governor topic delete stale --delete-notifications" in err
     finally:
-        _stop_dev(proc, run_dir)
+        stop_dev(proc, run_dir)
 
 
 @pytest.mark.timeout(300)
 def test_a_restarted_memq_dev_audits_new_topics_and_counts_nothing_old_as_lost(tmp_path: Path) -> None:
     run_dir = (tmp_path / "dev").resolve()
-    proc, endpoints = _start_dev(run_dir, "--brokers", "1", "--rate", "100")
+    proc, endpoints = start_dev(run_dir, "--brokers", "1", "--rate", "100")
     try:
         time.sleep(8)                                       # demo traffic in flight when it stops
         assert audit_rows(endpoints["audit"])
     finally:
-        _stop_dev(proc, run_dir)
-    proc, endpoints = _start_dev(run_dir, "--brokers", "1", "--rate", "0")
+        stop_dev(proc, run_dir)
+    proc, endpoints = start_dev(run_dir, "--brokers", "1", "--rate", "0")
     try:
         config, url = Path(endpoints["config"]), endpoints["audit"]
         r = memq("topic", "create", "fresh", config=config, timeout=90)
@@ -66,7 +66,7 @@ def test_a_restarted_memq_dev_audits_new_topics_and_counts_nothing_old_as_lost(t
         marker = uuid.uuid4().hex
         r = memq("produce", "fresh", config=config, input=f"{marker} a\n{marker} b\n".encode())
         assert r.returncode == 0, r.stderr.decode()
-        _consume_until(config, "fresh", {f"{marker} a", f"{marker} b"})
+        consume_until(config, "fresh", {f"{marker} a", f"{marker} b"})
         deadline = time.monotonic() + 10                    # one live window
         while not any(t == "fresh" and row["produced"] == 2 for (t, _), row in audit_rows(url).items()):
             assert time.monotonic() < deadline, audit_rows(url)
@@ -75,4 +75,4 @@ def test_a_restarted_memq_dev_audits_new_topics_and_counts_nothing_old_as_lost(t
         assert all(row["lost"] == 0 for row in rows.values()), rows
         assert [row["produced"] for (t, _), row in rows.items() if t == "demo"] in ([], [0]), rows
     finally:
-        _stop_dev(proc, run_dir)
+        stop_dev(proc, run_dir)

@@ -18,7 +18,7 @@ from memq.client.cluster import fetch_metadata
 from memq.client.producer import Producer
 from memq.config import BrokerConfig, MemqConfig, ProducerConfig, StorageConfig, TopicConfig
 from memq.errors import BrokerUnavailableError, MessageTooLargeError
-from inproc import broker_in_thread
+from tests.support.inproc import broker_in_thread
 
 MEMQ = str(Path(sys.executable).with_name("memq"))
 

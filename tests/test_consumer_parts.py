@@ -11,7 +11,8 @@ from collections.abc import Iterable, Mapping
 from typing import Literal
 
 import pytest
-from support.consumer_fakes import (CommitRecorder, FakeNotifications, MemorySource, SinkRecorder, StepClock, batch,
+from tests.support.clock import FakeClock
+from tests.support.consumer_fakes import (CommitRecorder, FakeNotifications, MemorySource, SinkRecorder, batch,
                                     recs, values)
 
 from memq.client.commits import Committer
@@ -174,7 +175,7 @@ class Finished:
 def handover(dedup: bool = True) -> tuple[Handover, Finished, SinkRecorder, ConsumerMetrics]:
     finished, sink, metrics = Finished(), SinkRecorder(), ConsumerMetrics()
     h = Handover("t", "g", dedup=SequenceTracker(16, 16) if dedup else None, audit=sink, metrics=metrics,
-                 clock=StepClock(5.0), on_finished=finished)
+                 clock=FakeClock(wall_s=5.0, monotonic_s=5.0), on_finished=finished)
     return h, finished, sink, metrics
 
 
@@ -335,7 +336,7 @@ def test_range_check_with_error_raises_again_until_sought_past() -> None:
 
 def test_commit_sends_only_what_was_handed_and_not_yet_committed() -> None:
     offsets, target, metrics = Offsets(), CommitRecorder(), ConsumerMetrics()
-    c = Committer(target, offsets, metrics, interval_s=None, clock=StepClock(), logger=log)
+    c = Committer(target, offsets, metrics, interval_s=None, clock=FakeClock(), logger=log)
     assert c.commit() == {} and target.commits == [] and metrics.commits == 0
     offsets.finished(0, 4)
     assert c.commit() == {0: 5} and target.commits == [({0: 5}, False)] and metrics.commits == 1
@@ -343,7 +344,7 @@ def test_commit_sends_only_what_was_handed_and_not_yet_committed() -> None:
 
 
 def test_auto_commit_commits_asynchronously_once_per_interval() -> None:
-    offsets, target, clock = Offsets(), CommitRecorder(), StepClock()
+    offsets, target, clock = Offsets(), CommitRecorder(), FakeClock()
     c = Committer(target, offsets, ConsumerMetrics(), interval_s=5.0, clock=clock, logger=log)
     off = Committer(target, offsets, ConsumerMetrics(), interval_s=None, clock=clock, logger=log)
     offsets.finished(0, 0)
@@ -366,7 +367,7 @@ def test_auto_commit_commits_asynchronously_once_per_interval() -> None:
 def test_revocation_commits_only_the_leaving_partitions_and_survives_a_failure(
         caplog: pytest.LogCaptureFixture) -> None:
     offsets, target, metrics = Offsets(), CommitRecorder(), ConsumerMetrics()
-    c = Committer(target, offsets, metrics, interval_s=None, clock=StepClock(), logger=log)
+    c = Committer(target, offsets, metrics, interval_s=None, clock=FakeClock(), logger=log)
     offsets.finished(0, 3)
     offsets.finished(1, 8)
     c.revoked({1})
@@ -383,7 +384,7 @@ def test_revocation_commits_only_the_leaving_partitions_and_survives_a_failure(
 class Probe:
     """A throw-away notification consumer over `records`; steps `clock` by each poll's timeout."""
 
-    def __init__(self, records: list[NotificationRecord], clock: StepClock) -> None:
+    def __init__(self, records: list[NotificationRecord], clock: FakeClock) -> None:
         self.records, self.clock = records, clock
         self.assigned: dict[int, int] = {}
         self.closed = False
@@ -406,7 +407,7 @@ def test_read_returns_one_log_message_by_position_through_a_throwaway_probe() ->
     objects: dict[str, bytes] = {}
     rs = [batch("k0", [(1, 0, recs("a"))], 0, objects),
           batch("k1", [(4, 2, recs("b", "c")), (5, 0, recs("d"))], 1, objects)]
-    clock = StepClock()
+    clock = FakeClock()
     probes: list[tuple[str, Probe]] = []
 
     def open_probe(group: str) -> Probe:
@@ -423,10 +424,10 @@ def test_read_returns_one_log_message_by_position_through_a_throwaway_probe() ->
             ra.read(0, 1, 3, timeout=5)
         with pytest.raises(InvalidInputError, match="offset 0 \\(next is 1\\)"):
             ra.read(0, 0, 0, timeout=5)
-        start = clock.now
+        start = clock.monotonic()
         with pytest.raises(ConsumerError, match="no notification at topic t read partition 1 offset 0 within 3"):
             ra.read(1, 0, 0, timeout=3)
-        assert clock.now - start == pytest.approx(3)
+        assert clock.monotonic() - start == pytest.approx(3)
     finally:
         reader.close()
     assert all(p.closed for _, p in probes) and len(probes) == 4

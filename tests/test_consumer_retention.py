@@ -9,7 +9,7 @@ import dataclasses
 import time
 
 import pytest
-from support.consumer_fakes import FakeNotifications, MemorySource, batch, recs, values
+from tests.support.consumer_fakes import FakeNotifications, MemorySource, batch, recs, values
 
 from memq.client.consumer import Consumer
 from memq.client.positions import is_expired, out_of_range
@@ -17,6 +17,7 @@ from memq.client.reader import BatchReader
 from memq.config import ConsumerConfig, MemqConfig, TopicConfig, build
 from memq.errors import ConfigError, DataLossError, OffsetOutOfRangeError
 from memq.notify import NotificationRecord
+
 
 
 def test_out_of_range_is_outside_the_retained_log_only() -> None:

@@ -11,7 +11,7 @@ import urllib.request
 from pathlib import Path
 
 from aiohttp import web
-from inproc import broker_in_thread
+from tests.support.inproc import broker_in_thread
 
 from memq.audit.auditor import Auditor
 from memq.audit.dashboard import make_app

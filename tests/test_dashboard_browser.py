@@ -12,8 +12,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from test_audit_service import GRACE_S, audit_config, emit_traffic
-from waiting import async_wait_for
+from tests.support.audit import GRACE_S, audit_config, emit_traffic
+from tests.support.waiting import async_wait_for
 
 from memq.audit.dashboard import AuditService
 from memq.audit.emitter import make_audit_sink

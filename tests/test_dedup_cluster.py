@@ -16,6 +16,7 @@ import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Literal
 
 import aiohttp
 import pytest
@@ -173,14 +174,16 @@ def test_a_position_past_the_retained_notifications_follows_auto_offset_reset(
     kafka_topic = notification_topic(config, topic)
     TopicAdmin(config.kafka).create_topic(kafka_topic, 1)
     write_batches(config, topic, [[(5, 0, s, records(2, f"b{s}"))] for s in range(3)])
-    for reset, check in (("error", None), ("earliest", 6), ("latest", 0)):
+    resets: list[tuple[Literal["earliest", "latest", "error"], int | None]] = [("error", None), ("earliest", 6),
+                                                                              ("latest", 0)]
+    for reset, check in resets:
         group = unique_name(reset)
         nc = NotificationConsumer(config.kafka, kafka_topic, group_id=group)
         try:
             nc.commit({0: 1_000})
         finally:
             nc.close()
-        cc = dataclasses.replace(config.consumer, group_id=group, auto_offset_reset=reset)  # type: ignore[arg-type]
+        cc = dataclasses.replace(config.consumer, group_id=group, auto_offset_reset=reset)
         with Consumer(dataclasses.replace(config, consumer=cc), topic) as c:
             deadline = time.monotonic() + 30
             if check is None:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_security_kafka_listener import kafka_send, sasl
+from tests.support.security import kafka_send, sasl
 
 ROOT = Path(__file__).resolve().parents[1]
 MEMQ = str(Path(sys.executable).with_name("memq"))

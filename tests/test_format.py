@@ -27,16 +27,8 @@ from memq.format.batch import _ENTRY, _FIXED, _PREFIX
 from memq.format.message import _HEADER
 from memq.format.records import gc_paused
 
-I64 = st.integers(-(2**63), 2**63 - 1)
-log_messages = st.builds(
-    LogMessage,
-    value=st.binary(max_size=64),
-    key=st.none() | st.binary(max_size=16),
-    headers=st.lists(st.tuples(st.text(max_size=8), st.binary(max_size=8)),
-                     max_size=3).map(tuple),
-    timestamp_ms=I64,
-    message_id=st.none() | st.binary(max_size=16),
-)
+from tests.support.format import I64, log_messages, rebody, records, reheader
+
 record_lists = st.lists(log_messages, max_size=20)
 # Codec.KAFKA tags a stored Kafka RecordBatch (tests/test_kafka_records.py), not a LogMessage body;
 # Codec.ARROW bodies are Arrow columns (more cases in tests/test_format_arrow.py).
@@ -44,11 +36,6 @@ BODY_CODECS = [c for c in Codec if c is not Codec.KAFKA]
 codecs = st.sampled_from(BODY_CODECS)
 FAST = settings(max_examples=150, deadline=None,
                 suppress_health_check=[HealthCheck.too_slow])
-
-
-def records(n: int = 5, base: int = 1_000) -> list[LogMessage]:
-    return [LogMessage(b"value-%d" % i, b"k%d" % i if i % 2 else None, (("h", b"%d" % i),),
-                       base + i, b"id%d" % i if i % 3 else None) for i in range(n)]
 
 
 def message(recs: list[LogMessage] | None = None, codec: Codec = Codec.ZSTD,
@@ -62,22 +49,6 @@ def batch(n_messages: int = 3, codec: Codec = Codec.ZSTD) -> tuple[bytes, list[b
     chunks = encode_batch(msgs, [verify_message(m) for m in msgs], broker_id="broker-ü",
                           created_ms=456)
     return b"".join(chunks), msgs
-
-
-def reheader(msg: bytes, **changes: int) -> bytes:
-    """Rewrite Message header fields and re-seal the header CRC (valid-looking lies)."""
-    names = ["magic", "version", "codec", "header_size", "producer_id", "epoch", "sequence",
-             "count", "lo", "hi", "created", "body_length", "raw_length", "body_crc", "crc"]
-    fields = dict(zip(names, _HEADER.unpack_from(msg)))
-    fields.update(changes)
-    head = _HEADER.pack(*fields.values())[:-4]
-    return head + struct.pack("<I", crc32c(head)) + msg[MESSAGE_HEADER_SIZE:]
-
-
-def rebody(msg: bytes, body: bytes, **changes: int) -> bytes:
-    """Replace the body, with a correct body CRC and length unless overridden."""
-    fields = {"body_length": len(body), "body_crc": crc32c(body), **changes}
-    return reheader(msg[:MESSAGE_HEADER_SIZE] + body, **fields)
 
 
 def reseal_batch(head: bytes) -> bytes:

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from memq.errors import CorruptDataError, FormatError, InvalidInputError, UnsupportedCodecError
 from memq.format import Codec, LogMessage, decode_batch, decode_message, encode_batch, encode_message, verify_message
 from memq.format.arrow_body import ArrowRecords, body_schema, encode_arrow_body
-from tests.test_format import log_messages, records, rebody, reheader
+from tests.support.format import log_messages, rebody, records, reheader
 
 
 def message(recs: list[LogMessage]) -> bytes:

@@ -14,7 +14,7 @@ from memq.errors import CoordinationError, LeadershipLostError, UnknownTopicErro
 from memq.governor.assignment import BrokerInfo, CapacityAssignment
 from memq.governor.governor import Governor
 from memq.governor.registry import Registry
-from waiting import wait_for
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 

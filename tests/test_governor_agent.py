@@ -16,7 +16,7 @@ from kazoo.client import KazooClient
 from memq.config import GovernorConfig, MemqConfig, TopicConfig, ZooKeeperConfig, ClusterConfig, BrokerConfig
 from memq.governor.agent import BrokerAgent
 from memq.governor.registry import Registry
-from waiting import async_wait_for
+from tests.support.waiting import async_wait_for
 
 pytestmark = pytest.mark.integration
 

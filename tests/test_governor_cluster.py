@@ -30,7 +30,7 @@ from memq.devcluster.process import ManagedProcess, spawn
 from memq.governor.registry import Registry
 from memq.governor.topics import TopicManager
 from memq.notify import TopicAdmin
-from waiting import wait_for
+from tests.support.waiting import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 

@@ -19,7 +19,7 @@ from memq.devcluster import DevCluster
 from memq.governor.assignment import AssignmentResult, BrokerInfo, Move
 from memq.governor.governor import Governor, avoid_unhealthy, hold_missing
 from memq.governor.registry import Registry
-from waiting import wait_for
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 

@@ -23,15 +23,16 @@ from memq.devcluster.broker_process import config_toml
 from memq.devcluster.governed import FAST_GOVERNOR
 from memq.format import Notification
 from memq.errors import MemqError
-from memq.governor import janitor as janitor_module
-from memq.governor.janitor import Janitor, NotificationLog
+from memq.governor.janitor import Janitor
 from memq.governor.registry import Registry
 from memq.governor.topics import TopicManager
 from memq.notify import NotificationConsumer, NotificationPublisher, TopicAdmin
+from memq.notify import log as log_module
+from memq.notify.log import KafkaNotificationLog
 from memq.storage import make_storage
 from memq.storage.base import ObjectLocation
 
-from waiting import wait_for
+from tests.support.waiting import wait_for
 
 
 def _notification(topic: str, loc: ObjectLocation) -> Notification:
@@ -224,7 +225,7 @@ def test_topic_alter_changes_retention_in_zookeeper_and_kafka(tmp_path: Path, me
 async def test_one_consumer_reads_the_notification_topics_of_a_pass_each_answer_its_own(
         memq_config: MemqConfig, unique_name: Callable[[str], str], monkeypatch: pytest.MonkeyPatch) -> None:
     """A consumer per topic and pass cost ~86 ms of wall time each (thousands of topics a pass):
-    the janitor's NotificationLog reads topic after topic on one consumer; a failed topic drops
+    the janitor's KafkaNotificationLog reads topic after topic on one consumer; a failed topic drops
     it, and the next topic is read by a fresh one."""
     made: list[NotificationConsumer] = []
 
@@ -233,11 +234,11 @@ async def test_one_consumer_reads_the_notification_topics_of_a_pass_each_answer_
             super().__init__(*args, **kwargs)
             made.append(self)
 
-    monkeypatch.setattr(janitor_module, "NotificationConsumer", Counted)
+    monkeypatch.setattr(log_module, "NotificationConsumer", Counted)
     admin = TopicAdmin(memq_config.kafka)
     storage = make_storage(memq_config)
     publisher = NotificationPublisher(memq_config.kafka, client_id="test-janitor-log")
-    log = NotificationLog(memq_config, timeout_s=30)
+    log = KafkaNotificationLog(memq_config, timeout_s=30)
     try:
         names = [unique_name(f"log{i}") for i in range(3)]
         keys: dict[str, set[str]] = {}

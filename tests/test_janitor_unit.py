@@ -3,22 +3,23 @@ chunking, refused keys, the audit record. The same pass on real servers: test_ja
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 
-import pytest
 from prometheus_client import CollectorRegistry
 
 from memq.config import GovernorConfig, MemqConfig, TopicConfig
-import memq.governor.janitor as janitor_module
-from memq.governor.janitor import Janitor, NotificationLog
+from memq.governor.janitor import Janitor
+from memq.notify.log import RETENTION_RECHECK_S, KafkaNotificationLog
 from memq.storage.base import DeleteFailure, ObjectInfo, ObjectLocation
+
+from tests.support.clock import FakeClock
 
 NOW = 1_800_000_000_000
 DAY = 86_400_000
 
 
 class MemoryStorage:
-    """Objects in a dict; records every bulk delete request."""
+    """The janitor's `ObjectStore`: objects in a dict; records every bulk delete request."""
 
     def __init__(self, objects: Sequence[ObjectInfo], refuse: Collection[str] = ()) -> None:
         self.objects = {o.location.key: o for o in objects}
@@ -50,7 +51,7 @@ class MemoryStorage:
 
 
 class NoPointers:
-    """Notification topics with nothing retained, unless `retained` names (per Kafka topic) the
+    """The janitor's `NotificationLog`: notification topics with nothing retained, unless `retained` names (per Kafka topic) the
     oldest object time per home its retained notifications point to."""
 
     def __init__(self, retained: dict[str, dict[str, int]] | None = None) -> None:
@@ -66,8 +67,13 @@ class NoPointers:
     def references(self, kafka_topic: str, start_ms: int, end_ms: int) -> set[str]:
         return set()
 
+    def close(self) -> None:
+        pass
+
 
 class Audit:
+    """The janitor's `ExpiryAudit`: records what it was told expired."""
+
     def __init__(self) -> None:
         self.marks: list[tuple[str, int]] = []
 
@@ -86,18 +92,18 @@ def old_objects(n: int) -> list[ObjectInfo]:
 def janitor(storage: MemoryStorage, audit: Audit | None = None,
             registry: CollectorRegistry | None = None, notifications: NoPointers | None = None) -> Janitor:
     config = MemqConfig(governor=GovernorConfig(retention_grace_s=60, orphan_grace_s=60))
-    return Janitor(config, registry or CollectorRegistry(), storage=storage,  # type: ignore[arg-type]
-                   notifications=notifications or NoPointers(), audit=audit, clock_ms=lambda: NOW)  # type: ignore[arg-type]
+    return Janitor(config, registry or CollectorRegistry(), storage=storage,
+                   notifications=notifications or NoPointers(), audit=audit, clock=FakeClock(wall_s=NOW / 1000))
 
 
 async def test_expired_objects_go_1000_keys_a_request_and_the_audit_hears_first() -> None:
-    storage, audit = MemoryStorage(old_objects(2_500)), Audit()
-    j = janitor(storage, audit)
-    [report] = await j.run_once({"t": TopicConfig("t", retention_ms=DAY, storage_group="")})
+    storage, audit, pointers = MemoryStorage(old_objects(2_500)), Audit(), NoPointers()
+    [report] = await janitor(storage, audit, notifications=pointers).run_once(
+        {"t": TopicConfig("t", retention_ms=DAY, storage_group="")})
     assert storage.requests == [1000, 1000, 500] and not storage.objects
     assert len(report.expired) == 2_500 and report.failed == 0
     assert audit.marks == [("t", report.object_ms)] and report.object_ms == NOW - DAY - 60_000
-    assert j.notifications.retention == {"memq.dev.t": DAY}   # type: ignore[attr-defined]
+    assert pointers.retention == {"memq.dev.t": DAY}
 
 
 async def test_a_janitor_that_stops_governing_stops_deleting() -> None:
@@ -178,9 +184,8 @@ async def test_a_shared_group_topic_s_own_key_space_is_listed_until_found_empty(
     assert set(storage.listed) == {"a", "own"}
 
 
-
 class CountingAdmin:
-    """A Kafka admin whose topics' retention.ms can be changed behind the janitor's back."""
+    """A Kafka admin (`RetentionAdmin`) whose topics' retention.ms can be changed behind the janitor's back."""
 
     def __init__(self) -> None:
         self.retention: dict[str, int] = {}
@@ -193,21 +198,22 @@ class CountingAdmin:
     def set_retention(self, name: str, retention_ms: int) -> None:
         self.retention[name] = retention_ms
 
+    def delete_records(self, name: str, before: Mapping[int, int]) -> None:
+        raise AssertionError("sync_retention deletes no records")
 
-def test_a_notification_topic_s_retention_is_described_once_until_it_changes_or_an_hour_passes(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    log = NotificationLog(MemqConfig(), timeout_s=5)
-    admin = log.admin = CountingAdmin()                     # type: ignore[assignment]
-    clock = [1000.0]
-    monkeypatch.setattr(janitor_module.time, "monotonic", lambda: clock[0])
+
+def test_a_notification_topic_s_retention_is_described_once_until_it_changes_or_an_hour_passes() -> None:
+    admin, clock = CountingAdmin(), FakeClock()
+    log = KafkaNotificationLog(MemqConfig(), timeout_s=5, clock=clock, admin=admin)
     for _ in range(3):                                      # three passes
         log.sync_retention("memq.dev.t", 60_000)
     assert (admin.describes, admin.retention["memq.dev.t"]) == (1, 60_000)
     log.sync_retention("memq.dev.t", 5_000)                 # the topic's retention was altered
     assert (admin.describes, admin.retention["memq.dev.t"]) == (2, 5_000)
     admin.retention["memq.dev.t"] = 1                       # changed outside memq: seen within the hour
+    clock.advance(RETENTION_RECHECK_S - 1)
     log.sync_retention("memq.dev.t", 5_000)
     assert admin.describes == 2
-    clock[0] += janitor_module.RETENTION_RECHECK_S + 1
+    clock.advance(2)
     log.sync_retention("memq.dev.t", 5_000)
     assert (admin.describes, admin.retention["memq.dev.t"]) == (3, 5_000)

@@ -12,8 +12,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from inproc import NullAdmin, NullPublisher
-from kafka_frames import produce_body, record_batch, request
+from tests.support.inproc import NullAdmin, NullPublisher
+from tests.support.kafka_frames import produce_body, record_batch, request
 from memq.broker.server import Broker
 from memq.config import AuditConfig, BrokerConfig, MemqConfig, StorageConfig, TopicConfig
 from memq.format import LogMessage, decode_batch

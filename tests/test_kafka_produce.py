@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 from confluent_kafka import KafkaError, Message, Producer
-from test_audit_service import audit_config
-from waiting import async_wait_for
+from tests.support.audit import audit_config
+from tests.support.waiting import async_wait_for
 
 from memq.audit.books import GroupSummary
 from memq.audit.dashboard import AuditService

@@ -15,7 +15,7 @@ from memq.kafka_api.mapping import ack_level, error_code, memq_producer_id, meta
 from memq.kafka_api.protocol import (SUPPORTED, ApiKey, ErrorCode, Node, ProduceResult, PartitionResult, Reader,
                                      TopicPartitions, decode_metadata, decode_produce, decode_request_header,
                                      encode_api_versions, encode_metadata, encode_produce, is_supported)
-from kafka_frames import produce_body, request
+from tests.support.kafka_frames import produce_body, request
 
 
 def _frame(raw: bytes) -> bytes:

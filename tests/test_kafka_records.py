@@ -13,7 +13,7 @@ from memq.format import Codec, LogMessage, decode_batch, decode_message, encode_
 from memq.format.kafka_records import (KAFKA_BATCH_HEADER_SIZE, decode_kafka_records, split_kafka_batches,
                                        verify_kafka_batch)
 from memq.format.message import encode_kafka_message
-from kafka_frames import CODECS, record_batch
+from tests.support.kafka_frames import CODECS, record_batch
 
 kafka_records = st.lists(st.builds(
     LogMessage,

@@ -13,7 +13,7 @@ from memq.config import QuotaConfig, load_config
 from memq.errors import ConfigError
 from memq.format.wire import Ack, AckCode, decode_request
 from memq.security.quota import ANONYMOUS, QuotaTable, Throttler, TokenBucket, parse_overrides
-from tests.test_producer_unit import FakeBroker, producer
+from tests.support.producer import FakeBroker, producer
 
 RATE = 100_000.0   # bytes/s
 

@@ -10,6 +10,7 @@ import dataclasses
 import json
 import time
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 from confluent_kafka import Producer as KafkaProducer
@@ -18,8 +19,8 @@ from memq.broker.server import Broker
 from memq.client.producer import Producer
 from memq.config import BrokerConfig, MemqConfig, ProducerConfig, QuotaConfig, SecurityConfig
 from memq.devcluster import DevCluster
+from tests.support.security import ALICE, ALICE_ENTRY, BOB, BOB_ENTRY
 from tests.test_broker_integration import read_stored, running_broker, topic_config
-from tests.test_security_integration import ALICE, ALICE_ENTRY, BOB, BOB_ENTRY
 
 pytestmark = pytest.mark.integration
 
@@ -29,9 +30,9 @@ MESSAGE = 32 * 1024    # producer.max_message_bytes: the broker pauses after eac
 TOTAL = 700_000        # bytes the throttled producer sends: about 3.5 s at RATE
 
 
-def client(url: str, **kw: object) -> ProducerConfig:
+def client(url: str, **kw: Any) -> ProducerConfig:
     return ProducerConfig(brokers=url, **{"codec": "none", "linger_ms": 5, "max_message_bytes": MESSAGE,
-                                          "request_timeout_ms": 20_000, **kw})   # type: ignore[arg-type]
+                                          "request_timeout_ms": 20_000, **kw})
 
 
 async def produce(config: ProducerConfig, topic: str, total: int, tag: bytes) -> tuple[Producer, float]:

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import pytest
-from support.consumer_fakes import FakeNotifications, MemorySource, batch, recs, values
+from tests.support.consumer_fakes import FakeNotifications, MemorySource, batch, recs, values
 
 from memq.client.consumer import Consumer
 from memq.client.positions import Offsets
@@ -14,6 +15,8 @@ from memq.config import ConsumerConfig, MemqConfig
 from memq.errors import DataLossError
 from memq.notify import NotificationRecord
 from memq.storage import ObjectLocation
+
+
 
 
 # --- pure bookkeeping --------------------------------------------------------------------------
@@ -56,8 +59,8 @@ def test_data_loss_policy_raises_with_hint_or_logs(caplog: pytest.LogCaptureFixt
 
 
 def consumer(records: list[NotificationRecord], objects: dict[str, bytes],
-             **cc: object) -> tuple[Consumer, FakeNotifications]:
-    config = MemqConfig(consumer=ConsumerConfig(**cc))   # type: ignore[arg-type]
+             **cc: Any) -> tuple[Consumer, FakeNotifications]:
+    config = MemqConfig(consumer=ConsumerConfig(**cc))
     notes = FakeNotifications(records)
     reader = BatchReader(config, 2, source=lambda: MemorySource(objects))
     return Consumer(config, "t", notifications=notes, reader=reader), notes

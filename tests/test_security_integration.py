@@ -25,12 +25,11 @@ from memq.devcluster import DevCluster
 from memq.devcluster.broker_process import config_toml
 from memq.errors import AuthenticationError, AuthorizationError, BrokerUnavailableError, ProduceError
 from memq.security.tokens import new_token
+from tests.support.security import ALICE, ALICE_ENTRY, BOB, BOB_ENTRY
 from tests.test_broker_integration import read_stored, running_broker, topic_config
 
 pytestmark = pytest.mark.integration
 
-ALICE, ALICE_ENTRY = new_token("alice")
-BOB, BOB_ENTRY = new_token("bob")
 REVOKED, _ = new_token("alice")          # issued, then its entry removed from the config
 
 

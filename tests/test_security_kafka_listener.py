@@ -11,39 +11,15 @@ from typing import Any
 
 import pytest
 import trustme
-from confluent_kafka import KafkaError, Message, Producer
+from confluent_kafka import Producer
 
 from memq.config import BrokerConfig, SecurityConfig
 from memq.devcluster import DevCluster
 from memq.broker.doors.kafka import PRE_AUTH_MAX_FRAME
-from memq.security.tokens import new_token
+from tests.support.security import ALICE, ALICE_ENTRY, BOB, BOB_ENTRY, kafka_send, sasl
 from tests.test_broker_integration import read_stored, running_broker, topic_config
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
-
-ALICE, ALICE_ENTRY = new_token("alice")
-BOB, BOB_ENTRY = new_token("bob")
-
-
-def kafka_send(address: str, topic: str, value: bytes, **conf: Any) -> tuple[list[str], list[str]]:
-    """Produce one record with confluent-kafka; (delivery errors, client errors) as text."""
-    delivery: list[str] = []
-    client: list[str] = []
-
-    def delivered(err: KafkaError | None, _msg: Message) -> None:
-        if err is not None:
-            delivery.append(f"{err.name()}: {err.str()}")
-
-    p = Producer({"bootstrap.servers": address, "message.timeout.ms": 8_000, "linger.ms": 1,
-                  "error_cb": lambda e: client.append(f"{e.name()}: {e.str()}"), **conf})
-    p.produce(topic, value=value, on_delivery=delivered)
-    p.flush(20)
-    return delivery, client
-
-
-def sasl(ca: str, user: str, password: str) -> dict[str, str]:
-    return {"security.protocol": "SASL_SSL", "sasl.mechanism": "PLAIN", "sasl.username": user,
-            "sasl.password": password, "ssl.ca.location": ca}
 
 
 async def test_kafka_producers_authenticate_with_tokens_and_obey_acls(

@@ -11,7 +11,7 @@ import dataclasses
 import threading
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -30,6 +30,7 @@ from memq.format import decode_batch, split_parts
 from memq.governor.janitor import Janitor
 from memq.storage import make_storage
 from memq.storage.naming import parse_key
+from tests.support.spark import connection
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
@@ -45,15 +46,15 @@ class Written:
 
 
 @contextmanager
-def running(config: MemqConfig) -> Iterator[tuple[str, Callable[[Awaitable[T]], T]]]:
+def running(config: MemqConfig) -> Iterator[tuple[str, Callable[[Coroutine[Any, Any, T]], T]]]:
     """A real Broker (S3 and Kafka from `config`) on a loop thread: (its URL, run on its loop)."""
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, daemon=True)
     thread.start()
     broker = Broker(config)
 
-    def run(coro: Awaitable[T]) -> T:
-        return asyncio.run_coroutine_threadsafe(coro, loop).result(120)  # type: ignore[arg-type]
+    def run(coro: Coroutine[Any, Any, T]) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, loop).result(120)
 
     try:
         yield run(broker.start()), run
@@ -142,8 +143,6 @@ def spark() -> Iterator[Any]:
 
 
 def spark_values(spark: Any, config: MemqConfig, topic: str, **options: str) -> list[bytes]:
-    from tests.test_spark_source import connection
-
     df = spark.read.format("memq").options(**connection(config)).option("topic", topic).options(**options).load()
     return sorted(bytes(r.value) for r in df.select("value").collect())
 

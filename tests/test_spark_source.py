@@ -15,7 +15,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Literal
 
 import pytest
 
@@ -31,6 +31,7 @@ from pyspark.sql import DataFrame, SparkSession  # noqa: E402
 from pyspark.sql import functions as F  # noqa: E402
 
 from spark_source import MESSAGE_ID_COLUMNS, local_session  # noqa: E402
+from tests.support.spark import connection  # noqa: E402
 
 pytestmark = [pytest.mark.spark, pytest.mark.integration, pytest.mark.timeout(240)]
 
@@ -64,13 +65,6 @@ def write(config: MemqConfig, topic: str, ranges: list[range], partitions: int =
 
 def chunks_of(start: int, stop: int, size: int) -> list[range]:
     return [range(i, min(i + size, stop)) for i in range(start, stop, size)]
-
-
-def connection(config: MemqConfig) -> dict[str, str]:
-    return {"kafka.bootstrap.servers": config.kafka.bootstrap_servers, "cluster": config.cluster.name,
-            "s3.endpoint": config.s3.endpoint_url or "", "s3.bucket": config.s3.bucket,
-            "s3.region": config.s3.region, "s3.accessKeyId": config.s3.access_key_id or "",
-            "s3.secretAccessKey": config.s3.secret_access_key or "", "kafka.request.timeout.ms": "10000"}
 
 
 @pytest.fixture(scope="module")
@@ -280,7 +274,8 @@ def test_clear_errors(spark: SparkSession, config: MemqConfig, big: tuple[str, l
 
 
 @pytest.mark.parametrize("codec", ["zstd", "arrow"])
-def test_real_producer_and_broker_discovery(spark: SparkSession, config: MemqConfig, codec: str) -> None:
+def test_real_producer_and_broker_discovery(spark: SparkSession, config: MemqConfig,
+                                           codec: Literal["zstd", "arrow"]) -> None:
     """Messages sent by memq's Producer through a broker; the source finds Kafka and S3 via the broker.
     Arrow bodies (a producer option) read the same, in Spark and in a Consumer."""
     from memq.broker.server import Broker
@@ -298,7 +293,7 @@ def test_real_producer_and_broker_discovery(spark: SparkSession, config: MemqCon
     broker = Broker(broker_config)
 
     async def produce(url: str) -> None:
-        producer = Producer(ProducerConfig(brokers=url, ack="all", codec=codec))  # type: ignore[arg-type]
+        producer = Producer(ProducerConfig(brokers=url, ack="all", codec=codec))
         try:
             for i in range(0, n, 10_000):
                 await (await producer.send_many(topic, values[i:i + 10_000], keys=keys[i:i + 10_000],

@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import pytest
-from faultproxy import FaultPlan, FaultProxy
+from tests.support.faultproxy import FaultPlan, FaultProxy
 from prometheus_client import CollectorRegistry
 
 from memq.config import MemqConfig, S3Config, StorageConfig

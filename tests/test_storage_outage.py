@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable, Iterator
 
 import pytest
-from faultproxy import FaultPlan, FaultProxy
+from tests.support.faultproxy import FaultPlan, FaultProxy
 
 from memq.config import MemqConfig, ProducerConfig
 from memq.errors import RetryBudgetExhaustedError

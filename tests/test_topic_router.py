@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import aiohttp
 import pytest
 
 from memq.client import _metadata
@@ -24,10 +25,11 @@ async def test_one_metadata_answer_places_every_topic_it_lists(monkeypatch: pyte
         return ClusterMetadata("c", "b1", "", StorageMetadata(), (BrokerMetadata("b1", URL),), placed)
 
     monkeypatch.setattr(_metadata, "fetch_metadata_async", fetch)
-    router = TopicRouter([URL], session=None, timeout_s=1.0)   # type: ignore[arg-type]  # fetch is faked
-    for i in range(1000):
-        assert await router.brokers_for(f"t{i}") == [URL]
-    assert asked == [URL]
-    with pytest.raises(UnknownTopicError):     # a topic without brokers is still asked for, and unknown
-        await router.brokers_for("unassigned")
-    assert asked == [URL, URL]
+    async with aiohttp.ClientSession() as session:     # unused: fetch is faked
+        router = TopicRouter([URL], session=session, timeout_s=1.0)
+        for i in range(1000):
+            assert await router.brokers_for(f"t{i}") == [URL]
+        assert asked == [URL]
+        with pytest.raises(UnknownTopicError):     # a topic without brokers is still asked for, and unknown
+            await router.brokers_for("unassigned")
+        assert asked == [URL, URL]

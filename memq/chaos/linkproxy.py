@@ -6,7 +6,7 @@ through it, so clients and servers keep their addresses. It holds each chunk it 
 `now + delay ± jitter` (never before the chunk ahead of it: a TCP stream cannot reorder) and
 only for clients whose address is in `peers` (all when empty). The harness changes the shape
 at any time by rewriting the control file (JSON of `LinkShape`); established connections feel
-it at once, as they would on a real link. (HTTP-level S3 faults are tests/faultproxy.py.)
+it at once, as they would on a real link. (HTTP-level S3 faults are tests/support/faultproxy.py.)
 
 `python -m memq.chaos.linkproxy --listen IP:PORT --upstream IP:PORT --control FILE`
 """

@@ -44,37 +44,25 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import threading
-import time
-from collections.abc import Callable, Coroutine, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter
 
-from memq.audit.emitter import AuditEmitter, make_audit_sink
+from memq.audit.emitter import make_audit_sink
+from memq.clock import Clock, SystemClock
 from memq.config import MemqConfig, TopicConfig
-from memq.errors import InvalidInputError, MemqError, NotifyError
-from memq.notify import NotificationConsumer, NotificationRecord, TopicAdmin
-from memq.storage import StorageHandler, StorageMetrics, make_storage
-from memq.storage.base import DELETE_CHUNK, ObjectInfo, delete_chunks
+from memq.errors import MemqError
+from memq.notify.log import KafkaNotificationLog
+from memq.storage import StorageMetrics, make_storage
+from memq.storage.base import DELETE_CHUNK, DeleteFailure, ObjectInfo, ObjectLocation, delete_chunks
 from memq.storage.metrics import group_label
-from memq.storage.naming import group_home, parse_key
+from memq.storage.naming import group_home
 
 from . import retention
 
 log = logging.getLogger(__name__)
-
-CLOCK_SKEW_MS = 60_000
-"""Notifications are read from this long before the oldest object they may name: publish
-time follows the object's time on one broker, brokers' clocks may differ a little."""
-DELETE_RECORDS_RETRY_S = 3600.0
-"""After Kafka refuses DeleteRecords for a topic, try again this much later (not every pass)."""
-RETENTION_RECHECK_S = 3600.0
-"""A notification topic's retention.ms found right is described again only after this long, or
-when the topic's retention changes: one DescribeConfigs per topic and pass was 1000s of Kafka
-requests a pass with 1000s of topics, to catch a change made outside memq."""
 
 
 class JanitorMetrics:
@@ -105,128 +93,63 @@ class TopicReport:
     failed: int                      # keys the store refused to delete (retried next pass)
 
 
-class NotificationLog:
-    """The janitor's view of notification topics (blocking; the janitor calls it in a thread)."""
+class NotificationLog(Protocol):
+    """What the janitor asks of the notification topics (blocking: it calls them in a thread);
+    on Kafka, `memq.notify.log.KafkaNotificationLog`."""
 
-    def __init__(self, config: MemqConfig, timeout_s: float) -> None:
-        self.config = config
-        self.timeout_s = timeout_s
-        self.admin = TopicAdmin(config.kafka)
-        self._no_delete_records: dict[str, float] = {}    # topic -> when Kafka refused
-        self._retention_seen: dict[str, tuple[int, float]] = {}   # topic -> (retention.ms, when checked)
-        self._reader: NotificationConsumer | None = None
-        self._lock = threading.Lock()
-
-    @contextmanager
-    def _consumer(self, kafka_topic: str) -> Iterator[NotificationConsumer]:
-        """The log's one consumer, reading `kafka_topic`: a consumer per topic cost ~86 ms of
-        wall time (~9 ms of CPU) per topic and pass. One caller at a time (a call the janitor
-        timed out may still run in its thread); after an error the next call starts afresh."""
-        with self._lock:
-            if self._reader is None:
-                self._reader = NotificationConsumer(self.config.kafka, kafka_topic, fetch_wait_ms=10,
-                                                    group_id=f"memq-janitor-{self.config.cluster.name}")
-            try:
-                self._reader.read_topic(kafka_topic)
-                yield self._reader
-            except BaseException:
-                self._reader.close()
-                self._reader = None
-                raise
-
-    def close(self) -> None:
-        with self._lock:
-            if self._reader is not None:
-                self._reader.close()
-                self._reader = None
-
-    def sync_retention(self, kafka_topic: str, retention_ms: int) -> None:
-        seen = self._retention_seen.get(kafka_topic)
-        now = time.monotonic()
-        if seen is not None and seen[0] == retention_ms and now - seen[1] < RETENTION_RECHECK_S:
-            return
-        if self.admin.retention_ms(kafka_topic) != retention_ms:
-            self.admin.set_retention(kafka_topic, retention_ms)
-            log.info("janitor: %s retention.ms set to %d", kafka_topic, retention_ms)
-        self._retention_seen[kafka_topic] = (retention_ms, now)
+    def sync_retention(self, kafka_topic: str, retention_ms: int) -> None: ...
 
     def expire(self, kafka_topic: str, before_ms: int) -> dict[str, int]:
-        """Expire the notifications published before `before_ms`; per object home (`topics/<t>`,
-        `groups/<g>`, "" for a key memq does not parse), the oldest object time the first retained
-        notification of a partition names ({}: none retained)."""
-        with self._consumer(kafka_topic) as c:
-            cut = c.offsets_for_times(before_ms)
-            marks = {p: c.watermarks(p) for p in cut}
-            self._delete_records(kafka_topic, {p: o for p, o in cut.items() if o > marks[p][0]})
-            floors: dict[str, int] = {}
-            for r in _scan(c, cut, {p: high for p, (_, high) in marks.items()}, self.timeout_s, first_only=True):
-                home, ms = _object_home(r)
-                floors[home] = min(ms, floors.get(home, ms))
-            return floors
-
-    def _delete_records(self, kafka_topic: str, before: dict[int, int]) -> None:
-        refused = self._no_delete_records.get(kafka_topic)
-        if not before or (refused is not None and time.monotonic() - refused < DELETE_RECORDS_RETRY_S):
-            return
-        try:
-            self.admin.delete_records(kafka_topic, before)
-            self._no_delete_records.pop(kafka_topic, None)
-        except NotifyError as e:
-            self._no_delete_records[kafka_topic] = time.monotonic()
-            log.warning("janitor: %s; expired notifications stay until Kafka's retention.ms drops them "
-                        "(retrying in %.0f s)", e, DELETE_RECORDS_RETRY_S)
+        """Expire notifications before `before_ms`; per object home, the oldest object time a
+        partition's first retained notification names."""
+        ...
 
     def references(self, kafka_topic: str, start_ms: int, end_ms: int) -> set[str]:
         """Keys of the objects stamped in [start_ms, end_ms) that retained notifications name."""
-        with self._consumer(kafka_topic) as c:
-            starts = c.offsets_for_times(start_ms - CLOCK_SKEW_MS)
-            ends = {p: c.watermarks(p)[1] for p in starts}
-            return {r.notification.key for r in _scan(c, starts, ends, self.timeout_s)
-                    if start_ms <= _object_ms(r) < end_ms}
+        ...
+
+    def close(self) -> None: ...
 
 
-def _object_ms(record: NotificationRecord) -> int:
-    """The time of the object a notification names (from its key, as listings see it)."""
-    return _object_home(record)[1]
+class ObjectStore(Protocol):
+    """What the janitor asks of storage (any `StorageHandler` is one)."""
+
+    async def list_topic(self, topic: str, start_ms: int, end_ms: int, *,
+                         all_attempts: bool = False) -> list[ObjectInfo]: ...
+
+    async def list_group(self, group: str, start_ms: int, end_ms: int, *,
+                         all_attempts: bool = False) -> list[ObjectInfo]: ...
+
+    async def delete_many(self, locs: Sequence[ObjectLocation]) -> list[DeleteFailure]: ...
+
+    async def close(self) -> None: ...
 
 
-def _object_home(record: NotificationRecord) -> tuple[str, int]:
-    """The home (`topics/<t>`, `groups/<g>`; "" if memq does not parse the key) and time of
-    the object a notification names."""
-    try:
-        key = parse_key(record.notification.key)
-    except InvalidInputError:
-        return "", record.notification.created_ms
-    return key.home, key.timestamp_ms
+class ExpiryAudit(Protocol):
+    """Where the janitor reports what it expired (an `AuditEmitter`)."""
+
+    def expired(self, *, topic: str, before_ms: int) -> None: ...
+
+    def close(self) -> None: ...
 
 
-def _scan(c: NotificationConsumer, starts: Mapping[int, int], ends: Mapping[int, int], timeout_s: float,
-          *, first_only: bool = False) -> Iterator[NotificationRecord]:
-    """The records from `starts[p]` up to `ends[p]` of each partition (only the first with
-    `first_only`); NotifyError if they do not all arrive within `timeout_s`."""
-    todo = {p: o for p, o in starts.items() if o < ends[p]}
-    if not todo:
-        return
-    c.assign(todo)
-    deadline = time.monotonic() + timeout_s
-    while todo:
-        if time.monotonic() > deadline:
-            raise NotifyError(f"janitor: reading {c.topic} partitions {sorted(todo)} took over {timeout_s:g} s")
-        for r in c.poll(0.5):
-            if r.partition not in todo or r.offset >= ends[r.partition]:
-                continue
-            yield r
-            if first_only or r.offset + 1 >= ends[r.partition]:
-                del todo[r.partition]
+@dataclass(frozen=True)
+class _Scope:
+    """What one collection covers: a topic's own objects, or a storage group's shared ones."""
+
+    label: str                       # reports and metrics: the topic, or `group:<g>`
+    what: str                        # for the log: "topic <t>", "storage group <g>"
+    kafka_topics: tuple[str, ...]    # the notification topics whose pointers name its objects
+    audited: tuple[str, ...]         # the topics the audit hears EXPIRED for
 
 
 class Janitor:
     """Retention and orphan collection for every topic; `run` loops while `leading()`."""
 
     def __init__(self, config: MemqConfig, registry: CollectorRegistry, *,
-                 storage: StorageHandler | None = None, notifications: NotificationLog | None = None,
-                 audit: AuditEmitter | None = None, storage_metrics: StorageMetrics | None = None,
-                 clock_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000) -> None:
+                 storage: ObjectStore | None = None, notifications: NotificationLog | None = None,
+                 audit: ExpiryAudit | None = None, storage_metrics: StorageMetrics | None = None,
+                 clock: Clock | None = None) -> None:
         gc = config.governor
         self.config = config
         self.interval_s = gc.janitor_interval_s
@@ -234,10 +157,10 @@ class Janitor:
         self.grace_ms = round(gc.retention_grace_s * 1000)
         self.orphan_grace_ms = round(gc.orphan_grace_s * 1000)
         self.metrics = JanitorMetrics(registry, storage_metrics)
-        self.storage = storage or make_storage(config, metrics=self.metrics.storage)
+        self.storage: ObjectStore = storage or make_storage(config, metrics=self.metrics.storage)
         self._notifications = notifications
         self.audit = audit
-        self.clock_ms = clock_ms
+        self.clock = clock or SystemClock()
         self._swept: dict[str, int] = {}     # topic -> end of its last orphan sweep
         self._warned_bytes: set[str] = set()   # shared-group topics told their retention_bytes does nothing
         self._no_own_objects: set[str] = set()   # shared-group topics whose own key space was found empty
@@ -301,19 +224,22 @@ class Janitor:
     def notifications(self) -> NotificationLog:
         """Made on first use: a Kafka admin client connects at once, and most brokers never govern."""
         if self._notifications is None:
-            self._notifications = NotificationLog(self.config, self.timeout_s)
+            self._notifications = KafkaNotificationLog(self.config, self.timeout_s, self.clock)
         return self._notifications
+
+    def _now_ms(self) -> int:
+        return int(self.clock.time() * 1000)
 
     async def collect(self, cfg: TopicConfig, leading: Callable[[], bool] = lambda: True,
                       floors: dict[str, int] | None = None) -> TopicReport:
         """Expire and collect one topic's own objects (steps 1-4 of the module doc); adds to
         `floors` the oldest object per home its retained notifications name."""
-        now = self.clock_ms()
+        now = self._now_ms()
         kafka_topic = cfg.notification_topic_for(self.config.cluster.name)
+        scope = _Scope(cfg.name, f"topic {cfg.name}", (kafka_topic,), (cfg.name,))
         await asyncio.to_thread(self.notifications.sync_retention, kafka_topic, cfg.retention_ms)
         time_cut = now - cfg.retention_ms
-        swept = self._swept.setdefault(cfg.name, now - 2 * self.orphan_grace_ms)
-        window = retention.orphan_window(now, self.orphan_grace_ms, swept, time_cut)
+        window = self._orphan_window(scope, now, time_cut)
         if cfg.retention_bytes is not None and cfg.storage_group and cfg.name not in self._warned_bytes:
             self._warned_bytes.add(cfg.name)   # stored before storage groups: creating one is refused
             log.warning("janitor: topic %s: retention_bytes counts its own objects only; its parts of storage "
@@ -335,43 +261,32 @@ class Janitor:
             for home, ms in named.items():
                 floors[home] = min(ms, floors.get(home, ms))
         object_ms = retention.object_cutoff(pointer_ms, min(named.values(), default=None), self.grace_ms)
-        expired = retention.expired(listed, object_ms)
-        orphans: list[ObjectInfo] = []
-        if window is not None:
-            start, end = max(window[0], pointer_ms), window[1]
-            candidates = [o for o in listed if start <= o.timestamp_ms < end]
-            if candidates:
-                referenced = await asyncio.to_thread(self.notifications.references, kafka_topic, start, end)
-                orphans = retention.orphans(candidates, referenced)
-        if expired and self.audit is not None:
-            self.audit.expired(topic=cfg.name, before_ms=object_ms)
-        failed = 0
-        for reason, objs in (("expired", expired), ("orphan", orphans)):
-            if objs:
-                failed += await self._delete(cfg.name, reason, objs, leading)
-        if window is not None and not failed:
-            self._swept[cfg.name] = window[1]
-        report = TopicReport(cfg.name, pointer_ms, object_ms, tuple(expired), tuple(orphans), failed)
-        self.metrics.passes.labels(cfg.name).inc()
-        if expired or orphans or failed:
-            log.info("janitor: topic %s: %d expired (%d bytes, before %d), %d orphans (%d bytes), %d failed",
-                     cfg.name, len(expired), sum(o.size for o in expired), object_ms, len(orphans),
-                     sum(o.size for o in orphans), failed)
-        return report
+        return await self._collect(scope, listed, window, pointer_ms, object_ms, leading)
 
     async def collect_group(self, group: str, members: Sequence[TopicConfig], reports: Sequence[TopicReport],
                             floors: Mapping[str, int], leading: Callable[[], bool] = lambda: True) -> TopicReport:
         """Expire and collect a storage group's shared objects, after its member topics' passes
         (`reports`) expired their notifications."""
-        now = self.clock_ms()
-        label = group_label(group)
+        now = self._now_ms()
+        scope = _Scope(group_label(group), f"storage group {group}",
+                       tuple(cfg.notification_topic_for(self.config.cluster.name) for cfg in members),
+                       tuple(cfg.name for cfg in members))
         pointer_ms = min(r.pointer_ms for r in reports)
         object_ms = retention.group_cutoff([r.object_ms for r in reports], floors.get(group_home(group)), self.grace_ms)
-        swept = self._swept.setdefault(label, now - 2 * self.orphan_grace_ms)
-        window = retention.orphan_window(now, self.orphan_grace_ms, swept, pointer_ms)
-        ranges = retention.listing_ranges((0, object_ms), window or (0, 0))
-        listed = [o for start, end in ranges
+        window = self._orphan_window(scope, now, pointer_ms)
+        listed = [o for start, end in retention.listing_ranges((0, object_ms), window or (0, 0))
                   for o in await self.storage.list_group(group, start, end, all_attempts=True)]
+        return await self._collect(scope, listed, window, pointer_ms, object_ms, leading)
+
+    def _orphan_window(self, scope: _Scope, now: int, pointer_ms: int) -> tuple[int, int] | None:
+        """This pass's orphan sweep window of `scope` (a new janitor starts one grace back)."""
+        swept = self._swept.setdefault(scope.label, now - 2 * self.orphan_grace_ms)
+        return retention.orphan_window(now, self.orphan_grace_ms, swept, pointer_ms)
+
+    async def _collect(self, scope: _Scope, listed: list[ObjectInfo], window: tuple[int, int] | None,
+                       pointer_ms: int, object_ms: int, leading: Callable[[], bool]) -> TopicReport:
+        """The part of a pass topics and groups share, once the cutoffs are known: find the
+        expired objects and the orphans among `listed`, tell the audit, delete, count, report."""
         expired = retention.expired(listed, object_ms)
         orphans: list[ObjectInfo] = []
         if window is not None:
@@ -379,26 +294,24 @@ class Janitor:
             candidates = [o for o in listed if start <= o.timestamp_ms < end]
             if candidates:
                 referenced: set[str] = set()
-                for cfg in members:
-                    referenced |= await asyncio.to_thread(self.notifications.references,
-                                                          cfg.notification_topic_for(self.config.cluster.name),
-                                                          start, end)
+                for kafka_topic in scope.kafka_topics:
+                    referenced |= await asyncio.to_thread(self.notifications.references, kafka_topic, start, end)
                 orphans = retention.orphans(candidates, referenced)
         if expired and self.audit is not None:
-            for cfg in members:
-                self.audit.expired(topic=cfg.name, before_ms=object_ms)
+            for topic in scope.audited:
+                self.audit.expired(topic=topic, before_ms=object_ms)
         failed = 0
         for reason, objs in (("expired", expired), ("orphan", orphans)):
             if objs:
-                failed += await self._delete(label, reason, objs, leading)
+                failed += await self._delete(scope.label, reason, objs, leading)
         if window is not None and not failed:
-            self._swept[label] = window[1]
-        self.metrics.passes.labels(label).inc()
+            self._swept[scope.label] = window[1]
+        self.metrics.passes.labels(scope.label).inc()
         if expired or orphans or failed:
-            log.info("janitor: storage group %s: %d expired (%d bytes, before %d), %d orphans (%d bytes), %d failed",
-                     group, len(expired), sum(o.size for o in expired), object_ms, len(orphans),
+            log.info("janitor: %s: %d expired (%d bytes, before %d), %d orphans (%d bytes), %d failed",
+                     scope.what, len(expired), sum(o.size for o in expired), object_ms, len(orphans),
                      sum(o.size for o in orphans), failed)
-        return TopicReport(label, pointer_ms, object_ms, tuple(expired), tuple(orphans), failed)
+        return TopicReport(scope.label, pointer_ms, object_ms, tuple(expired), tuple(orphans), failed)
 
     async def _delete(self, topic: str, reason: str, objs: list[ObjectInfo], leading: Callable[[], bool]) -> int:
         """Delete `objs` a request (`DELETE_CHUNK` keys) at a time, while still the governor;

@@ -104,22 +104,6 @@ def values(c: Consumer, batches: int) -> list[bytes]:
     return [bytes(r.value) for _ in range(batches) for r in c.poll(5)]
 
 
-class StepClock:
-    """A Clock that moves only when told (`advance`)."""
-
-    def __init__(self, now: float = 1_000.0) -> None:
-        self.now = now
-
-    def monotonic(self) -> float:
-        return self.now
-
-    def time(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
-
-
 @dataclass
 class CommitRecorder:
     """A CommitLog that records each commit, or fails with `fail` when set."""

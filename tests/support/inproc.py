@@ -15,7 +15,8 @@ from memq.notify import KafkaTopic
 
 
 class OneByOne:
-    """A test publisher's `publish_many` from its `publish`: each note in turn, errors as results."""
+    """A test publisher (the broker's `Publisher`): `publish_many` from its `publish`, each note
+    in turn, errors as results; always healthy, nothing to close."""
 
     async def publish(self, kafka_topic: str, n: Notification) -> tuple[int, int]:
         raise NotImplementedError
@@ -55,7 +56,7 @@ def broker_in_thread(config: MemqConfig) -> Iterator[str]:
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, name="broker-loop", daemon=True)
     thread.start()
-    broker = Broker(config, publisher=NullPublisher(), admin=NullAdmin())   # type: ignore[arg-type]
+    broker = Broker(config, publisher=NullPublisher(), admin=NullAdmin())   # type: ignore[arg-type]  # admin: a TopicAdmin
     try:
         yield asyncio.run_coroutine_threadsafe(broker.start(), loop).result(30)
     finally:
