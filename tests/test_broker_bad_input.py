@@ -9,20 +9,16 @@ from collections.abc import AsyncIterator, Callable
 
 import aiohttp
 import pytest
+from tests.support.processor import good_message
 
 from memq.broker.server import Broker
 from memq.config import MemqConfig
 from memq.devcluster import DevCluster
-from memq.format import Codec, LogMessage, encode_message
 from memq.format.wire import (BUNDLE_SUBPROTOCOL, NO_REQUEST_ID, Ack, AckLevel, decode_acks, encode_bundle,
                               encode_request)
-from test_broker_integration import running_broker, topic_config
+from tests.support.cluster import running_broker, topic_config
 
 pytestmark = pytest.mark.integration
-
-
-def good_message(seq: int, size: int = 10) -> bytes:
-    return encode_message([LogMessage(b"v" * size)], producer_id=7, epoch=0, sequence=seq, codec=Codec.NONE)
 
 
 async def next_acks(ws: aiohttp.ClientWebSocketResponse, n: int = 1) -> list[Ack]:

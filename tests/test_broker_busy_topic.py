@@ -18,7 +18,7 @@ from memq.config import BrokerConfig, MemqConfig, StorageConfig, TopicConfig
 from memq.format.wire import Ack, AckLevel, RequestFlag, decode_acks, encode_request
 from memq.storage import FileStorageHandler, ObjectLocation
 from tests.support.inproc import NullAdmin, NullPublisher
-from test_broker_bad_input import good_message
+from tests.support.processor import good_message
 
 
 class SlowTopicStorage(FileStorageHandler):

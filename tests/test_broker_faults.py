@@ -26,7 +26,7 @@ from memq.format.wire import AckLevel, decode_acks, encode_request
 from memq.notify import NotificationPublisher
 from memq.storage import ObjectLocation, make_storage
 from tests.support.faultproxy import FaultPlan, FaultProxy
-from test_broker_integration import (producer_config, read_notifications, read_stored, running_broker,
+from tests.support.cluster import (producer_config, read_notifications, read_stored, running_broker,
                                      topic_config)
 
 pytestmark = pytest.mark.integration

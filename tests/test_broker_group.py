@@ -21,7 +21,7 @@ from memq.errors import ConfigError
 from memq.format import Notification, decode_batch, object_crc32c
 from memq.format.wire import Ack, AckCode, AckLevel
 from memq.storage.naming import parse_key
-from tests.test_broker_processor import GatedStorage, MemoryPublisher, message
+from tests.support.processor import GatedStorage, MemoryPublisher, message
 
 
 def test_layout_puts_parts_back_to_back() -> None:

@@ -12,101 +12,21 @@ import dataclasses
 import re
 import threading
 import time
-import uuid
-from collections import Counter
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Callable
 from typing import Any
 
 import pytest
-from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+from tests.support.cluster import producer_config, read_notifications, read_stored, running_broker, topic_config
 
-from memq.broker.server import Broker
 from memq.client.producer import Delivery, Producer
-from memq.config import MemqConfig, ProducerConfig, TopicConfig
+from memq.config import TopicConfig
 from memq.devcluster import DevCluster
 from memq.errors import MessageTooLargeError, UnknownTopicError
-from memq.format import LogMessage, Notification, decode_batch
-from memq.storage import ObjectLocation, make_storage
+from memq.format import LogMessage, decode_batch
+from memq.storage import make_storage
 
 pytestmark = pytest.mark.integration
 
-# a stored LogMessage: (producer id, epoch, sequence, position in Message) -> (key, value, headers)
-Stored = dict[tuple[int, int, int, int], tuple[bytes | None, bytes, tuple]]
-
-
-@asynccontextmanager
-async def running_broker(config: MemqConfig) -> AsyncIterator[Broker]:
-    broker = Broker(config)
-    await broker.start()
-    try:
-        yield broker
-    finally:
-        await broker.stop()
-
-
-async def read_stored(config: MemqConfig, topic: str) -> tuple[Stored, dict[str, int], list[str]]:
-    """Every LogMessage in the topic's S3 objects; duplicates counted; object keys listed.
-
-    A topic with objects of its own is listed in S3 (so a batch stored but never announced is
-    found too); a topic of a shared storage group (the default for one not in `config.topics`)
-    is read through its notifications, the only record of which parts are its own."""
-    t = next((t for t in config.topics if t.name == topic), TopicConfig(topic))
-    storage = make_storage(config)
-    try:
-        if t.storage_group:
-            notes = await asyncio.to_thread(read_notifications, config.kafka.bootstrap_servers,
-                                            t.notification_topic_for(config.cluster.name))
-            keys = list(dict.fromkeys(n.key for n in notes))
-            blobs = [await storage.get_range(ObjectLocation(n.bucket, n.key), n.offset, n.size) for n in notes]
-        else:
-            infos = await storage.list_topic(topic, 0, 2**62)
-            keys = [i.location.key for i in infos]
-            blobs = [await storage.get(i.location) for i in infos]
-        stored: Stored = {}
-        dups: Counter[tuple[int, int, int, int]] = Counter()
-        for blob in blobs:
-            _, messages = decode_batch(blob)
-            for mh, records in messages:
-                for pos, r in enumerate(records):
-                    ident = (mh.producer_id, mh.epoch, mh.sequence, pos)
-                    dups[ident] += ident in stored
-                    stored[ident] = (r.key, r.value, tuple(map(tuple, r.headers)))
-        return stored, {str(k): v for k, v in dups.items() if v}, keys
-    finally:
-        await storage.close()
-
-
-def read_notifications(bootstrap: str, kafka_topic: str, timeout_s: float = 30) -> list[Notification]:
-    """Every notification on the topic, read from the beginning up to the high watermarks."""
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"verify-{uuid.uuid4().hex}",
-                  "enable.auto.commit": False, "auto.offset.reset": "earliest"})
-    try:
-        parts = list(c.list_topics(kafka_topic, timeout=10).topics[kafka_topic].partitions)
-        high = {p: c.get_watermark_offsets(TopicPartition(kafka_topic, p), timeout=10)[1] for p in parts}
-        c.assign([TopicPartition(kafka_topic, p, OFFSET_BEGINNING) for p in parts])
-        pos = {p: 0 for p in parts}
-        out: list[Notification] = []
-        deadline = time.monotonic() + timeout_s
-        while any(pos[p] < high[p] for p in parts):
-            assert time.monotonic() < deadline, f"notifications not read within {timeout_s}s: {pos} of {high}"
-            for m in c.consume(500, 0.5):
-                if m.error() is None:
-                    out.append(Notification.from_bytes(m.value()))
-                    pos[m.partition()] = m.offset() + 1
-        return out
-    finally:
-        c.close()
-
-
-def topic_config(name: str, **kw: Any) -> TopicConfig:
-    """Topics of their own objects ("" group): `read_stored` lists them by topic."""
-    return TopicConfig(name, **{"batch_bytes": 2 * 1024 * 1024, "max_message_bytes": 1024 * 1024, "batch_ms": 100,
-                              "read_partitions": 3, "storage_group": "", **kw})
-
-
-def producer_config(url: str, **kw: Any) -> ProducerConfig:
-    return ProducerConfig(brokers=url, **{"linger_ms": 5, "request_timeout_ms": 20_000, **kw})
 
 
 async def test_several_producers_100k_ack_all_exactly_once(devcluster: DevCluster,

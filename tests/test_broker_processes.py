@@ -18,7 +18,7 @@ from memq.devcluster.broker_process import BrokerProcess
 from memq.devcluster.process import free_port
 from memq.errors import MemqError
 from tests.support.faultproxy import FaultPlan, FaultProxy
-from test_broker_integration import producer_config, read_notifications, read_stored, topic_config
+from tests.support.cluster import producer_config, read_notifications, read_stored, topic_config
 
 pytestmark = pytest.mark.integration
 

@@ -14,7 +14,7 @@ import pytest
 from memq.client.producer import Producer
 from memq.devcluster import DevCluster
 from memq.devcluster.broker_process import BrokerProcess
-from test_broker_integration import producer_config, read_notifications, read_stored, topic_config
+from tests.support.cluster import producer_config, read_notifications, read_stored, topic_config
 
 pytestmark = pytest.mark.integration
 

@@ -10,85 +10,23 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable
 
 import boto3
 import pytest
+from tests.support.cluster import drain, records, write_batches
 
 from memq.client.consumer import Consumer, ConsumerRecord, notification_topic
 from memq.config import ConsumerConfig, MemqConfig
 from memq.devcluster import DevCluster
 from memq.errors import DataLossError
-from memq.format import (NOTIFICATION_VERSION, Codec, LogMessage, Notification, decode_message_header,
-                         encode_batch, encode_message, object_crc32c)
-from memq.notify import NotificationPublisher, TopicAdmin
-from memq.storage import ObjectLocation, make_storage
+from memq.format import (LogMessage)
+from memq.notify import TopicAdmin
+from memq.storage import ObjectLocation
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
 
-@dataclass(frozen=True)
-class Written:
-    """One batch as written: where its notification and object are, and what it holds."""
-
-    partition: int
-    offset: int
-    location: ObjectLocation
-    messages: tuple[tuple[int, int, int, tuple[LogMessage, ...]], ...]   # (pid, epoch, seq, records)
-    published_ms: int
-
-    @property
-    def records(self) -> list[LogMessage]:
-        return [r for *_, recs in self.messages for r in recs]
-
-
-def write_batches(config: MemqConfig, topic: str, batches: Sequence[Sequence[tuple[int, int, int, Sequence[LogMessage]]]],
-                  *, gap_s: float = 0.0) -> list[Written]:
-    """Store each batch as one object and publish its notification, like a broker does."""
-
-    async def run() -> list[Written]:
-        storage = make_storage(config)
-        publisher = NotificationPublisher(config.kafka, client_id="test-writer")
-        out = []
-        try:
-            for batch in batches:
-                msgs = [encode_message(list(recs), producer_id=pid, epoch=ep, sequence=seq, codec=Codec.ZSTD)
-                        for pid, ep, seq, recs in batch]
-                headers = [decode_message_header(m) for m in msgs]
-                now = int(time.time() * 1000)
-                chunks = encode_batch(msgs, headers, broker_id="test", created_ms=now)
-                first = headers[0]
-                loc = await storage.put_batch(topic, chunks, first_request_id=first.sequence,
-                                              timestamp_ms=now, broker_id="test")
-                note = Notification(
-                    v=NOTIFICATION_VERSION, topic=topic, bucket=loc.bucket, key=loc.key,
-                    size=sum(len(c) for c in chunks), header_size=len(chunks[0]), message_count=len(msgs),
-                    logmessage_count=sum(h.count for h in headers),
-                    min_timestamp_ms=min(h.min_timestamp_ms for h in headers),
-                    max_timestamp_ms=max(h.max_timestamp_ms for h in headers),
-                    crc32c=object_crc32c(chunks), broker_id="test", attempt=0, created_ms=now)
-                if gap_s:
-                    await asyncio.sleep(gap_s)
-                published = int(time.time() * 1000)
-                partition, offset = await publisher.publish(notification_topic(config, topic), note)
-                out.append(Written(partition, offset, loc,
-                                   tuple((p, e, s, tuple(r)) for p, e, s, r in batch), published))
-                if gap_s:
-                    await asyncio.sleep(gap_s)
-        finally:
-            publisher.close()
-            await storage.close()
-        return out
-
-    return asyncio.run(run())
-
-
-def records(n: int, tag: str, start: int = 0) -> list[LogMessage]:
-    base = int(time.time() * 1000)
-    return [LogMessage(value=f"{tag}-value-{i}".encode() * 3, key=f"{tag}-{i}".encode(),
-                       headers=(("i", str(i).encode()), ("tag", tag.encode())), timestamp_ms=base + i)
-            for i in range(start, start + n)]
 
 
 @pytest.fixture
@@ -104,16 +42,6 @@ def topic(devcluster: DevCluster, unique_name: Callable[[str], str]) -> Callable
         return config, name
 
     return make
-
-
-def drain(consumer: Consumer, expect: int, timeout_s: float = 30.0) -> list[ConsumerRecord]:
-    """Poll until `expect` records arrived (fails on timeout), each poll fully iterated."""
-    out: list[ConsumerRecord] = []
-    deadline = time.monotonic() + timeout_s
-    while len(out) < expect:
-        assert time.monotonic() < deadline, f"got {len(out)} of {expect} records"
-        out.extend(consumer.poll(0.5))
-    return out
 
 
 def as_log(r: ConsumerRecord) -> LogMessage:

@@ -29,7 +29,7 @@ from memq.errors import OffsetOutOfRangeError
 from memq.format import Codec, LogMessage, encode_message
 from memq.format.wire import AckLevel, decode_acks, encode_request
 from memq.notify import NotificationConsumer, TopicAdmin
-from test_broker_integration import producer_config, read_stored, running_broker, topic_config
+from tests.support.cluster import producer_config, read_stored, running_broker, topic_config
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
@@ -167,7 +167,7 @@ def test_a_position_past_the_retained_notifications_follows_auto_offset_reset(
         devcluster: DevCluster, unique_name: Callable[[str], str]) -> None:
     """tansu keeps every record (no retention, no delete-records), so the committed offset is
     put past the end of the log: Kafka's OffsetOutOfRange all the same."""
-    from test_consumer import records, write_batches
+    from tests.support.cluster import records, write_batches
 
     topic = unique_name("reset")
     config = devcluster.config()

@@ -29,8 +29,8 @@ from memq.config import ConsumerConfig
 from memq.devcluster import DevCluster
 from memq.devcluster.broker_process import config_toml
 from memq.devcluster.process import free_port
-from test_broker_integration import producer_config, read_notifications, read_stored, topic_config
-from test_consumer import drain
+from tests.support.cluster import producer_config, read_notifications, read_stored, topic_config
+from tests.support.cluster import drain
 
 pytestmark = [pytest.mark.container, pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(1200)]
 

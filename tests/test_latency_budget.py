@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from test_broker_processor import Harness
+from tests.support.processor import Harness
 
 from memq.config import TopicConfig, build
 from memq.errors import ConfigError

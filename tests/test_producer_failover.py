@@ -17,7 +17,7 @@ from memq.config import MemqConfig, ProducerConfig
 from memq.devcluster import DevCluster
 from memq.devcluster.broker_process import BrokerProcess
 from memq.storage.naming import parse_key
-from test_broker_integration import topic_config
+from tests.support.cluster import topic_config
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 

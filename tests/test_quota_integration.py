@@ -20,7 +20,7 @@ from memq.client.producer import Producer
 from memq.config import BrokerConfig, MemqConfig, ProducerConfig, QuotaConfig, SecurityConfig
 from memq.devcluster import DevCluster
 from tests.support.security import ALICE, ALICE_ENTRY, BOB, BOB_ENTRY
-from tests.test_broker_integration import read_stored, running_broker, topic_config
+from tests.support.cluster import read_stored, running_broker, topic_config
 
 pytestmark = pytest.mark.integration
 

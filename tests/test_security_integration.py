@@ -26,7 +26,7 @@ from memq.devcluster.broker_process import config_toml
 from memq.errors import AuthenticationError, AuthorizationError, BrokerUnavailableError, ProduceError
 from memq.security.tokens import new_token
 from tests.support.security import ALICE, ALICE_ENTRY, BOB, BOB_ENTRY
-from tests.test_broker_integration import read_stored, running_broker, topic_config
+from tests.support.cluster import read_stored, running_broker, topic_config
 
 pytestmark = pytest.mark.integration
 

@@ -17,7 +17,7 @@ from memq.config import BrokerConfig, SecurityConfig
 from memq.devcluster import DevCluster
 from memq.broker.doors.kafka import PRE_AUTH_MAX_FRAME
 from tests.support.security import ALICE, ALICE_ENTRY, BOB, BOB_ENTRY, kafka_send, sasl
-from tests.test_broker_integration import read_stored, running_broker, topic_config
+from tests.support.cluster import read_stored, running_broker, topic_config
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 

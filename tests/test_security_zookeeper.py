@@ -21,7 +21,7 @@ from memq.errors import MemqError
 from memq.governor.security_store import SecurityStore
 from memq.security.tls import client_context
 from memq.security.tokens import new_token
-from tests.test_broker_integration import read_stored
+from tests.support.cluster import read_stored
 
 pytestmark = pytest.mark.integration
 

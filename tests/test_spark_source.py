@@ -192,7 +192,7 @@ def test_streaming_available_now_resumes_from_checkpoint(spark: SparkSession, co
 def test_a_message_stored_in_two_objects_yields_its_rows_once(spark: SparkSession, config: MemqConfig,
                                                               tmp_path: Path) -> None:
     """A producer's retry stored by a second broker: two objects, likely on two read partitions."""
-    from test_consumer import records, write_batches
+    from tests.support.cluster import records, write_batches
 
     from memq.client.consumer import notification_topic
     from memq.notify import TopicAdmin

@@ -21,7 +21,7 @@ from memq.devcluster import DevCluster
 from memq.devcluster.broker_process import BrokerProcess
 from memq.errors import ConfigError
 from memq.format import LogMessage
-from test_broker_integration import read_stored
+from tests.support.cluster import read_stored
 
 pytest.importorskip("pyspark")
 from pyspark.sql import SparkSession  # noqa: E402
