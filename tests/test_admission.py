@@ -40,7 +40,7 @@ def admission(*, hosted: dict[str, TopicConfig], allow: bool = True, checks: tup
     security = SecurityConfig(enabled=True, acls=() if not allow else ("allow alice produce prefix:",))
     procs = {name: SimpleNamespace(config=cfg) for name, cfg in hosted.items()}
     return Admission(guard=Guard(security, metrics.denials),
-                     quotas=Throttler(QuotaTable({}, {}, None, None), burst_s=1.0, max_delay_s=1.0),
+                     quotas=Throttler(QuotaTable(), burst_s=1.0, max_delay_s=1.0),
                      metrics=metrics, clock=SystemClock(), processor=procs.get,  # type: ignore[arg-type]
                      where_is=lambda t: (AckCode.UNKNOWN_TOPIC, f"topic {t!r} is not known", ()), checks=checks)
 
@@ -77,7 +77,7 @@ async def ws_produce(broker: Broker, topic: str) -> tuple[bool, str, str]:
     """(ok, code, error) of one ack=all Message through memq's WebSocket door."""
     msg = encode_message([LogMessage(b"v")], producer_id=1, epoch=0, sequence=hash(topic) & 0xFFFF, codec=Codec.NONE)
     async with aiohttp.ClientSession() as s, s.ws_connect(broker.url + "/v1/produce") as ws:
-        await ws.send_bytes(encode_request(5, AckLevel.ALL, topic, msg))
+        await ws.send_bytes(encode_request(5, AckLevel.ALL, topic, bytes(msg)))
         async with asyncio.timeout(10):
             reply = await ws.receive()
     [ack] = decode_acks(reply.data)

@@ -48,7 +48,7 @@ async def slow_topic_broker(tmp_path: Path, **topic: Any) -> AsyncIterator[tuple
     config = MemqConfig(topics=topics, storage=StorageConfig(kind="file", root_dir=str(tmp_path)),
                         broker=BrokerConfig(port=0, busy_wait_ms=30_000))
     storage = SlowTopicStorage(tmp_path, "slow")
-    broker = Broker(config, storage=storage, publisher=NullPublisher(), admin=NullAdmin())  # type: ignore[arg-type]
+    broker = Broker(config, storage=storage, publisher=NullPublisher(), admin=NullAdmin())
     await broker.start()
     try:
         yield broker, storage

@@ -37,7 +37,7 @@ async def test_no_connection_is_accepted_before_configured_topics_are_open(tmp_p
     config = MemqConfig(storage=StorageConfig(kind="file", root_dir=str(tmp_path)),
                         broker=BrokerConfig(port=port), topics=(TopicConfig("t1"),))
     admin = GatedAdmin()
-    broker = Broker(config, publisher=NullPublisher(), admin=admin)   # type: ignore[arg-type]
+    broker = Broker(config, publisher=NullPublisher(), admin=admin)
     starting = asyncio.create_task(broker.start())
     try:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2)) as s:
@@ -71,7 +71,7 @@ class RecordingAdmin:
 async def test_a_governed_broker_answers_starting_until_it_hosts_its_assignment(tmp_path: Path) -> None:
     config = MemqConfig(storage=StorageConfig(kind="file", root_dir=str(tmp_path)), broker=BrokerConfig(port=0))
     admin = RecordingAdmin()
-    broker = Broker(config, publisher=NullPublisher(), admin=admin)   # type: ignore[arg-type]
+    broker = Broker(config, publisher=NullPublisher(), admin=admin)
     url = await broker.start(ready=False)
     try:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as s:
@@ -90,7 +90,7 @@ async def test_a_governed_broker_answers_starting_until_it_hosts_its_assignment(
 async def test_a_topic_whose_notification_topic_fails_does_not_keep_the_others_out(tmp_path: Path) -> None:
     config = MemqConfig(storage=StorageConfig(kind="file", root_dir=str(tmp_path)), broker=BrokerConfig(port=0))
     admin = RecordingAdmin(failing=frozenset({"memq.dev.bad"}))
-    broker = Broker(config, publisher=NullPublisher(), admin=admin)   # type: ignore[arg-type]
+    broker = Broker(config, publisher=NullPublisher(), admin=admin)
     await broker.start()
     try:
         with pytest.raises(NotifyError, match="cannot host 1 topics.*'memq.dev.bad': boom"):

@@ -32,7 +32,7 @@ async def broker(tmp_path) -> AsyncIterator[Broker]:
                         audit=AuditConfig(enabled=False),   # no Kafka here for the broker's audit records
                         topics=(TopicConfig("t1", read_partitions=2, batch_ms=20, storage_group=""),  # `stored` lists it
                                 TopicConfig("gone", batch_ms=20)))
-    b = Broker(config, publisher=NullPublisher(), admin=NullAdmin())   # type: ignore[arg-type]
+    b = Broker(config, publisher=NullPublisher(), admin=NullAdmin())
     await b.start()
     try:
         yield b

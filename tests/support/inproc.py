@@ -56,7 +56,7 @@ def broker_in_thread(config: MemqConfig) -> Iterator[str]:
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, name="broker-loop", daemon=True)
     thread.start()
-    broker = Broker(config, publisher=NullPublisher(), admin=NullAdmin())   # type: ignore[arg-type]  # admin: a TopicAdmin
+    broker = Broker(config, publisher=NullPublisher(), admin=NullAdmin())  # admin: a TopicAdmin
     try:
         yield asyncio.run_coroutine_threadsafe(broker.start(), loop).result(30)
     finally:
