@@ -186,6 +186,27 @@ def test_guard_uses_the_config_and_the_stored_lists() -> None:
     assert not guard.may("alice", Operation.PRODUCE, "t") and guard.may("admin", Operation.ADMIN, "t")
 
 
+def test_guard_shows_describable_topics_and_refuses_named_ones_alike_existing_or_not() -> None:
+    from prometheus_client import CollectorRegistry, Counter
+
+    from memq.broker.guard import Guard
+    from memq.config import SecurityConfig
+    from memq.format.metadata import ClusterMetadata, StorageMetadata, TopicMetadata, TopicRefusal
+
+    md = ClusterMetadata("c", "b1", "k:1", StorageMetadata(),
+                         topics={n: TopicMetadata(n, f"memq.c.{n}", 1, ("http://b1",)) for n in ("sec-a", "sec-b")})
+    rules = ("allow alice produce literal:sec-a",)
+    denials = Counter("d", "d", ["operation"], registry=CollectorRegistry())
+    guard = Guard(SecurityConfig(enabled=True, acls=rules), denials)
+    seen = guard.visible("alice", md, ["sec-a", "sec-b", "ghost", "sec-b"])
+    assert set(seen.topics) == {"sec-a"}                                  # produce implies describe
+    refusal = TopicRefusal("alice", "describe")
+    assert seen.refused == {"sec-b": refusal, "ghost": refusal}          # existing or not: the same
+    assert denials.labels("describe")._value.get() == 2
+    assert guard.visible("alice", md, []).refused == {}                  # a plain listing refuses nothing
+    assert Guard(SecurityConfig(), denials).visible(None, md, ["sec-b"]) is md   # security off
+
+
 def test_security_lists_edit_through_any_store() -> None:
     """The five admin operations over an in-memory `edit` (as over a file or ZooKeeper)."""
     doc = StoredSecurity()
