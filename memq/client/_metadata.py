@@ -129,7 +129,7 @@ class TopicRouter:
                 if info.brokers:
                     hosting.setdefault(name, {}).update(dict.fromkeys(info.brokers))
         if topic not in hosting:
-            refused = next((e for md in answered if (e := refusal(md, topic)) is not None), None)
+            refused = next((r for md in answered if (r := refusal(md, topic)) is not None), None)
             if refused is not None:   # not retriable: the principal needs a rule, not time
                 raise refused
             raise UnknownTopicError(f"topic {topic!r} is not hosted by any broker ({', '.join(self._known)})")

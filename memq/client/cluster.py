@@ -110,7 +110,7 @@ def discover(urls: list[str], topic: str, timeout_s: float, auth: BrokerAuth = N
         if topic in md.topics:
             return md
         answered.append(md)
-    refused = next((e for md in answered if (e := refusal(md, topic)) is not None), None)
+    refused = next((r for md in answered if (r := refusal(md, topic)) is not None), None)
     if refused is not None:
         raise refused
     if answered:
