@@ -42,18 +42,23 @@ def refused(topic: str) -> str:
     return f"principal alice may not describe topic {topic}"
 
 
+Names = tuple[str, str, str, str]
+
+
 @pytest.fixture
-def names(unique_name: Callable[[str], str]) -> tuple[str, str, str]:
-    """(alice may produce, exists but alice has no rule, does not exist)."""
-    return unique_name("sec-a"), unique_name("sec-b"), unique_name("ghost")
+def names(unique_name: Callable[[str], str]) -> Names:
+    """(alice may produce, exists but alice has no rule, does not exist, alice may produce but
+    it does not exist yet)."""
+    return unique_name("sec-a"), unique_name("sec-b"), unique_name("ghost"), unique_name("later")
 
 
-def secured(devcluster: DevCluster, names: tuple[str, str, str]) -> MemqConfig:
-    sec_a, sec_b, _ = names
+def secured(devcluster: DevCluster, names: Names) -> MemqConfig:
+    sec_a, sec_b, _, later = names
     return dataclasses.replace(
         devcluster.config(topics=[topic_config(sec_a, read_partitions=1), topic_config(sec_b, read_partitions=1)]),
         broker=BrokerConfig(kafka_port=0), audit=AuditConfig(enabled=False),
-        security=SecurityConfig(enabled=True, tokens=(str(ALICE_ENTRY),), acls=(f"allow alice produce literal:{sec_a}",)))
+        security=SecurityConfig(enabled=True, tokens=(str(ALICE_ENTRY),),
+                                acls=(f"allow alice produce literal:{sec_a}", f"allow alice produce literal:{later}")))
 
 
 def as_alice(config: MemqConfig, url: str) -> MemqConfig:
@@ -63,8 +68,8 @@ def as_alice(config: MemqConfig, url: str) -> MemqConfig:
 
 
 async def test_produce_implies_describe_and_a_refusal_is_at_once_existing_or_not(
-        devcluster: DevCluster, names: tuple[str, str, str]) -> None:
-    sec_a, sec_b, ghost = names
+        devcluster: DevCluster, names: Names) -> None:
+    sec_a, sec_b, ghost, _ = names
     config = secured(devcluster, names)
     async with running_broker(config) as broker:
         client = as_alice(config, broker.url)
@@ -100,8 +105,8 @@ async def test_produce_implies_describe_and_a_refusal_is_at_once_existing_or_not
 
 
 async def test_cli_and_spark_options_fail_at_once_naming_the_refusal(
-        devcluster: DevCluster, names: tuple[str, str, str], tmp_path: Path) -> None:
-    sec_a, sec_b, ghost = names
+        devcluster: DevCluster, names: Names, tmp_path: Path) -> None:
+    sec_a, sec_b, ghost, later = names
     config = secured(devcluster, names)
     async with running_broker(config) as broker:
         path = tmp_path / "alice.toml"
@@ -129,17 +134,23 @@ async def test_cli_and_spark_options_fail_at_once_naming_the_refusal(
             # the Spark source's driver: the same error before any task starts
             with pytest.raises(AuthorizationError, match=refused(topic)):
                 await asyncio.to_thread(parse_options, _spark_options(topic, broker.url, path))
+        # a topic alice may use that no broker hosts (yet) is waited for, saying so, for --max-block
+        start = time.monotonic()
+        waited = await asyncio.to_thread(memq, "produce", later, "--max-block", "2", stdin="x\n")
+        assert waited.returncode == 1 and "UnknownTopicError" in waited.stderr, waited.stderr
+        assert f"waiting for a broker to host topic {later} (up to 2 s, --max-block)" in waited.stderr
+        assert 2.0 <= time.monotonic() - start < AT_ONCE_S
     stored, _, _ = await read_stored(config, sec_a)
     assert sorted(v for _, v, _ in stored.values()) == [b"x"]
 
 
 @pytest.mark.spark
 async def test_a_spark_read_of_a_refused_topic_fails_with_the_refusal(
-        devcluster: DevCluster, names: tuple[str, str, str], tmp_path: Path) -> None:
+        devcluster: DevCluster, names: Names, tmp_path: Path) -> None:
     pytest.importorskip("pyspark")
     from spark_source.session import local_session
 
-    _, sec_b, _ = names
+    _, sec_b, _, _ = names
     config = secured(devcluster, names)
     async with running_broker(config) as broker:
         path = tmp_path / "alice.toml"
