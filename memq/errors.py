@@ -112,7 +112,8 @@ class AuthenticationError(MemqError):
 
 
 class AuthorizationError(ProduceError):
-    """An ACL denied the request; the message names the principal, the operation and the topic."""
+    """An ACL denied the request (a produce, or seeing a topic at all: describe); the message names
+    the principal, the operation and the topic. A rule to add, so never retried."""
 
 
 class BrokerUnavailableError(MemqError):

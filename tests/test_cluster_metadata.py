@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
 
-from memq.client.cluster import broker_urls, resolve, resolve_topic
+from memq.client.cluster import broker_urls, metadata_url, refusal, resolve, resolve_topic
 from memq.config import KafkaConfig, MemqConfig, ProducerConfig, S3Config, TopicConfig
-from memq.errors import BrokerUnavailableError, CorruptDataError, UnsupportedVersionError
+from memq.errors import AuthorizationError, BrokerUnavailableError, CorruptDataError, UnsupportedVersionError
 from memq.format.metadata import (METADATA_VERSION, BrokerMetadata, ClusterMetadata, ClusterView,
-                                  StorageMetadata, TopicMetadata)
+                                  StorageMetadata, TopicMetadata, TopicRefusal)
 
 MD = ClusterMetadata(
     cluster="prod", broker_id="b1", kafka_bootstrap_servers="k1:9092,k2:9092",
@@ -35,6 +36,29 @@ def test_unknown_fields_are_ignored_and_missing_v_is_version_1() -> None:
     assert ClusterMetadata.from_dict(doc) == MD
 
 
+def test_refusals_round_trip_and_an_older_brokers_document_has_none() -> None:
+    refused = dataclasses.replace(MD, refused={"secret": TopicRefusal("alice", "describe")})
+    doc = json.loads(json.dumps(refused.to_dict()))
+    assert doc["refused"] == {"secret": {"principal": "alice", "operation": "describe"}}
+    assert ClusterMetadata.from_dict(doc) == refused
+    del doc["refused"]
+    assert ClusterMetadata.from_dict(doc).refused == {}
+
+
+def test_a_refusal_is_an_authorization_error_naming_principal_operation_and_topic() -> None:
+    refused = dataclasses.replace(MD, refused={"secret": TopicRefusal("alice", "describe")})
+    error = refusal(refused, "secret")
+    assert isinstance(error, AuthorizationError)
+    assert "principal alice may not describe topic secret" in str(error)
+    assert "memq acl add allow alice produce literal:secret" in str(error)
+    assert refusal(refused, "events") is None and refusal(MD, "secret") is None
+
+
+def test_metadata_urls_name_the_topics_asked_about() -> None:
+    assert metadata_url("http://b1:8080/") == "http://b1:8080/v1/metadata"
+    assert metadata_url("http://b1:8080", ("a b", "c&d")) == "http://b1:8080/v1/metadata?topic=a+b&topic=c%26d"
+
+
 def test_an_overlay_replaces_brokers_and_topics_only() -> None:
     view = ClusterView(brokers=(BrokerMetadata("b9", "http://b9"),),
                        topics={"x": TopicMetadata("x", "memq.prod.x", 1, ())})
@@ -52,6 +76,8 @@ def test_an_overlay_replaces_brokers_and_topics_only() -> None:
     (lambda d: d["topics"]["events"].update(brokers=[1]), CorruptDataError, "brokers"),
     (lambda d: d.update(brokers={}), CorruptDataError, "brokers"),
     (lambda d: d["kafka"].update(bootstrap_servers=None), CorruptDataError, "bootstrap_servers"),
+    (lambda d: d.update(refused=["t"]), CorruptDataError, "refused"),
+    (lambda d: d.update(refused={"t": {"principal": "a"}}), CorruptDataError, "operation"),
 ])
 def test_bad_documents_raise_naming_the_field(mutate, error, named: str) -> None:
     doc = MD.to_dict()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import struct
 
 import pytest
@@ -9,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from memq.errors import ConfigError, ProtocolError
-from memq.format.metadata import BrokerMetadata, ClusterMetadata, StorageMetadata, TopicMetadata
+from memq.format.metadata import BrokerMetadata, ClusterMetadata, StorageMetadata, TopicMetadata, TopicRefusal
 from memq.format.wire import AckCode, AckLevel
 from memq.kafka_api.mapping import ack_level, error_code, memq_producer_id, metadata_view, node_id, split_address
 from memq.kafka_api.protocol import (SUPPORTED, ApiKey, ErrorCode, Node, ProduceResult, PartitionResult, Reader,
@@ -123,6 +124,9 @@ def test_metadata_view_spreads_leaders_over_hosting_brokers_with_a_kafka_listene
                       TopicPartitions("old", ErrorCode.LEADER_NOT_AVAILABLE),
                       TopicPartitions("nope", ErrorCode.UNKNOWN_TOPIC_OR_PARTITION)]
     assert [t.name for t in metadata_view(meta, None)[1]] == ["old", "t"]
+    hidden = dataclasses.replace(meta, topics={}, refused={n: TopicRefusal("bob", "describe") for n in ("t", "nope")})
+    assert metadata_view(hidden, ("t", "nope"))[1] == [TopicPartitions("t", ErrorCode.TOPIC_AUTHORIZATION_FAILED),
+                                                      TopicPartitions("nope", ErrorCode.TOPIC_AUTHORIZATION_FAILED)]
 
 
 def test_bad_listener_address_names_the_value() -> None:

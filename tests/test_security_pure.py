@@ -12,7 +12,7 @@ import trustme
 
 from memq.config import load_config
 from memq.errors import ConfigError
-from memq.security.acl import Operation, is_allowed, parse_rule, parse_rules
+from memq.security.acl import IMPLIES, Operation, is_allowed, parse_rule, parse_rules
 from memq.security.stored import SecurityLists, StoredSecurity
 from memq.security.tls import client_context, server_context, subject_cn
 from memq.security.tokens import hash_token, new_token, parse_entry, principal_of
@@ -39,6 +39,38 @@ RULES = parse_rules([
 ])
 def test_acl_decisions(principal: str, op: Operation, topic: str, expected: bool) -> None:
     assert is_allowed(RULES, principal, op, topic) is expected
+
+
+IMPLYING = parse_rules([
+    "allow alice produce literal:sec-a",
+    "allow carol admin prefix:billing.",
+    "allow dave produce prefix:",
+    "deny dave describe literal:hidden",
+    "allow erin describe literal:t",
+    "deny erin produce literal:t",
+])
+
+
+@pytest.mark.parametrize(("principal", "op", "topic", "expected"), [
+    ("alice", Operation.DESCRIBE, "sec-a", True),       # produce implies describe (Kafka: WRITE -> DESCRIBE)
+    ("alice", Operation.DESCRIBE, "sec-b", False),      # ...on the topics it covers only
+    ("alice", Operation.ADMIN, "sec-a", False),         # produce implies nothing else
+    ("carol", Operation.DESCRIBE, "billing.eu", True),  # admin implies describe (Kafka: ALTER, DELETE)
+    ("carol", Operation.PRODUCE, "billing.eu", False),  # ...but not produce
+    ("dave", Operation.DESCRIBE, "orders", True),
+    ("dave", Operation.DESCRIBE, "hidden", False),      # a deny of describe beats an implied allow
+    ("dave", Operation.PRODUCE, "hidden", True),        # a deny names one operation: produce stays allowed
+    ("erin", Operation.PRODUCE, "t", False),
+    ("erin", Operation.DESCRIBE, "t", True),            # a denied produce takes away no describe allowed
+])
+def test_operations_imply_describe(principal: str, op: Operation, topic: str, expected: bool) -> None:
+    assert is_allowed(IMPLYING, principal, op, topic) is expected
+
+
+def test_describe_implies_nothing() -> None:
+    only_describe = parse_rules(["allow alice describe prefix:"])
+    assert not any(is_allowed(only_describe, "alice", op, "t") for op in (Operation.PRODUCE, Operation.ADMIN))
+    assert IMPLIES[Operation.PRODUCE] == {Operation.DESCRIBE} and Operation.DESCRIBE not in IMPLIES
 
 
 def test_no_rules_deny_everything() -> None:
@@ -152,6 +184,27 @@ def test_guard_uses_the_config_and_the_stored_lists() -> None:
     assert guard.may("alice", Operation.PRODUCE, "t") and guard.may("admin", Operation.ADMIN, "t")
     guard.use_stored(StoredSecurity())                                 # removed: the config file's stay
     assert not guard.may("alice", Operation.PRODUCE, "t") and guard.may("admin", Operation.ADMIN, "t")
+
+
+def test_guard_shows_describable_topics_and_refuses_named_ones_alike_existing_or_not() -> None:
+    from prometheus_client import CollectorRegistry, Counter
+
+    from memq.broker.guard import Guard
+    from memq.config import SecurityConfig
+    from memq.format.metadata import ClusterMetadata, StorageMetadata, TopicMetadata, TopicRefusal
+
+    md = ClusterMetadata("c", "b1", "k:1", StorageMetadata(),
+                         topics={n: TopicMetadata(n, f"memq.c.{n}", 1, ("http://b1",)) for n in ("sec-a", "sec-b")})
+    rules = ("allow alice produce literal:sec-a",)
+    denials = Counter("d", "d", ["operation"], registry=CollectorRegistry())
+    guard = Guard(SecurityConfig(enabled=True, acls=rules), denials)
+    seen = guard.visible("alice", md, ["sec-a", "sec-b", "ghost", "sec-b"])
+    assert set(seen.topics) == {"sec-a"}                                  # produce implies describe
+    refusal = TopicRefusal("alice", "describe")
+    assert seen.refused == {"sec-b": refusal, "ghost": refusal}          # existing or not: the same
+    assert denials.labels("describe")._value.get() == 2
+    assert guard.visible("alice", md, []).refused == {}                  # a plain listing refuses nothing
+    assert Guard(SecurityConfig(), denials).visible(None, md, ["sec-b"]) is md   # security off
 
 
 def test_security_lists_edit_through_any_store() -> None:

@@ -99,6 +99,33 @@ def test_stored_tokens_and_acls_apply_without_restart(secured: tuple[GovernedClu
     assert values[0] == b"allowed" and set(values) == {b"allowed", b"allowed-again"}
 
 
+def test_produce_alone_is_enough_and_no_rule_is_refused_at_once(
+        secured: tuple[GovernedCluster, DevSecurity, Path]) -> None:
+    """Issue 31's two scenarios as an operator sets them up: `memq token create alice`, `memq acl
+    add allow alice produce literal:sec-a`. alice writes to sec-a at once (produce implies
+    describe); to sec-b, or a topic that does not exist, she is refused at once by name, never
+    left to wait producer.max_block_ms (60 s) for a topic 'not hosted by any broker'."""
+    gc, _security, path = secured
+    for topic in ("sec-a", "sec-b"):
+        gc.create_topic(TopicConfig(name=topic, read_partitions=1))
+
+    def memq(*args: str) -> Result:
+        return CliRunner().invoke(main, ["--config", str(path), *args], catch_exceptions=False,
+                                  env={"MEMQ_PRODUCER_TOKEN": ""})
+
+    token = memq("token", "create", "alice").output.splitlines()[1]
+    assert memq("acl", "add", "allow", "alice", "produce", "literal:sec-a").exit_code == 0
+    client = gc.config()
+    until(lambda: send(client, token, "sec-a", b"applied"), "ok")      # the stored rules reached the broker
+    for topic, want in (("sec-a", "ok"),
+                        ("sec-b", "AuthorizationError: principal alice may not describe topic sec-b"),
+                        ("no-such-topic", "AuthorizationError: principal alice may not describe topic no-such-topic")):
+        start = time.monotonic()
+        assert want in send(client, token, topic, b"at-once"), topic
+        assert time.monotonic() - start < 10.0, topic                 # not max_block_ms (60 s)
+    assert sorted(v for _, v, _ in asyncio.run(read_stored(client, "sec-a"))[0].values()) == [b"applied", b"at-once"]
+
+
 def test_a_broker_starts_with_the_stored_tokens(devcluster: DevCluster, tmp_path: Path,
                                                 unique_name: Callable[[str], str]) -> None:
     """Tokens and ACLs stored before a broker starts work on its first request (read before it listens)."""

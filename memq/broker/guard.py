@@ -14,12 +14,14 @@ replaced whole, so a decision never sees half an update.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+import dataclasses
+from collections.abc import Awaitable, Callable, Iterable
 
 from aiohttp import web
 from prometheus_client import Counter
 
 from memq.config import SecurityConfig
+from memq.format.metadata import ClusterMetadata, TopicRefusal
 from memq.security.acl import Operation, is_allowed, parse_rules
 from memq.security.stored import StoredSecurity
 from memq.security.tls import subject_cn
@@ -81,6 +83,17 @@ class Guard:
         if not ok:
             self.count_denial(str(operation))
         return ok
+
+    def visible(self, principal: str | None, md: ClusterMetadata, requested: Iterable[str]) -> ClusterMetadata:
+        """`md` as `principal` may see it: only the topics it may describe, and each topic it asked
+        for by name and may not describe in `refused` (Kafka's Metadata answer), whether or not
+        the topic exists, so a refusal reveals nothing. Each refusal counts as a denial."""
+        if not self.enabled:
+            return md
+        topics = {name: t for name, t in md.topics.items() if self.may(principal, Operation.DESCRIBE, name)}
+        refused = {name: TopicRefusal(principal or "", str(Operation.DESCRIBE)) for name in dict.fromkeys(requested)
+                   if not self.allowed(principal, Operation.DESCRIBE, name)}
+        return dataclasses.replace(md, topics=topics, refused=refused)
 
     @web.middleware
     async def middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:

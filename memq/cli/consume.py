@@ -35,11 +35,14 @@ def consume(ctx: click.Context, topic: str, group: str | None, from_beginning: b
             max_messages: int | None, count_only: bool, idle_timeout: float | None, keys: bool) -> None:
     """Read TOPIC; commits after each batch (at-least-once) and on exit."""
     config = config_of(ctx)
-    from memq.client.consumer import Consumer, notification_topic  # after the config: bad settings fail first
+    from memq.client.cluster import resolve_topic   # after the config: bad settings fail first
+    from memq.client.consumer import Consumer
     from memq.notify import TopicAdmin
 
-    # Kafka answers and the topic exists, before anything else talks to Kafka: one clear error.
-    TopicAdmin(config.kafka).partitions(notification_topic(config, topic))
+    # The brokers first (a topic this principal may not see is refused as such, existing or
+    # not), then Kafka answers and the topic exists, before anything else talks to Kafka.
+    resolved = resolve_topic(config, topic)
+    TopicAdmin(resolved.config.kafka).partitions(resolved.topic.notification_topic)
     if from_beginning:
         config = replace(config, consumer=replace(config.consumer, auto_offset_reset="earliest"))
     err = Console(stderr=True)

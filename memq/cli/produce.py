@@ -1,4 +1,8 @@
-"""`memq produce TOPIC`: lines from stdin, or generated load, with the chosen ack level."""
+"""`memq produce TOPIC`: lines from stdin, or generated load, with the chosen ack level.
+
+A topic no broker hosts yet is waited for as a Producer does (Kafka's max.block.ms), but for
+`--max-block` (default at most `CLI_MAX_BLOCK_S`: someone is watching), saying so while it waits.
+"""
 
 from __future__ import annotations
 
@@ -7,9 +11,9 @@ import os
 import sys
 import time
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from dataclasses import replace
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, TypeVar
 
 import click
 from rich.console import Console
@@ -24,6 +28,9 @@ if TYPE_CHECKING:
 
 _CHUNK = 10_000          # records per send_batch call
 _READ_BYTES = 1 << 16
+CLI_MAX_BLOCK_S = 10.0   # the default wait for a topic no broker hosts (a Producer's is 60 s)
+_QUIET_S = 1.0           # a first send taking longer than this is waiting for its topic: say so
+T = TypeVar("T")
 
 
 @click.command()
@@ -37,12 +44,18 @@ _READ_BYTES = 1 << 16
 @click.option("--rate", type=click.FloatRange(min=0, min_open=True), default=None,
               help="Generated messages per second (default: as fast as acks allow).")
 @click.option("--keys", is_flag=True, help="stdin lines are 'key<TAB>value'.")
+@click.option("--max-block", "max_block_s", type=click.FloatRange(min=0), default=None,
+              help=f"Seconds a send may block: for a broker to host TOPIC, or for room in "
+                   f"producer.max_in_flight_bytes (default: producer.max_block_ms, at most {CLI_MAX_BLOCK_S:g}).")
 @click.pass_context
 def produce(ctx: click.Context, topic: str, ack: Literal["0", "1", "all"] | None, brokers: str | None, generate: int | None,
-            size: int, rate: float | None, keys: bool) -> None:
+            size: int, rate: float | None, keys: bool, max_block_s: float | None) -> None:
     """Send lines from stdin (one message each) or generated messages to TOPIC."""
     config = config_of(ctx)
-    pc = replace(config.producer, brokers=brokers or config.producer.brokers, ack=ack or config.producer.ack)
+    block_ms = round(max_block_s * 1000) if max_block_s is not None else \
+        min(config.producer.max_block_ms, round(CLI_MAX_BLOCK_S * 1000))
+    pc = replace(config.producer, brokers=brokers or config.producer.brokers, ack=ack or config.producer.ack,
+                 max_block_ms=block_ms)
     require(pc.brokers, "producer.brokers", "--brokers")
     err = Console(stderr=True)
     start = time.monotonic()
@@ -51,7 +64,7 @@ def produce(ctx: click.Context, topic: str, ack: Literal["0", "1", "all"] | None
         if generate is not None:
             sent = asyncio.run(_generated(pc, topic, generate, size, rate, err, audit))
         else:
-            sent = asyncio.run(_send(pc, topic, _stdin_chunks(keys), audit))
+            sent = asyncio.run(_send(pc, topic, _stdin_chunks(keys), err, audit))
     finally:
         if audit is not None:
             audit.close()
@@ -79,8 +92,19 @@ def _split(line: bytes, keys: bool) -> tuple[bytes, bytes | None]:
     return (value, key) if tab else (line, None)
 
 
+async def _waiting_noted(send: Awaitable[T], topic: str, pc: ProducerConfig, err: Console) -> T:
+    """`send` (a first one, which blocks while no broker hosts `topic`), saying what it waits
+    for when that takes longer than _QUIET_S."""
+    task = asyncio.ensure_future(send)
+    done, _ = await asyncio.wait({task}, timeout=_QUIET_S)
+    if not done:
+        err.print(f"waiting for a broker to host topic {topic} (up to {pc.max_block_ms / 1000:g} s, --max-block)",
+                  soft_wrap=True)
+    return await task
+
+
 async def _send(pc: ProducerConfig, topic: str, chunks: AsyncIterator[list[tuple[bytes, bytes | None]]],
-                audit: AuditSink | None) -> int:
+                err: Console, audit: AuditSink | None) -> int:
     from memq.client.producer import Producer
 
     sent = 0
@@ -89,7 +113,8 @@ async def _send(pc: ProducerConfig, topic: str, chunks: AsyncIterator[list[tuple
         async for chunk in chunks:
             values = [v for v, _ in chunk]
             ks = [k for _, k in chunk]
-            pending.append(await producer.send_many(topic, values, keys=ks if any(ks) else None))
+            sending = producer.send_many(topic, values, keys=ks if any(ks) else None)
+            pending.append(await (_waiting_noted(sending, topic, pc, err) if not sent else sending))
             sent += len(chunk)
             while pending and pending[0].done():
                 pending.popleft().result()
@@ -112,8 +137,9 @@ async def _generated(pc: ProducerConfig, topic: str, count: int, size: int, rate
             while sent < count:
                 n = min(_CHUNK if rate is None else max(1, int(rate / 10)), count - sent)
                 numbers = range(sent, sent + n)
-                pending.append(await producer.send_many(topic, [generated_value(i, size) for i in numbers],
-                                                        keys=[b"%d" % i for i in numbers]))
+                sending = producer.send_many(topic, [generated_value(i, size) for i in numbers],
+                                             keys=[b"%d" % i for i in numbers])
+                pending.append(await (_waiting_noted(sending, topic, pc, err) if not sent else sending))
                 sent += n
                 while pending and pending[0].done():
                     progress.advance(task, _count(pending.popleft().result()))

@@ -20,7 +20,7 @@ from memq.format.metadata import ClusterMetadata
 
 from ._auth import NO_AUTH, BrokerAuth
 from ._singleflight import SingleFlight
-from .cluster import fetch_metadata_async
+from .cluster import fetch_metadata_async, refusal
 
 
 DOWN_S = 10.0   # longer than a governor needs to move a dead broker's topics (session timeout + a cycle)
@@ -42,7 +42,8 @@ class TopicRouter:
         self._refreshing: SingleFlight[str, list[str]] = SingleFlight()
 
     async def brokers_for(self, topic: str) -> list[str]:
-        """The brokers hosting `topic`; asks the cluster on a miss. UnknownTopicError if none does."""
+        """The brokers hosting `topic`; asks the cluster on a miss. UnknownTopicError if none does,
+        AuthorizationError if brokers refuse to show it to this principal."""
         brokers = self._topics.get(topic)
         if brokers:
             return brokers
@@ -108,7 +109,7 @@ class TopicRouter:
 
     async def _refresh(self, topic: str) -> list[str]:
         asked = [u for u in self._known if not self._is_down(u)] or list(self._known)
-        results = await asyncio.gather(*(fetch_metadata_async(self._session, u, self._timeout_s, self._auth)
+        results = await asyncio.gather(*(fetch_metadata_async(self._session, u, self._timeout_s, self._auth, (topic,))
                                          for u in asked),
                                        return_exceptions=True)
         answered = [r for r in results if isinstance(r, ClusterMetadata)]
@@ -128,6 +129,9 @@ class TopicRouter:
                 if info.brokers:
                     hosting.setdefault(name, {}).update(dict.fromkeys(info.brokers))
         if topic not in hosting:
+            refused = next((r for md in answered if (r := refusal(md, topic)) is not None), None)
+            if refused is not None:   # not retriable: the principal needs a rule, not time
+                raise refused
             raise UnknownTopicError(f"topic {topic!r} is not hosted by any broker ({', '.join(self._known)})")
         # Keep every topic the answers place, as Kafka clients do: a producer of a thousand topics
         # learns them in one round, not one round each. Known topics keep theirs (and their cursor).

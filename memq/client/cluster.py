@@ -7,7 +7,10 @@ as a `ClusterMetadata` and merge it with their configuration by one precedence r
 
 Broker metadata supplies the cluster name, the Kafka bootstrap servers, where batches are
 stored (kind, bucket, endpoint, region, directory) and each topic's notification topic and
-read partitions. The config file supplies what metadata never carries (credentials,
+read partitions. A client names the topic it asks about (`?topic=`), so a broker that will not
+let its principal describe it says so (`ClusterMetadata.refused`), whether or not the topic
+exists: `refusal` turns that into an AuthorizationError, which no client retries or reads as an
+unknown topic. The config file supplies what metadata never carries (credentials,
 timeouts, client tuning), and everything when no broker is named. Brokers named explicitly
 (`required`, e.g. Spark's `memq.broker`) must answer; brokers taken from the config file
 (`producer.brokers`) are asked, and if none answers the config file alone decides (logged),
@@ -22,14 +25,16 @@ import http.client
 import json
 import logging
 import urllib.error
+import urllib.parse
 import urllib.request
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
 import aiohttp
 
 from memq.config import ClusterConfig, MemqConfig, StorageConfig, TopicConfig
-from memq.errors import BrokerUnavailableError, ConfigError, FormatError, UnknownTopicError
+from memq.errors import AuthorizationError, BrokerUnavailableError, ConfigError, FormatError, UnknownTopicError
 from memq.format.metadata import ClusterMetadata, TopicMetadata
 
 from ._auth import NO_AUTH, BrokerAuth
@@ -44,9 +49,28 @@ def broker_urls(raw: str) -> list[str]:
     return [u.strip().rstrip("/") for u in raw.split(",") if u.strip()]
 
 
-def fetch_metadata(url: str, timeout_s: float, auth: BrokerAuth = NO_AUTH) -> ClusterMetadata:
-    """A broker's metadata, for blocking callers (Consumer, Spark driver, CLI)."""
-    request = urllib.request.Request(url.rstrip("/") + METADATA_PATH, headers=auth.headers())
+def metadata_url(url: str, topics: Sequence[str] = ()) -> str:
+    """Broker `url`'s metadata endpoint, naming `topics` so that refusals come back for them."""
+    query = urllib.parse.urlencode([("topic", t) for t in topics])
+    return url.rstrip("/") + METADATA_PATH + (f"?{query}" if query else "")
+
+
+def refusal(md: ClusterMetadata, topic: str) -> AuthorizationError | None:
+    """The AuthorizationError of a broker's refusal to show `topic` (None: not refused)."""
+    r = md.refused.get(topic)
+    if r is None:
+        return None
+    return AuthorizationError(
+        f"principal {r.principal} may not {r.operation} topic {topic} (broker {md.broker_id}); using it needs "
+        f"{r.operation} on it, or produce, which implies it: e.g. memq acl add allow {r.principal} produce "
+        f"literal:{topic}")
+
+
+def fetch_metadata(url: str, timeout_s: float, auth: BrokerAuth = NO_AUTH,
+                   topics: Sequence[str] = ()) -> ClusterMetadata:
+    """A broker's metadata, for blocking callers (Consumer, Spark driver, CLI); `topics` are
+    the ones asked about by name (answered in `refused` when the principal may not see them)."""
+    request = urllib.request.Request(metadata_url(url, topics), headers=auth.headers())
     try:
         with urllib.request.urlopen(request, timeout=timeout_s, context=auth.ssl_context) as resp:
             return ClusterMetadata.from_dict(json.loads(resp.read()))
@@ -57,12 +81,12 @@ def fetch_metadata(url: str, timeout_s: float, auth: BrokerAuth = NO_AUTH) -> Cl
 
 
 async def fetch_metadata_async(session: aiohttp.ClientSession, url: str, timeout_s: float,
-                               auth: BrokerAuth = NO_AUTH) -> ClusterMetadata:
+                               auth: BrokerAuth = NO_AUTH, topics: Sequence[str] = ()) -> ClusterMetadata:
     """A broker's metadata, for asyncio callers (the Producer's router, whose session carries
     the credentials of `auth`: it only words the failures)."""
     try:
         async with asyncio.timeout(timeout_s):
-            async with session.get(url.rstrip("/") + METADATA_PATH) as resp:
+            async with session.get(metadata_url(url, topics)) as resp:
                 resp.raise_for_status()
                 return ClusterMetadata.from_dict(await resp.json())
     except (aiohttp.ClientError, OSError, TimeoutError) as e:
@@ -73,18 +97,22 @@ async def fetch_metadata_async(session: aiohttp.ClientSession, url: str, timeout
 
 def discover(urls: list[str], topic: str, timeout_s: float, auth: BrokerAuth = NO_AUTH) -> ClusterMetadata:
     """The metadata of the first broker (in order) that knows `topic`, else of the first that
-    answered: ungoverned brokers each know only their own topics."""
+    answered: ungoverned brokers each know only their own topics. AuthorizationError when no
+    broker shows `topic` and one refused to."""
     answered: list[ClusterMetadata] = []
     errors: list[str] = []
     for url in urls:
         try:
-            md = fetch_metadata(url, timeout_s, auth)
+            md = fetch_metadata(url, timeout_s, auth, (topic,))
         except BrokerUnavailableError as e:
             errors.append(str(e))
             continue
         if topic in md.topics:
             return md
         answered.append(md)
+    refused = next((r for md in answered if (r := refusal(md, topic)) is not None), None)
+    if refused is not None:
+        raise refused
     if answered:
         return answered[0]
     raise BrokerUnavailableError(f"no broker answered {METADATA_PATH} ({'; '.join(errors) or 'none named'})")
@@ -158,5 +186,5 @@ def _from_config(t: TopicConfig, cluster: str) -> TopicMetadata:
                          storage_group=t.storage_group)
 
 
-__all__ = ["ResolvedTopic", "broker_urls", "discover", "fetch_metadata", "fetch_metadata_async", "resolve",
-           "resolve_topic"]
+__all__ = ["ResolvedTopic", "broker_urls", "discover", "fetch_metadata", "fetch_metadata_async", "metadata_url",
+           "refusal", "resolve", "resolve_topic"]

@@ -5,7 +5,8 @@ sequences) and the `Sender` (connections, in-flight attempts, retries, acks). Th
 between them validates input, bounds buffered and unacknowledged bytes by
 `max_in_flight_bytes` (`send` waits for room up to `max_block_ms`, then raises
 ProducerTimeoutError; for a topic no broker hosts yet it waits as long, then raises
-UnknownTopicError), runs the linger timers, and resolves each caller's future from its
+UnknownTopicError; for one the brokers refuse to show its principal it raises AuthorizationError
+at once), runs the linger timers, and resolves each caller's future from its
 Message's outcome (and tells the audit sink). Each Message is acked or failed within
 `delivery_timeout_ms` of its seal, retries included; `flush(timeout)` and `close(timeout)`
 are bounded too.

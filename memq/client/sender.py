@@ -11,7 +11,9 @@ a row); a retry resends the very same bytes, so consumers can drop duplicates by
 (producer id, epoch, sequence). An unknown topic is retriable, as in Kafka (a topic being
 created, or a broker still starting, is unknown for a moment): its Messages retry with fresh
 metadata until their delivery deadline, whatever `retries` says, and then fail with
-UnknownTopicError naming it. The outcome of each Message goes to `on_done`, once.
+UnknownTopicError naming it. A topic the brokers refuse to show this principal is no unknown
+topic: its Messages fail at once with AuthorizationError. The outcome of each Message goes to
+`on_done`, once.
 """
 
 from __future__ import annotations
@@ -131,7 +133,8 @@ class Sender(Generic[W]):
 
     async def await_topic(self, topic: str, timeout_s: float) -> None:
         """Return once a broker hosts `topic`, asking the cluster again after each backoff;
-        UnknownTopicError naming it if none does within `timeout_s` (Kafka's max.block.ms)."""
+        UnknownTopicError naming it if none does within `timeout_s` (Kafka's max.block.ms), and
+        AuthorizationError at once if the brokers refuse to show it."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         attempt = 0
@@ -212,7 +215,7 @@ class Sender(Generic[W]):
         except UnknownTopicError as e:
             self._retry_or_fail(msg, str(e), UnknownTopicError)
             return
-        except AuthenticationError as e:
+        except (AuthenticationError, AuthorizationError) as e:   # a setting or a rule to fix, not a wait
             self._finish(msg, e)
             return
         except BrokerUnavailableError as e:

@@ -42,6 +42,15 @@ class TopicMetadata:
 
 
 @dataclass(frozen=True, slots=True)
+class TopicRefusal:
+    """A topic the client asked for by name that its principal may not `operation` (Kafka's
+    TOPIC_AUTHORIZATION_FAILED): answered the same whether the topic exists or not."""
+
+    principal: str
+    operation: str
+
+
+@dataclass(frozen=True, slots=True)
 class StorageMetadata:
     """Where batch objects are stored (no credentials: those stay in each client's config)."""
 
@@ -69,6 +78,7 @@ class ClusterMetadata:
     storage: StorageMetadata
     brokers: tuple[BrokerMetadata, ...] = ()
     topics: Mapping[str, TopicMetadata] = field(default_factory=dict)
+    refused: Mapping[str, TopicRefusal] = field(default_factory=dict)   # requested topics not visible
     v: int = METADATA_VERSION
 
     def overlaid(self, view: ClusterView | None) -> ClusterMetadata:
@@ -90,6 +100,7 @@ class ClusterMetadata:
                               "read_partitions": t.read_partitions, "retention_ms": t.retention_ms,
                               "storage_group": t.storage_group}
                        for name, t in self.topics.items()},
+            "refused": {name: {"principal": r.principal, "operation": r.operation} for name, r in self.refused.items()},
             "kafka": {"bootstrap_servers": self.kafka_bootstrap_servers},
             "storage": {f.name: getattr(self.storage, f.name) for f in dataclasses.fields(StorageMetadata)},
         }
@@ -118,6 +129,8 @@ class ClusterMetadata:
             brokers=tuple(_broker(b) for b in _list(d.get("brokers", []), "metadata field 'brokers'")),
             topics={name: _topic(name, t)
                     for name, t in _obj(d.get("topics", {}), "metadata field 'topics'").items()},
+            refused={name: _refusal(name, r)
+                     for name, r in _obj(d.get("refused", {}), "metadata field 'refused'").items()},
             v=v,
         )
 
@@ -147,6 +160,12 @@ def _topic(name: str, doc: object) -> TopicMetadata:
     return TopicMetadata(name=name, notification_topic=_str(t, "notification_topic", where),
                          read_partitions=partitions, brokers=tuple(u.rstrip("/") for u in urls), retention_ms=retention,
                          storage_group=_str(t, "storage_group", where, ""))
+
+
+def _refusal(name: str, doc: object) -> TopicRefusal:
+    where = f"metadata refused topic {name!r}"
+    r = _obj(doc, where)
+    return TopicRefusal(principal=_str(r, "principal", where), operation=_str(r, "operation", where))
 
 
 def _obj(doc: object, where: str) -> Mapping[str, Any]:

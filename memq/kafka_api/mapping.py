@@ -75,7 +75,7 @@ def split_address(address: str) -> tuple[str, int]:
 def metadata_view(meta: ClusterMetadata, requested: tuple[str, ...] | None
                   ) -> tuple[list[Node], list[TopicPartitions]]:
     """The brokers with a Kafka listener as nodes, and the requested topics (None: all) with
-    their partition leaders."""
+    their partition leaders; a topic in `meta.refused` is TOPIC_AUTHORIZATION_FAILED."""
     nodes: dict[str, Node] = {}
     for b in meta.brokers:
         if b.kafka_address:
@@ -84,6 +84,9 @@ def metadata_view(meta: ClusterMetadata, requested: tuple[str, ...] | None
     topics = []
     for name in (sorted(meta.topics) if requested is None else requested):
         t = meta.topics.get(name)
+        if name in meta.refused:   # existing or not: the same answer
+            topics.append(TopicPartitions(name, ErrorCode.TOPIC_AUTHORIZATION_FAILED))
+            continue
         if t is None:
             topics.append(TopicPartitions(name, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION))
             continue

@@ -3,15 +3,19 @@
 A rule is one line: `allow|deny PRINCIPAL OPERATION literal:TOPIC|prefix:PREFIX`, e.g.
 `allow alice produce prefix:orders.`. `*` as principal means every authenticated principal.
 Deny wins over allow; with security on, a request no allow rule matches is denied.
+As in Kafka, some operations imply others (`IMPLIES`): `produce` and `admin` on a topic imply
+`describe` on it (Kafka's WRITE, DELETE and ALTER imply DESCRIBE), so a principal allowed to
+produce sees the topic it writes to. An implied allow never beats a deny: `deny alice describe
+literal:t` hides `t` from alice whatever else she may do to it.
 Administering tokens and ACLs needs `admin` on the cluster, the resource `CLUSTER_RESOURCE`
 (`literal:__cluster`; `prefix:` covers it too): names starting with `__` are no user topic's.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Iterable
 
 from memq.errors import ConfigError
 
@@ -23,6 +27,18 @@ class Operation(StrEnum):
     PRODUCE = "produce"
     DESCRIBE = "describe"
     ADMIN = "admin"
+
+
+IMPLIES: Mapping[Operation, frozenset[Operation]] = {
+    Operation.PRODUCE: frozenset({Operation.DESCRIBE}),
+    Operation.ADMIN: frozenset({Operation.DESCRIBE}),
+}
+"""What an allow of each operation allows besides itself (Kafka: WRITE, DELETE, ALTER -> DESCRIBE)."""
+
+
+def _granting(operation: Operation) -> frozenset[Operation]:
+    """The operations whose allow rules allow `operation`: itself and those that imply it."""
+    return frozenset({operation, *(op for op, implied in IMPLIES.items() if operation in implied)})
 
 
 class PatternType(StrEnum):
@@ -43,8 +59,9 @@ class AclRule:
     pattern_type: PatternType
     pattern: str
 
-    def matches(self, principal: str, operation: Operation, topic: str) -> bool:
-        if self.operation is not operation or self.principal not in (principal, ANY_PRINCIPAL):
+    def covers(self, principal: str, topic: str) -> bool:
+        """Whether this rule is about `principal` and `topic` (whatever its operation)."""
+        if self.principal not in (principal, ANY_PRINCIPAL):
             return False
         if self.pattern_type is PatternType.LITERAL:
             return topic == self.pattern
@@ -77,11 +94,16 @@ def parse_rules(lines: Iterable[str], where: str = "security.acls") -> tuple[Acl
 
 
 def is_allowed(rules: Iterable[AclRule], principal: str, operation: Operation, topic: str) -> bool:
-    """Deny wins; without a matching allow rule the answer is no."""
+    """Deny wins; without a matching allow rule the answer is no. An allow of `operation` or of
+    an operation implying it allows it; a deny denies only the operation it names (Kafka's rule)."""
+    allowing = _granting(operation)
     allowed = False
     for r in rules:
-        if r.matches(principal, operation, topic):
-            if r.permission is Permission.DENY:
+        if not r.covers(principal, topic):
+            continue
+        if r.permission is Permission.DENY:
+            if r.operation is operation:
                 return False
+        elif r.operation in allowing:
             allowed = True
     return allowed

@@ -1,4 +1,5 @@
-"""The broker's HTTP door: `/v1/produce` (WebSocket upgrade), `/v1/metadata`, `/healthz`, `/metrics`.
+"""The broker's HTTP door: `/v1/produce` (WebSocket upgrade), `/v1/metadata[?topic=NAME...]`,
+`/healthz`, `/metrics`.
 
 Behind the Guard's middleware (memq.broker.guard) when security is on. The produce
 connections it opened are its own: `shutdown` lets their queued acks go out, then closes them.
@@ -7,13 +8,11 @@ connections it opened are its own: `shutdown` lets their queued acks go out, the
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from memq.format.wire import BUNDLE_SUBPROTOCOL
-from memq.security.acl import Operation
 
 from ..guard import PRINCIPAL_KEY
 from ..seam import BrokerCore
@@ -52,12 +51,9 @@ class HttpDoor:
         return ws
 
     async def _metadata(self, request: web.Request) -> web.Response:
-        md = self._core.metadata()
-        guard = self._core.guard
-        if guard.enabled:   # a principal sees only the topics it may describe
-            principal = request.get(PRINCIPAL_KEY)
-            md = dataclasses.replace(md, topics={name: t for name, t in md.topics.items()
-                                                 if guard.may(principal, Operation.DESCRIBE, name)})
+        """The cluster as the principal may see it; each `?topic=` it may not describe is refused."""
+        md = self._core.guard.visible(request.get(PRINCIPAL_KEY), self._core.metadata(),
+                                      request.query.getall("topic", []))
         return web.json_response(md.to_dict())
 
     async def _healthz(self, request: web.Request) -> web.Response:

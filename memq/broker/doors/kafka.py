@@ -18,7 +18,8 @@ certificate; a connection's principal is its client certificate's CN or comes fr
 (password = a memq token, username = its principal). Until then only ApiVersions, SaslHandshake
 and SaslAuthenticate are served, in frames of at most `PRE_AUTH_MAX_FRAME` bytes; anything else
 closes the connection. Produce needs `produce` on the topic (TOPIC_AUTHORIZATION_FAILED naming
-principal and topic, nothing appended), Metadata lists only topics the principal may describe.
+principal and topic, nothing appended), Metadata lists only topics the principal may describe
+and answers a requested one it may not describe TOPIC_AUTHORIZATION_FAILED, existing or not.
 Produce quotas hold here as on `/v1/produce` (memq.security.quota; the principal is the
 connection's, "anonymous" with security off): a Produce over quota is accepted, its response
 carries `throttle_time_ms`, and the connection is not read for that long (KIP-219).
@@ -27,7 +28,6 @@ carries `throttle_time_ms`, and the connection is not read for that long (KIP-21
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import itertools
 import logging
 import secrets
@@ -39,7 +39,6 @@ from memq.errors import FormatError, ProtocolError, UnsupportedCodecError, Unsup
 from memq.format.kafka_records import split_kafka_batches, verify_kafka_batch
 from memq.format.message import MESSAGE_HEADER_SIZE, MessageHeader, encode_kafka_message
 from memq.format.wire import Ack, AckCode, AckLevel
-from memq.security.acl import Operation
 from memq.security.tls import subject_cn
 
 from ..admission import Refusal, Ticket
@@ -48,7 +47,7 @@ from ..seam import BrokerCore
 from memq.kafka_api.idle_seal import SealCredit
 from memq.kafka_api.mapping import PRODUCER_ID_BITS, ack_level, error_code, memq_producer_id, metadata_view, node_id
 from memq.kafka_api.protocol import (ApiKey, ErrorCode, PartitionData, PartitionResult, ProduceRequest, ProduceResult, Reader,
-                       RequestHeader, TopicPartitions, api_name, decode_fetch_partitions, decode_init_producer_id,
+                       RequestHeader, api_name, decode_fetch_partitions, decode_init_producer_id,
                        decode_metadata, decode_produce, decode_request_header, decode_sasl_authenticate,
                        decode_sasl_handshake, encode_api_versions, encode_fetch_refusal, encode_init_producer_id,
                        encode_metadata, encode_produce, encode_sasl_authenticate, encode_sasl_handshake,
@@ -273,14 +272,8 @@ class KafkaConnection:
 
     def _metadata(self, h: RequestHeader, body: Reader) -> bytes:
         req = decode_metadata(h, body)
-        meta = self._broker.metadata()
-        hidden: set[str] = set()
-        if self._guard.enabled:   # a principal sees only the topics it may describe
-            hidden = {t for t in meta.topics if not self._guard.may(self._principal, Operation.DESCRIBE, t)}
-            meta = dataclasses.replace(meta, topics={n: t for n, t in meta.topics.items() if n not in hidden})
+        meta = self._guard.visible(self._principal, self._broker.metadata(), req.topics or ())
         nodes, topics = metadata_view(meta, req.topics)
-        topics = [TopicPartitions(t.name, ErrorCode.TOPIC_AUTHORIZATION_FAILED) if t.name in hidden else t
-                  for t in topics]
         return encode_metadata(h, nodes, meta.cluster, node_id(self._broker.broker_id), topics)
 
     def _init_producer_id(self, h: RequestHeader, body: Reader) -> bytes:
