@@ -5,7 +5,8 @@ concurrency to the same S3 server (moto, in its own process, started here):
 - boto3: one client, its calls in a thread pool of `CONCURRENCY` workers (the old handler's
   shape), each PUT carrying the body's CRC32C as the handler's did;
 - obstore: one `S3Store`, `CONCURRENCY` coroutines awaiting its async calls (no thread hop),
-  its retries off as the handler configures it. `obstore` signs the payload (SHA-256), as the
+  its retries off and one PUT per object (`use_multipart=False`: obstore's default splits a
+  body over 5 MB into a multipart upload, 4 requests for an 8 MiB batch), as the handler does. `obstore` signs the payload (SHA-256), as the
   handler does over plain HTTP (moto here); `obstore_unsigned` sends it unsigned, as the handler
   does over HTTPS, where TLS protects the body (raw figures only).
 Per case: client CPU per request (`process_time` of this process, all threads: the boto3 pool
@@ -95,7 +96,7 @@ class ObstoreSide:
                              retry_config={"max_retries": 0})
 
     async def put(self, key: str, body: bytes) -> None:
-        await obstore.put_async(self.store, key, body)
+        await obstore.put_async(self.store, key, body, use_multipart=False)
 
     async def get(self, key: str) -> bytes:
         return bytes(await (await obstore.get_async(self.store, key)).bytes_async())
