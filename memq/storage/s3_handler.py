@@ -23,6 +23,7 @@ from prometheus_client import CollectorRegistry
 from memq.config import S3Config
 from memq.errors import (ConfigError, InvalidInputError, ObjectNotFoundError, RetryBudgetExhaustedError,
                          StorageError)
+from memq.storage.hedge import Hedger, first_of, size_class
 from memq.storage.base import Chunks, DeleteFailure, ObjectInfo, ObjectLocation, delete_chunks
 from memq.storage.listing import list_all_prefixes
 from memq.storage.metrics import StorageMetrics
@@ -61,6 +62,7 @@ class S3StorageHandler:
         self._metrics = metrics or StorageMetrics(CollectorRegistry())
         self._rng = rng or random.Random()
         self._s3 = s3
+        self._hedger = Hedger(s3.hedge_percentile, s3.hedge_max_share, s3.hedge_min_delay_s)
         # One store per bucket: a store is bound to its bucket, and a notification may name another.
         self._stores = {s3.bucket: make_store(s3, request_timeout_s=self._policy.budget_s)}
         # Listing fans out over 256 prefixes; leave half the connections to puts and gets meanwhile.
@@ -68,11 +70,13 @@ class S3StorageHandler:
 
     # --- the retry loop ------------------------------------------------------------------------
 
-    async def _run(self, op: str, attempt_call: Attempt[T]) -> T:
+    async def _run(self, op: str, attempt_call: Attempt[T], *, kind: str = "", settle: bool = False) -> T:
         """Await `attempt_call(n)`'s request for n = 0, 1, ... until it succeeds or fails for good.
 
         `attempt_call` returns (the s3:// URL this attempt touches, the request), so a PUT
-        can use a fresh key per attempt and errors can name the object.
+        can use a fresh key per attempt and errors can name the object. A request of a `kind`
+        (PUTs and GETs: op and size class) is hedged: a slow attempt gets a second, the next n
+        (`settle`: a PUT's hedge is awaited, see `first_of`).
         """
         started = time.perf_counter()
         attempt = 0
@@ -80,13 +84,30 @@ class S3StorageHandler:
             while True:
                 where, request = attempt_call(attempt)
                 self._metrics.sent(self.backend, op, where)
+
+                def hedge() -> Awaitable[T] | None:
+                    nonlocal attempt, where
+                    if not self._hedger.admit():
+                        return None
+                    attempt += 1
+                    where, second = attempt_call(attempt)
+                    self._metrics.sent(self.backend, op, where)
+                    self._metrics.hedges.labels(self.backend, op, "sent").inc()
+                    return self._hedger.timed(kind, second)
+
                 try:
-                    return await request()
+                    if not kind:
+                        return await request()
+                    value, winner = await first_of(self._hedger.timed(kind, request), self._hedger.delay(kind), hedge,
+                                                   settle=settle)
+                    if winner:
+                        self._metrics.hedges.labels(self.backend, op, "won").inc()
+                    return value
                 except Exception as exc:
-                    kind = classify(exc)
-                    if kind is None:
+                    failure = classify(exc)
+                    if failure is None:
                         raise
-                    reason, code = kind
+                    reason, code = failure
                     if reason not in RETRIABLE:
                         self._metrics.failures.labels(self.backend, op, reason).inc()
                         raise self._final_error(op, where, reason, code, exc) from exc
@@ -123,7 +144,7 @@ class S3StorageHandler:
                                attempt=attempt, group=group))
             return f"s3://{self.bucket}/{key}", lambda: self._put(key, body)
 
-        key = await self._run("put", attempt_call)
+        key = await self._run("put", attempt_call, kind=f"put:{size_class(len(body))}", settle=True)
         self._metrics.moved(self.backend, "put", key, len(body))
         return ObjectLocation(self.bucket, key)
 
@@ -133,7 +154,7 @@ class S3StorageHandler:
         return key
 
     async def get(self, loc: ObjectLocation) -> bytes:
-        data = await self._run("get", lambda _: (str(loc), lambda: self._get(loc)))
+        data = await self._run("get", lambda _: (str(loc), lambda: self._get(loc)), kind="get")
         self._metrics.moved(self.backend, "get", loc.key, len(data))
         return data
 
@@ -142,7 +163,8 @@ class S3StorageHandler:
 
     async def get_range(self, loc: ObjectLocation, start: int, length: int) -> bytes:
         check_range(start, length)
-        data = await self._run("get_range", lambda _: (str(loc), lambda: self._get_range(loc, start, length)))
+        data = await self._run("get_range", lambda _: (str(loc), lambda: self._get_range(loc, start, length)),
+                               kind=f"get:{size_class(length)}")
         self._metrics.moved(self.backend, "get_range", loc.key, len(data))
         return data
 
