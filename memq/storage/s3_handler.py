@@ -27,11 +27,13 @@ from memq.storage.hedge import Hedger, first_of, size_class
 from memq.storage.base import Chunks, DeleteFailure, ObjectInfo, ObjectLocation, delete_chunks
 from memq.storage.listing import list_all_prefixes
 from memq.storage.metrics import StorageMetrics
-from memq.storage.naming import check_name, group_home, home_dir, make_key, parse_key, start_after, topic_home
+from memq.storage.naming import (check_name, group_home, home_dir, make_key, parse_key, prefix_for, start_after,
+                                 topic_home)
 from memq.storage.payload import check_range, join_chunks
 from memq.storage.retry import RetryPolicy
 from memq.storage.s3_errors import RETRIABLE, classify
 from memq.storage.s3_store import make_store
+from memq.storage.throttle import PrefixThrottle
 
 T = TypeVar("T")
 LIST_PAGE = 1000
@@ -63,6 +65,7 @@ class S3StorageHandler:
         self._rng = rng or random.Random()
         self._s3 = s3
         self._hedger = Hedger(s3.hedge_percentile, s3.hedge_max_share, s3.hedge_min_delay_s)
+        self._throttle = PrefixThrottle(s3.max_pool_connections, s3.base_backoff_s, s3.max_backoff_s, rng=self._rng)
         # One store per bucket: a store is bound to its bucket, and a notification may name another.
         self._stores = {s3.bucket: make_store(s3, request_timeout_s=self._policy.budget_s)}
         # Listing fans out over 256 prefixes; leave half the connections to puts and gets meanwhile.
@@ -70,13 +73,15 @@ class S3StorageHandler:
 
     # --- the retry loop ------------------------------------------------------------------------
 
-    async def _run(self, op: str, attempt_call: Attempt[T], *, kind: str = "", settle: bool = False) -> T:
+    async def _run(self, op: str, attempt_call: Attempt[T], *, prefix: str, kind: str = "",
+                   settle: bool = False) -> T:
         """Await `attempt_call(n)`'s request for n = 0, 1, ... until it succeeds or fails for good.
 
         `attempt_call` returns (the s3:// URL this attempt touches, the request), so a PUT
         can use a fresh key per attempt and errors can name the object. A request of a `kind`
         (PUTs and GETs: op and size class) is hedged: a slow attempt gets a second, the next n
-        (`settle`: a PUT's hedge is awaited, see `first_of`).
+        (`settle`: a PUT's hedge is awaited, see `first_of`). Every attempt waits for admission on
+        its key `prefix` (`PrefixThrottle`: fewer requests to a prefix that answered SlowDown).
         """
         started = time.perf_counter()
         attempt = 0
@@ -87,19 +92,19 @@ class S3StorageHandler:
 
                 def hedge() -> Awaitable[T] | None:
                     nonlocal attempt, where
-                    if not self._hedger.admit():
+                    if self._throttle.throttled(prefix) or not self._hedger.admit():
                         return None
                     attempt += 1
                     where, second = attempt_call(attempt)
                     self._metrics.sent(self.backend, op, where)
                     self._metrics.hedges.labels(self.backend, op, "sent").inc()
-                    return self._hedger.timed(kind, second)
+                    return self._admitted(prefix, kind, second)
 
                 try:
                     if not kind:
-                        return await request()
-                    value, winner = await first_of(self._hedger.timed(kind, request), self._hedger.delay(kind), hedge,
-                                                   settle=settle)
+                        return await self._admitted(prefix, kind, request)
+                    value, winner = await first_of(self._admitted(prefix, kind, request), self._hedger.delay(kind),
+                                                   hedge, settle=settle)
                     if winner:
                         self._metrics.hedges.labels(self.backend, op, "won").inc()
                     return value
@@ -125,6 +130,11 @@ class S3StorageHandler:
         finally:
             self._metrics.latency.labels(self.backend, op).observe(time.perf_counter() - started)
 
+    def _admitted(self, prefix: str, kind: str, request: Callable[[], Awaitable[T]]) -> Awaitable[T]:
+        """`request()` once the prefix admits it; timed for hedging (from admission) if it has a kind."""
+        timed: Callable[[], Awaitable[T]] = (lambda: self._hedger.timed(kind, request)) if kind else request
+        return self._throttle.run(prefix, timed, _is_throttle)
+
     @staticmethod
     def _final_error(op: str, where: str, reason: str, code: str, exc: BaseException) -> StorageError:
         if reason == "not_found":
@@ -144,7 +154,7 @@ class S3StorageHandler:
                                attempt=attempt, group=group))
             return f"s3://{self.bucket}/{key}", lambda: self._put(key, body)
 
-        key = await self._run("put", attempt_call, kind=f"put:{size_class(len(body))}", settle=True)
+        key = await self._run("put", attempt_call, prefix=prefix_for(first_request_id), kind=f"put:{size_class(len(body))}", settle=True)
         self._metrics.moved(self.backend, "put", key, len(body))
         return ObjectLocation(self.bucket, key)
 
@@ -154,7 +164,8 @@ class S3StorageHandler:
         return key
 
     async def get(self, loc: ObjectLocation) -> bytes:
-        data = await self._run("get", lambda _: (str(loc), lambda: self._get(loc)), kind="get")
+        data = await self._run("get", lambda _: (str(loc), lambda: self._get(loc)), prefix=_prefix_of(loc.key),
+                               kind="get")
         self._metrics.moved(self.backend, "get", loc.key, len(data))
         return data
 
@@ -164,7 +175,7 @@ class S3StorageHandler:
     async def get_range(self, loc: ObjectLocation, start: int, length: int) -> bytes:
         check_range(start, length)
         data = await self._run("get_range", lambda _: (str(loc), lambda: self._get_range(loc, start, length)),
-                               kind=f"get:{size_class(length)}")
+                               prefix=_prefix_of(loc.key), kind=f"get:{size_class(length)}")
         self._metrics.moved(self.backend, "get_range", loc.key, len(data))
         return data
 
@@ -224,11 +235,12 @@ class S3StorageHandler:
                         continue  # StartAfter cannot express a start beyond 13 digits
                     out.append(ObjectInfo(ObjectLocation(self.bucket, key), int(item["size"]), ts))
 
-        await self._run("list", lambda _: (where, pages))
+        await self._run("list", lambda _: (where, pages), prefix=_prefix_of(directory))
         return out
 
     async def delete(self, loc: ObjectLocation) -> None:
-        await self._run("delete", lambda _: (str(loc), lambda: obstore.delete_async(self._store(loc.bucket), loc.key)))
+        await self._run("delete", lambda _: (str(loc), lambda: obstore.delete_async(self._store(loc.bucket), loc.key)),
+                        prefix=_prefix_of(loc.key))
 
     async def delete_many(self, locs: Sequence[ObjectLocation]) -> list[DeleteFailure]:
         """DeleteObjects, `DELETE_CHUNK` keys a request (op "delete_many"), one request at a time:
@@ -244,12 +256,15 @@ class S3StorageHandler:
             where = f"s3://{self.bucket} ({len(chunk)} keys from {chunk[0].key})"
             keys = [loc.key for loc in chunk]
             try:
-                await self._run("delete_many", lambda _: (where, lambda: obstore.delete_async(self._stores[self.bucket], keys)))
+                await self._run("delete_many", lambda _: (where, lambda: self._delete_keys(keys)), prefix="")
             except StorageError as e:
                 if isinstance(e, RetryBudgetExhaustedError) or not _refused_keys(e):
                     raise
                 failures += await self._delete_each(chunk)
         return failures
+
+    async def _delete_keys(self, keys: list[str]) -> None:
+        await obstore.delete_async(self._stores[self.bucket], keys)
 
     async def _delete_each(self, chunk: Sequence[ObjectLocation]) -> list[DeleteFailure]:
         failures = []
@@ -269,6 +284,16 @@ def _refused_keys(e: StorageError) -> bool:
     cause), rather than failing as a whole (a status: raise, as `delete` would)."""
     cause = e.__cause__
     return cause is not None and "non-2xx status code" not in str(cause)
+
+
+def _prefix_of(key: str) -> str:
+    """The S3 partition a key falls in: memq's first key component (`naming.PREFIXES`)."""
+    return key.split("/", 1)[0]
+
+
+def _is_throttle(exc: BaseException) -> bool:
+    failure = classify(exc)
+    return failure is not None and failure[0] == "throttle"
 
 
 def _first_line(exc: BaseException) -> str:
