@@ -4,17 +4,18 @@ For PUT and GET at 1 KiB, 64 KiB and 8 MiB, each client sends the same requests 
 concurrency to the same S3 server (moto, in its own process, started here):
 - boto3: one client, its calls in a thread pool of `CONCURRENCY` workers (the old handler's
   shape), each PUT carrying the body's CRC32C as the handler's did;
-- obstore: one `S3Store`, `CONCURRENCY` coroutines awaiting its async calls (no thread hop),
-  its retries off and one PUT per object (`use_multipart=False`: obstore's default splits a
-  body over 5 MB into a multipart upload, 4 requests for an 8 MiB batch), as the handler does. `obstore` signs the payload (SHA-256), as the
-  handler does over plain HTTP (moto here); `obstore_unsigned` sends it unsigned, as the handler
-  does over HTTPS, where TLS protects the body (raw figures only).
+- obstore: one `S3Store` made as the handler makes it (`memq.storage.s3_store.make_store`:
+  retries off, payload unsigned over HTTPS and on loopback), `CONCURRENCY` coroutines awaiting
+  its async calls (no thread hop), one PUT per object (`use_multipart=False`: obstore's default
+  splits a body over 5 MB into a multipart upload, 4 requests for an 8 MiB batch);
+  `obstore_signed` signs each payload's SHA-256, as the handler does over plain HTTP across a
+  network (raw figures only).
 Per case: client CPU per request (`process_time` of this process, all threads: the boto3 pool
 and obstore's Rust runtime alike; moto runs elsewhere) and MB/s. The machine is shared, so the
 cases alternate clients over `ROUNDS` rounds and each client's best round counts.
 
 Ratios (higher is better, as every bench): `cpu_<op>_<size>_vs_boto3` = boto3's CPU per request
-over obstore's (signed payload); `mb_s_<op>_<size>_vs_boto3` = obstore's MB/s over boto3's.
+over obstore's (as the handler); `mb_s_<op>_<size>_vs_boto3` = obstore's MB/s over boto3's.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 
 import boto3
 import botocore.config
@@ -33,7 +35,9 @@ import obstore
 from crc32c import crc32c
 from obstore.store import S3Store
 
+from memq.config import S3Config
 from memq.devcluster import DevCluster
+from memq.storage.s3_store import make_store
 
 KiB = 1024
 MiB = 1024 * KiB
@@ -89,11 +93,14 @@ class Boto3Side:
 
 
 class ObstoreSide:
-    def __init__(self, endpoint: str, *, unsigned_payload: bool) -> None:
-        self.store = S3Store(BUCKET, endpoint=endpoint, region="us-east-1", access_key_id="testing",
-                             secret_access_key="testing", virtual_hosted_style_request=False,
-                             unsigned_payload=unsigned_payload, client_options={"allow_http": True},
-                             retry_config={"max_retries": 0})
+    def __init__(self, endpoint: str, *, signed: bool) -> None:
+        self.store = make_store(S3Config(endpoint_url=endpoint, bucket=BUCKET, access_key_id="testing",
+                                         secret_access_key="testing"), request_timeout_s=60.0)
+        if signed:
+            self.store = S3Store(BUCKET, endpoint=endpoint, region="us-east-1", access_key_id="testing",
+                                 secret_access_key="testing", virtual_hosted_style_request=False,
+                                 unsigned_payload=False, client_options={"allow_http": True},
+                                 retry_config={"max_retries": 0})
 
     async def put(self, key: str, body: bytes) -> None:
         await obstore.put_async(self.store, key, body, use_multipart=False)
@@ -105,10 +112,18 @@ class ObstoreSide:
         pass
 
 
+async def _put_nth(side: Boto3Side | ObstoreSide, prefix: str, body: bytes, i: int) -> None:
+    await side.put(f"{prefix}/{i}", body)
+
+
+async def _get_nth(side: Boto3Side | ObstoreSide, prefix: str, i: int) -> None:
+    await side.get(f"{prefix}/{i}")
+
+
 async def _compare(endpoint: str, quick: bool) -> dict[str, dict[str, Figure]]:
     """{case: {client: best figure}} over ROUNDS rounds, the clients alternating inside each case."""
-    sides = {"boto3": Boto3Side(endpoint), "obstore": ObstoreSide(endpoint, unsigned_payload=False),
-             "obstore_unsigned": ObstoreSide(endpoint, unsigned_payload=True)}
+    sides: dict[str, Boto3Side | ObstoreSide] = {"boto3": Boto3Side(endpoint), "obstore": ObstoreSide(endpoint, signed=False),
+             "obstore_signed": ObstoreSide(endpoint, signed=True)}
     best: dict[str, dict[str, Figure]] = {}
     try:
         for label, (size, full_n, quick_n) in SIZES.items():
@@ -118,8 +133,8 @@ async def _compare(endpoint: str, quick: bool) -> dict[str, dict[str, Figure]]:
                 order = list(sides.items()) if rnd % 2 == 0 else list(sides.items())[::-1]
                 for name, side in order:
                     prefix = f"{name}/{label}/{rnd}"
-                    put = await _timed(n, size, lambda i, s=side, p=prefix: s.put(f"{p}/{i}", body))
-                    get = await _timed(n, size, lambda i, s=side, p=prefix: s.get(f"{p}/{i}"))
+                    put = await _timed(n, size, partial(_put_nth, side, prefix, body))
+                    get = await _timed(n, size, partial(_get_nth, side, prefix))
                     for op, fig in (("put", put), ("get", get)):
                         case = best.setdefault(f"{op}_{label}", {})
                         old = case.get(name)
