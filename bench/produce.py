@@ -3,8 +3,9 @@
 Cases, all on one dev cluster started here (moto S3 server, tansu Kafka) and one broker process:
 - small_vs_kafka: 100-byte values, memq at ack=all vs confluent-kafka -> tansu at acks=all;
   msg/s of each, ratio memq/kafka.
-- large_vs_raw_put: 64 KiB values, memq MB/s at ack=all vs raw boto3 PUTs of objects the size
-  of memq's batches, with as many in flight as the broker's ring uploads, to the same S3 server.
+- large_vs_raw_put: 64 KiB values, memq MB/s at ack=all vs raw PUTs of objects the size of
+  memq's batches by the faster S3 client (obstore, as memq's handler; see `bench s3client`), with
+  as many in flight as the broker's ring uploads, to the same S3 server.
 - audit_on_vs_off: the small case again with an AuditEmitter on the producer (msg/s on / off,
   same run): the cost of end-to-end auditing on the produce path.
 - puts_per_gib: batch objects stored per GiB in the large case, against the ideal
@@ -16,22 +17,19 @@ from /proc) per GiB ingested in the large case: what a GiB costs in broker compu
 from __future__ import annotations
 
 import asyncio
-import base64
 import dataclasses
 import os
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import boto3
-from botocore.config import Config
-from crc32c import crc32c
+import obstore
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from bench._cluster import bench_cluster, broker_samples, kafka_produce_s
 from memq.audit.emitter import AuditEmitter
 from memq.client.producer import Producer
-from memq.config import ProducerConfig, TopicConfig
+from memq.config import ProducerConfig, S3Config, TopicConfig
+from memq.storage.s3_store import make_store
 
 GiB = 1024 ** 3
 MiB = 1024 ** 2
@@ -70,24 +68,21 @@ def _kafka(bootstrap: str, topic: str, values: list[bytes]) -> float:
     return kafka_produce_s(bootstrap, topic, values)
 
 
-def _raw_put_mbps(endpoint: str, bucket: str, total_bytes: int) -> float:
-    """MB/s of boto3 PUTs of BATCH_BYTES objects, RING_SLOTS - 1 in flight (the broker's uploads).
-
-    Configured as memq's S3 handler puts: each PUT carries the body's CRC32C, computed per PUT.
-    """
-    s3 = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id="testing",
-                      aws_secret_access_key="testing", config=Config(max_pool_connections=16, retries={"max_attempts": 3}))
+async def _raw_put_mbps(s3: S3Config, total_bytes: int) -> float:
+    """MB/s of raw obstore PUTs of BATCH_BYTES objects, RING_SLOTS - 1 in flight (the broker's
+    uploads), on a store configured as memq's S3 handler's (one request per object)."""
+    store = make_store(s3, request_timeout_s=60.0)
     body = os.urandom(BATCH_BYTES)
     n = max(total_bytes // BATCH_BYTES, RING_SLOTS)
+    slots = asyncio.Semaphore(RING_SLOTS - 1)
+
+    async def put(i: int) -> None:
+        async with slots:
+            await obstore.put_async(store, f"raw/{i:06d}", body, use_multipart=False)
+
     t0 = time.perf_counter()
-    with ThreadPoolExecutor(RING_SLOTS - 1) as pool:
-        list(pool.map(lambda i: s3.put_object(Bucket=bucket, Key=f"raw/{i:06d}", Body=body, ChecksumCRC32C=_crc32c_b64(body)),
-                      range(n)))
+    await asyncio.gather(*(put(i) for i in range(n)))
     return n * BATCH_BYTES / MiB / (time.perf_counter() - t0)
-
-
-def _crc32c_b64(body: bytes) -> str:
-    return base64.b64encode(crc32c(body).to_bytes(4, "big")).decode()
 
 
 def cpu_s(pid: int) -> float:
@@ -146,8 +141,8 @@ def run(quick: bool) -> dict:
         print(f"memq  ack=all 64 KiB: {memq_mbps:,.1f} MB/s; broker {cpu_per_gib:.2f} CPU-s per GiB", flush=True)
         batches, stored = _broker_batches(broker.url, "bench-large")
         del large
-        raw_mbps = _raw_put_mbps(dc.s3_endpoint or "", config.s3.bucket, large_bytes)
-        print(f"raw boto3 PUT {BATCH_BYTES // MiB} MiB x{RING_SLOTS - 1}: {raw_mbps:,.1f} MB/s", flush=True)
+        raw_mbps = asyncio.run(_raw_put_mbps(config.s3, large_bytes))
+        print(f"raw obstore PUT {BATCH_BYTES // MiB} MiB x{RING_SLOTS - 1}: {raw_mbps:,.1f} MB/s", flush=True)
     puts_per_gib = batches / (stored / GiB)
     ideal = GiB / BATCH_BYTES
     print(f"puts per GiB: {puts_per_gib:.1f} (ideal {ideal:.0f}, target <= {1.05 * ideal:.1f})", flush=True)

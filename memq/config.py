@@ -71,8 +71,8 @@ def check_files(obj: Any, where: str, names: tuple[str, ...]) -> None:
 class S3Config:
     """An S3 endpoint (AWS, MinIO, moto). `endpoint_url=None` means AWS itself. Credentials:
     `access_key_id`/`secret_access_key` (+ `session_token`), else `profile`, else the AWS chain
-    (environment, instance or task role); every S3 client memq creates uses them
-    (`memq.storage.s3_handler.s3_session`).
+    (environment, web identity, instance or task role); every S3 client memq creates uses them
+    (`memq.storage.s3_store.s3_session`).
 
     A call retries with backoff until `retry_budget_s` after its start (at most `max_attempts`
     tries); a broker caps the budget at 2/3 of producer.request_timeout_ms so acks stay on time.
@@ -94,6 +94,19 @@ class S3Config:
     max_backoff_s: float = setting(2.0, ge=0)
     max_pool_connections: int = setting(32, ge=1)
     retry_budget_s: float = setting(20.0, gt=0)
+    # A PEM file of CA certificates trusted for an HTTPS endpoint (a private CA in front of MinIO or
+    # a proxy), added to the system's roots. Unset: the AWS_CA_BUNDLE environment variable, if any.
+    ca_bundle: str | None = None
+    # Path-style URLs (http://host/bucket/key) rather than virtual-hosted (http://bucket.host/key).
+    # Unset: path-style when endpoint_url is set (S3-compatible stores), virtual-hosted on AWS.
+    path_style: bool | None = None
+    # Hedged requests: when a PUT or GET has waited longer than this percentile of the recent
+    # latencies of its kind (op and size class), a second attempt is sent and the first answer
+    # wins. At most `hedge_max_share` of requests are hedged (0 turns hedging off), never sooner
+    # than `hedge_min_delay_s`, and not until `HEDGE_MIN_SAMPLES` latencies of that kind are known.
+    hedge_percentile: float = setting(95.0, ge=50.0, le=99.9)
+    hedge_max_share: float = setting(0.05, ge=0.0, le=0.5)
+    hedge_min_delay_s: float = setting(0.02, ge=0.0)
 
 
 @dataclass(frozen=True)

@@ -196,7 +196,7 @@ def _require_credentials(s3: S3Config) -> None:
     broker metadata never carries them, and executors would only fail much later."""
     if s3.access_key_id and s3.secret_access_key:
         return
-    from memq.storage.s3_handler import s3_session
+    from memq.storage.s3_store import s3_session
 
     if s3_session(s3).get_credentials() is None:
         raise ConfigError("memq source: no S3 credentials (broker metadata carries none): set option "

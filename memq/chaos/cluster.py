@@ -7,7 +7,9 @@ memq.devcluster.process (own process group, dies with the harness) through `ip n
 brokers are memq.devcluster's GovernedCluster, each placed in its host the same way.
 Ports are fixed: each host has its own port space. A server named in `shaped` gets a
 memq.chaos.linkproxy in its host, in the path of every connection to it (iptables REDIRECT),
-so the nemesis can delay its links with `shape_link`; the others are reached directly.
+so the nemesis can delay its links with `shape_link`; the others are reached directly. With
+`s3_faults`, a memq.chaos.s3faults HTTP proxy goes in front of S3 (and of its link proxy),
+so the nemesis can make S3 answer SlowDown or slowly with `set_s3_faults`.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from pathlib import Path
 from memq.config import (AuditConfig, ClusterConfig, GovernorConfig, KafkaConfig, MemqConfig, S3Config,
                          TopicConfig, ZooKeeperConfig)
 from memq.chaos.linkproxy import LinkShape
+from memq.chaos.s3faults import S3Faults
 from memq.chaos.topology import Topology
 from memq.devcluster import BrokerHost, GovernedCluster
 from memq.devcluster.process import ManagedProcess, spawn, wait_ready
@@ -31,6 +34,7 @@ from memq.errors import DevClusterError
 LOOPBACK = "127.0.0.1"
 PORTS = {"s3": 9000, "kafka": 9092, "zookeeper": 2181}
 PROXY_PORT_OFFSET = 10000   # a shaped server's link proxy listens on its port + this
+FAULT_PORT_OFFSET = 20000   # the S3 fault proxy listens on S3's port + this
 BROKER_PORT = 8080
 READY_TIMEOUT_S = 60.0
 GOVERNOR = GovernorConfig(interval_s=1.0, reconcile_interval_s=0.5, drain_timeout_s=10.0)
@@ -63,12 +67,13 @@ class ChaosCluster:
     clients use (producer: all brokers)."""
 
     def __init__(self, topo: Topology, run_dir: Path, brokers: int = 3, *, zk_session_s: float = 4.0,
-                 shaped: Collection[str] = ()) -> None:
+                 shaped: Collection[str] = (), s3_faults: bool = False) -> None:
         unknown = set(shaped) - set(PORTS)
         if unknown:
             raise DevClusterError(f"no server {sorted(unknown)} to shape (servers: {', '.join(PORTS)})")
         self.topo = topo
         self.shaped = tuple(shaped)
+        self.s3_faults = s3_faults
         self.run_dir = run_dir
         self.broker_ids = [f"b{i}" for i in range(1, brokers + 1)]
         h = topo.hosts
@@ -118,6 +123,8 @@ class ChaosCluster:
                     raise DevClusterError(f"{name} exited; log:\n{self.procs[name].log_tail()}")
             for name in self.shaped:
                 self._start_link_proxy(name)
+            if self.s3_faults:
+                self._start_s3_fault_proxy()
             self._create_bucket()
             self.brokers.start()
         except BaseException:
@@ -142,6 +149,31 @@ class ChaosCluster:
             raise DevClusterError(f"link proxy of {name} exited; log:\n{proc.log_tail()}")
         self.topo.run(name, "iptables", "-t", "nat", "-A", "PREROUTING", "-p", "tcp", "-d", ip,
                       "--dport", str(port), "-j", "REDIRECT", "--to-ports", str(proxy_port))
+
+    def _start_s3_fault_proxy(self) -> None:
+        """The HTTP fault proxy in the S3 host, ahead of S3's link proxy if it has one: its
+        REDIRECT goes first, and its own connection onwards is local, so not redirected again."""
+        ip, port = self.topo.hosts["s3"].ip, PORTS["s3"]
+        onward = port + PROXY_PORT_OFFSET if "s3" in self.shaped else port
+        listen = port + FAULT_PORT_OFFSET
+        S3Faults().write(self._faults_control())
+        argv = [sys.executable, "-m", "memq.chaos.s3faults", "--listen", f"{ip}:{listen}",
+                "--upstream", f"{ip}:{onward}", "--control", str(self._faults_control())]
+        proc = self.procs["s3-faults"] = spawn("s3-faults", self.topo.exec_argv("s3", argv),
+                                               log_path=self.run_dir / "logs" / "s3-faults.log")
+        if not wait_ready(proc, lambda: _serving(ip, listen), READY_TIMEOUT_S):
+            raise DevClusterError(f"S3 fault proxy exited; log:\n{proc.log_tail()}")
+        self.topo.run("s3", "iptables", "-t", "nat", "-I", "PREROUTING", "1", "-p", "tcp", "-d", ip,
+                      "--dport", str(port), "-j", "REDIRECT", "--to-ports", str(listen))
+
+    def _faults_control(self) -> Path:
+        return self.run_dir / "s3" / "faults.json"
+
+    def set_s3_faults(self, faults: S3Faults) -> None:
+        """Set the share of S3 requests answered SlowDown or delayed (needs `s3_faults`)."""
+        if not self.s3_faults:
+            raise DevClusterError("this chaos cluster was started without its S3 fault proxy")
+        faults.write(self._faults_control())
 
     def shape_link(self, name: str, shape: LinkShape) -> None:
         """Set the delay of connections to server `name` (one started with it in `shaped`)."""

@@ -147,7 +147,7 @@ async def serve(listen: tuple[str, int], proxy: LinkProxy) -> None:
         await asyncio.gather(server.serve_forever(), proxy.follow_control())
 
 
-def _address(text: str) -> tuple[str, int]:
+def parse_address(text: str) -> tuple[str, int]:
     host, _, port = text.rpartition(":")
     if not host or not port.isdigit():
         raise argparse.ArgumentTypeError(f"expected IP:PORT, not {text!r}")
@@ -156,8 +156,8 @@ def _address(text: str) -> tuple[str, int]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m memq.chaos.linkproxy")
-    parser.add_argument("--listen", type=_address, required=True)
-    parser.add_argument("--upstream", type=_address, required=True)
+    parser.add_argument("--listen", type=parse_address, required=True)
+    parser.add_argument("--upstream", type=parse_address, required=True)
     parser.add_argument("--control", type=Path, required=True)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)

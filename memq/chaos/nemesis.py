@@ -23,19 +23,22 @@ from typing import Protocol
 from memq.chaos.checker import FaultWindow
 from memq.chaos.cluster import ChaosCluster
 from memq.chaos.linkproxy import LinkShape
+from memq.chaos.s3faults import S3Faults
 from memq.chaos.topology import sh
 from memq.errors import ConfigError
 
 SERVERS = ("s3", "kafka", "zookeeper")
 KINDS = ("kill", "kill-governor", "pause", "cut-zk", "cut-s3", "cut-kafka", "cut-producer",
-         "split", "loss", "slow-s3", "delay", "kill-consumer")
+         "split", "loss", "slow-s3", "delay", "kill-consumer", "slowdown", "tail")
 """kill: SIGKILL a broker, restart it after the fault; pause: SIGSTOP/SIGCONT a server; cut-X: a
 broker loses X; cut-producer: the producers lose one broker; split: one broker loses the other
 brokers and ZooKeeper (minority) while the rest keep both (majority); loss: 5% of a broker's
 packets to S3 and Kafka dropped; slow-s3: traffic to S3 limited to 4 Mbit/s; delay: a server's
 links (delay:s3), or a broker's links to S3 and Kafka (delay:b2), get extra latency with jitter;
 kill-consumer: SIGKILL the group's consumer, restart it after the fault (at-least-once: what it
-had not committed is delivered again)."""
+had not committed is delivered again); slowdown: 30% of S3 requests answered 503 SlowDown; tail: 2% of
+S3 answers held 500 ms (both by memq.chaos.s3faults)."""
+HTTP_FAULTS = {"slowdown": S3Faults(slowdown_share=0.3), "tail": S3Faults(tail_share=0.02, tail_delay_s=0.5)}
 DELAYED_FOR_BROKER = ("s3", "kafka")
 DEFAULT_LINK = LinkShape(delay_s=0.2, jitter_s=0.1)
 
@@ -80,7 +83,8 @@ def schedule(seed: int, kinds: Sequence[str], *, total_s: float, brokers: Sequen
 
 
 def _targets(kind: str, brokers: Sequence[str]) -> tuple[str, ...]:
-    fixed = {"kill-governor": "governor", "slow-s3": "s3", "kill-consumer": "consumer"}.get(kind)
+    fixed = {"kill-governor": "governor", "slow-s3": "s3", "kill-consumer": "consumer", "slowdown": "s3",
+             "tail": "s3"}.get(kind)
     if fixed:
         return (fixed,)
     return {"pause": SERVERS, "delay": (*SERVERS, *brokers)}.get(kind, tuple(brokers))
@@ -184,6 +188,13 @@ class Nemesis:
                 time.sleep(f.duration_s)
             finally:
                 os.killpg(pid, signal.SIGCONT)
+            return start, time.time()
+        if f.kind in HTTP_FAULTS:
+            c.set_s3_faults(HTTP_FAULTS[f.kind])
+            try:
+                time.sleep(f.duration_s)
+            finally:
+                c.set_s3_faults(S3Faults())
             return start, time.time()
         if f.kind == "slow-s3":
             link = hosts["s3"].link

@@ -19,7 +19,7 @@ from pathlib import Path
 from memq.chaos.checker import Observations, Verdict, check
 from memq.chaos.cluster import ChaosCluster, host_names
 from memq.chaos.linkproxy import LinkShape
-from memq.chaos.nemesis import DEFAULT_LINK, Fault, Nemesis, delayed_links, describe, schedule
+from memq.chaos.nemesis import DEFAULT_LINK, HTTP_FAULTS, Fault, Nemesis, delayed_links, describe, schedule
 from memq.chaos.topology import Topology, sweep_stale
 from memq.chaos.workload import load_acks, load_delivered, read_objects, read_pointers
 from memq.config import TopicConfig
@@ -68,7 +68,8 @@ def run(spec: RunSpec, log: Callable[[str], None] = print, work_dir: Path | None
     with tempfile.TemporaryDirectory(prefix="memq-chaos-") as tmp:
         work = work_dir or Path(tmp)
         with Topology(host_names(spec.brokers)) as topo, \
-                ChaosCluster(topo, work, spec.brokers, shaped=shaped) as cluster:
+                ChaosCluster(topo, work, spec.brokers, shaped=shaped,
+                             s3_faults=any(f.kind in HTTP_FAULTS for f in faults)) as cluster:
             placed = cluster.create_topic(TopicConfig(name=TOPIC, read_partitions=spec.partitions))
             log(f"cluster up: governor {cluster.governor()}, topic {TOPIC} on {', '.join(placed)}")
             client = work / "client.toml"

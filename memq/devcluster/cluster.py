@@ -159,8 +159,10 @@ class DevCluster:
         s3 = S3Config()
         if self.s3_endpoint:
             self.ensure_bucket(bucket)
+            # No hedged requests: this S3 is a process on the same CPUs, whose slow answers are
+            # CPU contention that a second request makes worse, not a remote store's tail.
             s3 = S3Config(endpoint_url=self.s3_endpoint, bucket=bucket, region=S3_REGION,
-                          access_key_id=S3_ACCESS_KEY, secret_access_key=S3_SECRET_KEY)
+                          access_key_id=S3_ACCESS_KEY, secret_access_key=S3_SECRET_KEY, hedge_max_share=0.0)
         return MemqConfig(
             cluster=ClusterConfig(name=cluster),
             s3=s3,

@@ -49,6 +49,10 @@ class StorageMetrics:
                                 ["backend", "op", "reason"], registry=registry)
         self.bytes = Counter("memq_storage_bytes", "Object bytes written (put) or read (get, get_range), by topic",
                              ["backend", "op", "topic"], registry=registry)
+        self.hedges = Counter("memq_storage_hedges",
+                              "Hedged requests: second attempts sent after the usual latency (outcome=sent), "
+                              "and those that answered first (outcome=won)", ["backend", "op", "outcome"],
+                              registry=registry)
         self.latency = Histogram("memq_storage_latency_seconds",
                                  "Duration of a storage call, retries and backoff included",
                                  ["backend", "op"], buckets=_LATENCY_BUCKETS, registry=registry)

@@ -1,84 +1,45 @@
-"""S3 storage handler: boto3 in a bounded thread pool, with memq's own retries.
+"""S3 storage handler: obstore (Rust `object_store`) awaited on the event loop, with memq's own retries.
 
-botocore's retries are off (total_max_attempts=1) so that memq decides what is retried,
-how long it waits (full-jitter exponential backoff) and, for a PUT, that every attempt goes
-under its own key: a slow earlier attempt that lands late can never overwrite the object a
-notification points to. Why boto3 and not aiobotocore: see docs/DECISIONS.md.
+obstore's retries are off so that memq decides what is retried, how long it waits
+(full-jitter exponential backoff) and, for a PUT, that every attempt goes under its own key:
+a slow earlier attempt that lands late can never overwrite the object a notification points
+to. Why obstore and not boto3 (`bench s3client`), and where boto3 remains (credentials from
+the AWS config files, `memq.storage.s3_store`): see docs/DECISIONS.md.
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
 import random
 import secrets
 import time
-from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any, TypeVar
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TypeVar
 
-import boto3
-import botocore.config
-import botocore.exceptions as bce
-from crc32c import crc32c
+import obstore
+from obstore.store import S3Store
 from prometheus_client import CollectorRegistry
 
 from memq.config import S3Config
 from memq.errors import (ConfigError, InvalidInputError, ObjectNotFoundError, RetryBudgetExhaustedError,
                          StorageError)
+from memq.storage.hedge import Hedger, first_of, size_class
 from memq.storage.base import Chunks, DeleteFailure, ObjectInfo, ObjectLocation, delete_chunks
-from memq.storage.metrics import StorageMetrics
 from memq.storage.listing import list_all_prefixes
-from memq.storage.naming import check_name, group_home, home_dir, make_key, parse_key, start_after, topic_home
+from memq.storage.metrics import StorageMetrics
+from memq.storage.naming import (check_name, group_home, home_dir, make_key, parse_key, prefix_for, start_after,
+                                 topic_home)
 from memq.storage.payload import check_range, join_chunks
 from memq.storage.retry import RetryPolicy
+from memq.storage.s3_errors import RETRIABLE, classify
+from memq.storage.s3_store import make_store
+from memq.storage.throttle import PrefixThrottle
 
 T = TypeVar("T")
+LIST_PAGE = 1000
+"""Keys per ListObjectsV2 answer (S3's default page): a listing costs one request per page."""
 
-# Error codes S3 (and S3-compatible stores) use to ask a client to slow down.
-_THROTTLE_CODES = frozenset({"SlowDown", "Throttling", "ThrottlingException", "RequestLimitExceeded",
-                             "TooManyRequestsException", "RequestThrottled", "ServiceUnavailable"})
-_TRANSIENT_CODES = frozenset({"RequestTimeout", "InternalError", "OperationAborted"})
-_NOT_FOUND_CODES = frozenset({"NoSuchKey", "404", "NotFound"})
-_RETRIABLE = frozenset({"throttle", "server_error", "timeout", "connection", "checksum"})
-
-
-def classify(exc: BaseException) -> tuple[str, str] | None:
-    """(reason, code) of a botocore failure, or None if it is not one (a bug: let it raise).
-
-    reason is one of throttle, server_error, timeout, connection, checksum (all retried),
-    not_found, client_error (never retried).
-    """
-    if isinstance(exc, bce.ClientError):
-        code = str(exc.response.get("Error", {}).get("Code", ""))
-        status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
-        if code in _NOT_FOUND_CODES:
-            return "not_found", code
-        if code in _THROTTLE_CODES or status in (429, 503):
-            return "throttle", code or str(status)
-        if status >= 500 or code in _TRANSIENT_CODES:
-            return "server_error", code or str(status)
-        return "client_error", code or str(status)
-    if isinstance(exc, (bce.ReadTimeoutError, bce.ConnectTimeoutError)):
-        return "timeout", type(exc).__name__
-    if isinstance(exc, (bce.HTTPClientError, bce.ConnectionError, bce.IncompleteReadError)):
-        return "connection", type(exc).__name__
-    if isinstance(exc, bce.FlexibleChecksumError):
-        return "checksum", type(exc).__name__
-    if isinstance(exc, bce.BotoCoreError):
-        return "client_error", type(exc).__name__
-    return None
-
-
-def s3_session(s3: S3Config) -> boto3.session.Session:
-    """The boto3 session of every S3 client memq creates: keys (and session token) from the
-    config, else its named profile (which may assume a role), else the AWS default chain."""
-    try:
-        return boto3.session.Session(aws_access_key_id=s3.access_key_id, aws_secret_access_key=s3.secret_access_key,
-                                     aws_session_token=s3.session_token, profile_name=s3.profile,
-                                     region_name=s3.region)
-    except bce.ProfileNotFound:
-        raise ConfigError(f"s3.profile = {s3.profile!r}: no such profile in the AWS config files") from None
+Attempt = Callable[[int], tuple[str, Callable[[], Awaitable[T]]]]
 
 
 class S3StorageHandler:
@@ -102,37 +63,57 @@ class S3StorageHandler:
                                    s3.retry_budget_s if retry_budget_s is None else retry_budget_s)
         self._metrics = metrics or StorageMetrics(CollectorRegistry())
         self._rng = rng or random.Random()
-        self._client = s3_session(s3).client("s3", endpoint_url=s3.endpoint_url, config=botocore.config.Config(
-            connect_timeout=s3.connect_timeout_s, read_timeout=s3.read_timeout_s,
-            retries={"total_max_attempts": 1, "mode": "standard"},
-            max_pool_connections=s3.max_pool_connections))
-        self._pool = ThreadPoolExecutor(max_workers=s3.max_pool_connections, thread_name_prefix="memq-s3")
-        # Listing fans out over 256 prefixes; leave half the pool to puts and gets meanwhile.
+        self._s3 = s3
+        self._hedger = Hedger(s3.hedge_percentile, s3.hedge_max_share, s3.hedge_min_delay_s)
+        self._throttle = PrefixThrottle(s3.max_pool_connections, s3.base_backoff_s, s3.max_backoff_s, rng=self._rng)
+        # One store per bucket: a store is bound to its bucket, and a notification may name another.
+        self._stores = {s3.bucket: make_store(s3, request_timeout_s=self._policy.budget_s)}
+        # Listing fans out over 256 prefixes; leave half the connections to puts and gets meanwhile.
         self._list_concurrency = max(1, s3.max_pool_connections // 2)
 
     # --- the retry loop ------------------------------------------------------------------------
 
-    async def _run(self, op: str, attempt_call: Callable[[int], tuple[str, Callable[[], T]]]) -> T:
-        """Run `attempt_call(n)`'s blocking function for n = 0, 1, ... until it succeeds or fails for good.
+    async def _run(self, op: str, attempt_call: Attempt[T], *, prefix: str, kind: str = "",
+                   settle: bool = False) -> T:
+        """Await `attempt_call(n)`'s request for n = 0, 1, ... until it succeeds or fails for good.
 
-        `attempt_call` returns (the s3:// URL this attempt touches, the function), so a PUT
-        can use a fresh key per attempt and errors can name the object.
+        `attempt_call` returns (the s3:// URL this attempt touches, the request), so a PUT
+        can use a fresh key per attempt and errors can name the object. A request of a `kind`
+        (PUTs and GETs: op and size class) is hedged: a slow attempt gets a second, the next n
+        (`settle`: a PUT's hedge is awaited, see `first_of`). Every attempt waits for admission on
+        its key `prefix` (`PrefixThrottle`: fewer requests to a prefix that answered SlowDown).
         """
-        loop = asyncio.get_running_loop()
         started = time.perf_counter()
         attempt = 0
         try:
             while True:
-                where, fn = attempt_call(attempt)
+                where, request = attempt_call(attempt)
                 self._metrics.sent(self.backend, op, where)
+
+                def hedge() -> Awaitable[T] | None:
+                    nonlocal attempt, where
+                    if self._throttle.throttled(prefix) or not self._hedger.admit():
+                        return None
+                    attempt += 1
+                    where, second = attempt_call(attempt)
+                    self._metrics.sent(self.backend, op, where)
+                    self._metrics.hedges.labels(self.backend, op, "sent").inc()
+                    return self._admitted(prefix, kind, second)
+
                 try:
-                    return await loop.run_in_executor(self._pool, fn)
+                    if not kind:
+                        return await self._admitted(prefix, kind, request)
+                    value, winner = await first_of(self._admitted(prefix, kind, request), self._hedger.delay(kind),
+                                                   hedge, settle=settle)
+                    if winner:
+                        self._metrics.hedges.labels(self.backend, op, "won").inc()
+                    return value
                 except Exception as exc:
-                    kind = classify(exc)
-                    if kind is None:
+                    failure = classify(exc)
+                    if failure is None:
                         raise
-                    reason, code = kind
-                    if reason not in _RETRIABLE:
+                    reason, code = failure
+                    if reason not in RETRIABLE:
                         self._metrics.failures.labels(self.backend, op, reason).inc()
                         raise self._final_error(op, where, reason, code, exc) from exc
                     attempt += 1
@@ -143,63 +124,72 @@ class S3StorageHandler:
                         raise RetryBudgetExhaustedError(
                             f"{op} {where}: gave up after {attempt} attempts in {elapsed:.1f} s "
                             f"(s3.max_attempts {self._policy.max_attempts}, s3.retry_budget_s "
-                            f"{self._policy.budget_s:g}); last error {reason} ({code}): {exc}") from exc
+                            f"{self._policy.budget_s:g}); last error {reason} ({code}): {_first_line(exc)}") from exc
                     self._metrics.retries.labels(self.backend, op, reason).inc()
                     await asyncio.sleep(delay)
         finally:
             self._metrics.latency.labels(self.backend, op).observe(time.perf_counter() - started)
 
+    def _admitted(self, prefix: str, kind: str, request: Callable[[], Awaitable[T]]) -> Awaitable[T]:
+        """`request()` once the prefix admits it; timed for hedging (from admission) if it has a kind."""
+        timed: Callable[[], Awaitable[T]] = (lambda: self._hedger.timed(kind, request)) if kind else request
+        return self._throttle.run(prefix, timed, _is_throttle)
+
     @staticmethod
     def _final_error(op: str, where: str, reason: str, code: str, exc: BaseException) -> StorageError:
         if reason == "not_found":
             return ObjectNotFoundError(f"{op} {where}: object does not exist ({code})")
-        return StorageError(f"{op} {where}: {code}: {exc}")
+        return StorageError(f"{op} {where}: {code}: {_first_line(exc)}")
 
     # --- StorageHandler ------------------------------------------------------------------------
 
     async def put_batch(self, topic: str, data: Chunks, *, first_request_id: int,
                         timestamp_ms: int, broker_id: str, group: str = "") -> ObjectLocation:
         body = join_chunks(data)
-        # memq supplies the body's CRC32C (hardware CRC, ~1 ms per 8 MiB) for S3 to verify on
-        # arrival. botocore then skips its own CRC32 of the body (pure-Python-driven chunking,
-        # ~10% of the broker's CPU at 64 KiB values), and the checksum matches memq's own
-        # object CRC32C, so S3 and consumers check the same thing.
-        checksum = base64.b64encode(crc32c(body).to_bytes(4, "big")).decode()
         unique = secrets.token_hex(8)
 
-        def attempt_call(attempt: int) -> tuple[str, Callable[[], str]]:
+        def attempt_call(attempt: int) -> tuple[str, Callable[[], Awaitable[str]]]:
             key = str(make_key(cluster=self.cluster, topic=topic, first_request_id=first_request_id,
                                timestamp_ms=timestamp_ms, broker_id=broker_id, unique=unique,
                                attempt=attempt, group=group))
-            return f"s3://{self.bucket}/{key}", lambda: self._put_blocking(key, body, checksum)
+            return f"s3://{self.bucket}/{key}", lambda: self._put(key, body)
 
-        key = await self._run("put", attempt_call)
+        key = await self._run("put", attempt_call, prefix=prefix_for(first_request_id), kind=f"put:{size_class(len(body))}", settle=True)
         self._metrics.moved(self.backend, "put", key, len(body))
         return ObjectLocation(self.bucket, key)
 
-    def _put_blocking(self, key: str, body: bytes, crc32c_b64: str) -> str:
-        self._client.put_object(Bucket=self.bucket, Key=key, Body=body, ChecksumCRC32C=crc32c_b64)
+    async def _put(self, key: str, body: bytes) -> str:
+        # One PUT per object: obstore would split a body over 5 MB into a multipart upload.
+        await obstore.put_async(self._stores[self.bucket], key, body, use_multipart=False)
         return key
 
     async def get(self, loc: ObjectLocation) -> bytes:
-        data = await self._run("get", lambda _: (str(loc), lambda: self._get_blocking(loc, None)))
+        data = await self._run("get", lambda _: (str(loc), lambda: self._get(loc)), prefix=_prefix_of(loc.key),
+                               kind="get")
         self._metrics.moved(self.backend, "get", loc.key, len(data))
         return data
 
+    async def _get(self, loc: ObjectLocation) -> bytes:
+        return bytes(await (await obstore.get_async(self._store(loc.bucket), loc.key)).bytes_async())
+
     async def get_range(self, loc: ObjectLocation, start: int, length: int) -> bytes:
         check_range(start, length)
-        rng = f"bytes={start}-{start + length - 1}"
-        data = await self._run("get_range", lambda _: (str(loc), lambda: self._get_blocking(loc, rng)))
+        data = await self._run("get_range", lambda _: (str(loc), lambda: self._get_range(loc, start, length)),
+                               prefix=_prefix_of(loc.key), kind=f"get:{size_class(length)}")
         self._metrics.moved(self.backend, "get_range", loc.key, len(data))
         return data
 
-    def _get_blocking(self, loc: ObjectLocation, byte_range: str | None) -> bytes:
-        kwargs: dict[str, Any] = {"Bucket": loc.bucket, "Key": loc.key}
-        if byte_range:
-            kwargs["Range"] = byte_range
-        resp = self._client.get_object(**kwargs)
-        with resp["Body"] as body:
-            return body.read()
+    async def _get_range(self, loc: ObjectLocation, start: int, length: int) -> bytes:
+        return bytes(await obstore.get_range_async(self._store(loc.bucket), loc.key, start=start, length=length))
+
+    def _store(self, bucket: str) -> S3Store:
+        store = self._stores.get(bucket)
+        if store is None:
+            if not bucket:
+                raise InvalidInputError("an S3 object needs a bucket (this location has none)")
+            store = self._stores[bucket] = make_store(self._s3, bucket=bucket,
+                                                      request_timeout_s=self._policy.budget_s)
+        return store
 
     async def list_topic(self, topic: str, start_ms: int, end_ms: int, *,
                          all_attempts: bool = False) -> list[ObjectInfo]:
@@ -217,49 +207,95 @@ class S3StorageHandler:
                                        self._list_concurrency, all_attempts=all_attempts)
 
     async def _list_prefix(self, directory: str, start_ms: int, end_ms: int) -> list[ObjectInfo]:
-        """One prefix's objects, a ListObjectsV2 request per page (each retried on its own and
-        counted in `memq_storage_attempts{op="list"}`, so the count is the LIST requests paid)."""
+        """One prefix's objects. A failed listing is retried from the last key it returned, and
+        each page (ListObjectsV2 request) counts in `memq_storage_attempts{op="list"}`."""
         out: list[ObjectInfo] = []
         where = f"s3://{self.bucket}/{directory}"
-        kwargs: dict[str, Any] = {"Bucket": self.bucket, "Prefix": directory,
-                                  "StartAfter": start_after(directory, start_ms)}
-        while True:
-            resp = await self._run("list", lambda _: (where, lambda: self._client.list_objects_v2(**kwargs)))
-            for item in resp.get("Contents", ()):
-                try:
-                    ts = parse_key(item["Key"]).timestamp_ms
-                except InvalidInputError:
-                    continue  # not a memq batch (a stray upload); never ours to return
-                if ts >= end_ms:
-                    return out  # keys sort by time inside a prefix: nothing later can match
-                if ts < start_ms:
-                    continue  # StartAfter cannot express a start beyond 13 digits
-                out.append(ObjectInfo(ObjectLocation(self.bucket, item["Key"]), int(item["Size"]), ts))
-            if not resp.get("IsTruncated"):
-                return out
-            kwargs = {**kwargs, "ContinuationToken": resp["NextContinuationToken"]}
+        after = [start_after(directory, start_ms)]
+        done = [False]
+
+        async def pages() -> None:
+            stream = obstore.list(self._stores[self.bucket], directory, offset=after[0], chunk_size=LIST_PAGE)
+            first = True
+            async for page in stream:
+                if not first:
+                    self._metrics.sent(self.backend, "list", where)
+                first = False
+                for item in page:
+                    key = str(item["path"])
+                    after[0] = key
+                    try:
+                        ts = parse_key(key).timestamp_ms
+                    except InvalidInputError:
+                        continue  # not a memq batch (a stray upload); never ours to return
+                    if ts >= end_ms:
+                        done[0] = True  # keys sort by time inside a prefix: nothing later can match
+                        return
+                    if ts < start_ms:
+                        continue  # StartAfter cannot express a start beyond 13 digits
+                    out.append(ObjectInfo(ObjectLocation(self.bucket, key), int(item["size"]), ts))
+
+        await self._run("list", lambda _: (where, pages), prefix=_prefix_of(directory))
+        return out
 
     async def delete(self, loc: ObjectLocation) -> None:
-        await self._run("delete", lambda _: (
-            str(loc), lambda: self._client.delete_object(Bucket=loc.bucket, Key=loc.key)))
+        await self._run("delete", lambda _: (str(loc), lambda: obstore.delete_async(self._store(loc.bucket), loc.key)),
+                        prefix=_prefix_of(loc.key))
 
     async def delete_many(self, locs: Sequence[ObjectLocation]) -> list[DeleteFailure]:
         """DeleteObjects, `DELETE_CHUNK` keys a request (op "delete_many"), one request at a time:
-        deleting is background work and must leave the connection pool to the brokers' puts."""
+        deleting is background work and must leave the connections to the brokers' puts.
+
+        obstore reports only the first key a DeleteObjects answer refused, so a chunk with a refused
+        key is deleted again key by key (op "delete"), to name every key that failed and why."""
         other = [str(loc) for loc in locs if loc.bucket != self.bucket]
         if other:
             raise InvalidInputError(f"delete_many: {other[0]} is not in bucket {self.bucket!r}")
         failures: list[DeleteFailure] = []
         for chunk in delete_chunks(locs):
             where = f"s3://{self.bucket} ({len(chunk)} keys from {chunk[0].key})"
-            body = {"Objects": [{"Key": loc.key} for loc in chunk], "Quiet": True}
-            resp = await self._run("delete_many", lambda _: (
-                where, lambda: self._client.delete_objects(Bucket=self.bucket, Delete=body)))
-            for err in resp.get("Errors", ()):
-                failures.append(DeleteFailure(ObjectLocation(self.bucket, str(err.get("Key", ""))),
-                                              f"{err.get('Code', '?')}: {err.get('Message', '')}"))
+            keys = [loc.key for loc in chunk]
+            try:
+                await self._run("delete_many", lambda _: (where, lambda: self._delete_keys(keys)), prefix="")
+            except StorageError as e:
+                if isinstance(e, RetryBudgetExhaustedError) or not _refused_keys(e):
+                    raise
+                failures += await self._delete_each(chunk)
+        return failures
+
+    async def _delete_keys(self, keys: list[str]) -> None:
+        await obstore.delete_async(self._stores[self.bucket], keys)
+
+    async def _delete_each(self, chunk: Sequence[ObjectLocation]) -> list[DeleteFailure]:
+        failures = []
+        for loc in chunk:
+            try:
+                await self.delete(loc)
+            except StorageError as e:
+                failures.append(DeleteFailure(loc, str(e)))
         return failures
 
     async def close(self) -> None:
-        await asyncio.to_thread(self._pool.shutdown, True)
-        self._client.close()
+        """Nothing to release: obstore's connections close with the store."""
+
+
+def _refused_keys(e: StorageError) -> bool:
+    """Whether a failed DeleteObjects answered 200 and refused some keys (no HTTP status in the
+    cause), rather than failing as a whole (a status: raise, as `delete` would)."""
+    cause = e.__cause__
+    return cause is not None and "non-2xx status code" not in str(cause)
+
+
+def _prefix_of(key: str) -> str:
+    """The S3 partition a key falls in: memq's first key component (`naming.PREFIXES`)."""
+    return key.split("/", 1)[0]
+
+
+def _is_throttle(exc: BaseException) -> bool:
+    failure = classify(exc)
+    return failure is not None and failure[0] == "throttle"
+
+
+def _first_line(exc: BaseException) -> str:
+    """obstore's message up to its debug dump (the S3 error body is on the first line)."""
+    return str(exc).split("\n\nDebug source:", 1)[0]

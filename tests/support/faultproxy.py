@@ -41,7 +41,9 @@ class FaultPlan:
     code: str = "SlowDown"
     stall_s: float = 2.0
     seed: int = 0
+    once_per_path: bool = False      # fault only the first selected request of each path
     _matched: int = field(default=0, repr=False)
+    _faulted: set[str] = field(default_factory=set, repr=False)
     _rng: random.Random = field(default_factory=random.Random, repr=False)
 
     def __post_init__(self) -> None:
@@ -51,7 +53,12 @@ class FaultPlan:
         if self.mode == "none" or method not in self.methods or self.path_contains not in path:
             return False
         self._matched += 1
-        return self._matched <= self.first_n or self._rng.random() < self.fraction
+        if self.once_per_path and path in self._faulted:
+            return False
+        chosen = self._matched <= self.first_n or self._rng.random() < self.fraction
+        if chosen:
+            self._faulted.add(path)
+        return chosen
 
 
 def s3_error_body(code: str, message: str, resource: str) -> bytes:
