@@ -192,3 +192,20 @@ def test_the_broker_core_never_imports_a_door() -> None:
             if m.startswith(BROKER_OUTSIDE_CORE):
                 problems.append(f"{name} imports {m}")
     assert not problems, "the broker core imports its assembly or a door:\n" + "\n".join(problems)
+
+
+def test_tests_share_helpers_only_through_tests_support() -> None:
+    """A test module imports no other test module, and support modules by their full name
+    (`tests.support.x`): a bare `import waiting` works only from some working directories."""
+    tests = ROOT / "tests"
+    local = {p.stem for p in tests.glob("*.py")} | {p.stem for p in (tests / "support").glob("*.py")} | {"support"}
+    problems = []
+    for path in sorted(tests.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                     [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
+            for name in names:
+                top = name.split(".")[0]
+                if top in local or name.startswith("tests.test_"):
+                    problems.append(f"{path.relative_to(ROOT)}:{node.lineno} imports {name}")
+    assert not problems, "import shared test helpers from tests.support:\n" + "\n".join(problems)

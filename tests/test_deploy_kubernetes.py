@@ -1,4 +1,4 @@
-"""deploy/kubernetes renders (tests/kustomize_lite.py, kustomize's subset it uses) to manifests
+"""deploy/kubernetes renders (tests/support/kustomize_lite.py, kustomize's subset it uses) to manifests
 that pass Kubernetes' schemas, whose pieces fit together (probes, drain within the grace period,
 selectors, ports), and whose config loads in a pod's environment, service links included."""
 
@@ -18,7 +18,7 @@ import yaml
 from kubernetes_validate import validate
 from kubernetes_validate.utils import ValidationError
 
-from kustomize_lite import Doc, render
+from tests.support.kustomize_lite import Doc, render
 from memq.config import MemqConfig, load_config
 
 KUBE = Path(__file__).resolve().parent.parent / "deploy" / "kubernetes"
@@ -49,7 +49,7 @@ def test_every_rendered_manifest_passes_the_kubernetes_schemas_strictly(overlay:
 def test_the_renderer_agrees_with_kubectl_kustomize(overlay: Path) -> None:
     """Where kubectl is installed, its kustomize renders exactly what the suite checks."""
     if shutil.which("kubectl") is None:
-        pytest.skip("kubectl not found: the manifests are checked as tests/kustomize_lite.py renders them")
+        pytest.skip("kubectl not found: the manifests are checked as tests/support/kustomize_lite.py renders them")
     out = subprocess.run(["kubectl", "kustomize", str(overlay)], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     real = [d for d in yaml.safe_load_all(out.stdout) if d]

@@ -29,7 +29,7 @@ from memq.errors import AuthorizationError
 from memq.format.metadata import TopicRefusal
 from memq.security.tokens import new_token
 from spark_source.options import parse_options
-from tests.test_broker_integration import read_stored, running_broker, topic_config
+from tests.support.cluster import read_stored, running_broker, topic_config
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 

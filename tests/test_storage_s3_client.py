@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import trustme
-from tlsproxy import TlsProxy
+from tests.support.tlsproxy import TlsProxy
 
 from memq.config import MemqConfig, S3Config
 from memq.errors import ConfigError, RetryBudgetExhaustedError

@@ -13,7 +13,6 @@ file (JSON of `S3Faults`).
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import json
@@ -25,7 +24,7 @@ from pathlib import Path
 import aiohttp
 from aiohttp import web
 
-from memq.chaos.linkproxy import CONTROL_POLL_S, parse_address
+from memq.chaos.linkproxy import CONTROL_POLL_S, proxy_args
 from memq.errors import ConfigError
 
 MAX_BODY = 256 * 1024 * 1024
@@ -116,12 +115,7 @@ async def serve(listen: tuple[str, int], proxy: S3FaultProxy) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m memq.chaos.s3faults")
-    parser.add_argument("--listen", type=parse_address, required=True)
-    parser.add_argument("--upstream", type=parse_address, required=True)
-    parser.add_argument("--control", type=Path, required=True)
-    parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args(argv)
+    args = proxy_args("python -m memq.chaos.s3faults", argv)
     asyncio.run(serve(args.listen, S3FaultProxy(args.upstream, args.control, args.seed)))
     return 0
 
