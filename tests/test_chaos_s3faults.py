@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from waiting import wait_for
+from tests.support.waiting import wait_for
 
 from memq.chaos.nemesis import HTTP_FAULTS, schedule
 from memq.chaos.s3faults import RequestCount, S3Faults, local_fault_proxy

@@ -41,10 +41,9 @@ def fault_throughput(row: FaultRow, acks: Sequence[AckEvent], counts: Sequence[R
     ack_times = sorted(a.done_s for a in acks if a.ok)
     before = _count(ack_times, start - window_s, start) / window_s
     during = _count(ack_times, start, end) / max(end - start, 1e-9)
-    rates = [_rate(counts, a, b) for a, b in ((start - window_s, start), (start, end), (end, end + window_s))]
     during_counts = _delta(counts, start, end)
     return FaultThroughput(
-        row.name, *(None if r is None else round(r, 1) for r in rates),
+        row.name, _rate(counts, start - window_s, start), _rate(counts, start, end), _rate(counts, end, end + window_s),
         None if during_counts is None or not during_counts[0] else round(during_counts[1] / during_counts[0], 3),
         round(before, 1), round(during, 1), _back_to_normal(ack_times, end, NORMAL_SHARE * before),
         row.failed, row.acked_lost)
@@ -77,4 +76,4 @@ def _delta(counts: Sequence[RequestCount], a: float, b: float) -> tuple[int, int
 
 def _rate(counts: Sequence[RequestCount], a: float, b: float) -> float | None:
     d = _delta(counts, a, b)
-    return None if d is None else d[0] / d[2]
+    return None if d is None else round(d[0] / d[2], 1)
