@@ -3,7 +3,8 @@
 `bench_cluster` starts the servers (moto S3, tansu, ZooKeeper) in a temporary directory and a
 `GovernedCluster` of one broker (the way `memq dev` and the tests run brokers), creates
 `topics` through its governor (in bulk: a bench may want a thousand), and yields a config
-whose producer points at that broker;
+whose producer points at that broker; `s3_link` can put something between every client and
+S3 (a fault proxy) and change the S3 section (hedging);
 everything is stopped and removed on exit. `read_memq` times memq's Consumer the one way
 every bench compares it: from the group assignment to the N-th record.
 """
@@ -15,8 +16,8 @@ import tempfile
 import time
 import urllib.request
 import uuid
-from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,7 +27,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
 from memq.client.consumer import Consumer
-from memq.config import GovernorConfig, MemqConfig, TopicConfig
+from memq.config import GovernorConfig, MemqConfig, S3Config, TopicConfig
 from memq.devcluster import DevCluster, GovernedCluster
 from memq.devcluster.governed import FAST_GOVERNOR
 from memq.devcluster.broker_process import BrokerProcess
@@ -54,13 +55,17 @@ class _WithSections:
 
 @contextmanager
 def bench_cluster(topics: Iterable[TopicConfig], governor: GovernorConfig = FAST_GOVERNOR,
+                  s3_link: Callable[[S3Config, Path], AbstractContextManager[S3Config]] | None = None,
                   **sections: Any) -> Iterator[BenchCluster]:
     """`sections`: config sections every broker (and the yielded config) gets, e.g. `quota=QuotaConfig(...)`;
-    `governor`: its cycles (the dev cluster's fast ones by default, so topics are placed at once)."""
+    `governor`: its cycles (the dev cluster's fast ones by default, so topics are placed at once);
+    `s3_link`: given the dev cluster's S3 section and a scratch directory, a context yielding the
+    S3 section everyone uses instead, for as long as the cluster runs."""
     with tempfile.TemporaryDirectory(prefix="memq-bench-") as tmp, \
             DevCluster(Path(tmp) / "servers") as dc, \
-            GovernedCluster(tmp, brokers=1, servers=_WithSections(dc, sections), cluster="bench",
-                            governor=governor) as gc:
+            (s3_link(dc.config().s3, Path(tmp)) if s3_link else nullcontext(None)) as s3, \
+            GovernedCluster(tmp, brokers=1, servers=_WithSections(dc, sections | ({"s3": s3} if s3 else {})),
+                            cluster="bench", governor=governor) as gc:
         broker = gc.broker("b1")
         _create_topics(gc, broker.url, list(topics))
         yield BenchCluster(dc, broker, gc.config())

@@ -1,9 +1,13 @@
 """Chaos: memq under a seeded nemesis across namespace hosts (see memq/chaos).
 
-`python -m bench chaos [--minutes N] [--seed S] [--kinds K,K] [--delay-ms D --jitter-ms J] [--quick]`:
-the default schedule draws every fault kind for 5 minutes (quick: 60 s of faults today's code survives). Prints the per-fault table, then the JSON line: keys
-`faults`, `acked_lost`, `duplicates`, `dangling_pointers`, `max_write_gap_s` and `ratios`
-(acked records kept, sends acked, write availability: higher is better). Needs root.
+`python -m bench chaos [--minutes N] [--seed S] [--kinds K,K] [--fault-s S] [--delay-ms D --jitter-ms J] [--quick]`:
+the default schedule draws every fault kind for 5 minutes (quick: 60 s of faults today's code survives),
+each fault lasting 5-12 s (`--fault-s`: exactly S). Prints the per-fault table, then the JSON line: keys
+`faults`, `acked_lost`, `duplicates`, `dangling_pointers`, `max_write_gap_s`, per fault `failed` and
+`throughput` (S3 requests per second before, during and after it when an HTTP fault kind runs,
+acks per second, seconds from the heal until acks are back to normal: memq.chaos.throughput) and
+`ratios` (acked records kept, sends acked, write availability: higher is better). Needs root.
+A SlowDown storm: `--kinds slowdown:s3 --fault-s 20 --minutes 1.5`.
 """
 
 from __future__ import annotations
@@ -25,19 +29,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=DEFAULT_SEED)
     parser.add_argument("--kinds", type=lambda s: tuple(s.split(",")), default=None,
                         help=f"comma-separated, of {', '.join(KINDS)} (kind:target ok)")
+    parser.add_argument("--fault-s", type=float, default=None, help="every fault lasts this long")
     parser.add_argument("--delay-ms", type=float, default=DELAY_MS, help="delay faults: extra one-way latency")
     parser.add_argument("--jitter-ms", type=float, default=JITTER_MS, help="delay faults: plus or minus up to this")
 
 
 def run(quick: bool, minutes: float | None = None, seed: int = DEFAULT_SEED,
-        kinds: tuple[str, ...] | None = None, delay_ms: float = DELAY_MS,
+        kinds: tuple[str, ...] | None = None, fault_s: float | None = None, delay_ms: float = DELAY_MS,
         jitter_ms: float = JITTER_MS) -> dict[str, object]:
     why = unavailable()
     if why:
         raise SystemExit(f"bench chaos: {why}")
     seconds = 60.0 * (minutes if minutes is not None else (1.0 if quick else 5.0))
     spec = RunSpec(seed=seed, seconds=seconds, kinds=kinds or (SURVIVABLE if quick else KINDS),
-                   delay_s=delay_ms / 1000, jitter_s=jitter_ms / 1000)
+                   delay_s=delay_ms / 1000, jitter_s=jitter_ms / 1000,
+                   **({"durations": (fault_s, fault_s)} if fault_s else {}))
     result = run_chaos(spec, log=lambda s: print(s, flush=True))
     print(table(result), flush=True)
     out = summary(result)

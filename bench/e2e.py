@@ -15,11 +15,20 @@ the kernel run both, as two applications would. Both sides use the same host clo
 Ratios: target p99 0.50 s and WarpStream's published ~0.9 s p99 (S3 Standard) over memq's p99.
 The broker's per-stage histograms (queue wait, batch fill, upload, notify, ack) are read at the
 end, and the producer's send -> ack latency is measured too, so a miss shows where time goes.
+
+`--s3-tail`: three runs, each on a fresh cluster whose S3 clients (broker and consumer) go
+through memq.chaos.s3faults' proxy on 127.0.0.1: clean, then with 2% of S3 requests held 500 ms
+(the chaos `tail` fault) with hedged requests on, then the same tail with hedging off
+(`s3.hedge_max_share = 0`, as the dev cluster has it). Ratios: clean p99 over each tail run's p99.
+Each run first sends for 20 s at the same rate, not measured: a client hedges a kind of request
+only once it knows 50 latencies of it (`memq.storage.hedge`), and a long-running broker does.
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
+import dataclasses
 import math
 import multiprocessing
 import os
@@ -27,16 +36,21 @@ import struct
 import time
 import uuid
 from array import array
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import AbstractContextManager, contextmanager
+from functools import partial
 from multiprocessing.connection import Connection
 from multiprocessing.synchronize import Event
+from pathlib import Path
 
 from prometheus_client.samples import Sample
 
 from bench._cluster import bench_cluster, broker_samples
+from memq.chaos.nemesis import HTTP_FAULTS
+from memq.chaos.s3faults import S3Faults, local_fault_proxy
 from memq.client.consumer import Consumer
 from memq.client.producer import Delivery, Producer
-from memq.config import MemqConfig, ProducerConfig, TopicConfig
+from memq.config import MemqConfig, ProducerConfig, S3Config, TopicConfig
 
 MiB = 1024 ** 2
 RATE_BYTES_S = 10 * MiB
@@ -48,6 +62,11 @@ WARPSTREAM_P99_S = 0.9
 JOIN_TIMEOUT_S = 60.0          # consumer group assignment, warm-up round trip
 DRAIN_TIMEOUT_S = 30.0         # after the last ack, for the consumer to receive the rest
 _HEAD = struct.Struct("<dq")   # send time (s since epoch), sequence (-1: warm-up)
+TAIL = HTTP_FAULTS["tail"]     # 2% of S3 requests held 500 ms
+HEDGED = S3Config().hedge_max_share
+TAIL_WARM_UP_S = 20.0          # hedging starts once HEDGE_MIN_SAMPLES latencies of a kind are known
+TAIL_CASES = (("clean", S3Faults(), HEDGED), ("tail_hedged", TAIL, HEDGED), ("tail_unhedged", TAIL, 0.0))
+"""(name, faults, s3.hedge_max_share) of each `--s3-tail` run, in the order they run."""
 
 
 def quantile(sorted_values: list[float] | array, q: float) -> float:
@@ -107,8 +126,25 @@ def _consume(config: MemqConfig, topic: str, assigned: Event, warm: Event, conn:
 
 # --- producer (this process) --------------------------------------------------------------------
 
-async def _produce(url: str, topic: str, duration_s: float, warm: Event) -> dict:
-    """Pace values at RATE_BYTES_S for `duration_s`; returns counts, rate and send -> ack latencies."""
+async def _warm_up(producer: Producer, topic: str, seconds: float, pads: list[bytes]) -> None:
+    """Send at RATE_BYTES_S for `seconds` values the consumer skips (sequence -1), all acked."""
+    per_s = RATE_BYTES_S / VALUE_BYTES
+    futures: list[asyncio.Future[list[Delivery]]] = []
+    sent = 0
+    t0 = time.monotonic()
+    while (elapsed := time.monotonic() - t0) < seconds:
+        due = int(elapsed * per_s) + 1 - sent
+        if due > 0:
+            head = _HEAD.pack(time.time(), -1)
+            futures.append(await producer.send_many(topic, [head + pads[i & 255] for i in range(due)]))
+            sent += due
+        await asyncio.sleep(max(0.0, TICK_S - (time.monotonic() - t0 - elapsed)))
+    await asyncio.gather(*futures)
+
+
+async def _produce(url: str, topic: str, duration_s: float, warm: Event, warm_up_s: float = 0.0) -> dict:
+    """Pace values at RATE_BYTES_S for `duration_s` (after `warm_up_s` of values not measured);
+    returns counts, rate and send -> ack latencies."""
     pad_pool = [os.urandom(VALUE_BYTES // 2).hex().encode()[:VALUE_BYTES - _HEAD.size] for _ in range(256)]
     per_s = RATE_BYTES_S / VALUE_BYTES
     ack_latencies: list[float] = []
@@ -117,6 +153,9 @@ async def _produce(url: str, topic: str, duration_s: float, warm: Event) -> dict
         await (await producer.send(topic, _HEAD.pack(time.time(), -1) + pad_pool[0]))
         if not await asyncio.to_thread(warm.wait, JOIN_TIMEOUT_S):
             raise RuntimeError(f"the consumer did not receive the warm-up message within {JOIN_TIMEOUT_S} s")
+        if warm_up_s:
+            print(f"warm-up: {warm_up_s:.0f} s at the same rate, not measured", flush=True)
+            await _warm_up(producer, topic, warm_up_s, pad_pool)
 
         def on_ack(stamp: float, future: asyncio.Future[list[Delivery]]) -> None:
             if not future.exception():
@@ -193,11 +232,53 @@ def stage_breakdown(samples: Iterable[Sample], **labels: str) -> dict[str, dict[
     return out
 
 
-def run(quick: bool) -> dict:
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--s3-tail", action="store_true",
+                        help=f"run clean, with {TAIL.tail_share:.0%} of S3 requests held {TAIL.tail_delay_s} s "
+                             "(hedging on), and with that tail and hedging off")
+
+
+def run(quick: bool, s3_tail: bool = False) -> dict:
+    if not s3_tail:
+        return _measure(quick)
+    cases = {}
+    for name, faults, hedge_share in TAIL_CASES:
+        print(f"--- {name}: tail share {faults.tail_share}, s3.hedge_max_share {hedge_share}", flush=True)
+        cases[name] = _measure(quick, partial(_s3_link, faults, hedge_share), warm_up_s=TAIL_WARM_UP_S)
+    clean = cases["clean"]["p99_s"]
+    return {
+        "ratios": {"tail_p99_vs_clean": round(clean / cases["tail_hedged"]["p99_s"], 3),
+                   "unhedged_tail_p99_vs_clean": round(clean / cases["tail_unhedged"]["p99_s"], 3)},
+        **{f"{name}_p99_s": c["p99_s"] for name, c in cases.items()},
+        "tail_share": TAIL.tail_share, "tail_delay_s": TAIL.tail_delay_s, "hedge_max_share": HEDGED,
+        "cases": cases,
+    }
+
+
+@contextmanager
+def _s3_link(faults: S3Faults, hedge_share: float, s3: S3Config, work: Path) -> Iterator[S3Config]:
+    """S3 through a fault proxy with `faults`, hedging up to `hedge_share` of requests."""
+    if not s3.endpoint_url:
+        raise RuntimeError("bench e2e --s3-tail needs the dev cluster's local S3")
+    with local_fault_proxy(s3.endpoint_url, work, faults) as proxy:
+        yield dataclasses.replace(s3, endpoint_url=proxy.url, hedge_max_share=hedge_share)
+
+
+def _hedges(url: str) -> dict[str, int]:
+    """The broker's hedged requests by outcome (sent, won), all ops summed."""
+    out: dict[str, int] = {}
+    for s in broker_samples(url, "memq_storage_hedges"):
+        if s.name.endswith("_total"):
+            out[s.labels["outcome"]] = out.get(s.labels["outcome"], 0) + int(s.value)
+    return out
+
+
+def _measure(quick: bool, s3_link: Callable[[S3Config, Path], AbstractContextManager[S3Config]] | None = None,
+             warm_up_s: float = 0.0) -> dict:
     duration_s = 15.0 if quick else 30.0
     topic = TopicConfig(f"bench-e2e-{uuid.uuid4().hex[:6]}", batch_ms=BATCH_MS)
     ctx = multiprocessing.get_context("spawn")     # no fork of a process with threads and a loop
-    with bench_cluster([topic]) as bc:
+    with bench_cluster([topic], s3_link=s3_link) as bc:
         print(f"broker at {bc.broker.url}; {RATE_BYTES_S // MiB} MB/s of {VALUE_BYTES} B values for "
               f"{duration_s:.0f} s, batch_ms={BATCH_MS}, ack=all", flush=True)
         assigned, warm = ctx.Event(), ctx.Event()
@@ -208,7 +289,7 @@ def run(quick: bool) -> dict:
         try:
             if not assigned.wait(JOIN_TIMEOUT_S):
                 raise RuntimeError(f"the consumer got no assignment within {JOIN_TIMEOUT_S} s")
-            produced = asyncio.run(_produce(bc.broker.url, topic.name, duration_s, warm))
+            produced = asyncio.run(_produce(bc.broker.url, topic.name, duration_s, warm, warm_up_s))
             ours.send(produced["sent"])
             if not ours.poll(DRAIN_TIMEOUT_S + 30):
                 raise RuntimeError("the consumer process sent no result")
@@ -216,6 +297,7 @@ def run(quick: bool) -> dict:
             reader.join(10)
             family, labels = stage_family(topic)
             stages = stage_breakdown(broker_samples(bc.broker.url, family), **labels)
+            hedges = _hedges(bc.broker.url)
         finally:
             if reader.is_alive():
                 reader.terminate()
@@ -233,6 +315,7 @@ def run(quick: bool) -> dict:
     for stage, s in stages.items():
         print(f"  broker {stage:<10} n={s['count']:>8,} mean {s['mean_s']:.4f}s "
               f"p50 <= {s['p50_le_s']}s p99 <= {s['p99_le_s']}s", flush=True)
+    print(f"  broker hedged S3 requests: {hedges or 'none'}", flush=True)
     return {
         "ratios": {"p99_vs_target": round(TARGET_P99_S / p99, 3),
                    "p99_vs_warpstream": round(WARPSTREAM_P99_S / p99, 3)},
@@ -242,5 +325,5 @@ def run(quick: bool) -> dict:
         "duration_s": round(produced["send_s"], 1), "value_bytes": VALUE_BYTES, "batch_ms": BATCH_MS,
         "ack": "all", "send_to_ack_p50_s": round(produced["ack_p50_s"], 4),
         "send_to_ack_p99_s": round(produced["ack_p99_s"], 4),
-        "broker_stages": stages,
+        "broker_stages": stages, "broker_hedges": hedges,
     }

@@ -16,7 +16,7 @@ import pytest
 from tests.support.waiting import wait_for
 
 from memq.chaos.nemesis import HTTP_FAULTS, schedule
-from memq.chaos.s3faults import S3Faults
+from memq.chaos.s3faults import RequestCount, S3Faults, local_fault_proxy
 from memq.config import MemqConfig
 from memq.devcluster.process import free_port
 from memq.errors import ConfigError, RetryBudgetExhaustedError
@@ -42,11 +42,13 @@ def test_slowdown_and_tail_faults_target_s3() -> None:
 
 @pytest.fixture
 def fault_proxy(memq_config: MemqConfig, tmp_path: Path) -> Iterator[tuple[str, Path]]:
-    """(URL, control file) of an S3 fault proxy process in front of the dev cluster's moto."""
+    """(URL, control file) of an S3 fault proxy process in front of the dev cluster's moto; its
+    request counts go to `counts.jsonl` next to the control file."""
     upstream = (memq_config.s3.endpoint_url or "").removeprefix("http://")
     port, control = free_port(), tmp_path / "faults.json"
     proc = subprocess.Popen([sys.executable, "-m", "memq.chaos.s3faults", "--listen", f"127.0.0.1:{port}",
-                             "--upstream", upstream, "--control", str(control)])
+                             "--upstream", upstream, "--control", str(control),
+                             "--counts", str(tmp_path / "counts.jsonl")])
     try:
         wait_for(lambda: proc.poll() is None and _connects(port), 20, "the S3 fault proxy to listen")
         yield f"http://127.0.0.1:{port}", control
@@ -85,3 +87,18 @@ async def test_the_proxy_answers_slowdown_and_holds_a_tail_as_told(
         assert time.monotonic() - t0 >= 0.4
     finally:
         await handler.close()
+    # Every request reached the proxy's counts, the refused ones among them (the GET's attempts).
+    counts = control.with_name("counts.jsonl")
+    wait_for(lambda: (c := RequestCount.load(counts)) and c[-1].requests >= 6, 10, "the proxy to write its counts")
+    last = RequestCount.load(counts)[-1]
+    assert last.slowdowns >= 1 and last.requests - last.slowdowns >= 3
+
+
+def test_a_local_fault_proxy_forwards_and_stops(memq_config: MemqConfig, tmp_path: Path) -> None:
+    with local_fault_proxy(memq_config.s3.endpoint_url or "", tmp_path, S3Faults(slowdown_share=1.0)) as proxy:
+        port = int(proxy.url.rsplit(":", 1)[1])
+        assert _connects(port)
+        assert S3Faults.read(proxy.control).slowdown_share == 1.0
+        proxy.set(S3Faults())
+        assert S3Faults.read(proxy.control) == S3Faults()
+    assert not _connects(port)

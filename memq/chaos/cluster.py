@@ -9,7 +9,8 @@ Ports are fixed: each host has its own port space. A server named in `shaped` ge
 memq.chaos.linkproxy in its host, in the path of every connection to it (iptables REDIRECT),
 so the nemesis can delay its links with `shape_link`; the others are reached directly. With
 `s3_faults`, a memq.chaos.s3faults HTTP proxy goes in front of S3 (and of its link proxy),
-so the nemesis can make S3 answer SlowDown or slowly with `set_s3_faults`.
+so the nemesis can make S3 answer SlowDown or slowly with `set_s3_faults`, and counts the
+requests S3 gets (`s3_request_counts`).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from pathlib import Path
 from memq.config import (AuditConfig, ClusterConfig, GovernorConfig, KafkaConfig, MemqConfig, S3Config,
                          TopicConfig, ZooKeeperConfig)
 from memq.chaos.linkproxy import LinkShape
-from memq.chaos.s3faults import S3Faults
+from memq.chaos.s3faults import RequestCount, S3Faults
 from memq.chaos.topology import Topology
 from memq.devcluster import BrokerHost, GovernedCluster
 from memq.devcluster.process import ManagedProcess, spawn, wait_ready
@@ -158,7 +159,8 @@ class ChaosCluster:
         listen = port + FAULT_PORT_OFFSET
         S3Faults().write(self._faults_control())
         argv = [sys.executable, "-m", "memq.chaos.s3faults", "--listen", f"{ip}:{listen}",
-                "--upstream", f"{ip}:{onward}", "--control", str(self._faults_control())]
+                "--upstream", f"{ip}:{onward}", "--control", str(self._faults_control()),
+                "--counts", str(self._counts())]
         proc = self.procs["s3-faults"] = spawn("s3-faults", self.topo.exec_argv("s3", argv),
                                                log_path=self.run_dir / "logs" / "s3-faults.log")
         if not wait_ready(proc, lambda: _serving(ip, listen), READY_TIMEOUT_S):
@@ -168,6 +170,13 @@ class ChaosCluster:
 
     def _faults_control(self) -> Path:
         return self.run_dir / "s3" / "faults.json"
+
+    def _counts(self) -> Path:
+        return self.run_dir / "s3" / "counts.jsonl"
+
+    def s3_request_counts(self) -> list[RequestCount]:
+        """The S3 fault proxy's running request totals so far, about one a second (none without it)."""
+        return RequestCount.load(self._counts()) if self.s3_faults else []
 
     def set_s3_faults(self, faults: S3Faults) -> None:
         """Set the share of S3 requests answered SlowDown or delayed (needs `s3_faults`)."""

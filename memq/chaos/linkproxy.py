@@ -154,29 +154,19 @@ def parse_address(text: str) -> tuple[str, int]:
     return host, int(port)
 
 
-@dataclass(frozen=True)
-class ProxyArgs:
-    """The command line every fault proxy of the harness takes."""
-
-    listen: tuple[str, int]
-    upstream: tuple[str, int]
-    control: Path
-    seed: int
-
-
-def proxy_args(prog: str, argv: list[str] | None) -> ProxyArgs:
-    """Parse a fault proxy's command line (`--listen`, `--upstream`, `--control`, `--seed`)."""
+def proxy_parser(prog: str) -> argparse.ArgumentParser:
+    """The command line every fault proxy of the harness takes: `--listen`, `--upstream`,
+    `--control`, `--seed` (a proxy may add its own)."""
     parser = argparse.ArgumentParser(prog=prog)
     parser.add_argument("--listen", type=parse_address, required=True)
     parser.add_argument("--upstream", type=parse_address, required=True)
     parser.add_argument("--control", type=Path, required=True)
     parser.add_argument("--seed", type=int, default=0)
-    a = parser.parse_args(argv)
-    return ProxyArgs(a.listen, a.upstream, a.control, a.seed)
+    return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = proxy_args("python -m memq.chaos.linkproxy", argv)
+    args = proxy_parser("python -m memq.chaos.linkproxy").parse_args(argv)
     asyncio.run(serve(args.listen, LinkProxy(args.upstream, args.control, args.seed)))
     return 0
 

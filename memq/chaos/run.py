@@ -7,6 +7,7 @@ what a killed earlier run left behind is swept first.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import sys
@@ -20,6 +21,7 @@ from memq.chaos.checker import Observations, Verdict, check
 from memq.chaos.cluster import ChaosCluster, host_names
 from memq.chaos.linkproxy import LinkShape
 from memq.chaos.nemesis import DEFAULT_LINK, HTTP_FAULTS, Fault, Nemesis, delayed_links, describe, schedule
+from memq.chaos.throughput import FaultThroughput, fault_throughput
 from memq.chaos.topology import Topology, sweep_stale
 from memq.chaos.workload import load_acks, load_delivered, read_objects, read_pointers
 from memq.config import TopicConfig
@@ -54,6 +56,7 @@ class RunResult:
     schedule: tuple[Fault, ...]
     verdict: Verdict
     nemesis_errors: tuple[str, ...] = field(default=())
+    throughput: tuple[FaultThroughput, ...] = field(default=())
 
 
 def run(spec: RunSpec, log: Callable[[str], None] = print, work_dir: Path | None = None) -> RunResult:
@@ -96,12 +99,14 @@ def run(spec: RunSpec, log: Callable[[str], None] = print, work_dir: Path | None
                 _wait([consumer.proc], time.time() + spec.catch_up_s + 30.0)
                 pointers = read_pointers(cluster.config, TOPIC, spec.partitions)
                 objects = read_objects(cluster.config)
+                s3_counts = cluster.s3_request_counts()
             finally:
                 for w in [consumer.proc, *workers]:
                     w.stop(5.0)
             delivered = load_delivered(consumer_out)
     verdict = check(Observations(acks, delivered, pointers, objects, nemesis.windows, t0, produce_end))
-    return RunResult(spec, tuple(faults), verdict, tuple(nemesis.errors))
+    return RunResult(spec, tuple(faults), verdict, tuple(nemesis.errors),
+                     tuple(fault_throughput(row, acks, s3_counts) for row in verdict.faults))
 
 
 class _Consumer:
@@ -147,9 +152,24 @@ def table(result: RunResult) -> str:
                 f"{v.unacked_but_present} unacked-but-present, {v.dangling_pointers} dangling pointers, "
                 f"{v.orphan_objects} orphan objects, longest write gap {v.max_write_gap_s:.1f}s, "
                 f"catch-up {'n/a' if v.catch_up_s is None else f'{v.catch_up_s:.1f}s'}")
+    rows += _throughput_rows(result.throughput)
     rows += [f"nemesis error: {e}" for e in result.nemesis_errors]
     rows += [f"FAILED: {p}" for p in v.problems()]
     return "\n".join(rows)
+
+
+def _throughput_rows(figures: Sequence[FaultThroughput]) -> list[str]:
+    def num(v: float | None) -> str:
+        return "-" if v is None else f"{v:.1f}"
+
+    rows = [f"{'fault':<28}{'S3 req/s before':>16}{'during':>8}{'after':>8}{'503 share':>10}"
+            f"{'acks/s before':>14}{'during':>8}{'normal after s':>15}"]
+    for f in figures:
+        share = "-" if f.slowdown_share_during is None else f"{f.slowdown_share_during:.2f}"
+        normal = "never" if f.back_to_normal_s is None else f"{f.back_to_normal_s:.1f}"
+        rows.append(f"{f.name:<28}{num(f.s3_rps_before):>16}{num(f.s3_rps_during):>8}{num(f.s3_rps_after):>8}"
+                    f"{share:>10}{f.acks_per_s_before:>14.1f}{f.acks_per_s_during:>8.1f}{normal:>15}")
+    return rows if figures else []
 
 
 def summary(result: RunResult) -> dict[str, object]:
@@ -163,4 +183,6 @@ def summary(result: RunResult) -> dict[str, object]:
             "heal_to_first_ack_s": [f.heal_to_first_ack_s for f in v.faults],
             "fault_write_gap_s": [round(f.max_write_gap_s, 2) for f in v.faults],
             "redelivered": [f.redelivered for f in v.faults],
+            "failed": [f.failed for f in v.faults],
+            "throughput": [dataclasses.asdict(t) for t in result.throughput],
             "nemesis_errors": list(result.nemesis_errors), "passed": v.passed}

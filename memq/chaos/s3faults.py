@@ -6,9 +6,12 @@ as S3 Standard answers some requests in hundreds of ms). This proxy runs in the 
 every client's path (an iptables REDIRECT, as for `memq.chaos.linkproxy`), forwards requests
 unchanged and, per request, draws whether to answer SlowDown itself or to hold the upstream's
 answer for `tail_delay_s`. The harness sets the shares at any time by rewriting the control
-file (JSON of `S3Faults`).
+file (JSON of `S3Faults`). With `--counts FILE` it appends, about once a second, a JSON line of
+its running totals (requests received, of them answered SlowDown) with the wall time, so a run
+can tell how many requests per second S3 got before, during and after a fault.
 
-`python -m memq.chaos.s3faults --listen IP:PORT --upstream IP:PORT --control FILE`
+`python -m memq.chaos.s3faults --listen IP:PORT --upstream IP:PORT --control FILE [--counts FILE]`
+`local_fault_proxy` runs one on 127.0.0.1 in front of a local S3 (the benchmarks' S3 link).
 """
 
 from __future__ import annotations
@@ -18,16 +21,23 @@ import contextlib
 import json
 import os
 import random
+import socket
+import sys
+import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import aiohttp
 from aiohttp import web
 
-from memq.chaos.linkproxy import CONTROL_POLL_S, proxy_args
-from memq.errors import ConfigError
+from memq.chaos.linkproxy import CONTROL_POLL_S, proxy_parser
+from memq.devcluster.process import free_port, spawn, wait_ready
+from memq.errors import ConfigError, DevClusterError
 
 MAX_BODY = 256 * 1024 * 1024
+COUNTS_EVERY_S = 1.0
+READY_TIMEOUT_S = 30.0
 _HOP_HEADERS = frozenset({"host", "content-length", "transfer-encoding", "connection", "expect",
                           "keep-alive", "content-encoding"})
 
@@ -61,6 +71,26 @@ class S3Faults:
             return cls()
 
 
+@dataclass(frozen=True)
+class RequestCount:
+    """The proxy's running totals at wall time `at_s`: requests received, of them answered SlowDown."""
+
+    at_s: float
+    requests: int
+    slowdowns: int
+
+    @classmethod
+    def load(cls, path: Path) -> list[RequestCount]:
+        """A counts file's samples, oldest first; a line torn by a killed proxy is skipped."""
+        out = []
+        with contextlib.suppress(FileNotFoundError):
+            for line in path.read_text().splitlines():
+                with contextlib.suppress(ValueError, KeyError, TypeError):
+                    raw = json.loads(line)
+                    out.append(cls(float(raw["at_s"]), int(raw["requests"]), int(raw["slowdowns"])))
+        return out
+
+
 def slowdown_body(resource: str) -> bytes:
     return (f'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>SlowDown</Code>'
             f"<Message>Please reduce your request rate.</Message><Resource>{resource}</Resource>"
@@ -70,25 +100,37 @@ def slowdown_body(resource: str) -> bytes:
 class S3FaultProxy:
     """Forwards every request to `upstream`, faulted as the control file says."""
 
-    def __init__(self, upstream: tuple[str, int], control: Path, seed: int = 0) -> None:
+    def __init__(self, upstream: tuple[str, int], control: Path, seed: int = 0, counts: Path | None = None) -> None:
         self.upstream_url = f"http://{upstream[0]}:{upstream[1]}"
         self.control = control
+        self.counts = counts
         self.faults = S3Faults.read(control)
+        self.requests = self.slowdowns = 0
         self._rng = random.Random(seed)
         self._session: aiohttp.ClientSession | None = None
 
     async def follow_control(self) -> None:
         seen = None
+        counted = 0.0
         while True:
             with contextlib.suppress(OSError):
                 mtime = self.control.stat().st_mtime_ns
                 if mtime != seen:
                     seen, self.faults = mtime, S3Faults.read(self.control)
+            if self.counts is not None and time.monotonic() - counted >= COUNTS_EVERY_S:
+                counted = time.monotonic()
+                self._write_counts(self.counts)
             await asyncio.sleep(CONTROL_POLL_S)
+
+    def _write_counts(self, path: Path) -> None:
+        with contextlib.suppress(OSError), path.open("a") as f:
+            f.write(json.dumps(asdict(RequestCount(time.time(), self.requests, self.slowdowns))) + "\n")
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         faults = self.faults
+        self.requests += 1
         if self._rng.random() < faults.slowdown_share:
+            self.slowdowns += 1
             await request.read()
             return web.Response(status=503, body=slowdown_body(request.path), content_type="application/xml")
         delay_s = faults.tail_delay_s if self._rng.random() < faults.tail_share else 0.0
@@ -105,6 +147,44 @@ class S3FaultProxy:
         return web.Response(status=resp.status, body=body if request.method != "HEAD" else None, headers=out)
 
 
+@dataclass(frozen=True)
+class LocalFaultProxy:
+    """A running proxy on 127.0.0.1: its `url` for S3 clients, faults set with `set`."""
+
+    url: str
+    control: Path
+
+    def set(self, faults: S3Faults) -> None:
+        faults.write(self.control)
+        time.sleep(3 * CONTROL_POLL_S)      # the proxy polls its control file
+
+
+@contextlib.contextmanager
+def local_fault_proxy(upstream_url: str, work_dir: Path, faults: S3Faults = S3Faults(),
+                      seed: int = 0) -> Iterator[LocalFaultProxy]:
+    """A proxy process on 127.0.0.1 in front of the S3 at `upstream_url` (http://127.0.0.1:PORT),
+    stopped on exit; its log goes to `work_dir`."""
+    port, control = free_port(), work_dir / "s3faults.json"
+    faults.write(control)
+    argv = [sys.executable, "-m", "memq.chaos.s3faults", "--listen", f"127.0.0.1:{port}",
+            "--upstream", upstream_url.removeprefix("http://"), "--control", str(control), "--seed", str(seed)]
+    proc = spawn("s3-faults", argv, log_path=work_dir / "s3faults.log")
+    try:
+        if not wait_ready(proc, lambda: _listening(port), READY_TIMEOUT_S):
+            raise DevClusterError(f"S3 fault proxy exited; log:\n{proc.log_tail()}")
+        yield LocalFaultProxy(f"http://127.0.0.1:{port}", control)
+    finally:
+        proc.stop(5.0)
+
+
+def _listening(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1.0).close()
+        return True
+    except OSError:
+        return False
+
+
 async def serve(listen: tuple[str, int], proxy: S3FaultProxy) -> None:
     app = web.Application(client_max_size=MAX_BODY)
     app.router.add_route("*", "/{tail:.*}", proxy.handle)
@@ -115,8 +195,10 @@ async def serve(listen: tuple[str, int], proxy: S3FaultProxy) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = proxy_args("python -m memq.chaos.s3faults", argv)
-    asyncio.run(serve(args.listen, S3FaultProxy(args.upstream, args.control, args.seed)))
+    parser = proxy_parser("python -m memq.chaos.s3faults")
+    parser.add_argument("--counts", type=Path, default=None, help="append running request totals here")
+    args = parser.parse_args(argv)
+    asyncio.run(serve(args.listen, S3FaultProxy(args.upstream, args.control, args.seed, args.counts)))
     return 0
 
 
