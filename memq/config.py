@@ -326,8 +326,9 @@ class ConsumerConfig:
     """`auto_offset_reset`: where a group starts without a committed offset, or when its
     position is outside the retained notifications (Kafka's OffsetOutOfRange): `earliest`,
     `latest`, or `error` (raise `OffsetOutOfRangeError`). `dedup`: drop retried Messages by
-    (producer id, epoch, sequence), remembering up to `dedup_max_ranges` sequence ranges for
-    each of the `dedup_max_producers` most recent producer instances."""
+    (producer id, epoch, sequence), remembering the last `dedup_window` sequences (a bitmap:
+    `dedup_window` / 8 bytes at most) of each of the `dedup_max_producers` most recent
+    producer instances."""
 
     group_id: str = "memq-consumer"
     auto_offset_reset: Literal["earliest", "latest", "error"] = "earliest"
@@ -337,7 +338,7 @@ class ConsumerConfig:
     fetch_concurrency: int = setting(8, ge=1)
     dedup: bool = True
     dedup_max_producers: int = setting(4_096, ge=1)
-    dedup_max_ranges: int = setting(256, ge=1)
+    dedup_window: int = setting(65_536, ge=64)
     on_data_loss: Literal["raise", "skip"] = "raise"
 
     def __post_init__(self) -> None:
