@@ -276,6 +276,7 @@ class BrokerConfig:
     shutdown_timeout_ms: int = setting(30_000, ge=0)  # SIGTERM: time to flush, store and ack in-flight batches
     dedup_messages: int = setting(50_000, ge=1)      # per topic: stored Message ids remembered to drop resends
     dedup_window_ms: int = setting(300_000, ge=0)    # ... for at most this long (producers resend within delivery_timeout_ms)
+    notify_retry_ms: int = setting(120_000, ge=0)    # a failed notification is published again this long (Messages held)
     # librdkafka producers publishing notifications, each Kafka topic always through the same one.
     # With 1000s of topics more producers cost less CPU (a producer's sender walks all its
     # partitions per wake-up) but open more connections; on the dev Kafka (tansu) 4 cut the
