@@ -50,6 +50,8 @@ async def test_a_kafka_frozen_past_the_notify_timeout_delivers_no_duplicates(
                              lambda: os.kill(tansu, signal.SIGCONT), run_s=20, fault_at_s=3, fault_s=10)
     await check_no_duplicates_delivered(dataclasses.replace(config, kafka=dataclasses.replace(
         config.kafka, request_timeout_ms=10_000)), topic, acked)
+    stored, dups, _ = await read_stored(config, topic)
+    assert (len(stored) + sum(dups.values())) / len(acked) <= 1.05   # the resends were not stored again
 
 
 async def test_an_s3_slower_than_the_request_timeout_stores_each_message_about_once(
