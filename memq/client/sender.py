@@ -7,7 +7,8 @@ attempt has a deadline of `request_timeout_ms`, and each Message one of `deliver
 from its seal, retries included (Kafka's `delivery.timeout.ms`): past it the Message fails
 with ProducerTimeoutError whatever is under way. A retriable failure is retried after a
 jittered exponential backoff, a broker's failure at once on another broker (never twice in
-a row); a retry resends the very same bytes, so consumers can drop duplicates by
+a row), a timeout on a live connection to the same broker (it still holds the Message, and
+answers the resend with its outcome); a retry resends the very same bytes, so consumers can drop duplicates by
 (producer id, epoch, sequence). An unknown topic is retriable, as in Kafka (a topic being
 created, or a broker still starting, is unknown for a moment): its Messages retry with fresh
 metadata until their delivery deadline, whatever `retries` says, and then fail with
