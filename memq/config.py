@@ -291,6 +291,7 @@ class BrokerConfig:
     shutdown_timeout_ms: int = setting(30_000, ge=0)  # SIGTERM: time to flush, store and ack in-flight batches
     dedup_messages: int = setting(50_000, ge=1)      # per topic: stored Message ids remembered to drop resends
     dedup_window_ms: int = setting(300_000, ge=0)    # ... for at most this long (producers resend within delivery_timeout_ms)
+    notify_retry_ms: int = setting(120_000, ge=0)    # a failed notification is published again this long (Messages held)
     # librdkafka producers publishing notifications, each Kafka topic always through the same one.
     # With 1000s of topics more producers cost less CPU (a producer's sender walks all its
     # partitions per wake-up) but open more connections; on the dev Kafka (tansu) 4 cut the
@@ -341,8 +342,9 @@ class ConsumerConfig:
     """`auto_offset_reset`: where a group starts without a committed offset, or when its
     position is outside the retained notifications (Kafka's OffsetOutOfRange): `earliest`,
     `latest`, or `error` (raise `OffsetOutOfRangeError`). `dedup`: drop retried Messages by
-    (producer id, epoch, sequence), remembering up to `dedup_max_ranges` sequence ranges for
-    each of the `dedup_max_producers` most recent producer instances."""
+    (producer id, epoch, sequence), remembering the last `dedup_window` sequences (a bitmap:
+    `dedup_window` / 8 bytes at most) of each of the `dedup_max_producers` most recent
+    producer instances."""
 
     group_id: str = "memq-consumer"
     auto_offset_reset: Literal["earliest", "latest", "error"] = "earliest"
@@ -352,7 +354,7 @@ class ConsumerConfig:
     fetch_concurrency: int = setting(8, ge=1)
     dedup: bool = True
     dedup_max_producers: int = setting(4_096, ge=1)
-    dedup_max_ranges: int = setting(256, ge=1)
+    dedup_window: int = setting(65_536, ge=64)
     on_data_loss: Literal["raise", "skip"] = "raise"
 
     def __post_init__(self) -> None:

@@ -110,11 +110,19 @@ def split(groups: Iterable[Sequence[BatchRef]], min_partitions: int | None) -> l
 def plan_tasks(groups: Iterable[Sequence[BatchRef]], min_partitions: int | None,
                drop_duplicates: bool) -> list[MemqPartition]:
     """Tasks for the groups (one per read partition): `split` as they are, or, to de-duplicate,
-    as one sequence in creation order, so the copies of a retried Message meet in one task."""
+    as one sequence in creation order, so the copies of a retried Message meet in one task. A
+    part notified twice (a broker publishes a notification again when the first one's delivery
+    was unknown: both may land) is read once."""
     if not drop_duplicates:
         return split(groups, min_partitions)
     merged = sorted((r for g in groups for r in g), key=lambda r: (r.created_ms, r.partition or 0, r.offset or 0))
-    return split([merged], min_partitions)
+    parts: set[tuple[ObjectLocation, int]] = set()
+    unique: list[BatchRef] = []
+    for r in merged:
+        if (r.location, r.start) not in parts:
+            parts.add((r.location, r.start))
+            unique.append(r)
+    return split([unique], min_partitions)
 
 
 def _cut(refs: Sequence[BatchRef], n: int) -> list[MemqPartition]:

@@ -52,8 +52,8 @@ def read_partition(opts: SourceOptions, refs: Sequence[BatchRef], bounds: Bounds
     for how copies are planned into one task).
     """
     reader = BatchReader(opts.config, opts.fetch_concurrency)
-    cc = opts.config.consumer     # the de-duplication memory of a Consumer (consumer.dedup_max_*)
-    seen = SequenceTracker(cc.dedup_max_producers, cc.dedup_max_ranges) if opts.drop_duplicates else None
+    cc = opts.config.consumer     # the de-duplication memory of a Consumer (consumer.dedup_*)
+    seen = SequenceTracker(cc.dedup_max_producers, cc.dedup_window) if opts.drop_duplicates else None
     try:
         batches = ((pointer(opts.topic, ref), partial(_arrow, opts, ref, bounds, seen)) for ref in refs)
         for batch in read_in_order(reader, batches, opts.fetch_concurrency, data_loss_policy(opts)):

@@ -91,12 +91,13 @@ async def test_broker_recovers_by_itself_after_a_kafka_stall_longer_than_its_req
         print(f"first ack=all write {time.monotonic() - resumed:.1f} s after Kafka resumed")
         status, body = await health(broker.url)
         assert status == 200, body
-    # no batch announced twice, no pointer to a missing object
+    # no Message stored twice, no pointer to a missing object (a notification published again
+    # after its delivery was unknown may name an object twice: readers drop its Messages by id)
     notes = read_notifications(config.kafka.bootstrap_servers, f"memq.dev.{topic}")
-    keys = [n.key for n in notes]
-    assert len(keys) == len(set(keys)) >= 2
-    _stored, _dups, objects = await read_stored(config, topic)
-    assert set(keys) <= set(objects)
+    keys = {n.key for n in notes}
+    assert len(keys) >= 2
+    _stored, dups, objects = await read_stored(config, topic)
+    assert keys <= set(objects) and dups == {}
 
 
 class DeliveredButTimedOut:
@@ -120,7 +121,8 @@ class DeliveredButTimedOut:
 async def test_a_publish_that_times_out_but_is_delivered_leaves_no_dangling_pointer(
         devcluster: DevCluster, unique_name: Callable[[str], str]) -> None:
     topic = unique_name("ambig")
-    config = devcluster.config(topics=[topic_config(topic, batch_ms=20)])
+    base = devcluster.config(topics=[topic_config(topic, batch_ms=20)])
+    config = dataclasses.replace(base, broker=dataclasses.replace(base.broker, notify_retry_ms=0))   # fail at once
     publisher = DeliveredButTimedOut(config.kafka)
     broker = Broker(config, publisher=publisher)
     await broker.start()

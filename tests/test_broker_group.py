@@ -17,7 +17,7 @@ from memq.broker.group import GroupWriters, layout
 from memq.broker.metrics import BrokerMetrics
 from memq.broker.processor import SMALL_BATCH_BYTES, SMALL_BATCHES, TopicProcessor
 from memq.config import TopicConfig
-from memq.errors import ConfigError
+from memq.errors import ConfigError, NotifyError
 from memq.format import Notification, decode_batch, object_crc32c
 from memq.format.wire import Ack, AckCode, AckLevel
 from memq.storage.naming import parse_key
@@ -33,13 +33,14 @@ def test_layout_puts_parts_back_to_back() -> None:
 class Group:
     """Topics t0..tn-1 on one broker, all in storage group "g" unless `own` names theirs."""
 
-    def __init__(self, tmp_path: Path, n: int, own: dict[str, str] | None = None, **topic: Any) -> None:
+    def __init__(self, tmp_path: Path, n: int, own: dict[str, str] | None = None, republish_s: float = 0.0,
+                 **topic: Any) -> None:
         self.storage = GatedStorage(tmp_path)
         self.publisher = MemoryPublisher()
         self.acks: list[Ack] = []
         metrics = BrokerMetrics("b1")
         self.writers = writers = GroupWriters(storage=self.storage, publisher=self.publisher,  # type: ignore[arg-type]
-                                              broker_id="b1", metrics=metrics)
+                                              broker_id="b1", metrics=metrics, republish_s=republish_s)
         self.procs: dict[str, TopicProcessor] = {}
         for i in range(n):
             name = f"t{i}"
@@ -167,3 +168,41 @@ async def test_small_batches_give_their_slot_back_when_their_object_takes_them(t
     assert all(a.ok for a in g.acks) and len(g.storage.puts) == SMALL_BATCHES + 3
     assert all(p.busy_slots == 0 for p in g.procs.values())
     assert await asyncio.wait_for(g.append("t0", 200), 1.0) is None    # slots and byte budget back
+
+
+async def test_a_failed_notification_is_published_again_and_a_resend_meanwhile_waits_for_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A publish that timed out may land later: the batch is not failed (its producer would
+    resend, and the resend be stored again); the same notification goes again while the
+    Messages stay held, so a resend gets the original's outcome and nothing is stored twice."""
+    monkeypatch.setattr("memq.broker.group.REPUBLISH_BACKOFF_S", (0.05, 0.05))
+    g = Group(tmp_path, 1, republish_s=5.0)
+    real = g.publisher.publish
+    failures = 3
+
+    async def publish(kafka_topic: str, n: Notification) -> tuple[int, int]:
+        nonlocal failures
+        if failures:
+            failures -= 1
+            raise NotifyError("injected: Local: Message timed out")
+        return await real(kafka_topic, n)
+
+    g.publisher.publish = publish  # type: ignore[method-assign]
+    await g.append("t0", 1, seal=True)
+    async with asyncio.timeout(5):
+        while failures > 1:                      # publishing again: the Message is still held
+            await asyncio.sleep(0.005)
+    assert await append(g.procs["t0"], message(1), 2, AckLevel.ALL, g.acks.append) is None   # a resend: waits
+    await g.wait_acks(2)
+    assert [(a.id, a.ok) for a in sorted(g.acks, key=lambda a: a.id)] == [(1, True), (2, True)]
+    assert g.acks[0].key == g.acks[1].key and len(g.storage.puts) == 1 and len(g.publisher.sent) == 1
+
+
+async def test_a_notification_failing_past_the_republish_time_fails_its_batch(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("memq.broker.group.REPUBLISH_BACKOFF_S", (0.05, 0.05))
+    g = Group(tmp_path, 1, republish_s=0.3)
+    g.publisher.fail = True
+    await g.append("t0", 1, seal=True)
+    await g.wait_acks(1)
+    assert (g.acks[0].ok, g.acks[0].code) == (False, AckCode.NOTIFY)

@@ -84,3 +84,14 @@ def test_fault_write_gap_runs_to_the_first_ack_after_the_heal() -> None:
     v = check(dataclasses.replace(obs, acks=acks, faults=[FaultWindow("pause:s3", 1.0, 2.0)]))
     # acks done at 0.5 and 3.5: from the fault's start (1.0) to the first ack after its heal
     assert (v.faults[0].max_write_gap_s, v.faults[0].heal_to_first_ack_s) == (2.5, 1.5)
+
+
+def test_write_amplification_counts_every_stored_copy_per_acked_record() -> None:
+    """Resends stored again, announced or not (an orphan is a write too), against the fault
+    whose window their first send fell in."""
+    obs = _clean()
+    assert check(obs).write_amplification == 1.0 and check(obs).faults[0].write_amplification == 1.0
+    again = [StoredObject("c", ("p0-1", "p0-2")), StoredObject("d", ("p0-1",))]   # "d" never announced
+    v = check(dataclasses.replace(obs, objects=[*obs.objects, *again], pointers=[*obs.pointers, Pointer(2, 0, "c")]))
+    assert v.passed and v.write_amplification == 9 / 6
+    assert v.faults[0].write_amplification == 5 / 2      # p0-1 stored 3 times, p0-2 twice, both sent inside

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from memq.chaos.nemesis import KINDS, Fault, delayed_links, schedule
+from memq.chaos.nemesis import KINDS, LONG_PAUSE_S, Fault, delayed_links, schedule
 from memq.errors import ConfigError
 
 
@@ -42,3 +42,10 @@ def test_fixed_target_must_exist() -> None:
         schedule(1, ["delay:b9"], total_s=60, brokers=["b1", "b2"])
     with pytest.raises(ConfigError, match="'zookeeper'"):
         schedule(1, ["slow-s3:zookeeper"], total_s=60, brokers=["b1"])
+
+
+def test_long_pauses_outlast_the_timeouts_and_overload_caps_s3() -> None:
+    faults = schedule(2, ["long-pause", "overload"], total_s=600, brokers=["b1", "b2"])
+    assert {f.kind for f in faults} == {"long-pause", "overload"}
+    assert all(f.duration_s == LONG_PAUSE_S > 35 and f.target in ("s3", "kafka") for f in faults if f.kind == "long-pause")
+    assert {f.target for f in faults if f.kind == "overload"} == {"s3"}

@@ -90,8 +90,8 @@ def test_error_raises_naming_topic_partition_position_and_oldest_until_the_appli
 def test_auto_offset_reset_is_checked_at_start() -> None:
     with pytest.raises(ConfigError, match="auto_offset_reset"):
         build(ConsumerConfig, {"auto_offset_reset": "none"}, "consumer")
-    with pytest.raises(ConfigError, match="consumer.dedup_max_ranges = 0"):
-        ConsumerConfig(dedup_max_ranges=0)
+    with pytest.raises(ConfigError, match="consumer.dedup_window = 8"):
+        ConsumerConfig(dedup_window=8)
 
 
 def retained_topic(objects: dict[str, bytes], published_ms: int) -> tuple[Consumer, FakeNotifications]:

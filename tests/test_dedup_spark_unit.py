@@ -39,3 +39,13 @@ def test_tasks_follow_creation_time_across_partitions_when_de_duplicating() -> N
     assert [[r.created_ms for r in t.refs] for t in two] == [[100, 200], [300, 400]]
     per_partition = plan_tasks(groups, None, drop_duplicates=False)
     assert [[(r.partition, r.offset) for r in t.refs] for t in per_partition] == [[(0, 0), (0, 1)], [(1, 0), (1, 1)]]
+
+
+def test_a_part_notified_twice_is_planned_once_when_de_duplicating() -> None:
+    """A broker published a notification again after its first delivery was unknown: both landed."""
+    once, again = ref(0, 3, 100), ref(2, 9, 100)
+    again = BatchRef(again.partition, again.offset, once.location, once.size, 0, 10, None, 100)
+    groups = [[ref(0, 1, 50), once], [again]]
+    (task,) = plan_tasks(groups, None, drop_duplicates=True)
+    assert [r.location.key for r in task.refs] == ["k0-1", "k0-3"]
+    assert sum(len(t.refs) for t in plan_tasks(groups, None, drop_duplicates=False)) == 3

@@ -15,7 +15,7 @@ from memq.client.producer import Producer
 from memq.config import ProducerConfig
 from memq.errors import ConfigError, MessageTooLargeError, ProduceError, ProducerClosedError, ProducerTimeoutError, UnknownTopicError
 from memq.format import Codec, decode_message
-from memq.format.wire import AckCode, decode_request
+from memq.format.wire import Ack, AckCode, decode_request
 
 from tests.support.producer import FakeBroker, FakeRouter, producer
 
@@ -192,3 +192,47 @@ async def test_arrow_messages_stay_within_max_message_bytes_and_decode() -> None
     messages = [decode_message(decode_request(f).message) for f in broker.frames]
     assert all(h.codec is Codec.ARROW and h.total_size <= limit for h, _ in messages)
     assert [r.key for _, recs in messages for r in recs] == [b"k"] * 20_000
+
+
+class SlowBroker(FakeBroker):
+    """Acks every frame OK after `delay_s` (storage slower than the producer's request timeout)."""
+
+    def __init__(self, url: str, delay_s: float) -> None:
+        super().__init__([AckCode.OK])
+        self.url, self.delay_s = url, delay_s
+
+    async def send(self, frame: bytes | bytearray) -> None:
+        self.frames.append(bytes(frame))
+        ack = Ack(decode_request(self.frames[-1]).request_id, True)
+        asyncio.get_running_loop().call_later(self.delay_s, self.on_ack, ack)
+
+
+class RoundRobin(FakeRouter):
+    def __init__(self, urls: list[str]) -> None:
+        super().__init__({"t": urls})
+        self.turn = 0
+
+    async def next_broker(self, topic: str) -> str:
+        self.turn += 1
+        return self.topics[topic][self.turn % len(self.topics[topic])]
+
+
+async def test_a_timed_out_message_is_resent_to_the_broker_holding_it_and_its_late_ack_counts() -> None:
+    """The broker still holds the first attempt (it drops a resend of a Message it holds): a
+    resend to another broker would store a second copy. The first attempt's late ack finishes it."""
+    slow, other = SlowBroker("http://slow", 0.35), SlowBroker("http://other", 0.0)
+    brokers = {b.url: b for b in (slow, other)}
+
+    async def connect(url: str, on_ack: Callable[[Ack], None], on_lost: object) -> FakeBroker:
+        return await brokers[url].connect(url, on_ack, on_lost)
+
+    router = RoundRobin([slow.url, other.url])
+    router.turn = -1                                     # the first attempt goes to the slow one
+    pc = ProducerConfig(brokers=slow.url, linger_ms=1, retry_backoff_ms=1, request_timeout_ms=100, retries=10)
+    async with Producer(pc, router=router, connector=connect) as p:
+        fut = await p.send("t", b"a")
+        delivery = await asyncio.wait_for(fut, 5)
+    assert delivery.sequence == 0
+    assert other.frames == [] and len(slow.frames) >= 2             # resent, always to the broker holding it
+    first = decode_request(slow.frames[0])
+    assert all(bytes(decode_request(f).message) == bytes(first.message) for f in slow.frames)

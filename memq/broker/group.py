@@ -99,6 +99,9 @@ def notification(topic: str, batch: Batch, loc: ObjectLocation, part: Part, *, c
         crc32c=part.crc32c, broker_id=broker_id, attempt=attempt, created_ms=created_ms, offset=part.offset)
 
 
+REPUBLISH_BACKOFF_S = (0.25, 5.0)
+"""First and largest pause between publishes of notifications that failed (doubling)."""
+
 FLUSH_GATHER_S = 0.002
 """How long a flush's seal waits for the same flush's Messages to other topics of the group."""
 
@@ -107,8 +110,10 @@ class GroupWriter:
     """Seals and stores the objects of one storage group (or of one topic, group "")."""
 
     def __init__(self, group: str, *, storage: StorageHandler, publisher: Publisher, broker_id: str,
-                 metrics: BrokerMetrics, clock: Clock | None = None) -> None:
+                 metrics: BrokerMetrics, clock: Clock | None = None, republish_s: float = 0.0) -> None:
+        """`republish_s`: how long a notification that failed is published again (see `_publish`)."""
         self.group = group
+        self._republish_s = republish_s
         self._storage = storage
         self._publisher = publisher
         self._broker_id = broker_id
@@ -185,21 +190,48 @@ class GroupWriter:
         notes = [notification(m.name, b, loc, part, created_ms=created_ms, attempt=attempt, broker_id=self._broker_id)
                  for (m, b), part in zip(parts, layout(encoded))]
         t0 = clock.monotonic()
-        published: list[tuple[int, int] | NotifyError]
-        try:
-            published = await self._publisher.publish_many(
-                [(m.notification_topic, note) for (m, _), note in zip(parts, notes)])
-        except Exception as e:   # a publisher bug must fail these batches only, never the broker
-            published = [NotifyError(str(e))] * len(parts)
+        published = await self._publish([(m.notification_topic, note) for (m, _), note in zip(parts, notes)])
         notify_s = clock.monotonic() - t0
         return [Stored(note, result, put_s, notify_s) for note, result in zip(notes, published)]
+
+    async def _publish(self, notes: list[tuple[str, Notification]]) -> list[tuple[int, int] | NotifyError]:
+        """Publish `notes`; those that fail are published again, the same notification of the
+        same object, until they land or `republish_s` has passed.
+
+        A publish that timed out may have landed (librdkafka's "Message timed out" after a
+        Kafka stall): failing its batch made the producer resend the Messages, stored and
+        announced a second time. Publishing the pointer again costs at most a second
+        notification of the same object (readers drop its Messages by identity), and the
+        Messages stay held meanwhile: a resend waits for this outcome instead of being stored
+        again, and the busy slot pushes back on producers while Kafka is away.
+        """
+        clock = self._clock
+        deadline = clock.monotonic() + self._republish_s
+        results: list[tuple[int, int] | NotifyError] = [NotifyError("not published")] * len(notes)
+        pending = list(range(len(notes)))
+        pause = REPUBLISH_BACKOFF_S[0]
+        while True:
+            try:
+                got = await self._publisher.publish_many([notes[i] for i in pending])
+            except Exception as e:   # a publisher bug must fail these batches only, never the broker
+                got = [NotifyError(str(e))] * len(pending)
+            for i, result in zip(pending, got):
+                results[i] = result
+            pending = [i for i in pending if isinstance(results[i], NotifyError)]
+            if not pending or clock.monotonic() + pause > deadline:
+                return results
+            log.warning("publishing %d notifications of object %s failed (%s): publishing them again in %.2gs",
+                        len(pending), notes[pending[0]][1].key, results[pending[0]], pause)
+            await asyncio.sleep(pause)
+            pause = min(2 * pause, REPUBLISH_BACKOFF_S[1])
 
 
 class GroupWriters:
     """A broker's writers, one per storage group, made on first use."""
 
     def __init__(self, *, storage: StorageHandler, publisher: Publisher, broker_id: str,
-                 metrics: BrokerMetrics, clock: Clock | None = None) -> None:
+                 metrics: BrokerMetrics, clock: Clock | None = None, republish_s: float = 0.0) -> None:
+        self._republish_s = republish_s
         self._storage = storage
         self._publisher = publisher
         self._broker_id = broker_id
@@ -218,4 +250,4 @@ class GroupWriters:
 
     def _new(self, group: str) -> GroupWriter:
         return GroupWriter(group, storage=self._storage, publisher=self._publisher, broker_id=self._broker_id,
-                           metrics=self._metrics, clock=self._clock)
+                           metrics=self._metrics, clock=self._clock, republish_s=self._republish_s)

@@ -10,12 +10,19 @@ process managers and scrapers.
 Tokens and ACLs are the config file's plus, with ZooKeeper, the cluster's stored ones
 (`use_stored`, called by the broker's watch on every change): immutable tuples, each
 replaced whole, so a decision never sees half an update.
+
+An open connection is a `Session`: on every change its credentials are checked again, and one
+whose token was revoked, or whose principal may no longer produce to a topic it wrote on, is
+closed then (not only refused at its next connect): a revoked client keeps no open door.
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+import threading
 from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass, field
 
 from aiohttp import web
 from prometheus_client import Counter
@@ -34,6 +41,23 @@ _BEARER = "bearer "
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
+@dataclass(eq=False)
+class Session:
+    """An open connection, checked again whenever the tokens or ACLs change. `close(why)` runs
+    on the connection's event loop; `topics` (replaced whole: read from the watch's thread) are
+    those it produced to."""
+
+    request: web.Request      # the credentials it opened with: its headers and peer certificate
+    principal: str
+    close: Callable[[str], None]
+    loop: asyncio.AbstractEventLoop
+    topics: frozenset[str] = field(default_factory=frozenset)
+
+    def produced(self, topic: str) -> None:
+        if topic not in self.topics:
+            self.topics = self.topics | {topic}
+
+
 class Guard:
     """With `security.enabled` off every request passes and `principal_of` is None."""
 
@@ -42,22 +66,62 @@ class Guard:
         self._configured = (parse_entries(config.tokens), parse_rules(config.acls))
         self._tokens, self._rules = self._configured
         self._denials = denials
+        self._sessions: set[Session] = set()
+        self._lock = threading.Lock()     # use_stored runs on the ZooKeeper watch's thread
 
     def use_stored(self, stored: StoredSecurity) -> None:
-        """From now on: the config file's tokens and ACLs plus `stored`."""
+        """From now on: the config file's tokens and ACLs plus `stored`; open sessions that no
+        longer hold are closed."""
         tokens, rules = self._configured
         self._tokens, self._rules = (tokens + parse_entries(stored.tokens), rules + parse_rules(stored.acls))
+        with self._lock:
+            sessions = list(self._sessions)
+        for session in sessions:
+            why = self._revoked(session)
+            if why is not None:
+                self.end_session(session)
+                self.count_denial("revoked")
+                session.loop.call_soon_threadsafe(session.close, why)
+
+    def open_session(self, request: web.Request, close: Callable[[str], None]) -> Session | None:
+        """Track the connection of an authenticated `request` (None with security off)."""
+        principal = request.get(PRINCIPAL_KEY)
+        if not self.enabled or principal is None:
+            return None
+        session = Session(request, principal, close, asyncio.get_running_loop())
+        with self._lock:
+            self._sessions.add(session)
+        return session
+
+    def end_session(self, session: Session) -> None:
+        with self._lock:
+            self._sessions.discard(session)
+
+    def _revoked(self, session: Session) -> str | None:
+        """Why `session` no longer holds (its credentials, or a right it used, are gone), or None."""
+        principal, _ = self._identify(session.request)
+        if principal != session.principal:
+            return f"the credentials of principal {session.principal} were revoked"
+        denied = sorted(t for t in session.topics if not self.may(principal, Operation.PRODUCE, t))
+        if denied:
+            return f"principal {principal} may no longer produce to {', '.join(denied)}"
+        return None
 
     def authenticate(self, request: web.Request) -> str | web.Response:
         """The request's principal, or the 401 response naming what is wrong."""
+        principal, why = self._identify(request)
+        return principal or self._unauthorized(why)
+
+    def _identify(self, request: web.Request) -> tuple[str | None, str]:
+        """The request's principal, else None and why not."""
         header = request.headers.get("Authorization", "")
         if header:
             principal = self.principal_for(header[len(_BEARER):].strip()) \
                 if header.lower().startswith(_BEARER) else None
-            return principal or self._unauthorized("the token is unknown or revoked")
+            return principal, "the token is unknown or revoked"
         transport = request.transport
         cn = subject_cn(transport.get_extra_info("peercert")) if transport is not None else None
-        return cn or self._unauthorized("no credentials: send 'Authorization: Bearer <token>' or a client certificate")
+        return cn, "no credentials: send 'Authorization: Bearer <token>' or a client certificate"
 
     def principal_for(self, token: str) -> str | None:
         """The principal of bearer `token`, None when it is unknown or revoked."""

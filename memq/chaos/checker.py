@@ -6,7 +6,9 @@ A record is *reachable* when an object that some notification points at contains
 what any reader can ever get. Acked-but-unreachable is lost; a notification whose object is
 absent is a dangling pointer (readers stop on it with DataLossError). A delivery of a record
 already delivered is a redelivery, counted against the fault that last started before it
-(a SIGKILLed consumer's restart re-reads what it had not committed: at-least-once).
+(a SIGKILLed consumer's restart re-reads what it had not committed: at-least-once). Write
+amplification is the record copies in storage (every object, announced or not) over the
+records acked: 1.0 when every acked record was written once, more when resends were stored.
 """
 
 from __future__ import annotations
@@ -79,6 +81,7 @@ class FaultRow:
     heal_to_first_ack_s: float | None  # None: no ack after the heal
     max_write_gap_s: float           # longest stretch without an ack, from the start to the first ack after
     redelivered: int                 # deliveries of already delivered records, until the next fault
+    write_amplification: float | None = None   # copies stored of the records sent inside / those acked
 
 
 @dataclass(frozen=True)
@@ -94,6 +97,7 @@ class Verdict:
     orphan_objects: int              # collected later by retention, counted
     max_write_gap_s: float
     catch_up_s: float | None         # end of producing -> last delivery; None: never caught up
+    write_amplification: float = 0.0  # record copies stored / records acked
     faults: tuple[FaultRow, ...] = field(default=())
     lost_ids: tuple[str, ...] = field(default=())   # a sample, for the report
 
@@ -123,6 +127,7 @@ def check(obs: Observations) -> Verdict:
     delivered = Counter(d.record_id for d in obs.delivered)
     lost = sorted(acked - reachable.keys())
     missed = len((acked & reachable.keys()) - delivered.keys())
+    copies = Counter(rid for o in obs.objects for rid in o.record_ids)
     ack_times = sorted(a.done_s for a in obs.acks if a.ok)
     redelivered = _redelivery_times(obs.delivered)
     windows = sorted(obs.faults, key=lambda f: f.start_s)
@@ -140,7 +145,9 @@ def check(obs: Observations) -> Verdict:
         max_write_gap_s=_max_gap(ack_times, obs.run_start_s, obs.produce_end_s),
         catch_up_s=None if missed or not obs.delivered
         else max(0.0, max(d.at_s for d in obs.delivered) - obs.produce_end_s),
-        faults=tuple(_fault_row(f, obs, set(lost), ack_times, [t for t in redelivered if f.start_s <= t < until])
+        write_amplification=copies.total() / len(acked) if acked else 0.0,
+        faults=tuple(_fault_row(f, obs, set(lost), ack_times, [t for t in redelivered if f.start_s <= t < until],
+                                copies)
                      for f, until in zip(windows, ends)),
         lost_ids=tuple(lost[:20]),
     )
@@ -163,11 +170,13 @@ def _redelivery_times(delivered: Iterable[Delivered]) -> list[float]:
 
 
 def _fault_row(f: FaultWindow, obs: Observations, lost: set[str], ack_times: Sequence[float],
-               redelivered: Sequence[float]) -> FaultRow:
+               redelivered: Sequence[float], copies: Counter[str]) -> FaultRow:
     inside = [a for a in obs.acks if f.start_s <= a.sent_s <= f.end_s]
     after = next((t for t in ack_times if t >= f.end_s), None)
     gap_end = after if after is not None else max(f.end_s, obs.produce_end_s)
+    acked = sum(1 for a in inside if a.ok)
     return FaultRow(f.name, f.start_s, f.end_s, len(inside), sum(1 for a in inside if not a.ok),
                     sum(1 for a in inside if a.ok and a.record_id in lost),
                     None if after is None else after - f.end_s,
-                    _max_gap(ack_times, f.start_s, gap_end), len(redelivered))
+                    _max_gap(ack_times, f.start_s, gap_end), len(redelivered),
+                    sum(copies[a.record_id] for a in inside) / acked if acked else None)

@@ -7,7 +7,8 @@ Partitions and packet loss are iptables rules inside the faulty host's namespace
 heal); rate limits are tc tbf on the bridge side of a server's link (traffic towards it).
 There is no `tc netem` on these kernels, hence iptables' random drop for loss and a
 userspace link proxy (memq.chaos.linkproxy) for delay with jitter. A consumer fault SIGKILLs
-the workload's group consumer and starts it again (through `ConsumerHandle`).
+the workload's group consumer and starts it again (through `ConsumerHandle`). An overload
+fault has the producers send large records flat out (through `BurstHandle`) into a capped S3.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from memq.errors import ConfigError
 
 SERVERS = ("s3", "kafka", "zookeeper")
 KINDS = ("kill", "kill-governor", "pause", "cut-zk", "cut-s3", "cut-kafka", "cut-producer",
-         "split", "loss", "slow-s3", "delay", "kill-consumer", "slowdown", "tail")
+         "split", "loss", "slow-s3", "delay", "kill-consumer", "slowdown", "tail", "long-pause", "overload")
 """kill: SIGKILL a broker, restart it after the fault; pause: SIGSTOP/SIGCONT a server; cut-X: a
 broker loses X; cut-producer: the producers lose one broker; split: one broker loses the other
 brokers and ZooKeeper (minority) while the rest keep both (majority); loss: 5% of a broker's
@@ -37,8 +38,14 @@ packets to S3 and Kafka dropped; slow-s3: traffic to S3 limited to 4 Mbit/s; del
 links (delay:s3), or a broker's links to S3 and Kafka (delay:b2), get extra latency with jitter;
 kill-consumer: SIGKILL the group's consumer, restart it after the fault (at-least-once: what it
 had not committed is delivered again); slowdown: 30% of S3 requests answered 503 SlowDown; tail: 2% of
-S3 answers held 500 ms (both by memq.chaos.s3faults)."""
+S3 answers held 500 ms (both by memq.chaos.s3faults); long-pause: SIGSTOP S3 or Kafka for `LONG_PAUSE_S`, past
+every timeout (a broker's delivery report, a PUT's read timeout, a producer's request); overload:
+the producers send 64 KiB records as fast as they are taken while S3 is capped at 4 Mbit/s."""
 HTTP_FAULTS = {"slowdown": S3Faults(slowdown_share=0.3), "tail": S3Faults(tail_share=0.02, tail_delay_s=0.5)}
+LONG_PAUSE_S = 45.0
+"""Longer than kafka.request_timeout_ms (30 s) plus the publisher's 5 s backstop, than
+s3.read_timeout_s (30 s) and than producer.request_timeout_ms (30 s), at their defaults."""
+S3_CAP = "4mbit"
 DELAYED_FOR_BROKER = ("s3", "kafka")
 DEFAULT_LINK = LinkShape(delay_s=0.2, jitter_s=0.1)
 
@@ -74,7 +81,7 @@ def schedule(seed: int, kinds: Sequence[str], *, total_s: float, brokers: Sequen
     t = rng.uniform(*gap_s)
     while True:
         kind, _, fixed = order[len(out) % len(order)].partition(":")
-        dur = round(rng.uniform(*durations), 1)
+        dur = LONG_PAUSE_S if kind == "long-pause" else round(rng.uniform(*durations), 1)
         if t + dur > total_s:
             return out
         target = fixed or _target(rng, kind, brokers)
@@ -84,10 +91,10 @@ def schedule(seed: int, kinds: Sequence[str], *, total_s: float, brokers: Sequen
 
 def _targets(kind: str, brokers: Sequence[str]) -> tuple[str, ...]:
     fixed = {"kill-governor": "governor", "slow-s3": "s3", "kill-consumer": "consumer", "slowdown": "s3",
-             "tail": "s3"}.get(kind)
+             "tail": "s3", "overload": "s3"}.get(kind)
     if fixed:
         return (fixed,)
-    return {"pause": SERVERS, "delay": (*SERVERS, *brokers)}.get(kind, tuple(brokers))
+    return {"pause": SERVERS, "long-pause": ("s3", "kafka"), "delay": (*SERVERS, *brokers)}.get(kind, tuple(brokers))
 
 
 def _target(rng: random.Random, kind: str, brokers: Sequence[str]) -> str:
@@ -115,6 +122,12 @@ class ConsumerHandle(Protocol):
     def restart(self) -> None: ...
 
 
+class BurstHandle(Protocol):
+    """The workload's producers, as an overload fault drives them."""
+
+    def burst(self, on: bool) -> None: ...
+
+
 class Nemesis:
     """Applies a schedule to `cluster`; `windows` holds what happened, in wall time.
 
@@ -125,10 +138,12 @@ class Nemesis:
     """
 
     def __init__(self, cluster: ChaosCluster, faults: Sequence[Fault], log: Callable[[str], None] = print, *,
-                 link: LinkShape = DEFAULT_LINK, consumer: ConsumerHandle | None = None) -> None:
+                 link: LinkShape = DEFAULT_LINK, consumer: ConsumerHandle | None = None,
+                 producers: BurstHandle | None = None) -> None:
         self.cluster = cluster
         self.link = link
         self.consumer = consumer
+        self.producers = producers
         self.faults = list(faults)
         self.windows: list[FaultWindow] = []
         self.errors: list[str] = []
@@ -181,7 +196,7 @@ class Nemesis:
                 for server in delayed_links(f):
                     c.shape_link(server, LinkShape())
             return start, time.time()
-        if f.kind == "pause":
+        if f.kind in ("pause", "long-pause"):
             pid = c.procs[target].pid
             os.killpg(pid, signal.SIGSTOP)
             try:
@@ -196,12 +211,18 @@ class Nemesis:
             finally:
                 c.set_s3_faults(S3Faults())
             return start, time.time()
-        if f.kind == "slow-s3":
+        if f.kind in ("slow-s3", "overload"):
+            if f.kind == "overload" and self.producers is None:
+                raise ConfigError("overload: the nemesis was given no producers")
             link = hosts["s3"].link
-            sh("tc", "qdisc", "add", "dev", link, "root", "tbf", "rate", "4mbit", "burst", "64kb", "latency", "2s")
+            sh("tc", "qdisc", "add", "dev", link, "root", "tbf", "rate", S3_CAP, "burst", "64kb", "latency", "2s")
+            if f.kind == "overload" and self.producers is not None:
+                self.producers.burst(True)
             try:
                 time.sleep(f.duration_s)
             finally:
+                if f.kind == "overload" and self.producers is not None:
+                    self.producers.burst(False)
                 sh("tc", "qdisc", "del", "dev", link, "root")
             return start, time.time()
         host, rules = self._rules(f.kind, target)

@@ -83,13 +83,15 @@ def run(spec: RunSpec, log: Callable[[str], None] = print, work_dir: Path | None
                                                  "--catch-up-s", str(spec.catch_up_s)))
             try:
                 outs = [work / f"p{i}.jsonl" for i in range(spec.producers)]
+                burst = _Burst(work / "burst")
                 t0 = time.time()
                 producers = [_worker(topo, work, "producer", "produce", client, out, "--name", f"p{i}",
-                                     "--rate", str(spec.rate), "--seconds", str(spec.seconds))
+                                     "--rate", str(spec.rate), "--seconds", str(spec.seconds),
+                                     "--burst-file", str(burst.path))
                              for i, out in enumerate(outs)]
                 workers += producers
                 nemesis = Nemesis(cluster, faults, log, link=LinkShape(spec.delay_s, spec.jitter_s),
-                                  consumer=consumer)
+                                  consumer=consumer, producers=burst)
                 nemesis.run(t0, until=lambda: all(not p.alive() for p in producers))
                 _wait(producers, t0 + spec.seconds + EXIT_GRACE_S)
                 produce_end = t0 + spec.seconds
@@ -125,6 +127,19 @@ class _Consumer:
         self.proc = self._start()
 
 
+class _Burst:
+    """The producers burst while `path` exists (they look for it between sends)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def burst(self, on: bool) -> None:
+        if on:
+            self.path.touch()
+        else:
+            self.path.unlink(missing_ok=True)
+
+
 def _worker(topo: Topology, work: Path, host: str, role: str, config: Path, out: Path, *extra: str) -> ManagedProcess:
     argv = [sys.executable, "-m", "memq.chaos.workload", role, "--config", str(config), "--topic", TOPIC,
             "--out", str(out), *extra]
@@ -142,15 +157,18 @@ def _wait(procs: Sequence[ManagedProcess], deadline: float) -> None:
 def table(result: RunResult) -> str:
     """The per-fault table and the totals, for people."""
     v = result.verdict
-    rows = [f"{'fault':<28}{'sends':>7}{'failed':>8}{'lost':>6}{'heal->ack s':>13}{'max gap s':>11}{'redelivered':>13}"]
+    rows = [f"{'fault':<28}{'sends':>7}{'failed':>8}{'lost':>6}{'heal->ack s':>13}{'max gap s':>11}{'redelivered':>13}"
+            f"{'write amp':>11}"]
     for f in v.faults:
         heal = "never" if f.heal_to_first_ack_s is None else f"{f.heal_to_first_ack_s:.2f}"
+        amp = "n/a" if f.write_amplification is None else f"{f.write_amplification:.3f}"
         rows.append(f"{f.name:<28}{f.sends:>7}{f.failed:>8}{f.acked_lost:>6}{heal:>13}{f.max_write_gap_s:>11.2f}"
-                    f"{f.redelivered:>13}")
+                    f"{f.redelivered:>13}{amp:>11}")
     rows.append(f"totals: {v.sends} sends, {v.acked} acked, {v.acked_lost} acked-lost, {v.consumer_missed} "
                 f"missed by the group, {v.duplicates} duplicates delivered, {v.stored_duplicates} stored twice, "
                 f"{v.unacked_but_present} unacked-but-present, {v.dangling_pointers} dangling pointers, "
-                f"{v.orphan_objects} orphan objects, longest write gap {v.max_write_gap_s:.1f}s, "
+                f"{v.orphan_objects} orphan objects, write amplification {v.write_amplification:.3f}, "
+                f"longest write gap {v.max_write_gap_s:.1f}s, "
                 f"catch-up {'n/a' if v.catch_up_s is None else f'{v.catch_up_s:.1f}s'}")
     rows += _throughput_rows(result.throughput)
     rows += [f"nemesis error: {e}" for e in result.nemesis_errors]
@@ -185,4 +203,7 @@ def summary(result: RunResult) -> dict[str, object]:
             "redelivered": [f.redelivered for f in v.faults],
             "failed": [f.failed for f in v.faults],
             "throughput": [dataclasses.asdict(t) for t in result.throughput],
+            "write_amplification": round(v.write_amplification, 4),
+            "fault_write_amplification": [None if f.write_amplification is None else round(f.write_amplification, 4)
+                                          for f in v.faults],
             "nemesis_errors": list(result.nemesis_errors), "passed": v.passed}

@@ -27,6 +27,7 @@ from memq.config import MemqConfig, load_config
 
 CLOSE_TIMEOUT_S = 90.0
 KEYS = 64
+BURST_PAD = 64 * 1024    # bytes of padding per record while bursting (an overload fault)
 
 
 def _line(out: IO[str], **event: object) -> None:
@@ -37,8 +38,11 @@ def _line(out: IO[str], **event: object) -> None:
 # --- producing ------------------------------------------------------------------------------
 
 
-async def produce(config: MemqConfig, topic: str, name: str, rate: float, seconds: float, out: IO[str]) -> None:
-    """Send `rate` records/s for `seconds` at ack=all, logging each send's outcome."""
+async def produce(config: MemqConfig, topic: str, name: str, rate: float, seconds: float, out: IO[str],
+                  burst_file: Path | None = None) -> None:
+    """Send `rate` records/s for `seconds` at ack=all, logging each send's outcome; while
+    `burst_file` exists, records padded to `BURST_PAD` as fast as the producer takes them
+    (its max_in_flight_bytes pushes back), instead."""
     from memq.client.producer import Producer
 
     pending: dict[asyncio.Future[object], tuple[str, float]] = {}
@@ -50,18 +54,30 @@ async def produce(config: MemqConfig, topic: str, name: str, rate: float, second
               err=None if err is None else f"{type(err).__name__}: {err}")
 
     producer = Producer(dataclasses.replace(config.producer, ack="all"))
-    t0 = time.time()
     n = 0
+
+    async def send(pad: str = "") -> None:
+        nonlocal n
+        sent = time.time()
+        rid = f"{name}-{n}"
+        value = json.dumps({"id": rid, "p": name, "k": n % KEYS, "t": sent, "pad": pad}).encode()
+        fut = await producer.send(topic, value, key=f"k{n % KEYS}".encode())
+        pending[fut] = (rid, sent)  # type: ignore[index]
+        fut.add_done_callback(done)  # type: ignore[arg-type]
+        n += 1
+
+    t0 = time.time()
+    paced = 0
     try:
         while (now := time.time()) < t0 + seconds:
-            while n < rate * (now - t0):
-                sent = time.time()
-                rid = f"{name}-{n}"
-                value = json.dumps({"id": rid, "p": name, "k": n % KEYS, "t": sent}).encode()
-                fut = await producer.send(topic, value, key=f"k{n % KEYS}".encode())
-                pending[fut] = (rid, sent)  # type: ignore[index]
-                fut.add_done_callback(done)  # type: ignore[arg-type]
-                n += 1
+            if burst_file is not None and burst_file.exists():
+                await send("x" * BURST_PAD)
+                paced = int(rate * (now - t0))     # no catching up on the paced records afterwards
+                await asyncio.sleep(0)
+                continue
+            while paced < rate * (now - t0):
+                await send()
+                paced += 1
             await asyncio.sleep(0.01)
         await asyncio.wait_for(producer.close(), CLOSE_TIMEOUT_S)
     except TimeoutError:
@@ -192,11 +208,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--group", default="chaos")
     parser.add_argument("--stop-file", type=Path)
     parser.add_argument("--catch-up-s", type=float, default=60.0)
+    parser.add_argument("--burst-file", type=Path, help="producers: send flat out while this file exists")
     args = parser.parse_args(argv)
     config = load_config(args.config, env={})
     with _open_log(args.out) as out:
         if args.role == "produce":
-            asyncio.run(produce(config, args.topic, args.name, args.rate, args.seconds, out))
+            asyncio.run(produce(config, args.topic, args.name, args.rate, args.seconds, out, args.burst_file))
         else:
             seen = {d.record_id for d in load_delivered(args.out)}
             consume(config, args.topic, args.group, args.stop_file or args.out.with_suffix(".stop"),

@@ -110,7 +110,7 @@ class Consumer:
         self._prefetch = Prefetch(PrefetchBudget(cc.prefetch_bytes), self._submit)
         self._handover = Handover(
             topic, cc.group_id, audit=audit, metrics=self.metrics, clock=clock, on_finished=self._finish,
-            dedup=SequenceTracker(cc.dedup_max_producers, cc.dedup_max_ranges) if cc.dedup else None)
+            dedup=SequenceTracker(cc.dedup_max_producers, cc.dedup_window) if cc.dedup else None)
         self._closed = False
         self._notify: NotificationSource = notifications or NotificationConsumer(
             config.kafka, kafka_topic, group_id=cc.group_id, auto_offset_reset=cc.auto_offset_reset)

@@ -7,7 +7,8 @@ attempt has a deadline of `request_timeout_ms`, and each Message one of `deliver
 from its seal, retries included (Kafka's `delivery.timeout.ms`): past it the Message fails
 with ProducerTimeoutError whatever is under way. A retriable failure is retried after a
 jittered exponential backoff, a broker's failure at once on another broker (never twice in
-a row); a retry resends the very same bytes, so consumers can drop duplicates by
+a row), a timeout on a live connection to the same broker (it still holds the Message, and
+answers the resend with its outcome); a retry resends the very same bytes, so consumers can drop duplicates by
 (producer id, epoch, sequence). An unknown topic is retriable, as in Kafka (a topic being
 created, or a broker still starting, is unknown for a moment): its Messages retry with fresh
 metadata until their delivery deadline, whatever `retries` says, and then fail with
@@ -22,7 +23,7 @@ import asyncio
 import logging
 import random
 from collections.abc import Awaitable, Callable, Coroutine
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
 import aiohttp
@@ -90,6 +91,8 @@ class InFlight(Generic[W]):
     expiry: asyncio.TimerHandle | None = None      # the Message's delivery deadline
     flags: RequestFlag = RequestFlag.NONE   # SEAL once a flush() wants it sent now
     unknown: str = ""                        # why the last attempt found the topic unknown
+    pin: str = ""                            # the next attempt goes to this broker (it holds the Message)
+    stale: list[int] = field(default_factory=list)   # earlier attempts timed out on a live connection
 
 
 class Sender(Generic[W]):
@@ -109,6 +112,7 @@ class Sender(Generic[W]):
         self._connector = connector
         self._session: aiohttp.ClientSession | None = None
         self._in_flight: dict[int, InFlight[W]] = {}      # request id -> Message being attempted
+        self._stale: dict[int, InFlight[W]] = {}         # timed-out attempts whose success still counts
         self._outstanding: set[InFlight[W]] = set()      # handed over, not finished
         self._conns: dict[str, Connection] = {}
         self._connecting: SingleFlight[str, Connection] = SingleFlight()
@@ -211,7 +215,8 @@ class Sender(Generic[W]):
         topic = msg.sealed.topic
         router = self._router_for()
         try:
-            url = await router.next_broker(topic)
+            url = msg.pin or await router.next_broker(topic)
+            msg.pin = ""
         except UnknownTopicError as e:
             self._retry_or_fail(msg, str(e), UnknownTopicError)
             return
@@ -258,9 +263,14 @@ class Sender(Generic[W]):
         self.metrics.throttled(ack.throttle_ms)
         msg = self._in_flight.pop(ack.id, None)
         if msg is None:
-            if ack.id < 0:
+            late = self._stale.pop(ack.id, None)
+            if late is not None and ack.ok:   # an earlier attempt landed after all: done
+                if self._in_flight.get(late.request_id) is late:
+                    del self._in_flight[late.request_id]
+                self._finish(late, None, ack)
+            elif ack.id < 0:
                 log.warning("broker reported a connection-level error: %s %s", ack.code, ack.error)
-            return   # an ack for an attempt that already timed out
+            return   # an error ack of a timed-out attempt: the attempt under way decides
         self._cancel_timer(msg)
         if ack.ok:
             self._finish(msg, None, ack)
@@ -305,8 +315,16 @@ class Sender(Generic[W]):
             self._retry_or_fail(msg, f"connection to {conn.url} lost: {why}", ProduceError, failover=not conn.too_large)
 
     def _timed_out(self, msg: InFlight[W], request_id: int) -> None:
+        """No ack in time. On a live connection the broker still holds the Message (it answers
+        every one, and drops a resend of one it holds): the resend goes to that same broker and
+        this attempt's late success still counts. A resend to another broker would store a
+        second copy, multiplying writes exactly when storage is the bottleneck."""
         if self._in_flight.pop(request_id, None) is not msg:
             return
+        if msg.conn is not None and not msg.conn.closed:
+            self._stale[request_id] = msg
+            msg.stale.append(request_id)
+            msg.pin = msg.conn.url
         self._retry_or_fail(msg, f"topic {msg.sealed.topic} sequence {msg.sealed.sequence}: no ack within "
                                  f"request_timeout_ms={self.config.request_timeout_ms}", ProducerTimeoutError)
 
@@ -351,6 +369,8 @@ class Sender(Generic[W]):
             return   # already failed by its deadline or by close(): the outcome is reported once
         msg.done.set_result(None)
         self._outstanding.discard(msg)
+        for rid in msg.stale:
+            self._stale.pop(rid, None)
         self._cancel_timer(msg)
         if msg.expiry is not None:
             msg.expiry.cancel()

@@ -40,14 +40,17 @@ class HttpDoor:
         ws = web.WebSocketResponse(max_msg_size=bc.max_frame_bytes, heartbeat=30.0, compress=False,
                                    protocols=(BUNDLE_SUBPROTOCOL,))
         await ws.prepare(request)
+        session = core.guard.open_session(request, lambda why: conn.revoke(why))
         conn = ProduceConnection(ws, core, max_pending_acks=bc.max_pending_acks,
                                  write_timeout_s=bc.ack_write_timeout_ms / 1000,
-                                 principal=request.get(PRINCIPAL_KEY))
+                                 principal=request.get(PRINCIPAL_KEY), session=session)
         self._connections.add(conn)
         try:
             await conn.run()
         finally:
             self._connections.discard(conn)
+            if session is not None:
+                core.guard.end_session(session)
         return ws
 
     async def _metadata(self, request: web.Request) -> web.Response:

@@ -37,6 +37,7 @@ from memq.format.wire import (NO_REQUEST_ID, Ack, AckCode, AckLevel, ProduceRequ
                               encode_acks, is_bundle, peek_request_id, split_bundle)
 
 from ..admission import Refusal, Ticket
+from ..guard import Session
 from ..seam import BrokerCore
 
 log = logging.getLogger(__name__)
@@ -47,9 +48,11 @@ MAX_PARKED_BYTES = 1024 * 1024   # Message bytes waiting for a batch slot, per c
 
 class ProduceConnection:
     def __init__(self, ws: web.WebSocketResponse, core: BrokerCore, *, max_pending_acks: int,
-                 write_timeout_s: float, principal: str | None = None) -> None:
+                 write_timeout_s: float, principal: str | None = None, session: Session | None = None) -> None:
+        """`session`: the guard's record of this connection (security on), closed by `revoke`."""
         self._ws = ws
         self._principal = principal   # None: security off
+        self._session = session
         self._core = core
         self._metrics = core.metrics
         self._max_pending = max_pending_acks
@@ -152,6 +155,8 @@ class ProduceConnection:
         if isinstance(admitted, Refusal):
             self._refuse(req, admitted.code, admitted.why, admitted.brokers)
             return
+        if self._session is not None:
+            self._session.produced(topic)
         try:
             header = verify_message(req.message)
         except FormatError as e:
@@ -210,15 +215,23 @@ class ProduceConnection:
                 del self._parked[topic]
 
     def _close_slow(self, why: str) -> None:
+        if not self._closed:
+            self._metrics.slow_clients.inc()
+            self._close_now(WSCloseCode.TRY_AGAIN_LATER, why)
+
+    def revoke(self, why: str) -> None:
+        """Its credentials or rights no longer hold (the guard's session check): close at once,
+        answering nothing more (a producer reconnecting is refused, and says why)."""
+        self._close_now(WSCloseCode.POLICY_VIOLATION, why)
+
+    def _close_now(self, code: WSCloseCode, why: str) -> None:
         if self._closed:
             return
         log.warning("closing produce connection: %s", why)
-        self._metrics.slow_clients.inc()
         self._closed = True
         self._pending.clear()
         self._wakeup.set()
-        asyncio.get_running_loop().create_task(
-            self._ws.close(code=WSCloseCode.TRY_AGAIN_LATER, message=why[:120].encode()))
+        asyncio.get_running_loop().create_task(self._ws.close(code=code, message=why[:120].encode()))
 
     async def _write_acks(self) -> None:
         while True:

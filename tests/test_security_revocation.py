@@ -1,0 +1,56 @@
+"""An open produce connection whose token is revoked, or whose principal loses the right to a
+topic it wrote on, is closed when the change reaches the broker (the ZooKeeper watch calls
+`Guard.use_stored` from its own thread), not only refused at its next connect. Real broker
+in process on the dev cluster, a raw WebSocket as the client."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import Callable
+
+import aiohttp
+import pytest
+
+from memq.config import SecurityConfig
+from memq.devcluster import DevCluster
+from memq.format import Codec, LogMessage, encode_message
+from memq.format.wire import AckLevel, decode_acks, encode_request
+from memq.security.stored import StoredSecurity
+from memq.security.tokens import new_token
+from tests.support.cluster import running_broker, topic_config
+
+pytestmark = pytest.mark.integration
+
+CAROL, CAROL_ENTRY = new_token("carol")
+
+
+@pytest.mark.parametrize("change, why", [
+    (StoredSecurity((), ("allow carol produce prefix:",)), "credentials of principal carol were revoked"),
+    (StoredSecurity((str(CAROL_ENTRY),), ()), "carol may no longer produce to"),
+], ids=["token-revoked", "acl-removed"])
+async def test_an_open_connection_is_closed_when_its_rights_go(
+        devcluster: DevCluster, unique_name: Callable[[str], str], change: StoredSecurity, why: str) -> None:
+    topic = unique_name("revoke")
+    base = devcluster.config(topics=[topic_config(topic, batch_ms=20)])
+    config = dataclasses.replace(base, security=SecurityConfig(enabled=True))
+    frame = encode_message([LogMessage(b"before")], producer_id=5, epoch=0, sequence=0, codec=Codec.NONE)
+    async with running_broker(config) as broker, aiohttp.ClientSession() as s:
+        guard = broker.guard
+        guard.use_stored(StoredSecurity((str(CAROL_ENTRY),), ("allow carol produce prefix:",)))
+        async with s.ws_connect(broker.url + "/v1/produce", headers={"Authorization": f"Bearer {CAROL}"}) as ws:
+            await ws.send_bytes(encode_request(1, AckLevel.ALL, topic, frame))
+            (ack,) = decode_acks(await ws.receive_bytes(timeout=30))
+            assert ack.ok
+            await asyncio.to_thread(guard.use_stored, change)        # as the ZooKeeper watch does
+            msg = await ws.receive(timeout=5)
+            assert msg.type is aiohttp.WSMsgType.CLOSE and ws.close_code == 1008, msg
+            assert why in msg.extra
+        if "revoked" in why:          # and it cannot come back
+            with pytest.raises(aiohttp.WSServerHandshakeError, match="401"):
+                await s.ws_connect(broker.url + "/v1/produce", headers={"Authorization": f"Bearer {CAROL}"})
+            return
+        async with s.ws_connect(broker.url + "/v1/produce", headers={"Authorization": f"Bearer {CAROL}"}) as ws:
+            await ws.send_bytes(encode_request(2, AckLevel.ALL, topic, frame))
+            (ack,) = decode_acks(await ws.receive_bytes(timeout=30))
+            assert ack.code == "DENIED"
