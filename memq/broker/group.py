@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -99,6 +99,9 @@ def notification(topic: str, batch: Batch, loc: ObjectLocation, part: Part, *, c
         crc32c=part.crc32c, broker_id=broker_id, attempt=attempt, created_ms=created_ms, offset=part.offset)
 
 
+OnStored = Callable[[ObjectLocation, int, bytes], None]
+"""Told of each part just stored (its object, offset and bytes): the read cache's fill on write."""
+
 FLUSH_GATHER_S = 0.002
 """How long a flush's seal waits for the same flush's Messages to other topics of the group."""
 
@@ -107,8 +110,9 @@ class GroupWriter:
     """Seals and stores the objects of one storage group (or of one topic, group "")."""
 
     def __init__(self, group: str, *, storage: StorageHandler, publisher: Publisher, broker_id: str,
-                 metrics: BrokerMetrics, clock: Clock | None = None) -> None:
+                 metrics: BrokerMetrics, clock: Clock | None = None, on_stored: OnStored | None = None) -> None:
         self.group = group
+        self._on_stored = on_stored
         self._storage = storage
         self._publisher = publisher
         self._broker_id = broker_id
@@ -182,8 +186,12 @@ class GroupWriter:
         put_s = clock.monotonic() - t0
         self._m_objects.inc()
         attempt = parse_key(loc.key).attempt
+        placed = layout(encoded)
+        if self._on_stored is not None:
+            for chunks, part in zip(encoded, placed):
+                self._on_stored(loc, part.offset, b"".join(chunks))
         notes = [notification(m.name, b, loc, part, created_ms=created_ms, attempt=attempt, broker_id=self._broker_id)
-                 for (m, b), part in zip(parts, layout(encoded))]
+                 for (m, b), part in zip(parts, placed)]
         t0 = clock.monotonic()
         published: list[tuple[int, int] | NotifyError]
         try:
@@ -199,7 +207,8 @@ class GroupWriters:
     """A broker's writers, one per storage group, made on first use."""
 
     def __init__(self, *, storage: StorageHandler, publisher: Publisher, broker_id: str,
-                 metrics: BrokerMetrics, clock: Clock | None = None) -> None:
+                 metrics: BrokerMetrics, clock: Clock | None = None, on_stored: OnStored | None = None) -> None:
+        self._on_stored = on_stored
         self._storage = storage
         self._publisher = publisher
         self._broker_id = broker_id
@@ -218,4 +227,4 @@ class GroupWriters:
 
     def _new(self, group: str) -> GroupWriter:
         return GroupWriter(group, storage=self._storage, publisher=self._publisher, broker_id=self._broker_id,
-                           metrics=self._metrics, clock=self._clock)
+                           metrics=self._metrics, clock=self._clock, on_stored=self._on_stored)

@@ -15,6 +15,7 @@ from memq.format.metadata import ClusterMetadata
 from .admission import Admission
 from .guard import Guard
 from .metrics import BrokerMetrics
+from .reads import Reads
 
 
 class BrokerCore(Protocol):
@@ -34,6 +35,10 @@ class BrokerCore(Protocol):
     @property
     def admission(self) -> Admission:
         """The produce checks and quota charge, and the only way to append."""
+
+    @property
+    def reads(self) -> Reads:
+        """The read path: notifications by partition and parts as Kafka batches, through the read cache."""
 
     @property
     def draining(self) -> bool:

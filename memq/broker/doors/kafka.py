@@ -1,5 +1,5 @@
 """The broker's Kafka door: an asyncio shell over the sans-I/O codec of `memq.kafka_api`, one
-task per client connection.
+task per client connection. Produce is here; Fetch and ListOffsets in `kafka_fetch`.
 
 Requests are read and handled one at a time, in order (so a full batch ring stops the
 reading and TCP pushes back, as on `/v1/produce`); responses are futures queued in request
@@ -47,12 +47,14 @@ from ..seam import BrokerCore
 
 from memq.kafka_api.idle_seal import SealCredit
 from memq.kafka_api.mapping import PRODUCER_ID_BITS, ack_level, error_code, memq_producer_id, metadata_view, node_id
-from memq.kafka_api.protocol import (ApiKey, ErrorCode, PartitionData, PartitionResult, ProduceRequest, ProduceResult, Reader,
-                       RequestHeader, TopicPartitions, api_name, decode_fetch_partitions, decode_init_producer_id,
-                       decode_metadata, decode_produce, decode_request_header, decode_sasl_authenticate,
-                       decode_sasl_handshake, encode_api_versions, encode_fetch_refusal, encode_init_producer_id,
-                       encode_metadata, encode_produce, encode_sasl_authenticate, encode_sasl_handshake,
-                       is_supported, parse_sasl_plain)
+from memq.kafka_api.protocol import (ApiKey, ErrorCode, FetchRequest, ListOffsetsRequest, PartitionData, PartitionResult, ProduceRequest, ProduceResult, Reader,
+                       RequestHeader, TopicPartitions, api_name, decode_fetch, decode_init_producer_id,
+                       decode_list_offsets, decode_metadata, decode_produce, decode_request_header,
+                       decode_sasl_authenticate, decode_sasl_handshake, encode_api_versions, encode_fetch,
+                       encode_init_producer_id, encode_list_offsets, encode_metadata, encode_produce,
+                       encode_sasl_authenticate, encode_sasl_handshake, is_supported, parse_sasl_plain)
+
+from . import kafka_fetch
 
 if TYPE_CHECKING:
     from memq.audit.emitter import AuditEmitter
@@ -240,10 +242,10 @@ class KafkaConnection:
             return _ready(self._metadata(h, body))
         if h.api_key == ApiKey.INIT_PRODUCER_ID:
             return _ready(self._init_producer_id(h, body))
-        if h.api_key == ApiKey.FETCH:
-            log.warning("refused a Kafka Fetch from %s (client %r): memq topics are read with memq's "
-                        "Consumer or Spark source", self._peer, h.client_id)
-            return _ready(encode_fetch_refusal(h, decode_fetch_partitions(body)))
+        if h.api_key == ApiKey.FETCH:   # answered in turn, read on meanwhile: a long poll blocks no other request
+            return asyncio.ensure_future(self._fetch(h, decode_fetch(h, body)))
+        if h.api_key == ApiKey.LIST_OFFSETS:
+            return asyncio.ensure_future(self._list_offsets(h, decode_list_offsets(h, body)))
         req = decode_produce(body)
         return await self._produce(h, req)
 
@@ -291,6 +293,14 @@ class KafkaConnection:
             return encode_init_producer_id(h, ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, -1, -1)
         # Random, so brokers hand out ids without coordinating (see mapping.PRODUCER_ID_BITS).
         return encode_init_producer_id(h, ErrorCode.NONE, secrets.randbits(PRODUCER_ID_BITS), 0)
+
+    # --- Fetch, ListOffsets (doors.kafka_fetch) ---------------------------------------------
+
+    async def _fetch(self, h: RequestHeader, req: FetchRequest) -> bytes:
+        return encode_fetch(h, await kafka_fetch.fetch(self._broker, self._principal, req, self._peer))
+
+    async def _list_offsets(self, h: RequestHeader, req: ListOffsetsRequest) -> bytes:
+        return encode_list_offsets(h, await kafka_fetch.list_offsets(self._broker, self._principal, req))
 
     # --- Produce ---------------------------------------------------------------------------
 

@@ -1,0 +1,155 @@
+"""Kafka consumers (confluent-kafka, assigned partitions) read memq through a broker's Kafka
+listener on the real dev cluster (moto S3, tansu): what memq's Producer and Kafka producers
+wrote comes back with identical values, keys, headers and timestamps, at offsets that are a
+pure function of where each record is."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from collections.abc import Iterator
+
+import pytest
+from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, KafkaError, TopicPartition
+from test_kafka_produce import Row, Running, as_rows, broker_thread, kafka_produce, rows
+
+from memq.client.producer import Producer
+from memq.config import BrokerConfig, ProducerConfig
+from memq.devcluster import DevCluster
+from memq.format import LogMessage
+from memq.kafka_api.offsets import split_offset
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
+
+
+@pytest.fixture(scope="module")
+def running(devcluster: DevCluster) -> Iterator[Running]:
+    with broker_thread(dataclasses.replace(devcluster.config(cluster="kafkafetch"),
+                                           broker=BrokerConfig(kafka_port=0))) as r:
+        yield r
+
+
+def memq_produce(running: Running, topic: str, records: list[LogMessage], codec: str = "zstd") -> None:
+    async def send() -> None:
+        cfg = ProducerConfig(brokers=running.broker.url, linger_ms=5, request_timeout_ms=20_000, codec=codec)
+        async with Producer(cfg) as p:
+            futures = [await p.send_batch(topic, records[i:i + 100]) for i in range(0, len(records), 100)]
+            await p.flush()
+            for f in futures:
+                await f
+    asyncio.run_coroutine_threadsafe(send(), running.loop).result(120)
+
+
+def kafka_consumer(running: Running, **conf: object) -> Consumer:
+    return Consumer({"bootstrap.servers": running.broker.kafka_address, "group.id": "unused",
+                     "enable.auto.commit": False, "fetch.wait.max.ms": 200, **conf})
+
+
+def read(c: Consumer, n: int, timeout_s: float = 60) -> list[tuple[int, int, Row]]:
+    """(partition, offset, row) of the next `n` records; fails on any consumer error."""
+    got: list[tuple[int, int, Row]] = []
+    deadline = time.monotonic() + timeout_s
+    while len(got) < n:
+        assert time.monotonic() < deadline, f"read {len(got)} of {n} records"
+        for m in c.consume(1000, 0.5):
+            err = m.error()
+            if err is not None:
+                assert err.code() == KafkaError._PARTITION_EOF, err
+                continue
+            kind, ts = m.timestamp()
+            got.append((m.partition(), m.offset(), (m.value(), m.key(), tuple(m.headers() or ()), ts)))
+    return got
+
+
+def assign_all(c: Consumer, topic: str, partitions: int, offset: int = OFFSET_BEGINNING) -> None:
+    c.assign([TopicPartition(topic, p, offset) for p in range(partitions)])
+
+
+def test_records_of_memq_and_kafka_producers_read_back_identical(running: Running) -> None:
+    topic = running.add_topic(partitions=3)
+    from_memq = rows(1_500, "memq")
+    from_memq_none = rows(500, "memq-none")
+    from_kafka = rows(1_500, "kafka")
+    memq_produce(running, topic, from_memq)
+    memq_produce(running, topic, from_memq_none, codec="none")
+    kafka_produce(running.broker.kafka_address, topic, from_kafka, acks="all",
+                  **{"enable.idempotence": True, "compression.type": "lz4"})
+    expected = as_rows(from_memq + from_memq_none + from_kafka)
+    c = kafka_consumer(running)
+    try:
+        assign_all(c, topic, 3)
+        got = read(c, len(expected))
+    finally:
+        c.close()
+    assert sorted(r for _, _, r in got) == sorted(expected)
+    for p in range(3):   # offsets grow within a partition, and say where each record is
+        offsets = [o for part, o, _ in got if part == p]
+        assert offsets == sorted(offsets) and len(set(offsets)) == len(offsets)
+        assert all(split_offset(o)[1] < 1 << 24 for o in offsets)
+
+
+def test_earliest_latest_and_timestamp_seek(running: Running) -> None:
+    topic = running.add_topic(partitions=1)
+    first = rows(300, "first")
+    kafka_produce(running.broker.kafka_address, topic, first, acks="all")
+    time.sleep(0.1)
+    cut_ms = int(time.time() * 1000)
+    second = [r._replace(timestamp_ms=cut_ms + i) for i, r in enumerate(rows(200, "second"))]
+    memq_produce(running, topic, second)
+    c = kafka_consumer(running)
+    try:
+        low, high = c.get_watermark_offsets(TopicPartition(topic, 0), timeout=20)
+        assert low == 0 and high > 0 and split_offset(high)[1] == 0
+        # by timestamp: the records published at or after cut_ms, none of the earlier ones
+        [tp] = c.offsets_for_times([TopicPartition(topic, 0, cut_ms)], timeout=20)
+        assert tp.offset > 0
+        c.assign([tp])
+        assert sorted(r for _, _, r in read(c, len(second))) == sorted(as_rows(second))
+        # latest: nothing until something new arrives, then exactly that
+        c.assign([TopicPartition(topic, 0, OFFSET_END)])
+        assert read_nothing_for(c, 1.0)
+        third = rows(50, "third")
+        kafka_produce(running.broker.kafka_address, topic, third, acks="all")
+        assert sorted(r for _, _, r in read(c, len(third))) == sorted(as_rows(third))
+    finally:
+        c.close()
+
+
+def read_nothing_for(c: Consumer, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        for m in c.consume(100, 0.2):
+            if m.error() is None:
+                return False
+    return True
+
+
+def test_a_fetch_at_the_end_waits_for_the_next_record_then_answers(running: Running) -> None:
+    topic = running.add_topic(partitions=1)
+    c = kafka_consumer(running, **{"fetch.wait.max.ms": 5_000})
+    try:
+        c.assign([TopicPartition(topic, 0, OFFSET_BEGINNING)])
+        assert read_nothing_for(c, 1.0)
+        t0 = time.monotonic()
+        kafka_produce(running.broker.kafka_address, topic, rows(10, "late"), acks="all")
+        assert len(read(c, 10, timeout_s=10)) == 10
+        assert time.monotonic() - t0 < 4.0   # answered when the record came, not after the 5 s wait
+    finally:
+        c.close()
+
+
+def test_the_read_cache_serves_parts_the_broker_just_wrote(running: Running) -> None:
+    topic = running.add_topic(partitions=1)
+    m = running.broker.metrics
+    gets = m.read_gets._value.get()
+    kafka_produce(running.broker.kafka_address, topic, rows(500, "hot"), acks="all")
+    for _ in range(3):   # three readers, one part: no GET at all, it was filled on write
+        c = kafka_consumer(running)
+        try:
+            assign_all(c, topic, 1)
+            assert len(read(c, 500)) == 500
+        finally:
+            c.close()
+    assert m.read_gets._value.get() == gets
+    assert m.read_cache_hits._value.get() >= 2
