@@ -12,10 +12,12 @@ from memq.errors import ConfigError, ProtocolError
 from memq.format.metadata import BrokerMetadata, ClusterMetadata, StorageMetadata, TopicMetadata
 from memq.format.wire import AckCode, AckLevel
 from memq.kafka_api.mapping import ack_level, error_code, memq_producer_id, metadata_view, node_id, split_address
-from memq.kafka_api.protocol import (SUPPORTED, ApiKey, ErrorCode, Node, ProduceResult, PartitionResult, Reader,
-                                     TopicPartitions, decode_metadata, decode_produce, decode_request_header,
-                                     encode_api_versions, encode_metadata, encode_produce, is_supported)
-from kafka_frames import produce_body, request
+from memq.kafka_api.protocol import (SUPPORTED, ApiKey, ErrorCode, FetchedPartition, FetchPartition, ListedOffset,
+                                     Node, ProduceResult, PartitionResult, Reader, TopicPartitions, decode_fetch,
+                                     decode_list_offsets, decode_metadata, decode_produce, decode_request_header,
+                                     encode_api_versions, encode_fetch, encode_list_offsets, encode_metadata,
+                                     encode_produce, is_supported)
+from kafka_frames import fetch_body, list_offsets_body, produce_body, request
 
 
 def _frame(raw: bytes) -> bytes:
@@ -88,13 +90,59 @@ def test_produce_response_v8_carries_the_error_message() -> None:
 @settings(max_examples=300)
 @given(junk=st.binary(max_size=200))
 def test_any_bytes_decode_or_raise_protocol_error(junk: bytes) -> None:
-    for api_key, version in ((0, 8), (3, 8), (3, 1)):
+    decoders = {0: lambda h, r: decode_produce(r), 1: decode_fetch, 2: decode_list_offsets, 3: decode_metadata}
+    for api_key, version in ((0, 8), (3, 8), (3, 1), (1, 4), (1, 7), (1, 11), (2, 1), (2, 5)):
         frame = struct.pack(">hhi", api_key, version, 1) + junk
         try:
             h, r = decode_request_header(frame)
-            decode_produce(r) if api_key == 0 else decode_metadata(h, r)
+            decoders[api_key](h, r)
         except ProtocolError:
             pass
+
+
+@pytest.mark.parametrize("version", range(4, 12))
+def test_fetch_request_decodes_and_response_parses_at_every_served_version(version: int) -> None:
+    raw = request(1, version, 9, fetch_body(version, [("a", 0, 5 << 24, 1000), ("b", 2, 7, 50)], max_wait_ms=321,
+                                            rack="az1"))
+    h, r = decode_request_header(_frame(raw))
+    req = decode_fetch(h, r)
+    assert (req.max_wait_ms, req.min_bytes, req.max_bytes) == (321, 1, 1 << 20)
+    assert req.topics == (("a", (FetchPartition(0, 5 << 24, 1000),)), ("b", (FetchPartition(2, 7, 50),)))
+    assert req.rack == ("az1" if version >= 11 else "")
+    out = Reader(encode_fetch(h, [("a", [FetchedPartition(0, ErrorCode.NONE, 9 << 24, 0, b"RECS")]),
+                                  ("b", [FetchedPartition(2, ErrorCode.OFFSET_OUT_OF_RANGE)])]), 4)
+    assert (out.i32(), out.i32()) == (9, 0)              # correlation id, throttle time
+    if version >= 7:
+        assert (out.i16(), out.i32()) == (0, 0)          # sessionless: every fetch is a full one
+    assert out.count() == 2
+    seen = []
+    for _ in range(2):
+        name, _n, index, error, high, stable = out.string(), out.count(), out.i32(), out.i16(), out.i64(), out.i64()
+        start = out.i64() if version >= 5 else None
+        assert out.count(nullable=True) == -1            # no aborted transactions
+        if version >= 11:
+            assert out.i32() == -1                       # preferred read replica: none
+        seen.append((name, index, error, high, stable, start, out.nullable_bytes(out.i32())))
+    out.done()
+    assert seen[0] == ("a", 0, 0, 9 << 24, 9 << 24, 0 if version >= 5 else None, b"RECS")
+    assert seen[1][:3] == ("b", 2, ErrorCode.OFFSET_OUT_OF_RANGE) and seen[1][-1] is None
+
+
+@pytest.mark.parametrize("version", range(1, 6))
+def test_list_offsets_request_decodes_and_response_parses_at_every_served_version(version: int) -> None:
+    h, r = decode_request_header(_frame(request(2, version, 4, list_offsets_body(version, "t", [(0, -1), (1, 123)]))))
+    assert decode_list_offsets(h, r).topics == (("t", ((0, -1), (1, 123))),)
+    out = Reader(encode_list_offsets(h, [("t", [ListedOffset(0, offset=3 << 24), ListedOffset(1, timestamp=123,
+                                                                                               offset=5)])]), 4)
+    assert out.i32() == 4
+    if version >= 2:
+        assert out.i32() == 0
+    assert (out.count(), out.string(), out.count()) == (1, "t", 2)
+    for want in ((0, 0, -1, 3 << 24), (1, 0, 123, 5)):
+        assert (out.i32(), out.i16(), out.i64(), out.i64()) == want
+        if version >= 4:
+            assert out.i32() == -1
+    out.done()
 
 
 def test_acks_map_to_memq_ack_levels() -> None:
