@@ -454,7 +454,7 @@ class FetchedPartition:
     error: ErrorCode = ErrorCode.NONE
     high_watermark: int = -1
     log_start: int = -1
-    records: bytes | bytearray | None = None
+    records: bytes | bytearray = b""
 
 
 def encode_fetch(h: RequestHeader, topics: list[tuple[str, list[FetchedPartition]]], throttle_ms: int = 0) -> bytes:
@@ -472,7 +472,7 @@ def encode_fetch(h: RequestHeader, topics: list[tuple[str, list[FetchedPartition
             w.i32(-1)   # aborted transactions: none
             if v >= 11:
                 w.i32(-1)   # preferred read replica: the leader
-            w.nullable_bytes(p.records)
+            w.nullable_bytes(p.records or b"")   # never null: librdkafka refuses a MessageSetSize of -1
     return w.frame()
 
 

@@ -96,7 +96,7 @@ async def fetch(core: BrokerCore, principal: str | None, req: FetchRequest, peer
             low, high = marks if marks is not None else (-1, r.note)
             r.out.high_watermark = first_offset(max(high, r.note + (1 if r.index else 0), 0))
             r.out.log_start = first_offset(low) if low >= 0 else -1
-            r.out.records = r.buf if r.got else None
+            r.out.records = r.buf
     return answer
 
 

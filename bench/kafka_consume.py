@@ -1,0 +1,114 @@
+"""Kafka-protocol consume: a confluent-kafka Consumer reading from memq's Kafka listener vs from tansu.
+
+One dev cluster (moto S3, tansu, ZooKeeper) and one governed broker process with its Kafka
+listener on. The same 100-byte values are written by a confluent-kafka Producer (acks=all) to a
+3-partition memq topic through the listener and to a 3-partition topic on tansu; then a
+confluent-kafka Consumer with the same settings, partitions assigned from the beginning (no
+group), reads every value back from each. Runs alternate, best of `--runs` each; ratio key
+`vs_tansu` is memq msg/s over tansu msg/s. memq serves the parts from its read cache (filled as
+the broker stored them), so `read_gets` (the broker's ranged GETs for readers, from /metrics)
+is expected to stay 0; `memq_producer_msg_s` is the same read of values memq's own Producer
+wrote (its records framed as Kafka batches by the broker, once per part).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from bench._cluster import kafka_produce_s
+from bench.kafka_produce import PARTITIONS, VALUE_BYTES, _kafka_address, _values
+from memq.client.producer import Producer
+from memq.config import BrokerConfig, ProducerConfig, TopicConfig
+from memq.devcluster import DevCluster, GovernedCluster
+
+MiB = 1024 ** 2
+TOPIC = "bench-kafka-consume"
+MEMQ_TOPIC = "bench-kafka-consume-memq"
+READ_TIMEOUT_S = 60
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--messages", type=int, default=None, help="values written and read per target")
+    parser.add_argument("--runs", type=int, default=None, help="reads per target (best counts)")
+
+
+def consume_s(bootstrap: str, topic: str, n: int) -> float:
+    """Seconds for a fresh assigned Consumer to read `n` values of `topic` from the beginning."""
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "bench-unused", "enable.auto.commit": False,
+                  "enable.partition.eof": False})
+    try:
+        t0 = time.perf_counter()
+        c.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(PARTITIONS)])
+        got = 0
+        while got < n:
+            if time.perf_counter() - t0 > READ_TIMEOUT_S:
+                raise RuntimeError(f"{bootstrap}: read {got} of {n} within {READ_TIMEOUT_S} s")
+            for m in c.consume(10_000, 0.5):
+                err = m.error()
+                if err is not None and err.code() != KafkaError._PARTITION_EOF:
+                    raise RuntimeError(f"{bootstrap}: {err}")
+                got += err is None
+        return time.perf_counter() - t0
+    finally:
+        c.close()
+
+
+def memq_produce(url: str, topic: str, values: list[bytes]) -> None:
+    async def send() -> None:
+        async with Producer(ProducerConfig(brokers=url, linger_ms=5, ack="all")) as p:
+            futures = [await p.send_many(topic, values[i:i + 10_000]) for i in range(0, len(values), 10_000)]
+            await p.flush()
+            for f in futures:
+                await f
+    asyncio.run(send())
+
+
+def read_gets(broker_url: str) -> float:
+    text = urllib.request.urlopen(f"{broker_url}/metrics", timeout=10).read().decode()
+    return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith("memq_broker_read_gets_total"))
+
+
+def run(quick: bool, messages: int | None = None, runs: int | None = None) -> dict:
+    n = messages or (200_000 if quick else 1_000_000)
+    runs = runs or (2 if quick else 3)
+    with tempfile.TemporaryDirectory(prefix="memq-bench-") as tmp, \
+            DevCluster(Path(tmp) / "servers") as dc, \
+            GovernedCluster(tmp, brokers=1, servers=dc, cluster="bench", broker=BrokerConfig(kafka_port=0)) as gc:
+        for name in (TOPIC, MEMQ_TOPIC):
+            gc.create_topic(TopicConfig(name, read_partitions=PARTITIONS, batch_bytes=8 * MiB, batch_ms=100))
+        url = gc.broker("b1").url
+        memq_at = _kafka_address(url)
+        tansu_at = dc.kafka_bootstrap or ""
+        admin = AdminClient({"bootstrap.servers": tansu_at})
+        admin.create_topics([NewTopic(TOPIC, PARTITIONS, 1)])[TOPIC].result(30)
+        print(f"memq Kafka listener {memq_at}; tansu {tansu_at}", flush=True)
+        values = _values(n)
+        kafka_produce_s(memq_at, TOPIC, values)
+        kafka_produce_s(tansu_at, TOPIC, values)
+        memq_produce(url, MEMQ_TOPIC, values)
+        del values
+        memq_rates, tansu_rates, own_rates = [], [], []
+        for _ in range(runs):   # interleaved, so drift on a shared machine hits both alike
+            try:
+                memq_rates.append(n / consume_s(memq_at, TOPIC, n))
+            except RuntimeError:
+                print(gc.broker("b1").log_tail())
+                raise
+            tansu_rates.append(n / consume_s(tansu_at, TOPIC, n))
+            own_rates.append(n / consume_s(memq_at, MEMQ_TOPIC, n))
+            print(f"read {n:,} x {VALUE_BYTES} B: memq {memq_rates[-1]:,.0f} msg/s, tansu {tansu_rates[-1]:,.0f} "
+                  f"msg/s; written by memq's Producer: {own_rates[-1]:,.0f} msg/s", flush=True)
+        gets = read_gets(url)
+    best_memq, best_tansu = max(memq_rates), max(tansu_rates)
+    return {"ratios": {"vs_tansu": round(best_memq / best_tansu, 3)},
+            "memq_msg_s": round(best_memq), "tansu_msg_s": round(best_tansu),
+            "memq_producer_msg_s": round(max(own_rates)), "read_gets": gets,
+            "messages": n, "value_bytes": VALUE_BYTES, "runs": runs}
