@@ -153,3 +153,22 @@ def test_the_read_cache_serves_parts_the_broker_just_wrote(running: Running) -> 
             c.close()
     assert m.read_gets._value.get() == gets
     assert m.read_cache_hits._value.get() >= 2
+
+
+def test_byte_limits_split_parts_across_fetches_and_lose_nothing(running: Running) -> None:
+    """Parts far larger than the fetch limits: read in many small fetches, every record once, in order."""
+    topic = running.add_topic(partitions=1, batch_ms=300)
+    first, second = rows(3_000, "one"), rows(2_000, "two")
+    kafka_produce(running.broker.kafka_address, topic, first, acks="all", **{"batch.size": 4_000})
+    memq_produce(running, topic, second)
+    c = kafka_consumer(running, **{"max.partition.fetch.bytes": 2_000, "fetch.max.bytes": 3_000,
+                                   "message.max.bytes": 3_000})
+    try:
+        assign_all(c, topic, 1)
+        got = read(c, len(first) + len(second))
+        assert read_nothing_for(c, 0.5)
+    finally:
+        c.close()
+    assert [r for _, _, r in got] == as_rows(first + second)   # one partition: in the order written
+    offsets = [o for _, o, _ in got]
+    assert offsets == sorted(set(offsets))

@@ -6,8 +6,7 @@ and high watermark are the notification partition's, mapped: retention shows as 
 moving, and a reader behind it (or past the end) gets OFFSET_OUT_OF_RANGE and applies its
 `auto.offset.reset`. Any broker serves any topic's reads: the data is in S3.
 
-A Fetch reads each partition from its offset as far as the byte limits allow (a batch larger
-than them still goes when it is the response's first: KIP-74); when nothing is there it waits
+A Fetch reads each partition from its offset as far as the byte limits allow; when nothing is there it waits
 up to `max_wait_ms` for the next notification of any of its partitions (a long poll on the
 tails' Kafka fetches, never a loop), then answers. Reading needs the `consume` ACL on the
 topic with security on (TOPIC_AUTHORIZATION_FAILED otherwise, nothing read).
@@ -84,7 +83,7 @@ async def fetch(core: BrokerCore, principal: str | None, req: FetchRequest, peer
                 readings.append(_Reading(topic, meta.topics[topic].notification_topic, p, out, note, index,
                                          bytearray()))
         answer.append((topic, outs))
-    budget = [max(req.max_bytes, 1)] * 2   # [bytes left, the response's limit]
+    budget = [max(req.max_bytes, 1)]   # bytes the response may still take
     for r in readings:   # what is there now
         await _read(core, r, 0.0, budget, peer)
     wait_s = min(req.max_wait_ms / 1000, MAX_WAIT_S)
@@ -126,9 +125,8 @@ async def _read(core: BrokerCore, r: _Reading, wait_s: float, budget: list[int],
     """Read `r`'s partition from its place, within its and the response's byte limits."""
     try:
         notes = await core.reads.notes(r.notification_topic, r.want.index, r.note, wait_s)
-        for n in notes:
-            await _place(core, r, n, budget)
-            if budget[0] <= 0 or len(r.buf) >= r.want.max_bytes:
+        for n in notes:   # stop at the first part not placed whole: the records a reader gets have no holes
+            if not await _place(core, r, n, budget) or budget[0] <= 0 or len(r.buf) >= r.want.max_bytes:
                 break
     except OffsetOutOfRangeError as e:
         r.out.error = ErrorCode.OFFSET_OUT_OF_RANGE
@@ -141,22 +139,26 @@ async def _read(core: BrokerCore, r: _Reading, wait_s: float, budget: list[int],
         log.warning("Kafka fetch of %s[%d] at %d from %s: %s", r.topic, r.want.index, r.want.offset, peer, e)
 
 
-async def _place(core: BrokerCore, r: _Reading, n: NotificationRecord, budget: list[int]) -> None:
-    """Add the records of `n` from the reading's index on; move the reading past them."""
+async def _place(core: BrokerCore, r: _Reading, n: NotificationRecord, budget: list[int]) -> bool:
+    """Add the records of `n` from the reading's index on and move the reading past them; False
+    when a limit stopped it inside the part."""
     if n.offset < r.note:
-        return
+        return True
     index = r.index if n.offset == r.note else 0
     note = n.notification
     if index < note.logmessage_count:
         part = await core.reads.part(note)
         before = len(r.buf)
         limit = min(r.want.max_bytes, len(r.buf) + budget[0])
-        after = place(part, n.offset, index, r.buf, limit, at_least_one=budget[0] == budget[1])
+        # a partition's first batch goes whatever its size while the response has room left (KIP-74:
+        # else a batch larger than max.partition.fetch.bytes would stall its partition for good)
+        after = place(part, n.offset, index, r.buf, limit, at_least_one=not r.buf and budget[0] > 0)
         budget[0] -= len(r.buf) - before
         if after < note.logmessage_count:
             r.note, r.index = n.offset, after   # stopped by a limit inside this part
-            return
+            return False
     r.note, r.index = n.offset + 1, 0
+    return True
 
 
 async def list_offsets(core: BrokerCore, principal: str | None, req: ListOffsetsRequest
