@@ -32,7 +32,7 @@ from memq.devcluster import DevCluster, GovernedCluster
 MiB = 1024 ** 2
 TOPIC = "bench-kafka-consume"
 MEMQ_TOPIC = "bench-kafka-consume-memq"
-READ_TIMEOUT_S = 60
+READ_TIMEOUT_S = 300
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -97,11 +97,7 @@ def run(quick: bool, messages: int | None = None, runs: int | None = None) -> di
         del values
         memq_rates, tansu_rates, own_rates = [], [], []
         for _ in range(runs):   # interleaved, so drift on a shared machine hits both alike
-            try:
-                memq_rates.append(n / consume_s(memq_at, TOPIC, n))
-            except RuntimeError:
-                print(gc.broker("b1").log_tail())
-                raise
+            memq_rates.append(n / consume_s(memq_at, TOPIC, n))
             tansu_rates.append(n / consume_s(tansu_at, TOPIC, n))
             own_rates.append(n / consume_s(memq_at, MEMQ_TOPIC, n))
             print(f"read {n:,} x {VALUE_BYTES} B: memq {memq_rates[-1]:,.0f} msg/s, tansu {tansu_rates[-1]:,.0f} "
