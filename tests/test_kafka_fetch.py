@@ -172,3 +172,48 @@ def test_byte_limits_split_parts_across_fetches_and_lose_nothing(running: Runnin
     assert [r for _, _, r in got] == as_rows(first + second)   # one partition: in the order written
     offsets = [o for _, o, _ in got]
     assert offsets == sorted(set(offsets))
+
+
+def test_a_consumer_group_of_three_reads_every_record_once_and_commits(running: Running) -> None:
+    """Group state lives in the notification Kafka's coordinator (relayed); offsets committed by
+    one group member are where a later member of the same group resumes."""
+    topic = running.add_topic(partitions=3)
+    sent = rows(3_000, "group")
+    kafka_produce(running.broker.kafka_address, topic, sent, acks="all")
+    group = f"g-{topic}"
+    conf = {"group.id": group, "enable.auto.commit": True, "auto.commit.interval.ms": 200,
+            "auto.offset.reset": "earliest", "session.timeout.ms": 6_000, "heartbeat.interval.ms": 500}
+    members = [kafka_consumer(running, **conf) for _ in range(3)]
+    got: list[list[tuple[int, int, Row]]] = [[] for _ in members]
+    try:
+        for c in members:
+            c.subscribe([topic])
+        deadline = time.monotonic() + 90
+        while sum(map(len, got)) < len(sent):
+            assert time.monotonic() < deadline, f"read {sum(map(len, got))} of {len(sent)}"
+            for c, mine in zip(members, got):
+                mine += [(m.partition(), m.offset(), (m.value(), m.key(), tuple(m.headers() or ()), m.timestamp()[1]))
+                         for m in c.consume(500, 0.2) if m.error() is None]
+        assert all(read_nothing_for(c, 0.5) for c in members)   # auto commits go out meanwhile; close commits too
+        assigned = [{tp.partition for tp in c.assignment()} for c in members]
+    finally:
+        for c in members:
+            c.close()
+    everything = [r for mine in got for r in mine]
+    assert sorted(r for _, _, r in everything) == sorted(as_rows(sent))     # every record exactly once
+    assert sorted(p for a in assigned for p in a) == [0, 1, 2]              # the partitions split between them
+    # the commits are the group's, kept by the notification Kafka: a consumer of the group sees
+    # them and resumes there (assigned: tansu does not let a new member into a group whose
+    # members all left within the session timeout, with or without memq in between)
+    late = kafka_consumer(running, **conf)
+    try:
+        committed = late.committed([TopicPartition(topic, p) for p in range(3)], timeout=20)
+        last = {p: max(o for q, o, _ in everything if q == p) for p in range(3) if any(q == p for q, _, _ in everything)}
+        assert {tp.partition: tp.offset for tp in committed if tp.offset >= 0} == {p: o + 1 for p, o in last.items()}
+        late.assign(committed)
+        more = rows(20, "more")
+        kafka_produce(running.broker.kafka_address, topic, more, acks="all")
+        assert sorted(r for _, _, r in read(late, len(more))) == sorted(as_rows(more))
+        assert read_nothing_for(late, 0.5)
+    finally:
+        late.close()

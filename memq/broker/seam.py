@@ -13,6 +13,7 @@ from memq.config import MemqConfig
 from memq.format.metadata import ClusterMetadata
 
 from .admission import Admission
+from .groups import Groups
 from .guard import Guard
 from .metrics import BrokerMetrics
 from .reads import Reads
@@ -39,6 +40,10 @@ class BrokerCore(Protocol):
     @property
     def reads(self) -> Reads:
         """The read path: notifications by partition and parts as Kafka batches, through the read cache."""
+
+    @property
+    def groups(self) -> Groups:
+        """Kafka client groups, relayed to the notification Kafka's coordinator."""
 
     @property
     def draining(self) -> bool:

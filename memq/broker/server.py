@@ -34,6 +34,7 @@ from memq.storage import StorageHandler, StorageMetrics, make_storage
 from .admission import Admission, Check
 from .doors.http import HttpDoor
 from .doors.kafka import KafkaListener
+from .groups import Groups
 from .guard import Guard
 from .metrics import BrokerMetrics
 from .group import GroupWriters, Publisher
@@ -67,6 +68,7 @@ class Broker:
         self._kafka: KafkaListener | None = None   # broker.kafka_port >= 0: the Kafka wire protocol
         self._kafka_audit: AuditEmitter | None = None
         self._reads: Reads | None = None   # made on start, with the storage
+        self.groups = Groups(config.kafka.bootstrap_servers, config.cluster.name, self.broker_id)
         self.cluster_view: Callable[[], ClusterView | None] | None = None   # governed: from ZooKeeper
         self.url = ""
         self.guard = Guard(config.security, self.metrics.denials)

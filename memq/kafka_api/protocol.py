@@ -28,6 +28,13 @@ class ApiKey(IntEnum):
     FETCH = 1
     LIST_OFFSETS = 2
     METADATA = 3
+    OFFSET_COMMIT = 8
+    OFFSET_FETCH = 9
+    FIND_COORDINATOR = 10
+    JOIN_GROUP = 11
+    HEARTBEAT = 12
+    LEAVE_GROUP = 13
+    SYNC_GROUP = 14
     SASL_HANDSHAKE = 17
     API_VERSIONS = 18
     INIT_PRODUCER_ID = 22
@@ -41,6 +48,15 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     # non-flexible one; fetch sessions (v7+) are answered sessionless (id 0): full fetches.
     ApiKey.FETCH: (4, 11),
     ApiKey.LIST_OFFSETS: (1, 5),
+    # consumer groups, relayed to the notification Kafka's coordinator (kafka_api.groups): the
+    # non-flexible versions, so a request is relayed with only its group id rewritten
+    ApiKey.OFFSET_COMMIT: (2, 7),
+    ApiKey.OFFSET_FETCH: (1, 5),
+    ApiKey.FIND_COORDINATOR: (0, 2),
+    ApiKey.JOIN_GROUP: (0, 5),
+    ApiKey.HEARTBEAT: (0, 3),
+    ApiKey.LEAVE_GROUP: (0, 3),
+    ApiKey.SYNC_GROUP: (0, 3),
     ApiKey.METADATA: (1, 8),
     ApiKey.API_VERSIONS: (0, 2),
     ApiKey.INIT_PRODUCER_ID: (0, 1),
@@ -62,6 +78,7 @@ class ErrorCode(IntEnum):
     REQUEST_TIMED_OUT = 7
     MESSAGE_TOO_LARGE = 10
     INVALID_REQUIRED_ACKS = 21
+    COORDINATOR_NOT_AVAILABLE = 15
     TOPIC_AUTHORIZATION_FAILED = 29
     UNSUPPORTED_SASL_MECHANISM = 33
     ILLEGAL_SASL_STATE = 34
