@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from memq.errors import ConfigError, ProtocolError
 from memq.format.metadata import BrokerMetadata, ClusterMetadata, StorageMetadata, TopicMetadata
 from memq.format.wire import AckCode, AckLevel
+from memq.kafka_api.groups import offsets_request, offsets_response
 from memq.kafka_api.mapping import ack_level, error_code, memq_producer_id, metadata_view, node_id, split_address
 from memq.kafka_api.protocol import (SUPPORTED, ApiKey, ErrorCode, FetchedPartition, FetchPartition, ListedOffset,
                                      Node, ProduceResult, PartitionResult, Reader, TopicPartitions, decode_fetch,
@@ -176,3 +177,38 @@ def test_metadata_view_spreads_leaders_over_hosting_brokers_with_a_kafka_listene
 def test_bad_listener_address_names_the_value() -> None:
     with pytest.raises(ConfigError, match="'nohost'"):
         split_address("nohost")
+
+
+def _s(s: str) -> bytes:
+    return struct.pack(">h", len(s)) + s.encode()
+
+
+@pytest.mark.parametrize("version", range(2, 8))
+def test_offset_commit_is_relayed_with_group_and_topics_mapped_and_mapped_back(version: int) -> None:
+    body = _s("g") + struct.pack(">i", 3) + _s("m1") + (struct.pack(">h", -1) if version >= 7 else b"") \
+        + (struct.pack(">q", -1) if version <= 4 else b"") + struct.pack(">i", 2)
+    for topic in ("orders", "other"):
+        body += _s(topic) + struct.pack(">iiq", 1, 0, 42 << 24) + (struct.pack(">i", -1) if version >= 6 else b"") + _s("md")
+    h, r = decode_request_header(_frame(request(8, version, 5, body)))
+    out = offsets_request(h, r.buf, r.pos, "memq.c.kafka.g", {"orders": "memq.c.orders"})
+    assert struct.unpack(">i", out[:4])[0] == len(out) - 4
+    h2, r2 = decode_request_header(out[4:])
+    assert (h2.api_key, h2.api_version, h2.correlation_id) == (8, version, 5)
+    assert r2.string() == "memq.c.kafka.g" and bytes(r2.buf[r2.pos:]) == body[3:].replace(_s("orders"), _s("memq.c.orders"))
+    resp = struct.pack(">i", 5) + (struct.pack(">i", 0) if version >= 3 else b"") + struct.pack(">i", 1) \
+        + _s("memq.c.orders") + struct.pack(">iih", 1, 0, 0)
+    back = offsets_response(h, struct.pack(">i", len(resp)) + resp, {"memq.c.orders": "orders"})
+    assert back[4:] == resp.replace(_s("memq.c.orders"), _s("orders")) and struct.unpack(">i", back[:4])[0] == len(back) - 4
+
+
+@pytest.mark.parametrize("version", range(1, 6))
+def test_offset_fetch_is_relayed_with_topics_mapped_and_mapped_back(version: int) -> None:
+    body = _s("g") + struct.pack(">i", 1) + _s("orders") + struct.pack(">iii", 2, 0, 1)
+    h, r = decode_request_header(_frame(request(9, version, 6, body)))
+    out = offsets_request(h, r.buf, r.pos, "G", {"orders": "n.orders"})
+    assert out[4:].endswith(_s("G") + struct.pack(">i", 1) + _s("n.orders") + struct.pack(">iii", 2, 0, 1))
+    part = struct.pack(">iq", 0, 7 << 24) + (struct.pack(">i", -1) if version >= 5 else b"") + _s("") + struct.pack(">h", 0)
+    resp = struct.pack(">i", 6) + (struct.pack(">i", 0) if version >= 3 else b"") + struct.pack(">i", 1) \
+        + _s("n.orders") + struct.pack(">i", 1) + part + (struct.pack(">h", 0) if version >= 2 else b"")
+    back = offsets_response(h, struct.pack(">i", len(resp)) + resp, {"n.orders": "orders"})
+    assert back[4:] == resp.replace(_s("n.orders"), _s("orders"))
