@@ -90,6 +90,10 @@ class PartitionTail:
                 self._position = got[-1].offset + 1
             return [r for r in got if r.offset >= offset][:limit]
 
+    def last(self) -> NotificationRecord | None:
+        """The most recent notification this tail read."""
+        return self._ring[-1] if self._ring else None
+
     def watermarks(self) -> tuple[int, int] | None:
         """(first, next) notification offsets as the last fetch saw them, None before one."""
         marks = self._consumer.cached_watermarks(self.partition)
@@ -135,6 +139,11 @@ class Reads:
         """(first, next) notification offsets as this broker's tail last saw them (no Kafka call)."""
         tail = self._tails.get((notification_topic, partition))
         return None if tail is None else tail.watermarks()
+
+    def last_seen(self, notification_topic: str, partition: int) -> NotificationRecord | None:
+        """The most recent notification this broker's tail of the partition read (no Kafka call)."""
+        tail = self._tails.get((notification_topic, partition))
+        return None if tail is None else tail.last()
 
     async def watermarks(self, notification_topic: str, partition: int) -> tuple[int, int]:
         """(first, next) notification offsets, asked of Kafka."""

@@ -41,3 +41,10 @@ def split_offset(offset: int) -> tuple[int, int]:
 def first_offset(notification_offset: int) -> int:
     """The Kafka offset where the part at `notification_offset` starts (a watermark's image)."""
     return notification_offset << PART_RECORD_BITS
+
+
+def end_offset(notification_offset: int, count: int) -> int:
+    """The Kafka offset just after the last of the `count` records of the part at
+    `notification_offset`: the high watermark while that part is the partition's last, so a
+    reader that read everything has no lag (and gets its end-of-partition event)."""
+    return first_offset(notification_offset) + min(max(count, 0), MAX_PART_LOGMESSAGES)

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from memq.errors import FormatError, MemqError, OffsetOutOfRangeError
 from memq.format.metadata import ClusterMetadata
-from memq.kafka_api.offsets import first_offset, split_offset
+from memq.kafka_api.offsets import end_offset, first_offset, split_offset
 from memq.kafka_api.protocol import (EARLIEST, LATEST, ErrorCode, FetchedPartition, FetchPartition, FetchRequest,
                                      ListedOffset, ListOffsetsRequest)
 from memq.kafka_api.records import place
@@ -33,6 +33,8 @@ log = logging.getLogger(__name__)
 
 #: A Fetch never waits longer than this, whatever it asks (librdkafka's default is 500 ms).
 MAX_WAIT_S = 30.0
+#: How long ListOffsets(latest) waits to read the partition's last notification (its record count).
+LATEST_WAIT_S = 2.0
 
 
 @dataclass(slots=True)
@@ -93,10 +95,19 @@ async def fetch(core: BrokerCore, principal: str | None, req: FetchRequest, peer
         if not r.out.error:
             marks = core.reads.watermarks_seen(r.notification_topic, r.want.index)
             low, high = marks if marks is not None else (-1, r.note)
-            r.out.high_watermark = first_offset(max(high, r.note + (1 if r.index else 0), 0))
+            high = max(high, r.note + (1 if r.index else 0), 0)
+            r.out.high_watermark = _high_watermark(high, core.reads.last_seen(r.notification_topic, r.want.index))
             r.out.log_start = first_offset(low) if low >= 0 else -1
             r.out.records = r.buf
     return answer
+
+
+def _high_watermark(high: int, last: NotificationRecord | None) -> int:
+    """Just after the last record when the partition's last notification is known (so a reader
+    that read everything has no lag), else where the next notification's records will start."""
+    if last is not None and last.offset == high - 1:
+        return end_offset(last.offset, last.notification.logmessage_count)
+    return first_offset(high)
 
 
 async def _long_poll(core: BrokerCore, readings: list[_Reading], wait_s: float, budget: list[int],
@@ -184,8 +195,12 @@ async def list_offsets(core: BrokerCore, principal: str | None, req: ListOffsets
 
 async def _listed(core: BrokerCore, ntopic: str, partition: int, ts: int) -> ListedOffset:
     low, high = await core.reads.watermarks(ntopic, partition)
-    if ts == LATEST:
-        return ListedOffset(partition, offset=first_offset(high))
+    if ts == LATEST:   # as the high watermark of a Fetch says it, so lag reads 0 at the end
+        last = None
+        if high > low:
+            notes = await core.reads.notes(ntopic, partition, high - 1, LATEST_WAIT_S)
+            last = notes[0] if notes else None
+        return ListedOffset(partition, offset=_high_watermark(high, last))
     if ts == EARLIEST:
         return ListedOffset(partition, offset=first_offset(low))
     if ts < 0:
