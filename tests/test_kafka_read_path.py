@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+from itertools import accumulate
 
 import pytest
 from hypothesis import given, settings
@@ -69,6 +70,17 @@ def test_a_mixed_part_frames_into_batches_at_each_records_offset() -> None:
     out = bytearray()
     assert place(part, 7, 0, out, 1 << 20) == 10
     assert read_placed(bytes(out)) == [(kafka_offset(7, i), r) for i, r in enumerate(a + b + c + d)]
+
+
+def test_long_runs_of_memq_records_are_framed_in_batches_of_bounded_size(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("memq.kafka_api.records.FRAMED_BATCH_BYTES", 100)
+    a, b = recs("a", 30), recs("b", 30)
+    part = frame_part(part_of([("memq", a), ("memq", b)]))
+    assert len(part.batches) > 4 and all(x.count <= 6 for x in part.batches)
+    assert [x.first_index for x in part.batches] == list(accumulate([0] + [x.count for x in part.batches[:-1]]))
+    out = bytearray()
+    assert place(part, 3, 0, out, 1 << 20) == 60
+    assert read_placed(bytes(out)) == [(kafka_offset(3, i), r) for i, r in enumerate(a + b)]
 
 
 def test_placing_from_an_index_skips_whole_batches_before_it_and_keeps_within_the_limit() -> None:

@@ -2,7 +2,8 @@
 
 `frame_part` turns a part (one topic's Batch) into batches once: a Kafka-produced Message
 (Codec.KAFKA) is its producer's RecordBatch, served as stored; each run of memq-produced
-Messages (any other codec) is decoded and framed as one uncompressed batch. Each batch keeps
+Messages (any other codec) is decoded and framed as uncompressed batches of about
+`FRAMED_BATCH_BYTES`. Each batch keeps
 the index of its first record in the part, so `place` writes a Kafka offset into its base
 offset field (outside the batch CRC) as it is copied into a Fetch response, and the partition
 leader epoch as -1 (unknown, as memq's Metadata says).
@@ -19,6 +20,11 @@ from memq.format.kafka_records import encode_kafka_batch, verify_kafka_batch
 
 from .offsets import kafka_offset
 
+#: A run of memq-produced records is framed in batches of about this many bytes: a consumer
+#: gets any one batch whole (KIP-74), so one part's decoded records must not become one batch
+#: larger than a client accepts (librdkafka: receive.message.max.bytes).
+FRAMED_BATCH_BYTES = 1024 * 1024
+RECORD_OVERHEAD = 16   # a record's framing beside its key and value, roughly (headers add theirs)
 _BASE = struct.Struct(">q")
 _EPOCH_AT = 12
 _EPOCH_END = 16
@@ -47,7 +53,7 @@ def frame_part(part: bytes | memoryview) -> FramedPart:
     header = decode_batch_header(view)
     out: list[FramedBatch] = []
     run: list[LogMessage] = []
-    run_start = index = 0
+    run_start = run_bytes = index = 0
     for (start, end), count in zip(header.message_ranges, header.message_counts):
         if end > len(view):
             raise CorruptDataError(f"part of {len(view)} bytes has a Message ending at {end}")
@@ -62,12 +68,17 @@ def frame_part(part: bytes | memoryview) -> FramedPart:
                 raise CorruptDataError(f"Kafka batch at byte {start} does not hold the {count} records indexed")
             out.append(FramedBatch(index, count, bytes(body)))
         else:
-            if not run:
-                run_start = index
             records = decode_message(msg)[1]
             if len(records) != count:
                 raise CorruptDataError(f"Message at byte {start} holds {len(records)} records, {count} indexed")
-            run.extend(records)
+            for i, rec in enumerate(records):
+                if not run:
+                    run_start, run_bytes = index + i, 0
+                run.append(rec)
+                run_bytes += len(rec.value) + len(rec.key or b"") + RECORD_OVERHEAD
+                if run_bytes >= FRAMED_BATCH_BYTES:
+                    out.append(FramedBatch(run_start, len(run), encode_kafka_batch(run)))
+                    run = []
         index += count
     if run:
         out.append(FramedBatch(run_start, len(run), encode_kafka_batch(run)))
