@@ -10,15 +10,19 @@ import dataclasses
 import shutil
 import subprocess
 import time
+import urllib.request
+import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, KafkaError, TopicPartition
 from test_kafka_produce import Row, Running, as_rows, broker_thread, kafka_produce, rows
 
+from memq.client.cluster import fetch_metadata
 from memq.client.producer import Producer
-from memq.config import BrokerConfig, ProducerConfig
-from memq.devcluster import DevCluster
+from memq.config import BrokerConfig, ProducerConfig, TopicConfig
+from memq.devcluster import DevCluster, GovernedCluster
 from memq.format import LogMessage
 from memq.kafka_api.offsets import split_offset
 
@@ -236,3 +240,33 @@ def test_kcat_reads_a_topic_to_its_end(running: Running) -> None:
                           "-f", "%s\n"], capture_output=True, timeout=60)
     assert run.returncode == 0, run.stderr
     assert sorted(run.stdout.splitlines()) == sorted(r.value for r in sent)
+
+
+def lookups(url: str) -> float:
+    """Parts a broker looked up for Kafka readers (read cache hits + misses), from its /metrics."""
+    text = urllib.request.urlopen(f"{url}/metrics", timeout=10).read().decode()
+    return sum(float(line.split()[-1]) for line in text.splitlines()
+               if line.startswith(("memq_broker_read_cache_hits_total", "memq_broker_read_cache_misses_total")))
+
+
+def test_a_consumer_reads_from_a_broker_of_its_own_rack(devcluster: DevCluster, tmp_path: Path) -> None:
+    """KIP-392: partition leaders on both racks; a consumer with client.rack = b2's rack is sent to
+    b2 for every partition, so b1 serves it no records."""
+    topic = f"racks-{uuid.uuid4().hex[:6]}"
+    with GovernedCluster(tmp_path, brokers=2, servers=devcluster, cluster=f"kr-{uuid.uuid4().hex[:6]}",
+                         broker=BrokerConfig(kafka_port=0)) as gc:
+        assert set(gc.create_topic(TopicConfig(name=topic, read_partitions=2, batch_ms=50), brokers=2)) == {"b1", "b2"}
+        listeners = {b.id: b.kafka_address for b in fetch_metadata(gc.broker("b1").url, 10.0).brokers}
+        sent = rows(500, "rack")
+        for i in range(0, len(sent), 50):   # parts in both partitions (each notification's partition is random)
+            kafka_produce(listeners["b1"], topic, sent[i:i + 50], acks="all")
+        c = Consumer({"bootstrap.servers": listeners["b1"], "group.id": "unused", "enable.auto.commit": False,
+                      "client.rack": gc.rack("b2"), "fetch.wait.max.ms": 200})
+        try:
+            c.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(2)])
+            got = read(c, len(sent))
+        finally:
+            c.close()
+        assert sorted(r for _, _, r in got) == sorted(as_rows(sent))
+        assert {p for p, _, _ in got} == {0, 1} and gc.rack("b1") != gc.rack("b2")   # b1 leads one of them
+        assert lookups(gc.broker("b1").url) == 0 and lookups(gc.broker("b2").url) > 0

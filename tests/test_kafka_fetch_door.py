@@ -14,7 +14,8 @@ from memq.broker.metrics import BrokerMetrics
 from memq.broker.doors import kafka_fetch
 from memq.config import SecurityConfig
 from memq.format import LogMessage, Notification
-from memq.format.metadata import ClusterMetadata, StorageMetadata, TopicMetadata
+from memq.format.metadata import BrokerMetadata, ClusterMetadata, StorageMetadata, TopicMetadata
+from memq.kafka_api.mapping import node_id
 from memq.kafka_api.offsets import first_offset, kafka_offset
 from memq.kafka_api.protocol import ErrorCode, FetchPartition, FetchRequest
 from memq.kafka_api.records import FramedPart, frame_part
@@ -72,10 +73,12 @@ class FakeReads:
 class FakeCore:
     reads: FakeReads
     guard: Guard
+    broker_id: str = "b1"
+    brokers: tuple[BrokerMetadata, ...] = ()
 
     def metadata(self) -> ClusterMetadata:
         return ClusterMetadata(cluster="c", broker_id="b1", kafka_bootstrap_servers="", storage=StorageMetadata(),
-                               brokers=(), topics={"t": TopicMetadata("t", "memq.c.t", 1)})
+                               brokers=self.brokers, topics={"t": TopicMetadata("t", "memq.c.t", 1)})
 
 
 def core(parts: list[list[tuple[str, list[LogMessage]]]], security: SecurityConfig | None = None) -> FakeCore:
@@ -137,3 +140,19 @@ async def test_unknown_topics_and_partitions_are_refused(topic: str, partition: 
     req = FetchRequest(0, 1, 1 << 20, ((topic, (FetchPartition(partition, 0, 100),)),))
     [(_, [out])] = await kafka_fetch.fetch(c, None, req, "peer")  # type: ignore[arg-type]
     assert out.error is ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+
+
+async def test_a_client_in_another_rack_is_sent_to_a_broker_of_its_rack() -> None:
+    c = core([[("memq", recs("a", 2))]])
+    c.brokers = (BrokerMetadata("b1", "http://h:1", "rack-a", kafka_address="h:9001"),
+                 BrokerMetadata("b2", "http://h:2", "rack-b", kafka_address="h:9002"))
+
+    async def one(rack: str) -> tuple[int, list[tuple[int, LogMessage]]]:
+        req = FetchRequest(0, 1, 1 << 20, (("t", (FetchPartition(0, 0, 1 << 20),)),), rack)
+        [(_, [out])] = await kafka_fetch.fetch(c, None, req, "peer")  # type: ignore[arg-type]
+        return out.preferred_replica, read_placed(bytes(out.records))
+
+    assert await one("rack-b") == (node_id("b2"), [])                  # redirected, nothing read here
+    for rack in ("rack-a", "", "rack-z"):                               # its own rack, none said, none near
+        replica, placed = await one(rack)
+        assert replica == -1 and [r for _, r in placed] == recs("a", 2)

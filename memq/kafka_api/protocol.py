@@ -472,6 +472,7 @@ class FetchedPartition:
     high_watermark: int = -1
     log_start: int = -1
     records: bytes | bytearray = b""
+    preferred_replica: int = -1   # v11+: the node the client should fetch this partition from (KIP-392)
 
 
 def encode_fetch(h: RequestHeader, topics: list[tuple[str, list[FetchedPartition]]], throttle_ms: int = 0) -> bytes:
@@ -488,7 +489,7 @@ def encode_fetch(h: RequestHeader, topics: list[tuple[str, list[FetchedPartition
                 w.i64(p.log_start)
             w.i32(-1)   # aborted transactions: none
             if v >= 11:
-                w.i32(-1)   # preferred read replica: the leader
+                w.i32(p.preferred_replica)
             w.nullable_bytes(p.records or b"")   # never null: librdkafka refuses a MessageSetSize of -1
     return w.frame()
 

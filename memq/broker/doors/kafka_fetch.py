@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 from memq.errors import FormatError, MemqError, OffsetOutOfRangeError
 from memq.format.metadata import ClusterMetadata
+from memq.kafka_api.mapping import node_id
 from memq.kafka_api.offsets import end_offset, first_offset, split_offset
 from memq.kafka_api.protocol import (EARLIEST, LATEST, ErrorCode, FetchedPartition, FetchPartition, FetchRequest,
                                      ListedOffset, ListOffsetsRequest)
@@ -80,6 +81,9 @@ async def fetch(core: BrokerCore, principal: str | None, req: FetchRequest, peer
                 out.error = refused
             elif p.offset < 0:
                 out.error = ErrorCode.OFFSET_OUT_OF_RANGE
+            elif (replica := _preferred_replica(meta, core.broker_id, req.rack, p.index)) >= 0:
+                out.preferred_replica = replica   # read nothing here: the client goes there
+                out.high_watermark = p.offset
             else:
                 note, index = split_offset(p.offset)
                 readings.append(_Reading(topic, meta.topics[topic].notification_topic, p, out, note, index,
@@ -100,6 +104,17 @@ async def fetch(core: BrokerCore, principal: str | None, req: FetchRequest, peer
             r.out.log_start = first_offset(low) if low >= 0 else -1
             r.out.records = r.buf
     return answer
+
+
+def _preferred_replica(meta: ClusterMetadata, me: str, rack: str, partition: int) -> int:
+    """KIP-392: a broker in the client's rack for it to read from, when this one is not (any
+    broker serves any topic's reads: the data is in S3); -1 for this one."""
+    if not rack:
+        return -1
+    near = sorted(b.id for b in meta.brokers if b.rack == rack and b.kafka_address)
+    if not near or me in near:
+        return -1
+    return node_id(near[partition % len(near)])
 
 
 def _high_watermark(high: int, last: NotificationRecord | None) -> int:
