@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import multiprocessing
+import os
 import shutil
+import signal
 import subprocess
 import time
 import urllib.request
@@ -270,3 +273,53 @@ def test_a_consumer_reads_from_a_broker_of_its_own_rack(devcluster: DevCluster, 
         assert sorted(r for _, _, r in got) == sorted(as_rows(sent))
         assert {p for p, _, _ in got} == {0, 1} and gc.rack("b1") != gc.rack("b2")   # b1 leads one of them
         assert lookups(gc.broker("b1").url) == 0 and lookups(gc.broker("b2").url) > 0
+
+
+def _group_member(address: str, topic: str, conf: dict, ready: object) -> None:
+    """A member that joins and reads, committing nothing, until it is killed."""
+    c = Consumer({"bootstrap.servers": address, **conf})
+    c.subscribe([topic])
+    while True:
+        for m in c.consume(100, 0.2):
+            if m.error() is None:
+                ready.set()  # type: ignore[attr-defined]
+
+
+def test_a_killed_group_member_loses_its_partitions_to_the_others_and_nothing_is_lost(running: Running) -> None:
+    topic = running.add_topic(partitions=3)
+    group = f"g-{topic}"
+    conf = {"group.id": group, "enable.auto.commit": True, "auto.commit.interval.ms": 200,
+            "auto.offset.reset": "earliest", "session.timeout.ms": 6_000, "heartbeat.interval.ms": 500}
+    ctx = multiprocessing.get_context("spawn")
+    ready = ctx.Event()
+    # the victim commits nothing, so every record it read must reach the survivors
+    victim = ctx.Process(target=_group_member, daemon=True,
+                         args=(running.broker.kafka_address, topic, {**conf, "enable.auto.commit": False}, ready))
+    victim.start()
+    members = [kafka_consumer(running, **conf) for _ in range(2)]
+    got: list[Row] = []
+    try:
+        for c in members:
+            c.subscribe([topic])
+        first = rows(600, "before")
+        for i in range(0, len(first), 100):   # parts in several partitions
+            kafka_produce(running.broker.kafka_address, topic, first[i:i + 100], acks="all")
+        assert ready.wait(60)
+        os.kill(victim.pid, signal.SIGKILL)   # type: ignore[arg-type]
+        victim.join(10)
+        second = rows(600, "after")
+        for i in range(0, len(second), 100):
+            kafka_produce(running.broker.kafka_address, topic, second[i:i + 100], acks="all")
+        deadline = time.monotonic() + 90
+        want = set(as_rows(first + second))
+        while not want <= set(got):
+            assert time.monotonic() < deadline, f"{len(want - set(got))} records never read by the survivors"
+            for c in members:
+                got += [(m.value(), m.key(), tuple(m.headers() or ()), m.timestamp()[1])
+                        for m in c.consume(500, 0.2) if m.error() is None]
+        assigned = sorted(tp.partition for c in members for tp in c.assignment())
+    finally:
+        for c in members:
+            c.close()
+    assert assigned == [0, 1, 2]   # the survivors took the killed member's partitions
+    assert len(got) == len(set(got))   # and the survivors read each once
