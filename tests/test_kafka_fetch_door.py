@@ -17,7 +17,8 @@ from memq.format import LogMessage, Notification
 from memq.format.metadata import BrokerMetadata, ClusterMetadata, StorageMetadata, TopicMetadata
 from memq.kafka_api.mapping import node_id
 from memq.kafka_api.offsets import first_offset, kafka_offset
-from memq.kafka_api.protocol import ErrorCode, FetchPartition, FetchRequest
+from memq.errors import OffsetOutOfRangeError
+from memq.kafka_api.protocol import EARLIEST, LATEST, ErrorCode, FetchPartition, FetchRequest, ListOffsetsRequest
 from memq.kafka_api.records import FramedPart, frame_part
 from memq.notify.consumer import NotificationRecord
 from memq.security.tokens import hash_token
@@ -26,7 +27,8 @@ from test_kafka_read_path import part_of, read_placed, recs
 
 def note(offset: int, count: int) -> NotificationRecord:
     n = Notification(v=2, topic="t", bucket="b", key=f"k{offset}", size=1, header_size=1, message_count=1,
-                     logmessage_count=count, min_timestamp_ms=0, max_timestamp_ms=0, crc32c=0, broker_id="b1",
+                     logmessage_count=count, min_timestamp_ms=1000 * offset, max_timestamp_ms=1000 * offset + 999,
+                     crc32c=0, broker_id="b1",
                      attempt=1, created_ms=0)
     return NotificationRecord(0, offset, 0, n)
 
@@ -35,6 +37,7 @@ class FakeReads:
     """One partition's notifications and parts, in memory; new ones can arrive."""
 
     def __init__(self, parts: list[list[tuple[str, list[LogMessage]]]]) -> None:
+        self.low = 0   # notifications before it expired (retention)
         self.announced: list[NotificationRecord] = []
         self.parts: dict[str, FramedPart] = {}
         self.arrived = asyncio.Event()
@@ -57,10 +60,21 @@ class FakeReads:
         return [n for n in self.announced if n.offset >= offset]
 
     async def notes(self, topic: str, partition: int, offset: int, wait_s: float) -> list[NotificationRecord]:
+        if not self.low <= offset <= len(self.announced):   # as the tail's consumer (auto.offset.reset=error)
+            raise OffsetOutOfRangeError("out of range", topic=topic, partition=partition, offset=offset, oldest=self.low)
         return await self.notes_from(offset, wait_s)
 
     def watermarks_seen(self, topic: str, partition: int) -> tuple[int, int]:
-        return 0, len(self.announced)
+        return self.low, len(self.announced)
+
+    async def watermarks(self, topic: str, partition: int) -> tuple[int, int]:
+        return self.watermarks_seen(topic, partition)
+
+    async def offsets_for_time(self, topic: str, ts_ms: int) -> dict[int, int]:
+        """The first notification whose part's records start at or after `ts_ms` (a stand-in
+        for publish times), or the end."""
+        after = [n.offset for n in self.announced if n.offset >= self.low and n.notification.min_timestamp_ms >= ts_ms]
+        return {0: after[0] if after else len(self.announced)}
 
     def last_seen(self, topic: str, partition: int) -> NotificationRecord | None:
         return self.announced[-1] if self.announced else None
@@ -156,3 +170,29 @@ async def test_a_client_in_another_rack_is_sent_to_a_broker_of_its_rack() -> Non
     for rack in ("rack-a", "", "rack-z"):                               # its own rack, none said, none near
         replica, placed = await one(rack)
         assert replica == -1 and [r for _, r in placed] == recs("a", 2)
+
+
+async def test_retention_moves_the_log_start_and_a_reader_behind_it_is_out_of_range() -> None:
+    c = core([[("memq", recs("a", 2))], [("memq", recs("b", 3))], [("memq", recs("c", 1))]])
+    c.reads.low = 1   # the first notification expired
+    error, high, placed = await fetch(c, kafka_offset(0, 1))
+    assert error is ErrorCode.OFFSET_OUT_OF_RANGE and placed == []
+    assert (await fetch(c, first_offset(4)))[0] is ErrorCode.OFFSET_OUT_OF_RANGE    # past the end, too
+    req = FetchRequest(0, 1, 1 << 20, (("t", (FetchPartition(0, first_offset(1), 1 << 20),)),))
+    [(_, [out])] = await kafka_fetch.fetch(c, None, req, "peer")  # type: ignore[arg-type]
+    assert out.log_start == first_offset(1) and out.high_watermark == kafka_offset(2, 0) + 1
+    assert [r for _, r in read_placed(bytes(out.records))] == recs("b", 3) + recs("c", 1)
+
+
+async def test_list_offsets_earliest_latest_and_by_time() -> None:
+    c = core([[("memq", recs("a", 2))], [("memq", recs("b", 3))], [("memq", recs("c", 1))]])
+    c.reads.low = 1
+    req = ListOffsetsRequest((("t", ((0, EARLIEST), (0, LATEST), (0, 1500), (0, 999_999))),
+                              ("nope", ((0, LATEST),))))
+    [(_, listed), (_, [unknown])] = await kafka_fetch.list_offsets(c, None, req)  # type: ignore[arg-type]
+    assert [(x.error, x.offset) for x in listed] == [
+        (ErrorCode.NONE, first_offset(1)),          # the log start
+        (ErrorCode.NONE, kafka_offset(2, 0) + 1),   # just after the last record, as a Fetch's high watermark
+        (ErrorCode.NONE, first_offset(2)),          # the first part from that time on
+        (ErrorCode.NONE, -1)]                       # none that late: -1, as Kafka answers
+    assert listed[2].timestamp == 1500 and unknown.error is ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
