@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 from crc32c import crc32c
 
 from memq.config import KafkaConfig
-from memq.errors import CorruptDataError, OffsetOutOfRangeError
+from memq.errors import CorruptDataError, FormatError, OffsetOutOfRangeError
 from memq.format import Notification
 from memq.kafka_api.records import FramedPart, frame_part
 from memq.notify.consumer import NotificationConsumer, NotificationRecord
@@ -53,6 +53,7 @@ class PartitionTail:
         self._run = run
         self._ring: deque[NotificationRecord] = deque(maxlen=RING_NOTES)
         self._position: int | None = None   # the next offset the consumer returns
+        self._skipped: deque[int] = deque(maxlen=RING_NOTES)   # offsets of bad notifications
         self._lock = asyncio.Lock()
 
     @property
@@ -68,6 +69,8 @@ class PartitionTail:
     async def read(self, offset: int, wait_s: float, limit: int = NOTES_PER_POLL) -> list[NotificationRecord]:
         """Notifications from `offset` on (at most `limit`), waiting up to `wait_s` for the first
         when there is none yet. OffsetOutOfRangeError when `offset` is outside the partition."""
+        while offset in self._skipped:
+            offset += 1
         hit = self._cached(offset, limit)
         if hit:
             return hit
@@ -84,6 +87,13 @@ class PartitionTail:
             except OffsetOutOfRangeError:
                 self._position = None
                 raise
+            except FormatError as e:   # not a notification: skip it, as memq's Consumer does (data-loss policy)
+                bad = offset if self._position is None else self._position
+                self._skipped.append(bad)
+                log.warning("skipping a bad notification at offset %s of partition %d: %s", bad, self.partition, e)
+                await self._run(self._consumer.assign, {self.partition: bad + 1})
+                self._position = bad + 1
+                return []
             got = [r for r in got if r.partition == self.partition]
             if got:
                 self._ring.extend(got)
