@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from memq.broker.reads import PartitionTail
@@ -62,3 +63,20 @@ async def test_a_bad_notification_is_skipped_for_every_reader() -> None:
     assert [r.offset for r in await tail.read(2, 0.0)] == [3, 4]   # a reader at it goes on after it
     tail2 = PartitionTail(FakeConsumer(5, bad=frozenset({2})), 0, run)  # type: ignore[arg-type]
     assert await tail2.read(2, 0.0) == [] and [r.offset for r in await tail2.read(2, 0.0)] == [3, 4]
+
+
+async def test_a_read_that_may_not_wait_does_not_wait_behind_a_long_poll() -> None:
+    consumer = FakeConsumer(0)
+    gate = asyncio.Event()
+
+    async def slow(fn: Any, *args: Any) -> Any:
+        if fn == consumer.poll:
+            await gate.wait()   # a long poll on Kafka, still waiting
+        return fn(*args)
+
+    tail = PartitionTail(consumer, 0, slow)  # type: ignore[arg-type]
+    waiting = asyncio.ensure_future(tail.read(0, 5.0))
+    await asyncio.sleep(0)
+    assert await asyncio.wait_for(tail.read(0, 0.0), 1) == []
+    gate.set()
+    assert await waiting == []

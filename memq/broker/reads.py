@@ -68,12 +68,14 @@ class PartitionTail:
 
     async def read(self, offset: int, wait_s: float, limit: int = NOTES_PER_POLL) -> list[NotificationRecord]:
         """Notifications from `offset` on (at most `limit`), waiting up to `wait_s` for the first
-        when there is none yet. OffsetOutOfRangeError when `offset` is outside the partition."""
+        when there is none yet; with `wait_s` 0 never waiting, not even for another read's lock. OffsetOutOfRangeError when `offset` is outside the partition."""
         while offset in self._skipped:
             offset += 1
         hit = self._cached(offset, limit)
         if hit:
             return hit
+        if wait_s <= 0 and self._lock.locked():
+            return []   # a read is already waiting on Kafka (an earlier long poll): what it gets lands here
         async with self._lock:
             hit = self._cached(offset, limit)
             if hit:
