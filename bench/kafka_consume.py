@@ -10,6 +10,10 @@ the broker stored them), so `read_gets` (the broker's ranged GETs for readers, f
 is expected to stay 0; `memq_producer_msg_s` is the same read of values memq's own Producer
 wrote (its records framed as Kafka batches by the broker, once per part).
 
+Fan-out: `FANOUT_READERS` consumers (as many groups) read one topic at once from a broker
+just restarted (its read cache empty): `gets_per_object_per_broker` is the broker's ranged GETs
+over the parts read (goal <= 1: single flight; memq's own Consumer GETs each part per reader).
+
 Then the end-to-end latency through Kafka's protocol on both sides: a confluent-kafka Producer
 paced at 10 MB/s of 1 KiB values (acks=all, as `bench kafka_produce` measures it) into the
 listener, a confluent-kafka Consumer (assigned, at the end) reading from the listener, each
@@ -42,6 +46,8 @@ MiB = 1024 ** 2
 TOPIC = "bench-kafka-consume"
 MEMQ_TOPIC = "bench-kafka-consume-memq"
 READ_TIMEOUT_S = 300
+FANOUT_TOPIC = "bench-kafka-fanout"
+FANOUT_READERS = 10
 E2E_GOAL_S = {250: 0.35, 25: 0.06}   # the issue's p99 goals per batch_ms
 E2E_TOPICS = {"bench-kafka-consume-e2e": 250, "bench-kafka-consume-e2e-25": 25}   # topic: batch_ms
 
@@ -122,6 +128,42 @@ def e2e(address: str, topic: str, duration_s: float) -> dict:
             "mb_per_s": round(sent * E2E_VALUE_BYTES / MiB / send_s, 2)}
 
 
+def fanout(gc: GovernedCluster, tansu_at: str, topic: str, n: int) -> dict:
+    """Restart the broker (cold cache), then FANOUT_READERS readers at once: GETs per part."""
+    gc.stop_broker("b1")
+    gc.restart_broker("b1")
+    url = gc.broker("b1").url
+    address = _kafka_address(url)
+    errors: list[BaseException] = []
+
+    def one() -> None:
+        try:
+            consume_s(address, topic, n)
+        except BaseException as e:   # reported below, from the main thread
+            errors.append(e)
+
+    readers = [threading.Thread(target=one) for _ in range(FANOUT_READERS)]
+    t0 = time.perf_counter()
+    for t in readers:
+        t.start()
+    for t in readers:
+        t.join()
+    if errors:
+        raise errors[0]
+    seconds = time.perf_counter() - t0
+    c = Consumer({"bootstrap.servers": tansu_at, "group.id": "bench-unused"})
+    try:
+        ntopic = f"memq.bench.{topic}"
+        parts = sum(hi - lo for lo, hi in (c.get_watermark_offsets(TopicPartition(ntopic, p), timeout=20)
+                                         for p in range(PARTITIONS)))
+    finally:
+        c.close()
+    gets = read_gets(url)
+    return {"gets_per_object_per_broker": round(gets / max(parts, 1), 3), "fanout_parts": parts,
+            "fanout_gets": gets, "fanout_readers": FANOUT_READERS,
+            "fanout_msg_s": round(FANOUT_READERS * n / seconds)}
+
+
 def read_gets(broker_url: str) -> float:
     text = urllib.request.urlopen(f"{broker_url}/metrics", timeout=10).read().decode()
     return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith("memq_broker_read_gets_total"))
@@ -137,6 +179,7 @@ def run(quick: bool, messages: int | None = None, runs: int | None = None) -> di
             gc.create_topic(TopicConfig(name, read_partitions=PARTITIONS, batch_bytes=8 * MiB, batch_ms=100))
         for name, batch_ms in E2E_TOPICS.items():
             gc.create_topic(TopicConfig(name, read_partitions=PARTITIONS, batch_ms=batch_ms))
+        gc.create_topic(TopicConfig(FANOUT_TOPIC, read_partitions=PARTITIONS, batch_ms=20))
         url = gc.broker("b1").url
         memq_at = _kafka_address(url)
         tansu_at = dc.kafka_bootstrap or ""
@@ -147,6 +190,8 @@ def run(quick: bool, messages: int | None = None, runs: int | None = None) -> di
         kafka_produce_s(memq_at, TOPIC, values)
         kafka_produce_s(tansu_at, TOPIC, values)
         memq_produce(url, MEMQ_TOPIC, values)
+        fan_n = n // 10
+        kafka_produce_s(memq_at, FANOUT_TOPIC, values[:fan_n])
         del values
         memq_rates, tansu_rates, own_rates = [], [], []
         for _ in range(runs):   # interleaved, so drift on a shared machine hits both alike
@@ -156,6 +201,9 @@ def run(quick: bool, messages: int | None = None, runs: int | None = None) -> di
             print(f"read {n:,} x {VALUE_BYTES} B: memq {memq_rates[-1]:,.0f} msg/s, tansu {tansu_rates[-1]:,.0f} "
                   f"msg/s; written by memq's Producer: {own_rates[-1]:,.0f} msg/s", flush=True)
         gets = read_gets(url)
+        fan = fanout(gc, tansu_at, FANOUT_TOPIC, fan_n)
+        print(f"fan-out: {fan}", flush=True)
+        memq_at = _kafka_address(gc.broker("b1").url)
         latency = {}
         for name, batch_ms in E2E_TOPICS.items():
             latency[batch_ms] = e2e(memq_at, name, 5.0 if quick else 20.0)
@@ -165,7 +213,7 @@ def run(quick: bool, messages: int | None = None, runs: int | None = None) -> di
                        "e2e_p99_vs_goal": round(E2E_GOAL_S[250] / latency[250]["p99_s"], 3),
                        "e2e_p99_25ms_vs_goal": round(E2E_GOAL_S[25] / latency[25]["p99_s"], 3)},
             "memq_msg_s": round(best_memq), "tansu_msg_s": round(best_tansu),
-            "memq_producer_msg_s": round(max(own_rates)), "read_gets": gets,
+            "memq_producer_msg_s": round(max(own_rates)), "read_gets": gets, **fan,
             "e2e_p99_s": latency[250]["p99_s"], "e2e_p99_s_25ms": latency[25]["p99_s"],
             "e2e_p50_s": latency[250]["p50_s"], "e2e_p50_s_25ms": latency[25]["p50_s"],
             "e2e_mb_per_s": latency[250]["mb_per_s"],
