@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, KafkaError, TopicPartition
+from confluent_kafka.admin import AdminClient
 from test_kafka_produce import Row, Running, as_rows, broker_thread, kafka_produce, rows
 
 from memq.client.cluster import fetch_metadata
@@ -208,6 +209,11 @@ def test_a_consumer_group_of_three_reads_every_record_once_and_commits(running: 
                          for m in c.consume(500, 0.2) if m.error() is None]
         assert all(read_nothing_for(c, 0.5) for c in members)   # auto commits go out meanwhile; close commits too
         assigned = [{tp.partition for tp in c.assignment()} for c in members]
+        admin = AdminClient({"bootstrap.servers": running.broker.kafka_address})   # Kafka's admin tools see it
+        listed = admin.list_consumer_groups(request_timeout=20).result(30)
+        assert group in {g.group_id for g in listed.valid}
+        described = admin.describe_consumer_groups([group], request_timeout=20)[group].result(30)
+        assert described.group_id == group and len(described.members) == 3
     finally:
         for c in members:
             c.close()

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from memq.errors import ConfigError, ProtocolError
 from memq.format.metadata import BrokerMetadata, ClusterMetadata, StorageMetadata, TopicMetadata
 from memq.format.wire import AckCode, AckLevel
-from memq.kafka_api.groups import offsets_request, offsets_response
+from memq.kafka_api.groups import describe_groups_request, describe_groups_response, list_groups_response, offsets_request, offsets_response
 from memq.kafka_api.mapping import ack_level, error_code, memq_producer_id, metadata_view, node_id, split_address
 from memq.kafka_api.protocol import (SUPPORTED, ApiKey, ErrorCode, FetchedPartition, FetchPartition, ListedOffset,
                                      Node, ProduceResult, PartitionResult, Reader, TopicPartitions, decode_fetch,
@@ -212,3 +212,33 @@ def test_offset_fetch_is_relayed_with_topics_mapped_and_mapped_back(version: int
         + _s("n.orders") + struct.pack(">i", 1) + part + (struct.pack(">h", 0) if version >= 2 else b"")
     back = offsets_response(h, struct.pack(">i", len(resp)) + resp, {"n.orders": "orders"})
     assert back[4:] == resp.replace(_s("n.orders"), _s("orders"))
+
+
+@pytest.mark.parametrize("version", range(0, 3))
+def test_list_groups_shows_only_this_clusters_kafka_groups_by_their_names(version: int) -> None:
+    h, _ = decode_request_header(_frame(request(16, version, 3, b"")))
+    groups = [("memq.c.kafka.orders", "consumer"), ("memq.c.reader", "consumer"), ("memq.other.kafka.x", "consumer")]
+    resp = struct.pack(">i", 3) + (struct.pack(">i", 0) if version >= 1 else b"") + struct.pack(">hi", 0, len(groups))
+    resp += b"".join(_s(g) + _s(t) for g, t in groups)
+    r = Reader(list_groups_response(h, struct.pack(">i", len(resp)) + resp, "c"), 4)
+    assert r.i32() == 3
+    if version >= 1:
+        assert r.i32() == 0
+    assert (r.i16(), r.count(), r.string(), r.string()) == (0, 1, "orders", "consumer")
+    r.done()
+
+
+@pytest.mark.parametrize("version", range(0, 5))
+def test_describe_groups_maps_group_ids_both_ways(version: int) -> None:
+    body = struct.pack(">i", 2) + _s("a") + _s("b") + (struct.pack(">b", 1) if version >= 3 else b"")
+    h, r = decode_request_header(_frame(request(15, version, 4, body)))
+    out = describe_groups_request(h, r.buf, r.pos, "c")
+    assert out[4:].endswith(struct.pack(">i", 2) + _s("memq.c.kafka.a") + _s("memq.c.kafka.b")
+                            + (struct.pack(">b", 1) if version >= 3 else b""))
+    member = _s("m1") + (struct.pack(">h", -1) if version >= 4 else b"") + _s("cli") + _s("/h") \
+        + struct.pack(">i", 3) + b"abc" + struct.pack(">i", 2) + b"xy"
+    group = struct.pack(">h", 0) + _s("memq.c.kafka.a") + _s("Stable") + _s("consumer") + _s("range") \
+        + struct.pack(">i", 1) + member + (struct.pack(">i", -1) if version >= 3 else b"")
+    resp = struct.pack(">i", 4) + (struct.pack(">i", 0) if version >= 1 else b"") + struct.pack(">i", 1) + group
+    back = describe_groups_response(h, struct.pack(">i", len(resp)) + resp, "c")
+    assert back[4:] == resp.replace(_s("memq.c.kafka.a"), _s("a"))

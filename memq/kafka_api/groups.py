@@ -24,6 +24,7 @@ RELAYED = frozenset({ApiKey.OFFSET_COMMIT, ApiKey.OFFSET_FETCH, ApiKey.JOIN_GROU
                      ApiKey.LEAVE_GROUP, ApiKey.SYNC_GROUP})
 
 _I16 = struct.Struct(">h")
+_I32 = struct.Struct(">i")
 _SIZE = struct.Struct(">i")
 
 
@@ -46,6 +47,11 @@ def with_group(frame: bytes | memoryview, body_at: int, group: str) -> bytes:
     raw = group.encode()
     out = bytes(frame[:body_at]) + _I16.pack(len(raw)) + raw + bytes(frame[r.pos:])
     return _SIZE.pack(len(out)) + out
+
+
+def with_size(frame: bytes | memoryview) -> bytes:
+    """A request frame relayed unchanged, size-prefixed."""
+    return _SIZE.pack(len(frame)) + bytes(frame)
 
 
 def decode_find_coordinator(h: RequestHeader, r: Reader) -> tuple[str, int]:
@@ -173,3 +179,67 @@ def offsets_response(h: RequestHeader, response: bytes, topics: dict[str, str]) 
                 w.copy(2)
     out = w.rest()
     return _SIZE.pack(len(out)) + out
+
+
+def describe_groups_request(h: RequestHeader, frame: bytes | memoryview, body_at: int, cluster: str) -> bytes:
+    """A DescribeGroups (v0-4) request with every group id mapped, size-prefixed."""
+    r = Reader(frame, body_at)
+    groups = [mapped_group(cluster, r.string()) for _ in range(r.count())]
+    out = bytearray(frame[:body_at]) + _I32.pack(len(groups))
+    for g in groups:
+        raw = g.encode()
+        out += _I16.pack(len(raw)) + raw
+    out += r.buf[r.pos:]   # include_authorized_operations (v3+)
+    return _SIZE.pack(len(out)) + bytes(out)
+
+
+def describe_groups_response(h: RequestHeader, response: bytes, cluster: str) -> bytes:
+    """A DescribeGroups response with the mapped group ids named as the client knows them."""
+    prefix = mapped_group(cluster, "")
+    w = _Rewrite(response[4:], 4, {})
+    if h.api_version >= 1:
+        w.copy(4)
+    for _ in range(w.count()):
+        w.copy(2)
+        start = w.r.pos
+        group = w.r.string()
+        if group.startswith(prefix):
+            raw = group[len(prefix):].encode()
+            w.out += _I16.pack(len(raw)) + raw
+        else:
+            w.out += w.r.buf[start:w.r.pos]
+        for _ in range(3):
+            w.string()   # state, protocol type, protocol data
+        for _ in range(w.count()):
+            w.string()
+            if h.api_version >= 4:
+                w.string()   # group instance id
+            w.string()
+            w.string()       # client id, client host
+            for _ in range(2):
+                w.copy(4 + max(Reader(w.r.buf, w.r.pos).i32(), 0))   # member metadata, assignment
+        if h.api_version >= 3:
+            w.copy(4)
+    w.r.done()
+    out = w.rest()
+    return _SIZE.pack(len(out)) + out
+
+
+def list_groups_response(h: RequestHeader, response: bytes, cluster: str) -> bytes:
+    """A ListGroups (v0-2) response listing only this cluster's Kafka client groups, by their names."""
+    prefix = mapped_group(cluster, "")
+    r = Reader(response[4:])
+    w = Writer(r.i32())
+    if h.api_version >= 1:
+        w.i32(r.i32())
+    w.i16(r.i16())
+    listed = []
+    for _ in range(r.count()):
+        group, protocol_type = r.string(), r.string()
+        if group.startswith(prefix):
+            listed.append((group[len(prefix):], protocol_type))
+    r.done()
+    w.i32(len(listed))
+    for group, protocol_type in listed:
+        w.nullable_string(group).nullable_string(protocol_type)
+    return w.frame()

@@ -35,6 +35,8 @@ class ApiKey(IntEnum):
     HEARTBEAT = 12
     LEAVE_GROUP = 13
     SYNC_GROUP = 14
+    DESCRIBE_GROUPS = 15
+    LIST_GROUPS = 16
     SASL_HANDSHAKE = 17
     API_VERSIONS = 18
     INIT_PRODUCER_ID = 22
@@ -57,6 +59,8 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     ApiKey.HEARTBEAT: (0, 3),
     ApiKey.LEAVE_GROUP: (0, 3),
     ApiKey.SYNC_GROUP: (0, 3),
+    ApiKey.DESCRIBE_GROUPS: (0, 4),
+    ApiKey.LIST_GROUPS: (0, 2),
     ApiKey.METADATA: (1, 8),
     ApiKey.API_VERSIONS: (0, 2),
     ApiKey.INIT_PRODUCER_ID: (0, 1),

@@ -46,8 +46,9 @@ from ..admission import Refusal, Ticket
 from ..groups import GroupLink
 from ..seam import BrokerCore
 
-from memq.kafka_api.groups import (RELAYED, decode_find_coordinator, encode_find_coordinator, group_of, offsets_request,
-                                  offsets_response)
+from memq.kafka_api.groups import (RELAYED, decode_find_coordinator, describe_groups_request, describe_groups_response,
+                                  encode_find_coordinator, group_of, list_groups_response, offsets_request,
+                                  offsets_response, with_size)
 from memq.kafka_api.idle_seal import SealCredit
 from memq.kafka_api.mapping import (PRODUCER_ID_BITS, ack_level, error_code, memq_producer_id, metadata_view, node_id,
                                    split_address)
@@ -255,6 +256,14 @@ class KafkaConnection:
             return asyncio.ensure_future(self._list_offsets(h, decode_list_offsets(h, body)))
         if h.api_key == ApiKey.FIND_COORDINATOR:
             return _ready(self._find_coordinator(h, body))
+        if h.api_key in (ApiKey.DESCRIBE_GROUPS, ApiKey.LIST_GROUPS):   # admin tools: this cluster's groups
+            cluster = self._broker.groups.cluster
+            if h.api_key == ApiKey.LIST_GROUPS:
+                body.done()
+                request = with_size(body.buf)
+            else:
+                request = describe_groups_request(h, body.buf, body.pos, cluster)
+            return asyncio.ensure_future(self._relay(h, self._broker.groups.mapped(""), request, {}))
         if h.api_key in RELAYED:
             group = self._broker.groups.mapped(group_of(body))
             names = {n: t.notification_topic for n, t in self._broker.metadata().topics.items()}
@@ -332,7 +341,13 @@ class KafkaConnection:
         if self._groups is None:
             self._groups = self._broker.groups.link()
         try:
-            return offsets_response(h, await self._groups.relay(group, request), names)
+            response = await self._groups.relay(group, request)
+            cluster = self._broker.groups.cluster
+            if h.api_key == ApiKey.LIST_GROUPS:
+                return list_groups_response(h, response, cluster)
+            if h.api_key == ApiKey.DESCRIBE_GROUPS:
+                return describe_groups_response(h, response, cluster)
+            return offsets_response(h, response, names)
         except NotifyError as e:   # no answer in the API's shape: close, the client reconnects and retries
             log.warning("Kafka connection from %s: %s; closing", self._peer, e)
             self._writer.close()
