@@ -308,6 +308,9 @@ class BrokerConfig:
     # bytes a connection sends, and a trickle still waits for batch_ms. 0 ms = off.
     kafka_idle_seal_ms: int = setting(20, ge=0)
     kafka_idle_seal_bytes: int = setting(1 * MiB, ge=1)
+    # Parts kept in memory for Kafka readers (memq.broker.read_cache): what the broker just stored
+    # and what readers asked for, least recently used out first. 0 = keep nothing (a GET per read).
+    read_cache_bytes: int = setting(256 * MiB, ge=0)
 
 
 @dataclass(frozen=True)

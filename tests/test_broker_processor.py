@@ -227,3 +227,18 @@ def test_recent_messages_forget_what_was_stored_longer_ago_than_the_window() -> 
     assert [recent.seen((7, 0, s)) is not None for s in range(4)] == [False, False, True, True]
     recent.stored([(7, 0, 4)], "b", "k3", 0, 3, now=200.0)
     assert len(recent) == 1 and recent.seen((7, 0, 4)) is not None
+
+
+async def test_a_part_never_holds_more_records_than_kafka_offsets_can_index(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Sealed before a Message would overflow the part's record bits; a Message that alone would is refused."""
+    monkeypatch.setattr("memq.broker.processor.MAX_PART_LOGMESSAGES", 5)
+    h = Harness(tmp_path)                      # batch_ms 10 s, 1 MiB: only the record bound seals
+    await h.append(1, n=3)
+    await h.append(2, n=2)                     # 5: still fits
+    await h.append(3, n=1, seal=True)          # 6 would not: the first part goes, this one starts the next
+    await h.wait_acks(3)
+    counts = sorted(n.logmessage_count for _, n in h.publisher.sent)
+    assert counts == [1, 5] and all(a.ok for a in h.acks)
+    refused = await h.append(4, n=6)
+    assert refused is not None and refused.code is AckCode.TOO_LARGE and "at most 5" in refused.error

@@ -119,11 +119,11 @@ async def test_bad_frames_close_the_connection_with_the_reason_logged(broker: Br
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(junk=st.binary(min_size=1, max_size=120), api=st.sampled_from([0, 3, 18, 22]))
+@given(junk=st.binary(min_size=1, max_size=120), api=st.sampled_from([0, 1, 2, 3, 18, 22]))
 async def test_fuzzed_frames_get_a_response_or_a_close_and_the_broker_serves_on(broker: Broker, junk: bytes,
                                                                                 api: int) -> None:
     c = await Client.connect(broker)
-    await c.send(request(api, {0: 8, 3: 8, 18: 2, 22: 1}[api], 3, junk))
+    await c.send(request(api, {0: 8, 1: 11, 2: 5, 3: 8, 18: 2, 22: 1}[api], 3, junk))
     async with asyncio.timeout(10):
         head = await c.reader.read(4)   # a response, or EOF: never a hang
     assert head == b"" or struct.unpack(">i", head)[0] > 0
@@ -161,14 +161,29 @@ async def test_acks_0_gets_no_response_and_idempotent_resends_are_stored_once(br
     assert sorted(got) == sorted([LogMessage(b"zero", timestamp_ms=5)] + recs + recs)
 
 
-async def test_fetch_is_refused_per_partition(broker: Broker) -> None:
+def fetch_v4(parts: list[tuple[str, int, int]], max_wait_ms: int = 100) -> bytes:
+    """A Fetch v4 body asking for each (topic, partition, offset), one topic entry each."""
+    body = struct.pack(">iiiib", -1, max_wait_ms, 1, 1 << 20, 0) + struct.pack(">i", len(parts))
+    for topic, partition, offset in parts:
+        body += struct.pack(">h", len(topic)) + topic.encode() + struct.pack(">i", 1) \
+            + struct.pack(">iqi", partition, offset, 1 << 20)
+    return body
+
+
+async def test_fetch_answers_bad_places_per_partition_without_reading(broker: Broker) -> None:
     c = await Client.connect(broker)
-    body = struct.pack(">iiiib", -1, 100, 1, 1 << 20, 0) + struct.pack(">i", 1) + struct.pack(">h", 2) + b"t1" \
-        + struct.pack(">i", 1) + struct.pack(">iqi", 0, 0, 1 << 20)
-    await c.send(request(1, 4, 8, body))
+    await c.send(request(1, 4, 8, fetch_v4([("nope", 0, 0), ("t1", 2, 0), ("t1", 0, -5)])))
     r = await c.response()
-    assert (r.i32(), r.i32(), r.count(), r.string(), r.count(), r.i32(), r.i16()) == (
-        8, 0, 1, "t1", 1, 0, ErrorCode.UNSUPPORTED_VERSION)
+    assert (r.i32(), r.i32(), r.count()) == (8, 0, 3)
+    errors = []
+    for _ in range(3):
+        name, _n, index, error = r.string(), r.count(), r.i32(), r.i16()
+        r.i64(), r.i64(), r.count(nullable=True)   # high watermark, last stable offset, aborted txns
+        assert r.nullable_bytes(r.i32()) == b""
+        errors.append((name, index, error))
+    r.done()
+    assert errors == [("nope", 0, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION), ("t1", 2, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION),
+                      ("t1", 0, ErrorCode.OFFSET_OUT_OF_RANGE)]
 
 
 async def test_a_request_split_across_an_idle_seal_timeout_is_read_whole(broker: Broker) -> None:

@@ -12,11 +12,14 @@ from hypothesis import strategies as st
 from memq.errors import ConfigError, ProtocolError
 from memq.format.metadata import BrokerMetadata, ClusterMetadata, StorageMetadata, TopicMetadata, TopicRefusal
 from memq.format.wire import AckCode, AckLevel
+from memq.kafka_api.groups import describe_groups_request, describe_groups_response, list_groups_response, offsets_request, offsets_response
 from memq.kafka_api.mapping import ack_level, error_code, memq_producer_id, metadata_view, node_id, split_address
-from memq.kafka_api.protocol import (SUPPORTED, ApiKey, ErrorCode, Node, ProduceResult, PartitionResult, Reader,
-                                     TopicPartitions, decode_metadata, decode_produce, decode_request_header,
-                                     encode_api_versions, encode_metadata, encode_produce, is_supported)
-from tests.support.kafka_frames import produce_body, request
+from memq.kafka_api.protocol import (SUPPORTED, ApiKey, ErrorCode, FetchedPartition, FetchPartition, ListedOffset,
+                                     Node, ProduceResult, PartitionResult, Reader, TopicPartitions, decode_fetch,
+                                     decode_list_offsets, decode_metadata, decode_produce, decode_request_header,
+                                     encode_api_versions, encode_fetch, encode_list_offsets, encode_metadata,
+                                     encode_produce, is_supported)
+from tests.support.kafka_frames import fetch_body, list_offsets_body, produce_body, request
 
 
 def _frame(raw: bytes) -> bytes:
@@ -89,13 +92,59 @@ def test_produce_response_v8_carries_the_error_message() -> None:
 @settings(max_examples=300)
 @given(junk=st.binary(max_size=200))
 def test_any_bytes_decode_or_raise_protocol_error(junk: bytes) -> None:
-    for api_key, version in ((0, 8), (3, 8), (3, 1)):
+    decoders = {0: lambda h, r: decode_produce(r), 1: decode_fetch, 2: decode_list_offsets, 3: decode_metadata}
+    for api_key, version in ((0, 8), (3, 8), (3, 1), (1, 4), (1, 7), (1, 11), (2, 1), (2, 5)):
         frame = struct.pack(">hhi", api_key, version, 1) + junk
         try:
             h, r = decode_request_header(frame)
-            decode_produce(r) if api_key == 0 else decode_metadata(h, r)
+            decoders[api_key](h, r)
         except ProtocolError:
             pass
+
+
+@pytest.mark.parametrize("version", range(4, 12))
+def test_fetch_request_decodes_and_response_parses_at_every_served_version(version: int) -> None:
+    raw = request(1, version, 9, fetch_body(version, [("a", 0, 5 << 24, 1000), ("b", 2, 7, 50)], max_wait_ms=321,
+                                            rack="az1"))
+    h, r = decode_request_header(_frame(raw))
+    req = decode_fetch(h, r)
+    assert (req.max_wait_ms, req.min_bytes, req.max_bytes) == (321, 1, 1 << 20)
+    assert req.topics == (("a", (FetchPartition(0, 5 << 24, 1000),)), ("b", (FetchPartition(2, 7, 50),)))
+    assert req.rack == ("az1" if version >= 11 else "")
+    out = Reader(encode_fetch(h, [("a", [FetchedPartition(0, ErrorCode.NONE, 9 << 24, 0, b"RECS")]),
+                                  ("b", [FetchedPartition(2, ErrorCode.OFFSET_OUT_OF_RANGE)])]), 4)
+    assert (out.i32(), out.i32()) == (9, 0)              # correlation id, throttle time
+    if version >= 7:
+        assert (out.i16(), out.i32()) == (0, 0)          # sessionless: every fetch is a full one
+    assert out.count() == 2
+    seen = []
+    for _ in range(2):
+        name, _n, index, error, high, stable = out.string(), out.count(), out.i32(), out.i16(), out.i64(), out.i64()
+        start = out.i64() if version >= 5 else None
+        assert out.count(nullable=True) == -1            # no aborted transactions
+        if version >= 11:
+            assert out.i32() == -1                       # preferred read replica: none
+        seen.append((name, index, error, high, stable, start, out.nullable_bytes(out.i32())))
+    out.done()
+    assert seen[0] == ("a", 0, 0, 9 << 24, 9 << 24, 0 if version >= 5 else None, b"RECS")
+    assert seen[1][:3] == ("b", 2, ErrorCode.OFFSET_OUT_OF_RANGE) and seen[1][-1] == b""   # empty, never null
+
+
+@pytest.mark.parametrize("version", range(1, 6))
+def test_list_offsets_request_decodes_and_response_parses_at_every_served_version(version: int) -> None:
+    h, r = decode_request_header(_frame(request(2, version, 4, list_offsets_body(version, "t", [(0, -1), (1, 123)]))))
+    assert decode_list_offsets(h, r).topics == (("t", ((0, -1), (1, 123))),)
+    out = Reader(encode_list_offsets(h, [("t", [ListedOffset(0, offset=3 << 24), ListedOffset(1, timestamp=123,
+                                                                                               offset=5)])]), 4)
+    assert out.i32() == 4
+    if version >= 2:
+        assert out.i32() == 0
+    assert (out.count(), out.string(), out.count()) == (1, "t", 2)
+    for want in ((0, 0, -1, 3 << 24), (1, 0, 123, 5)):
+        assert (out.i32(), out.i16(), out.i64(), out.i64()) == want
+        if version >= 4:
+            assert out.i32() == -1
+    out.done()
 
 
 def test_acks_map_to_memq_ack_levels() -> None:
@@ -132,3 +181,68 @@ def test_metadata_view_spreads_leaders_over_hosting_brokers_with_a_kafka_listene
 def test_bad_listener_address_names_the_value() -> None:
     with pytest.raises(ConfigError, match="'nohost'"):
         split_address("nohost")
+
+
+def _s(s: str) -> bytes:
+    return struct.pack(">h", len(s)) + s.encode()
+
+
+@pytest.mark.parametrize("version", range(2, 8))
+def test_offset_commit_is_relayed_with_group_and_topics_mapped_and_mapped_back(version: int) -> None:
+    body = _s("g") + struct.pack(">i", 3) + _s("m1") + (struct.pack(">h", -1) if version >= 7 else b"") \
+        + (struct.pack(">q", -1) if version <= 4 else b"") + struct.pack(">i", 2)
+    for topic in ("orders", "other"):
+        body += _s(topic) + struct.pack(">iiq", 1, 0, 42 << 24) + (struct.pack(">i", -1) if version >= 6 else b"") + _s("md")
+    h, r = decode_request_header(_frame(request(8, version, 5, body)))
+    out = offsets_request(h, r.buf, r.pos, "memq.c.kafka.g", {"orders": "memq.c.orders"})
+    assert struct.unpack(">i", out[:4])[0] == len(out) - 4
+    h2, r2 = decode_request_header(out[4:])
+    assert (h2.api_key, h2.api_version, h2.correlation_id) == (8, version, 5)
+    assert r2.string() == "memq.c.kafka.g" and bytes(r2.buf[r2.pos:]) == body[3:].replace(_s("orders"), _s("memq.c.orders"))
+    resp = struct.pack(">i", 5) + (struct.pack(">i", 0) if version >= 3 else b"") + struct.pack(">i", 1) \
+        + _s("memq.c.orders") + struct.pack(">iih", 1, 0, 0)
+    back = offsets_response(h, struct.pack(">i", len(resp)) + resp, {"memq.c.orders": "orders"})
+    assert back[4:] == resp.replace(_s("memq.c.orders"), _s("orders")) and struct.unpack(">i", back[:4])[0] == len(back) - 4
+
+
+@pytest.mark.parametrize("version", range(1, 6))
+def test_offset_fetch_is_relayed_with_topics_mapped_and_mapped_back(version: int) -> None:
+    body = _s("g") + struct.pack(">i", 1) + _s("orders") + struct.pack(">iii", 2, 0, 1)
+    h, r = decode_request_header(_frame(request(9, version, 6, body)))
+    out = offsets_request(h, r.buf, r.pos, "G", {"orders": "n.orders"})
+    assert out[4:].endswith(_s("G") + struct.pack(">i", 1) + _s("n.orders") + struct.pack(">iii", 2, 0, 1))
+    part = struct.pack(">iq", 0, 7 << 24) + (struct.pack(">i", -1) if version >= 5 else b"") + _s("") + struct.pack(">h", 0)
+    resp = struct.pack(">i", 6) + (struct.pack(">i", 0) if version >= 3 else b"") + struct.pack(">i", 1) \
+        + _s("n.orders") + struct.pack(">i", 1) + part + (struct.pack(">h", 0) if version >= 2 else b"")
+    back = offsets_response(h, struct.pack(">i", len(resp)) + resp, {"n.orders": "orders"})
+    assert back[4:] == resp.replace(_s("n.orders"), _s("orders"))
+
+
+@pytest.mark.parametrize("version", range(0, 3))
+def test_list_groups_shows_only_this_clusters_kafka_groups_by_their_names(version: int) -> None:
+    h, _ = decode_request_header(_frame(request(16, version, 3, b"")))
+    groups = [("memq.c.kafka.orders", "consumer"), ("memq.c.reader", "consumer"), ("memq.other.kafka.x", "consumer")]
+    resp = struct.pack(">i", 3) + (struct.pack(">i", 0) if version >= 1 else b"") + struct.pack(">hi", 0, len(groups))
+    resp += b"".join(_s(g) + _s(t) for g, t in groups)
+    r = Reader(list_groups_response(h, struct.pack(">i", len(resp)) + resp, "c"), 4)
+    assert r.i32() == 3
+    if version >= 1:
+        assert r.i32() == 0
+    assert (r.i16(), r.count(), r.string(), r.string()) == (0, 1, "orders", "consumer")
+    r.done()
+
+
+@pytest.mark.parametrize("version", range(0, 5))
+def test_describe_groups_maps_group_ids_both_ways(version: int) -> None:
+    body = struct.pack(">i", 2) + _s("a") + _s("b") + (struct.pack(">b", 1) if version >= 3 else b"")
+    h, r = decode_request_header(_frame(request(15, version, 4, body)))
+    out = describe_groups_request(h, r.buf, r.pos, "c")
+    assert out[4:].endswith(struct.pack(">i", 2) + _s("memq.c.kafka.a") + _s("memq.c.kafka.b")
+                            + (struct.pack(">b", 1) if version >= 3 else b""))
+    member = _s("m1") + (struct.pack(">h", -1) if version >= 4 else b"") + _s("cli") + _s("/h") \
+        + struct.pack(">i", 3) + b"abc" + struct.pack(">i", 2) + b"xy"
+    group = struct.pack(">h", 0) + _s("memq.c.kafka.a") + _s("Stable") + _s("consumer") + _s("range") \
+        + struct.pack(">i", 1) + member + (struct.pack(">i", -1) if version >= 3 else b"")
+    resp = struct.pack(">i", 4) + (struct.pack(">i", 0) if version >= 1 else b"") + struct.pack(">i", 1) + group
+    back = describe_groups_response(h, struct.pack(">i", len(resp)) + resp, "c")
+    assert back[4:] == resp.replace(_s("memq.c.kafka.a"), _s("a"))

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -102,6 +102,9 @@ def notification(topic: str, batch: Batch, loc: ObjectLocation, part: Part, *, c
 REPUBLISH_BACKOFF_S = (0.25, 5.0)
 """First and largest pause between publishes of notifications that failed (doubling)."""
 
+OnStored = Callable[[ObjectLocation, int, bytes], None]
+"""Told of each part just stored (its object, offset and bytes): the read cache's fill on write."""
+
 FLUSH_GATHER_S = 0.002
 """How long a flush's seal waits for the same flush's Messages to other topics of the group."""
 
@@ -110,10 +113,13 @@ class GroupWriter:
     """Seals and stores the objects of one storage group (or of one topic, group "")."""
 
     def __init__(self, group: str, *, storage: StorageHandler, publisher: Publisher, broker_id: str,
-                 metrics: BrokerMetrics, clock: Clock | None = None, republish_s: float = 0.0) -> None:
-        """`republish_s`: how long a notification that failed is published again (see `_publish`)."""
+                 metrics: BrokerMetrics, clock: Clock | None = None, republish_s: float = 0.0,
+                 on_stored: OnStored | None = None) -> None:
+        """`republish_s`: how long a notification that failed is published again (see `_publish`);
+        `on_stored`: told of each part just stored (the read cache's fill on write)."""
         self.group = group
         self._republish_s = republish_s
+        self._on_stored = on_stored
         self._storage = storage
         self._publisher = publisher
         self._broker_id = broker_id
@@ -187,8 +193,12 @@ class GroupWriter:
         put_s = clock.monotonic() - t0
         self._m_objects.inc()
         attempt = parse_key(loc.key).attempt
+        placed = layout(encoded)
+        if self._on_stored is not None:
+            for chunks, part in zip(encoded, placed):
+                self._on_stored(loc, part.offset, b"".join(chunks))
         notes = [notification(m.name, b, loc, part, created_ms=created_ms, attempt=attempt, broker_id=self._broker_id)
-                 for (m, b), part in zip(parts, layout(encoded))]
+                 for (m, b), part in zip(parts, placed)]
         t0 = clock.monotonic()
         published = await self._publish([(m.notification_topic, note) for (m, _), note in zip(parts, notes)])
         notify_s = clock.monotonic() - t0
@@ -230,8 +240,10 @@ class GroupWriters:
     """A broker's writers, one per storage group, made on first use."""
 
     def __init__(self, *, storage: StorageHandler, publisher: Publisher, broker_id: str,
-                 metrics: BrokerMetrics, clock: Clock | None = None, republish_s: float = 0.0) -> None:
+                 metrics: BrokerMetrics, clock: Clock | None = None, republish_s: float = 0.0,
+                 on_stored: OnStored | None = None) -> None:
         self._republish_s = republish_s
+        self._on_stored = on_stored
         self._storage = storage
         self._publisher = publisher
         self._broker_id = broker_id
@@ -250,4 +262,5 @@ class GroupWriters:
 
     def _new(self, group: str) -> GroupWriter:
         return GroupWriter(group, storage=self._storage, publisher=self._publisher, broker_id=self._broker_id,
-                           metrics=self._metrics, clock=self._clock, republish_s=self._republish_s)
+                           metrics=self._metrics, clock=self._clock, republish_s=self._republish_s,
+                           on_stored=self._on_stored)

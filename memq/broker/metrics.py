@@ -89,6 +89,20 @@ class BrokerMetrics:
             "Time produce connections were not read because a byte-rate quota was exceeded (principal "
             "'anonymous' with security off)", ["principal", "topic"], registry=r)
 
+        # the read path (memq.broker.read_cache, memq.broker.reads)
+        self.read_cache_hits = Counter("memq_broker_read_cache_hits",
+                                       "Read cache lookups answered from memory or by a load already in flight",
+                                       registry=r)
+        self.read_cache_misses = Counter("memq_broker_read_cache_misses", "Read cache lookups that started a load",
+                                         registry=r)
+        self.read_cache_bytes = Gauge("memq_broker_read_cache_bytes", "Bytes held by the read cache", registry=r)
+        self.read_cache_evictions = Counter("memq_broker_read_cache_evictions",
+                                            "Read cache entries dropped to stay within broker.read_cache_bytes",
+                                            registry=r)
+        self.read_gets = Counter("memq_broker_read_gets", "Ranged GETs of parts for readers (read cache misses)",
+                                 registry=r)
+        self.read_get_bytes = Counter("memq_broker_read_get_bytes", "Bytes of parts GET for readers", registry=r)
+
     def stage(self, topic: str, group: str, stage: str) -> Histogram:
         """The histogram child a topic's `stage` is observed in: its own, or its shared group's."""
         if group:

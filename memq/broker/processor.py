@@ -1,7 +1,8 @@
 """TopicProcessor: one topic's bounded ring of batch slots on a broker.
 
 One slot fills while the others upload concurrently. A batch seals when it holds at least
-`batch_bytes` or `batch_messages` LogMessages, or when it is `batch_ms` old, or at once when a
+`batch_bytes` or `batch_messages` LogMessages, or when it is `batch_ms` old, before a Message
+would take it past `MAX_PART_LOGMESSAGES` (record indexes fit Kafka offsets), or at once when a
 Message asks for it (`seal=True`: the producer flushed and wants its acks now, not in
 batch_ms). An early seal costs a smaller object, so more PUTs and notifications per GiB; a
 producer flushing often trades storage requests for latency, which is its call. Each slot is a
@@ -38,6 +39,7 @@ import logging
 from memq.clock import Clock, SystemClock
 from memq.config import TopicConfig
 from memq.format import MessageHeader, Notification
+from memq.format.batch import MAX_PART_LOGMESSAGES
 from memq.format.wire import Ack, AckCode, AckLevel
 from memq.storage import ObjectLocation, StorageHandler
 
@@ -123,8 +125,16 @@ class TopicProcessor:
         if seen is not None:
             self._duplicate(seen, request_id, ack, reply)
             return
+        if header.count > MAX_PART_LOGMESSAGES:
+            self._metrics.rejected.labels(str(AckCode.TOO_LARGE)).inc()
+            reply(Ack(request_id, False, AckCode.TOO_LARGE, f"topic {self.config.name}: a Message of "
+                      f"{header.count} LogMessages (a part holds at most {MAX_PART_LOGMESSAGES})"))
+            return
         size = len(message)
         batch = self._filling
+        if batch is not None and batch.logcount + header.count > MAX_PART_LOGMESSAGES:
+            self._seal(batch)   # a part's record indexes must fit its Kafka offsets (kafka_api.offsets)
+            batch = None
         if batch is None or self._closing:
             batch = await self._open_batch()
             if batch is None:

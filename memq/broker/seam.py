@@ -13,8 +13,10 @@ from memq.config import MemqConfig
 from memq.format.metadata import ClusterMetadata
 
 from .admission import Admission
+from .groups import Groups
 from .guard import Guard
 from .metrics import BrokerMetrics
+from .reads import Reads
 
 
 class BrokerCore(Protocol):
@@ -34,6 +36,14 @@ class BrokerCore(Protocol):
     @property
     def admission(self) -> Admission:
         """The produce checks and quota charge, and the only way to append."""
+
+    @property
+    def reads(self) -> Reads:
+        """The read path: notifications by partition and parts as Kafka batches, through the read cache."""
+
+    @property
+    def groups(self) -> Groups:
+        """Kafka client groups, relayed to the notification Kafka's coordinator."""
 
     @property
     def draining(self) -> bool:

@@ -34,10 +34,13 @@ from memq.storage import StorageHandler, StorageMetrics, make_storage
 from .admission import Admission, Check
 from .doors.http import HttpDoor
 from .doors.kafka import KafkaListener
+from .groups import Groups
 from .guard import Guard
 from .metrics import BrokerMetrics
 from .group import GroupWriters, Publisher
 from .processor import TopicProcessor
+from .read_cache import ReadCache
+from .reads import Reads
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +67,8 @@ class Broker:
         self._runner: web.AppRunner | None = None
         self._kafka: KafkaListener | None = None   # broker.kafka_port >= 0: the Kafka wire protocol
         self._kafka_audit: AuditEmitter | None = None
+        self._reads: Reads | None = None   # made on start, with the storage
+        self.groups = Groups(config.kafka.bootstrap_servers, config.cluster.name, self.broker_id)
         self.cluster_view: Callable[[], ClusterView | None] | None = None   # governed: from ZooKeeper
         self.url = ""
         self.guard = Guard(config.security, self.metrics.denials)
@@ -92,6 +97,8 @@ class Broker:
                                                     producers=self.config.broker.notify_producers)
         if self._admin is None:
             self._admin = TopicAdmin(self.config.kafka)
+        self._reads = Reads(self.config.kafka, self._storage, ReadCache(bc.read_cache_bytes, self.metrics),
+                            self.metrics, broker_id=self.broker_id)
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((bc.host, bc.port))
@@ -134,6 +141,8 @@ class Broker:
             await self._kafka.stop()
         if self._kafka_audit is not None:
             await asyncio.to_thread(self._kafka_audit.close)
+        if self._reads is not None:
+            await self._reads.close()
         if self._runner is not None:
             await self._runner.cleanup()
         if self._publisher is not None:
@@ -166,9 +175,11 @@ class Broker:
             return
         assert self._storage is not None and self._publisher is not None and self._admin is not None, "start() first"
         if self._groups is None:
+            # Kafka readers want what was just stored: keep it (the read cache's fill on write)
+            fill = self._reads.stored if self._reads is not None and self.config.broker.kafka_port >= 0 else None
             self._groups = GroupWriters(storage=self._storage, publisher=self._publisher, broker_id=self.broker_id,
                                         metrics=self.metrics, clock=self._clock,
-                                        republish_s=self.config.broker.notify_retry_ms / 1000)
+                                        republish_s=self.config.broker.notify_retry_ms / 1000, on_stored=fill)
         cluster = self.config.cluster.name
         failed = await asyncio.to_thread(self._admin.create_topics, [
             KafkaTopic(t.notification_topic_for(cluster), t.read_partitions) for t in new.values()])
@@ -216,6 +227,11 @@ class Broker:
     @property
     def draining(self) -> bool:
         return self._draining
+
+    @property
+    def reads(self) -> Reads:
+        assert self._reads is not None, "start() first"
+        return self._reads
 
     def hosted(self) -> list[str]:
         return sorted(self._processors)

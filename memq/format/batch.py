@@ -37,6 +37,12 @@ _MIN_HEADER = _PREFIX.size + _FIXED.size + _CRC.size
 # Bounds what a reader allocates for a header: ~4M Messages, far beyond any real batch.
 MAX_BATCH_HEADER_BYTES = 64 * 1024 * 1024
 _MAX_U32 = 0xFFFFFFFF
+#: LogMessages one part (one topic's batch) may hold. A broker seals a batch before a Message
+#: would take it past this, and refuses a single Message holding more, so a record's index in its
+#: part always fits the low bits of its Kafka offset (memq.kafka_api.offsets). 16.7M records is
+#: 16x the default `batch_messages`; a fuller part could only come from tiny, highly compressed records.
+PART_RECORD_BITS = 24
+MAX_PART_LOGMESSAGES = 1 << PART_RECORD_BITS
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,7 +3,7 @@
 A Kafka producer's batch is stored unchanged as the body of one memq Message tagged
 `Codec.KAFKA` (see `kafka_message_header`), so the broker only checks the fixed header and
 the batch's own CRC32C (`verify_kafka_batch`); readers decode records with
-`decode_kafka_records`. Layout (big-endian, Kafka's `DefaultRecordBatch`): base offset i64,
+`decode_kafka_records`; `encode_kafka_batch` frames memq-produced records for Kafka readers. Layout (big-endian, Kafka's `DefaultRecordBatch`): base offset i64,
 batch length i32, partition leader epoch i32, magic i8 (=2), CRC32C u32 of every byte after
 it, attributes i16 (bits 0-2 codec, 3 timestamp type, 4 transactional, 5 control), last
 offset delta i32, base/max timestamp i64, producer id i64, producer epoch i16, base sequence
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import struct
 import zlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import IntEnum
 
@@ -22,7 +23,7 @@ import cramjam
 import zstandard
 from crc32c import crc32c
 
-from memq.errors import CorruptDataError, UnsupportedCodecError, UnsupportedVersionError
+from memq.errors import CorruptDataError, InvalidInputError, UnsupportedCodecError, UnsupportedVersionError
 from memq.format.codec import MAX_BODY_BYTES
 from memq.format.records import LogMessage, gc_paused
 
@@ -32,6 +33,8 @@ _HEADER = struct.Struct(">qiibIhiqqqhii")
 KAFKA_BATCH_HEADER_SIZE = _HEADER.size   # 61
 _LENGTH_END = 12                          # base offset + batch length: what batch length excludes
 _CRC_START = 21                           # the CRC covers attributes .. end
+_CRC_AT = 17                              # where the CRC32C itself sits
+_CRC = struct.Struct(">I")
 _XERIAL_MAGIC = b"\x82SNAPPY\x00"         # the Java client's framed snappy
 _XERIAL_HEADER = 16
 _BLOCK_LEN = struct.Struct(">i")
@@ -261,3 +264,56 @@ class _Records:
             return raw.decode()
         except UnicodeDecodeError as exc:
             raise CorruptDataError(f"Kafka record header key is not UTF-8: {exc}") from exc
+
+
+def encode_kafka_batch(records: Sequence[LogMessage]) -> bytes:
+    """One uncompressed RecordBatch v2 of `records` (base offset 0, record i at offset delta i,
+    CreateTime, no producer ids): how memq-produced records are served to Kafka readers, whose
+    Fetch rewrites the base offset (it lies outside the CRC)."""
+    if not records:
+        raise InvalidInputError("a Kafka record batch needs at least one record")
+    base_ts = min(r.timestamp_ms for r in records)
+    max_ts = max(r.timestamp_ms for r in records)
+    body = bytearray()
+    for i, r in enumerate(records):
+        rec = bytearray(b"\0")   # record attributes
+        rec += _varint(r.timestamp_ms - base_ts)
+        rec += _varint(i)
+        _put_bytes(rec, r.key)
+        _put_bytes(rec, r.value)
+        rec += _varint(len(r.headers))
+        for name, value in r.headers:
+            _put_bytes(rec, name.encode())
+            _put_bytes(rec, value)
+        body += _varint(len(rec))
+        body += rec
+    out = bytearray(KAFKA_BATCH_HEADER_SIZE)
+    _HEADER.pack_into(out, 0, 0, KAFKA_BATCH_HEADER_SIZE - _LENGTH_END + len(body), -1, 2, 0, 0,
+                      len(records) - 1, base_ts, max_ts, -1, -1, -1, len(records))
+    out += body
+    _CRC.pack_into(out, _CRC_AT, crc32c(memoryview(out)[_CRC_START:]))
+    return bytes(out)
+
+
+def _put_bytes(out: bytearray, value: bytes | None) -> None:
+    if value is None:
+        out += _varint(-1)
+        return
+    out += _varint(len(value))
+    out += value
+
+
+def _varint(n: int) -> bytes:
+    """Kafka's zigzag varint (varlong) of `n`."""
+    z = (n << 1) ^ (n >> 63)
+    if z < 0x80:
+        return _SMALL_VARINTS[z]
+    out = bytearray()
+    while z >= 0x80:
+        out.append((z & 0x7F) | 0x80)
+        z >>= 7
+    out.append(z)
+    return bytes(out)
+
+
+_SMALL_VARINTS = [bytes([z]) for z in range(0x80)]

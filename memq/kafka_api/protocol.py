@@ -1,8 +1,8 @@
-"""Sans-I/O codec of the Kafka requests and responses a producer needs.
+"""Sans-I/O codec of the Kafka requests and responses producers and assigned consumers need.
 
 Only non-flexible versions are served (request header v1, response header v0, no tagged
-fields): ApiVersions v0-2, Metadata v1-8, Produce v3-8 (RecordBatch v2), InitProducerId
-v0-1, SaslHandshake v0-1 and SaslAuthenticate v0-1. librdkafka and the Java client open with ApiVersions v3; the answer to any version we do
+fields): ApiVersions v0-2, Metadata v1-8, Produce v3-8 (RecordBatch v2), Fetch v4-11,
+ListOffsets v1-5, InitProducerId v0-1, SaslHandshake v0-1 and SaslAuthenticate v0-1. librdkafka and the Java client open with ApiVersions v3; the answer to any version we do
 not serve is Kafka's v0-shaped UNSUPPORTED_VERSION carrying our ranges (KIP-511), and the
 client retries with the highest we list. Field layouts follow Kafka's
 clients/src/main/resources/common/message/*.json.
@@ -26,7 +26,17 @@ _REQUEST_HEADER = struct.Struct(">hhi")
 class ApiKey(IntEnum):
     PRODUCE = 0
     FETCH = 1
+    LIST_OFFSETS = 2
     METADATA = 3
+    OFFSET_COMMIT = 8
+    OFFSET_FETCH = 9
+    FIND_COORDINATOR = 10
+    JOIN_GROUP = 11
+    HEARTBEAT = 12
+    LEAVE_GROUP = 13
+    SYNC_GROUP = 14
+    DESCRIBE_GROUPS = 15
+    LIST_GROUPS = 16
     SASL_HANDSHAKE = 17
     API_VERSIONS = 18
     INIT_PRODUCER_ID = 22
@@ -36,10 +46,21 @@ class ApiKey(IntEnum):
 #: The (min, max) version of each API served; ApiVersions advertises exactly these.
 SUPPORTED: dict[int, tuple[int, int]] = {
     ApiKey.PRODUCE: (3, 8),
-    # Not served: librdkafka writes RecordBatch v2 only to brokers listing Fetch v4 (its
-    # MsgVer2 feature needs Produce v3 and Fetch v4), so v4 is listed and every partition of
-    # a Fetch is answered UNSUPPORTED_VERSION (reading memq through Kafka is not implemented).
-    ApiKey.FETCH: (4, 4),
+    # v4 (RecordBatch v2: librdkafka's MsgVer2 needs Produce v3 and Fetch v4) up to the last
+    # non-flexible one; fetch sessions (v7+) are answered sessionless (id 0): full fetches.
+    ApiKey.FETCH: (4, 11),
+    ApiKey.LIST_OFFSETS: (1, 5),
+    # consumer groups, relayed to the notification Kafka's coordinator (kafka_api.groups): the
+    # non-flexible versions, so a request is relayed with only its group id rewritten
+    ApiKey.OFFSET_COMMIT: (2, 7),
+    ApiKey.OFFSET_FETCH: (1, 5),
+    ApiKey.FIND_COORDINATOR: (0, 2),
+    ApiKey.JOIN_GROUP: (0, 5),
+    ApiKey.HEARTBEAT: (0, 3),
+    ApiKey.LEAVE_GROUP: (0, 3),
+    ApiKey.SYNC_GROUP: (0, 3),
+    ApiKey.DESCRIBE_GROUPS: (0, 4),
+    ApiKey.LIST_GROUPS: (0, 2),
     ApiKey.METADATA: (1, 8),
     ApiKey.API_VERSIONS: (0, 2),
     ApiKey.INIT_PRODUCER_ID: (0, 1),
@@ -53,6 +74,7 @@ class ErrorCode(IntEnum):
 
     NONE = 0
     UNKNOWN_SERVER_ERROR = -1
+    OFFSET_OUT_OF_RANGE = 1
     CORRUPT_MESSAGE = 2
     UNKNOWN_TOPIC_OR_PARTITION = 3
     LEADER_NOT_AVAILABLE = 5
@@ -60,6 +82,7 @@ class ErrorCode(IntEnum):
     REQUEST_TIMED_OUT = 7
     MESSAGE_TOO_LARGE = 10
     INVALID_REQUIRED_ACKS = 21
+    COORDINATOR_NOT_AVAILABLE = 15
     TOPIC_AUTHORIZATION_FAILED = 29
     UNSUPPORTED_SASL_MECHANISM = 33
     ILLEGAL_SASL_STATE = 34
@@ -96,6 +119,9 @@ class Reader:
 
     def i32(self) -> int:
         return self._take(_I32)
+
+    def i64(self) -> int:
+        return self._take(_I64)
 
     def nullable_bytes(self, n: int) -> memoryview | None:
         if n == -1:
@@ -166,6 +192,13 @@ class Writer:
         raw = s.encode()
         self.i16(len(raw))
         self.out += raw
+        return self
+
+    def nullable_bytes(self, b: bytes | bytearray | None) -> Writer:
+        if b is None:
+            return self.i32(-1)
+        self.i32(len(b))
+        self.out += b
         return self
 
     def frame(self) -> bytes:
@@ -384,37 +417,137 @@ def encode_produce(h: RequestHeader, result: ProduceResult) -> bytes:
     return w.frame()
 
 
-# --- Fetch (refused) ------------------------------------------------------------------------
+# --- Fetch v4-11 ---------------------------------------------------------------------------
 
 
-def decode_fetch_partitions(r: Reader) -> list[tuple[str, list[int]]]:
-    """The (topic, partitions) a Fetch v4 asks for; the rest of the request is not needed."""
-    r.i32()
-    r.i32()
-    r.i32()
-    r.i32()   # replica id, max wait, min bytes, max bytes
-    r.i8()    # isolation level
-    out = []
+@dataclass(frozen=True, slots=True)
+class FetchPartition:
+    index: int
+    offset: int
+    max_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class FetchRequest:
+    max_wait_ms: int
+    min_bytes: int
+    max_bytes: int
+    topics: tuple[tuple[str, tuple[FetchPartition, ...]], ...]
+    rack: str = ""
+
+
+def decode_fetch(h: RequestHeader, r: Reader) -> FetchRequest:
+    """A Fetch v4-11 request; the session fields (v7+) are read and ignored: memq answers every
+    fetch in full (session id 0), which every client accepts."""
+    v = h.api_version
+    r.i32()   # replica id
+    max_wait_ms, min_bytes, max_bytes = r.i32(), r.i32(), r.i32()
+    r.i8()    # isolation level: memq has no transactions, so both levels read the same
+    if v >= 7:
+        r.i32()
+        r.i32()   # session id, session epoch
+    topics = []
     for _ in range(r.count()):
         name = r.string()
         parts = []
         for _ in range(r.count()):
-            parts.append(r.i32())
-            r.i32()
-            r.i32()
-            r.i32()   # fetch offset (i64) and partition max bytes
-        out.append((name, parts))
+            index = r.i32()
+            if v >= 9:
+                r.i32()   # current leader epoch
+            offset = r.i64()
+            if v >= 5:
+                r.i64()   # log start offset: a follower's, unused
+            parts.append(FetchPartition(index, offset, r.i32()))
+        topics.append((name, tuple(parts)))
+    if v >= 7:
+        for _ in range(r.count()):   # forgotten topics: there is no session to forget them from
+            r.string()
+            for _ in range(r.count()):
+                r.i32()
+    rack = r.string() if v >= 11 else ""
     r.done()
-    return out
+    return FetchRequest(max_wait_ms, min_bytes, max_bytes, tuple(topics), rack)
 
 
-def encode_fetch_refusal(h: RequestHeader, topics: list[tuple[str, list[int]]]) -> bytes:
-    """Fetch v4 response: every partition UNSUPPORTED_VERSION, no records."""
-    w = Writer(h.correlation_id).i32(0).i32(len(topics))
+@dataclass(slots=True)
+class FetchedPartition:
+    index: int
+    error: ErrorCode = ErrorCode.NONE
+    high_watermark: int = -1
+    log_start: int = -1
+    records: bytes | bytearray = b""
+    preferred_replica: int = -1   # v11+: the node the client should fetch this partition from (KIP-392)
+
+
+def encode_fetch(h: RequestHeader, topics: list[tuple[str, list[FetchedPartition]]], throttle_ms: int = 0) -> bytes:
+    v = h.api_version
+    w = Writer(h.correlation_id).i32(throttle_ms)
+    if v >= 7:
+        w.i16(ErrorCode.NONE).i32(0)   # sessionless
+    w.i32(len(topics))
     for name, parts in topics:
         w.nullable_string(name).i32(len(parts))
         for p in parts:
-            w.i32(p).i16(ErrorCode.UNSUPPORTED_VERSION).i64(-1).i64(-1).i32(-1).i32(-1)   # no aborted txns, records
+            w.i32(p.index).i16(p.error).i64(p.high_watermark).i64(p.high_watermark)   # last stable = high
+            if v >= 5:
+                w.i64(p.log_start)
+            w.i32(-1)   # aborted transactions: none
+            if v >= 11:
+                w.i32(p.preferred_replica)
+            w.nullable_bytes(p.records or b"")   # never null: librdkafka refuses a MessageSetSize of -1
+    return w.frame()
+
+
+# --- ListOffsets v1-5 -------------------------------------------------------------------------
+
+LATEST = -1
+EARLIEST = -2
+
+
+@dataclass(frozen=True, slots=True)
+class ListOffsetsRequest:
+    topics: tuple[tuple[str, tuple[tuple[int, int], ...]], ...]   # (partition, timestamp) per topic
+
+
+def decode_list_offsets(h: RequestHeader, r: Reader) -> ListOffsetsRequest:
+    v = h.api_version
+    r.i32()   # replica id
+    if v >= 2:
+        r.i8()   # isolation level
+    topics = []
+    for _ in range(r.count()):
+        name = r.string()
+        parts = []
+        for _ in range(r.count()):
+            index = r.i32()
+            if v >= 4:
+                r.i32()   # current leader epoch
+            parts.append((index, r.i64()))
+        topics.append((name, tuple(parts)))
+    r.done()
+    return ListOffsetsRequest(tuple(topics))
+
+
+@dataclass(frozen=True, slots=True)
+class ListedOffset:
+    index: int
+    error: ErrorCode = ErrorCode.NONE
+    timestamp: int = -1
+    offset: int = -1
+
+
+def encode_list_offsets(h: RequestHeader, topics: list[tuple[str, list[ListedOffset]]]) -> bytes:
+    v = h.api_version
+    w = Writer(h.correlation_id)
+    if v >= 2:
+        w.i32(0)   # throttle time
+    w.i32(len(topics))
+    for name, parts in topics:
+        w.nullable_string(name).i32(len(parts))
+        for p in parts:
+            w.i32(p.index).i16(p.error).i64(p.timestamp).i64(p.offset)
+            if v >= 4:
+                w.i32(-1)   # leader epoch: unknown
     return w.frame()
 
 

@@ -230,6 +230,15 @@ class NotificationConsumer:
             high = max(high, self._side_reader().get_watermark_offsets(tp, cached=True)[1])
         return int(low), int(high)
 
+    def cached_watermarks(self, partition: int) -> tuple[int, int] | None:
+        """(first offset, next offset) as the last fetch of `partition` told it, without asking
+        Kafka (a fetch response carries the true high watermark, also on tansu); None before one."""
+        try:
+            low, high = self._consumer.get_watermark_offsets(TopicPartition(self.topic, partition), cached=True)
+        except KafkaException:
+            return None
+        return (int(low), int(high)) if high >= 0 else None
+
     def partitions(self) -> list[int]:
         try:
             md = self._consumer.list_topics(self.topic, timeout=self._timeout_s)   # not all topics

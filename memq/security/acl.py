@@ -25,6 +25,7 @@ CLUSTER_RESOURCE = "__cluster"
 
 class Operation(StrEnum):
     PRODUCE = "produce"
+    CONSUME = "consume"    # read a topic through a broker (the Kafka listener's Fetch, ListOffsets)
     DESCRIBE = "describe"
     ADMIN = "admin"
 
@@ -75,7 +76,7 @@ def parse_rule(line: str, where: str = "security.acls") -> AclRule:
     """One rule from its line; ConfigError naming `where` and the line when it is malformed."""
     parts = line.split()
     if len(parts) != 4 or ":" not in parts[3]:
-        raise ConfigError(f"{where}: {line!r} is not 'allow|deny PRINCIPAL produce|describe|admin "
+        raise ConfigError(f"{where}: {line!r} is not 'allow|deny PRINCIPAL produce|consume|describe|admin "
                           "literal:TOPIC|prefix:PREFIX'")
     permission, principal, operation, target = parts
     kind, _, pattern = target.partition(":")

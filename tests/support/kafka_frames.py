@@ -77,3 +77,35 @@ def produce_body(topic: str, partition: int, records: bytes, *, acks: int = -1, 
     """A Produce v3..v8 request body with one topic and one partition."""
     return (_str(None) + struct.pack(">hii", acks, timeout_ms, 1) + _str(topic)
             + struct.pack(">iii", 1, partition, len(records)) + records)
+
+
+def fetch_body(version: int, parts: list[tuple[str, int, int, int]], *, max_wait_ms: int = 100, min_bytes: int = 1,
+               max_bytes: int = 1 << 20, rack: str = "") -> bytes:
+    """A Fetch v4..v11 request body: one topic entry per (topic, partition, offset, partition max bytes),
+    as librdkafka and the Java client lay it out (session fields for a sessionless full fetch)."""
+    body = struct.pack(">iiiib", -1, max_wait_ms, min_bytes, max_bytes, 0)
+    if version >= 7:
+        body += struct.pack(">ii", 0, -1)
+    body += struct.pack(">i", len(parts))
+    for topic, partition, offset, limit in parts:
+        body += _str(topic) + struct.pack(">ii", 1, partition)
+        if version >= 9:
+            body += struct.pack(">i", -1)
+        body += struct.pack(">q", offset)
+        if version >= 5:
+            body += struct.pack(">q", -1)
+        body += struct.pack(">i", limit)
+    if version >= 7:
+        body += struct.pack(">i", 0)
+    if version >= 11:
+        body += _str(rack)
+    return body
+
+
+def list_offsets_body(version: int, topic: str, parts: list[tuple[int, int]]) -> bytes:
+    """A ListOffsets v1..v5 request body for (partition, timestamp) pairs of one topic."""
+    body = struct.pack(">i", -1) + (struct.pack(">b", 0) if version >= 2 else b"") + struct.pack(">i", 1)
+    body += _str(topic) + struct.pack(">i", len(parts))
+    for partition, ts in parts:
+        body += struct.pack(">i", partition) + (struct.pack(">i", -1) if version >= 4 else b"") + struct.pack(">q", ts)
+    return body

@@ -1,5 +1,5 @@
 """The broker's Kafka door: an asyncio shell over the sans-I/O codec of `memq.kafka_api`, one
-task per client connection.
+task per client connection. Produce is here; Fetch and ListOffsets in `kafka_fetch`.
 
 Requests are read and handled one at a time, in order (so a full batch ring stops the
 reading and TCP pushes back, as on `/v1/produce`); responses are futures queued in request
@@ -35,23 +35,30 @@ import ssl
 import struct
 from typing import TYPE_CHECKING
 
-from memq.errors import FormatError, ProtocolError, UnsupportedCodecError, UnsupportedVersionError
+from memq.errors import FormatError, NotifyError, ProtocolError, UnsupportedCodecError, UnsupportedVersionError
 from memq.format.kafka_records import split_kafka_batches, verify_kafka_batch
 from memq.format.message import MESSAGE_HEADER_SIZE, MessageHeader, encode_kafka_message
 from memq.format.wire import Ack, AckCode, AckLevel
 from memq.security.tls import subject_cn
 
 from ..admission import Refusal, Ticket
+from ..groups import GroupLink
 from ..seam import BrokerCore
 
+from memq.kafka_api.groups import (RELAYED, decode_find_coordinator, describe_groups_request, describe_groups_response,
+                                  encode_find_coordinator, group_of, list_groups_response, offsets_request,
+                                  offsets_response, with_size)
 from memq.kafka_api.idle_seal import SealCredit
-from memq.kafka_api.mapping import PRODUCER_ID_BITS, ack_level, error_code, memq_producer_id, metadata_view, node_id
-from memq.kafka_api.protocol import (ApiKey, ErrorCode, PartitionData, PartitionResult, ProduceRequest, ProduceResult, Reader,
-                       RequestHeader, api_name, decode_fetch_partitions, decode_init_producer_id,
-                       decode_metadata, decode_produce, decode_request_header, decode_sasl_authenticate,
-                       decode_sasl_handshake, encode_api_versions, encode_fetch_refusal, encode_init_producer_id,
-                       encode_metadata, encode_produce, encode_sasl_authenticate, encode_sasl_handshake,
-                       is_supported, parse_sasl_plain)
+from memq.kafka_api.mapping import (PRODUCER_ID_BITS, ack_level, error_code, memq_producer_id, metadata_view, node_id,
+                                   split_address)
+from memq.kafka_api.protocol import (ApiKey, ErrorCode, FetchRequest, ListOffsetsRequest, PartitionData, PartitionResult, ProduceRequest, ProduceResult, Reader,
+                       RequestHeader, api_name, decode_fetch, decode_init_producer_id,
+                       decode_list_offsets, decode_metadata, decode_produce, decode_request_header,
+                       decode_sasl_authenticate, decode_sasl_handshake, encode_api_versions, encode_fetch,
+                       encode_init_producer_id, encode_list_offsets, encode_metadata, encode_produce,
+                       encode_sasl_authenticate, encode_sasl_handshake, is_supported, parse_sasl_plain)
+
+from . import kafka_fetch
 
 if TYPE_CHECKING:
     from memq.audit.emitter import AuditEmitter
@@ -144,6 +151,7 @@ class KafkaConnection:
         self._principal = subject_cn(writer.get_extra_info("peercert")) if broker.guard.enabled else None
         self._authenticated = not broker.guard.enabled or self._principal is not None
         self._close_after: str = ""    # set when a response must be the last one (failed SASL)
+        self._groups: GroupLink | None = None   # this connection's relay to group coordinators
 
     def close(self) -> None:
         self._writer.close()
@@ -157,6 +165,8 @@ class KafkaConnection:
                 log.warning("closing Kafka connection from %s: %s", self._peer, why)
         finally:
             self._metrics.connections.dec()
+            if self._groups is not None:
+                self._groups.close()
             try:   # let the responses already due go out (each bounded by its request's timeout)
                 async with asyncio.timeout(WRITE_TIMEOUT_S + MAX_ACK_WAIT_S):
                     if not writer_task.done():
@@ -239,10 +249,25 @@ class KafkaConnection:
             return _ready(self._metadata(h, body))
         if h.api_key == ApiKey.INIT_PRODUCER_ID:
             return _ready(self._init_producer_id(h, body))
-        if h.api_key == ApiKey.FETCH:
-            log.warning("refused a Kafka Fetch from %s (client %r): memq topics are read with memq's "
-                        "Consumer or Spark source", self._peer, h.client_id)
-            return _ready(encode_fetch_refusal(h, decode_fetch_partitions(body)))
+        if h.api_key == ApiKey.FETCH:   # answered in turn, read on meanwhile: a long poll blocks no other request
+            return asyncio.ensure_future(self._fetch(h, decode_fetch(h, body)))
+        if h.api_key == ApiKey.LIST_OFFSETS:
+            return asyncio.ensure_future(self._list_offsets(h, decode_list_offsets(h, body)))
+        if h.api_key == ApiKey.FIND_COORDINATOR:
+            return _ready(self._find_coordinator(h, body))
+        if h.api_key in (ApiKey.DESCRIBE_GROUPS, ApiKey.LIST_GROUPS):   # admin tools: this cluster's groups
+            cluster = self._broker.groups.cluster
+            if h.api_key == ApiKey.LIST_GROUPS:
+                body.done()
+                request = with_size(body.buf)
+            else:
+                request = describe_groups_request(h, body.buf, body.pos, cluster)
+            return asyncio.ensure_future(self._relay(h, self._broker.groups.mapped(""), request, {}))
+        if h.api_key in RELAYED:
+            group = self._broker.groups.mapped(group_of(body))
+            names = {n: t.notification_topic for n, t in self._broker.metadata().topics.items()}
+            request = offsets_request(h, body.buf, body.pos, group, names)
+            return asyncio.ensure_future(self._relay(h, group, request, {v: k for k, v in names.items()}))
         req = decode_produce(body)
         return await self._produce(h, req)
 
@@ -284,6 +309,42 @@ class KafkaConnection:
             return encode_init_producer_id(h, ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, -1, -1)
         # Random, so brokers hand out ids without coordinating (see mapping.PRODUCER_ID_BITS).
         return encode_init_producer_id(h, ErrorCode.NONE, secrets.randbits(PRODUCER_ID_BITS), 0)
+
+    # --- Fetch, ListOffsets (doors.kafka_fetch) ---------------------------------------------
+
+    async def _fetch(self, h: RequestHeader, req: FetchRequest) -> bytes:
+        return encode_fetch(h, await kafka_fetch.fetch(self._broker, self._principal, req, self._peer))
+
+    async def _list_offsets(self, h: RequestHeader, req: ListOffsetsRequest) -> bytes:
+        return encode_list_offsets(h, await kafka_fetch.list_offsets(self._broker, self._principal, req))
+
+    # --- groups (kafka_api.groups): kept by the notification Kafka's coordinator ----------------
+
+    def _find_coordinator(self, h: RequestHeader, body: Reader) -> bytes:
+        """Any broker coordinates any group: it relays to the notification Kafka's coordinator."""
+        _key, key_type = decode_find_coordinator(h, body)
+        me = [b for b in self._broker.metadata().brokers if b.id == self._broker.broker_id and b.kafka_address]
+        if key_type != 0 or not me:
+            return encode_find_coordinator(h, ErrorCode.COORDINATOR_NOT_AVAILABLE, -1, "", -1,
+                                           "memq coordinates consumer groups only, on brokers with a Kafka listener")
+        host, port = split_address(me[0].kafka_address)
+        return encode_find_coordinator(h, ErrorCode.NONE, node_id(self._broker.broker_id), host, port)
+
+    async def _relay(self, h: RequestHeader, group: str, request: bytes, names: dict[str, str]) -> bytes:
+        if self._groups is None:
+            self._groups = self._broker.groups.link()
+        try:
+            response = await self._groups.relay(group, request)
+            cluster = self._broker.groups.cluster
+            if h.api_key == ApiKey.LIST_GROUPS:
+                return list_groups_response(h, response, cluster)
+            if h.api_key == ApiKey.DESCRIBE_GROUPS:
+                return describe_groups_response(h, response, cluster)
+            return offsets_response(h, response, names)
+        except NotifyError as e:   # no answer in the API's shape: close, the client reconnects and retries
+            log.warning("Kafka connection from %s: %s; closing", self._peer, e)
+            self._writer.close()
+            return b""
 
     # --- Produce ---------------------------------------------------------------------------
 

@@ -1,0 +1,228 @@
+"""The Kafka door's read side: Fetch and ListOffsets over the core's read path (`BrokerCore.reads`).
+
+Kafka partition p of a memq topic is its notification partition p, and a record's offset is
+`notification offset << 24 | index in its part` (`memq.kafka_api.offsets`), so the log start
+and high watermark are the notification partition's, mapped: retention shows as the log start
+moving, and a reader behind it (or past the end) gets OFFSET_OUT_OF_RANGE and applies its
+`auto.offset.reset`. Any broker serves any topic's reads: the data is in S3.
+
+A Fetch reads each partition from its offset as far as the byte limits allow; when nothing is there it waits
+up to `max_wait_ms` for the next notification of any of its partitions (a long poll on the
+tails' Kafka fetches, never a loop), then answers. Reading needs the `consume` ACL on the
+topic with security on (TOPIC_AUTHORIZATION_FAILED otherwise, nothing read).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+
+from memq.errors import FormatError, MemqError, OffsetOutOfRangeError
+from memq.format.metadata import ClusterMetadata
+from memq.kafka_api.mapping import node_id
+from memq.kafka_api.offsets import end_offset, first_offset, split_offset
+from memq.kafka_api.protocol import (EARLIEST, LATEST, ErrorCode, FetchedPartition, FetchPartition, FetchRequest,
+                                     ListedOffset, ListOffsetsRequest)
+from memq.kafka_api.records import place
+from memq.notify.consumer import NotificationRecord
+from memq.security.acl import Operation
+
+from ..seam import BrokerCore
+
+log = logging.getLogger(__name__)
+
+#: A Fetch never waits longer than this, whatever it asks (librdkafka's default is 500 ms).
+MAX_WAIT_S = 30.0
+#: How long ListOffsets(latest) waits to read the partition's last notification (its record count).
+LATEST_WAIT_S = 2.0
+
+
+@dataclass(slots=True)
+class _Reading:
+    """One partition of a Fetch being answered."""
+
+    topic: str
+    notification_topic: str
+    want: FetchPartition
+    out: FetchedPartition
+    note: int          # the notification offset to read from
+    index: int         # the first record wanted in that notification's part
+    buf: bytearray
+
+    @property
+    def got(self) -> bool:
+        return bool(self.buf)
+
+
+def _refusal(core: BrokerCore, principal: str | None, meta: ClusterMetadata, topic: str,
+             partition: int) -> ErrorCode | None:
+    t = meta.topics.get(topic)
+    if core.guard.enabled and not core.guard.may(principal, Operation.CONSUME, topic):
+        core.guard.count_denial(Operation.CONSUME)
+        return ErrorCode.TOPIC_AUTHORIZATION_FAILED
+    if t is None or not 0 <= partition < t.read_partitions:
+        return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+    return None
+
+
+async def fetch(core: BrokerCore, principal: str | None, req: FetchRequest, peer: object
+                ) -> list[tuple[str, list[FetchedPartition]]]:
+    meta = core.metadata()
+    answer: list[tuple[str, list[FetchedPartition]]] = []
+    readings: list[_Reading] = []
+    for topic, parts in req.topics:
+        outs = []
+        for p in parts:
+            out = FetchedPartition(p.index)
+            outs.append(out)
+            refused = _refusal(core, principal, meta, topic, p.index)
+            if refused is not None:
+                out.error = refused
+            elif p.offset < 0:
+                out.error = ErrorCode.OFFSET_OUT_OF_RANGE
+            elif (replica := _preferred_replica(meta, core.broker_id, req.rack, p.index)) >= 0:
+                out.preferred_replica = replica   # read nothing here: the client goes there
+                out.high_watermark = p.offset
+            else:
+                note, index = split_offset(p.offset)
+                readings.append(_Reading(topic, meta.topics[topic].notification_topic, p, out, note, index,
+                                         bytearray()))
+        answer.append((topic, outs))
+    budget = [max(req.max_bytes, 1)]   # bytes the response may still take
+    for r in readings:   # what is there now
+        await _read(core, r, 0.0, budget, peer)
+    wait_s = min(req.max_wait_ms / 1000, MAX_WAIT_S)
+    if readings and not any(r.got or r.out.error for r in readings) and wait_s > 0:
+        await _long_poll(core, readings, wait_s, budget, peer)
+    for r in readings:
+        if not r.out.error:
+            marks = core.reads.watermarks_seen(r.notification_topic, r.want.index)
+            low, high = marks if marks is not None else (-1, r.note)
+            high = max(high, r.note + (1 if r.index else 0), 0)
+            r.out.high_watermark = _high_watermark(high, core.reads.last_seen(r.notification_topic, r.want.index))
+            r.out.log_start = first_offset(low) if low >= 0 else -1
+            r.out.records = r.buf
+    return answer
+
+
+def _preferred_replica(meta: ClusterMetadata, me: str, rack: str, partition: int) -> int:
+    """KIP-392: a broker in the client's rack for it to read from, when this one is not (any
+    broker serves any topic's reads: the data is in S3); -1 for this one."""
+    if not rack:
+        return -1
+    near = sorted(b.id for b in meta.brokers if b.rack == rack and b.kafka_address)
+    if not near or me in near:
+        return -1
+    return node_id(near[partition % len(near)])
+
+
+def _high_watermark(high: int, last: NotificationRecord | None) -> int:
+    """Just after the last record when the partition's last notification is known (so a reader
+    that read everything has no lag), else where the next notification's records will start."""
+    if last is not None and last.offset == high - 1:
+        return end_offset(last.offset, last.notification.logmessage_count)
+    return first_offset(high)
+
+
+async def _long_poll(core: BrokerCore, readings: list[_Reading], wait_s: float, budget: list[int],
+                     peer: object) -> None:
+    """Wait for the first partition to get a notification, then answer with what it brought.
+
+    A partition's read still waiting when another's data came is left to finish on its own: its
+    notifications land in its tail's memory, where the client's next Fetch finds them."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + wait_s
+    pending = {asyncio.ensure_future(_read(core, r, wait_s, budget, peer)): r for r in readings}
+    while pending:
+        left = deadline - loop.time()
+        if left <= 0:
+            break
+        done, _ = await asyncio.wait(pending, timeout=left, return_when=asyncio.FIRST_COMPLETED)
+        if not done:
+            break
+        for d in done:
+            pending.pop(d)
+        if any(r.got or r.out.error for r in readings):
+            break
+
+
+async def _read(core: BrokerCore, r: _Reading, wait_s: float, budget: list[int], peer: object) -> None:
+    """Read `r`'s partition from its place, within its and the response's byte limits."""
+    try:
+        notes = await core.reads.notes(r.notification_topic, r.want.index, r.note, wait_s)
+        for n in notes:   # stop at the first part not placed whole: the records a reader gets have no holes
+            if not await _place(core, r, n, budget) or budget[0] <= 0 or len(r.buf) >= r.want.max_bytes:
+                break
+    except OffsetOutOfRangeError as e:
+        r.out.error = ErrorCode.OFFSET_OUT_OF_RANGE
+        log.info("Kafka fetch of %s[%d] at %d from %s: %s", r.topic, r.want.index, r.want.offset, peer, e)
+    except FormatError as e:
+        r.out.error = ErrorCode.CORRUPT_MESSAGE
+        log.warning("Kafka fetch of %s[%d] at %d from %s: %s", r.topic, r.want.index, r.want.offset, peer, e)
+    except MemqError as e:   # the notification Kafka or storage failing: the client retries
+        r.out.error = ErrorCode.KAFKA_STORAGE_ERROR
+        log.warning("Kafka fetch of %s[%d] at %d from %s: %s", r.topic, r.want.index, r.want.offset, peer, e)
+
+
+async def _place(core: BrokerCore, r: _Reading, n: NotificationRecord, budget: list[int]) -> bool:
+    """Add the records of `n` from the reading's index on and move the reading past them; False
+    when a limit stopped it inside the part."""
+    if n.offset < r.note:
+        return True
+    index = r.index if n.offset == r.note else 0
+    note = n.notification
+    if index < note.logmessage_count:
+        part = await core.reads.part(note)
+        before = len(r.buf)
+        limit = min(r.want.max_bytes, len(r.buf) + budget[0])
+        # a partition's first batch goes whatever its size while the response has room left (KIP-74:
+        # else a batch larger than max.partition.fetch.bytes would stall its partition for good)
+        after = place(part, n.offset, index, r.buf, limit, at_least_one=not r.buf and budget[0] > 0)
+        budget[0] -= len(r.buf) - before
+        if after < note.logmessage_count:
+            r.note, r.index = n.offset, after   # stopped by a limit inside this part
+            return False
+    r.note, r.index = n.offset + 1, 0
+    return True
+
+
+async def list_offsets(core: BrokerCore, principal: str | None, req: ListOffsetsRequest
+                       ) -> list[tuple[str, list[ListedOffset]]]:
+    meta = core.metadata()
+    answer = []
+    for topic, parts in req.topics:
+        outs = []
+        for partition, ts in parts:
+            refused = _refusal(core, principal, meta, topic, partition)
+            if refused is not None:
+                outs.append(ListedOffset(partition, refused))
+                continue
+            ntopic = meta.topics[topic].notification_topic
+            try:
+                outs.append(await _listed(core, ntopic, partition, ts))
+            except MemqError as e:
+                log.warning("Kafka ListOffsets of %s[%d] at %d: %s", topic, partition, ts, e)
+                outs.append(ListedOffset(partition, ErrorCode.KAFKA_STORAGE_ERROR))
+        answer.append((topic, outs))
+    return answer
+
+
+async def _listed(core: BrokerCore, ntopic: str, partition: int, ts: int) -> ListedOffset:
+    low, high = await core.reads.watermarks(ntopic, partition)
+    if ts == LATEST:   # as the high watermark of a Fetch says it, so lag reads 0 at the end
+        last = None
+        if high > low:
+            notes = await core.reads.notes(ntopic, partition, high - 1, LATEST_WAIT_S)
+            last = notes[0] if notes else None
+        return ListedOffset(partition, offset=_high_watermark(high, last))
+    if ts == EARLIEST:
+        return ListedOffset(partition, offset=first_offset(low))
+    if ts < 0:
+        return ListedOffset(partition, ErrorCode.INVALID_REQUEST)
+    # The first notification published at or after ts: its part may start a little before ts
+    # (records are stamped before they are stored), never after a record stamped ts or later.
+    found = (await core.reads.offsets_for_time(ntopic, ts)).get(partition, high)
+    if found >= high:
+        return ListedOffset(partition)   # none at or after ts: offset -1, as Kafka answers
+    return ListedOffset(partition, timestamp=ts, offset=first_offset(found))

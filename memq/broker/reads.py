@@ -1,0 +1,235 @@
+"""The read path of the broker core: a topic's records by notification, for the Kafka fetch door.
+
+A Kafka partition of a memq topic is its notification partition (`memq.kafka_api.offsets`), so
+reading means: follow the notification partition (`PartitionTail`: one assigned consumer per
+partition read through this broker, with its most recent notifications in memory, so the
+readers at the tail, of any number of groups, share one Kafka fetch), then fetch each part
+through the hot-object cache (`ReadCache`: what this broker just stored, or one ranged GET per
+part however many readers want it), framed once as Kafka RecordBatches (`kafka_api.records`).
+
+Blocking Kafka calls run on this object's own threads, so a long poll at the tail never
+starves the event loop's default executor; a tail's consumer is used by one call at a time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import OrderedDict, deque
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+from crc32c import crc32c
+
+from memq.config import KafkaConfig
+from memq.errors import CorruptDataError, FormatError, OffsetOutOfRangeError
+from memq.format import Notification
+from memq.kafka_api.records import FramedPart, frame_part
+from memq.notify.consumer import NotificationConsumer, NotificationRecord
+from memq.storage import ObjectLocation, StorageHandler
+
+from .metrics import BrokerMetrics
+from .read_cache import ReadCache
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+RING_NOTES = 1024          # recent notifications a tail keeps in memory
+MAX_TAILS = 256            # partitions followed at once; the least recently read is closed beyond
+NOTES_PER_POLL = 500
+THREADS = 64               # blocking Kafka calls in flight (long polls hold one each)
+TAIL_FETCH_WAIT_MS = 20    # how long the notification Kafka holds a tail's fetch: the latency it adds
+
+ConsumerFactory = Callable[[str], NotificationConsumer]   # for a notification topic
+
+
+class PartitionTail:
+    """One notification partition, followed by one assigned consumer; its recent notes in memory."""
+
+    def __init__(self, consumer: NotificationConsumer, partition: int, run: Callable[..., Any]) -> None:
+        self._consumer = consumer
+        self.partition = partition
+        self._run = run
+        self._ring: deque[NotificationRecord] = deque(maxlen=RING_NOTES)
+        self._position: int | None = None   # the next offset the consumer returns
+        self._skipped: deque[int] = deque(maxlen=RING_NOTES)   # offsets of bad notifications
+        self._lock = asyncio.Lock()
+
+    @property
+    def busy(self) -> bool:
+        return self._lock.locked()
+
+    def _cached(self, offset: int, limit: int) -> list[NotificationRecord] | None:
+        ring = self._ring
+        if ring and ring[0].offset <= offset <= ring[-1].offset:
+            return [r for r in ring if r.offset >= offset][:limit]
+        return None
+
+    async def read(self, offset: int, wait_s: float, limit: int = NOTES_PER_POLL) -> list[NotificationRecord]:
+        """Notifications from `offset` on (at most `limit`), waiting up to `wait_s` for the first
+        when there is none yet; with `wait_s` 0 never waiting, not even for another read's lock. OffsetOutOfRangeError when `offset` is outside the partition."""
+        while offset in self._skipped:
+            offset += 1
+        hit = self._cached(offset, limit)
+        if hit:
+            return hit
+        if wait_s <= 0 and self._lock.locked():
+            return []   # a read is already waiting on Kafka (an earlier long poll): what it gets lands here
+        async with self._lock:
+            hit = self._cached(offset, limit)
+            if hit:
+                return hit
+            if self._position != offset:
+                await self._run(self._consumer.assign, {self.partition: offset})
+                self._ring.clear()
+                self._position = offset
+            try:
+                got: list[NotificationRecord] = await self._run(self._consumer.poll, wait_s, limit)
+            except OffsetOutOfRangeError:
+                self._position = None
+                raise
+            except FormatError as e:   # not a notification: skip it, as memq's Consumer does (data-loss policy)
+                bad = offset if self._position is None else self._position
+                self._skipped.append(bad)
+                log.warning("skipping a bad notification at offset %s of partition %d: %s", bad, self.partition, e)
+                await self._run(self._consumer.assign, {self.partition: bad + 1})
+                self._position = bad + 1
+                return []
+            got = [r for r in got if r.partition == self.partition]
+            if got:
+                self._ring.extend(got)
+                self._position = got[-1].offset + 1
+            return [r for r in got if r.offset >= offset][:limit]
+
+    def last(self) -> NotificationRecord | None:
+        """The most recent notification this tail read."""
+        return self._ring[-1] if self._ring else None
+
+    def watermarks(self) -> tuple[int, int] | None:
+        """(first, next) notification offsets as the last fetch saw them, None before one."""
+        marks = self._consumer.cached_watermarks(self.partition)
+        if self._position is not None:
+            low, high = marks or (-1, 0)
+            return low, max(high, self._position)
+        return marks
+
+    def close(self) -> None:
+        self._consumer.close()
+
+
+class Reads:
+    """What a fetch door asks of the core. `consumers` makes a notification topic's consumer
+    (default: an assigned `NotificationConsumer`, auto.offset.reset = error)."""
+
+    def __init__(self, kafka: KafkaConfig, storage: StorageHandler, cache: ReadCache, metrics: BrokerMetrics,
+                 *, broker_id: str, consumers: ConsumerFactory | None = None) -> None:
+        self._storage = storage
+        self.cache = cache
+        self._m = metrics
+        self._consumers = consumers or (lambda topic: NotificationConsumer(
+            kafka, topic, group_id=f"memq-broker-{broker_id}-reads", auto_offset_reset="error",
+            fetch_wait_ms=TAIL_FETCH_WAIT_MS))
+        self._pool = ThreadPoolExecutor(THREADS, thread_name_prefix="memq-reads")
+        self._tails: OrderedDict[tuple[str, int], PartitionTail] = OrderedDict()
+        self._opening: dict[tuple[str, int], asyncio.Task[PartitionTail]] = {}
+        self._lookup: NotificationConsumer | None = None   # ListOffsets: watermarks, offsets for times
+        self._lookup_lock = asyncio.Lock()
+
+    async def _run(self, fn: Callable[..., T], *args: Any) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
+
+    # --- notifications -------------------------------------------------------------------------
+
+    async def notes(self, notification_topic: str, partition: int, offset: int, wait_s: float
+                    ) -> list[NotificationRecord]:
+        """The partition's notifications from `offset`, waiting up to `wait_s` for one."""
+        tail = await self._tail(notification_topic, partition)
+        return await tail.read(offset, wait_s)
+
+    def watermarks_seen(self, notification_topic: str, partition: int) -> tuple[int, int] | None:
+        """(first, next) notification offsets as this broker's tail last saw them (no Kafka call)."""
+        tail = self._tails.get((notification_topic, partition))
+        return None if tail is None else tail.watermarks()
+
+    def last_seen(self, notification_topic: str, partition: int) -> NotificationRecord | None:
+        """The most recent notification this broker's tail of the partition read (no Kafka call)."""
+        tail = self._tails.get((notification_topic, partition))
+        return None if tail is None else tail.last()
+
+    async def watermarks(self, notification_topic: str, partition: int) -> tuple[int, int]:
+        """(first, next) notification offsets, asked of Kafka."""
+        async with self._lookup_lock:
+            lookup = await self._lookup_of(notification_topic)
+            return await self._run(lookup.watermarks, partition)
+
+    async def offsets_for_time(self, notification_topic: str, ts_ms: int) -> dict[int, int]:
+        """Per partition, the first notification published at or after `ts_ms` (or the end)."""
+        async with self._lookup_lock:
+            lookup = await self._lookup_of(notification_topic)
+            return await self._run(lookup.offsets_for_times, ts_ms)
+
+    async def _lookup_of(self, topic: str) -> NotificationConsumer:
+        if self._lookup is None:
+            self._lookup = await self._run(self._consumers, topic)
+        elif self._lookup.topic != topic:
+            await self._run(self._lookup.read_topic, topic)
+        return self._lookup
+
+    async def _tail(self, topic: str, partition: int) -> PartitionTail:
+        key = (topic, partition)
+        tail = self._tails.get(key)
+        if tail is not None:
+            self._tails.move_to_end(key)
+            return tail
+        task = self._opening.get(key)
+        if task is None:
+            task = self._opening[key] = asyncio.get_running_loop().create_task(self._open(key))
+        return await asyncio.shield(task)
+
+    async def _open(self, key: tuple[str, int]) -> PartitionTail:
+        try:
+            consumer = await self._run(self._consumers, key[0])
+            tail = self._tails[key] = PartitionTail(consumer, key[1], self._run)
+            idle = [k for k, t in self._tails.items() if not t.busy][:max(len(self._tails) - MAX_TAILS, 0)]
+            for k in idle:
+                await self._run(self._tails.pop(k).close)
+            return tail
+        finally:
+            del self._opening[key]
+
+    # --- parts ---------------------------------------------------------------------------------
+
+    def stored(self, loc: ObjectLocation, offset: int, part: bytes) -> None:
+        """A part this broker just stored: readers at the tail will want it."""
+        self.cache.put(("part", loc.bucket, loc.key, offset), part, len(part))
+
+    async def part(self, note: Notification) -> FramedPart:
+        """The part `note` announces, as Kafka RecordBatches (CorruptDataError if damaged)."""
+        where = (note.bucket, note.key, note.offset)
+        return await self.cache.get(("framed", *where), lambda: self._frame(note))
+
+    async def _frame(self, note: Notification) -> tuple[FramedPart, int]:
+        raw_key = ("part", note.bucket, note.key, note.offset)
+        raw: bytes = await self.cache.get(raw_key, lambda: self._get(note))
+        if len(raw) != note.size or crc32c(raw) != note.crc32c:
+            raise CorruptDataError(f"part {note.key} @{note.offset} of topic {note.topic}: size or CRC32C "
+                                   "differs from its notification")
+        framed = await asyncio.to_thread(frame_part, raw) if len(raw) > 64 * 1024 else frame_part(raw)
+        self.cache.discard(raw_key)   # framed once: the batches are what readers get
+        return framed, framed.nbytes
+
+    async def _get(self, note: Notification) -> tuple[bytes, int]:
+        data = await self._storage.get_range(ObjectLocation(note.bucket, note.key), note.offset, note.size)
+        self._m.read_gets.inc()
+        self._m.read_get_bytes.inc(len(data))
+        return data, len(data)
+
+    async def close(self) -> None:
+        tails = list(self._tails.values())
+        self._tails.clear()
+        for t in tails:
+            await self._run(t.close)
+        if self._lookup is not None:
+            await self._run(self._lookup.close)
+        self._pool.shutdown(wait=False, cancel_futures=True)

@@ -1,0 +1,245 @@
+"""Kafka consumer groups, sans I/O: what memq relays to the notification Kafka's coordinator.
+
+memq keeps no group state of its own: a Kafka client's group (membership, rebalances,
+committed offsets) lives in the notification Kafka's group coordinator, under a mapped name
+(`mapped_group`), so it is as durable and as failover-safe as that Kafka's `__consumer_offsets`,
+and any memq broker can be a client's coordinator. The group APIs' requests (JoinGroup,
+SyncGroup, Heartbeat, LeaveGroup, OffsetCommit, OffsetFetch) all start with the group id, so a
+request is relayed with that one field rewritten (`with_group`) and its response goes back
+unchanged; assignments and protocol metadata are opaque to a coordinator, and committed
+offsets are memq's Kafka offsets stored as they are, under the memq topic's name.
+"""
+
+from __future__ import annotations
+
+import struct
+
+from memq.errors import ProtocolError
+
+from .protocol import ApiKey, ErrorCode, Reader, RequestHeader, Writer
+
+
+#: The group APIs relayed as they are (FindCoordinator is answered by the broker itself).
+RELAYED = frozenset({ApiKey.OFFSET_COMMIT, ApiKey.OFFSET_FETCH, ApiKey.JOIN_GROUP, ApiKey.HEARTBEAT,
+                     ApiKey.LEAVE_GROUP, ApiKey.SYNC_GROUP})
+
+_I16 = struct.Struct(">h")
+_I32 = struct.Struct(">i")
+_SIZE = struct.Struct(">i")
+
+
+def mapped_group(cluster: str, group: str) -> str:
+    """The notification Kafka's group that holds Kafka client group `group` of memq `cluster`
+    (apart from memq's own consumer groups there)."""
+    return f"memq.{cluster}.kafka.{group}"
+
+
+def group_of(body: Reader) -> str:
+    """The group id a relayed request starts with (the reader is left where it was)."""
+    return Reader(body.buf, body.pos).string()
+
+
+def with_group(frame: bytes | memoryview, body_at: int, group: str) -> bytes:
+    """The size-prefixed request `frame` (no size prefix given) with its leading group id, at
+    `body_at`, replaced by `group`."""
+    r = Reader(frame, body_at)
+    r.string()
+    raw = group.encode()
+    out = bytes(frame[:body_at]) + _I16.pack(len(raw)) + raw + bytes(frame[r.pos:])
+    return _SIZE.pack(len(out)) + out
+
+
+def with_size(frame: bytes | memoryview) -> bytes:
+    """A request frame relayed unchanged, size-prefixed."""
+    return _SIZE.pack(len(frame)) + bytes(frame)
+
+
+def decode_find_coordinator(h: RequestHeader, r: Reader) -> tuple[str, int]:
+    """(key, key type: 0 group, 1 transaction)."""
+    key = r.string()
+    key_type = r.i8() if h.api_version >= 1 else 0
+    r.done()
+    return key, key_type
+
+
+def encode_find_coordinator(h: RequestHeader, error: ErrorCode, node_id: int, host: str, port: int,
+                            message: str | None = None) -> bytes:
+    w = Writer(h.correlation_id)
+    if h.api_version >= 1:
+        w.i32(0)
+    w.i16(error)
+    if h.api_version >= 1:
+        w.nullable_string(message)
+    return w.i32(node_id).nullable_string(host).i32(port).frame()
+
+
+def find_coordinator_request(correlation_id: int, group: str, client_id: str) -> bytes:
+    """A FindCoordinator v0 request for `group` (what memq asks the notification Kafka)."""
+    body = struct.pack(">hhi", ApiKey.FIND_COORDINATOR, 0, correlation_id)
+    for s in (client_id, group):
+        raw = s.encode()
+        body += _I16.pack(len(raw)) + raw
+    return _SIZE.pack(len(body)) + body
+
+
+def decode_find_coordinator_response(frame: bytes) -> tuple[int, str, int]:
+    """(error code, host, port) of a FindCoordinator v0 response (size prefix removed)."""
+    r = Reader(frame)
+    r.i32()   # correlation id
+    error, _node = r.i16(), r.i32()
+    host, port = r.string(), r.i32()
+    r.done()
+    if not 0 < port < 65536 and not error:
+        raise ProtocolError(f"FindCoordinator answered port {port}")
+    return error, host, port
+
+
+class _Rewrite:
+    """Copies a frame field by field, renaming topic strings through a mapping."""
+
+    def __init__(self, frame: bytes | memoryview, at: int, names: dict[str, str]) -> None:
+        self.r = Reader(frame, at)
+        self.out = bytearray(frame[:at])
+        self.names = names
+
+    def copy(self, n: int) -> None:
+        start = self.r.pos
+        raw = self.r.nullable_bytes(n)
+        assert raw is not None
+        self.out += self.r.buf[start:self.r.pos]
+
+    def string(self, rename: bool = False) -> None:
+        start = self.r.pos
+        s = self.r.nullable_string()
+        if rename and s is not None and s in self.names:
+            raw = self.names[s].encode()
+            self.out += _I16.pack(len(raw)) + raw
+        else:
+            self.out += self.r.buf[start:self.r.pos]
+
+    def count(self, nullable: bool = False) -> int:
+        start = self.r.pos
+        n = self.r.count(nullable)
+        self.out += self.r.buf[start:self.r.pos]
+        return max(n, 0)
+
+    def rest(self) -> bytes:
+        self.out += self.r.buf[self.r.pos:]
+        return bytes(self.out)
+
+
+def offsets_request(h: RequestHeader, frame: bytes | memoryview, body_at: int, group: str,
+                    topics: dict[str, str]) -> bytes:
+    """An OffsetCommit (v2-7) or OffsetFetch (v1-5) request for the mapped `group`, its memq topic
+    names renamed to their notification topics (the coordinator knows only topics of its Kafka),
+    size-prefixed. Other requests: `with_group`."""
+    if h.api_key not in (ApiKey.OFFSET_COMMIT, ApiKey.OFFSET_FETCH):
+        return with_group(frame, body_at, group)
+    w = _Rewrite(with_group(frame, body_at, group)[4:], body_at, topics)
+    w.string()   # the group, already mapped
+    v = h.api_version
+    if h.api_key == ApiKey.OFFSET_COMMIT:
+        w.copy(4)
+        w.string()          # generation, member id
+        if v >= 7:
+            w.string()      # group instance id
+        if v <= 4:
+            w.copy(8)       # retention time
+        for _ in range(w.count()):
+            w.string(rename=True)
+            for _ in range(w.count()):
+                w.copy(12 + (4 if v >= 6 else 0))
+                w.string()  # metadata
+    else:
+        for _ in range(w.count(nullable=v >= 2)):
+            w.string(rename=True)
+            w.copy(4 * w.count())
+    w.r.done()
+    out = w.rest()
+    return _SIZE.pack(len(out)) + out
+
+
+def offsets_response(h: RequestHeader, response: bytes, topics: dict[str, str]) -> bytes:
+    """An OffsetCommit or OffsetFetch response (size-prefixed) with notification topic names
+    renamed back to memq's (`topics`: notification topic -> memq topic)."""
+    if h.api_key not in (ApiKey.OFFSET_COMMIT, ApiKey.OFFSET_FETCH):
+        return response
+    v = h.api_version
+    w = _Rewrite(response[4:], 4, topics)   # after the correlation id
+    if v >= 3:
+        w.copy(4)   # throttle time
+    for _ in range(w.count()):
+        w.string(rename=True)
+        for _ in range(w.count()):
+            if h.api_key == ApiKey.OFFSET_COMMIT:
+                w.copy(6)
+            else:
+                w.copy(12 + (4 if v >= 5 else 0))
+                w.string()
+                w.copy(2)
+    out = w.rest()
+    return _SIZE.pack(len(out)) + out
+
+
+def describe_groups_request(h: RequestHeader, frame: bytes | memoryview, body_at: int, cluster: str) -> bytes:
+    """A DescribeGroups (v0-4) request with every group id mapped, size-prefixed."""
+    r = Reader(frame, body_at)
+    groups = [mapped_group(cluster, r.string()) for _ in range(r.count())]
+    out = bytearray(frame[:body_at]) + _I32.pack(len(groups))
+    for g in groups:
+        raw = g.encode()
+        out += _I16.pack(len(raw)) + raw
+    out += r.buf[r.pos:]   # include_authorized_operations (v3+)
+    return _SIZE.pack(len(out)) + bytes(out)
+
+
+def describe_groups_response(h: RequestHeader, response: bytes, cluster: str) -> bytes:
+    """A DescribeGroups response with the mapped group ids named as the client knows them."""
+    prefix = mapped_group(cluster, "")
+    w = _Rewrite(response[4:], 4, {})
+    if h.api_version >= 1:
+        w.copy(4)
+    for _ in range(w.count()):
+        w.copy(2)
+        start = w.r.pos
+        group = w.r.string()
+        if group.startswith(prefix):
+            raw = group[len(prefix):].encode()
+            w.out += _I16.pack(len(raw)) + raw
+        else:
+            w.out += w.r.buf[start:w.r.pos]
+        for _ in range(3):
+            w.string()   # state, protocol type, protocol data
+        for _ in range(w.count()):
+            w.string()
+            if h.api_version >= 4:
+                w.string()   # group instance id
+            w.string()
+            w.string()       # client id, client host
+            for _ in range(2):
+                w.copy(4 + max(Reader(w.r.buf, w.r.pos).i32(), 0))   # member metadata, assignment
+        if h.api_version >= 3:
+            w.copy(4)
+    w.r.done()
+    out = w.rest()
+    return _SIZE.pack(len(out)) + out
+
+
+def list_groups_response(h: RequestHeader, response: bytes, cluster: str) -> bytes:
+    """A ListGroups (v0-2) response listing only this cluster's Kafka client groups, by their names."""
+    prefix = mapped_group(cluster, "")
+    r = Reader(response[4:])
+    w = Writer(r.i32())
+    if h.api_version >= 1:
+        w.i32(r.i32())
+    w.i16(r.i16())
+    listed = []
+    for _ in range(r.count()):
+        group, protocol_type = r.string(), r.string()
+        if group.startswith(prefix):
+            listed.append((group[len(prefix):], protocol_type))
+    r.done()
+    w.i32(len(listed))
+    for group, protocol_type in listed:
+        w.nullable_string(group).nullable_string(protocol_type)
+    return w.frame()

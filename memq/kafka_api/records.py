@@ -1,0 +1,105 @@
+"""A stored part as Kafka RecordBatches v2, and those batches placed at their Kafka offsets (pure).
+
+`frame_part` turns a part (one topic's Batch) into batches once: a Kafka-produced Message
+(Codec.KAFKA) is its producer's RecordBatch, served as stored; each run of memq-produced
+Messages (any other codec) is decoded and framed as uncompressed batches of about
+`FRAMED_BATCH_BYTES`. Each batch keeps
+the index of its first record in the part, so `place` writes a Kafka offset into its base
+offset field (outside the batch CRC) as it is copied into a Fetch response, and the partition
+leader epoch as -1 (unknown, as memq's Metadata says).
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+from memq.errors import CorruptDataError
+from memq.format import Codec, LogMessage, decode_batch_header, decode_message, decode_message_header
+from memq.format.kafka_records import encode_kafka_batch, verify_kafka_batch
+
+from .offsets import kafka_offset
+
+#: A run of memq-produced records is framed in batches of about this many bytes: a consumer
+#: gets any one batch whole (KIP-74), so one part's decoded records must not become one batch
+#: larger than a client accepts (librdkafka: receive.message.max.bytes).
+FRAMED_BATCH_BYTES = 1024 * 1024
+RECORD_OVERHEAD = 16   # a record's framing beside its key and value, roughly (headers add theirs)
+_BASE = struct.Struct(">q")
+_EPOCH_AT = 12
+_EPOCH_END = 16
+_NO_EPOCH = struct.pack(">i", -1)
+
+
+@dataclass(frozen=True, slots=True)
+class FramedBatch:
+    first_index: int   # of its first record in the part
+    count: int
+    data: bytes        # a RecordBatch v2 with base offset 0
+
+
+@dataclass(frozen=True, slots=True)
+class FramedPart:
+    batches: tuple[FramedBatch, ...]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(len(b.data) for b in self.batches)
+
+
+def frame_part(part: bytes | memoryview) -> FramedPart:
+    """The part's records as RecordBatches; CorruptDataError (a FormatError) on bad bytes."""
+    view = memoryview(part)
+    header = decode_batch_header(view)
+    out: list[FramedBatch] = []
+    run: list[LogMessage] = []
+    run_start = run_bytes = index = 0
+    for (start, end), count in zip(header.message_ranges, header.message_counts):
+        if end > len(view):
+            raise CorruptDataError(f"part of {len(view)} bytes has a Message ending at {end}")
+        msg = view[start:end]
+        mh = decode_message_header(msg)
+        if mh.codec is Codec.KAFKA:
+            if run:
+                out.append(FramedBatch(run_start, len(run), encode_kafka_batch(run)))
+                run = []
+            body = msg[mh.header_size:]
+            if verify_kafka_batch(body).count != count:
+                raise CorruptDataError(f"Kafka batch at byte {start} does not hold the {count} records indexed")
+            out.append(FramedBatch(index, count, bytes(body)))
+        else:
+            records = decode_message(msg)[1]
+            if len(records) != count:
+                raise CorruptDataError(f"Message at byte {start} holds {len(records)} records, {count} indexed")
+            for i, rec in enumerate(records):
+                if not run:
+                    run_start, run_bytes = index + i, 0
+                run.append(rec)
+                run_bytes += len(rec.value) + len(rec.key or b"") + RECORD_OVERHEAD
+                if run_bytes >= FRAMED_BATCH_BYTES:
+                    out.append(FramedBatch(run_start, len(run), encode_kafka_batch(run)))
+                    run = []
+        index += count
+    if run:
+        out.append(FramedBatch(run_start, len(run), encode_kafka_batch(run)))
+    return FramedPart(tuple(out))
+
+
+def place(part: FramedPart, notification_offset: int, from_index: int, out: bytearray, limit: int, *,
+          at_least_one: bool = False) -> int:
+    """Append the part's batches holding records at `from_index` or later to `out`, each with its
+    Kafka base offset, while `out` stays within `limit` bytes; with `at_least_one` and `out`
+    empty, the first batch goes whatever its size (KIP-74: a batch larger than the limits must
+    not stall its reader). Returns the index after the last record placed (`from_index` if none)."""
+    after = from_index
+    for b in part.batches:
+        if b.first_index + b.count <= from_index:
+            continue   # the reader is past it (a Kafka client skips records before its offset)
+        if (out or not at_least_one) and len(out) + len(b.data) > limit:
+            break
+        out += _BASE.pack(kafka_offset(notification_offset, b.first_index))
+        out += b.data[8:_EPOCH_AT]
+        out += _NO_EPOCH
+        out += b.data[_EPOCH_END:]
+        after = b.first_index + b.count
+    return after

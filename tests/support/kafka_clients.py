@@ -1,0 +1,75 @@
+"""A broker with a Kafka listener in a thread, and confluent-kafka producing to it: the Kafka-client side of the tests."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import threading
+import uuid
+from collections.abc import Iterator
+from confluent_kafka import KafkaError, Message, Producer
+from memq.broker.server import Broker
+from memq.config import MemqConfig, TopicConfig
+from memq.format import LogMessage
+
+
+T0 = 1_700_000_000_000   # the records' timestamps start here
+
+Row = tuple[bytes, bytes | None, tuple[tuple[str, bytes], ...], int]
+
+
+@dataclasses.dataclass
+class Running:
+    config: MemqConfig
+    broker: Broker
+    loop: asyncio.AbstractEventLoop
+
+    def add_topic(self, partitions: int = 3, batch_ms: int = 50, **settings: int) -> str:
+        """`settings`: other TopicConfig fields, e.g. batch_bytes."""
+        name = f"kafka-{uuid.uuid4().hex[:8]}"
+        topic = TopicConfig(name=name, read_partitions=partitions, batch_ms=batch_ms, **settings)
+        asyncio.run_coroutine_threadsafe(self.broker.add_topic(topic), self.loop).result(30)
+        return name
+
+
+@contextlib.contextmanager
+def broker_thread(config: MemqConfig) -> Iterator[Running]:
+    """One broker with a Kafka listener (in this process, on its own loop thread)."""
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    broker = Broker(config)
+    asyncio.run_coroutine_threadsafe(broker.start(), loop).result(30)
+    try:
+        yield Running(config, broker, loop)
+    finally:
+        asyncio.run_coroutine_threadsafe(broker.stop(), loop).result(60)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
+
+
+def rows(n: int, tag: str) -> list[LogMessage]:
+    return [LogMessage(b"%s-value-%d" % (tag.encode(), i) + b"x" * (i % 50), b"key-%d" % (i % 7) if i % 5 else None,
+                       (("n", b"%d" % i), ("tag", tag.encode())) if i % 2 else (), T0 + i)
+            for i in range(n)]
+
+
+def kafka_produce(address: str, topic: str, records: list[LogMessage], **conf: object) -> None:
+    errors: list[KafkaError] = []
+
+    def delivered(err: KafkaError | None, _msg: Message) -> None:
+        if err is not None:
+            errors.append(err)
+
+    p = Producer({"bootstrap.servers": address, "linger.ms": 5, "message.timeout.ms": 30_000, **conf})
+    for r in records:
+        p.produce(topic, value=r.value, key=r.key, headers=list(r.headers) or None, timestamp=r.timestamp_ms,
+                  on_delivery=delivered)
+        p.poll(0)
+    assert p.flush(60) == 0
+    assert errors == []
+
+
+def as_rows(records: list[LogMessage]) -> list[Row]:
+    return [(r.value, r.key, r.headers, r.timestamp_ms) for r in records]

@@ -1,0 +1,49 @@
+"""Kafka offsets of memq records (memq.kafka_api.offsets): a pure, order-keeping, invertible map."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from memq.errors import InvalidInputError
+from memq.format.batch import MAX_PART_LOGMESSAGES
+from memq.kafka_api.offsets import MAX_NOTIFICATION_OFFSET, first_offset, kafka_offset, split_offset
+
+notes = st.integers(0, MAX_NOTIFICATION_OFFSET - 1)
+indexes = st.integers(0, MAX_PART_LOGMESSAGES - 1)
+
+
+@given(notes, indexes)
+def test_split_inverts_kafka_offset_and_offsets_fit_an_i64(note: int, index: int) -> None:
+    offset = kafka_offset(note, index)
+    assert 0 <= offset < 1 << 63
+    assert split_offset(offset) == (note, index)
+
+
+@given(st.integers(0, (1 << 63) - 1))
+def test_every_kafka_offset_splits_into_a_place_that_maps_back(offset: int) -> None:
+    assert kafka_offset(*split_offset(offset)) == offset
+
+
+@given(notes, indexes, notes, indexes)
+def test_offsets_order_records_as_notifications_then_indexes_do(n1: int, i1: int, n2: int, i2: int) -> None:
+    assert (kafka_offset(n1, i1) < kafka_offset(n2, i2)) == ((n1, i1) < (n2, i2))
+
+
+@given(notes, indexes)
+def test_a_part_starts_at_its_first_offset_and_ends_before_the_next_part(note: int, index: int) -> None:
+    assert first_offset(note) <= kafka_offset(note, index)
+    if note + 1 < MAX_NOTIFICATION_OFFSET:
+        assert kafka_offset(note, index) < first_offset(note + 1)
+
+
+@pytest.mark.parametrize("note, index", [(-1, 0), (0, -1), (0, MAX_PART_LOGMESSAGES), (MAX_NOTIFICATION_OFFSET, 0)])
+def test_places_outside_the_scheme_are_refused(note: int, index: int) -> None:
+    with pytest.raises(InvalidInputError):
+        kafka_offset(note, index)
+
+
+def test_negative_offsets_are_refused() -> None:
+    with pytest.raises(InvalidInputError):
+        split_offset(-1)

@@ -1,0 +1,82 @@
+"""The read path's notification tails (memq.broker.reads.PartitionTail) over a fake consumer."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from memq.broker.reads import PartitionTail
+from memq.errors import CorruptDataError
+from memq.notify.consumer import NotificationRecord
+from tests.support.kafka_read import note
+
+
+class FakeConsumer:
+    """A partition of notifications, `bad` ones not parseable; counts how often it is polled."""
+
+    def __init__(self, n: int, bad: frozenset[int] = frozenset()) -> None:
+        self.records = [note(i, 1) for i in range(n)]
+        self.bad = bad
+        self.position = 0
+        self.polls = 0
+
+    def assign(self, offsets: dict[int, int]) -> None:
+        (self.position,) = offsets.values()
+
+    def poll(self, timeout_s: float, max_records: int) -> list[NotificationRecord]:
+        self.polls += 1
+        out = []
+        for r in self.records[self.position:self.position + max_records]:
+            if r.offset in self.bad:
+                if out:
+                    break
+                raise CorruptDataError(f"notification at offset {r.offset}: not JSON")
+            out.append(r)
+        self.position += len(out)
+        return out
+
+    def cached_watermarks(self, partition: int) -> tuple[int, int]:
+        return 0, len(self.records)
+
+    def close(self) -> None:
+        pass
+
+
+async def run(fn: Any, *args: Any) -> Any:
+    return fn(*args)
+
+
+async def test_readers_at_the_tail_share_one_kafka_read() -> None:
+    consumer = FakeConsumer(5)
+    tail = PartitionTail(consumer, 0, run)  # type: ignore[arg-type]
+    assert [r.offset for r in await tail.read(0, 0.0)] == [0, 1, 2, 3, 4]
+    for offset in (0, 2, 4):   # other readers, other groups: from memory
+        assert [r.offset for r in await tail.read(offset, 0.0)] == list(range(offset, 5))
+    assert consumer.polls == 1 and tail.watermarks() == (0, 5)
+
+
+async def test_a_bad_notification_is_skipped_for_every_reader() -> None:
+    consumer = FakeConsumer(5, bad=frozenset({2}))
+    tail = PartitionTail(consumer, 0, run)  # type: ignore[arg-type]
+    assert [r.offset for r in await tail.read(0, 0.0)] == [0, 1]
+    assert await tail.read(2, 0.0) == []                          # the bad one: skipped, logged
+    assert [r.offset for r in await tail.read(2, 0.0)] == [3, 4]   # a reader at it goes on after it
+    tail2 = PartitionTail(FakeConsumer(5, bad=frozenset({2})), 0, run)  # type: ignore[arg-type]
+    assert await tail2.read(2, 0.0) == [] and [r.offset for r in await tail2.read(2, 0.0)] == [3, 4]
+
+
+async def test_a_read_that_may_not_wait_does_not_wait_behind_a_long_poll() -> None:
+    consumer = FakeConsumer(0)
+    gate = asyncio.Event()
+
+    async def slow(fn: Any, *args: Any) -> Any:
+        if fn == consumer.poll:
+            await gate.wait()   # a long poll on Kafka, still waiting
+        return fn(*args)
+
+    tail = PartitionTail(consumer, 0, slow)  # type: ignore[arg-type]
+    waiting = asyncio.ensure_future(tail.read(0, 5.0))
+    await asyncio.sleep(0)
+    assert await asyncio.wait_for(tail.read(0, 0.0), 1) == []
+    gate.set()
+    assert await waiting == []
