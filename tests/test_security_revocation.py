@@ -1,4 +1,4 @@
-"""An open produce connection whose token is revoked, or whose principal loses the right to a
+"""An open produce connection (WebSocket or Kafka) whose token is revoked, or whose principal loses the right to a
 topic it wrote on, is closed when the change reaches the broker (the ZooKeeper watch calls
 `Guard.use_stored` from its own thread), not only refused at its next connect. Real broker
 in process on the dev cluster, a raw WebSocket as the client."""
@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import struct
 from collections.abc import Callable
 
 import aiohttp
@@ -19,6 +20,7 @@ from memq.format.wire import AckLevel, decode_acks, encode_request
 from memq.security.stored import StoredSecurity
 from memq.security.tokens import new_token
 from tests.support.cluster import running_broker, topic_config
+from tests.support.kafka_frames import produce_body, record_batch, request
 
 pytestmark = pytest.mark.integration
 
@@ -54,3 +56,38 @@ async def test_an_open_connection_is_closed_when_its_rights_go(
             await ws.send_bytes(encode_request(2, AckLevel.ALL, topic, frame))
             (ack,) = decode_acks(await ws.receive_bytes(timeout=30))
             assert ack.code == "DENIED"
+
+
+async def test_an_open_kafka_connection_is_closed_when_its_token_is_revoked(
+        devcluster: DevCluster, unique_name: Callable[[str], str]) -> None:
+    """The same on the Kafka door: a SASL/PLAIN connection (the token as password) that produced
+    is closed when the token goes; until then it is served."""
+    topic = unique_name("revoke-kafka")
+    base = devcluster.config(topics=[topic_config(topic, batch_ms=20)])
+    config = dataclasses.replace(base, security=SecurityConfig(enabled=True),
+                                 broker=dataclasses.replace(base.broker, kafka_port=0))
+    async with running_broker(config) as broker:
+        broker.guard.use_stored(StoredSecurity((str(CAROL_ENTRY),), ("allow carol produce prefix:",)))
+        host, port = broker.kafka_address.rsplit(":", 1)
+        reader, writer = await asyncio.open_connection(host, int(port))
+
+        async def call(frame: bytes) -> bytes:
+            writer.write(frame)
+            async with asyncio.timeout(30):
+                (size,) = struct.unpack(">i", await reader.readexactly(4))
+                return await reader.readexactly(size)
+
+        try:
+            await call(request(17, 1, 1, struct.pack(">h", 5) + b"PLAIN"))              # SaslHandshake
+            auth = b"\0carol\0" + CAROL.encode()
+            answer = await call(request(36, 1, 2, struct.pack(">i", len(auth)) + auth))  # SaslAuthenticate
+            assert struct.unpack_from(">h", answer, 4)[0] == 0, answer                   # NONE: authenticated
+            batch = record_batch([LogMessage(b"before", timestamp_ms=1)])
+            answer = await call(request(0, 8, 3, produce_body(topic, 0, batch)))
+            assert struct.pack(">h", 0) in answer[4:]                                     # produced (no error)
+            await asyncio.to_thread(broker.guard.use_stored,                              # as the ZooKeeper watch does
+                                    StoredSecurity((), ("allow carol produce prefix:",)))
+            async with asyncio.timeout(5):
+                assert await reader.read(1) == b""                                        # closed by the broker
+        finally:
+            writer.close()

@@ -43,11 +43,12 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 @dataclass(eq=False)
 class Session:
-    """An open connection, checked again whenever the tokens or ACLs change. `close(why)` runs
-    on the connection's event loop; `topics` (replaced whole: read from the watch's thread) are
-    those it produced to."""
+    """An open connection of any door, checked again whenever the tokens or ACLs change.
+    `identify()` names the principal its credentials stand for now (None once revoked);
+    `close(why)` runs on the connection's event loop; `topics` (replaced whole: read from the
+    watch's thread) are those it produced to."""
 
-    request: web.Request      # the credentials it opened with: its headers and peer certificate
+    identify: Callable[[], str | None]
     principal: str
     close: Callable[[str], None]
     loop: asyncio.AbstractEventLoop
@@ -84,11 +85,22 @@ class Guard:
                 session.loop.call_soon_threadsafe(session.close, why)
 
     def open_session(self, request: web.Request, close: Callable[[str], None]) -> Session | None:
-        """Track the connection of an authenticated `request` (None with security off)."""
+        """Track the connection of an authenticated HTTP `request` (None with security off)."""
         principal = request.get(PRINCIPAL_KEY)
         if not self.enabled or principal is None:
             return None
-        session = Session(request, principal, close, asyncio.get_running_loop())
+        return self._track(Session(lambda: self._identify(request)[0], principal, close, asyncio.get_running_loop()))
+
+    def open_token_session(self, principal: str, token: str | None, close: Callable[[str], None]) -> Session | None:
+        """Track a connection that authenticated with bearer `token` (SASL/PLAIN on the Kafka door),
+        or with a client certificate when `token` is None (None with security off)."""
+        if not self.enabled:
+            return None
+        identify: Callable[[], str | None] = (lambda: self.principal_for(token)) if token is not None else \
+            (lambda: principal)
+        return self._track(Session(identify, principal, close, asyncio.get_running_loop()))
+
+    def _track(self, session: Session) -> Session:
         with self._lock:
             self._sessions.add(session)
         return session
@@ -99,7 +111,7 @@ class Guard:
 
     def _revoked(self, session: Session) -> str | None:
         """Why `session` no longer holds (its credentials, or a right it used, are gone), or None."""
-        principal, _ = self._identify(session.request)
+        principal = session.identify()
         if principal != session.principal:
             return f"the credentials of principal {session.principal} were revoked"
         denied = sorted(t for t in session.topics if not self.may(principal, Operation.PRODUCE, t))

@@ -42,6 +42,7 @@ from memq.format.wire import Ack, AckCode, AckLevel
 from memq.security.tls import subject_cn
 
 from ..admission import Refusal, Ticket
+from ..guard import Session
 from ..groups import GroupLink
 from ..seam import BrokerCore
 
@@ -151,9 +152,19 @@ class KafkaConnection:
         self._principal = subject_cn(writer.get_extra_info("peercert")) if broker.guard.enabled else None
         self._authenticated = not broker.guard.enabled or self._principal is not None
         self._close_after: str = ""    # set when a response must be the last one (failed SASL)
+        # the guard's record of this connection once authenticated: closed if its token is revoked
+        # or its principal loses produce on a topic it wrote to
+        self._session: Session | None = None
+        if self._authenticated and self._principal is not None:
+            self._session = self._guard.open_token_session(self._principal, None, self._revoke)
         self._groups: GroupLink | None = None   # this connection's relay to group coordinators
 
     def close(self) -> None:
+        self._writer.close()
+
+    def _revoke(self, why: str) -> None:
+        """Its credentials or rights no longer hold (the guard's session check): close at once."""
+        log.warning("closing Kafka connection from %s (principal %s): %s", self._peer, self._principal, why)
         self._writer.close()
 
     async def run(self) -> None:
@@ -165,6 +176,8 @@ class KafkaConnection:
                 log.warning("closing Kafka connection from %s: %s", self._peer, why)
         finally:
             self._metrics.connections.dec()
+            if self._session is not None:
+                self._guard.end_session(self._session)
             if self._groups is not None:
                 self._groups.close()
             try:   # let the responses already due go out (each bounded by its request's timeout)
@@ -293,6 +306,7 @@ class KafkaConnection:
                                  "valid memq token of that principal (unknown, revoked or another's)")
             return encode_sasl_authenticate(h, ErrorCode.SASL_AUTHENTICATION_FAILED, self._close_after)
         self._principal, self._authenticated = principal, True
+        self._session = self._guard.open_token_session(principal, token, self._revoke)
         return encode_sasl_authenticate(h, ErrorCode.NONE, None)
 
     def _metadata(self, h: RequestHeader, body: Reader) -> bytes:
@@ -400,6 +414,8 @@ class KafkaConnection:
         admitted = self._broker.admission.admit(self._principal, topic, largest)
         if isinstance(admitted, Refusal):
             return self._refused(topic, part.index, admitted)
+        if self._session is not None:
+            self._session.produced(topic)
         if not 0 <= part.index < admitted.config.read_partitions:
             return PartitionResult(part.index, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
                                    message=f"topic {topic} has {admitted.config.read_partitions} partitions")
