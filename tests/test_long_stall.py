@@ -18,11 +18,12 @@ from pathlib import Path
 
 import pytest
 
-from memq.config import KafkaConfig
+from memq.config import KafkaConfig, MemqConfig
 from memq.devcluster import DevCluster
 from tests.support.faultproxy import FaultPlan, FaultProxy
 from memq.client.producer import Producer
 from tests.support.cluster import producer_config, read_stored, running_broker, topic_config
+from tests.support.spark import connection
 from tests.support.dedup import check_no_duplicates_delivered, stream
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
@@ -52,6 +53,20 @@ async def test_a_kafka_frozen_past_the_notify_timeout_delivers_no_duplicates(
         config.kafka, request_timeout_ms=10_000)), topic, acked)
     stored, dups, _ = await read_stored(config, topic)
     assert (len(stored) + sum(dups.values())) / len(acked) <= 1.05   # the resends were not stored again
+    spark_values = await asyncio.to_thread(read_with_spark, config, topic)
+    assert acked <= set(spark_values) and len(spark_values) == len(set(spark_values))   # Spark's defaults: once
+
+
+def read_with_spark(config: MemqConfig, topic: str) -> list[bytes]:
+    """Every value of `topic` as the Spark source reads it with its defaults (de-duplicated)."""
+    pytest.importorskip("pyspark")
+    from spark_source import local_session
+    session = local_session("memq-long-stall", "local[2]", {"spark.sql.shuffle.partitions": "2"})
+    try:
+        df = session.read.format("memq").options(**connection(config)).option("topic", topic).load()
+        return [bytes(r.value) for r in df.select("value").collect()]
+    finally:
+        session.stop()
 
 
 async def test_an_s3_slower_than_the_request_timeout_stores_each_message_about_once(
