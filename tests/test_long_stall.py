@@ -23,7 +23,10 @@ from memq.devcluster import DevCluster
 from tests.support.faultproxy import FaultPlan, FaultProxy
 from memq.client.producer import Producer
 from tests.support.cluster import producer_config, read_stored, running_broker, topic_config
+from memq.notify import NotificationPublisher
+from memq.notify import publisher as publisher_module
 from tests.support.spark import connection
+from tests.support.waiting import wait_for
 from tests.support.dedup import check_no_duplicates_delivered, stream
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
@@ -103,3 +106,26 @@ async def test_an_s3_slower_than_the_request_timeout_stores_each_message_about_o
           f"write amplification {(len(stored) + copies) / max(acked, 1):.3f}")
     assert acked > 20
     assert (len(stored) + copies) / acked <= 1.05
+
+
+def test_an_idle_publisher_reports_a_kafka_that_stopped_answering(own_kafka: DevCluster,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """An idle broker is no safe harbour while Kafka is down: its publisher, with nothing to
+    publish, asks Kafka for metadata now and then and reports the silence (the governor then
+    sees every broker unhealthy and moves no topic), and recovers when Kafka answers again."""
+    monkeypatch.setattr(publisher_module, "IDLE_PROBE_S", 0.5)
+    monkeypatch.setattr(publisher_module, "IDLE_PROBE_TIMEOUT_S", 2.0)
+    tansu = own_kafka.pids["kafka"]
+    publisher = NotificationPublisher(KafkaConfig(bootstrap_servers=own_kafka.kafka_bootstrap or ""),
+                                      client_id="idle-probe-test")
+    try:
+        assert publisher.health() is None
+        os.kill(tansu, signal.SIGSTOP)
+        try:
+            why = wait_for(publisher.health, 15, "the idle publisher to notice Kafka's silence")
+            assert "did not answer a metadata request" in why
+        finally:
+            os.kill(tansu, signal.SIGCONT)
+        wait_for(lambda: publisher.health() is None, 20, "health back once Kafka answers")
+    finally:
+        publisher.close()

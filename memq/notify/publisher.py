@@ -37,6 +37,8 @@ POLL_INTERVAL_S = 0.05
 QUEUE_FULL_BACKOFF_S = 0.005
 REBUILD_MIN_INTERVAL_S = 1.0   # a fresh producer fenced again at once is not rebuilt in a loop
 PROBE_INTERVAL_S = 1.0         # idle and failing: ask Kafka for metadata this often
+IDLE_PROBE_S = 5.0             # idle and healthy: ask Kafka for metadata this often (see _idle_probes)
+IDLE_PROBE_TIMEOUT_S = 10.0    # ... and call it failing when no answer comes within this
 
 # Errors after which this producer id can never publish again: only a new producer helps.
 _FENCED = frozenset({KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH, KafkaError.UNKNOWN_PRODUCER_ID,
@@ -201,10 +203,12 @@ class _Shard:
         self._last_rebuild = -REBUILD_MIN_INTERVAL_S
         self._failure: str | None = None  # why the last publish failed; cleared by a success
         self._last_probe = 0.0
+        self._last_ok = time.monotonic()  # the last delivery, or idle metadata answer, from Kafka
         self.rebuilds = 0
         self._stop = threading.Event()
         self._poller = threading.Thread(target=self._poll_loop, name=f"memq-notify-{client_id}", daemon=True)
         self._poller.start()
+        threading.Thread(target=self._idle_probes, name=f"memq-notify-probe-{client_id}", daemon=True).start()
 
     def health(self) -> str | None:
         if self._rebuild_why is not None:
@@ -264,9 +268,31 @@ class _Shard:
                 self._probe()
             self._hand_over()
 
+    def _idle_probes(self) -> None:
+        """While nothing is published, ask Kafka for metadata now and then: an idle broker whose
+        Kafka does not answer reports it (`health`) like one whose publishes fail. Otherwise a
+        governor, seeing the publishing brokers fail during a Kafka outage and an idle one
+        "healthy", moves every topic onto the idle one, and the resends of Messages the drained
+        brokers still hold are stored a second time there. Its own thread: a blocked metadata
+        call must not hold up the delivery reports the poll thread serves."""
+        while not self._stop.wait(IDLE_PROBE_S):
+            now = time.monotonic()
+            if (self._failure is not None or self._rebuild_why is not None or len(self._producer)
+                    or now - self._last_ok < IDLE_PROBE_S):
+                continue
+            try:
+                self._producer.list_topics(timeout=min(self._timeout_s, IDLE_PROBE_TIMEOUT_S))
+            except KafkaException as e:
+                if self._failure is None and not len(self._producer):
+                    self._failure = (f"Kafka did not answer a metadata request within "
+                                     f"{min(self._timeout_s, IDLE_PROBE_TIMEOUT_S):g}s ({e})")
+                continue
+            self._last_ok = time.monotonic()
+
     def _record(self, err: KafkaError | None) -> None:
         if err is None:
             self._failure = None
+            self._last_ok = time.monotonic()
             return
         self._failure = err.str()
         if needs_new_producer(err):
