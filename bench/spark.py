@@ -32,7 +32,7 @@ import tempfile
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -87,9 +87,13 @@ def encode(records: Sequence[LogMessage], codec: Codec, producer_id: int, sequen
     return encode_message(records, producer_id=producer_id, epoch=0, sequence=sequence, codec=codec)
 
 
+Encoder = Callable[[Sequence[LogMessage], Codec, int, int], bytearray]
+
+
 async def store_batches(config: MemqConfig, topic: str, batches: Sequence[Sequence[LogMessage]], *,
-                        partitions: int, codec: Codec = Codec.ZSTD) -> list[Stored]:
-    """Write each batch as a broker does (encode, PUT, notify) into `topic`'s notification topic."""
+                        partitions: int, codec: Codec = Codec.ZSTD, encoder: Encoder = encode) -> list[Stored]:
+    """Write each batch as a broker does (`encoder` per Message, PUT, notify) into `topic`'s
+    notification topic."""
     kafka_topic = notification_topic(config, topic)
     TopicAdmin(config.kafka).create_topic(kafka_topic, partitions)
     storage = make_storage(config)
@@ -98,7 +102,7 @@ async def store_batches(config: MemqConfig, topic: str, batches: Sequence[Sequen
     out = []
     try:
         for seq, records in enumerate(batches):
-            msgs = [encode(records[j:j + PER_MESSAGE], codec, producer_id, seq * 1_000_000 + j)
+            msgs = [encoder(records[j:j + PER_MESSAGE], codec, producer_id, seq * 1_000_000 + j)
                     for j in range(0, len(records), PER_MESSAGE)]
             headers = [decode_message_header(m) for m in msgs]
             created = max(h.max_timestamp_ms for h in headers)
