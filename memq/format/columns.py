@@ -2,7 +2,7 @@
 
 Every codec ends as the columns of `arrow_body.body_schema()` without a LogMessage per
 record: a Codec.ARROW body is those columns already; a Kafka RecordBatch is located field by
-field in bulk (`kafka_columns`); a msgpack body is unpacked by msgpack's C loop and
+field in bulk, all of an object's at once (`kafka_columns`); a msgpack body is unpacked by msgpack's C loop and
 transposed in C (`records.unpack_columns`), each column one `pa.array` call when first asked
 for, so a query that reads no headers never converts them. A body that does not decode, or
 a column that does not convert, is a CorruptDataError, as on the LogMessage path.
@@ -20,7 +20,7 @@ from memq.errors import CorruptDataError
 from memq.format.arrow_body import COLUMNS, body_schema, decode_arrow_body
 from memq.format.batch import BatchHeader, decode_batch_as
 from memq.format.codec import Codec, Compressors
-from memq.format.kafka_columns import decode_kafka_columns
+from memq.format.kafka_columns import KafkaRecords, locate_kafka_columns, split_kafka_records
 from memq.format.message import Buffer, MessageHeader, verify_message
 from memq.format.records import unpack_columns
 
@@ -72,11 +72,28 @@ class MsgpackColumns:
 
 def decode_message_columns(buf: Buffer, compressors: Compressors) -> tuple[MessageHeader, Columns]:
     """Verify and decode one Message to columns: `decode_message`'s checks, no LogMessages."""
+    header, columns = _decode(buf, compressors)
+    if isinstance(columns, KafkaRecords):
+        return header, locate_kafka_columns([columns])[0]
+    return header, columns
+
+
+def decode_batch_columns(obj: Buffer, *, compressors: Compressors | None = None
+                         ) -> tuple[BatchHeader, list[tuple[MessageHeader, Columns]]]:
+    """`decode_batch` with each Message as columns; the fields of all its Kafka batches are
+    located in one pass."""
+    header, messages = decode_batch_as(obj, _decode, compressors=compressors)
+    located = iter(locate_kafka_columns([c for _, c in messages if isinstance(c, KafkaRecords)]))
+    return header, [(h, next(located) if isinstance(c, KafkaRecords) else c) for h, c in messages]
+
+
+def _decode(buf: Buffer, compressors: Compressors) -> tuple[MessageHeader, Columns | KafkaRecords]:
+    """A Message's columns, or for Codec.KAFKA its records' bounds (fields located by the caller)."""
     header = verify_message(buf)
     body = memoryview(buf)[header.header_size:]
-    columns: Columns
+    columns: Columns | KafkaRecords
     if header.codec is Codec.KAFKA:
-        columns = decode_kafka_columns(body)
+        columns = split_kafka_records(body)
     elif header.codec is Codec.ARROW:
         if header.raw_length != header.body_length:
             raise CorruptDataError(f"Codec.ARROW raw length {header.raw_length}, body length {header.body_length}")
@@ -87,9 +104,3 @@ def decode_message_columns(buf: Buffer, compressors: Compressors) -> tuple[Messa
     if len(columns) != header.count:
         raise CorruptDataError(f"Message body holds {len(columns)} records, header says {header.count}")
     return header, columns
-
-
-def decode_batch_columns(obj: Buffer, *, compressors: Compressors | None = None
-                         ) -> tuple[BatchHeader, list[tuple[MessageHeader, Columns]]]:
-    """`decode_batch` with each Message as columns."""
-    return decode_batch_as(obj, decode_message_columns, compressors=compressors)
