@@ -255,7 +255,7 @@ def damaged_kafka(records: Sequence[LogMessage], codec: Codec, producer_id: int,
                                 sequence=sequence)[0]
 
 
-@pytest.mark.parametrize("codec", [Codec.ZSTD, Codec.ARROW, Codec.KAFKA])
+@pytest.mark.parametrize("codec", [Codec.ZSTD, Codec.ARROW, Codec.KAFKA], ids=lambda c: c.name)
 def test_every_codec_reads_back_the_rows_written_and_a_corrupt_body_loses_only_its_object(
         spark: SparkSession, config: MemqConfig, codec: Codec) -> None:
     topic = f"spark-{codec.name.lower()}-{uuid.uuid4().hex[:8]}"
