@@ -32,12 +32,14 @@ import tempfile
 import time
 import uuid
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable, Sequence
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+import memq
 from bench._cluster import read_memq
 from memq.client.consumer import notification_topic
 from memq.config import MemqConfig
@@ -243,7 +245,9 @@ def _full(config: MemqConfig, options: dict[Codec, dict[str, str]], topics: dict
     from spark_source import local_session
 
     t = time.perf_counter()
-    spark = local_session("memq-bench", master)
+    # Executor JVMs (local-cluster) start Python workers elsewhere: point them at this memq.
+    here = str(Path(memq.__file__).resolve().parents[1])
+    spark = local_session("memq-bench", master, {"spark.executorEnv.PYTHONPATH": here})
     parquet = tempfile.mkdtemp(prefix="memq-bench-parquet-")
     spark_runs: dict[Codec, list[tuple[float, int, int]]] = {codec: [] for codec in topics}
     parquet_runs: list[tuple[float, int, int]] = []
