@@ -6,23 +6,24 @@ field in bulk, all of an object's at once (`kafka_columns`); a msgpack body is u
 transposed in C (`records.unpack_columns`), each column one `pa.array` call when first asked
 for, so a query that reads no headers never converts them. A body that does not decode, or
 a column that does not convert, is a CorruptDataError, as on the LogMessage path.
-Needs pyarrow and numpy (the `spark` extra).
+Needs pyarrow (imported on first use, as in `arrow_body`) and numpy.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol
-
-import pyarrow as pa
+from typing import TYPE_CHECKING, Protocol
 
 from memq.errors import CorruptDataError
-from memq.format.arrow_body import COLUMNS, body_schema, decode_arrow_body
+from memq.format.arrow_body import COLUMNS, _pyarrow, body_schema, decode_arrow_body
 from memq.format.batch import BatchHeader, decode_batch_as
 from memq.format.codec import Codec, Compressors
 from memq.format.kafka_columns import KafkaRecords, locate_kafka_columns, split_kafka_records
 from memq.format.message import Buffer, MessageHeader, verify_message
 from memq.format.records import unpack_columns
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 _NOT_NULL = ("value", "headers", "timestamp_ms")
 
@@ -59,6 +60,7 @@ class MsgpackColumns:
 
     def column(self, name: str) -> pa.Array:
         if name not in self._built:
+            pa = _pyarrow()
             typ = body_schema().field(name).type
             try:
                 array = pa.array(self.fields[COLUMNS.index(name)], typ)

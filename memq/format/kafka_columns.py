@@ -13,20 +13,23 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
+from typing import TYPE_CHECKING
+
 import numpy as np
-import pyarrow as pa
-import pyarrow.compute as pc
 
 from memq.errors import CorruptDataError
+from memq.format.arrow_body import _pyarrow
 from memq.format.kafka_records import (_LOG_APPEND_TIME, KAFKA_BATCH_HEADER_SIZE, KafkaBatchHeader, _decompress,
                                        verify_kafka_batch)
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 Buffer = bytes | bytearray | memoryview
 
 _GROUP_BYTES = 1 << 30
 _PAD = 10           # bytes of zeros after the records, so a varint read near the end stays in the array
 _MAX_VARINT = 10
-_HEADER_ITEM = pa.struct([pa.field("key", pa.string(), nullable=False), pa.field("value", pa.binary(), nullable=False)])
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,7 +47,7 @@ class _Spans:
 class KafkaColumns:
     """One batch's records as located fields; `column` builds a LogMessage field's Arrow array."""
 
-    data: pa.Buffer
+    data: bytes                  # the records of one or more batches, decompressed
     timestamps: np.ndarray
     keys: _Spans
     values: _Spans
@@ -56,6 +59,8 @@ class KafkaColumns:
         return len(self.timestamps)
 
     def column(self, name: str) -> pa.Array:
+        """The field as the Arrow type `arrow_body.body_schema()` gives it."""
+        pa = _pyarrow()
         if name == "value":
             return self._binary(self.values, pa.binary(), null_as_empty=True)
         if name == "key":
@@ -69,9 +74,11 @@ class KafkaColumns:
             except pa.ArrowInvalid as exc:
                 raise CorruptDataError(f"Kafka record header key is not UTF-8: {exc}") from exc
             values = self._binary(self.header_values, pa.binary(), null_as_empty=True)
-            items = pa.StructArray.from_arrays([keys, values], fields=list(_HEADER_ITEM))
+            item = pa.struct([pa.field("key", pa.string(), nullable=False),
+                              pa.field("value", pa.binary(), nullable=False)])
+            items = pa.StructArray.from_arrays([keys, values], fields=list(item))
             return pa.ListArray.from_arrays(pa.array(self.header_offsets), items,
-                                            type=pa.list_(pa.field("item", _HEADER_ITEM, nullable=False)))
+                                            type=pa.list_(pa.field("item", item, nullable=False)))
         if name == "message_id":
             return pa.nulls(len(self), pa.binary())
         raise KeyError(name)
@@ -79,6 +86,7 @@ class KafkaColumns:
     def _binary(self, spans: _Spans, typ: pa.DataType, *, null_as_empty: bool) -> pa.Array:
         """The spans as one array: an array over the whole buffer whose elements alternate
         span / gap to the next span (offsets need only be non-decreasing), then `take` of the spans."""
+        pa = _pyarrow()
         n = len(spans.start)
         if n == 0:
             return pa.array([], typ)
@@ -92,8 +100,8 @@ class KafkaColumns:
             valid = np.ones(2 * n, bool)
             valid[0::2] = spans.length >= 0
             validity = pa.py_buffer(np.packbits(valid, bitorder="little"))
-        whole = pa.Array.from_buffers(typ, 2 * n, [validity, pa.py_buffer(offsets), self.data])
-        return pc.take(whole, pa.array(np.arange(0, 2 * n, 2, dtype=np.int32)))
+        whole = pa.Array.from_buffers(typ, 2 * n, [validity, pa.py_buffer(offsets), pa.py_buffer(self.data)])
+        return whole.take(pa.array(np.arange(0, 2 * n, 2, dtype=np.int32)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,11 +176,10 @@ def _locate(batches: Sequence[KafkaRecords]) -> list[KafkaColumns]:
         n = int(np.searchsorted(first, i, side="right")) - 1
         raise CorruptDataError(f"Kafka record {i - first[n]} is {ends[i] - starts[i]} bytes but its fields take "
                                f"{pos[i] - starts[i]}")
-    data = pa.py_buffer(raw)
     out = []
     for b, lo, hi in zip(batches, first, first[1:]):
         h_lo, h_hi = offsets[lo], offsets[hi]
-        out.append(KafkaColumns(data, _timestamps(b.header, deltas[lo:hi]), keys[lo:hi], values[lo:hi],
+        out.append(KafkaColumns(raw, _timestamps(b.header, deltas[lo:hi]), keys[lo:hi], values[lo:hi],
                                 (offsets[lo:hi + 1] - h_lo).astype(np.int32),
                                 _Spans(hk_start[h_lo:h_hi], hk_len[h_lo:h_hi]),
                                 _Spans(hv_start[h_lo:h_hi], hv_len[h_lo:h_hi])))
