@@ -4,22 +4,21 @@
 a record. Here the only per-record Python step is following the records' length prefixes
 (one varint each) to find where each starts; every field after it is decoded for all records
 at once with numpy (a varint is at most 10 bytes, so a few vector passes decode them all),
-and values, keys and header fields become Arrow arrays over the decompressed buffer (one
-`take` copies the bytes out). Layout and null handling as in `kafka_records`.
+in one pass over all the batches of an object, and values, keys and header fields become
+Arrow arrays over the decompressed buffer (one `take` copies the bytes out). Layout and null
+handling as in `kafka_records`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
-
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
 from memq.errors import CorruptDataError
 from memq.format.arrow_body import _pyarrow
-from memq.format.kafka_records import (_LOG_APPEND_TIME, KAFKA_BATCH_HEADER_SIZE, KafkaBatchHeader, _decompress,
+from memq.format.kafka_records import (KAFKA_BATCH_HEADER_SIZE, KafkaBatchHeader, decompress_records,
                                        verify_kafka_batch)
 
 if TYPE_CHECKING:
@@ -120,7 +119,7 @@ class KafkaRecords:
 def split_kafka_records(buf: Buffer) -> KafkaRecords:
     """Verify one whole batch, decompress it and find where each record starts and ends."""
     header = verify_kafka_batch(buf)
-    raw = bytes(_decompress(header.codec, memoryview(buf)[KAFKA_BATCH_HEADER_SIZE:]))
+    raw = bytes(decompress_records(header.codec, memoryview(buf)[KAFKA_BATCH_HEADER_SIZE:]))
     return KafkaRecords(header, raw, *_record_bounds(raw, header.count))
 
 
@@ -187,7 +186,7 @@ def _locate(batches: Sequence[KafkaRecords]) -> list[KafkaColumns]:
 
 
 def _timestamps(header: KafkaBatchHeader, deltas: np.ndarray) -> np.ndarray:
-    if header.attributes & _LOG_APPEND_TIME:
+    if header.log_append_time:
         return np.full(len(deltas), header.max_timestamp_ms, np.int64)
     return deltas + header.base_timestamp_ms
 
