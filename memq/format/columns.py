@@ -2,9 +2,9 @@
 
 Every codec ends as the columns of `arrow_body.body_schema()` without a LogMessage per
 record: a Codec.ARROW body is those columns already; a Kafka RecordBatch is located field by
-field in bulk, all of an object's at once (`kafka_columns`); a msgpack body is unpacked by msgpack's C loop and
-transposed in C (`records.unpack_columns`), each column one `pa.array` call when first asked
-for, so a query that reads no headers never converts them. A body that does not decode, or
+field in bulk, all of an object's at once (`kafka_columns`); a msgpack body is unpacked by
+msgpack's C loop and transposed in C (`records.unpack_columns`), each column one `pa.array`
+call when first asked for, so a query that reads no headers never converts them. A body that does not decode, or
 a column that does not convert, is a CorruptDataError, as on the LogMessage path.
 Needs pyarrow (imported on first use, as in `arrow_body`) and numpy.
 """
