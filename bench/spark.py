@@ -15,8 +15,9 @@ consume` times it (`bench._cluster.read_memq`: from group assignment to the N-th
 `vs_consumer` = consumer seconds / Spark seconds on that same default-codec topic.
 
 Quick mode (200k rows) starts no Spark: at that size a Spark query is mostly job start-up
-(planning, task launch: ~0.3-0.5 s of a ~0.8 s query), so Spark-vs-Parquet ratios there
-measure start-up. It times what is not start-up instead: the executor's work, every task of
+(planning, task launch: Spark took 0.80 s on Arrow bodies whose tasks take 0.2-0.4 s in-process,
+and 6.4 s on the Parquet copy in one loaded run), so Spark-vs-Parquet ratios there measure
+start-up and load. It times what is not start-up instead: the executor's work, every task of
 the plan run in this process one after the other (`read_partition`: GETs, decode, Arrow
 columns, the query's aggregates in Arrow), against pyarrow reading the same columns of the
 Parquet copy single-threaded (`task_*_vs_parquet_file`), and the Consumer.
