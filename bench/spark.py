@@ -8,7 +8,7 @@ zstd, as the Kafka listener stores a Kafka producer's batches: one per Message).
 Full mode (1M rows): a Spark session (`--master`, default local[2]; started and warmed up
 before timing) runs `count(*), sum(length(value)), sum(length(key)), max(timestamp)` with a
 read schema of the three columns it reads; timed from `load()` (planning included) to the
-collected result, best of two. Peers: the same query on a local Parquet copy of the same rows
+collected result, best of three. Peers: the same query on a local Parquet copy of the same rows
 (`vs_parquet` (Arrow bodies), `zstd_vs_parquet`, `kafka_vs_parquet` = Parquet seconds / memq
 seconds), and one `memq.client.Consumer` iterating the msgpack+zstd topic, timed as `bench
 consume` times it (`bench._cluster.read_memq`: from group assignment to the N-th record).
@@ -259,7 +259,7 @@ def _full(config: MemqConfig, options: dict[Codec, dict[str, str]], topics: dict
             _spark_read(spark, {**opts, "endingOffsets": '{"0": 1, "1": 1, "2": 1, "3": 1}'})
         print(f"spark session ready ({master}): {time.perf_counter() - t:.1f}s", flush=True)
         _parquet_copy(spark, options[Codec.ZSTD], parquet)
-        for _ in range(2):   # interleaved, so drift on a shared machine hits every reader alike
+        for _ in range(3):   # interleaved, so drift on a shared machine hits every reader alike
             for codec, opts in options.items():
                 spark_runs[codec].append(_spark_read(spark, opts))
                 print(f"spark datasource ({codec.name} bodies): {spark_runs[codec][-1][1]} rows in "
