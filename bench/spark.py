@@ -1,21 +1,31 @@
-"""Spark DataSource "memq" against memq's own Consumer, reading the same N messages.
+"""Spark DataSource "memq" against a Parquet copy of the same rows and memq's own Consumer.
 
-One DevCluster, the same rows written twice the way brokers write them (batch objects on S3,
-notifications on Kafka): a topic for Spark with Codec.ARROW Message bodies (Arrow columns, as
-a producer with `codec = "arrow"` writes them) and one with the default msgpack+zstd bodies.
-memq's side: a local[2] Spark session (started and warmed up before timing) runs
-`count(*), sum(length(value)), sum(length(key)), max(timestamp)` with a read schema of the
-three columns it reads, every row through Arrow; timed from `load()` (planning included) to
-the collected result. Peers: the same query on a local Parquet copy of the same rows (ratio
-`vs_parquet` = Parquet seconds / memq seconds), and one `memq.client.Consumer` iterating the
-msgpack topic (its own best format), timed as `bench consume` times it
-(`bench._cluster.read_memq`: group assignment to the N-th record, so tansu's slow group join
-counts on neither side). Ratio `vs_consumer` = consumer seconds / Spark seconds (higher is
-better). Spark on the msgpack topic is reported too (`spark_zstd_bodies_s`).
+One DevCluster, the same N rows written three times the way brokers write them (batch objects
+on S3, notifications on Kafka), one topic per body codec: Codec.ARROW (a producer with
+`codec = "arrow"`), the default msgpack+zstd, and Codec.KAFKA (Kafka RecordBatches v2 with
+zstd, as the Kafka listener stores a Kafka producer's batches: one per Message).
+
+Full mode (1M rows): a Spark session (`--master`, default local[2]; started and warmed up
+before timing) runs `count(*), sum(length(value)), sum(length(key)), max(timestamp)` with a
+read schema of the three columns it reads; timed from `load()` (planning included) to the
+collected result, best of three. Peers: the same query on a local Parquet copy of the same rows
+(`vs_parquet` (Arrow bodies), `zstd_vs_parquet`, `kafka_vs_parquet` = Parquet seconds / memq
+seconds), and one `memq.client.Consumer` iterating the msgpack+zstd topic, timed as `bench
+consume` times it (`bench._cluster.read_memq`: from group assignment to the N-th record).
+`vs_consumer` = consumer seconds / Spark seconds on that same default-codec topic.
+
+Quick mode (200k rows) starts no Spark: at that size a Spark query is mostly job start-up
+(planning, task launch: Spark took 0.80 s on Arrow bodies whose tasks take 0.2-0.4 s in-process,
+and 6.4 s on the Parquet copy in one loaded run), so Spark-vs-Parquet ratios there measure
+start-up and load. It times what is not start-up instead: the executor's work, every task of
+the plan run in this process one after the other (`read_partition`: GETs, decode, Arrow
+columns, the query's aggregates in Arrow), against pyarrow reading the same columns of the
+Parquet copy single-threaded (`task_*_vs_parquet_file`), and the Consumer.
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import random
 import shutil
@@ -23,8 +33,14 @@ import tempfile
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Sequence
+from pathlib import Path
+from typing import Callable, Sequence
 
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+import memq
 from bench._cluster import read_memq
 from memq.client.consumer import notification_topic
 from memq.config import MemqConfig
@@ -38,11 +54,21 @@ from memq.format import (
     encode_message,
     object_crc32c,
 )
+from memq.format.kafka_records import verify_kafka_batch
+from memq.format.message import encode_kafka_message
 from memq.notify import NotificationPublisher, TopicAdmin
 from memq.storage import ObjectLocation, make_storage
+from tests.support.kafka_frames import record_batch
 
 PER_MESSAGE = 1_000
 READ_SCHEMA = "key binary, value binary, timestamp timestamp"   # the columns `_query` reads
+READ_COLUMNS = ("key", "value", "timestamp")
+NAMES = {Codec.ARROW: "arrow", Codec.ZSTD: "zstd", Codec.KAFKA: "kafka"}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--master", default="local[2]",
+                        help="Spark master of the full run, e.g. local-cluster[2,1,1024] for executor JVMs")
 
 
 @dataclass(frozen=True)
@@ -55,19 +81,32 @@ class Stored:
     count: int
 
 
+def encode(records: Sequence[LogMessage], codec: Codec, producer_id: int, sequence: int) -> bytearray:
+    """One Message as a memq producer (`codec`) or, for Codec.KAFKA, the Kafka listener
+    (a Kafka producer's zstd RecordBatch, stored unchanged) writes it."""
+    if codec is Codec.KAFKA:
+        kb = record_batch(records, codec="zstd", producer_id=producer_id >> 1, epoch=0, base_sequence=0)
+        return encode_kafka_message(kb, verify_kafka_batch(kb), producer_id=producer_id, epoch=0, sequence=sequence)[0]
+    return encode_message(records, producer_id=producer_id, epoch=0, sequence=sequence, codec=codec)
+
+
+Encoder = Callable[[Sequence[LogMessage], Codec, int, int], bytearray]
+
+
 async def store_batches(config: MemqConfig, topic: str, batches: Sequence[Sequence[LogMessage]], *,
-                        partitions: int, codec: Codec = Codec.ZSTD) -> list[Stored]:
-    """Write each batch as a broker does (encode, PUT, notify) into `topic`'s notification topic."""
+                        partitions: int, codec: Codec = Codec.ZSTD, encoder: Encoder = encode) -> list[Stored]:
+    """Write each batch as a broker does (`encoder` per Message, PUT, notify) into `topic`'s
+    notification topic."""
     kafka_topic = notification_topic(config, topic)
     TopicAdmin(config.kafka).create_topic(kafka_topic, partitions)
     storage = make_storage(config)
     publisher = NotificationPublisher(config.kafka, client_id=f"bench-{topic}")
-    producer_id = random.getrandbits(64)
+    producer_id = random.getrandbits(63)
     out = []
     try:
         for seq, records in enumerate(batches):
-            msgs = [encode_message(records[j:j + PER_MESSAGE], producer_id=producer_id, epoch=0,
-                                   sequence=seq * 1_000_000 + j, codec=codec) for j in range(0, len(records), PER_MESSAGE)]
+            msgs = [encoder(records[j:j + PER_MESSAGE], codec, producer_id, seq * 1_000_000 + j)
+                    for j in range(0, len(records), PER_MESSAGE)]
             headers = [decode_message_header(m) for m in msgs]
             created = max(h.max_timestamp_ms for h in headers)
             chunks = encode_batch(msgs, headers, broker_id="bench", created_ms=created)
@@ -123,19 +162,142 @@ def _parquet_read(spark, path: str) -> tuple[float, int, int]:  # type: ignore[n
     return time.perf_counter() - t, row.n, row.b
 
 
-def run(quick: bool = False) -> dict:
-    from memq.devcluster import DevCluster
+def _aggregate(batches: Sequence[pa.RecordBatch]) -> tuple[int, int]:
+    """The query's rows and value bytes, computed in Arrow (with its other aggregates, so the
+    columns are touched as Spark touches them)."""
+    rows = value_bytes = 0
+    for b in batches:
+        rows += b.num_rows
+        value_bytes += pc.sum(pc.binary_length(b.column("value"))).as_py() or 0
+        pc.sum(pc.binary_length(b.column("key")))
+        pc.max(b.column("timestamp"))
+    return rows, value_bytes
+
+
+def _tasks_read(options: dict[str, str]) -> tuple[float, int, int, list[pa.RecordBatch]]:
+    """(seconds, rows, value bytes, batches): every task of the plan run here, one after another,
+    as executors run them (planning excluded, as it is start-up)."""
+    from pyspark.sql.types import StructType
+
+    from spark_source import SCHEMA
+    from spark_source.datasource import MemqDataSource
+
+    reader = MemqDataSource(options).reader(StructType([SCHEMA[c] for c in READ_COLUMNS]))
+    tasks = reader.partitions()
+    t = time.perf_counter()
+    batches = [b for task in tasks for b in reader.read(task)]
+    rows, value_bytes = _aggregate(batches)
+    return time.perf_counter() - t, rows, value_bytes, batches
+
+
+def _parquet_file_read(path: str) -> tuple[float, int, int]:
+    t = time.perf_counter()
+    table = pq.read_table(path, columns=list(READ_COLUMNS), use_threads=False)
+    rows, value_bytes = _aggregate(table.to_batches())
+    return time.perf_counter() - t, rows, value_bytes
+
+
+def _best(runs: list[tuple[float, int, int]], n: int, value_bytes: int, what: str) -> float:
+    """The best time of `runs`, after checking each read every row and value byte."""
+    for _, rows, got in runs:
+        if (rows, got) != (n, value_bytes):
+            raise RuntimeError(f"{what} read {rows} rows / {got} value bytes, want {n} / {value_bytes}")
+    return min(r[0] for r in runs)
+
+
+def _consumer(config: MemqConfig, topic: str, n: int, runs: list[tuple[float, int, int]]) -> float:
+    c = read_memq(config, topic, n, timeout_s=300)
+    runs.append((c.read_s, c.records, c.value_bytes))
+    print(f"memq consumer (ZSTD bodies): {c.records} records in {c.read_s:.2f}s from assignment "
+          f"({c.total_s:.2f}s with group join)", flush=True)
+    return c.total_s
+
+
+def _quick(config: MemqConfig, options: dict[Codec, dict[str, str]], topics: dict[Codec, str], n: int,
+           value_bytes: int) -> dict:
+    task_runs: dict[Codec, list[tuple[float, int, int]]] = {codec: [] for codec in topics}
+    parquet_runs: list[tuple[float, int, int]] = []
+    consumer_runs: list[tuple[float, int, int]] = []
+    parquet = tempfile.mkdtemp(prefix="memq-bench-parquet-")
+    try:
+        for _ in range(2):
+            for codec, opts in options.items():
+                secs, rows, got, batches = _tasks_read(opts)
+                task_runs[codec].append((secs, rows, got))
+                print(f"spark tasks in-process ({codec.name} bodies): {rows} rows in {secs:.2f}s", flush=True)
+                if codec is Codec.ZSTD and not parquet_runs:
+                    pq.write_table(pa.Table.from_batches(batches).select(list(READ_COLUMNS)), f"{parquet}/copy.parquet")
+            parquet_runs.append(_parquet_file_read(parquet))
+            print(f"pyarrow on a local Parquet copy: {parquet_runs[-1][1]} rows in {parquet_runs[-1][0]:.2f}s", flush=True)
+        _consumer(config, topics[Codec.ZSTD], n, consumer_runs)
+    finally:
+        shutil.rmtree(parquet, ignore_errors=True)
+    p_time = _best(parquet_runs, n, value_bytes, "parquet")
+    t = {codec: _best(runs, n, value_bytes, f"tasks ({codec.name})") for codec, runs in task_runs.items()}
+    c_time = _best(consumer_runs, n, value_bytes, "consumer")
+    return {"ratios": {f"task_{NAMES[c]}_vs_parquet_file": round(p_time / t[c], 3) for c in t}
+            | {"task_zstd_vs_consumer": round(c_time / t[Codec.ZSTD], 3)},
+            "messages": n, **{f"task_{NAMES[c]}_s": round(t[c], 3) for c in t},
+            "parquet_file_s": round(p_time, 3), "consumer_s": round(c_time, 3)}
+
+
+def _full(config: MemqConfig, options: dict[Codec, dict[str, str]], topics: dict[Codec, str], n: int,
+          value_bytes: int, master: str) -> dict:
     from spark_source import local_session
+
+    t = time.perf_counter()
+    # Executor JVMs (local-cluster) start Python workers elsewhere: point them at this memq.
+    here = str(Path(memq.__file__).resolve().parents[1])
+    spark = local_session("memq-bench", master, {"spark.executorEnv.PYTHONPATH": here})
+    parquet = tempfile.mkdtemp(prefix="memq-bench-parquet-")
+    spark_runs: dict[Codec, list[tuple[float, int, int]]] = {codec: [] for codec in topics}
+    parquet_runs: list[tuple[float, int, int]] = []
+    consumer_runs: list[tuple[float, int, int]] = []
+    try:
+        # warm-up: one object per read partition = 4 tasks, so every Python worker is started
+        for opts in options.values():
+            _spark_read(spark, {**opts, "endingOffsets": '{"0": 1, "1": 1, "2": 1, "3": 1}'})
+        print(f"spark session ready ({master}): {time.perf_counter() - t:.1f}s", flush=True)
+        _parquet_copy(spark, options[Codec.ZSTD], parquet)
+        for _ in range(3):   # interleaved, so drift on a shared machine hits every reader alike
+            for codec, opts in options.items():
+                spark_runs[codec].append(_spark_read(spark, opts))
+                print(f"spark datasource ({codec.name} bodies): {spark_runs[codec][-1][1]} rows in "
+                      f"{spark_runs[codec][-1][0]:.2f}s", flush=True)
+            parquet_runs.append(_parquet_read(spark, parquet))
+            print(f"spark on a local Parquet copy: {parquet_runs[-1][1]} rows in {parquet_runs[-1][0]:.2f}s",
+                  flush=True)
+            c_total = _consumer(config, topics[Codec.ZSTD], n, consumer_runs)
+    finally:
+        spark.stop()
+        shutil.rmtree(parquet, ignore_errors=True)
+    p_time = _best(parquet_runs, n, value_bytes, "parquet")
+    s = {codec: _best(runs, n, value_bytes, f"spark ({codec.name})") for codec, runs in spark_runs.items()}
+    c_time = _best(consumer_runs, n, value_bytes, "consumer")
+    return {"ratios": {"vs_parquet": round(p_time / s[Codec.ARROW], 3),
+                       "zstd_vs_parquet": round(p_time / s[Codec.ZSTD], 3),
+                       "kafka_vs_parquet": round(p_time / s[Codec.KAFKA], 3),
+                       "vs_consumer": round(c_time / s[Codec.ZSTD], 3)},
+            "messages": n, "master": master, "spark_s": round(s[Codec.ARROW], 3),
+            "spark_zstd_bodies_s": round(s[Codec.ZSTD], 3), "spark_kafka_bodies_s": round(s[Codec.KAFKA], 3),
+            "parquet_s": round(p_time, 3), "consumer_s": round(c_time, 3), "consumer_with_join_s": round(c_total, 3),
+            "spark_zstd_msgs_per_s": round(n / s[Codec.ZSTD]), "consumer_msgs_per_s": round(n / c_time)}
+
+
+def run(quick: bool = False, master: str = "local[2]") -> dict:
+    from memq.devcluster import DevCluster
 
     n = 200_000 if quick else 1_000_000
     per_batch = 20_000
+    batches = _records(n, per_batch)
+    value_bytes = sum(len(r.value) for b in batches for r in b)
     with DevCluster() as dc:
         config = dc.config(cluster="bench")
         suffix = uuid.uuid4().hex[:6]
-        topics = {codec: f"bench-spark-{codec.name.lower()}-{suffix}" for codec in (Codec.ARROW, Codec.ZSTD)}
+        topics = {codec: f"bench-spark-{NAMES[codec]}-{suffix}" for codec in NAMES}
         for codec, topic in topics.items():
             t = time.perf_counter()
-            asyncio.run(store_batches(config, topic, _records(n, per_batch), partitions=4, codec=codec))
+            asyncio.run(store_batches(config, topic, batches, partitions=4, codec=codec))
             print(f"wrote {n} messages in {n // per_batch} batches ({codec.name}): {time.perf_counter() - t:.1f}s",
                   flush=True)
         connection = {"kafka.bootstrap.servers": config.kafka.bootstrap_servers,
@@ -143,43 +305,6 @@ def run(quick: bool = False) -> dict:
                       "s3.bucket": config.s3.bucket, "s3.accessKeyId": config.s3.access_key_id or "",
                       "s3.secretAccessKey": config.s3.secret_access_key or ""}
         options = {codec: {"topic": topic, **connection} for codec, topic in topics.items()}
-        t = time.perf_counter()
-        spark = local_session("memq-bench", "local[2]")
-        try:
-            # warm-up: one object per read partition = 4 tasks, so both Python workers are started
-            for opts in options.values():
-                _spark_read(spark, {**opts, "endingOffsets": '{"0": 1, "1": 1, "2": 1, "3": 1}'})
-            print(f"spark session ready: {time.perf_counter() - t:.1f}s", flush=True)
-            parquet = tempfile.mkdtemp(prefix="memq-bench-parquet-")
-            _parquet_copy(spark, options[Codec.ZSTD], parquet)
-            rounds = 1 if quick else 2
-            spark_runs: dict[Codec, list[tuple[float, int, int]]] = {codec: [] for codec in topics}
-            parquet_runs = []
-            consumer_runs = []
-            for _ in range(rounds):
-                for codec, opts in options.items():
-                    spark_runs[codec].append(_spark_read(spark, opts))
-                    print(f"spark datasource ({codec.name} bodies): {spark_runs[codec][-1][1]} rows in "
-                          f"{spark_runs[codec][-1][0]:.2f}s", flush=True)
-                parquet_runs.append(_parquet_read(spark, parquet))
-                print(f"spark on a local Parquet copy: {parquet_runs[-1][1]} rows in {parquet_runs[-1][0]:.2f}s",
-                      flush=True)
-                c = read_memq(config, topics[Codec.ZSTD], n, timeout_s=300)
-                consumer_runs.append((c.read_s, c.records, c.value_bytes, c.total_s))
-                print(f"memq consumer (ZSTD bodies): {c.records} records in {c.read_s:.2f}s from assignment "
-                      f"({c.total_s:.2f}s with group join)", flush=True)
-        finally:
-            spark.stop()
-            shutil.rmtree(parquet, ignore_errors=True)
-    s_time, s_rows, s_bytes = min(spark_runs[Codec.ARROW])
-    m_time, m_rows, m_bytes = min(spark_runs[Codec.ZSTD])
-    p_time, p_rows, p_bytes = min(parquet_runs)
-    c_time, c_rows, c_bytes, c_total = min(consumer_runs)
-    if {(s_rows, s_bytes), (m_rows, m_bytes), (p_rows, p_bytes)} != {(n, c_bytes)} or c_rows != n:
-        raise RuntimeError(f"reads disagree: spark {s_rows} rows/{s_bytes} B (ARROW), {m_rows}/{m_bytes} B (ZSTD), "
-                           f"parquet {p_rows}/{p_bytes} B, consumer {c_rows}/{c_bytes} B, want {n}")
-    return {"ratios": {"vs_consumer": round(c_time / s_time, 3), "vs_parquet": round(p_time / s_time, 3)},
-            "messages": n, "spark_s": round(s_time, 3), "parquet_s": round(p_time, 3), "consumer_s": round(c_time, 3),
-            "consumer_with_join_s": round(c_total, 3), "spark_zstd_bodies_s": round(m_time, 3),
-            "zstd_bodies_vs_parquet": round(p_time / m_time, 3),
-            "spark_msgs_per_s": round(n / s_time), "consumer_msgs_per_s": round(n / c_time)}
+        if quick:
+            return _quick(config, options, topics, n, value_bytes)
+        return _full(config, options, topics, n, value_bytes, master)

@@ -10,9 +10,9 @@ close in time (within the producer's delivery timeout). So with dropDuplicates t
 orders the objects of all read partitions by creation time and cuts that one sequence into
 byte-balanced tasks (rather than a task per read partition), and each task drops a Message
 (producer id, epoch, sequence) it saw before, in bounded memory (`SequenceTracker`, as the
-Consumer). A read of up to TARGET_PARTITION_BYTES is one task: every copy is caught. In larger
-reads, and across a stream's micro-batches, copies on either side of a task boundary are
-not: rows carry MESSAGE_ID_COLUMNS for an exact `dropDuplicates(list(MESSAGE_ID_COLUMNS))`
+Consumer). A read of up to MIN_TASK_BYTES is one task: every copy is caught. Larger reads
+are spread over every core (`split`), and there, as across a stream's micro-batches, copies
+on either side of a task boundary are not caught: rows carry MESSAGE_ID_COLUMNS for an exact `dropDuplicates(list(MESSAGE_ID_COLUMNS))`
 (in a stream, `dropDuplicatesWithinWatermark`), which costs a shuffle. Notifications carry no
 Message ids, so the driver cannot do better without reading the objects.
 """
@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import os
 import time
 import uuid
 from dataclasses import dataclass
@@ -38,6 +39,9 @@ from spark_source.options import SourceOptions
 log = logging.getLogger("memq.spark")
 
 TARGET_PARTITION_BYTES = 128 * 1024 * 1024  # like spark.sql.files.maxPartitionBytes
+# A task's own start (S3 client, fetch thread) is worth ~this many bytes of reading; it also
+# keeps reads up to this size one task, where de-duplication catches every copy.
+MIN_TASK_BYTES = 16 * 1024 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,32 +93,36 @@ class MemqPartition(InputPartition):
         self.refs = tuple(refs)
 
 
-def split(groups: Iterable[Sequence[BatchRef]], min_partitions: int | None) -> list[MemqPartition]:
+def split(groups: Iterable[Sequence[BatchRef]], min_partitions: int | None,
+          cores: int | None = None) -> list[MemqPartition]:
     """Cut each group (one read partition's range) into contiguous chunks of similar bytes.
 
-    A group becomes one task unless it is larger than TARGET_PARTITION_BYTES or
-    `minPartitions` asks for more tasks than there are groups (then bytes are shared out).
+    The read is shared out by bytes into a task per core (`cores`, else this machine's CPU
+    count: Spark's own count is not visible to a Python data source) as long as each keeps
+    MIN_TASK_BYTES, more when a task would exceed TARGET_PARTITION_BYTES, at least
+    `minPartitions`, and at least one per group.
     """
     groups = [list(g) for g in groups if g]
     total = sum(r.size for g in groups for r in g) or 1
+    slots = cores or os.cpu_count() or 1
+    want = max(math.ceil(total / TARGET_PARTITION_BYTES), min(slots, math.ceil(total / MIN_TASK_BYTES)),
+               min_partitions or 1)
     out: list[MemqPartition] = []
     for g in groups:
         size = sum(r.size for r in g)
-        n = math.ceil(size / TARGET_PARTITION_BYTES)
-        if min_partitions and min_partitions > len(groups):
-            n = max(n, round(min_partitions * size / total))
+        n = max(math.ceil(size / TARGET_PARTITION_BYTES), round(want * size / total))
         out.extend(_cut(g, max(1, min(n, len(g)))))
     return out
 
 
 def plan_tasks(groups: Iterable[Sequence[BatchRef]], min_partitions: int | None,
-               drop_duplicates: bool) -> list[MemqPartition]:
+               drop_duplicates: bool, cores: int | None = None) -> list[MemqPartition]:
     """Tasks for the groups (one per read partition): `split` as they are, or, to de-duplicate,
     as one sequence in creation order, so the copies of a retried Message meet in one task. A
     part notified twice (a broker publishes a notification again when the first one's delivery
     was unknown: both may land) is read once."""
     if not drop_duplicates:
-        return split(groups, min_partitions)
+        return split(groups, min_partitions, cores)
     merged = sorted((r for g in groups for r in g), key=lambda r: (r.created_ms, r.partition or 0, r.offset or 0))
     parts: set[tuple[ObjectLocation, int]] = set()
     unique: list[BatchRef] = []
@@ -122,7 +130,7 @@ def plan_tasks(groups: Iterable[Sequence[BatchRef]], min_partitions: int | None,
         if (r.location, r.start) not in parts:
             parts.add((r.location, r.start))
             unique.append(r)
-    return split([unique], min_partitions)
+    return split([unique], min_partitions, cores)
 
 
 def _cut(refs: Sequence[BatchRef], n: int) -> list[MemqPartition]:

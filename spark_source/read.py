@@ -1,4 +1,5 @@
-"""Executor-side reading: batch objects through memq's one BatchReader, decoded to Arrow."""
+"""Executor-side reading: batch objects through memq's one BatchReader, decoded straight to Arrow
+columns (`memq.format.columns`: no LogMessage per record, whatever the codec)."""
 
 from __future__ import annotations
 
@@ -9,8 +10,10 @@ from typing import Iterator, Sequence
 import pyarrow as pa
 
 from memq.client.positions import SequenceTracker
-from memq.client.reader import BatchPointer, BatchReader, DataLossPolicy, Decoded, read_in_order
+from memq.client.reader import BatchPointer, BatchReader, DataLossPolicy, read_in_order
 from memq.errors import StorageError
+from memq.format import BatchHeader, MessageHeader
+from memq.format.columns import Columns, decode_batch_columns
 from spark_source.options import SourceOptions
 from spark_source.plan import BatchRef, Bounds, describe_storage
 from spark_source.schema import ARROW_SCHEMA, BatchContext, to_record_batch
@@ -24,7 +27,7 @@ def pointer(topic: str, ref: BatchRef) -> BatchPointer:
 
 
 def _arrow(opts: SourceOptions, ref: BatchRef, bounds: Bounds, seen: SequenceTracker | None,
-           decoded: Decoded) -> pa.RecordBatch | None:
+           decoded: tuple[BatchHeader, list[tuple[MessageHeader, Columns]]]) -> pa.RecordBatch | None:
     """The object's rows within `bounds`, without Messages `seen` before in this task; None if
     its header rules them all out. Runs in the reader's one CPU worker: `seen` needs no lock."""
     header, messages = decoded
@@ -51,7 +54,7 @@ def read_partition(opts: SourceOptions, refs: Sequence[BatchRef], bounds: Bounds
     dropDuplicates (the default) a Message seen before in this task is dropped (see plan.py
     for how copies are planned into one task).
     """
-    reader = BatchReader(opts.config, opts.fetch_concurrency)
+    reader = BatchReader(opts.config, opts.fetch_concurrency, decode=decode_batch_columns)
     cc = opts.config.consumer     # the de-duplication memory of a Consumer (consumer.dedup_*)
     seen = SequenceTracker(cc.dedup_max_producers, cc.dedup_window) if opts.drop_duplicates else None
     try:

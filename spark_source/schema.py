@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from operator import itemgetter
 from typing import Callable, Sequence
 
 import numpy as np
@@ -22,8 +21,8 @@ from pyspark.sql.types import (
 )
 
 from memq.errors import ConfigError
-from memq.format import LogMessage, MessageHeader
-from memq.format.arrow_body import ArrowRecords
+from memq.format import MessageHeader
+from memq.format.columns import Columns
 
 SCHEMA = StructType([
     StructField("key", BinaryType()),
@@ -78,21 +77,18 @@ def projection(schema: StructType) -> pa.Schema:
 
 
 class _LogColumns:
-    """Arrow columns of LogMessage fields, each built on first use: a Codec.ARROW Message gives
-    its stored column as is, any other Message one C pass over the field's values. A query
-    converts only the fields it reads (the headers, lists of tuples, cost as much as the
-    other fields together)."""
+    """Arrow columns of LogMessage fields over an object's Messages, each built on first use
+    (`Columns` converts a field only when asked): a query converts only the fields it reads
+    (a msgpack body's headers, lists of tuples, cost as much as the other fields together)."""
 
-    def __init__(self, messages: Sequence[tuple[MessageHeader, Sequence[LogMessage]]]) -> None:
+    def __init__(self, messages: Sequence[tuple[MessageHeader, Columns]]) -> None:
         self._messages = messages
         self._built: dict[str, pa.Array] = {}
 
     def __call__(self, field: str) -> pa.Array:
         if field not in self._built:
             typ = _LOG_TYPES[field]
-            get = itemgetter(LogMessage._fields.index(field))
-            chunks = [msgs.batch.column(field).cast(typ) if isinstance(msgs, ArrowRecords)
-                      else pa.array(list(map(get, msgs)), typ) for _, msgs in self._messages]
+            chunks = [cols.column(field).cast(typ) for _, cols in self._messages]
             self._built[field] = pa.concat_arrays(chunks) if chunks else pa.array([], typ)
         return self._built[field]
 
@@ -101,10 +97,10 @@ def _signed64(value: int) -> int:
     return value - (1 << 64) if value >= (1 << 63) else value
 
 
-def to_record_batch(ctx: BatchContext, messages: Sequence[tuple[MessageHeader, Sequence[LogMessage]]],
+def to_record_batch(ctx: BatchContext, messages: Sequence[tuple[MessageHeader, Columns]],
                     start_ms: int | None = None, end_ms: int | None = None,
                     keep: Sequence[bool] | None = None, schema: pa.Schema = ARROW_SCHEMA) -> pa.RecordBatch:
-    """Columns for one batch object; `messages` = (header, LogMessages) per Message. Only the
+    """Columns for one batch object; `messages` = (header, its columns) per Message. Only the
     columns of `schema` (a projection of ARROW_SCHEMA) are built: what Spark does not ask for
     it need not convert, which is most of a read's time.
 

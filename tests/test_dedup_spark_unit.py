@@ -3,15 +3,16 @@ are masked out with `index` kept, Message id columns, and tasks planned in creat
 
 from __future__ import annotations
 
-from memq.format import LogMessage, MessageHeader, decode_message_header, encode_message
+from memq.format import Compressors, LogMessage, MessageHeader, encode_message
+from memq.format.columns import Columns, decode_message_columns
 from memq.storage import ObjectLocation
 from spark_source.plan import BatchRef, plan_tasks
 from spark_source.schema import MESSAGE_ID_COLUMNS, BatchContext, to_record_batch
 
 
-def message(pid: int, epoch: int, seq: int, *values: bytes) -> tuple[MessageHeader, list[LogMessage]]:
+def message(pid: int, epoch: int, seq: int, *values: bytes) -> tuple[MessageHeader, Columns]:
     logs = [LogMessage(v, None, (), 1_000 + i) for i, v in enumerate(values)]
-    return decode_message_header(encode_message(logs, producer_id=pid, epoch=epoch, sequence=seq)), logs
+    return decode_message_columns(encode_message(logs, producer_id=pid, epoch=epoch, sequence=seq), Compressors())
 
 
 def test_duplicate_messages_are_masked_and_rows_keep_their_place_and_ids() -> None:

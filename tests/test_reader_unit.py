@@ -169,3 +169,29 @@ def test_parts_of_one_object_are_read_by_range_and_a_damaged_part_fails_alone() 
             reader.submit(ptrs[1], build).result(5)
     finally:
         reader.close()
+
+
+def test_a_reader_decodes_with_the_decoder_it_was_given_and_a_bad_column_is_a_lost_batch() -> None:
+    """Spark's reader decodes to columns; a column that fails to convert while the caller builds
+    its rows (the decoders convert lazily) loses that batch alone, as a corrupt body would."""
+    from memq.errors import CorruptDataError
+    from memq.format.columns import decode_batch_columns
+
+    objects: dict[str, bytes] = {}
+    rs = [batch(f"k{i}", [(1, i, recs(str(i), "x"))], i, objects) for i in range(2)]
+    ptrs = [BatchPointer("t", ObjectLocation("b", f"k{i}"), r.notification.size, r.notification.crc32c)
+            for i, r in enumerate(rs)]
+    reader = BatchReader(MemqConfig(), 2, source=lambda: MemorySource(objects), decode=decode_batch_columns)
+
+    def build(decoded: Any) -> list[bytes]:
+        return [v for _, cols in decoded[1] for v in cols.column("value").to_pylist()]
+
+    def failing(decoded: Any) -> None:
+        raise CorruptDataError("field value is not binary")
+
+    try:
+        assert [reader.submit(p, build).result(5) for p in ptrs] == [[b"0", b"x"], [b"1", b"x"]]
+        with pytest.raises(DataLossError, match="k1.*is corrupt: field value"):
+            reader.submit(ptrs[1], failing).result(5)
+    finally:
+        reader.close()

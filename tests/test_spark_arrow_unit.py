@@ -3,14 +3,16 @@ columns give the same table as a msgpack body of the same records, in any mix.""
 
 from __future__ import annotations
 
-from memq.format import Codec, LogMessage, decode_message, encode_message
+from memq.format import Codec, Compressors, LogMessage, encode_message
+from memq.format.columns import decode_message_columns
 from spark_source.schema import ARROW_SCHEMA, BatchContext, to_record_batch
 
 
 def decoded(codec: Codec, seq: int, n: int) -> tuple:
     logs = [LogMessage(b"v%d" % i, b"k" if i % 2 else None, (("h", b"%d" % i),) * (i % 3), 1_000 + i,
                        b"id" if i % 4 else None) for i in range(n)]
-    return decode_message(encode_message(logs, producer_id=9, epoch=1, sequence=seq, codec=codec))
+    return decode_message_columns(encode_message(logs, producer_id=9, epoch=1, sequence=seq, codec=codec),
+                                  Compressors())
 
 
 def test_arrow_messages_read_as_the_same_rows_as_msgpack_ones() -> None:

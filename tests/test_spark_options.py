@@ -10,7 +10,7 @@ from memq.errors import ConfigError
 from memq.storage import ObjectLocation
 from spark_source.datasource import rate_limit
 from spark_source.options import EARLIEST, LATEST, OffsetSpec, parse_options
-from spark_source.plan import TARGET_PARTITION_BYTES, BatchRef, Bounds, split
+from spark_source.plan import MIN_TASK_BYTES, TARGET_PARTITION_BYTES, BatchRef, Bounds, plan_tasks, split
 
 
 @pytest.fixture(autouse=True)
@@ -103,6 +103,17 @@ def test_split_keeps_order_and_balances_bytes() -> None:
     assert flat == [(0, i) for i in range(8)] + [(1, i) for i in range(2)]
     big = split([[_ref(0, i, TARGET_PARTITION_BYTES // 2) for i in range(6)]], None)
     assert [len(p.refs) for p in big] == [2, 2, 2]
+
+
+def test_a_read_is_spread_by_bytes_over_every_core_in_tasks_worth_starting() -> None:
+    mib = 1024 * 1024
+    groups = [[_ref(p, i, 4 * mib) for i in range(5)] for p in range(4)]       # 80 MiB in 4 read partitions
+    two = plan_tasks(groups, None, drop_duplicates=True, cores=2)
+    assert [sum(r.size for r in t.refs) for t in two] == [40 * mib, 40 * mib]
+    assert len(plan_tasks(groups, None, drop_duplicates=True, cores=16)) == 80 * mib // MIN_TASK_BYTES
+    assert len(plan_tasks([[_ref(0, i, mib) for i in range(8)]], None, drop_duplicates=True, cores=16)) == 1
+    assert len(plan_tasks(groups, 10, drop_duplicates=True, cores=2)) == 10   # minPartitions: at least that
+    assert len(plan_tasks(groups, None, drop_duplicates=False, cores=2)) == 4  # a task per read partition at least
 
 
 def test_bounds_prune_by_partition_offset_and_time() -> None:

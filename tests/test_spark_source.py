@@ -10,20 +10,25 @@ import asyncio
 import dataclasses
 import datetime as dt
 import random
+import struct
 import threading
 import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Literal
+from typing import Iterator, Literal, Sequence
 
 import pytest
 
 from bench._cluster import read_memq
-from bench.spark import store_batches
+from crc32c import crc32c
+
+from bench.spark import encode, store_batches
 from memq.config import MemqConfig
 from memq.devcluster import DevCluster
-from memq.format import LogMessage
+from memq.format import Codec, LogMessage
+from memq.format.kafka_records import KAFKA_BATCH_HEADER_SIZE, verify_kafka_batch
+from memq.format.message import encode_kafka_message
 from memq.storage import ObjectLocation, make_storage
 
 pyspark = pytest.importorskip("pyspark")
@@ -31,6 +36,7 @@ from pyspark.sql import DataFrame, SparkSession  # noqa: E402
 from pyspark.sql import functions as F  # noqa: E402
 
 from spark_source import MESSAGE_ID_COLUMNS, local_session  # noqa: E402
+from tests.support.kafka_frames import record_batch  # noqa: E402
 from tests.support.spark import connection  # noqa: E402
 
 pytestmark = [pytest.mark.spark, pytest.mark.integration, pytest.mark.timeout(240)]
@@ -235,6 +241,36 @@ def test_deleted_batch_fails_or_is_skipped_and_reported(spark: SparkSession, con
     logs = (spark.tvf.python_worker_logs().filter(F.col("logger") == "memq.spark")
             .filter(F.col("msg").contains(gone.location.key)).collect())
     assert logs and logs[0].level == "WARNING"
+
+
+def damaged_kafka(records: Sequence[LogMessage], codec: Codec, producer_id: int, sequence: int) -> bytearray:
+    """`encode`, but a batch holding k00000150 gets a record framing that does not add up
+    (every CRC valid): only the columnar decode can tell it is corrupt."""
+    if b"k%08d" % 150 not in {r.key for r in records}:
+        return encode(records, codec, producer_id, sequence)
+    kb = bytearray(record_batch(records))
+    kb[KAFKA_BATCH_HEADER_SIZE] += 2          # the first record's length prefix claims one byte more
+    struct.pack_into(">I", kb, 17, crc32c(bytes(kb[21:])))
+    return encode_kafka_message(bytes(kb), verify_kafka_batch(bytes(kb)), producer_id=producer_id, epoch=0,
+                                sequence=sequence)[0]
+
+
+@pytest.mark.parametrize("codec", [Codec.ZSTD, Codec.ARROW, Codec.KAFKA], ids=lambda c: c.name)
+def test_every_codec_reads_back_the_rows_written_and_a_corrupt_body_loses_only_its_object(
+        spark: SparkSession, config: MemqConfig, codec: Codec) -> None:
+    topic = f"spark-{codec.name.lower()}-{uuid.uuid4().hex[:8]}"
+    ranges = chunks_of(0, 600, 100)
+    asyncio.run(store_batches(config, topic, [[make_record(i) for i in r] for r in ranges], partitions=2,
+                              codec=codec, encoder=damaged_kafka if codec is Codec.KAFKA else encode))
+    rows = read(spark, config, topic, failOnDataLoss="false").select(
+        "key", "value", "headers", F.unix_millis("timestamp").alias("ts")).collect()
+    lost = range(100, 200) if codec is Codec.KAFKA else range(0)
+    got = sorted((r.key, r.value, tuple((h.key, bytes(h.value)) for h in r.headers), r.ts) for r in rows)
+    assert got == [(m.key, m.value, m.headers, m.timestamp_ms) for m in map(make_record, range(600))
+                   if int(m.key[1:]) not in lost]
+    if codec is Codec.KAFKA:
+        with pytest.raises(Exception, match="is corrupt: Kafka"):
+            read(spark, config, topic).count()
 
 
 def test_a_user_schema_reads_only_its_columns(spark: SparkSession, config: MemqConfig,

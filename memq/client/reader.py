@@ -34,6 +34,8 @@ from memq.storage import ObjectLocation, make_storage
 T = TypeVar("T")
 
 Decoded = tuple[BatchHeader, list[tuple[MessageHeader, Sequence[LogMessage]]]]
+# How a batch object is decoded: `decode_batch` (LogMessages) unless a reader wants columns.
+BatchDecoder = Callable[..., tuple[BatchHeader, list[tuple[MessageHeader, Any]]]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,32 +169,34 @@ def verify(ptr: BatchPointer, obj: bytes) -> None:
         raise ptr.lost("is corrupt: CRC32C of the batch does not match its notification")
 
 
-def decode_verified(ptr: BatchPointer, obj: bytes, build: Callable[[Decoded], T],
-                    compressors: Compressors | None = None) -> T:
+def decode_verified(ptr: BatchPointer, obj: bytes, build: Callable[[Any], T],
+                    compressors: Compressors | None = None, decode: BatchDecoder = decode_batch) -> T:
     """Verify, decode and `build` under one GC pause: the decoded tuples stay alive (or die)
-    within it, and with the GC on, collections rescanning them took most of the CPU."""
+    within it, and with the GC on, collections rescanning them took most of the CPU.
+    A FormatError from `build` is a corrupt batch too: a column decoder converts lazily."""
     verify(ptr, obj)
     with gc_paused():
         try:
-            decoded = decode_batch(obj, compressors=compressors)
+            return build(decode(obj, compressors=compressors))
         except FormatError as e:
             raise ptr.lost(f"is corrupt: {e}") from e
-        return build(decoded)
 
 
 class BatchReader:
     """Reads whole batches ahead (`submit`) or one LogMessage by ranged GETs (`read_one`)."""
 
     def __init__(self, config: MemqConfig, concurrency: int, *,
-                 source: Callable[[], ObjectSource] | None = None) -> None:
+                 source: Callable[[], ObjectSource] | None = None, decode: BatchDecoder = decode_batch) -> None:
         self._fetch = FetchLoop(source or (lambda: make_storage(config)), concurrency)
         self._compressors = Compressors()   # used only in the CPU worker
+        self._decode = decode
 
-    def submit(self, ptr: BatchPointer, build: Callable[[Decoded], T]) -> concurrent.futures.Future[T]:
-        """Start fetching `ptr`; the future holds `build(decoded batch)` or raises DataLossError."""
+    def submit(self, ptr: BatchPointer, build: Callable[[Any], T]) -> concurrent.futures.Future[T]:
+        """Start fetching `ptr`; the future holds `build(decoded batch)` (`Decoded` unless the
+        reader was given another `decode`) or raises DataLossError."""
         return self._fetch.submit(self._read(ptr, build))
 
-    async def _read(self, ptr: BatchPointer, build: Callable[[Decoded], T]) -> T:
+    async def _read(self, ptr: BatchPointer, build: Callable[[Any], T]) -> T:
         try:
             if ptr.size is None:
                 obj = await self._fetch.get(ptr.location)
@@ -204,7 +208,7 @@ class BatchReader:
             raise ptr.lost(f"is missing: {e}") from e
         except StorageError as e:   # not data loss: the store failed; never skipped
             raise type(e)(f"reading {ptr.describe()}: {e}") from e
-        return await self._fetch.cpu(decode_verified, ptr, obj, build, self._compressors)
+        return await self._fetch.cpu(decode_verified, ptr, obj, build, self._compressors, self._decode)
 
     def read_one(self, ptr: BatchPointer, header_size: int, index: int,
                  timeout_s: float) -> tuple[MessageHeader, LogMessage]:
@@ -234,7 +238,7 @@ class BatchReader:
         self._fetch.close(timeout_s)
 
 
-def read_in_order(reader: BatchReader, batches: Iterable[tuple[BatchPointer, Callable[[Decoded], T]]],
+def read_in_order(reader: BatchReader, batches: Iterable[tuple[BatchPointer, Callable[[Any], T]]],
                   ahead: int, policy: DataLossPolicy) -> Iterator[T]:
     """`build(batch)` for each (pointer, build), in order, with up to `ahead` batches fetched
     ahead; lost batches raised or skipped by `policy`."""

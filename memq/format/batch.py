@@ -17,7 +17,7 @@ from __future__ import annotations
 import struct
 import time
 from dataclasses import dataclass
-from typing import Iterable, Iterator, Sequence
+from typing import Callable, Iterable, Iterator, Sequence, TypeVar
 
 from crc32c import crc32c
 
@@ -25,6 +25,8 @@ from memq.errors import CorruptDataError, InvalidInputError
 from memq.format.codec import Compressors
 from memq.format.message import Buffer, MessageHeader, check_magic_and_version, decode_message
 from memq.format.records import LogMessage, gc_paused
+
+R = TypeVar("R")
 
 BATCH_MAGIC = b"MQBT"
 BATCH_VERSION = 1
@@ -146,6 +148,10 @@ def decode_batch_header(buf: Buffer) -> BatchHeader:
                        tuple(ranges), counts)
 
 
+def _log_messages(msg: Buffer, compressors: Compressors) -> tuple[MessageHeader, Sequence[LogMessage]]:
+    return decode_message(msg, compressors=compressors)
+
+
 def iter_batch_messages(obj: Buffer) -> Iterator[memoryview]:
     """The Messages of a whole object as memoryview slices, after checking header and size."""
     return _message_views(obj, decode_batch_header(obj))
@@ -162,7 +168,14 @@ def _message_views(obj: Buffer, header: BatchHeader) -> Iterator[memoryview]:
 
 def decode_batch(obj: Buffer, *, compressors: Compressors | None = None
                  ) -> tuple[BatchHeader, list[tuple[MessageHeader, Sequence[LogMessage]]]]:
-    """Decode a whole object; every Message must agree with the batch index.
+    """Decode a whole object into LogMessages; every Message must agree with the batch index."""
+    return decode_batch_as(obj, _log_messages, compressors=compressors)
+
+
+def decode_batch_as(obj: Buffer, decode: Callable[[Buffer, Compressors], tuple[MessageHeader, R]], *,
+                    compressors: Compressors | None = None) -> tuple[BatchHeader, list[tuple[MessageHeader, R]]]:
+    """Decode a whole object, each Message by `decode` (LogMessages for `decode_batch`, Arrow
+    columns for Spark: `memq.format.columns`); every Message must agree with the batch index.
 
     One GC pause for the whole object, not one per Message: the records stay alive, so
     collections between Messages would rescan them (see `gc_paused`)."""
@@ -171,7 +184,7 @@ def decode_batch(obj: Buffer, *, compressors: Compressors | None = None
     out = []
     with gc_paused():
         for i, msg in enumerate(_message_views(obj, header)):
-            mh, records = decode_message(msg, compressors=comp)
+            mh, records = decode(msg, comp)
             if mh.count != header.message_counts[i]:
                 raise CorruptDataError(f"batch Message {i} holds {mh.count} LogMessages, index "
                                        f"says {header.message_counts[i]}")

@@ -81,6 +81,11 @@ class KafkaBatchHeader:
         return bool(self.attributes & _TRANSACTIONAL)
 
     @property
+    def log_append_time(self) -> bool:
+        """Records carry the broker's append time (the header's max timestamp), not their own."""
+        return bool(self.attributes & _LOG_APPEND_TIME)
+
+    @property
     def min_timestamp_ms(self) -> int:
         """A lower bound of the records' timestamps as the header tells it (the first record's)."""
         return min(self.base_timestamp_ms, self.max_timestamp_ms)
@@ -134,13 +139,13 @@ def decode_kafka_records(buf: Buffer) -> list[LogMessage]:
     Null values, and null header values, decode as b"" (a LogMessage value is bytes).
     """
     header = verify_kafka_batch(buf)
-    raw = _decompress(header.codec, memoryview(buf)[KAFKA_BATCH_HEADER_SIZE:])
+    raw = decompress_records(header.codec, memoryview(buf)[KAFKA_BATCH_HEADER_SIZE:])
     with gc_paused():
         return _Records(raw, header).read_all()
 
 
-def _decompress(codec: KafkaCodec, body: memoryview) -> bytes | memoryview:
-    """Decompress to at most MAX_BODY_BYTES (a hostile batch could declare more)."""
+def decompress_records(codec: KafkaCodec, body: memoryview) -> bytes | memoryview:
+    """A batch's records decompressed, to at most MAX_BODY_BYTES (a hostile batch could declare more)."""
     try:
         if codec is KafkaCodec.NONE:
             return body
@@ -197,7 +202,7 @@ class _Records:
 
     def read_all(self) -> list[LogMessage]:
         h = self.header
-        log_append = bool(h.attributes & _LOG_APPEND_TIME)
+        log_append = h.log_append_time
         out = []
         for i in range(h.count):
             length = self.varint()

@@ -129,3 +129,24 @@ def unpack_records(raw: bytes | memoryview, count: int) -> list[LogMessage]:
     if records and set(map(len, records)) != {RECORD_FIELDS}:
         raise CorruptDataError(f"Message body records are not {RECORD_FIELDS}-field arrays")
     return records
+
+
+def unpack_columns(raw: bytes | memoryview, count: int) -> list[tuple]:
+    """Decode a body into its `RECORD_FIELDS` columns (values, keys, headers, timestamps,
+    message ids), each a tuple of `count` items; CorruptDataError on any shape mismatch.
+
+    For column readers (Spark): msgpack's C loop builds the records' tuples and `zip`
+    transposes them in C, with no LogMessage and no Python step per record."""
+    try:
+        rows = msgpack.unpackb(raw, use_list=False)
+    except Exception as exc:  # msgpack raises several unrelated types on malformed input
+        raise CorruptDataError(f"Message body is not valid msgpack: {exc!r}") from exc
+    if type(rows) is not tuple or len(rows) != count:
+        got = len(rows) if type(rows) is tuple else type(rows).__name__
+        raise CorruptDataError(f"Message body holds {got} records, header says {count}")
+    try:
+        if rows and set(map(len, rows)) != {RECORD_FIELDS}:
+            raise CorruptDataError(f"Message body records are not {RECORD_FIELDS}-field arrays")
+    except TypeError as exc:
+        raise CorruptDataError(f"Message body records are not arrays: {exc}") from exc
+    return list(zip(*rows)) if rows else [()] * RECORD_FIELDS

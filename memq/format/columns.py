@@ -1,0 +1,108 @@
+"""Message bodies decoded to Arrow columns instead of LogMessages: the Spark reader's decode.
+
+Every codec ends as the columns of `arrow_body.body_schema()` without a LogMessage per
+record: a Codec.ARROW body is those columns already; a Kafka RecordBatch is located field by
+field in bulk, all of an object's at once (`kafka_columns`); a msgpack body is unpacked by
+msgpack's C loop and transposed in C (`records.unpack_columns`), each column one `pa.array`
+call when first asked for, so a query that reads no headers never converts them. A body that does not decode, or
+a column that does not convert, is a CorruptDataError, as on the LogMessage path.
+Needs pyarrow (imported on first use, as in `arrow_body`) and numpy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol
+
+from memq.errors import CorruptDataError
+from memq.format.arrow_body import COLUMNS, _pyarrow, body_schema, decode_arrow_body
+from memq.format.batch import BatchHeader, decode_batch_as
+from memq.format.codec import Codec, Compressors
+from memq.format.kafka_columns import KafkaRecords, locate_kafka_columns, split_kafka_records
+from memq.format.message import Buffer, MessageHeader, verify_message
+from memq.format.records import unpack_columns
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+_NOT_NULL = ("value", "headers", "timestamp_ms")
+
+
+class Columns(Protocol):
+    """One Message's records as Arrow columns, named as LogMessage's fields."""
+
+    def __len__(self) -> int: ...
+    def column(self, name: str) -> pa.Array: ...
+
+
+@dataclass(frozen=True, slots=True)
+class ArrowColumns:
+    """A Codec.ARROW body: its stored columns as they are."""
+
+    batch: pa.RecordBatch
+
+    def __len__(self) -> int:
+        return int(self.batch.num_rows)
+
+    def column(self, name: str) -> pa.Array:
+        return self.batch.column(name)
+
+
+@dataclass(frozen=True, slots=True)
+class MsgpackColumns:
+    """A msgpack body's fields, one tuple each (LogMessage field order), converted on first use."""
+
+    fields: list[tuple]
+    _built: dict[str, pa.Array] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.fields[0])
+
+    def column(self, name: str) -> pa.Array:
+        if name not in self._built:
+            pa = _pyarrow()
+            typ = body_schema().field(name).type
+            try:
+                array = pa.array(self.fields[COLUMNS.index(name)], typ)
+            except (pa.ArrowException, TypeError, ValueError, OverflowError) as exc:
+                raise CorruptDataError(f"Message body field {name} is not {typ}: {exc}") from exc
+            if name in _NOT_NULL and array.null_count:
+                raise CorruptDataError(f"Message body field {name} holds nulls")
+            self._built[name] = array
+        return self._built[name]
+
+
+def decode_message_columns(buf: Buffer, compressors: Compressors) -> tuple[MessageHeader, Columns]:
+    """Verify and decode one Message to columns: `decode_message`'s checks, no LogMessages."""
+    header, columns = _decode(buf, compressors)
+    if isinstance(columns, KafkaRecords):
+        return header, locate_kafka_columns([columns])[0]
+    return header, columns
+
+
+def decode_batch_columns(obj: Buffer, *, compressors: Compressors | None = None
+                         ) -> tuple[BatchHeader, list[tuple[MessageHeader, Columns]]]:
+    """`decode_batch` with each Message as columns; the fields of all its Kafka batches are
+    located in one pass."""
+    header, messages = decode_batch_as(obj, _decode, compressors=compressors)
+    located = iter(locate_kafka_columns([c for _, c in messages if isinstance(c, KafkaRecords)]))
+    return header, [(h, next(located) if isinstance(c, KafkaRecords) else c) for h, c in messages]
+
+
+def _decode(buf: Buffer, compressors: Compressors) -> tuple[MessageHeader, Columns | KafkaRecords]:
+    """A Message's columns, or for Codec.KAFKA its records' bounds (fields located by the caller)."""
+    header = verify_message(buf)
+    body = memoryview(buf)[header.header_size:]
+    columns: Columns | KafkaRecords
+    if header.codec is Codec.KAFKA:
+        columns = split_kafka_records(body)
+    elif header.codec is Codec.ARROW:
+        if header.raw_length != header.body_length:
+            raise CorruptDataError(f"Codec.ARROW raw length {header.raw_length}, body length {header.body_length}")
+        columns = ArrowColumns(decode_arrow_body(body, header.count))
+    else:
+        columns = MsgpackColumns(unpack_columns(compressors.decompress(header.codec, body, header.raw_length),
+                                                header.count))
+    if len(columns) != header.count:
+        raise CorruptDataError(f"Message body holds {len(columns)} records, header says {header.count}")
+    return header, columns

@@ -1,0 +1,115 @@
+"""memq.format.columns: every codec decodes to Arrow columns holding exactly the LogMessages
+the LogMessage path decodes (values, keys, headers, timestamps), and bad bodies fail the same."""
+
+from __future__ import annotations
+
+import struct
+
+import msgpack
+import pyarrow as pa
+import pytest
+from crc32c import crc32c
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from memq.errors import CorruptDataError, FormatError
+from memq.format import Codec, Compressors, LogMessage, decode_batch, decode_message, encode_batch, encode_message
+from memq.format.arrow_body import COLUMNS, body_schema, to_log_messages
+from memq.format.columns import Columns, decode_batch_columns, decode_message_columns
+from memq.format.kafka_columns import decode_kafka_columns
+from memq.format.kafka_records import decode_kafka_records, verify_kafka_batch
+from memq.format.message import _message, decode_message_header, encode_kafka_message
+from tests.support.kafka_frames import CODECS, record_batch
+
+records = st.lists(st.builds(
+    LogMessage,
+    value=st.binary(max_size=300),          # past 63 bytes: 1- and 2-byte length varints
+    key=st.none() | st.binary(max_size=16),
+    headers=st.lists(st.tuples(st.text(max_size=8), st.binary(max_size=8)), max_size=3).map(tuple),
+    timestamp_ms=st.integers(0, 2**41), message_id=st.none()), max_size=30)
+
+
+def rows(columns: Columns) -> list[LogMessage]:
+    """The columns back as LogMessages, through the one schema every codec's columns have."""
+    return to_log_messages(pa.RecordBatch.from_arrays([columns.column(c) for c in COLUMNS], schema=body_schema()))
+
+
+def kafka_message(recs: list[LogMessage], codec: str = "zstd") -> bytearray:
+    kb = record_batch(recs, codec=codec, producer_id=7, epoch=0, base_sequence=0)
+    return encode_kafka_message(kb, verify_kafka_batch(kb), producer_id=7, epoch=0, sequence=0)[0]
+
+
+@settings(max_examples=40, suppress_health_check=[HealthCheck.too_slow], deadline=None)
+@given(recs=records, codec=st.sampled_from([Codec.NONE, Codec.ZSTD, Codec.GZIP, Codec.ARROW]))
+def test_memq_bodies_decode_to_the_rows_the_log_message_path_gives(recs: list[LogMessage], codec: Codec) -> None:
+    ids = [r._replace(message_id=b"id%d" % i if i % 2 else None) for i, r in enumerate(recs)]
+    msg = encode_message(ids, producer_id=1, epoch=2, sequence=3, codec=codec)
+    header, columns = decode_message_columns(msg, Compressors())
+    assert header == decode_message(msg)[0]
+    assert rows(columns) == ids == list(decode_message(msg)[1])
+
+
+@settings(max_examples=60, suppress_health_check=[HealthCheck.too_slow], deadline=None)
+@given(recs=records.filter(bool), codec=st.sampled_from(sorted(CODECS)))
+def test_kafka_batches_decode_to_the_rows_the_record_decoder_gives(recs: list[LogMessage], codec: str) -> None:
+    msg = kafka_message(recs, codec)
+    assert rows(decode_message_columns(msg, Compressors())[1]) == list(decode_message(msg)[1]) == recs
+
+
+def test_kafka_nulls_and_log_append_time_read_as_the_record_decoder_reads_them() -> None:
+    recs = [LogMessage(b"", None, (("h", b""),), 5), LogMessage(b"v" * 9000, b"k", (), 9)]   # 3-byte varints
+    kb = bytearray(record_batch(recs))
+    assert rows(decode_kafka_columns(bytes(kb))) == decode_kafka_records(bytes(kb)) == recs
+    struct.pack_into(">h", kb, 21, 0x08)                     # attributes: LogAppendTime
+    struct.pack_into(">I", kb, 17, crc32c(bytes(kb[21:])))
+    assert [r.timestamp_ms for r in rows(decode_kafka_columns(bytes(kb)))] == [9, 9]
+
+
+@settings(max_examples=150, suppress_health_check=[HealthCheck.too_slow], deadline=None)
+@given(recs=records.filter(bool), at=st.integers(0, 10_000), byte=st.integers(0, 255))
+def test_a_damaged_kafka_record_fails_exactly_when_the_record_decoder_fails(recs: list[LogMessage], at: int,
+                                                                             byte: int) -> None:
+    """Any byte of the (uncompressed) records replaced, CRC made valid again: the columns are
+    the record decoder's rows, or both raise a FormatError."""
+    kb = bytearray(record_batch(recs))
+    kb[61 + at % (len(kb) - 61)] = byte
+    struct.pack_into(">I", kb, 17, crc32c(bytes(kb[21:])))
+    try:
+        want = decode_kafka_records(bytes(kb))
+    except FormatError:
+        with pytest.raises(FormatError):
+            rows(decode_kafka_columns(bytes(kb)))
+        return
+    assert rows(decode_kafka_columns(bytes(kb))) == want
+
+
+def raw_message(body: object, count: int) -> bytearray:
+    """A valid Message (CRCs right) around any msgpack body, stored uncompressed."""
+    raw = msgpack.packb(body)
+    return _message(0, Codec.NONE, 1, 0, 0, count, 1, 1, None, raw, len(raw))
+
+
+def test_a_msgpack_body_of_the_wrong_shape_is_corrupt_data() -> None:
+    for body, count, why in (([[b"v", None, [], 1, None]] * 2, 3, "holds 2 records"),
+                             ([[b"v", None, [], 1]], 1, "5-field"),
+                             ([7], 1, "not arrays")):
+        with pytest.raises(CorruptDataError, match=why):
+            decode_message_columns(raw_message(body, count), Compressors())
+    _, bad_value = decode_message_columns(raw_message([[5, None, [], 1, None]], 1), Compressors())
+    with pytest.raises(CorruptDataError, match="field value"):
+        bad_value.column("value")
+    assert bad_value.column("timestamp_ms").to_pylist() == [1]   # only the field asked for converts
+
+
+def test_a_batch_decodes_to_columns_message_by_message_with_the_batch_checks() -> None:
+    recs = [LogMessage(b"v%d" % i, b"k", (("a", b"b"),), 100 + i) for i in range(5)]
+    msgs = [encode_message(recs, producer_id=1, epoch=0, sequence=0, codec=Codec.ZSTD), kafka_message(recs),
+            encode_message(recs, producer_id=1, epoch=0, sequence=1, codec=Codec.ARROW)]
+    obj = b"".join(encode_batch(msgs, [decode_message_header(m) for m in msgs], broker_id="b"))
+    header, decoded = decode_batch_columns(obj)
+    assert header == decode_batch(obj)[0]
+    assert [rows(c) for _, c in decoded] == [recs] * 3
+    flipped = bytearray(obj)
+    flipped[-1] ^= 1
+    with pytest.raises(CorruptDataError, match="CRC32C"):
+        decode_batch_columns(bytes(flipped))
