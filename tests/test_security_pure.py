@@ -48,6 +48,7 @@ IMPLYING = parse_rules([
     "deny dave describe literal:hidden",
     "allow erin describe literal:t",
     "deny erin produce literal:t",
+    "allow fred consume literal:logs",
 ])
 
 
@@ -62,6 +63,8 @@ IMPLYING = parse_rules([
     ("dave", Operation.PRODUCE, "hidden", True),        # a deny names one operation: produce stays allowed
     ("erin", Operation.PRODUCE, "t", False),
     ("erin", Operation.DESCRIBE, "t", True),            # a denied produce takes away no describe allowed
+    ("fred", Operation.DESCRIBE, "logs", True),         # consume implies describe (Kafka: READ -> DESCRIBE)
+    ("fred", Operation.PRODUCE, "logs", False),         # ...and nothing else
 ])
 def test_operations_imply_describe(principal: str, op: Operation, topic: str, expected: bool) -> None:
     assert is_allowed(IMPLYING, principal, op, topic) is expected
@@ -69,7 +72,8 @@ def test_operations_imply_describe(principal: str, op: Operation, topic: str, ex
 
 def test_describe_implies_nothing() -> None:
     only_describe = parse_rules(["allow alice describe prefix:"])
-    assert not any(is_allowed(only_describe, "alice", op, "t") for op in (Operation.PRODUCE, Operation.ADMIN))
+    assert not any(is_allowed(only_describe, "alice", op, "t")
+                   for op in (Operation.PRODUCE, Operation.CONSUME, Operation.ADMIN))
     assert IMPLIES[Operation.PRODUCE] == {Operation.DESCRIBE} and Operation.DESCRIBE not in IMPLIES
 
 

@@ -3,9 +3,9 @@
 A rule is one line: `allow|deny PRINCIPAL OPERATION literal:TOPIC|prefix:PREFIX`, e.g.
 `allow alice produce prefix:orders.`. `*` as principal means every authenticated principal.
 Deny wins over allow; with security on, a request no allow rule matches is denied.
-As in Kafka, some operations imply others (`IMPLIES`): `produce` and `admin` on a topic imply
-`describe` on it (Kafka's WRITE, DELETE and ALTER imply DESCRIBE), so a principal allowed to
-produce sees the topic it writes to. An implied allow never beats a deny: `deny alice describe
+As in Kafka, some operations imply others (`IMPLIES`): `produce`, `consume` and `admin` on a
+topic imply `describe` on it (Kafka's WRITE, READ, DELETE and ALTER imply DESCRIBE), so a
+principal allowed to produce or consume sees the topic it uses. An implied allow never beats a deny: `deny alice describe
 literal:t` hides `t` from alice whatever else she may do to it.
 Administering tokens and ACLs needs `admin` on the cluster, the resource `CLUSTER_RESOURCE`
 (`literal:__cluster`; `prefix:` covers it too): names starting with `__` are no user topic's.
@@ -32,9 +32,10 @@ class Operation(StrEnum):
 
 IMPLIES: Mapping[Operation, frozenset[Operation]] = {
     Operation.PRODUCE: frozenset({Operation.DESCRIBE}),
+    Operation.CONSUME: frozenset({Operation.DESCRIBE}),
     Operation.ADMIN: frozenset({Operation.DESCRIBE}),
 }
-"""What an allow of each operation allows besides itself (Kafka: WRITE, DELETE, ALTER -> DESCRIBE)."""
+"""What an allow of each operation allows besides itself (Kafka: WRITE, READ, DELETE, ALTER -> DESCRIBE)."""
 
 
 def _granting(operation: Operation) -> frozenset[Operation]:
