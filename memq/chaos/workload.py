@@ -136,7 +136,9 @@ def read_pointers(config: MemqConfig, topic: str, partitions: int) -> list[Point
 
 
 def read_objects(config: MemqConfig) -> list[StoredObject]:
-    """Every object in the bucket with the record ids it holds (undecodable: no ids)."""
+    """Every object in the bucket with the record ids it holds (undecodable: no ids). An object
+    gone between the listing and its GET was being collected by the janitor (an orphan: the
+    checker finds a referenced object that is missing through its notification instead)."""
     import boto3
     from botocore.config import Config
 
@@ -149,7 +151,10 @@ def read_objects(config: MemqConfig) -> list[StoredObject]:
     out = []
     for page in s3.get_paginator("list_objects_v2").paginate(Bucket=config.s3.bucket):
         for item in page.get("Contents", []):
-            body = s3.get_object(Bucket=config.s3.bucket, Key=item["Key"])["Body"].read()
+            try:
+                body = s3.get_object(Bucket=config.s3.bucket, Key=item["Key"])["Body"].read()
+            except s3.exceptions.NoSuchKey:
+                continue
             try:
                 ids = tuple(json.loads(r[0])["id"] for part in split_parts(body)
                             for _, records in decode_batch(part)[1] for r in records)
