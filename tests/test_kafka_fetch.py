@@ -291,6 +291,7 @@ def _group_member(address: str, topic: str, conf: dict, ready: object) -> None:
                 ready.set()  # type: ignore[attr-defined]
 
 
+@pytest.mark.slow   # a spawned member's first assignment took over 60 s once on a loaded 2-core run
 def test_a_killed_group_member_loses_its_partitions_to_the_others_and_nothing_is_lost(running: Running) -> None:
     topic = running.add_topic(partitions=3)
     group = f"g-{topic}"
@@ -310,7 +311,7 @@ def test_a_killed_group_member_loses_its_partitions_to_the_others_and_nothing_is
         first = rows(600, "before")
         for i in range(0, len(first), 100):   # parts in several partitions
             kafka_produce(running.broker.kafka_address, topic, first[i:i + 100], acks="all")
-        assert ready.wait(60)
+        assert ready.wait(120), "the spawned member got no partitions"
         os.kill(victim.pid, signal.SIGKILL)   # type: ignore[arg-type]
         victim.join(10)
         second = rows(600, "after")
