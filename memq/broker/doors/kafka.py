@@ -50,6 +50,7 @@ from memq.kafka_api.groups import (RELAYED, decode_find_coordinator, describe_gr
                                   encode_find_coordinator, group_of, list_groups_response, offsets_request,
                                   offsets_response, with_size)
 from memq.kafka_api.idle_seal import SealCredit
+from memq.kafka_api.offsets import produce_base_offset
 from memq.kafka_api.mapping import (PRODUCER_ID_BITS, ack_level, error_code, memq_producer_id, metadata_view, node_id,
                                    split_address)
 from memq.kafka_api.protocol import (ApiKey, ErrorCode, FetchRequest, ListOffsetsRequest, PartitionData, PartitionResult, ProduceRequest, ProduceResult, Reader,
@@ -65,6 +66,9 @@ if TYPE_CHECKING:
     from memq.audit.emitter import AuditEmitter
 
 log = logging.getLogger(__name__)
+
+#: One appended RecordBatch: its ack to come and its record count.
+Appended = tuple[asyncio.Future[Ack], int]
 
 _SIZE = struct.Struct(">i")
 #: Requests read ahead of their responses per connection (librdkafka sends at most 5 Produce).
@@ -364,11 +368,11 @@ class KafkaConnection:
 
     async def _produce(self, h: RequestHeader, req: ProduceRequest) -> asyncio.Future[bytes] | None:
         level = ack_level(req.acks)
-        appended: list[tuple[str, int, list[asyncio.Future[Ack]] | PartitionResult]] = []
+        appended: list[tuple[str, int, list[Appended] | PartitionResult]] = []
         accepted: list[tuple[str, int]] = []   # (topic, record bytes) to charge to the quotas
         for topic, parts in req.topics:
             for part in parts:
-                outcome: list[asyncio.Future[Ack]] | PartitionResult
+                outcome: list[Appended] | PartitionResult
                 if level is None:
                     outcome = PartitionResult(
                         part.index, ErrorCode.INVALID_REQUIRED_ACKS, message=f"acks={req.acks}: use 0, 1 or -1")
@@ -392,9 +396,9 @@ class KafkaConnection:
         return asyncio.ensure_future(self._produce_response(h, appended, wait_s, round(self._throttle_s * 1000)))
 
     async def _produce_response(self, h: RequestHeader,
-                                appended: list[tuple[str, int, list[asyncio.Future[Ack]] | PartitionResult]],
+                                appended: list[tuple[str, int, list[Appended] | PartitionResult]],
                                 timeout_s: float, throttle_ms: int) -> bytes:
-        futures = [f for _, _, o in appended if not isinstance(o, PartitionResult) for f in o]
+        futures = [f for _, _, o in appended if not isinstance(o, PartitionResult) for f, _ in o]
         if futures:
             await asyncio.wait(futures, timeout=timeout_s)
         result = ProduceResult(throttle_ms=throttle_ms)
@@ -404,8 +408,8 @@ class KafkaConnection:
         return encode_produce(h, result)
 
     async def _append(self, topic: str, part: PartitionData, level: AckLevel
-                      ) -> list[asyncio.Future[Ack]] | PartitionResult:
-        """Admit one partition's records, then append each RecordBatch as a Message; futures of their acks."""
+                      ) -> list[Appended] | PartitionResult:
+        """Admit one partition's records, then append each RecordBatch as a Message: (its ack to come, its count)."""
         try:
             split: list[memoryview] | FormatError = split_kafka_batches(part.records) if part.records else []
         except FormatError as e:
@@ -435,7 +439,7 @@ class KafkaConnection:
             return PartitionResult(part.index, ErrorCode.INVALID_REQUEST,
                                    message="transactional batches: memq has no Kafka transactions")
         loop = asyncio.get_running_loop()
-        futures = []
+        futures: list[Appended] = []
         audited = self._audit if level is not AckLevel.NONE else None
         for b, kh in batches:
             if kh.producer_id >= 0:   # idempotent: a retry carries the same ids, so dedup drops it
@@ -459,7 +463,7 @@ class KafkaConnection:
                 self._seal_credit.earn(len(msg))
             if not fut.done() and level is AckLevel.ALL:
                 self._awaiting[topic] = admitted
-            futures.append(fut)
+            futures.append((fut, kh.count))
         return futures
 
     def _refused(self, topic: str, index: int, refusal: Refusal) -> PartitionResult:
@@ -490,18 +494,19 @@ class KafkaConnection:
                 return
 
 
-def _partition_result(index: int, futures: list[asyncio.Future[Ack]], timeout_s: float) -> PartitionResult:
-    base_offset = -1
-    for f in futures:
+def _partition_result(index: int, appended: list[Appended], timeout_s: float) -> PartitionResult:
+    """The partition's answer once its Messages' acks are in: its first record's Kafka offset as
+    a reader will see it (acks=all; -1 for acks=1, whose notification is not published yet)."""
+    placed = []
+    for f, count in appended:
         if not f.done():
             return PartitionResult(index, ErrorCode.REQUEST_TIMED_OUT,
                                    message=f"not stored and notified within {timeout_s:g}s")
         ack = f.result()
         if not ack.ok:
             return PartitionResult(index, error_code(ack.code), message=ack.error)
-        if base_offset < 0:
-            base_offset = ack.offset
-    return PartitionResult(index, base_offset=base_offset)
+        placed.append((ack.offset, ack.record, count))
+    return PartitionResult(index, base_offset=produce_base_offset(placed))
 
 
 def _ready(data: bytes) -> asyncio.Future[bytes]:
