@@ -39,6 +39,7 @@ from memq.errors import FormatError, NotifyError, ProtocolError, UnsupportedCode
 from memq.format.kafka_records import split_kafka_batches, verify_kafka_batch
 from memq.format.message import MESSAGE_HEADER_SIZE, MessageHeader, encode_kafka_message
 from memq.format.wire import Ack, AckCode, AckLevel
+from memq.security.acl import Operation
 from memq.security.tls import subject_cn
 
 from ..admission import Refusal, Ticket
@@ -46,14 +47,16 @@ from ..guard import Session
 from ..groups import GroupLink
 from ..seam import BrokerCore
 
-from memq.kafka_api.groups import (RELAYED, decode_find_coordinator, describe_groups_request, describe_groups_response,
-                                  encode_find_coordinator, group_of, list_groups_response, offsets_request,
-                                  offsets_response, with_size)
+from memq.kafka_api.groups import (RELAYED, decode_delete_groups, decode_find_coordinator, delete_group_request,
+                                  delete_group_result, describe_groups_of, describe_groups_request,
+                                  describe_groups_response, encode_delete_groups, encode_find_coordinator, group_of,
+                                  list_groups_response, offsets_request, offsets_response, refusal,
+                                  with_denied_groups, with_size)
 from memq.kafka_api.idle_seal import SealCredit
 from memq.kafka_api.offsets import produce_base_offset
 from memq.kafka_api.mapping import (PRODUCER_ID_BITS, ack_level, error_code, memq_producer_id, metadata_view, node_id,
                                    split_address)
-from memq.kafka_api.protocol import (ApiKey, ErrorCode, FetchRequest, ListOffsetsRequest, PartitionData, PartitionResult, ProduceRequest, ProduceResult, Reader,
+from memq.kafka_api.protocol import (ApiKey, ErrorCode, FetchRequest, ListOffsetsRequest, PartitionData, PartitionResult, ProduceRequest, ProduceResult, Reader, Writer,
                        RequestHeader, api_name, decode_fetch, decode_init_producer_id,
                        decode_list_offsets, decode_metadata, decode_produce, decode_request_header,
                        decode_sasl_authenticate, decode_sasl_handshake, encode_api_versions, encode_fetch,
@@ -272,16 +275,27 @@ class KafkaConnection:
             return asyncio.ensure_future(self._list_offsets(h, decode_list_offsets(h, body)))
         if h.api_key == ApiKey.FIND_COORDINATOR:
             return _ready(self._find_coordinator(h, body))
+        if h.api_key == ApiKey.DELETE_GROUPS:
+            return asyncio.ensure_future(self._delete_groups(h, body.buf, body.pos, decode_delete_groups(body)))
         if h.api_key in (ApiKey.DESCRIBE_GROUPS, ApiKey.LIST_GROUPS):   # admin tools: this cluster's groups
             cluster = self._broker.groups.cluster
+            denied: list[str] = []
             if h.api_key == ApiKey.LIST_GROUPS:
                 body.done()
                 request = with_size(body.buf)
             else:
-                request = describe_groups_request(h, body.buf, body.pos, cluster)
-            return asyncio.ensure_future(self._relay(h, self._broker.groups.mapped(""), request, {}))
+                asked = describe_groups_of(body)
+                allowed = [g for g in asked if self._may_group(Operation.DESCRIBE, g)]
+                denied = [g for g in asked if g not in allowed]
+                if not allowed:
+                    return _ready(with_denied_groups(h, _no_groups(h), denied, ErrorCode.GROUP_AUTHORIZATION_FAILED))
+                request = describe_groups_request(h, body.buf, body.pos, cluster, allowed)
+            return asyncio.ensure_future(self._relay(h, self._broker.groups.mapped(""), request, {}, denied))
         if h.api_key in RELAYED:
-            group = self._broker.groups.mapped(group_of(body))
+            asked_group = group_of(body)
+            if not self._may_group(_GROUP_OPERATION[ApiKey(h.api_key)], asked_group):
+                return _ready(refusal(h, body.buf, body.pos, ErrorCode.GROUP_AUTHORIZATION_FAILED))
+            group = self._broker.groups.mapped(asked_group)
             names = {n: t.notification_topic for n, t in self._broker.metadata().topics.items()}
             request = offsets_request(h, body.buf, body.pos, group, names)
             return asyncio.ensure_future(self._relay(h, group, request, {v: k for k, v in names.items()}))
@@ -348,21 +362,51 @@ class KafkaConnection:
         host, port = split_address(me[0].kafka_address)
         return encode_find_coordinator(h, ErrorCode.NONE, node_id(self._broker.broker_id), host, port)
 
-    async def _relay(self, h: RequestHeader, group: str, request: bytes, names: dict[str, str]) -> bytes:
+    def _may_group(self, operation: Operation, group: str) -> bool:
+        """Whether this connection's principal may do `operation` on Kafka client group `group`
+        (a refusal counted as a `group` denial)."""
+        ok = self._guard.may_group(self._principal, operation, group)
+        if not ok:
+            self._guard.count_denial("group")
+        return ok
+
+    async def _relay(self, h: RequestHeader, group: str, request: bytes, names: dict[str, str],
+                     denied: list[str] | None = None) -> bytes:
         if self._groups is None:
             self._groups = self._broker.groups.link()
         try:
             response = await self._groups.relay(group, request)
             cluster = self._broker.groups.cluster
-            if h.api_key == ApiKey.LIST_GROUPS:
-                return list_groups_response(h, response, cluster)
+            if h.api_key == ApiKey.LIST_GROUPS:   # as Kafka lists them: those the principal may describe
+                return list_groups_response(
+                    h, response, cluster, lambda g: self._guard.may_group(self._principal, Operation.DESCRIBE, g))
             if h.api_key == ApiKey.DESCRIBE_GROUPS:
-                return describe_groups_response(h, response, cluster)
+                return with_denied_groups(h, describe_groups_response(h, response, cluster), denied or [],
+                                          ErrorCode.GROUP_AUTHORIZATION_FAILED)
             return offsets_response(h, response, names)
         except NotifyError as e:   # no answer in the API's shape: close, the client reconnects and retries
             log.warning("Kafka connection from %s: %s; closing", self._peer, e)
             self._writer.close()
             return b""
+
+    async def _delete_groups(self, h: RequestHeader, frame: bytes | memoryview, body_at: int,
+                             groups: list[str]) -> bytes:
+        """Each group deleted on its own coordinator (needs `admin` on the group); one answer."""
+        results = []
+        for g in groups:
+            if not self._may_group(Operation.ADMIN, g):
+                results.append((g, int(ErrorCode.GROUP_AUTHORIZATION_FAILED)))
+                continue
+            mapped = self._broker.groups.mapped(g)
+            if self._groups is None:
+                self._groups = self._broker.groups.link()
+            try:
+                results.append((g, delete_group_result(
+                    await self._groups.relay(mapped, delete_group_request(frame, body_at, mapped)))))
+            except (NotifyError, ProtocolError) as e:   # retriable for the client, unlike a close mid-list
+                log.warning("Kafka connection from %s: deleting group %r: %s", self._peer, g, e)
+                results.append((g, int(ErrorCode.COORDINATOR_NOT_AVAILABLE)))
+        return encode_delete_groups(h, results)
 
     # --- Produce ---------------------------------------------------------------------------
 
@@ -507,6 +551,20 @@ def _partition_result(index: int, appended: list[Appended], timeout_s: float) ->
             return PartitionResult(index, error_code(ack.code), message=ack.error)
         placed.append((ack.offset, ack.record, count))
     return PartitionResult(index, base_offset=produce_base_offset(placed))
+
+
+#: What each relayed group API needs on its group (Kafka: READ, and DESCRIBE for OffsetFetch).
+_GROUP_OPERATION = {ApiKey.OFFSET_COMMIT: Operation.CONSUME, ApiKey.OFFSET_FETCH: Operation.DESCRIBE,
+                    ApiKey.JOIN_GROUP: Operation.CONSUME, ApiKey.SYNC_GROUP: Operation.CONSUME,
+                    ApiKey.HEARTBEAT: Operation.CONSUME, ApiKey.LEAVE_GROUP: Operation.CONSUME}
+
+
+def _no_groups(h: RequestHeader) -> bytes:
+    """A DescribeGroups response describing no group (every one asked for was refused)."""
+    w = Writer(h.correlation_id)
+    if h.api_version >= 1:
+        w.i32(0)
+    return w.i32(0).frame()
 
 
 def _ready(data: bytes) -> asyncio.Future[bytes]:
