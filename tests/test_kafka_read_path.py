@@ -15,6 +15,7 @@ from memq.broker.metrics import BrokerMetrics
 from memq.broker.read_cache import ReadCache
 from memq.format import LogMessage
 from memq.format.kafka_records import decode_kafka_records, encode_kafka_batch
+from memq.kafka_api.dedup import duplicates, message_ids
 from memq.kafka_api.offsets import kafka_offset
 from memq.kafka_api.records import frame_part, place
 
@@ -60,6 +61,33 @@ def test_placing_from_an_index_skips_whole_batches_before_it_and_keeps_within_th
     small = bytearray()
     assert place(part, 1, 0, small, 10) == 0              # nothing fits, and nothing is forced
     assert place(part, 1, 0, small, 10, at_least_one=True) == 3 and len(small) == sizes[0]
+
+
+def test_a_messages_copies_are_dropped_by_its_id_whatever_the_window_holds() -> None:
+    """Deterministic: the same window gives the same drops; only ids seen before are dropped."""
+    a, b, c = (1, 0, 0), (1, 0, 1), (2, 0, 0)
+    assert duplicates([], [a, b, c]) == frozenset()
+    assert duplicates([[a], [c, (9, 9, 9)]], [a, b, c]) == {0, 2}
+    assert duplicates([], [a, b, a]) == {2}                       # twice in one part: the first stays
+    assert duplicates([[(1, 1, 0)]], [a]) == frozenset()          # another epoch is another Message
+
+
+def test_dropped_messages_leave_gaps_and_every_other_record_keeps_its_offset() -> None:
+    a, b, c, d = recs("a", 3), recs("b", 2), recs("c", 4), recs("d", 2)
+    raw = part_of([("memq", a), ("memq", b), ("kafka", c), ("memq", d)])
+    assert message_ids(raw) == ((1, 0, 0), (1, 0, 1), (2, 0, 2), (1, 0, 3))
+    whole = bytearray()
+    place(frame_part(raw), 4, 0, whole, 1 << 20)
+    kept = [(o, r) for o, r in read_placed(bytes(whole))]
+    for drop in ({1}, {2}, {0, 3}, {3}, {0, 1, 2, 3}):
+        part = frame_part(raw, frozenset(drop))
+        out = bytearray()
+        # the whole part is passed, a dropped end included: a reader is moved past it, never stuck
+        assert place(part, 4, 0, out, 1 << 20) == 11 and part.count == 11
+        gone = {i for m in drop for i in range([0, 3, 5, 9][m], [3, 5, 9, 11][m])}
+        assert read_placed(bytes(out)) == [(o, r) for i, (o, r) in enumerate(kept) if i not in gone]
+    out = bytearray()
+    assert place(frame_part(raw, frozenset({3})), 4, 9, out, 1 << 20) == 11 and out == bytearray()
 
 
 def test_corrupt_parts_raise_format_errors() -> None:
