@@ -13,6 +13,12 @@ from hypothesis import strategies as st
 
 from memq.broker.metrics import BrokerMetrics
 from memq.broker.read_cache import ReadCache
+from memq.broker.reads import Reads
+from memq.config import KafkaConfig
+from memq.notify.consumer import NotificationRecord
+from memq.storage import ObjectLocation
+from tests.support.consumer_fakes import MemorySource, batch
+from tests.support.consumer_fakes import recs as recs_of
 from memq.format import LogMessage
 from memq.format.kafka_records import decode_kafka_records, encode_kafka_batch
 from memq.kafka_api.dedup import duplicates, message_ids
@@ -144,3 +150,69 @@ async def test_the_cache_stays_within_its_bytes_evicting_the_least_recently_used
     assert cache.peek("c") is None and cache.peek("b") == "b" and cache.nbytes == 80
     cache.put("huge", "h", 101)                   # larger than the budget: not kept, nothing evicted
     assert cache.peek("huge") is None and cache.nbytes == 80 and counter(m.read_cache_bytes) == 80
+
+
+# --- the read path's dedup window (memq.broker.reads.Reads) ---------------------------------
+
+
+class ListedNotes:
+    """One notification partition as a list (what a tail's consumer reads)."""
+
+    def __init__(self, records: list[NotificationRecord]) -> None:
+        self.records = records
+        self.position = 0
+
+    def assign(self, offsets: dict[int, int]) -> None:
+        (self.position,) = offsets.values()
+
+    def poll(self, timeout_s: float, max_records: int) -> list[NotificationRecord]:
+        out = self.records[self.position:self.position + max_records]
+        self.position += len(out)
+        return out
+
+    def cached_watermarks(self, partition: int) -> tuple[int, int]:
+        return 0, len(self.records)
+
+    def close(self) -> None:
+        pass
+
+
+class CountingSource(MemorySource):
+    def __init__(self, objects: dict[str, bytes]) -> None:
+        super().__init__(objects)
+        self.gets = 0
+
+    async def get_range(self, loc: ObjectLocation, start: int, length: int) -> bytes:
+        self.gets += 1
+        return await super().get_range(loc, start, length)
+
+
+async def test_every_starting_point_drops_the_same_copies_and_a_gone_part_stops_nothing() -> None:
+    objects: dict[str, bytes] = {}
+    a, b, c = recs_of("a", "a2"), recs_of("b", "b2", "b3"), recs_of("c")
+    notes = [batch("k0", [(7, 0, a), (7, 1, b)], 0, objects),
+             batch("k1", [(8, 0, c), (7, 1, b)], 1, objects),      # a retry of (7, 0, 1), stored again
+             batch("k2", [(7, 1, b)], 2, objects),                 # and again
+             batch("k3", [(8, 1, c)], 3, objects)]
+
+    def reads(source: CountingSource) -> Reads:
+        metrics = BrokerMetrics("b1")
+        return Reads(KafkaConfig(), source, ReadCache(1 << 24, metrics), metrics,  # type: ignore[arg-type]
+                     broker_id="b1", consumers=lambda _topic: ListedNotes(notes))  # type: ignore[arg-type,return-value]
+
+    async def kept(r: Reads, start: int) -> list[list[int]]:
+        """Per part from `start` on, the indexes of the records a reader gets."""
+        out = []
+        for n in notes[start:]:
+            part = await r.readable("n", 0, n)
+            out.append([x.first_index + i for x in part.batches for i in range(x.count)])
+        return out
+
+    whole = CountingSource(objects)
+    assert await kept(reads(whole), 0) == [[0, 1, 2, 3, 4], [0], [], [0]]
+    assert whole.gets == 4                           # a part's ids and its batches: one GET
+    cold = CountingSource(objects)
+    assert await kept(reads(cold), 2) == [[], [0]]   # started at k2: its window still holds k0 and k1
+    assert cold.gets == 4
+    del objects["k0"]                                # retention took the first object: the rest is read
+    assert await kept(reads(CountingSource(objects)), 1) == [[0, 1, 2, 3], [], [0]]

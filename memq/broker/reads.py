@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 from crc32c import crc32c
 
 from memq.config import KafkaConfig
-from memq.errors import CorruptDataError, FormatError, OffsetOutOfRangeError
+from memq.errors import CorruptDataError, FormatError, ObjectNotFoundError, OffsetOutOfRangeError
 from memq.format import Notification
 from memq.kafka_api.dedup import WINDOW_NOTES, MessageId, duplicates, message_ids
 from memq.kafka_api.records import FramedPart, frame_part
@@ -220,8 +220,16 @@ class Reads:
                      ) -> tuple[frozenset[int], int]:
         mine = await self._ids(n.notification, keep_raw=True)   # framed next: the part stays cached
         earlier = await self._window(notification_topic, partition, n.offset)
-        drop = duplicates([await self._ids(e.notification, keep_raw=False) for e in earlier], mine)
+        drop = duplicates([await self._earlier_ids(e.notification) for e in earlier], mine)
         return drop, 64 + 8 * len(drop)
+
+    async def _earlier_ids(self, note: Notification) -> tuple[MessageId, ...]:
+        """A window part's ids; none when it is gone (retention) or damaged, which every broker
+        finds alike: such a part must not stop the reading of the parts after it."""
+        try:
+            return await self._ids(note, keep_raw=False)
+        except (ObjectNotFoundError, FormatError):
+            return ()
 
     async def _window(self, notification_topic: str, partition: int, offset: int) -> list[NotificationRecord]:
         """The notifications of the partition's dedup window before `offset` (those retained)."""
