@@ -1,6 +1,7 @@
 """Kafka clients' groups through memq's listener on the real dev cluster (moto S3, tansu), with
-confluent-kafka: Kafka's admin tools delete them (DeleteGroups, relayed), and with security on
-the ACLs decide, over SASL/PLAIN, who may read a topic and who may use, see or delete a group."""
+confluent-kafka: Kafka's admin tools delete them (DeleteGroups, relayed), with security on the
+ACLs decide, over SASL/PLAIN, who may read a topic and who may use, see or delete a group, and
+the audit counts what a group committed."""
 
 from __future__ import annotations
 
@@ -9,15 +10,20 @@ import dataclasses
 import time
 import uuid
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
+from tests.support.audit import audit_config
 from tests.support.cluster import running_broker, topic_config
-from tests.support.kafka_clients import kafka_produce, rows
+from tests.support.kafka_clients import broker_thread, kafka_produce, rows
+from tests.support.waiting import async_wait_for
 from tests.support.security import ALICE, ALICE_ENTRY, BOB, BOB_ENTRY
 
+from memq.audit.books import GroupSummary
+from memq.audit.dashboard import AuditService
 from memq.config import BrokerConfig, SecurityConfig
 from memq.devcluster import DevCluster
 from memq.security.tokens import new_token
@@ -43,7 +49,7 @@ def group_read(address: str, topic: str, group: str, n: int, timeout_s: float = 
         deadline = time.monotonic() + timeout_s
         while len(got) < n:
             assert time.monotonic() < deadline, f"read {len(got)} of {n}"
-            for m in c.consume(500, 0.5):
+            for m in c.consume(min(500, n - len(got)), 0.5):
                 if m.error() is not None:
                     if m.error().code() != KafkaError._PARTITION_EOF:
                         raise KafkaException(m.error())
@@ -135,3 +141,37 @@ async def test_acls_decide_who_reads_a_topic_and_uses_sees_or_deletes_a_group(
         assert await asyncio.to_thread(delete_group, address, ok, **carol) is None
         denials = broker.metrics.registry.get_sample_value("memq_broker_denials_total", {"operation": "group"})
         assert denials and denials >= 2
+
+
+async def test_the_audit_counts_what_a_kafka_consumer_group_committed(
+        devcluster: DevCluster, unique_name: Callable[[str], str], tmp_path: Path) -> None:
+    """A Kafka consumer carries no memq audit emitter and its Fetch names no group: the broker
+    relaying its commits reports the Messages each commit covers, so the books balance for the
+    group as for a memq Consumer group (each Message once, across two members' sessions)."""
+    config = audit_config(dataclasses.replace(devcluster.config(cluster=unique_name("kgaudit")),
+                                              broker=BrokerConfig(kafka_port=0)), unique_name)
+    service = AuditService(config, db_path=str(tmp_path / "audit.db"), port=0)
+    await service.start()
+    group = f"audited-{uuid.uuid4().hex[:6]}"
+    try:
+        with broker_thread(config) as r:
+            topic = r.add_topic(partitions=2)
+            address = r.broker.kafka_address
+            sent = rows(600, "gaudit")
+            for i in range(0, len(sent), 100):   # parts in both partitions
+                await asyncio.to_thread(kafka_produce, address, topic, sent[i:i + 100], acks="all")
+            first = await asyncio.to_thread(group_read, address, topic, group, 250)
+            rest = await asyncio.to_thread(group_read, address, topic, group, len(sent) - len(first))
+            assert sorted(first + rest) == sorted(x.value for x in sent)
+
+            def row() -> GroupSummary | None:
+                rows_ = [s for s in service.auditor.read(lambda b: b.summary(int(time.time() * 1000)))
+                         if s.topic == topic and s.group == group]
+                return rows_[0] if rows_ else None
+
+            await async_wait_for(lambda: (x := row()) is not None and x.produced == x.consumed == len(sent), 30,
+                                 "the group's commits reported to the audit")
+            x = row()
+            assert x is not None and (x.lost, x.duplicates, x.mismatches) == (0, 0, 0)
+    finally:
+        await service.stop()

@@ -17,11 +17,13 @@ from memq.broker.reads import Reads
 from memq.config import KafkaConfig
 from memq.notify.consumer import NotificationRecord
 from memq.storage import ObjectLocation
-from tests.support.consumer_fakes import MemorySource, batch
+from memq.broker.group_audit import GroupAudit
+from tests.support.clock import FakeClock
+from tests.support.consumer_fakes import MemorySource, SinkRecorder, batch
 from tests.support.consumer_fakes import recs as recs_of
 from memq.format import LogMessage
 from memq.format.kafka_records import decode_kafka_records, encode_kafka_batch
-from memq.kafka_api.dedup import duplicates, message_ids
+from memq.kafka_api.dedup import duplicates, part_messages
 from memq.kafka_api.offsets import kafka_offset
 from memq.kafka_api.records import frame_part, place
 
@@ -81,7 +83,8 @@ def test_a_messages_copies_are_dropped_by_its_id_whatever_the_window_holds() -> 
 def test_dropped_messages_leave_gaps_and_every_other_record_keeps_its_offset() -> None:
     a, b, c, d = recs("a", 3), recs("b", 2), recs("c", 4), recs("d", 2)
     raw = part_of([("memq", a), ("memq", b), ("kafka", c), ("memq", d)])
-    assert message_ids(raw) == ((1, 0, 0), (1, 0, 1), (2, 0, 2), (1, 0, 3))
+    assert [(m.id, m.records) for m in part_messages(raw)] == [((1, 0, 0), 3), ((1, 0, 1), 2), ((2, 0, 2), 4),
+                                                           ((1, 0, 3), 2)]
     whole = bytearray()
     place(frame_part(raw), 4, 0, whole, 1 << 20)
     kept = [(o, r) for o, r in read_placed(bytes(whole))]
@@ -216,3 +219,26 @@ async def test_every_starting_point_drops_the_same_copies_and_a_gone_part_stops_
     assert cold.gets == 4
     del objects["k0"]                                # retention took the first object: the rest is read
     assert await kept(reads(CountingSource(objects)), 1) == [[0, 1, 2, 3], [], [0]]
+
+
+async def test_a_groups_commits_report_each_message_it_got_once_when_its_last_record_is_committed() -> None:
+    objects: dict[str, bytes] = {}
+    notes = [batch("k0", [(7, 0, recs_of("a", "b")), (7, 1, recs_of("c", "d", "e"))], 0, objects),
+             batch("k1", [(7, 1, recs_of("c", "d", "e")), (8, 0, recs_of("f"))], 1, objects)]   # (7, 0, 1) again
+    metrics = BrokerMetrics("b1")
+    reads = Reads(KafkaConfig(), CountingSource(objects), ReadCache(1 << 24, metrics), metrics,  # type: ignore[arg-type]
+                  broker_id="b1", consumers=lambda _topic: ListedNotes(notes))  # type: ignore[arg-type,return-value]
+    sink = SinkRecorder()
+    audit = GroupAudit(reads, sink, FakeClock(wall_s=1_000.0))
+
+    async def commit(before: int, after: int) -> list[tuple[int, int]]:
+        sink.calls.clear()
+        await audit.committed("g", "t", "n", 0, before, after)
+        return [(c.producer_id, c.sequence) for c in sink.calls]
+
+    assert await commit(-1, kafka_offset(0, 4)) == [(7, 0)]               # (7, 0, 1) ends at record 4: not yet
+    assert await commit(kafka_offset(0, 4), kafka_offset(1, 0)) == [(7, 1)]
+    assert await commit(kafka_offset(1, 0), kafka_offset(1, 4)) == [(8, 0)]   # the copy in k1 is no delivery
+    assert await commit(kafka_offset(1, 4), kafka_offset(1, 4)) == []
+    assert await commit(-1, kafka_offset(1, 4)) == [(7, 0), (7, 1), (8, 0)]
+    assert {(c.group, c.topic, c.count, c.consumed_ms) for c in sink.calls} >= {("g", "t", 2, 1_000_000)}

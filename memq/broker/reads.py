@@ -19,6 +19,7 @@ import asyncio
 import logging
 from collections import OrderedDict, deque
 from collections.abc import Callable
+from itertools import accumulate
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
@@ -27,7 +28,7 @@ from crc32c import crc32c
 from memq.config import KafkaConfig
 from memq.errors import CorruptDataError, FormatError, ObjectNotFoundError, OffsetOutOfRangeError
 from memq.format import Notification
-from memq.kafka_api.dedup import WINDOW_NOTES, MessageId, duplicates, message_ids
+from memq.kafka_api.dedup import WINDOW_NOTES, PartMessage, duplicates, part_messages
 from memq.kafka_api.records import FramedPart, frame_part
 from memq.notify.consumer import NotificationConsumer, NotificationRecord
 from memq.storage import ObjectLocation, StorageHandler
@@ -211,36 +212,48 @@ class Reads:
     async def readable(self, notification_topic: str, partition: int, n: NotificationRecord) -> FramedPart:
         """The part `n` announces as a Kafka reader gets it: without its Messages announced
         earlier in the partition's window (`kafka_api.dedup`), the same on every broker."""
+        return await self.part(n.notification, await self._drops(notification_topic, partition, n))
+
+    async def delivered(self, notification_topic: str, partition: int, n: NotificationRecord
+                        ) -> list[tuple[int, PartMessage]]:
+        """(index of its first record, Message) of each Message of `n`'s part a Kafka reader gets."""
+        messages = await self._messages(n.notification, keep_raw=False)
+        drop = await self._drops(notification_topic, partition, n)
+        firsts = accumulate((m.records for m in messages), initial=0)
+        return [(first, m) for i, (first, m) in enumerate(zip(firsts, messages)) if i not in drop]
+
+    async def _drops(self, notification_topic: str, partition: int, n: NotificationRecord) -> frozenset[int]:
         drop: frozenset[int] = await self.cache.get(
             ("drops", notification_topic, partition, n.offset),
-            lambda: self._drops(notification_topic, partition, n))
-        return await self.part(n.notification, drop)
+            lambda: self._find_drops(notification_topic, partition, n))
+        return drop
 
-    async def _drops(self, notification_topic: str, partition: int, n: NotificationRecord
-                     ) -> tuple[frozenset[int], int]:
-        mine = await self._ids(n.notification, keep_raw=True)   # framed next: the part stays cached
-        earlier = await self._window(notification_topic, partition, n.offset)
-        drop = duplicates([await self._earlier_ids(e.notification) for e in earlier], mine)
+    async def _find_drops(self, notification_topic: str, partition: int, n: NotificationRecord
+                          ) -> tuple[frozenset[int], int]:
+        mine = [m.id for m in await self._messages(n.notification, keep_raw=True)]   # framed next: stays cached
+        earlier = await self.notes_between(notification_topic, partition, n.offset - WINDOW_NOTES, n.offset)
+        drop = duplicates([[m.id for m in await self._earlier_messages(e.notification)] for e in earlier], mine)
         return drop, 64 + 8 * len(drop)
 
-    async def _earlier_ids(self, note: Notification) -> tuple[MessageId, ...]:
-        """A window part's ids; none when it is gone (retention) or damaged, which every broker
-        finds alike: such a part must not stop the reading of the parts after it."""
+    async def _earlier_messages(self, note: Notification) -> tuple[PartMessage, ...]:
+        """A window part's Messages; none when it is gone (retention) or damaged, which every
+        broker finds alike: such a part must not stop the reading of the parts after it."""
         try:
-            return await self._ids(note, keep_raw=False)
+            return await self._messages(note, keep_raw=False)
         except (ObjectNotFoundError, FormatError):
             return ()
 
-    async def _window(self, notification_topic: str, partition: int, offset: int) -> list[NotificationRecord]:
-        """The notifications of the partition's dedup window before `offset` (those retained)."""
+    async def notes_between(self, notification_topic: str, partition: int, start: int, end: int
+                            ) -> list[NotificationRecord]:
+        """The partition's notifications at offsets [start, end) that are still retained."""
         tail = await self._tail(notification_topic, partition)
         marks = tail.watermarks()
-        at = max(offset - WINDOW_NOTES, marks[0] if marks else 0, 0)
+        at = max(start, marks[0] if marks else 0, 0)
         out: list[NotificationRecord] = []
-        while at < offset:
+        while at < end:
             try:
-                got = [r for r in await tail.read(at, WINDOW_WAIT_S) if r.offset < offset]
-            except OffsetOutOfRangeError:   # retention took the start of the window meanwhile
+                got = [r for r in await tail.read(at, WINDOW_WAIT_S) if r.offset < end]
+            except OffsetOutOfRangeError:   # retention took the start meanwhile
                 got = []
             if not got:
                 break
@@ -248,18 +261,17 @@ class Reads:
             at = got[-1].offset + 1
         return out
 
-    async def _ids(self, note: Notification, *, keep_raw: bool) -> tuple[MessageId, ...]:
+    async def _messages(self, note: Notification, *, keep_raw: bool) -> tuple[PartMessage, ...]:
         where = (note.bucket, note.key, note.offset)
-        return await self.cache.get(("ids", *where), lambda: self._load_ids(note, keep_raw))
+        return await self.cache.get(("messages", *where), lambda: self._load_messages(note, keep_raw))
 
-    async def _load_ids(self, note: Notification, keep_raw: bool) -> tuple[tuple[MessageId, ...], int]:
+    async def _load_messages(self, note: Notification, keep_raw: bool) -> tuple[tuple[PartMessage, ...], int]:
         raw_key = ("part", note.bucket, note.key, note.offset)
         loaded = self.cache.peek(raw_key) is None
-        raw = await self._raw(note)
-        ids = message_ids(raw)
-        if loaded and not keep_raw:   # got for a part before the reader's position: only its ids were wanted
+        messages = part_messages(await self._raw(note))
+        if loaded and not keep_raw:   # got for its Messages only (a part before the reader)
             self.cache.discard(raw_key)
-        return ids, 64 + 48 * len(ids)
+        return messages, 64 + 96 * len(messages)
 
     async def part(self, note: Notification, drop: frozenset[int] = frozenset()) -> FramedPart:
         """The part `note` announces, as Kafka RecordBatches without the Messages at the indexes

@@ -13,6 +13,7 @@ records; their offsets are left as gaps, and every other record keeps its offset
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from typing import NamedTuple
 
 from memq.errors import CorruptDataError
 from memq.format import decode_batch_header, decode_message_header
@@ -25,8 +26,18 @@ MessageId = tuple[int, int, int]   # (producer id, epoch, sequence)
 WINDOW_NOTES = 16
 
 
-def message_ids(part: bytes | memoryview) -> tuple[MessageId, ...]:
-    """The ids of a part's Messages, in order, from their headers (no body decoded)."""
+class PartMessage(NamedTuple):
+    """What a reader needs of one Message of a part without decoding it: its id, and for the
+    audit its record count, digest (CRC32C of its body) and seal time."""
+
+    id: MessageId
+    records: int
+    digest: int
+    created_ms: int
+
+
+def part_messages(part: bytes | memoryview) -> tuple[PartMessage, ...]:
+    """A part's Messages, in order, from their headers (no body decoded)."""
     view = memoryview(part)
     header = decode_batch_header(view)
     out = []
@@ -34,7 +45,7 @@ def message_ids(part: bytes | memoryview) -> tuple[MessageId, ...]:
         if end > len(view):
             raise CorruptDataError(f"part of {len(view)} bytes has a Message ending at {end}")
         mh = decode_message_header(view[start:end])
-        out.append((mh.producer_id, mh.epoch, mh.sequence))
+        out.append(PartMessage((mh.producer_id, mh.epoch, mh.sequence), mh.count, mh.body_crc32c, mh.created_ms))
     return tuple(out)
 
 

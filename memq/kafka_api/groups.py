@@ -290,7 +290,7 @@ def refusal(h: RequestHeader, frame: bytes | memoryview, body_at: int, error: Er
         w.i32(len(topics))
         for name, parts in topics:
             w.nullable_string(name).i32(len(parts))
-            for p in parts:
+            for p, _offset in parts:
                 w.i32(p).i16(error)
         return w.frame()
     if h.api_key == ApiKey.OFFSET_FETCH:
@@ -298,11 +298,11 @@ def refusal(h: RequestHeader, frame: bytes | memoryview, body_at: int, error: Er
             w.i32(0)
         if v >= 2:
             return w.i32(0).i16(error).frame()
-        topics = _fetch_partitions(Reader(frame, body_at))   # v1: no group-level error code
-        w.i32(len(topics))
-        for name, parts in topics:
-            w.nullable_string(name).i32(len(parts))
-            for p in parts:
+        asked = _fetch_partitions(Reader(frame, body_at))   # v1: no group-level error code
+        w.i32(len(asked))
+        for name, partitions in asked:
+            w.nullable_string(name).i32(len(partitions))
+            for p in partitions:
                 w.i32(p).i64(-1).nullable_string("").i16(error)
         return w.frame()
     if h.api_key == ApiKey.JOIN_GROUP:
@@ -319,8 +319,54 @@ def refusal(h: RequestHeader, frame: bytes | memoryview, body_at: int, error: Er
     return w.frame()
 
 
-def _commit_partitions(v: int, r: Reader) -> list[tuple[str, list[int]]]:
-    """(topic, partitions) an OffsetCommit v2-7 request commits."""
+def committed_offsets(h: RequestHeader, frame: bytes | memoryview, body_at: int) -> list[tuple[str, int, int]]:
+    """(topic, partition, offset) of each offset an OffsetCommit v2-7 request commits."""
+    return [(t, p, o) for t, parts in _commit_partitions(h.api_version, Reader(frame, body_at)) for p, o in parts]
+
+
+def commit_errors(h: RequestHeader, response: bytes) -> dict[tuple[str, int], int]:
+    """(topic, partition) -> error code of an OffsetCommit response (size-prefixed)."""
+    r = Reader(response, 8)
+    if h.api_version >= 3:
+        r.i32()
+    out = {}
+    for _ in range(r.count()):
+        topic = r.string()
+        for _ in range(r.count()):
+            p = r.i32()
+            out[(topic, p)] = r.i16()
+    return out
+
+
+def offset_fetch_request(correlation_id: int, client_id: str, group: str, topics: dict[str, list[int]]) -> bytes:
+    """An OffsetFetch v1 request (size-prefixed) for (mapped) `group`'s offsets of `topics`."""
+    w = Writer(0)
+    w.out[4:8] = struct.pack(">hh", ApiKey.OFFSET_FETCH, 1)
+    w.i32(correlation_id).nullable_string(client_id).nullable_string(group).i32(len(topics))
+    for name, parts in topics.items():
+        w.nullable_string(name).i32(len(parts))
+        for p in parts:
+            w.i32(p)
+    return w.frame()
+
+
+def decode_offset_fetch_v1(response: bytes) -> dict[tuple[str, int], int]:
+    """(topic, partition) -> committed offset (-1: none) of an OffsetFetch v1 response (size-prefixed)."""
+    r = Reader(response, 8)
+    out = {}
+    for _ in range(r.count()):
+        topic = r.string()
+        for _ in range(r.count()):
+            p, offset = r.i32(), r.i64()
+            r.nullable_string()
+            error = r.i16()
+            out[(topic, p)] = offset if not error else -1
+    r.done()
+    return out
+
+
+def _commit_partitions(v: int, r: Reader) -> list[tuple[str, list[tuple[int, int]]]]:
+    """(topic, [(partition, offset)]) an OffsetCommit v2-7 request commits."""
     r.string()
     r.i32()
     r.string()                  # group, generation, member id
@@ -332,8 +378,7 @@ def _commit_partitions(v: int, r: Reader) -> list[tuple[str, list[int]]]:
     for _ in range(r.count()):
         name, parts = r.string(), []
         for _ in range(r.count()):
-            parts.append(r.i32())
-            r.i64()
+            parts.append((r.i32(), r.i64()))
             if v >= 6:
                 r.i32()         # leader epoch
             r.nullable_string()

@@ -8,7 +8,8 @@ broker (librdkafka keeps up to 5 in flight). Each RecordBatch of a Produce reque
 header and CRC32C checked and goes, unchanged, as one Codec.KAFKA Message through the broker's
 one admission path (`memq.broker.admission`, the same checks as `/v1/produce`): the same batching, storage, notification and dedup as memq's own
 protocol. A Kafka client has no memq audit emitter, so the listener reports each acked Message
-(acks 1 and all) to the audit as its producer would. A frame that cannot be parsed, is larger
+(acks 1 and all) to the audit as its producer would, and what each OffsetCommit of a Kafka
+group covers as that group's consumption (`memq.broker.group_audit`). A frame that cannot be parsed, is larger
 than `broker.max_frame_bytes`, or names an API or version not served (other than ApiVersions,
 which answers UNSUPPORTED_VERSION with our ranges) closes the connection with the reason in the log, as a Kafka broker does: its
 response shape is unknown, so no answer could be parsed by the client.
@@ -44,14 +45,16 @@ from memq.security.tls import subject_cn
 
 from ..admission import Refusal, Ticket
 from ..guard import Session
+from ..group_audit import GroupAudit
 from ..groups import GroupLink
 from ..seam import BrokerCore
 
-from memq.kafka_api.groups import (RELAYED, decode_delete_groups, decode_find_coordinator, delete_group_request,
+from memq.kafka_api.groups import (RELAYED, commit_errors, committed_offsets, decode_delete_groups,
+                                  decode_find_coordinator, decode_offset_fetch_v1, delete_group_request,
                                   delete_group_result, describe_groups_of, describe_groups_request,
                                   describe_groups_response, encode_delete_groups, encode_find_coordinator, group_of,
-                                  list_groups_response, offsets_request, offsets_response, refusal,
-                                  with_denied_groups, with_size)
+                                  list_groups_response, offset_fetch_request, offsets_request, offsets_response,
+                                  refusal, with_denied_groups, with_size)
 from memq.kafka_api.idle_seal import SealCredit
 from memq.kafka_api.offsets import produce_base_offset
 from memq.kafka_api.mapping import (PRODUCER_ID_BITS, ack_level, error_code, memq_producer_id, metadata_view, node_id,
@@ -165,6 +168,10 @@ class KafkaConnection:
         if self._authenticated and self._principal is not None:
             self._session = self._guard.open_token_session(self._principal, None, self._revoke)
         self._groups: GroupLink | None = None   # this connection's relay to group coordinators
+        # Kafka groups' commits counted by the audit: (group, topic, partition) -> last commit
+        self._group_audit = GroupAudit(broker.reads, audit) if audit is not None else None
+        self._committed: dict[tuple[str, str, int], int] = {}
+        self._auditing: set[asyncio.Future[int]] = set()
 
     def close(self) -> None:
         self._writer.close()
@@ -298,7 +305,11 @@ class KafkaConnection:
             group = self._broker.groups.mapped(asked_group)
             names = {n: t.notification_topic for n, t in self._broker.metadata().topics.items()}
             request = offsets_request(h, body.buf, body.pos, group, names)
-            return asyncio.ensure_future(self._relay(h, group, request, {v: k for k, v in names.items()}))
+            back = {v: k for k, v in names.items()}
+            if h.api_key == ApiKey.OFFSET_COMMIT and self._group_audit is not None:
+                commits = [(t, p, o) for t, p, o in committed_offsets(h, body.buf, body.pos) if t in names]
+                return asyncio.ensure_future(self._audited_commit(h, asked_group, request, names, commits))
+            return asyncio.ensure_future(self._relay(h, group, request, back))
         req = decode_produce(body)
         return await self._produce(h, req)
 
@@ -370,12 +381,50 @@ class KafkaConnection:
             self._guard.count_denial("group")
         return ok
 
-    async def _relay(self, h: RequestHeader, group: str, request: bytes, names: dict[str, str],
-                     denied: list[str] | None = None) -> bytes:
+    def _link(self) -> GroupLink:
         if self._groups is None:
             self._groups = self._broker.groups.link()
+        return self._groups
+
+    async def _audited_commit(self, h: RequestHeader, asked_group: str, request: bytes, names: dict[str, str],
+                              commits: list[tuple[str, int, int]]) -> bytes:
+        """Relay an OffsetCommit, then report to the audit what each committed partition's
+        group consumed since its previous commit (`group_audit`), asked of the coordinator
+        once per partition and connection, before the commit moves it."""
+        group = self._broker.groups.mapped(asked_group)
+        unknown: dict[str, list[int]] = {}
+        for t, p, _ in commits:
+            if (asked_group, t, p) not in self._committed:
+                unknown.setdefault(names[t], []).append(p)
+        before: dict[tuple[str, int], int] = {}
+        if unknown:
+            try:
+                fetched = await self._link().relay(group, offset_fetch_request(0, "memq-audit", group, unknown))
+                back = {v: k for k, v in names.items()}
+                before = {(back[t], p): o for (t, p), o in decode_offset_fetch_v1(fetched).items() if t in back}
+            except (NotifyError, ProtocolError) as e:   # the commit goes on; only its audit is lost
+                log.warning("Kafka group %r: previous commits not read for the audit: %s", asked_group, e)
+                commits = [c for c in commits if (asked_group, c[0], c[1]) in self._committed]
+        response = await self._relay(h, group, request, {v: k for k, v in names.items()})
+        if not response:
+            return response
+        errors = commit_errors(h, response)
+        audit = self._group_audit
+        assert audit is not None
+        for t, p, offset in commits:
+            if errors.get((t, p)) != ErrorCode.NONE:
+                continue
+            prev = self._committed.get((asked_group, t, p), before.get((t, p), -1))
+            self._committed[(asked_group, t, p)] = offset
+            task = asyncio.ensure_future(audit.committed(asked_group, t, names[t], p, prev, offset))
+            self._auditing.add(task)
+            task.add_done_callback(self._auditing.discard)
+        return response
+
+    async def _relay(self, h: RequestHeader, group: str, request: bytes, names: dict[str, str],
+                     denied: list[str] | None = None) -> bytes:
         try:
-            response = await self._groups.relay(group, request)
+            response = await self._link().relay(group, request)
             cluster = self._broker.groups.cluster
             if h.api_key == ApiKey.LIST_GROUPS:   # as Kafka lists them: those the principal may describe
                 return list_groups_response(
@@ -398,11 +447,9 @@ class KafkaConnection:
                 results.append((g, int(ErrorCode.GROUP_AUTHORIZATION_FAILED)))
                 continue
             mapped = self._broker.groups.mapped(g)
-            if self._groups is None:
-                self._groups = self._broker.groups.link()
             try:
                 results.append((g, delete_group_result(
-                    await self._groups.relay(mapped, delete_group_request(frame, body_at, mapped)))))
+                    await self._link().relay(mapped, delete_group_request(frame, body_at, mapped)))))
             except (NotifyError, ProtocolError) as e:   # retriable for the client, unlike a close mid-list
                 log.warning("Kafka connection from %s: deleting group %r: %s", self._peer, g, e)
                 results.append((g, int(ErrorCode.COORDINATOR_NOT_AVAILABLE)))
