@@ -1,7 +1,7 @@
 """What a Kafka reader of memq's listener sees against what producers were told, on the real dev
 cluster (moto S3, tansu) with confluent-kafka: a producer's delivery report names the offset
 its record is read at, and a Message stored twice (a retry) reaches Kafka readers once, at the
-same offsets whichever broker serves them and wherever they start."""
+same offsets wherever they start reading."""
 
 from __future__ import annotations
 
