@@ -104,23 +104,26 @@ async def test_admin_tools_delete_a_group_and_its_committed_offsets(
 async def test_acls_decide_who_reads_a_topic_and_uses_sees_or_deletes_a_group(
         devcluster: DevCluster, unique_name: Callable[[str], str]) -> None:
     topic = unique_name("kgacl")
-    ok, other = f"ok-{uuid.uuid4().hex[:6]}", f"other-{uuid.uuid4().hex[:6]}"
+    ok, other, hidden = (f"{g}-{uuid.uuid4().hex[:6]}" for g in ("ok", "other", "hidden"))
     config = dataclasses.replace(
         devcluster.config(topics=[topic_config(topic, read_partitions=1, batch_ms=50)]),
         broker=BrokerConfig(kafka_port=0),
         security=SecurityConfig(enabled=True, tokens=(str(ALICE_ENTRY), str(BOB_ENTRY), str(CAROL_ENTRY)),
                                 acls=(f"allow alice produce literal:{topic}", f"allow alice consume literal:{topic}",
-                                      f"allow alice consume group:{ok}", f"allow bob describe literal:{topic}",
+                                      f"allow alice consume group:{ok}", f"allow alice describe group:{other}",
+                                      f"allow bob describe literal:{topic}",
                                       f"allow bob consume group:{ok}", f"allow carol admin group:{ok}")))
     async with running_broker(config) as broker:
         address = broker.kafka_address
         alice, bob, carol = plain("alice", ALICE), plain("bob", BOB), plain("carol", CAROL)
         await asyncio.to_thread(kafka_produce, address, topic, rows(30, "acl"), acks="all", **alice)
         assert len(await asyncio.to_thread(group_read, address, topic, ok, 30, **alice)) == 30
-        # a group alice may not use: refused by the coordinator's first answer
-        with pytest.raises(KafkaException) as refused:
-            await asyncio.to_thread(group_read, address, topic, other, 1, 30, **alice)
-        assert refused.value.args[0].code() == KafkaError.GROUP_AUTHORIZATION_FAILED
+        # groups alice may not use: one she may describe (JoinGroup refused), one she may not
+        # even find (FindCoordinator refused)
+        for group in (other, hidden):
+            with pytest.raises(KafkaException) as refused:
+                await asyncio.to_thread(group_read, address, topic, group, 1, 30, **alice)
+            assert refused.value.args[0].code() == KafkaError.GROUP_AUTHORIZATION_FAILED
         # bob may use the group but not read the topic: Fetch refuses him
         c = Consumer({"bootstrap.servers": address, "group.id": ok, "enable.auto.commit": False, **bob})
         try:

@@ -365,7 +365,10 @@ class KafkaConnection:
 
     def _find_coordinator(self, h: RequestHeader, body: Reader) -> bytes:
         """Any broker coordinates any group: it relays to the notification Kafka's coordinator."""
-        _key, key_type = decode_find_coordinator(h, body)
+        key, key_type = decode_find_coordinator(h, body)
+        if key_type == 0 and not self._may_group(Operation.DESCRIBE, key):   # as Kafka: DESCRIBE on the group
+            return encode_find_coordinator(h, ErrorCode.GROUP_AUTHORIZATION_FAILED, -1, "", -1,
+                                           f"principal {self._principal} may not describe group {key!r}")
         me = [b for b in self._broker.metadata().brokers if b.id == self._broker.broker_id and b.kafka_address]
         if key_type != 0 or not me:
             return encode_find_coordinator(h, ErrorCode.COORDINATOR_NOT_AVAILABLE, -1, "", -1,
