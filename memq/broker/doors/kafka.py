@@ -302,6 +302,8 @@ class KafkaConnection:
             asked_group = group_of(body)
             if not self._may_group(_GROUP_OPERATION[ApiKey(h.api_key)], asked_group):
                 return _ready(refusal(h, body.buf, body.pos, ErrorCode.GROUP_AUTHORIZATION_FAILED))
+            if h.api_key == ApiKey.JOIN_GROUP:   # a rebalance: another member may commit these partitions now
+                self._committed = {k: v for k, v in self._committed.items() if k[0] != asked_group}
             group = self._broker.groups.mapped(asked_group)
             names = {n: t.notification_topic for n, t in self._broker.metadata().topics.items()}
             request = offsets_request(h, body.buf, body.pos, group, names)
