@@ -39,6 +39,18 @@ async def test_seals_on_bytes_and_acks_all_with_location(tmp_path: Path) -> None
     assert note.key in {loc.key for loc in h.storage.puts} and note.min_timestamp_ms == 1000
 
 
+async def test_acks_all_say_where_each_messages_first_record_is_in_its_part(tmp_path: Path) -> None:
+    """So a Kafka door answers a Produce with its first record's Kafka offset, counted from the
+    Message headers (no record decoded); a stored duplicate's ack says the original's place."""
+    h = Harness(tmp_path, batch_messages=9)
+    for seq, n in enumerate((2, 4, 3)):          # 9 LogMessages: sealed with the third
+        await h.append(seq, n=n)
+    await h.wait_acks(3)
+    assert sorted((a.index, a.record) for a in h.acks) == [(0, 0), (1, 2), (2, 6)]
+    again = await append(h.proc, message(1, n=4), 101, AckLevel.ALL, h.acks.append)   # answered at once
+    assert again is not None and (again.id, again.index, again.record) == (101, 1, 2)
+
+
 async def test_seals_on_age_and_on_logmessage_count(tmp_path: Path) -> None:
     h = Harness(tmp_path, batch_ms=50)
     t0 = time.monotonic()

@@ -75,6 +75,9 @@ class FakeReads:
     async def part(self, n: Notification) -> FramedPart:
         return self.parts[n.key]
 
+    async def readable(self, topic: str, partition: int, n: NotificationRecord) -> FramedPart:
+        return self.parts[n.notification.key]
+
 
 @dataclasses.dataclass
 class FakeCore:

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from memq.errors import InvalidInputError
 from memq.format.batch import MAX_PART_LOGMESSAGES
-from memq.kafka_api.offsets import MAX_NOTIFICATION_OFFSET, first_offset, kafka_offset, split_offset
+from memq.kafka_api.offsets import MAX_NOTIFICATION_OFFSET, first_offset, kafka_offset, produce_base_offset, split_offset
 
 notes = st.integers(0, MAX_NOTIFICATION_OFFSET - 1)
 indexes = st.integers(0, MAX_PART_LOGMESSAGES - 1)
@@ -47,3 +47,14 @@ def test_places_outside_the_scheme_are_refused(note: int, index: int) -> None:
 def test_negative_offsets_are_refused() -> None:
     with pytest.raises(InvalidInputError):
         split_offset(-1)
+
+
+def test_a_produce_answers_its_first_records_offset_only_when_a_client_can_count_on_from_it() -> None:
+    """A client numbers a partition's records base, base + 1, ...: so the base offset is given
+    when the request's batches are consecutive records of one part, else -1 (unknown)."""
+    assert produce_base_offset([(5, 10, 3)]) == kafka_offset(5, 10)
+    assert produce_base_offset([(5, 10, 3), (5, 13, 2)]) == kafka_offset(5, 10)
+    assert produce_base_offset([(5, 10, 3), (5, 14, 2)]) == -1    # another producer's records between
+    assert produce_base_offset([(5, 10, 3), (6, 0, 2)]) == -1     # the second batch in the next part
+    assert produce_base_offset([(-1, -1, 3)]) == -1              # acks=1: not published yet
+    assert produce_base_offset([]) == -1

@@ -12,7 +12,10 @@ from hypothesis import strategies as st
 from memq.errors import ConfigError, ProtocolError
 from memq.format.metadata import BrokerMetadata, ClusterMetadata, StorageMetadata, TopicMetadata, TopicRefusal
 from memq.format.wire import AckCode, AckLevel
-from memq.kafka_api.groups import describe_groups_request, describe_groups_response, list_groups_response, offsets_request, offsets_response
+from memq.kafka_api.groups import (decode_delete_groups, delete_group_request, delete_group_result,
+                                  describe_groups_of, describe_groups_request, describe_groups_response,
+                                  encode_delete_groups, list_groups_response, offsets_request, offsets_response,
+                                  refusal, with_denied_groups)
 from memq.kafka_api.mapping import ack_level, error_code, memq_producer_id, metadata_view, node_id, split_address
 from memq.kafka_api.protocol import (SUPPORTED, ApiKey, ErrorCode, FetchedPartition, FetchPartition, ListedOffset,
                                      Node, ProduceResult, PartitionResult, Reader, TopicPartitions, decode_fetch,
@@ -246,3 +249,108 @@ def test_describe_groups_maps_group_ids_both_ways(version: int) -> None:
     resp = struct.pack(">i", 4) + (struct.pack(">i", 0) if version >= 1 else b"") + struct.pack(">i", 1) + group
     back = describe_groups_response(h, struct.pack(">i", len(resp)) + resp, "c")
     assert back[4:] == resp.replace(_s("memq.c.kafka.a"), _s("a"))
+
+
+@pytest.mark.parametrize("version", range(0, 3))
+def test_list_groups_leaves_out_groups_the_principal_may_not_describe(version: int) -> None:
+    h, _ = decode_request_header(_frame(request(16, version, 3, b"")))
+    groups = [("memq.c.kafka.mine", "consumer"), ("memq.c.kafka.theirs", "consumer")]
+    resp = struct.pack(">i", 3) + (struct.pack(">i", 0) if version >= 1 else b"") + struct.pack(">hi", 0, len(groups))
+    resp += b"".join(_s(g) + _s(t) for g, t in groups)
+    r = Reader(list_groups_response(h, struct.pack(">i", len(resp)) + resp, "c", lambda g: g == "mine"), 8)
+    if version >= 1:
+        r.i32()
+    assert (r.i16(), r.count(), r.string(), r.string()) == (0, 1, "mine", "consumer")
+    r.done()
+
+
+@pytest.mark.parametrize("version", range(0, 5))
+def test_describe_groups_relays_the_allowed_and_answers_the_refused_itself(version: int) -> None:
+    body = struct.pack(">i", 2) + _s("a") + _s("b") + (struct.pack(">b", 0) if version >= 3 else b"")
+    h, r = decode_request_header(_frame(request(15, version, 4, body)))
+    assert describe_groups_of(r) == ["a", "b"]
+    out = describe_groups_request(h, r.buf, r.pos, "c", ["a"])
+    assert out[4:].endswith(struct.pack(">i", 1) + _s("memq.c.kafka.a") + (struct.pack(">b", 0) if version >= 3 else b""))
+    group = struct.pack(">h", 0) + _s("a") + _s("Empty") + _s("consumer") + _s("") + struct.pack(">i", 0) \
+        + (struct.pack(">i", -1) if version >= 3 else b"")
+    resp = struct.pack(">i", 4) + (struct.pack(">i", 0) if version >= 1 else b"") + struct.pack(">i", 1) + group
+    merged = with_denied_groups(h, struct.pack(">i", len(resp)) + resp, ["b"], ErrorCode.GROUP_AUTHORIZATION_FAILED)
+    r2 = Reader(merged, 8)
+    assert struct.unpack(">i", merged[:4])[0] == len(merged) - 4
+    if version >= 1:
+        r2.i32()
+    seen = []
+    for _ in range(r2.count()):
+        error, name = r2.i16(), r2.string()
+        r2.string(), r2.string(), r2.string()
+        assert r2.count() == 0
+        if version >= 3:
+            r2.i32()
+        seen.append((name, error))
+    r2.done()
+    assert seen == [("a", 0), ("b", ErrorCode.GROUP_AUTHORIZATION_FAILED)]
+
+
+def _commit_body(version: int) -> bytes:
+    body = _s("g") + struct.pack(">i", 3) + _s("m1") + (struct.pack(">h", -1) if version >= 7 else b"") \
+        + (struct.pack(">q", -1) if version <= 4 else b"") + struct.pack(">i", 1) + _s("orders") + struct.pack(">i", 2)
+    for p in (0, 2):
+        body += struct.pack(">iq", p, 42) + (struct.pack(">i", -1) if version >= 6 else b"") + _s("")
+    return body
+
+
+@pytest.mark.parametrize(("api", "version"), [(8, v) for v in range(2, 8)] + [(9, v) for v in range(1, 6)]
+                         + [(11, v) for v in range(0, 6)] + [(12, v) for v in range(0, 4)]
+                         + [(13, v) for v in range(0, 4)] + [(14, v) for v in range(0, 4)])
+def test_a_refused_group_request_is_answered_in_its_apis_shape(api: int, version: int) -> None:
+    """Every field the API's response has, and the error where the client looks for it."""
+    body = {8: _commit_body(version),
+            9: _s("g") + struct.pack(">i", 1) + _s("orders") + struct.pack(">ii", 1, 0)}.get(api, _s("g") + b"rest")
+    h, r = decode_request_header(_frame(request(api, version, 9, body)))
+    out = refusal(h, r.buf, r.pos, ErrorCode.GROUP_AUTHORIZATION_FAILED)
+    assert struct.unpack(">i", out[:4])[0] == len(out) - 4
+    rr = Reader(out, 4)
+    assert rr.i32() == 9
+    if (api, version) in {(8, 3), (8, 4), (8, 5), (8, 6), (8, 7), (9, 3), (9, 4), (9, 5)} or (
+            api in (12, 13, 14) and version >= 1) or (api == 11 and version >= 2):
+        assert rr.i32() == 0   # throttle time
+    errors = []
+    if api == 8:
+        assert (rr.count(), rr.string(), rr.count()) == (1, "orders", 2)
+        for p in (0, 2):
+            assert rr.i32() == p
+            errors.append(rr.i16())
+    elif api == 9 and version == 1:
+        assert (rr.count(), rr.string(), rr.count(), rr.i32(), rr.i64(), rr.string()) == (1, "orders", 1, 0, -1, "")
+        errors.append(rr.i16())
+    elif api == 9:
+        assert rr.count() == 0
+        errors.append(rr.i16())
+    else:
+        errors.append(rr.i16())
+        if api == 11:
+            assert (rr.i32(), rr.string(), rr.string(), rr.string(), rr.count()) == (-1, "", "", "", 0)
+        elif api == 14:
+            assert rr.nullable_bytes(rr.i32()) == b""
+        elif api == 13 and version >= 3:
+            assert rr.count() == 0
+    rr.done()
+    assert errors and set(errors) == {ErrorCode.GROUP_AUTHORIZATION_FAILED}
+
+
+@pytest.mark.parametrize("version", range(0, 2))
+def test_delete_groups_is_relayed_one_group_at_a_time_and_answered_as_one(version: int) -> None:
+    h, r = decode_request_header(_frame(request(42, version, 7, struct.pack(">i", 2) + _s("a") + _s("b"))))
+    at = r.pos
+    assert decode_delete_groups(r) == ["a", "b"]
+    one = delete_group_request(r.buf, at, "memq.c.kafka.a")
+    h1, r1 = decode_request_header(one[4:])
+    assert (h1.api_key, h1.api_version, h1.correlation_id) == (42, version, 7)
+    assert decode_delete_groups(r1) == ["memq.c.kafka.a"]
+    resp = struct.pack(">iii", 7, 0, 1) + _s("memq.c.kafka.a") + struct.pack(">h", 69)
+    assert delete_group_result(struct.pack(">i", len(resp)) + resp) == 69
+    out = encode_delete_groups(h, [("a", 0), ("b", ErrorCode.GROUP_AUTHORIZATION_FAILED)])
+    rr = Reader(out, 4)
+    assert (rr.i32(), rr.i32(), rr.count()) == (7, 0, 2)
+    assert [(rr.string(), rr.i16()) for _ in range(2)] == [("a", 0), ("b", 30)]
+    rr.done()

@@ -13,8 +13,17 @@ from hypothesis import strategies as st
 
 from memq.broker.metrics import BrokerMetrics
 from memq.broker.read_cache import ReadCache
+from memq.broker.reads import Reads
+from memq.config import KafkaConfig
+from memq.notify.consumer import NotificationRecord
+from memq.storage import ObjectLocation
+from memq.broker.group_audit import GroupAudit
+from tests.support.clock import FakeClock
+from tests.support.consumer_fakes import MemorySource, SinkRecorder, batch
+from tests.support.consumer_fakes import recs as recs_of
 from memq.format import LogMessage
 from memq.format.kafka_records import decode_kafka_records, encode_kafka_batch
+from memq.kafka_api.dedup import duplicates, part_messages
 from memq.kafka_api.offsets import kafka_offset
 from memq.kafka_api.records import frame_part, place
 
@@ -60,6 +69,34 @@ def test_placing_from_an_index_skips_whole_batches_before_it_and_keeps_within_th
     small = bytearray()
     assert place(part, 1, 0, small, 10) == 0              # nothing fits, and nothing is forced
     assert place(part, 1, 0, small, 10, at_least_one=True) == 3 and len(small) == sizes[0]
+
+
+def test_a_messages_copies_are_dropped_by_its_id_whatever_the_window_holds() -> None:
+    """Deterministic: the same window gives the same drops; only ids seen before are dropped."""
+    a, b, c = (1, 0, 0), (1, 0, 1), (2, 0, 0)
+    assert duplicates([], [a, b, c]) == frozenset()
+    assert duplicates([[a], [c, (9, 9, 9)]], [a, b, c]) == {0, 2}
+    assert duplicates([], [a, b, a]) == {2}                       # twice in one part: the first stays
+    assert duplicates([[(1, 1, 0)]], [a]) == frozenset()          # another epoch is another Message
+
+
+def test_dropped_messages_leave_gaps_and_every_other_record_keeps_its_offset() -> None:
+    a, b, c, d = recs("a", 3), recs("b", 2), recs("c", 4), recs("d", 2)
+    raw = part_of([("memq", a), ("memq", b), ("kafka", c), ("memq", d)])
+    assert [(m.id, m.records) for m in part_messages(raw)] == [((1, 0, 0), 3), ((1, 0, 1), 2), ((2, 0, 2), 4),
+                                                           ((1, 0, 3), 2)]
+    whole = bytearray()
+    place(frame_part(raw), 4, 0, whole, 1 << 20)
+    kept = [(o, r) for o, r in read_placed(bytes(whole))]
+    for drop in ({1}, {2}, {0, 3}, {3}, {0, 1, 2, 3}):
+        part = frame_part(raw, frozenset(drop))
+        out = bytearray()
+        # the whole part is passed, a dropped end included: a reader is moved past it, never stuck
+        assert place(part, 4, 0, out, 1 << 20) == 11 and part.count == 11
+        gone = {i for m in drop for i in range([0, 3, 5, 9][m], [3, 5, 9, 11][m])}
+        assert read_placed(bytes(out)) == [(o, r) for i, (o, r) in enumerate(kept) if i not in gone]
+    out = bytearray()
+    assert place(frame_part(raw, frozenset({3})), 4, 9, out, 1 << 20) == 11 and out == bytearray()
 
 
 def test_corrupt_parts_raise_format_errors() -> None:
@@ -116,3 +153,92 @@ async def test_the_cache_stays_within_its_bytes_evicting_the_least_recently_used
     assert cache.peek("c") is None and cache.peek("b") == "b" and cache.nbytes == 80
     cache.put("huge", "h", 101)                   # larger than the budget: not kept, nothing evicted
     assert cache.peek("huge") is None and cache.nbytes == 80 and counter(m.read_cache_bytes) == 80
+
+
+# --- the read path's dedup window (memq.broker.reads.Reads) ---------------------------------
+
+
+class ListedNotes:
+    """One notification partition as a list (what a tail's consumer reads)."""
+
+    def __init__(self, records: list[NotificationRecord]) -> None:
+        self.records = records
+        self.position = 0
+
+    def assign(self, offsets: dict[int, int]) -> None:
+        (self.position,) = offsets.values()
+
+    def poll(self, timeout_s: float, max_records: int) -> list[NotificationRecord]:
+        out = self.records[self.position:self.position + max_records]
+        self.position += len(out)
+        return out
+
+    def cached_watermarks(self, partition: int) -> tuple[int, int]:
+        return 0, len(self.records)
+
+    def close(self) -> None:
+        pass
+
+
+class CountingSource(MemorySource):
+    def __init__(self, objects: dict[str, bytes]) -> None:
+        super().__init__(objects)
+        self.gets = 0
+
+    async def get_range(self, loc: ObjectLocation, start: int, length: int) -> bytes:
+        self.gets += 1
+        return await super().get_range(loc, start, length)
+
+
+async def test_every_starting_point_drops_the_same_copies_and_a_gone_part_stops_nothing() -> None:
+    objects: dict[str, bytes] = {}
+    a, b, c = recs_of("a", "a2"), recs_of("b", "b2", "b3"), recs_of("c")
+    notes = [batch("k0", [(7, 0, a), (7, 1, b)], 0, objects),
+             batch("k1", [(8, 0, c), (7, 1, b)], 1, objects),      # a retry of (7, 0, 1), stored again
+             batch("k2", [(7, 1, b)], 2, objects),                 # and again
+             batch("k3", [(8, 1, c)], 3, objects)]
+
+    def reads(source: CountingSource) -> Reads:
+        metrics = BrokerMetrics("b1")
+        return Reads(KafkaConfig(), source, ReadCache(1 << 24, metrics), metrics,  # type: ignore[arg-type]
+                     broker_id="b1", consumers=lambda _topic: ListedNotes(notes))  # type: ignore[arg-type,return-value]
+
+    async def kept(r: Reads, start: int) -> list[list[int]]:
+        """Per part from `start` on, the indexes of the records a reader gets."""
+        out = []
+        for n in notes[start:]:
+            part = await r.readable("n", 0, n)
+            out.append([x.first_index + i for x in part.batches for i in range(x.count)])
+        return out
+
+    whole = CountingSource(objects)
+    assert await kept(reads(whole), 0) == [[0, 1, 2, 3, 4], [0], [], [0]]
+    assert whole.gets == 4                           # a part's ids and its batches: one GET
+    cold = CountingSource(objects)
+    assert await kept(reads(cold), 2) == [[], [0]]   # started at k2: its window still holds k0 and k1
+    assert cold.gets == 4
+    del objects["k0"]                                # retention took the first object: the rest is read
+    assert await kept(reads(CountingSource(objects)), 1) == [[0, 1, 2, 3], [], [0]]
+
+
+async def test_a_groups_commits_report_each_message_it_got_once_when_its_last_record_is_committed() -> None:
+    objects: dict[str, bytes] = {}
+    notes = [batch("k0", [(7, 0, recs_of("a", "b")), (7, 1, recs_of("c", "d", "e"))], 0, objects),
+             batch("k1", [(7, 1, recs_of("c", "d", "e")), (8, 0, recs_of("f"))], 1, objects)]   # (7, 0, 1) again
+    metrics = BrokerMetrics("b1")
+    reads = Reads(KafkaConfig(), CountingSource(objects), ReadCache(1 << 24, metrics), metrics,  # type: ignore[arg-type]
+                  broker_id="b1", consumers=lambda _topic: ListedNotes(notes))  # type: ignore[arg-type,return-value]
+    sink = SinkRecorder()
+    audit = GroupAudit(reads, sink, FakeClock(wall_s=1_000.0))
+
+    async def commit(before: int, after: int) -> list[tuple[int, int]]:
+        sink.calls.clear()
+        await audit.committed("g", "t", "n", 0, before, after)
+        return [(c.producer_id, c.sequence) for c in sink.calls]
+
+    assert await commit(-1, kafka_offset(0, 4)) == [(7, 0)]               # (7, 0, 1) ends at record 4: not yet
+    assert await commit(kafka_offset(0, 4), kafka_offset(1, 0)) == [(7, 1)]
+    assert await commit(kafka_offset(1, 0), kafka_offset(1, 4)) == [(8, 0)]   # the copy in k1 is no delivery
+    assert await commit(kafka_offset(1, 4), kafka_offset(1, 4)) == []
+    assert await commit(-1, kafka_offset(1, 4)) == [(7, 0), (7, 1), (8, 0)]
+    assert {(c.group, c.topic, c.count, c.consumed_ms) for c in sink.calls} >= {("g", "t", 2, 1_000_000)}

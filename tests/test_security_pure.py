@@ -12,7 +12,7 @@ import trustme
 
 from memq.config import load_config
 from memq.errors import ConfigError
-from memq.security.acl import IMPLIES, Operation, is_allowed, parse_rule, parse_rules
+from memq.security.acl import IMPLIES, Operation, ResourceType, is_allowed, parse_rule, parse_rules
 from memq.security.stored import SecurityLists, StoredSecurity
 from memq.security.tls import client_context, server_context, subject_cn
 from memq.security.tokens import hash_token, new_token, parse_entry, principal_of
@@ -83,7 +83,8 @@ def test_no_rules_deny_everything() -> None:
 
 @pytest.mark.parametrize("line", ["allow alice produce", "permit alice produce literal:t",
                                   "allow alice write literal:t", "allow alice produce regex:t",
-                                  "allow alice produce literal:"])
+                                  "allow alice produce literal:", "allow alice consume groups:g",
+                                  "allow alice consume group:"])
 def test_bad_acl_lines_name_the_setting(line: str) -> None:
     with pytest.raises(ConfigError, match=r"security\.acls"):
         parse_rule(line)
@@ -91,6 +92,33 @@ def test_bad_acl_lines_name_the_setting(line: str) -> None:
 
 def test_rule_round_trips_through_its_line() -> None:
     assert str(parse_rule("Deny bob DESCRIBE prefix:hr.")) == "deny bob describe prefix:hr."
+    for line in ("allow bob consume group:etl", "deny * admin group-prefix:prod."):
+        assert str(parse_rule(line)) == line
+
+
+GROUPS = parse_rules([
+    "allow alice consume group-prefix:etl.",
+    "deny alice consume group:etl.secret",
+    "allow bob describe group:etl.daily",
+    "allow carol admin group:etl.daily",
+    "allow dave consume literal:etl.daily",      # a topic rule: no group of that name
+])
+
+
+@pytest.mark.parametrize(("principal", "op", "group", "expected"), [
+    ("alice", Operation.CONSUME, "etl.daily", True),      # Kafka's READ on the group: join, commit, ...
+    ("alice", Operation.DESCRIBE, "etl.daily", True),     # READ implies DESCRIBE
+    ("alice", Operation.CONSUME, "etl.secret", False),    # deny wins
+    ("alice", Operation.ADMIN, "etl.daily", False),       # DELETE is admin's
+    ("bob", Operation.DESCRIBE, "etl.daily", True),
+    ("bob", Operation.CONSUME, "etl.daily", False),
+    ("carol", Operation.ADMIN, "etl.daily", True),
+    ("dave", Operation.CONSUME, "etl.daily", False),      # topic rules never cover groups
+])
+def test_group_rules_are_about_groups_only(principal: str, op: Operation, group: str, expected: bool) -> None:
+    assert is_allowed(GROUPS, principal, op, group, ResourceType.GROUP) is expected
+    if principal == "alice":   # ... and group rules never cover topics
+        assert not is_allowed(GROUPS, principal, op, group)
 
 
 def test_tokens_are_random_stored_hashed_and_matched() -> None:

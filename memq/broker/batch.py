@@ -26,7 +26,8 @@ class Batch:
     opened: float                # clock.monotonic() when the batch was opened
     messages: list[memoryview] = field(default_factory=list)
     headers: list[MessageHeader] = field(default_factory=list)
-    waiters: list[tuple[int, int, Reply]] = field(default_factory=list)   # ack=all: (request id, index, reply)
+    # ack=all: (request id, Message index, index of its first LogMessage, reply)
+    waiters: list[tuple[int, int, int, Reply]] = field(default_factory=list)
     nbytes: int = 0
     logcount: int = 0
     timer: asyncio.TimerHandle | None = None

@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 from collections import deque
 from collections.abc import Callable, Iterable
-from itertools import islice, repeat
+from itertools import accumulate, islice, repeat
 from operator import attrgetter
 
 from memq.format.wire import Ack, AckCode
@@ -46,10 +46,13 @@ class _StoredBatch:
     partition: int
     offset: int
     index: dict[MessageId, int]
+    firsts: list[int]   # per Message, the index of its first LogMessage in the part ([] if not known)
 
     def ack(self, mid: MessageId) -> Ack:
         """The success ack (id 0) of a Message of this batch."""
-        return Ack(0, True, AckCode.OK, "", self.bucket, self.key, self.index[mid], self.partition, self.offset)
+        i = self.index[mid]
+        return Ack(0, True, AckCode.OK, "", self.bucket, self.key, i, self.partition, self.offset,
+                   record=self.firsts[i] if i < len(self.firsts) else -1)
 
 
 class RecentMessages:
@@ -81,13 +84,14 @@ class RecentMessages:
         self._held[mid] = None
 
     def stored(self, mids: Iterable[MessageId], bucket: str, key: str, partition: int, offset: int,
-               now: float) -> None:
-        """The batch holding these Messages (in batch order) is stored in `key` and announced at
-        (`partition`, `offset`) at monotonic time `now`: remember them, answer their duplicates,
-        forget what is past the window or the capacity. A Message reaches a batch only when
-        `seen()` knew nothing of it, so each is new here."""
+               now: float, counts: Iterable[int] = ()) -> None:
+        """The batch holding these Messages (in batch order, `counts` LogMessages each) is stored
+        in `key` and announced at (`partition`, `offset`) at monotonic time `now`: remember them,
+        answer their duplicates, forget what is past the window or the capacity. A Message
+        reaches a batch only when `seen()` knew nothing of it, so each is new here."""
         ids = list(mids)
-        batch = _StoredBatch(now, bucket, key, partition, offset, dict(zip(ids, range(len(ids)))))
+        firsts = list(accumulate(counts, initial=0))   # in C: no Python frame per Message
+        batch = _StoredBatch(now, bucket, key, partition, offset, dict(zip(ids, range(len(ids)))), firsts)
         waiting = list(map(self._held.pop, ids, repeat(None)))
         if any(waiting):
             for mid, held in zip(ids, waiting):

@@ -29,7 +29,7 @@ from prometheus_client import Counter
 
 from memq.config import SecurityConfig
 from memq.format.metadata import ClusterMetadata, TopicRefusal
-from memq.security.acl import Operation, is_allowed, parse_rules
+from memq.security.acl import Operation, ResourceType, is_allowed, parse_rules
 from memq.security.stored import StoredSecurity
 from memq.security.tls import subject_cn
 from memq.security.tokens import parse_entries, principal_of
@@ -152,6 +152,11 @@ class Guard:
     def may(self, principal: str | None, operation: Operation, topic: str) -> bool:
         """Whether the ACLs let `principal` do `operation` on `topic`."""
         return not self.enabled or (principal is not None and is_allowed(self._rules, principal, operation, topic))
+
+    def may_group(self, principal: str | None, operation: Operation, group: str) -> bool:
+        """Whether the ACLs let `principal` do `operation` on the Kafka client group `group`."""
+        return not self.enabled or (principal is not None
+                                    and is_allowed(self._rules, principal, operation, group, ResourceType.GROUP))
 
     def allowed(self, principal: str | None, operation: Operation, topic: str) -> bool:
         """`may`, counting a denial: for requests refused, not for topics left out of a listing."""

@@ -35,6 +35,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+from operator import attrgetter
 
 from memq.clock import Clock, SystemClock
 from memq.config import TopicConfig
@@ -50,6 +51,7 @@ from .metrics import BrokerMetrics
 
 log = logging.getLogger(__name__)
 
+_count = attrgetter("count")   # a Message header's LogMessage count, with no Python frame per Message
 SMALL_BATCH_BYTES = 64 * 1024   # a shared-group batch this small gives its slot back when taken
 SMALL_BATCHES = 16              # per topic: at most this many such batches waiting for their object
 
@@ -145,7 +147,7 @@ class TopicProcessor:
                 reply(Ack(request_id, False, code, f"topic {self.config.name}: {why}"))
                 return
         if ack is AckLevel.ALL:
-            batch.waiters.append((request_id, len(batch.messages), reply))
+            batch.waiters.append((request_id, len(batch.messages), batch.logcount, reply))
         batch.messages.append(message)
         batch.headers.append(header)
         self._recent.hold(mid)
@@ -293,15 +295,15 @@ class TopicProcessor:
         self._m_stage["notify"].observe(notify_s)
         self._m_ok.inc()
         self._m_notification_bytes.inc(len(note.to_bytes()))
-        for request_id, index, reply in batch.waiters:
-            reply(Ack(request_id, True, AckCode.OK, "", note.bucket, note.key, index, partition, offset))
+        for request_id, index, record, reply in batch.waiters:
+            reply(Ack(request_id, True, AckCode.OK, "", note.bucket, note.key, index, partition, offset, record=record))
         self._recent.stored(map(message_id, batch.headers), note.bucket, note.key, partition, offset,
-                            self._clock.monotonic())
+                            self._clock.monotonic(), map(_count, batch.headers))
 
     def _fail(self, batch: Batch, code: AckCode, why: str) -> None:
         log.warning("%s (%d Messages get error acks)", why, len(batch.headers))
         self._metrics.batches.labels(self.config.name, str(code)).inc()
-        for request_id, _index, reply in batch.waiters:
+        for request_id, _index, _record, reply in batch.waiters:
             reply(Ack(request_id, False, code, why))
         self._recent.failed(map(message_id, batch.headers), Ack(0, False, code, why))
 

@@ -5,7 +5,9 @@ reading means: follow the notification partition (`PartitionTail`: one assigned 
 partition read through this broker, with its most recent notifications in memory, so the
 readers at the tail, of any number of groups, share one Kafka fetch), then fetch each part
 through the hot-object cache (`ReadCache`: what this broker just stored, or one ranged GET per
-part however many readers want it), framed once as Kafka RecordBatches (`kafka_api.records`).
+part however many readers want it), framed once as Kafka RecordBatches (`kafka_api.records`),
+without the Messages already announced shortly before in its partition (`kafka_api.dedup`:
+their ids are kept per part in the cache, so a reader at the tail costs no extra GET).
 
 Blocking Kafka calls run on this object's own threads, so a long poll at the tail never
 starves the event loop's default executor; a tail's consumer is used by one call at a time.
@@ -17,14 +19,16 @@ import asyncio
 import logging
 from collections import OrderedDict, deque
 from collections.abc import Callable
+from itertools import accumulate
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from crc32c import crc32c
 
 from memq.config import KafkaConfig
-from memq.errors import CorruptDataError, FormatError, OffsetOutOfRangeError
+from memq.errors import CorruptDataError, FormatError, ObjectNotFoundError, OffsetOutOfRangeError
 from memq.format import Notification
+from memq.kafka_api.dedup import WINDOW_NOTES, PartMessage, duplicates, part_messages
 from memq.kafka_api.records import FramedPart, frame_part
 from memq.notify.consumer import NotificationConsumer, NotificationRecord
 from memq.storage import ObjectLocation, StorageHandler
@@ -40,6 +44,7 @@ MAX_TAILS = 256            # partitions followed at once; the least recently rea
 NOTES_PER_POLL = 500
 THREADS = 64               # blocking Kafka calls in flight (long polls hold one each)
 TAIL_FETCH_WAIT_MS = 20    # how long the notification Kafka holds a tail's fetch: the latency it adds
+WINDOW_WAIT_S = 5.0        # reading a dedup window's notifications (they exist: never a long wait)
 
 ConsumerFactory = Callable[[str], NotificationConsumer]   # for a notification topic
 
@@ -204,19 +209,88 @@ class Reads:
         """A part this broker just stored: readers at the tail will want it."""
         self.cache.put(("part", loc.bucket, loc.key, offset), part, len(part))
 
-    async def part(self, note: Notification) -> FramedPart:
-        """The part `note` announces, as Kafka RecordBatches (CorruptDataError if damaged)."""
-        where = (note.bucket, note.key, note.offset)
-        return await self.cache.get(("framed", *where), lambda: self._frame(note))
+    async def readable(self, notification_topic: str, partition: int, n: NotificationRecord) -> FramedPart:
+        """The part `n` announces as a Kafka reader gets it: without its Messages announced
+        earlier in the partition's window (`kafka_api.dedup`), the same on every broker."""
+        return await self.part(n.notification, await self._drops(notification_topic, partition, n))
 
-    async def _frame(self, note: Notification) -> tuple[FramedPart, int]:
+    async def delivered(self, notification_topic: str, partition: int, n: NotificationRecord
+                        ) -> list[tuple[int, PartMessage]]:
+        """(index of its first record, Message) of each Message of `n`'s part a Kafka reader gets."""
+        messages = await self._messages(n.notification, keep_raw=False)
+        drop = await self._drops(notification_topic, partition, n)
+        firsts = accumulate((m.records for m in messages), initial=0)
+        return [(first, m) for i, (first, m) in enumerate(zip(firsts, messages)) if i not in drop]
+
+    async def _drops(self, notification_topic: str, partition: int, n: NotificationRecord) -> frozenset[int]:
+        drop: frozenset[int] = await self.cache.get(
+            ("drops", notification_topic, partition, n.offset),
+            lambda: self._find_drops(notification_topic, partition, n))
+        return drop
+
+    async def _find_drops(self, notification_topic: str, partition: int, n: NotificationRecord
+                          ) -> tuple[frozenset[int], int]:
+        mine = [m.id for m in await self._messages(n.notification, keep_raw=True)]   # framed next: stays cached
+        earlier = await self.notes_between(notification_topic, partition, n.offset - WINDOW_NOTES, n.offset)
+        drop = duplicates([[m.id for m in await self._earlier_messages(e.notification)] for e in earlier], mine)
+        return drop, 64 + 8 * len(drop)
+
+    async def _earlier_messages(self, note: Notification) -> tuple[PartMessage, ...]:
+        """A window part's Messages; none when it is gone (retention) or damaged, which every
+        broker finds alike: such a part must not stop the reading of the parts after it."""
+        try:
+            return await self._messages(note, keep_raw=False)
+        except (ObjectNotFoundError, FormatError):
+            return ()
+
+    async def notes_between(self, notification_topic: str, partition: int, start: int, end: int
+                            ) -> list[NotificationRecord]:
+        """The partition's notifications at offsets [start, end) that are still retained."""
+        tail = await self._tail(notification_topic, partition)
+        marks = tail.watermarks()
+        at = max(start, marks[0] if marks else 0, 0)
+        out: list[NotificationRecord] = []
+        while at < end:
+            try:
+                got = [r for r in await tail.read(at, WINDOW_WAIT_S) if r.offset < end]
+            except OffsetOutOfRangeError:   # retention took the start meanwhile
+                got = []
+            if not got:
+                break
+            out += got
+            at = got[-1].offset + 1
+        return out
+
+    async def _messages(self, note: Notification, *, keep_raw: bool) -> tuple[PartMessage, ...]:
+        where = (note.bucket, note.key, note.offset)
+        return await self.cache.get(("messages", *where), lambda: self._load_messages(note, keep_raw))
+
+    async def _load_messages(self, note: Notification, keep_raw: bool) -> tuple[tuple[PartMessage, ...], int]:
         raw_key = ("part", note.bucket, note.key, note.offset)
-        raw: bytes = await self.cache.get(raw_key, lambda: self._get(note))
+        loaded = self.cache.peek(raw_key) is None
+        messages = part_messages(await self._raw(note))
+        if loaded and not keep_raw:   # got for its Messages only (a part before the reader)
+            self.cache.discard(raw_key)
+        return messages, 64 + 96 * len(messages)
+
+    async def part(self, note: Notification, drop: frozenset[int] = frozenset()) -> FramedPart:
+        """The part `note` announces, as Kafka RecordBatches without the Messages at the indexes
+        in `drop` (CorruptDataError if damaged)."""
+        where = (note.bucket, note.key, note.offset)
+        return await self.cache.get(("framed", *where, drop), lambda: self._frame(note, drop))
+
+    async def _raw(self, note: Notification) -> bytes:
+        """The part's bytes (one GET however many ask), checked against its notification."""
+        raw: bytes = await self.cache.get(("part", note.bucket, note.key, note.offset), lambda: self._get(note))
         if len(raw) != note.size or crc32c(raw) != note.crc32c:
             raise CorruptDataError(f"part {note.key} @{note.offset} of topic {note.topic}: size or CRC32C "
                                    "differs from its notification")
-        framed = await asyncio.to_thread(frame_part, raw) if len(raw) > 64 * 1024 else frame_part(raw)
-        self.cache.discard(raw_key)   # framed once: the batches are what readers get
+        return raw
+
+    async def _frame(self, note: Notification, drop: frozenset[int]) -> tuple[FramedPart, int]:
+        raw = await self._raw(note)
+        framed = await asyncio.to_thread(frame_part, raw, drop) if len(raw) > 64 * 1024 else frame_part(raw, drop)
+        self.cache.discard(("part", note.bucket, note.key, note.offset))   # framed once: the batches are what readers get
         return framed, framed.nbytes
 
     async def _get(self, note: Notification) -> tuple[bytes, int]:

@@ -156,7 +156,7 @@ def token_revoke(ctx: click.Context, principal: str) -> None:
 
 @click.group()
 def acl() -> None:
-    """Per-topic ACLs: allow|deny PRINCIPAL produce|describe|admin literal:TOPIC|prefix:PREFIX."""
+    """ACLs: allow|deny PRINCIPAL produce|consume|describe|admin literal:TOPIC|prefix:PREFIX|group:GROUP|group-prefix:P."""
 
 
 @acl.command("list")

@@ -117,6 +117,9 @@ class Ack:
     offset: int = -1
     brokers: tuple[str, ...] = ()
     throttle_ms: int = 0     # ack version 2: the broker stops reading this connection this long (a quota)
+    # not on the wire: the index of the Message's first LogMessage in its part (ack=all), so a
+    # door computes its first record's Kafka offset (memq.kafka_api.offsets) without decoding
+    record: int = -1
 
 
 def _topic_bytes(topic: str) -> bytes:

@@ -8,11 +8,15 @@ SyncGroup, Heartbeat, LeaveGroup, OffsetCommit, OffsetFetch) all start with the 
 request is relayed with that one field rewritten (`with_group`) and its response goes back
 unchanged; assignments and protocol metadata are opaque to a coordinator, and committed
 offsets are memq's Kafka offsets stored as they are, under the memq topic's name.
+DeleteGroups is relayed one group at a time (each group to its own coordinator) and answered
+as one response. A group request the ACLs refuse is answered here (`refusal`, in its API's
+shape), never relayed.
 """
 
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable, Sequence
 
 from memq.errors import ProtocolError
 
@@ -181,10 +185,13 @@ def offsets_response(h: RequestHeader, response: bytes, topics: dict[str, str]) 
     return _SIZE.pack(len(out)) + out
 
 
-def describe_groups_request(h: RequestHeader, frame: bytes | memoryview, body_at: int, cluster: str) -> bytes:
-    """A DescribeGroups (v0-4) request with every group id mapped, size-prefixed."""
+def describe_groups_request(h: RequestHeader, frame: bytes | memoryview, body_at: int, cluster: str,
+                            only: Sequence[str] | None = None) -> bytes:
+    """A DescribeGroups (v0-4) request with every group id mapped (of `only` when given: the
+    groups the principal may describe), size-prefixed."""
     r = Reader(frame, body_at)
-    groups = [mapped_group(cluster, r.string()) for _ in range(r.count())]
+    asked = [r.string() for _ in range(r.count())]
+    groups = [mapped_group(cluster, g) for g in (asked if only is None else only)]
     out = bytearray(frame[:body_at]) + _I32.pack(len(groups))
     for g in groups:
         raw = g.encode()
@@ -225,8 +232,10 @@ def describe_groups_response(h: RequestHeader, response: bytes, cluster: str) ->
     return _SIZE.pack(len(out)) + out
 
 
-def list_groups_response(h: RequestHeader, response: bytes, cluster: str) -> bytes:
-    """A ListGroups (v0-2) response listing only this cluster's Kafka client groups, by their names."""
+def list_groups_response(h: RequestHeader, response: bytes, cluster: str,
+                         visible: Callable[[str], bool] = lambda _group: True) -> bytes:
+    """A ListGroups (v0-2) response listing only this cluster's Kafka client groups that are
+    `visible` (the principal may describe them), by their names."""
     prefix = mapped_group(cluster, "")
     r = Reader(response[4:])
     w = Writer(r.i32())
@@ -236,10 +245,185 @@ def list_groups_response(h: RequestHeader, response: bytes, cluster: str) -> byt
     listed = []
     for _ in range(r.count()):
         group, protocol_type = r.string(), r.string()
-        if group.startswith(prefix):
+        if group.startswith(prefix) and visible(group[len(prefix):]):
             listed.append((group[len(prefix):], protocol_type))
     r.done()
     w.i32(len(listed))
     for group, protocol_type in listed:
         w.nullable_string(group).nullable_string(protocol_type)
+    return w.frame()
+
+
+def with_denied_groups(h: RequestHeader, response: bytes, denied: Sequence[str], error: ErrorCode) -> bytes:
+    """A DescribeGroups response (size-prefixed) with an entry answering `error` for each group
+    of `denied` added (they were not relayed)."""
+    if not denied:
+        return response
+    head = 8 + (4 if h.api_version >= 1 else 0)   # size, correlation id, throttle time
+    (count,) = _I32.unpack_from(response, head)
+    w = Writer(0)
+    for g in denied:
+        w.i16(error).nullable_string(g)
+        w.nullable_string("").nullable_string("").nullable_string("").i32(0)   # state, type, data, members
+        if h.api_version >= 3:
+            w.i32(-2147483648)   # authorized operations: not asked for
+    entries = w.frame()[8:]      # without the size and correlation id
+    out = response[4:head] + _I32.pack(count + len(denied)) + response[head + 4:] + entries
+    return _SIZE.pack(len(out)) + out
+
+
+def describe_groups_of(r: Reader) -> list[str]:
+    """The group ids a DescribeGroups request names (the reader is left where it was)."""
+    r = Reader(r.buf, r.pos)
+    return [r.string() for _ in range(r.count())]
+
+
+def refusal(h: RequestHeader, frame: bytes | memoryview, body_at: int, error: ErrorCode) -> bytes:
+    """The answer to a group request (one of RELAYED) refused without relaying it: `error` in its
+    API's response shape; for OffsetCommit on each partition it names, as Kafka answers."""
+    w = Writer(h.correlation_id)
+    v = h.api_version
+    if h.api_key == ApiKey.OFFSET_COMMIT:
+        if v >= 3:
+            w.i32(0)
+        topics = _commit_partitions(v, Reader(frame, body_at))
+        w.i32(len(topics))
+        for name, parts in topics:
+            w.nullable_string(name).i32(len(parts))
+            for p, _offset in parts:
+                w.i32(p).i16(error)
+        return w.frame()
+    if h.api_key == ApiKey.OFFSET_FETCH:
+        if v >= 3:
+            w.i32(0)
+        if v >= 2:
+            return w.i32(0).i16(error).frame()
+        asked = _fetch_partitions(Reader(frame, body_at))   # v1: no group-level error code
+        w.i32(len(asked))
+        for name, partitions in asked:
+            w.nullable_string(name).i32(len(partitions))
+            for p in partitions:
+                w.i32(p).i64(-1).nullable_string("").i16(error)
+        return w.frame()
+    if h.api_key == ApiKey.JOIN_GROUP:
+        if v >= 2:
+            w.i32(0)
+        return w.i16(error).i32(-1).nullable_string("").nullable_string("").nullable_string("").i32(0).frame()
+    if v >= 1:   # SyncGroup, Heartbeat, LeaveGroup
+        w.i32(0)
+    w.i16(error)
+    if h.api_key == ApiKey.SYNC_GROUP:
+        w.nullable_bytes(b"")
+    elif h.api_key == ApiKey.LEAVE_GROUP and v >= 3:
+        w.i32(0)   # no members
+    return w.frame()
+
+
+def committed_offsets(h: RequestHeader, frame: bytes | memoryview, body_at: int) -> list[tuple[str, int, int]]:
+    """(topic, partition, offset) of each offset an OffsetCommit v2-7 request commits."""
+    return [(t, p, o) for t, parts in _commit_partitions(h.api_version, Reader(frame, body_at)) for p, o in parts]
+
+
+def commit_errors(h: RequestHeader, response: bytes) -> dict[tuple[str, int], int]:
+    """(topic, partition) -> error code of an OffsetCommit response (size-prefixed)."""
+    r = Reader(response, 8)
+    if h.api_version >= 3:
+        r.i32()
+    out = {}
+    for _ in range(r.count()):
+        topic = r.string()
+        for _ in range(r.count()):
+            p = r.i32()
+            out[(topic, p)] = r.i16()
+    return out
+
+
+def offset_fetch_request(correlation_id: int, client_id: str, group: str, topics: dict[str, list[int]]) -> bytes:
+    """An OffsetFetch v1 request (size-prefixed) for (mapped) `group`'s offsets of `topics`."""
+    w = Writer(0)
+    w.out[4:8] = struct.pack(">hh", ApiKey.OFFSET_FETCH, 1)
+    w.i32(correlation_id).nullable_string(client_id).nullable_string(group).i32(len(topics))
+    for name, parts in topics.items():
+        w.nullable_string(name).i32(len(parts))
+        for p in parts:
+            w.i32(p)
+    return w.frame()
+
+
+def decode_offset_fetch_v1(response: bytes) -> dict[tuple[str, int], int]:
+    """(topic, partition) -> committed offset (-1: none) of an OffsetFetch v1 response (size-prefixed)."""
+    r = Reader(response, 8)
+    out = {}
+    for _ in range(r.count()):
+        topic = r.string()
+        for _ in range(r.count()):
+            p, offset = r.i32(), r.i64()
+            r.nullable_string()
+            error = r.i16()
+            out[(topic, p)] = offset if not error else -1
+    r.done()
+    return out
+
+
+def _commit_partitions(v: int, r: Reader) -> list[tuple[str, list[tuple[int, int]]]]:
+    """(topic, [(partition, offset)]) an OffsetCommit v2-7 request commits."""
+    r.string()
+    r.i32()
+    r.string()                  # group, generation, member id
+    if v >= 7:
+        r.nullable_string()     # group instance id
+    if v <= 4:
+        r.i64()                 # retention time
+    out = []
+    for _ in range(r.count()):
+        name, parts = r.string(), []
+        for _ in range(r.count()):
+            parts.append((r.i32(), r.i64()))
+            if v >= 6:
+                r.i32()         # leader epoch
+            r.nullable_string()
+        out.append((name, parts))
+    return out
+
+
+def _fetch_partitions(r: Reader) -> list[tuple[str, list[int]]]:
+    """(topic, partitions) an OffsetFetch v1 request asks for."""
+    r.string()
+    out = []
+    for _ in range(r.count()):
+        name = r.string()
+        out.append((name, [r.i32() for _ in range(r.count())]))
+    return out
+
+
+def decode_delete_groups(r: Reader) -> list[str]:
+    """The groups a DeleteGroups (v0-1) request names."""
+    groups = [r.string() for _ in range(r.count())]
+    r.done()
+    return groups
+
+
+def delete_group_request(frame: bytes | memoryview, body_at: int, group: str) -> bytes:
+    """The DeleteGroups request `frame` (same header) for the one (mapped) `group`, size-prefixed."""
+    raw = group.encode()
+    out = bytes(frame[:body_at]) + _I32.pack(1) + _I16.pack(len(raw)) + raw
+    return _SIZE.pack(len(out)) + out
+
+
+def delete_group_result(response: bytes) -> int:
+    """The error code a DeleteGroups response (size-prefixed, for one group) gives its group."""
+    r = Reader(response, 8)   # size, correlation id
+    r.i32()                   # throttle time
+    if r.count() != 1:
+        raise ProtocolError("DeleteGroups answered for other than the one group asked")
+    r.string()
+    error = r.i16()
+    r.done()
+    return error
+
+
+def encode_delete_groups(h: RequestHeader, results: Sequence[tuple[str, int]]) -> bytes:
+    w = Writer(h.correlation_id).i32(0).i32(len(results))
+    for group, error in results:
+        w.nullable_string(group).i16(error)
     return w.frame()

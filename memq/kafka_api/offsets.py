@@ -15,6 +15,8 @@ second per partition.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from memq.errors import InvalidInputError
 from memq.format.batch import MAX_PART_LOGMESSAGES, PART_RECORD_BITS
 
@@ -48,3 +50,20 @@ def end_offset(notification_offset: int, count: int) -> int:
     `notification_offset`: the high watermark while that part is the partition's last, so a
     reader that read everything has no lag (and gets its end-of-partition event)."""
     return first_offset(notification_offset) + min(max(count, 0), MAX_PART_LOGMESSAGES)
+
+
+def produce_base_offset(placed: Sequence[tuple[int, int, int]]) -> int:
+    """The base offset a Produce response gives for one partition's batches, each placed at
+    (notification offset, index of its first record in that part, record count), in request
+    order: the first record's Kafka offset when the batches' records are consecutive in one part
+    (a client numbers the request's records base, base + 1, ...), else -1 (unknown, as Kafka
+    allows). -1 too when a place is unknown (notification offset or index < 0: acks=1)."""
+    if not placed or any(n < 0 or i < 0 for n, i, _ in placed):
+        return -1
+    note, first, _ = placed[0]
+    expect = first
+    for n, i, count in placed:
+        if n != note or i != expect:
+            return -1
+        expect = i + count
+    return kafka_offset(note, first)

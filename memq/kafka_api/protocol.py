@@ -41,6 +41,7 @@ class ApiKey(IntEnum):
     API_VERSIONS = 18
     INIT_PRODUCER_ID = 22
     SASL_AUTHENTICATE = 36
+    DELETE_GROUPS = 42
 
 
 #: The (min, max) version of each API served; ApiVersions advertises exactly these.
@@ -61,6 +62,7 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     ApiKey.SYNC_GROUP: (0, 3),
     ApiKey.DESCRIBE_GROUPS: (0, 4),
     ApiKey.LIST_GROUPS: (0, 2),
+    ApiKey.DELETE_GROUPS: (0, 1),
     ApiKey.METADATA: (1, 8),
     ApiKey.API_VERSIONS: (0, 2),
     ApiKey.INIT_PRODUCER_ID: (0, 1),
@@ -84,6 +86,7 @@ class ErrorCode(IntEnum):
     INVALID_REQUIRED_ACKS = 21
     COORDINATOR_NOT_AVAILABLE = 15
     TOPIC_AUTHORIZATION_FAILED = 29
+    GROUP_AUTHORIZATION_FAILED = 30
     UNSUPPORTED_SASL_MECHANISM = 33
     ILLEGAL_SASL_STATE = 34
     UNSUPPORTED_VERSION = 35

@@ -41,22 +41,31 @@ class FramedBatch:
 @dataclass(frozen=True, slots=True)
 class FramedPart:
     batches: tuple[FramedBatch, ...]
+    count: int = 0     # records in the part, dropped ones included: a reader past its batches is past it
 
     @property
     def nbytes(self) -> int:
         return sum(len(b.data) for b in self.batches)
 
 
-def frame_part(part: bytes | memoryview) -> FramedPart:
-    """The part's records as RecordBatches; CorruptDataError (a FormatError) on bad bytes."""
+def frame_part(part: bytes | memoryview, drop: frozenset[int] = frozenset()) -> FramedPart:
+    """The part's records as RecordBatches, but for those of the Messages at the indexes in
+    `drop` (`kafka_api.dedup`: left as a gap, no batch spans it); CorruptDataError (a
+    FormatError) on bad bytes."""
     view = memoryview(part)
     header = decode_batch_header(view)
     out: list[FramedBatch] = []
     run: list[LogMessage] = []
     run_start = run_bytes = index = 0
-    for (start, end), count in zip(header.message_ranges, header.message_counts):
+    for m, ((start, end), count) in enumerate(zip(header.message_ranges, header.message_counts)):
         if end > len(view):
             raise CorruptDataError(f"part of {len(view)} bytes has a Message ending at {end}")
+        if m in drop:
+            if run:
+                out.append(FramedBatch(run_start, len(run), encode_kafka_batch(run)))
+                run = []
+            index += count
+            continue
         msg = view[start:end]
         mh = decode_message_header(msg)
         if mh.codec is Codec.KAFKA:
@@ -82,7 +91,7 @@ def frame_part(part: bytes | memoryview) -> FramedPart:
         index += count
     if run:
         out.append(FramedBatch(run_start, len(run), encode_kafka_batch(run)))
-    return FramedPart(tuple(out))
+    return FramedPart(tuple(out), index)
 
 
 def place(part: FramedPart, notification_offset: int, from_index: int, out: bytearray, limit: int, *,
@@ -90,16 +99,18 @@ def place(part: FramedPart, notification_offset: int, from_index: int, out: byte
     """Append the part's batches holding records at `from_index` or later to `out`, each with its
     Kafka base offset, while `out` stays within `limit` bytes; with `at_least_one` and `out`
     empty, the first batch goes whatever its size (KIP-74: a batch larger than the limits must
-    not stall its reader). Returns the index after the last record placed (`from_index` if none)."""
+    not stall its reader). Returns the index after the last record placed (`from_index` if none),
+    or the part's `count` once every batch from `from_index` on was placed (dropped records at
+    its end are passed too)."""
     after = from_index
     for b in part.batches:
         if b.first_index + b.count <= from_index:
             continue   # the reader is past it (a Kafka client skips records before its offset)
         if (out or not at_least_one) and len(out) + len(b.data) > limit:
-            break
+            return after
         out += _BASE.pack(kafka_offset(notification_offset, b.first_index))
         out += b.data[8:_EPOCH_AT]
         out += _NO_EPOCH
         out += b.data[_EPOCH_END:]
         after = b.first_index + b.count
-    return after
+    return max(after, part.count)

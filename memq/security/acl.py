@@ -1,7 +1,11 @@
-"""Per-topic ACL rules and the decision over them (pure: no I/O).
+"""Per-topic and per-group ACL rules and the decision over them (pure: no I/O).
 
 A rule is one line: `allow|deny PRINCIPAL OPERATION literal:TOPIC|prefix:PREFIX`, e.g.
 `allow alice produce prefix:orders.`. `*` as principal means every authenticated principal.
+A Kafka client's consumer group is a resource of its own, named `group:GROUP` or
+`group-prefix:PREFIX` (so a topic rule never covers a group of the same name): `consume` on a
+group is Kafka's READ (join, sync, heartbeat, leave, commit and fetch its offsets), `describe`
+its DESCRIBE (DescribeGroups, ListGroups), `admin` its DELETE (DeleteGroups).
 Deny wins over allow; with security on, a request no allow rule matches is denied.
 As in Kafka, some operations imply others (`IMPLIES`): `produce`, `consume` and `admin` on a
 topic imply `describe` on it (Kafka's WRITE, READ, DELETE and ALTER imply DESCRIBE), so a
@@ -48,6 +52,19 @@ class PatternType(StrEnum):
     PREFIX = "prefix"
 
 
+class ResourceType(StrEnum):
+    TOPIC = "topic"
+    GROUP = "group"    # a Kafka client's consumer group
+
+
+#: A rule's `KIND:` prefix -> (resource, pattern type).
+_KINDS: Mapping[str, tuple[ResourceType, PatternType]] = {
+    "literal": (ResourceType.TOPIC, PatternType.LITERAL), "prefix": (ResourceType.TOPIC, PatternType.PREFIX),
+    "group": (ResourceType.GROUP, PatternType.LITERAL), "group-prefix": (ResourceType.GROUP, PatternType.PREFIX),
+}
+_KIND_OF = {v: k for k, v in _KINDS.items()}
+
+
 class Permission(StrEnum):
     ALLOW = "allow"
     DENY = "deny"
@@ -60,17 +77,19 @@ class AclRule:
     operation: Operation
     pattern_type: PatternType
     pattern: str
+    resource: ResourceType = ResourceType.TOPIC
 
-    def covers(self, principal: str, topic: str) -> bool:
-        """Whether this rule is about `principal` and `topic` (whatever its operation)."""
-        if self.principal not in (principal, ANY_PRINCIPAL):
+    def covers(self, principal: str, name: str, resource: ResourceType = ResourceType.TOPIC) -> bool:
+        """Whether this rule is about `principal` and the `resource` `name` (whatever its operation)."""
+        if self.principal not in (principal, ANY_PRINCIPAL) or self.resource is not resource:
             return False
         if self.pattern_type is PatternType.LITERAL:
-            return topic == self.pattern
-        return topic.startswith(self.pattern)
+            return name == self.pattern
+        return name.startswith(self.pattern)
 
     def __str__(self) -> str:
-        return f"{self.permission} {self.principal} {self.operation} {self.pattern_type}:{self.pattern}"
+        kind = _KIND_OF[(self.resource, self.pattern_type)]
+        return f"{self.permission} {self.principal} {self.operation} {kind}:{self.pattern}"
 
 
 def parse_rule(line: str, where: str = "security.acls") -> AclRule:
@@ -78,16 +97,19 @@ def parse_rule(line: str, where: str = "security.acls") -> AclRule:
     parts = line.split()
     if len(parts) != 4 or ":" not in parts[3]:
         raise ConfigError(f"{where}: {line!r} is not 'allow|deny PRINCIPAL produce|consume|describe|admin "
-                          "literal:TOPIC|prefix:PREFIX'")
+                          "literal:TOPIC|prefix:PREFIX|group:GROUP|group-prefix:PREFIX'")
     permission, principal, operation, target = parts
     kind, _, pattern = target.partition(":")
+    if kind.lower() not in _KINDS:
+        raise ConfigError(f"{where}: {line!r}: {kind!r} is not one of {', '.join(_KINDS)}")
+    resource, pattern_type = _KINDS[kind.lower()]
     try:
-        rule = AclRule(Permission(permission.lower()), principal, Operation(operation.lower()),
-                       PatternType(kind.lower()), pattern)
+        rule = AclRule(Permission(permission.lower()), principal, Operation(operation.lower()), pattern_type,
+                       pattern, resource)
     except ValueError as e:
         raise ConfigError(f"{where}: {line!r}: {e}") from None
     if rule.pattern_type is PatternType.LITERAL and not pattern:
-        raise ConfigError(f"{where}: {line!r}: a literal pattern needs a topic name")
+        raise ConfigError(f"{where}: {line!r}: a literal pattern needs a {resource} name")
     return rule
 
 
@@ -95,13 +117,14 @@ def parse_rules(lines: Iterable[str], where: str = "security.acls") -> tuple[Acl
     return tuple(parse_rule(line, f"{where}[{i}]") for i, line in enumerate(lines))
 
 
-def is_allowed(rules: Iterable[AclRule], principal: str, operation: Operation, topic: str) -> bool:
+def is_allowed(rules: Iterable[AclRule], principal: str, operation: Operation, name: str,
+               resource: ResourceType = ResourceType.TOPIC) -> bool:
     """Deny wins; without a matching allow rule the answer is no. An allow of `operation` or of
     an operation implying it allows it; a deny denies only the operation it names (Kafka's rule)."""
     allowing = _granting(operation)
     allowed = False
     for r in rules:
-        if not r.covers(principal, topic):
+        if not r.covers(principal, name, resource):
             continue
         if r.permission is Permission.DENY:
             if r.operation is operation:

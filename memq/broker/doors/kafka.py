@@ -8,7 +8,8 @@ broker (librdkafka keeps up to 5 in flight). Each RecordBatch of a Produce reque
 header and CRC32C checked and goes, unchanged, as one Codec.KAFKA Message through the broker's
 one admission path (`memq.broker.admission`, the same checks as `/v1/produce`): the same batching, storage, notification and dedup as memq's own
 protocol. A Kafka client has no memq audit emitter, so the listener reports each acked Message
-(acks 1 and all) to the audit as its producer would. A frame that cannot be parsed, is larger
+(acks 1 and all) to the audit as its producer would, and what each OffsetCommit of a Kafka
+group covers as that group's consumption (`memq.broker.group_audit`). A frame that cannot be parsed, is larger
 than `broker.max_frame_bytes`, or names an API or version not served (other than ApiVersions,
 which answers UNSUPPORTED_VERSION with our ranges) closes the connection with the reason in the log, as a Kafka broker does: its
 response shape is unknown, so no answer could be parsed by the client.
@@ -39,20 +40,26 @@ from memq.errors import FormatError, NotifyError, ProtocolError, UnsupportedCode
 from memq.format.kafka_records import split_kafka_batches, verify_kafka_batch
 from memq.format.message import MESSAGE_HEADER_SIZE, MessageHeader, encode_kafka_message
 from memq.format.wire import Ack, AckCode, AckLevel
+from memq.security.acl import Operation
 from memq.security.tls import subject_cn
 
 from ..admission import Refusal, Ticket
 from ..guard import Session
+from ..group_audit import GroupAudit
 from ..groups import GroupLink
 from ..seam import BrokerCore
 
-from memq.kafka_api.groups import (RELAYED, decode_find_coordinator, describe_groups_request, describe_groups_response,
-                                  encode_find_coordinator, group_of, list_groups_response, offsets_request,
-                                  offsets_response, with_size)
+from memq.kafka_api.groups import (RELAYED, commit_errors, committed_offsets, decode_delete_groups,
+                                  decode_find_coordinator, decode_offset_fetch_v1, delete_group_request,
+                                  delete_group_result, describe_groups_of, describe_groups_request,
+                                  describe_groups_response, encode_delete_groups, encode_find_coordinator, group_of,
+                                  list_groups_response, offset_fetch_request, offsets_request, offsets_response,
+                                  refusal, with_denied_groups, with_size)
 from memq.kafka_api.idle_seal import SealCredit
+from memq.kafka_api.offsets import produce_base_offset
 from memq.kafka_api.mapping import (PRODUCER_ID_BITS, ack_level, error_code, memq_producer_id, metadata_view, node_id,
                                    split_address)
-from memq.kafka_api.protocol import (ApiKey, ErrorCode, FetchRequest, ListOffsetsRequest, PartitionData, PartitionResult, ProduceRequest, ProduceResult, Reader,
+from memq.kafka_api.protocol import (ApiKey, ErrorCode, FetchRequest, ListOffsetsRequest, PartitionData, PartitionResult, ProduceRequest, ProduceResult, Reader, Writer,
                        RequestHeader, api_name, decode_fetch, decode_init_producer_id,
                        decode_list_offsets, decode_metadata, decode_produce, decode_request_header,
                        decode_sasl_authenticate, decode_sasl_handshake, encode_api_versions, encode_fetch,
@@ -65,6 +72,9 @@ if TYPE_CHECKING:
     from memq.audit.emitter import AuditEmitter
 
 log = logging.getLogger(__name__)
+
+#: One appended RecordBatch: its ack to come and its record count.
+Appended = tuple[asyncio.Future[Ack], int]
 
 _SIZE = struct.Struct(">i")
 #: Requests read ahead of their responses per connection (librdkafka sends at most 5 Produce).
@@ -158,6 +168,10 @@ class KafkaConnection:
         if self._authenticated and self._principal is not None:
             self._session = self._guard.open_token_session(self._principal, None, self._revoke)
         self._groups: GroupLink | None = None   # this connection's relay to group coordinators
+        # Kafka groups' commits counted by the audit: (group, topic, partition) -> last commit
+        self._group_audit = GroupAudit(broker.reads, audit) if audit is not None else None
+        self._committed: dict[tuple[str, str, int], int] = {}
+        self._auditing: set[asyncio.Future[int]] = set()
 
     def close(self) -> None:
         self._writer.close()
@@ -268,19 +282,36 @@ class KafkaConnection:
             return asyncio.ensure_future(self._list_offsets(h, decode_list_offsets(h, body)))
         if h.api_key == ApiKey.FIND_COORDINATOR:
             return _ready(self._find_coordinator(h, body))
+        if h.api_key == ApiKey.DELETE_GROUPS:
+            return asyncio.ensure_future(self._delete_groups(h, body.buf, body.pos, decode_delete_groups(body)))
         if h.api_key in (ApiKey.DESCRIBE_GROUPS, ApiKey.LIST_GROUPS):   # admin tools: this cluster's groups
             cluster = self._broker.groups.cluster
+            denied: list[str] = []
             if h.api_key == ApiKey.LIST_GROUPS:
                 body.done()
                 request = with_size(body.buf)
             else:
-                request = describe_groups_request(h, body.buf, body.pos, cluster)
-            return asyncio.ensure_future(self._relay(h, self._broker.groups.mapped(""), request, {}))
+                asked = describe_groups_of(body)
+                allowed = [g for g in asked if self._may_group(Operation.DESCRIBE, g)]
+                denied = [g for g in asked if g not in allowed]
+                if not allowed:
+                    return _ready(with_denied_groups(h, _no_groups(h), denied, ErrorCode.GROUP_AUTHORIZATION_FAILED))
+                request = describe_groups_request(h, body.buf, body.pos, cluster, allowed)
+            return asyncio.ensure_future(self._relay(h, self._broker.groups.mapped(""), request, {}, denied))
         if h.api_key in RELAYED:
-            group = self._broker.groups.mapped(group_of(body))
+            asked_group = group_of(body)
+            if not self._may_group(_GROUP_OPERATION[ApiKey(h.api_key)], asked_group):
+                return _ready(refusal(h, body.buf, body.pos, ErrorCode.GROUP_AUTHORIZATION_FAILED))
+            if h.api_key == ApiKey.JOIN_GROUP:   # a rebalance: another member may commit these partitions now
+                self._committed = {k: v for k, v in self._committed.items() if k[0] != asked_group}
+            group = self._broker.groups.mapped(asked_group)
             names = {n: t.notification_topic for n, t in self._broker.metadata().topics.items()}
             request = offsets_request(h, body.buf, body.pos, group, names)
-            return asyncio.ensure_future(self._relay(h, group, request, {v: k for k, v in names.items()}))
+            back = {v: k for k, v in names.items()}
+            if h.api_key == ApiKey.OFFSET_COMMIT and self._group_audit is not None:
+                commits = [(t, p, o) for t, p, o in committed_offsets(h, body.buf, body.pos) if t in names]
+                return asyncio.ensure_future(self._audited_commit(h, asked_group, request, names, commits))
+            return asyncio.ensure_future(self._relay(h, group, request, back))
         req = decode_produce(body)
         return await self._produce(h, req)
 
@@ -336,7 +367,10 @@ class KafkaConnection:
 
     def _find_coordinator(self, h: RequestHeader, body: Reader) -> bytes:
         """Any broker coordinates any group: it relays to the notification Kafka's coordinator."""
-        _key, key_type = decode_find_coordinator(h, body)
+        key, key_type = decode_find_coordinator(h, body)
+        if key_type == 0 and not self._may_group(Operation.DESCRIBE, key):   # as Kafka: DESCRIBE on the group
+            return encode_find_coordinator(h, ErrorCode.GROUP_AUTHORIZATION_FAILED, -1, "", -1,
+                                           f"principal {self._principal} may not describe group {key!r}")
         me = [b for b in self._broker.metadata().brokers if b.id == self._broker.broker_id and b.kafka_address]
         if key_type != 0 or not me:
             return encode_find_coordinator(h, ErrorCode.COORDINATOR_NOT_AVAILABLE, -1, "", -1,
@@ -344,31 +378,97 @@ class KafkaConnection:
         host, port = split_address(me[0].kafka_address)
         return encode_find_coordinator(h, ErrorCode.NONE, node_id(self._broker.broker_id), host, port)
 
-    async def _relay(self, h: RequestHeader, group: str, request: bytes, names: dict[str, str]) -> bytes:
+    def _may_group(self, operation: Operation, group: str) -> bool:
+        """Whether this connection's principal may do `operation` on Kafka client group `group`
+        (a refusal counted as a `group` denial)."""
+        ok = self._guard.may_group(self._principal, operation, group)
+        if not ok:
+            self._guard.count_denial("group")
+        return ok
+
+    def _link(self) -> GroupLink:
         if self._groups is None:
             self._groups = self._broker.groups.link()
+        return self._groups
+
+    async def _audited_commit(self, h: RequestHeader, asked_group: str, request: bytes, names: dict[str, str],
+                              commits: list[tuple[str, int, int]]) -> bytes:
+        """Relay an OffsetCommit, then report to the audit what each committed partition's
+        group consumed since its previous commit (`group_audit`), asked of the coordinator
+        once per partition and connection, before the commit moves it."""
+        group = self._broker.groups.mapped(asked_group)
+        unknown: dict[str, list[int]] = {}
+        for t, p, _ in commits:
+            if (asked_group, t, p) not in self._committed:
+                unknown.setdefault(names[t], []).append(p)
+        before: dict[tuple[str, int], int] = {}
+        if unknown:
+            try:
+                fetched = await self._link().relay(group, offset_fetch_request(0, "memq-audit", group, unknown))
+                back = {v: k for k, v in names.items()}
+                before = {(back[t], p): o for (t, p), o in decode_offset_fetch_v1(fetched).items() if t in back}
+            except (NotifyError, ProtocolError) as e:   # the commit goes on; only its audit is lost
+                log.warning("Kafka group %r: previous commits not read for the audit: %s", asked_group, e)
+                commits = [c for c in commits if (asked_group, c[0], c[1]) in self._committed]
+        response = await self._relay(h, group, request, {v: k for k, v in names.items()})
+        if not response:
+            return response
+        errors = commit_errors(h, response)
+        audit = self._group_audit
+        assert audit is not None
+        for t, p, offset in commits:
+            if errors.get((t, p)) != ErrorCode.NONE:
+                continue
+            prev = self._committed.get((asked_group, t, p), before.get((t, p), -1))
+            self._committed[(asked_group, t, p)] = offset
+            task = asyncio.ensure_future(audit.committed(asked_group, t, names[t], p, prev, offset))
+            self._auditing.add(task)
+            task.add_done_callback(self._auditing.discard)
+        return response
+
+    async def _relay(self, h: RequestHeader, group: str, request: bytes, names: dict[str, str],
+                     denied: list[str] | None = None) -> bytes:
         try:
-            response = await self._groups.relay(group, request)
+            response = await self._link().relay(group, request)
             cluster = self._broker.groups.cluster
-            if h.api_key == ApiKey.LIST_GROUPS:
-                return list_groups_response(h, response, cluster)
+            if h.api_key == ApiKey.LIST_GROUPS:   # as Kafka lists them: those the principal may describe
+                return list_groups_response(
+                    h, response, cluster, lambda g: self._guard.may_group(self._principal, Operation.DESCRIBE, g))
             if h.api_key == ApiKey.DESCRIBE_GROUPS:
-                return describe_groups_response(h, response, cluster)
+                return with_denied_groups(h, describe_groups_response(h, response, cluster), denied or [],
+                                          ErrorCode.GROUP_AUTHORIZATION_FAILED)
             return offsets_response(h, response, names)
         except NotifyError as e:   # no answer in the API's shape: close, the client reconnects and retries
             log.warning("Kafka connection from %s: %s; closing", self._peer, e)
             self._writer.close()
             return b""
 
+    async def _delete_groups(self, h: RequestHeader, frame: bytes | memoryview, body_at: int,
+                             groups: list[str]) -> bytes:
+        """Each group deleted on its own coordinator (needs `admin` on the group); one answer."""
+        results = []
+        for g in groups:
+            if not self._may_group(Operation.ADMIN, g):
+                results.append((g, int(ErrorCode.GROUP_AUTHORIZATION_FAILED)))
+                continue
+            mapped = self._broker.groups.mapped(g)
+            try:
+                results.append((g, delete_group_result(
+                    await self._link().relay(mapped, delete_group_request(frame, body_at, mapped)))))
+            except (NotifyError, ProtocolError) as e:   # retriable for the client, unlike a close mid-list
+                log.warning("Kafka connection from %s: deleting group %r: %s", self._peer, g, e)
+                results.append((g, int(ErrorCode.COORDINATOR_NOT_AVAILABLE)))
+        return encode_delete_groups(h, results)
+
     # --- Produce ---------------------------------------------------------------------------
 
     async def _produce(self, h: RequestHeader, req: ProduceRequest) -> asyncio.Future[bytes] | None:
         level = ack_level(req.acks)
-        appended: list[tuple[str, int, list[asyncio.Future[Ack]] | PartitionResult]] = []
+        appended: list[tuple[str, int, list[Appended] | PartitionResult]] = []
         accepted: list[tuple[str, int]] = []   # (topic, record bytes) to charge to the quotas
         for topic, parts in req.topics:
             for part in parts:
-                outcome: list[asyncio.Future[Ack]] | PartitionResult
+                outcome: list[Appended] | PartitionResult
                 if level is None:
                     outcome = PartitionResult(
                         part.index, ErrorCode.INVALID_REQUIRED_ACKS, message=f"acks={req.acks}: use 0, 1 or -1")
@@ -392,9 +492,9 @@ class KafkaConnection:
         return asyncio.ensure_future(self._produce_response(h, appended, wait_s, round(self._throttle_s * 1000)))
 
     async def _produce_response(self, h: RequestHeader,
-                                appended: list[tuple[str, int, list[asyncio.Future[Ack]] | PartitionResult]],
+                                appended: list[tuple[str, int, list[Appended] | PartitionResult]],
                                 timeout_s: float, throttle_ms: int) -> bytes:
-        futures = [f for _, _, o in appended if not isinstance(o, PartitionResult) for f in o]
+        futures = [f for _, _, o in appended if not isinstance(o, PartitionResult) for f, _ in o]
         if futures:
             await asyncio.wait(futures, timeout=timeout_s)
         result = ProduceResult(throttle_ms=throttle_ms)
@@ -404,8 +504,8 @@ class KafkaConnection:
         return encode_produce(h, result)
 
     async def _append(self, topic: str, part: PartitionData, level: AckLevel
-                      ) -> list[asyncio.Future[Ack]] | PartitionResult:
-        """Admit one partition's records, then append each RecordBatch as a Message; futures of their acks."""
+                      ) -> list[Appended] | PartitionResult:
+        """Admit one partition's records, then append each RecordBatch as a Message: (its ack to come, its count)."""
         try:
             split: list[memoryview] | FormatError = split_kafka_batches(part.records) if part.records else []
         except FormatError as e:
@@ -435,7 +535,7 @@ class KafkaConnection:
             return PartitionResult(part.index, ErrorCode.INVALID_REQUEST,
                                    message="transactional batches: memq has no Kafka transactions")
         loop = asyncio.get_running_loop()
-        futures = []
+        futures: list[Appended] = []
         audited = self._audit if level is not AckLevel.NONE else None
         for b, kh in batches:
             if kh.producer_id >= 0:   # idempotent: a retry carries the same ids, so dedup drops it
@@ -459,7 +559,7 @@ class KafkaConnection:
                 self._seal_credit.earn(len(msg))
             if not fut.done() and level is AckLevel.ALL:
                 self._awaiting[topic] = admitted
-            futures.append(fut)
+            futures.append((fut, kh.count))
         return futures
 
     def _refused(self, topic: str, index: int, refusal: Refusal) -> PartitionResult:
@@ -490,18 +590,33 @@ class KafkaConnection:
                 return
 
 
-def _partition_result(index: int, futures: list[asyncio.Future[Ack]], timeout_s: float) -> PartitionResult:
-    base_offset = -1
-    for f in futures:
+def _partition_result(index: int, appended: list[Appended], timeout_s: float) -> PartitionResult:
+    """The partition's answer once its Messages' acks are in: its first record's Kafka offset as
+    a reader will see it (acks=all; -1 for acks=1, whose notification is not published yet)."""
+    placed = []
+    for f, count in appended:
         if not f.done():
             return PartitionResult(index, ErrorCode.REQUEST_TIMED_OUT,
                                    message=f"not stored and notified within {timeout_s:g}s")
         ack = f.result()
         if not ack.ok:
             return PartitionResult(index, error_code(ack.code), message=ack.error)
-        if base_offset < 0:
-            base_offset = ack.offset
-    return PartitionResult(index, base_offset=base_offset)
+        placed.append((ack.offset, ack.record, count))
+    return PartitionResult(index, base_offset=produce_base_offset(placed))
+
+
+#: What each relayed group API needs on its group (Kafka: READ, and DESCRIBE for OffsetFetch).
+_GROUP_OPERATION = {ApiKey.OFFSET_COMMIT: Operation.CONSUME, ApiKey.OFFSET_FETCH: Operation.DESCRIBE,
+                    ApiKey.JOIN_GROUP: Operation.CONSUME, ApiKey.SYNC_GROUP: Operation.CONSUME,
+                    ApiKey.HEARTBEAT: Operation.CONSUME, ApiKey.LEAVE_GROUP: Operation.CONSUME}
+
+
+def _no_groups(h: RequestHeader) -> bytes:
+    """A DescribeGroups response describing no group (every one asked for was refused)."""
+    w = Writer(h.correlation_id)
+    if h.api_version >= 1:
+        w.i32(0)
+    return w.i32(0).frame()
 
 
 def _ready(data: bytes) -> asyncio.Future[bytes]:

@@ -173,7 +173,7 @@ async def _place(core: BrokerCore, r: _Reading, n: NotificationRecord, budget: l
     index = r.index if n.offset == r.note else 0
     note = n.notification
     if index < note.logmessage_count:
-        part = await core.reads.part(note)
+        part = await core.reads.readable(r.notification_topic, r.want.index, n)   # retried copies left out
         before = len(r.buf)
         limit = min(r.want.max_bytes, len(r.buf) + budget[0])
         # a partition's first batch goes whatever its size while the response has room left (KIP-74:

@@ -1,0 +1,180 @@
+"""Kafka clients' groups through memq's listener on the real dev cluster (moto S3, tansu), with
+confluent-kafka: Kafka's admin tools delete them (DeleteGroups, relayed), with security on the
+ACLs decide, over SASL/PLAIN, who may read a topic and who may use, see or delete a group, and
+the audit counts what a group committed."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka.admin import AdminClient
+from tests.support.audit import audit_config
+from tests.support.cluster import running_broker, topic_config
+from tests.support.kafka_clients import broker_thread, kafka_produce, rows
+from tests.support.waiting import async_wait_for
+from tests.support.security import ALICE, ALICE_ENTRY, BOB, BOB_ENTRY
+
+from memq.audit.books import GroupSummary
+from memq.audit.dashboard import AuditService
+from memq.config import BrokerConfig, SecurityConfig
+from memq.devcluster import DevCluster
+from memq.security.tokens import new_token
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
+
+CAROL, CAROL_ENTRY = new_token("carol")
+
+
+def plain(user: str, password: str) -> dict[str, str]:
+    """confluent-kafka settings for SASL/PLAIN (a memq token as the password) without TLS."""
+    return {"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "PLAIN", "sasl.username": user,
+            "sasl.password": password}
+
+
+def group_read(address: str, topic: str, group: str, n: int, timeout_s: float = 60, **conf: Any) -> list[bytes]:
+    """A group member reads `n` records, commits them and leaves; KafkaException on a consumer error."""
+    c = Consumer({"bootstrap.servers": address, "group.id": group, "enable.auto.commit": False,
+                  "auto.offset.reset": "earliest", "session.timeout.ms": 6_000, "fetch.wait.max.ms": 200, **conf})
+    got: list[bytes] = []
+    try:
+        c.subscribe([topic])
+        deadline = time.monotonic() + timeout_s
+        while len(got) < n:
+            assert time.monotonic() < deadline, f"read {len(got)} of {n}"
+            for m in c.consume(min(500, n - len(got)), 0.5):
+                if m.error() is not None:
+                    if m.error().code() != KafkaError._PARTITION_EOF:
+                        raise KafkaException(m.error())
+                    continue
+                got.append(m.value())
+        c.commit(asynchronous=False)
+    finally:
+        c.close()
+    return got
+
+
+def groups_listed(address: str, **conf: Any) -> set[str]:
+    admin = AdminClient({"bootstrap.servers": address, **conf})
+    return {g.group_id for g in admin.list_consumer_groups(request_timeout=20).result(30).valid}
+
+
+def delete_group(address: str, group: str, **conf: Any) -> KafkaError | None:
+    admin = AdminClient({"bootstrap.servers": address, **conf})
+    try:
+        admin.delete_consumer_groups([group], request_timeout=20)[group].result(30)
+    except KafkaException as e:
+        return e.args[0]
+    return None
+
+
+def committed(address: str, topic: str, group: str, **conf: Any) -> int:
+    c = Consumer({"bootstrap.servers": address, "group.id": group, **conf})
+    try:
+        [tp] = c.committed([TopicPartition(topic, 0)], timeout=20)
+        return tp.offset
+    finally:
+        c.close()
+
+
+async def test_admin_tools_delete_a_group_and_its_committed_offsets(
+        devcluster: DevCluster, unique_name: Callable[[str], str]) -> None:
+    topic = unique_name("kdel")
+    config = dataclasses.replace(devcluster.config(topics=[topic_config(topic, read_partitions=1, batch_ms=50)]),
+                                 broker=BrokerConfig(kafka_port=0))
+    group = f"g-{uuid.uuid4().hex[:6]}"
+    async with running_broker(config) as broker:
+        address = broker.kafka_address
+        await asyncio.to_thread(kafka_produce, address, topic, rows(20, "del"), acks="all")
+        assert len(await asyncio.to_thread(group_read, address, topic, group, 20)) == 20
+        assert await asyncio.to_thread(committed, address, topic, group) > 0
+        assert group in await asyncio.to_thread(groups_listed, address)
+        assert await asyncio.to_thread(delete_group, address, group) is None
+        assert group not in await asyncio.to_thread(groups_listed, address)
+        assert await asyncio.to_thread(committed, address, topic, group) < 0   # its offsets went with it
+
+
+async def test_acls_decide_who_reads_a_topic_and_uses_sees_or_deletes_a_group(
+        devcluster: DevCluster, unique_name: Callable[[str], str]) -> None:
+    topic = unique_name("kgacl")
+    ok, other, hidden = (f"{g}-{uuid.uuid4().hex[:6]}" for g in ("ok", "other", "hidden"))
+    config = dataclasses.replace(
+        devcluster.config(topics=[topic_config(topic, read_partitions=1, batch_ms=50)]),
+        broker=BrokerConfig(kafka_port=0),
+        security=SecurityConfig(enabled=True, tokens=(str(ALICE_ENTRY), str(BOB_ENTRY), str(CAROL_ENTRY)),
+                                acls=(f"allow alice produce literal:{topic}", f"allow alice consume literal:{topic}",
+                                      f"allow alice consume group:{ok}", f"allow alice describe group:{other}",
+                                      f"allow bob describe literal:{topic}",
+                                      f"allow bob consume group:{ok}", f"allow carol admin group:{ok}")))
+    async with running_broker(config) as broker:
+        address = broker.kafka_address
+        alice, bob, carol = plain("alice", ALICE), plain("bob", BOB), plain("carol", CAROL)
+        await asyncio.to_thread(kafka_produce, address, topic, rows(30, "acl"), acks="all", **alice)
+        assert len(await asyncio.to_thread(group_read, address, topic, ok, 30, **alice)) == 30
+        # groups alice may not use: one she may describe (JoinGroup refused), one she may not
+        # even find (FindCoordinator refused)
+        for group in (other, hidden):
+            with pytest.raises(KafkaException) as refused:
+                await asyncio.to_thread(group_read, address, topic, group, 1, 30, **alice)
+            assert refused.value.args[0].code() == KafkaError.GROUP_AUTHORIZATION_FAILED
+        # bob may use the group but not read the topic: Fetch refuses him
+        c = Consumer({"bootstrap.servers": address, "group.id": ok, "enable.auto.commit": False, **bob})
+        try:
+            c.assign([TopicPartition(topic, 0, OFFSET_BEGINNING)])
+            errors: list[int] = []
+            deadline = time.monotonic() + 30
+            while not errors and time.monotonic() < deadline:
+                errors = [m.error().code() for m in await asyncio.to_thread(c.consume, 10, 0.5)
+                          if m.error() is not None and m.error().code() != KafkaError._PARTITION_EOF]
+                assert not [m for m in await asyncio.to_thread(c.consume, 10, 0.1) if m.error() is None]
+        finally:
+            c.close()
+        assert KafkaError.TOPIC_AUTHORIZATION_FAILED in errors
+        # only carol may delete the group; alice sees it listed, carol (admin implies describe) too
+        assert ok in await asyncio.to_thread(groups_listed, address, **alice)
+        error = await asyncio.to_thread(delete_group, address, ok, **alice)
+        assert error is not None and error.code() == KafkaError.GROUP_AUTHORIZATION_FAILED
+        assert await asyncio.to_thread(delete_group, address, ok, **carol) is None
+        denials = broker.metrics.registry.get_sample_value("memq_broker_denials_total", {"operation": "group"})
+        assert denials and denials >= 2
+
+
+async def test_the_audit_counts_what_a_kafka_consumer_group_committed(
+        devcluster: DevCluster, unique_name: Callable[[str], str], tmp_path: Path) -> None:
+    """A Kafka consumer carries no memq audit emitter and its Fetch names no group: the broker
+    relaying its commits reports the Messages each commit covers, so the books balance for the
+    group as for a memq Consumer group (each Message once, across two members' sessions)."""
+    config = audit_config(dataclasses.replace(devcluster.config(cluster=unique_name("kgaudit")),
+                                              broker=BrokerConfig(kafka_port=0)), unique_name)
+    service = AuditService(config, db_path=str(tmp_path / "audit.db"), port=0)
+    await service.start()
+    group = f"audited-{uuid.uuid4().hex[:6]}"
+    try:
+        with broker_thread(config) as r:
+            topic = r.add_topic(partitions=2)
+            address = r.broker.kafka_address
+            sent = rows(600, "gaudit")
+            for i in range(0, len(sent), 100):   # parts in both partitions
+                await asyncio.to_thread(kafka_produce, address, topic, sent[i:i + 100], acks="all")
+            first = await asyncio.to_thread(group_read, address, topic, group, 250)
+            rest = await asyncio.to_thread(group_read, address, topic, group, len(sent) - len(first))
+            assert sorted(first + rest) == sorted(x.value for x in sent)
+
+            def row() -> GroupSummary | None:
+                rows_ = [s for s in service.auditor.read(lambda b: b.summary(int(time.time() * 1000)))
+                         if s.topic == topic and s.group == group]
+                return rows_[0] if rows_ else None
+
+            await async_wait_for(lambda: (x := row()) is not None and x.produced == x.consumed == len(sent), 30,
+                                 "the group's commits reported to the audit")
+            x = row()
+            assert x is not None and (x.lost, x.duplicates, x.mismatches) == (0, 0, 0)
+    finally:
+        await service.stop()
