@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import random
 from itertools import accumulate
 
 import pytest
@@ -14,7 +15,8 @@ from hypothesis import strategies as st
 from memq.broker.metrics import BrokerMetrics
 from memq.broker.read_cache import ReadCache
 from memq.format import LogMessage
-from memq.format.kafka_records import decode_kafka_records, encode_kafka_batch
+from memq.format.kafka_records import (KafkaCodec, decode_kafka_records, encode_kafka_batch, split_kafka_batches,
+                                       verify_kafka_batch)
 from memq.kafka_api.offsets import kafka_offset
 from memq.kafka_api.records import frame_part, place
 
@@ -60,6 +62,26 @@ def test_placing_from_an_index_skips_whole_batches_before_it_and_keeps_within_th
     small = bytearray()
     assert place(part, 1, 0, small, 10) == 0              # nothing fits, and nothing is forced
     assert place(part, 1, 0, small, 10, at_least_one=True) == 3 and len(small) == sizes[0]
+
+
+def test_memq_records_go_out_zstd_compressed_and_decompressed_for_fetches_before_v10() -> None:
+    a = [r._replace(value=b"the same sentence, again and again %d" % (i % 10)) for i, r in enumerate(recs("a", 400))]
+    part = frame_part(part_of([("memq", a)]))
+    [batch] = part.batches
+    assert verify_kafka_batch(batch.data).codec is KafkaCodec.ZSTD
+    plain = encode_kafka_batch(a)
+    assert len(batch.data) * 5 < len(plain)   # what zstd saves on the wire and in the read cache
+    new, old = bytearray(), bytearray()
+    assert place(part, 2, 0, new, 1 << 20) == place(part, 2, 0, old, 1 << 20, zstd=False) == 400
+    assert [verify_kafka_batch(b).codec for b in split_kafka_batches(bytes(old))] == [KafkaCodec.NONE]
+    assert read_placed(bytes(new)) == read_placed(bytes(old)) == [(kafka_offset(2, i), r) for i, r in enumerate(a)]
+
+
+def test_records_that_do_not_compress_go_out_as_they_are() -> None:
+    a = [r._replace(value=random.randbytes(200)) for r in recs("a", 50)]
+    [batch] = frame_part(part_of([("memq", a)])).batches
+    assert verify_kafka_batch(batch.data).codec is KafkaCodec.NONE
+    assert decode_kafka_records(batch.data) == a
 
 
 def test_corrupt_parts_raise_format_errors() -> None:
