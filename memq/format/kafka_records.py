@@ -5,8 +5,8 @@ A Kafka producer's batch is stored unchanged as the body of one memq Message tag
 the batch's own CRC32C (`verify_kafka_batch`); readers decode records with
 `decode_kafka_records`; `encode_kafka_batch` frames memq-produced records for Kafka readers
 (`without_compression` undoes a codec for readers that cannot take it). Layout (big-endian,
-Kafka's `DefaultRecordBatch`): base offset i64, batch length i32, partition leader epoch i32, magic i8 (=2), CRC32C u32 of every byte after
-it, attributes i16 (bits 0-2 codec, 3 timestamp type, 4 transactional, 5 control), last
+Kafka's `DefaultRecordBatch`): base offset i64, batch length i32, partition leader epoch i32,
+magic i8 (=2), CRC32C u32 of every byte after it, attributes i16 (bits 0-2 codec, 3 timestamp type, 4 transactional, 5 control), last
 offset delta i32, base/max timestamp i64, producer id i64, producer epoch i16, base sequence
 i32, record count i32, then the (possibly compressed) records, each a zigzag-varint framed
 `attributes, timestampDelta, offsetDelta, key, value, headers`.
@@ -294,12 +294,11 @@ def encode_kafka_batch(records: Sequence[LogMessage], compressor: zstandard.Zstd
             _put_bytes(rec, value)
         body += _varint(len(rec))
         body += rec
-    codec, records_bytes = KafkaCodec.NONE, bytes(body)
     if compressor is not None:
         packed = compressor.compress(body)
         if len(packed) * 20 <= len(body) * 19:
-            codec, records_bytes = KafkaCodec.ZSTD, packed
-    return _batch(codec, len(records), base_ts, max_ts, records_bytes)
+            return _batch(KafkaCodec.ZSTD, len(records), base_ts, max_ts, packed)
+    return _batch(KafkaCodec.NONE, len(records), base_ts, max_ts, body)
 
 
 def without_compression(buf: Buffer) -> bytes:
@@ -315,7 +314,7 @@ def without_compression(buf: Buffer) -> bytes:
     return bytes(out)
 
 
-def _batch(codec: KafkaCodec, count: int, base_ts: int, max_ts: int, records: bytes) -> bytes:
+def _batch(codec: KafkaCodec, count: int, base_ts: int, max_ts: int, records: bytes | bytearray) -> bytes:
     out = bytearray(KAFKA_BATCH_HEADER_SIZE)
     _HEADER.pack_into(out, 0, 0, KAFKA_BATCH_HEADER_SIZE - _LENGTH_END + len(records), -1, 2, 0, int(codec),
                       count - 1, base_ts, max_ts, -1, -1, -1, count)

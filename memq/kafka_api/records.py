@@ -3,10 +3,9 @@
 `frame_part` turns a part (one topic's Batch) into batches once: a Kafka-produced Message
 (Codec.KAFKA) is its producer's RecordBatch, served as stored; each run of memq-produced
 Messages (any other codec) is decoded and framed as zstd-compressed batches of about
-`FRAMED_BATCH_BYTES` of records. Each batch keeps
-the index of its first record in the part, so `place` writes a Kafka offset into its base
-offset field (outside the batch CRC) as it is copied into a Fetch response, and the partition
-leader epoch as -1 (unknown, as memq's Metadata says); a reader whose Fetch version predates
+`FRAMED_BATCH_BYTES` of records. Each batch keeps the index of its first record in the part,
+so `place` writes a Kafka offset into its base offset field (outside the batch CRC) as it is
+copied into a Fetch response, and the partition leader epoch as -1 (unknown, as memq's Metadata says); a reader whose Fetch version predates
 zstd (KIP-110: v10) gets such batches decompressed as they are placed.
 
 Why zstd: of Kafka's codecs it compresses best for its CPU, and every client decodes it
@@ -15,10 +14,10 @@ already uses it (the `zstandard` library). Measured framing one part of 20,000 r
 100 B (before: uncompressed batches of 1 MiB; now: zstd level 1, batches of 128 KiB of
 records): bytes on the wire and in the read cache 1.9x fewer for hex values (the bench's),
 10x fewer for JSON log lines, 1.07x for random bytes, for 0-6% more framing CPU (paid once
-per part per broker, whatever the readers); a confluent-kafka consumer reads as fast (269k msg/s
-against 265k before, best of 6, one partition on loopback). Batches of 1 MiB compressed, by contrast,
-cost librdkafka ~40% of its read rate (155k msg/s), hence the smaller batches; level 3 took
-twice the compression CPU of level 1 on 128 KiB batches for 10% fewer bytes.
+per part per broker, whatever the readers); a confluent-kafka consumer reads as fast (269k
+msg/s against 265k before, best of 6, one partition on loopback). Batches of 1 MiB compressed,
+by contrast, cost librdkafka ~40% of its read rate (155k msg/s), hence the smaller batches;
+level 3 took twice the compression CPU of level 1 on 128 KiB batches for 10% fewer bytes.
 """
 
 from __future__ import annotations
