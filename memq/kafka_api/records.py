@@ -5,8 +5,9 @@
 Messages (any other codec) is decoded and framed as zstd-compressed batches of about
 `FRAMED_BATCH_BYTES` of records. Each batch keeps the index of its first record in the part,
 so `place` writes a Kafka offset into its base offset field (outside the batch CRC) as it is
-copied into a Fetch response, and the partition leader epoch as -1 (unknown, as memq's Metadata says); a reader whose Fetch version predates
-zstd (KIP-110: v10) gets such batches decompressed as they are placed.
+copied into a Fetch response, and the partition leader epoch as -1 (unknown, as memq's
+Metadata says); a reader whose Fetch version predates zstd (KIP-110: v10) gets such batches
+decompressed as they are placed.
 
 Why zstd: of Kafka's codecs it compresses best for its CPU, and every client decodes it
 (librdkafka, Java, kafka-python, aiokafka; kafkajs with a codec registered); memq's Producer
