@@ -196,7 +196,7 @@ def kafkajs() -> Path:
     node, npm = shutil.which("node"), shutil.which("npm")
     if node is None or npm is None:
         pytest.skip("kafkajs: node or npm is not installed")
-    cache = Path(os.environ.get("MEMQ_TEST_NPM_CACHE", Path.home() / ".cache" / "memq-tests" / "npm"))
+    cache = Path.home() / ".cache" / "memq-tests" / "npm"
     if not (cache / "node_modules" / "kafkajs").is_dir() or not (cache / "node_modules" / "fzstd").is_dir():
         cache.mkdir(parents=True, exist_ok=True)
         try:
