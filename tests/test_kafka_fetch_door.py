@@ -21,6 +21,7 @@ from memq.kafka_api.offsets import first_offset, kafka_offset
 from memq.errors import OffsetOutOfRangeError
 from memq.kafka_api.protocol import EARLIEST, LATEST, ErrorCode, FetchPartition, FetchRequest, ListOffsetsRequest
 from memq.kafka_api.records import FramedPart, frame_part
+from memq.format.kafka_records import KafkaCodec, split_kafka_batches, verify_kafka_batch
 from memq.notify.consumer import NotificationRecord
 from memq.security.tokens import hash_token
 from tests.support.kafka_read import part_of, read_placed, recs
@@ -192,3 +193,15 @@ async def test_list_offsets_earliest_latest_and_by_time() -> None:
         (ErrorCode.NONE, first_offset(2)),          # the first part from that time on
         (ErrorCode.NONE, -1)]                       # none that late: -1, as Kafka answers
     assert listed[2].timestamp == 1500 and unknown.error is ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+
+
+async def test_a_fetch_before_v10_gets_memq_records_uncompressed() -> None:
+    a = [r._replace(value=b"same words again %d" % (i % 3)) for i, r in enumerate(recs("z", 200))]
+    c = core([[("memq", a)]])
+    codecs = {}
+    for zstd in (True, False):
+        req = FetchRequest(0, 1, 1 << 20, (("t", (FetchPartition(0, 0, 1 << 20),)),), zstd=zstd)
+        [(_, [out])] = await kafka_fetch.fetch(c, None, req, "peer")  # type: ignore[arg-type]
+        codecs[zstd] = [verify_kafka_batch(b).codec for b in split_kafka_batches(bytes(out.records))]
+        assert [r for _, r in read_placed(bytes(out.records))] == a
+    assert codecs == {True: [KafkaCodec.ZSTD], False: [KafkaCodec.NONE]}

@@ -114,6 +114,7 @@ def test_fetch_request_decodes_and_response_parses_at_every_served_version(versi
     assert (req.max_wait_ms, req.min_bytes, req.max_bytes) == (321, 1, 1 << 20)
     assert req.topics == (("a", (FetchPartition(0, 5 << 24, 1000),)), ("b", (FetchPartition(2, 7, 50),)))
     assert req.rack == ("az1" if version >= 11 else "")
+    assert req.zstd == (version >= 10)   # KIP-110: zstd batches only to Fetch v10+
     out = Reader(encode_fetch(h, [("a", [FetchedPartition(0, ErrorCode.NONE, 9 << 24, 0, b"RECS")]),
                                   ("b", [FetchedPartition(2, ErrorCode.OFFSET_OUT_OF_RANGE)])]), 4)
     assert (out.i32(), out.i32()) == (9, 0)              # correlation id, throttle time

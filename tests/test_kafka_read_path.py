@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import random
 from itertools import accumulate
 
 import pytest
@@ -22,7 +23,8 @@ from tests.support.clock import FakeClock
 from tests.support.consumer_fakes import MemorySource, SinkRecorder, batch
 from tests.support.consumer_fakes import recs as recs_of
 from memq.format import LogMessage
-from memq.format.kafka_records import decode_kafka_records, encode_kafka_batch
+from memq.format.kafka_records import (KafkaCodec, decode_kafka_records, encode_kafka_batch, split_kafka_batches,
+                                       verify_kafka_batch)
 from memq.kafka_api.dedup import duplicates, part_messages
 from memq.kafka_api.offsets import kafka_offset
 from memq.kafka_api.records import frame_part, place
@@ -97,6 +99,26 @@ def test_dropped_messages_leave_gaps_and_every_other_record_keeps_its_offset() -
         assert read_placed(bytes(out)) == [(o, r) for i, (o, r) in enumerate(kept) if i not in gone]
     out = bytearray()
     assert place(frame_part(raw, frozenset({3})), 4, 9, out, 1 << 20) == 11 and out == bytearray()
+
+
+def test_memq_records_go_out_zstd_compressed_and_decompressed_for_fetches_before_v10() -> None:
+    a = [r._replace(value=b"the same sentence, again and again %d" % (i % 10)) for i, r in enumerate(recs("a", 400))]
+    part = frame_part(part_of([("memq", a)]))
+    [batch] = part.batches
+    assert verify_kafka_batch(batch.data).codec is KafkaCodec.ZSTD
+    plain = encode_kafka_batch(a)
+    assert len(batch.data) * 5 < len(plain)   # what zstd saves on the wire and in the read cache
+    new, old = bytearray(), bytearray()
+    assert place(part, 2, 0, new, 1 << 20) == place(part, 2, 0, old, 1 << 20, zstd=False) == 400
+    assert [verify_kafka_batch(b).codec for b in split_kafka_batches(bytes(old))] == [KafkaCodec.NONE]
+    assert read_placed(bytes(new)) == read_placed(bytes(old)) == [(kafka_offset(2, i), r) for i, r in enumerate(a)]
+
+
+def test_records_that_do_not_compress_go_out_as_they_are() -> None:
+    a = [r._replace(value=random.randbytes(200)) for r in recs("a", 50)]
+    [batch] = frame_part(part_of([("memq", a)])).batches
+    assert verify_kafka_batch(batch.data).codec is KafkaCodec.NONE
+    assert decode_kafka_records(batch.data) == a
 
 
 def test_corrupt_parts_raise_format_errors() -> None:

@@ -3,9 +3,10 @@
 A Kafka producer's batch is stored unchanged as the body of one memq Message tagged
 `Codec.KAFKA` (see `kafka_message_header`), so the broker only checks the fixed header and
 the batch's own CRC32C (`verify_kafka_batch`); readers decode records with
-`decode_kafka_records`; `encode_kafka_batch` frames memq-produced records for Kafka readers. Layout (big-endian, Kafka's `DefaultRecordBatch`): base offset i64,
-batch length i32, partition leader epoch i32, magic i8 (=2), CRC32C u32 of every byte after
-it, attributes i16 (bits 0-2 codec, 3 timestamp type, 4 transactional, 5 control), last
+`decode_kafka_records`; `encode_kafka_batch` frames memq-produced records for Kafka readers
+(`without_compression` undoes a codec for readers that cannot take it). Layout (big-endian,
+Kafka's `DefaultRecordBatch`): base offset i64, batch length i32, partition leader epoch i32,
+magic i8 (=2), CRC32C u32 of every byte after it, attributes i16 (bits 0-2 codec, 3 timestamp type, 4 transactional, 5 control), last
 offset delta i32, base/max timestamp i64, producer id i64, producer epoch i16, base sequence
 i32, record count i32, then the (possibly compressed) records, each a zigzag-varint framed
 `attributes, timestampDelta, offsetDelta, key, value, headers`.
@@ -271,10 +272,11 @@ class _Records:
             raise CorruptDataError(f"Kafka record header key is not UTF-8: {exc}") from exc
 
 
-def encode_kafka_batch(records: Sequence[LogMessage]) -> bytes:
-    """One uncompressed RecordBatch v2 of `records` (base offset 0, record i at offset delta i,
-    CreateTime, no producer ids): how memq-produced records are served to Kafka readers, whose
-    Fetch rewrites the base offset (it lies outside the CRC)."""
+def encode_kafka_batch(records: Sequence[LogMessage], compressor: zstandard.ZstdCompressor | None = None) -> bytes:
+    """One RecordBatch v2 of `records` (base offset 0, record i at offset delta i, CreateTime,
+    no producer ids): how memq-produced records are served to Kafka readers, whose Fetch
+    rewrites the base offset (it lies outside the CRC). With `compressor` the records are
+    zstd-compressed when that saves at least 5% (random values go out as they are)."""
     if not records:
         raise InvalidInputError("a Kafka record batch needs at least one record")
     base_ts = min(r.timestamp_ms for r in records)
@@ -292,10 +294,31 @@ def encode_kafka_batch(records: Sequence[LogMessage]) -> bytes:
             _put_bytes(rec, value)
         body += _varint(len(rec))
         body += rec
+    if compressor is not None:
+        packed = compressor.compress(body)
+        if len(packed) * 20 <= len(body) * 19:
+            return _batch(KafkaCodec.ZSTD, len(records), base_ts, max_ts, packed)
+    return _batch(KafkaCodec.NONE, len(records), base_ts, max_ts, body)
+
+
+def without_compression(buf: Buffer) -> bytes:
+    """A whole batch with its records decompressed (codec none, new length and CRC; every other
+    header field kept): for readers that must not get a codec (KIP-110: zstd needs Fetch v10+)."""
+    header = verify_kafka_batch(buf)
+    raw = decompress_records(header.codec, memoryview(buf)[KAFKA_BATCH_HEADER_SIZE:])
+    out = bytearray(buf[:KAFKA_BATCH_HEADER_SIZE])
+    struct.pack_into(">i", out, 8, KAFKA_BATCH_HEADER_SIZE - _LENGTH_END + len(raw))
+    struct.pack_into(">h", out, _CRC_START, header.attributes & ~0x07)
+    out += raw
+    _CRC.pack_into(out, _CRC_AT, crc32c(memoryview(out)[_CRC_START:]))
+    return bytes(out)
+
+
+def _batch(codec: KafkaCodec, count: int, base_ts: int, max_ts: int, records: bytes | bytearray) -> bytes:
     out = bytearray(KAFKA_BATCH_HEADER_SIZE)
-    _HEADER.pack_into(out, 0, 0, KAFKA_BATCH_HEADER_SIZE - _LENGTH_END + len(body), -1, 2, 0, 0,
-                      len(records) - 1, base_ts, max_ts, -1, -1, -1, len(records))
-    out += body
+    _HEADER.pack_into(out, 0, 0, KAFKA_BATCH_HEADER_SIZE - _LENGTH_END + len(records), -1, 2, 0, int(codec),
+                      count - 1, base_ts, max_ts, -1, -1, -1, count)
+    out += records
     _CRC.pack_into(out, _CRC_AT, crc32c(memoryview(out)[_CRC_START:]))
     return bytes(out)
 

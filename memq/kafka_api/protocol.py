@@ -437,6 +437,7 @@ class FetchRequest:
     max_bytes: int
     topics: tuple[tuple[str, tuple[FetchPartition, ...]], ...]
     rack: str = ""
+    zstd: bool = True   # the client may get zstd batches: Fetch v10+ (KIP-110)
 
 
 def decode_fetch(h: RequestHeader, r: Reader) -> FetchRequest:
@@ -469,7 +470,7 @@ def decode_fetch(h: RequestHeader, r: Reader) -> FetchRequest:
                 r.i32()
     rack = r.string() if v >= 11 else ""
     r.done()
-    return FetchRequest(max_wait_ms, min_bytes, max_bytes, tuple(topics), rack)
+    return FetchRequest(max_wait_ms, min_bytes, max_bytes, tuple(topics), rack, zstd=v >= 10)
 
 
 @dataclass(slots=True)

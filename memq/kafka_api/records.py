@@ -2,11 +2,23 @@
 
 `frame_part` turns a part (one topic's Batch) into batches once: a Kafka-produced Message
 (Codec.KAFKA) is its producer's RecordBatch, served as stored; each run of memq-produced
-Messages (any other codec) is decoded and framed as uncompressed batches of about
-`FRAMED_BATCH_BYTES`. Each batch keeps
-the index of its first record in the part, so `place` writes a Kafka offset into its base
-offset field (outside the batch CRC) as it is copied into a Fetch response, and the partition
-leader epoch as -1 (unknown, as memq's Metadata says).
+Messages (any other codec) is decoded and framed as zstd-compressed batches of about
+`FRAMED_BATCH_BYTES` of records. Each batch keeps the index of its first record in the part,
+so `place` writes a Kafka offset into its base offset field (outside the batch CRC) as it is
+copied into a Fetch response, and the partition leader epoch as -1 (unknown, as memq's
+Metadata says); a reader whose Fetch version predates zstd (KIP-110: v10) gets such batches
+decompressed as they are placed.
+
+Why zstd: of Kafka's codecs it compresses best for its CPU, and every client decodes it
+(librdkafka, Java, kafka-python, aiokafka; kafkajs with a codec registered); memq's Producer
+already uses it (the `zstandard` library). Measured framing one part of 20,000 records of
+100 B (before: uncompressed batches of 1 MiB; now: zstd level 1, batches of 128 KiB of
+records): bytes on the wire and in the read cache 1.9x fewer for hex values (the bench's),
+10x fewer for JSON log lines, 1.07x for random bytes, for 0-6% more framing CPU (paid once
+per part per broker, whatever the readers); a confluent-kafka consumer reads as fast (269k
+msg/s against 265k before, best of 6, one partition on loopback). Batches of 1 MiB compressed,
+by contrast, cost librdkafka ~40% of its read rate (155k msg/s), hence the smaller batches;
+level 3 took twice the compression CPU of level 1 on 128 KiB batches for 10% fewer bytes.
 """
 
 from __future__ import annotations
@@ -14,16 +26,21 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
+import zstandard
+
 from memq.errors import CorruptDataError
 from memq.format import Codec, LogMessage, decode_batch_header, decode_message, decode_message_header
-from memq.format.kafka_records import encode_kafka_batch, verify_kafka_batch
+from memq.format.kafka_records import (KafkaCodec, encode_kafka_batch, peek_kafka_batch, verify_kafka_batch,
+                                       without_compression)
 
 from .offsets import kafka_offset
 
-#: A run of memq-produced records is framed in batches of about this many bytes: a consumer
-#: gets any one batch whole (KIP-74), so one part's decoded records must not become one batch
-#: larger than a client accepts (librdkafka: receive.message.max.bytes).
-FRAMED_BATCH_BYTES = 1024 * 1024
+#: A run of memq-produced records is framed in batches of about this many bytes of records: a
+#: consumer gets any one batch whole (KIP-74), so one part's decoded records must not become one
+#: batch larger than a client accepts (librdkafka: receive.message.max.bytes), and librdkafka
+#: reads compressed batches of this size as fast as uncompressed ones of 1 MiB (see above).
+FRAMED_BATCH_BYTES = 128 * 1024
+ZSTD_LEVEL = 1
 RECORD_OVERHEAD = 16   # a record's framing beside its key and value, roughly (headers add theirs)
 _BASE = struct.Struct(">q")
 _EPOCH_AT = 12
@@ -35,7 +52,7 @@ _NO_EPOCH = struct.pack(">i", -1)
 class FramedBatch:
     first_index: int   # of its first record in the part
     count: int
-    data: bytes        # a RecordBatch v2 with base offset 0
+    data: bytes        # a RecordBatch v2 with base offset 0, its records maybe compressed
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +69,7 @@ def frame_part(part: bytes | memoryview, drop: frozenset[int] = frozenset()) -> 
     """The part's records as RecordBatches, but for those of the Messages at the indexes in
     `drop` (`kafka_api.dedup`: left as a gap, no batch spans it); CorruptDataError (a
     FormatError) on bad bytes."""
+    zstd = zstandard.ZstdCompressor(level=ZSTD_LEVEL)   # one per call: frame_part runs on any thread
     view = memoryview(part)
     header = decode_batch_header(view)
     out: list[FramedBatch] = []
@@ -70,7 +88,7 @@ def frame_part(part: bytes | memoryview, drop: frozenset[int] = frozenset()) -> 
         mh = decode_message_header(msg)
         if mh.codec is Codec.KAFKA:
             if run:
-                out.append(FramedBatch(run_start, len(run), encode_kafka_batch(run)))
+                out.append(FramedBatch(run_start, len(run), encode_kafka_batch(run, zstd)))
                 run = []
             body = msg[mh.header_size:]
             if verify_kafka_batch(body).count != count:
@@ -86,31 +104,35 @@ def frame_part(part: bytes | memoryview, drop: frozenset[int] = frozenset()) -> 
                 run.append(rec)
                 run_bytes += len(rec.value) + len(rec.key or b"") + RECORD_OVERHEAD
                 if run_bytes >= FRAMED_BATCH_BYTES:
-                    out.append(FramedBatch(run_start, len(run), encode_kafka_batch(run)))
+                    out.append(FramedBatch(run_start, len(run), encode_kafka_batch(run, zstd)))
                     run = []
         index += count
     if run:
-        out.append(FramedBatch(run_start, len(run), encode_kafka_batch(run)))
+        out.append(FramedBatch(run_start, len(run), encode_kafka_batch(run, zstd)))
     return FramedPart(tuple(out), index)
 
 
 def place(part: FramedPart, notification_offset: int, from_index: int, out: bytearray, limit: int, *,
-          at_least_one: bool = False) -> int:
+          at_least_one: bool = False, zstd: bool = True) -> int:
     """Append the part's batches holding records at `from_index` or later to `out`, each with its
     Kafka base offset, while `out` stays within `limit` bytes; with `at_least_one` and `out`
     empty, the first batch goes whatever its size (KIP-74: a batch larger than the limits must
-    not stall its reader). Returns the index after the last record placed (`from_index` if none),
-    or the part's `count` once every batch from `from_index` on was placed (dropped records at
-    its end are passed too)."""
+    not stall its reader); without `zstd` (the reader's Fetch predates it) zstd batches go
+    decompressed. Returns the index after the last record placed (`from_index` if none), or the
+    part's `count` once every batch from `from_index` on was placed (dropped records at its end
+    are passed too)."""
     after = from_index
     for b in part.batches:
         if b.first_index + b.count <= from_index:
             continue   # the reader is past it (a Kafka client skips records before its offset)
-        if (out or not at_least_one) and len(out) + len(b.data) > limit:
+        data = b.data
+        if not zstd and peek_kafka_batch(data).codec is KafkaCodec.ZSTD:
+            data = without_compression(data)
+        if (out or not at_least_one) and len(out) + len(data) > limit:
             return after
         out += _BASE.pack(kafka_offset(notification_offset, b.first_index))
-        out += b.data[8:_EPOCH_AT]
+        out += data[8:_EPOCH_AT]
         out += _NO_EPOCH
-        out += b.data[_EPOCH_END:]
+        out += data[_EPOCH_END:]
         after = b.first_index + b.count
     return max(after, part.count)

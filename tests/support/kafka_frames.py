@@ -109,3 +109,23 @@ def list_offsets_body(version: int, topic: str, parts: list[tuple[int, int]]) ->
     for partition, ts in parts:
         body += struct.pack(">i", partition) + (struct.pack(">i", -1) if version >= 4 else b"") + struct.pack(">q", ts)
     return body
+
+
+def group_bodies(group: str, topic: str) -> dict[tuple[int, int], bytes]:
+    """A well-formed request body per (API key, version) of the group APIs (FindCoordinator v2,
+    JoinGroup v5, SyncGroup v3, Heartbeat v3, LeaveGroup v3, OffsetCommit v7, OffsetFetch v5,
+    DescribeGroups v4, ListGroups v2), for one member of `group` reading partition 0 of `topic`."""
+    member, meta = _str("member-1"), struct.pack(">i", 4) + b"meta"
+    return {
+        (10, 2): _str(group) + b"\x00",
+        (11, 5): (_str(group) + struct.pack(">ii", 10_000, 10_000) + _str("") + _str(None) + _str("consumer")
+                  + struct.pack(">i", 1) + _str("range") + meta),
+        (14, 3): _str(group) + struct.pack(">i", 1) + member + _str(None) + struct.pack(">i", 1) + member + meta,
+        (12, 3): _str(group) + struct.pack(">i", 1) + member + _str(None),
+        (13, 3): _str(group) + struct.pack(">i", 1) + member + _str(None),
+        (8, 7): (_str(group) + struct.pack(">i", 1) + member + _str(None) + struct.pack(">i", 1) + _str(topic)
+                 + struct.pack(">iiqi", 1, 0, 5, -1) + _str(None)),
+        (9, 5): _str(group) + struct.pack(">i", 1) + _str(topic) + struct.pack(">ii", 1, 0),
+        (15, 4): struct.pack(">i", 1) + _str(group) + b"\x00",
+        (16, 2): b"",
+    }

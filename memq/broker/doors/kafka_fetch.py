@@ -49,6 +49,7 @@ class _Reading:
     note: int          # the notification offset to read from
     index: int         # the first record wanted in that notification's part
     buf: bytearray
+    zstd: bool         # the client takes zstd batches (Fetch v10+)
 
     @property
     def got(self) -> bool:
@@ -87,7 +88,7 @@ async def fetch(core: BrokerCore, principal: str | None, req: FetchRequest, peer
             else:
                 note, index = split_offset(p.offset)
                 readings.append(_Reading(topic, meta.topics[topic].notification_topic, p, out, note, index,
-                                         bytearray()))
+                                         bytearray(), req.zstd))
         answer.append((topic, outs))
     budget = [max(req.max_bytes, 1)]   # bytes the response may still take
     for r in readings:   # what is there now
@@ -178,7 +179,7 @@ async def _place(core: BrokerCore, r: _Reading, n: NotificationRecord, budget: l
         limit = min(r.want.max_bytes, len(r.buf) + budget[0])
         # a partition's first batch goes whatever its size while the response has room left (KIP-74:
         # else a batch larger than max.partition.fetch.bytes would stall its partition for good)
-        after = place(part, n.offset, index, r.buf, limit, at_least_one=not r.buf and budget[0] > 0)
+        after = place(part, n.offset, index, r.buf, limit, at_least_one=not r.buf and budget[0] > 0, zstd=r.zstd)
         budget[0] -= len(r.buf) - before
         if after < note.logmessage_count:
             r.note, r.index = n.offset, after   # stopped by a limit inside this part

@@ -1,0 +1,274 @@
+"""Kafka clients other than librdkafka read memq through a broker's Kafka listener, on the real
+dev cluster (moto S3, tansu): kafka-python, aiokafka and kafkajs (Node, installed with npm into
+a cache directory; skipped with the reason when node, npm or the registry are missing). Each
+reads the records memq's Producer and a Kafka producer wrote with identical values, keys,
+headers and timestamps (assigned, from the earliest offset), reads only what comes after the
+latest offset, and reads in a group whose commit a later member of that group resumes from.
+Kafka producers' batches of each codec (none, gzip, snappy, lz4, zstd) read back identical too.
+(The Java client cannot be installed here: no Maven registry; librdkafka's tests are in
+tests/test_kafka_fetch.py.)"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import os
+import shutil
+import subprocess
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from aiokafka import AIOKafkaConsumer
+from aiokafka.structs import TopicPartition as AioPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+from kafka import KafkaConsumer
+from kafka import TopicPartition as KpPartition
+from tests.support.kafka_clients import Row, Running, as_rows, broker_thread, kafka_produce, rows
+
+from memq.client.producer import Producer
+from memq.config import BrokerConfig, ProducerConfig
+from memq.devcluster import DevCluster
+from memq.format import LogMessage
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
+
+PARTITIONS = 2
+READ_TIMEOUT_S = 60
+#: Group timings: the notification Kafka here (tansu) answers a JoinGroup after the rebalance
+#: timeout, so the clients' defaults (60 s and more) would make each join that slow.
+KP_GROUP = {"max_poll_interval_ms": 3000, "session_timeout_ms": 6000, "heartbeat_interval_ms": 1000}
+AIO_GROUP = {"rebalance_timeout_ms": 3000, "session_timeout_ms": 6000, "heartbeat_interval_ms": 1000}
+
+
+@dataclasses.dataclass
+class Written:
+    topic: str
+    rows: list[Row]
+
+
+@pytest.fixture(scope="module")
+def running(devcluster: DevCluster) -> Iterator[Running]:
+    with broker_thread(dataclasses.replace(devcluster.config(cluster="kafkaclients"),
+                                           broker=BrokerConfig(kafka_port=0))) as r:
+        yield r
+
+
+def memq_produce(running: Running, topic: str, records: list[LogMessage]) -> None:
+    async def send() -> None:
+        cfg = ProducerConfig(brokers=running.broker.url, linger_ms=5, request_timeout_ms=20_000)
+        async with Producer(cfg) as p:
+            futures = [await p.send_batch(topic, records[i:i + 100]) for i in range(0, len(records), 100)]
+            await p.flush()
+            for f in futures:
+                await f
+    asyncio.run_coroutine_threadsafe(send(), running.loop).result(120)
+
+
+def write(running: Running, tag: str, n: int = 300) -> Written:
+    """A topic holding `n` records from memq's Producer (zstd Messages: framed as zstd batches)
+    and `n` from a Kafka producer (gzip: every client here decodes it unaided)."""
+    topic = running.add_topic(partitions=PARTITIONS)
+    from_memq, from_kafka = rows(n, f"{tag}-memq"), rows(n, f"{tag}-kafka")
+    memq_produce(running, topic, from_memq)
+    kafka_produce(running.broker.kafka_address, topic, from_kafka, acks="all", **{"compression.type": "gzip"})
+    return Written(topic, as_rows(from_memq + from_kafka))
+
+
+def group() -> str:
+    return f"g-{uuid.uuid4().hex[:8]}"
+
+
+# --- kafka-python ---------------------------------------------------------------------------
+
+
+def kp_rows(c: KafkaConsumer, n: int) -> list[Row]:
+    got: list[Row] = []
+    deadline = time.monotonic() + READ_TIMEOUT_S
+    while len(got) < n and time.monotonic() < deadline:
+        for msgs in c.poll(timeout_ms=500).values():
+            got += [(m.value, m.key, tuple((k, v) for k, v in m.headers), m.timestamp) for m in msgs]
+    return got
+
+
+def test_kafka_python_reads_assigned_latest_and_in_a_group(running: Running) -> None:
+    w = write(running, "kp")
+    address = running.broker.kafka_address
+    c = KafkaConsumer(bootstrap_servers=address, enable_auto_commit=False, auto_offset_reset="earliest",
+                      fetch_max_wait_ms=200)
+    try:
+        parts = [KpPartition(w.topic, p) for p in range(PARTITIONS)]
+        c.assign(parts)
+        c.seek_to_beginning()
+        assert sorted(kp_rows(c, len(w.rows))) == sorted(w.rows)
+        c.seek_to_end()
+        for tp in parts:
+            c.position(tp)   # resolves the latest offset now (seek_to_end is lazy)
+        later = rows(20, "kp-later")
+        kafka_produce(address, w.topic, later, acks="all")
+        assert sorted(kp_rows(c, len(later))) == sorted(as_rows(later))
+    finally:
+        c.close()
+    g = group()
+    first = KafkaConsumer(w.topic, bootstrap_servers=address, group_id=g, enable_auto_commit=False,
+                          auto_offset_reset="earliest", fetch_max_wait_ms=200, **KP_GROUP)
+    try:
+        assert len(kp_rows(first, len(w.rows) + 20)) == len(w.rows) + 20
+        first.commit()
+    finally:
+        first.close()
+    more = rows(10, "kp-more")
+    kafka_produce(address, w.topic, more, acks="all")
+    second = KafkaConsumer(w.topic, bootstrap_servers=address, group_id=g, enable_auto_commit=False,
+                           auto_offset_reset="earliest", fetch_max_wait_ms=200, **KP_GROUP)
+    try:   # the group's commit: the next member reads only what came after it
+        assert sorted(kp_rows(second, len(more))) == sorted(as_rows(more))
+    finally:
+        second.close()
+
+
+# --- aiokafka -------------------------------------------------------------------------------
+
+
+async def aio_rows(c: AIOKafkaConsumer, n: int) -> list[Row]:
+    got: list[Row] = []
+    deadline = time.monotonic() + READ_TIMEOUT_S
+    while len(got) < n and time.monotonic() < deadline:
+        for msgs in (await c.getmany(timeout_ms=500)).values():
+            got += [(m.value, m.key, tuple((k, v) for k, v in m.headers), m.timestamp) for m in msgs]
+    return got
+
+
+def test_aiokafka_reads_assigned_latest_and_in_a_group(running: Running) -> None:
+    w = write(running, "aio")
+    address = running.broker.kafka_address
+    later, more = rows(20, "aio-later"), rows(10, "aio-more")
+
+    async def scenario() -> None:
+        c = AIOKafkaConsumer(bootstrap_servers=address, enable_auto_commit=False, auto_offset_reset="earliest",
+                             fetch_max_wait_ms=200)
+        await c.start()
+        try:
+            parts = [AioPartition(w.topic, p) for p in range(PARTITIONS)]
+            c.assign(parts)
+            await c.seek_to_beginning()
+            assert sorted(await aio_rows(c, len(w.rows))) == sorted(w.rows)
+            await c.seek_to_end()
+            for tp in parts:
+                await c.position(tp)   # resolves the latest offset now (seek_to_end is lazy)
+            await asyncio.to_thread(kafka_produce, address, w.topic, later, acks="all")
+            assert sorted(await aio_rows(c, len(later))) == sorted(as_rows(later))
+        finally:
+            await c.stop()
+        g = group()
+        first = AIOKafkaConsumer(w.topic, bootstrap_servers=address, group_id=g, enable_auto_commit=False,
+                                 auto_offset_reset="earliest", fetch_max_wait_ms=200, **AIO_GROUP)
+        await first.start()
+        try:
+            assert len(await aio_rows(first, len(w.rows) + len(later))) == len(w.rows) + len(later)
+            await first.commit()
+        finally:
+            await first.stop()
+        await asyncio.to_thread(kafka_produce, address, w.topic, more, acks="all")
+        second = AIOKafkaConsumer(w.topic, bootstrap_servers=address, group_id=g, enable_auto_commit=False,
+                                  auto_offset_reset="earliest", fetch_max_wait_ms=200, **AIO_GROUP)
+        await second.start()
+        try:   # the group's commit: the next member reads only what came after it
+            assert sorted(await aio_rows(second, len(more))) == sorted(as_rows(more))
+        finally:
+            await second.stop()
+
+    asyncio.run(scenario())
+
+
+# --- kafkajs (Node) -------------------------------------------------------------------------
+
+KAFKAJS_SCRIPT = Path(__file__).with_name("support") / "kafkajs_read.js"
+
+
+@pytest.fixture(scope="module")
+def kafkajs() -> Path:
+    """A node_modules holding kafkajs and fzstd (a pure-JS zstd decoder: kafkajs decodes zstd
+    only with a codec registered), installed on first use into a cache directory."""
+    node, npm = shutil.which("node"), shutil.which("npm")
+    if node is None or npm is None:
+        pytest.skip("kafkajs: node or npm is not installed")
+    cache = Path.home() / ".cache" / "memq-tests" / "npm"
+    if not (cache / "node_modules" / "kafkajs").is_dir() or not (cache / "node_modules" / "fzstd").is_dir():
+        cache.mkdir(parents=True, exist_ok=True)
+        try:
+            done = subprocess.run([npm, "install", "--no-audit", "--no-fund", "--prefix", str(cache),
+                                   "kafkajs@^2.2.4", "fzstd@^0.1.1"], capture_output=True, text=True, timeout=180)
+        except subprocess.TimeoutExpired:
+            pytest.skip("kafkajs: npm install took over 180 s (is the npm registry reachable?)")
+        if done.returncode != 0:
+            pytest.skip(f"kafkajs: npm install failed (is the npm registry reachable?): {done.stderr[-500:]}")
+    return cache / "node_modules"
+
+
+def kafkajs_run(modules: Path, when_ready: Callable[[], None] | None = None, **args: object) -> list[Row]:
+    """Rows the script read; `when_ready` runs once it says "ready" (mode latest)."""
+    proc = subprocess.Popen(["node", str(KAFKAJS_SCRIPT), json.dumps(args)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, "NODE_PATH": str(modules)})
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        if when_ready is not None:
+            assert line.strip() == "ready", line + proc.communicate(timeout=60)[1][-3000:]
+            when_ready()
+            line = proc.stdout.readline()
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, err[-3000:]
+    return [(bytes.fromhex(v), None if k is None else bytes.fromhex(k),
+             tuple((name, bytes.fromhex(h)) for name, h in hs), ts)
+            for v, k, hs, ts in json.loads(line + out)]
+
+
+def test_kafkajs_reads_assigned_latest_and_in_a_group(running: Running, kafkajs: Path) -> None:
+    w = write(running, "js")
+    address = running.broker.kafka_address
+    got = kafkajs_run(kafkajs, broker=address, topic=w.topic, mode="earliest", count=len(w.rows))
+    assert sorted(got) == sorted(w.rows)
+    later = rows(20, "js-later")
+    got = kafkajs_run(kafkajs, lambda: kafka_produce(address, w.topic, later, acks="all"), broker=address,
+                      topic=w.topic, mode="latest", count=len(later))
+    assert sorted(got) == sorted(as_rows(later))
+    g = group()
+    got = kafkajs_run(kafkajs, broker=address, topic=w.topic, mode="group", group=g, count=len(w.rows) + len(later))
+    assert sorted(got) == sorted(w.rows + as_rows(later))
+    more = rows(10, "js-more")
+    kafka_produce(address, w.topic, more, acks="all")
+    got = kafkajs_run(kafkajs, broker=address, topic=w.topic, mode="group", group=g, count=len(more))
+    assert sorted(got) == sorted(as_rows(more))   # the group's commit: only what came after it
+
+
+# --- what Kafka producers wrote with each codec, read by librdkafka ----------------------------
+
+
+def test_records_of_kafka_producers_with_each_codec_read_back_identical(running: Running) -> None:
+    topic = running.add_topic(partitions=PARTITIONS)
+    expected: list[Row] = []
+    for codec in ("none", "gzip", "snappy", "lz4", "zstd"):
+        sent = rows(200, f"codec-{codec}")
+        kafka_produce(running.broker.kafka_address, topic, sent, acks="all", **{"compression.type": codec})
+        expected += as_rows(sent)
+    c = Consumer({"bootstrap.servers": running.broker.kafka_address, "group.id": "unused",
+                  "enable.auto.commit": False, "fetch.wait.max.ms": 200})
+    got: list[Row] = []
+    try:
+        c.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(PARTITIONS)])
+        deadline = time.monotonic() + READ_TIMEOUT_S
+        while len(got) < len(expected) and time.monotonic() < deadline:
+            for m in c.consume(1000, 0.5):
+                assert m.error() is None, m.error()
+                got.append((m.value(), m.key(), tuple(m.headers() or ()), m.timestamp()[1]))
+    finally:
+        c.close()
+    assert sorted(got) == sorted(expected)

@@ -1,0 +1,80 @@
+"""What Spark's sink (`df.write.format("memq")`) wrote, read back by a Kafka consumer
+(confluent-kafka) through a broker's Kafka listener with identical values, keys, headers and
+timestamps, for the sink's Message codecs (zstd, the default, and arrow)."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+from tests.support.kafka_clients import Row, Running, as_rows, broker_thread, rows
+
+from memq.config import BrokerConfig
+from memq.devcluster import DevCluster
+
+pytest.importorskip("pyspark")
+from pyspark.sql import SparkSession  # noqa: E402
+from pyspark.sql import types as T  # noqa: E402
+
+from spark_source import local_session  # noqa: E402
+
+pytestmark = [pytest.mark.spark, pytest.mark.integration, pytest.mark.timeout(300)]
+
+PARTITIONS = 2
+SCHEMA = T.StructType([
+    T.StructField("value", T.BinaryType(), False),
+    T.StructField("key", T.BinaryType(), True),
+    T.StructField("headers", T.ArrayType(T.StructType([T.StructField("key", T.StringType(), False),
+                                                       T.StructField("value", T.BinaryType(), True)])), True),
+    T.StructField("timestamp", T.TimestampType(), False),
+])
+
+
+@pytest.fixture(scope="module")
+def spark() -> Iterator[SparkSession]:
+    session = local_session("memq-kafka-read-tests", "local[2]", {"spark.sql.shuffle.partitions": "2"})
+    yield session
+    session.stop()
+
+
+@pytest.fixture(scope="module")
+def running(devcluster: DevCluster) -> Iterator[Running]:
+    with broker_thread(dataclasses.replace(devcluster.config(cluster="sparkkafkaread"),
+                                           broker=BrokerConfig(kafka_port=0))) as r:
+        yield r
+
+
+def kafka_read(address: str, topic: str, n: int) -> list[Row]:
+    c = Consumer({"bootstrap.servers": address, "group.id": "unused", "enable.auto.commit": False,
+                  "fetch.wait.max.ms": 200})
+    got: list[Row] = []
+    try:
+        c.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(PARTITIONS)])
+        deadline = time.monotonic() + 60
+        while len(got) < n and time.monotonic() < deadline:
+            for m in c.consume(1000, 0.5):
+                assert m.error() is None, m.error()
+                got.append((m.value(), m.key(), tuple(m.headers() or ()), m.timestamp()[1]))
+    finally:
+        c.close()
+    return got
+
+
+@pytest.mark.parametrize("codec", ["zstd", "arrow"])
+def test_records_spark_wrote_read_back_through_the_kafka_listener(spark: SparkSession, running: Running,
+                                                                  codec: str, tmp_path: Path) -> None:
+    topic = running.add_topic(partitions=PARTITIONS)
+    sent = rows(2_000, f"spark-{codec}")
+    config = tmp_path / "memq.toml"
+    config.write_text(f'[producer]\ncodec = "{codec}"\n')
+    df = spark.createDataFrame(
+        [(r.value, r.key, [(k, v) for k, v in r.headers] or None,
+          dt.datetime.fromtimestamp(r.timestamp_ms / 1000, dt.timezone.utc)) for r in sent], SCHEMA).repartition(2)
+    (df.write.format("memq").option("memq.broker", running.broker.url).option("memq.config", str(config))
+     .option("topic", topic).mode("append").save())
+    assert sorted(kafka_read(running.broker.kafka_address, topic, len(sent))) == sorted(as_rows(sent))
