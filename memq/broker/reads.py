@@ -3,7 +3,8 @@
 A Kafka partition of a memq topic is its notification partition (`memq.kafka_api.offsets`), so
 reading means: follow the notification partition (`PartitionTail`: one assigned consumer per
 partition read through this broker, with its most recent notifications in memory, so the
-readers at the tail, of any number of groups, share one Kafka fetch), then fetch each part
+readers at the tail, of any number of groups, share one Kafka fetch; a notification this broker
+publishes lands there at once, `published`), then fetch each part
 through the hot-object cache (`ReadCache`: what this broker just stored, or one ranged GET per
 part however many readers want it), framed once as Kafka RecordBatches (`kafka_api.records`).
 
@@ -40,7 +41,8 @@ RING_NOTES = 1024          # recent notifications a tail keeps in memory
 MAX_TAILS = 256            # partitions followed at once; the least recently read is closed beyond
 NOTES_PER_POLL = 500
 THREADS = 64               # blocking Kafka calls in flight (long polls hold one each)
-TAIL_FETCH_WAIT_MS = 20    # how long the notification Kafka holds a tail's fetch: the latency it adds
+TAIL_FETCH_WAIT_MS = 20    # how long the notification Kafka holds a tail's fetch: the latency it adds to
+                           # notifications other brokers publish (this broker's own land at once)
 
 ConsumerFactory = Callable[[str], NotificationConsumer]   # for a notification topic
 
