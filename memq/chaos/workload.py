@@ -18,6 +18,7 @@ import argparse
 import asyncio
 import dataclasses
 import json
+import logging
 import os
 import time
 from collections.abc import Sequence
@@ -27,6 +28,8 @@ from typing import IO
 from memq.chaos.checker import AckEvent, Delivered, Pointer, StoredObject
 from memq.config import MemqConfig, load_config
 from memq.errors import ConsumerError
+
+log = logging.getLogger(__name__)
 
 CLOSE_TIMEOUT_S = 90.0
 KEYS = 64
@@ -144,7 +147,7 @@ def consume_kafka(bootstrap: str, topic: str, group: str, stop_file: Path, catch
                     if err.fatal():
                         raise ConsumerError(f"Kafka consumer of {topic!r}: {err.str()}")
                     if err.code() != KafkaError._PARTITION_EOF:
-                        print(f"Kafka consumer of {topic!r}: {err.str()}", flush=True)
+                        log.warning("Kafka consumer of %r: %s", topic, err.str())
                     continue
                 rid = json.loads(m.value() or b"{}")["id"]
                 seen.add(rid)
