@@ -80,3 +80,32 @@ async def test_a_read_that_may_not_wait_does_not_wait_behind_a_long_poll() -> No
     assert await asyncio.wait_for(tail.read(0, 0.0), 1) == []
     gate.set()
     assert await waiting == []
+
+
+async def test_what_this_broker_publishes_wakes_a_reader_waiting_at_the_tail() -> None:
+    """A reader long-polling at the tail gets a notification the broker itself just published at
+    once, while the tail's Kafka poll still waits; the poll bringing it again adds no second copy."""
+    consumer = FakeConsumer(2)
+    gate = asyncio.Event()
+
+    async def slow(fn: Any, *args: Any) -> Any:
+        if fn == consumer.poll and consumer.position >= 2:
+            await gate.wait()   # Kafka has not returned the new notification yet
+        return fn(*args)
+
+    tail = PartitionTail(consumer, 0, slow)  # type: ignore[arg-type]
+    assert [r.offset for r in await tail.read(0, 0.0)] == [0, 1]
+    waiting = asyncio.ensure_future(tail.read(2, 30.0))
+    await asyncio.sleep(0.01)
+    assert not waiting.done()
+    tail.offer(note(5, 1))                          # not the next offset: left to the Kafka poll
+    await asyncio.sleep(0.01)
+    assert not waiting.done()
+    consumer.records.append(note(2, 1))
+    tail.offer(note(2, 1))
+    assert [r.offset for r in await asyncio.wait_for(waiting, 1)] == [2]
+    consumer.records.append(note(3, 1))
+    gate.set()
+    assert [r.offset for r in await asyncio.wait_for(tail.read(3, 1.0), 1)] == [3]
+    assert [r.offset for r in await tail.read(0, 0.0)] == [0, 1, 2, 3]
+    assert tail.watermarks() == (0, 4)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -102,8 +102,14 @@ def notification(topic: str, batch: Batch, loc: ObjectLocation, part: Part, *, c
 REPUBLISH_BACKOFF_S = (0.25, 5.0)
 """First and largest pause between publishes of notifications that failed (doubling)."""
 
-OnStored = Callable[[ObjectLocation, int, bytes], None]
-"""Told of each part just stored (its object, offset and bytes): the read cache's fill on write."""
+class ReadFill(Protocol):
+    """What the read path is told of each part this broker writes (`memq.broker.reads.Reads`)."""
+
+    def stored(self, loc: ObjectLocation, offset: int, part: bytes) -> None:
+        """A part just stored (its object, offset and bytes): the read cache's fill on write."""
+
+    def published(self, notification_topic: str, partition: int, offset: int, note: Notification) -> None:
+        """The part's notification just published: readers waiting at that partition get it now."""
 
 FLUSH_GATHER_S = 0.002
 """How long a flush's seal waits for the same flush's Messages to other topics of the group."""
@@ -114,12 +120,12 @@ class GroupWriter:
 
     def __init__(self, group: str, *, storage: StorageHandler, publisher: Publisher, broker_id: str,
                  metrics: BrokerMetrics, clock: Clock | None = None, republish_s: float = 0.0,
-                 on_stored: OnStored | None = None) -> None:
+                 reads: ReadFill | None = None) -> None:
         """`republish_s`: how long a notification that failed is published again (see `_publish`);
-        `on_stored`: told of each part just stored (the read cache's fill on write)."""
+        `reads`: told of each part just stored and published (Kafka readers want it next)."""
         self.group = group
         self._republish_s = republish_s
-        self._on_stored = on_stored
+        self._reads = reads
         self._storage = storage
         self._publisher = publisher
         self._broker_id = broker_id
@@ -194,14 +200,18 @@ class GroupWriter:
         self._m_objects.inc()
         attempt = parse_key(loc.key).attempt
         placed = layout(encoded)
-        if self._on_stored is not None:
+        if self._reads is not None:
             for chunks, part in zip(encoded, placed):
-                self._on_stored(loc, part.offset, b"".join(chunks))
+                self._reads.stored(loc, part.offset, b"".join(chunks))
         notes = [notification(m.name, b, loc, part, created_ms=created_ms, attempt=attempt, broker_id=self._broker_id)
                  for (m, b), part in zip(parts, placed)]
         t0 = clock.monotonic()
         published = await self._publish([(m.notification_topic, note) for (m, _), note in zip(parts, notes)])
         notify_s = clock.monotonic() - t0
+        if self._reads is not None:
+            for ((m, _), note), result in zip(zip(parts, notes), published):
+                if not isinstance(result, NotifyError):
+                    self._reads.published(m.notification_topic, *result, note)
         return [Stored(note, result, put_s, notify_s) for note, result in zip(notes, published)]
 
     async def _publish(self, notes: list[tuple[str, Notification]]) -> list[tuple[int, int] | NotifyError]:
@@ -241,9 +251,9 @@ class GroupWriters:
 
     def __init__(self, *, storage: StorageHandler, publisher: Publisher, broker_id: str,
                  metrics: BrokerMetrics, clock: Clock | None = None, republish_s: float = 0.0,
-                 on_stored: OnStored | None = None) -> None:
+                 reads: ReadFill | None = None) -> None:
         self._republish_s = republish_s
-        self._on_stored = on_stored
+        self._reads = reads
         self._storage = storage
         self._publisher = publisher
         self._broker_id = broker_id
@@ -263,4 +273,4 @@ class GroupWriters:
     def _new(self, group: str) -> GroupWriter:
         return GroupWriter(group, storage=self._storage, publisher=self._publisher, broker_id=self._broker_id,
                            metrics=self._metrics, clock=self._clock, republish_s=self._republish_s,
-                           on_stored=self._on_stored)
+                           reads=self._reads)

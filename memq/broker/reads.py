@@ -3,7 +3,8 @@
 A Kafka partition of a memq topic is its notification partition (`memq.kafka_api.offsets`), so
 reading means: follow the notification partition (`PartitionTail`: one assigned consumer per
 partition read through this broker, with its most recent notifications in memory, so the
-readers at the tail, of any number of groups, share one Kafka fetch), then fetch each part
+readers at the tail, of any number of groups, share one Kafka fetch; a notification this broker
+publishes lands there at once, `published`), then fetch each part
 through the hot-object cache (`ReadCache`: what this broker just stored, or one ranged GET per
 part however many readers want it), framed once as Kafka RecordBatches (`kafka_api.records`),
 without the Messages already announced shortly before in its partition (`kafka_api.dedup`:
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import OrderedDict, deque
 from collections.abc import Callable
 from itertools import accumulate
@@ -43,27 +45,33 @@ RING_NOTES = 1024          # recent notifications a tail keeps in memory
 MAX_TAILS = 256            # partitions followed at once; the least recently read is closed beyond
 NOTES_PER_POLL = 500
 THREADS = 64               # blocking Kafka calls in flight (long polls hold one each)
-TAIL_FETCH_WAIT_MS = 20    # how long the notification Kafka holds a tail's fetch: the latency it adds
+TAIL_FETCH_WAIT_MS = 20    # how long the notification Kafka holds a tail's fetch: the latency it adds to
+                           # notifications other brokers publish (this broker's own land at once)
 WINDOW_WAIT_S = 5.0        # reading a dedup window's notifications (they exist: never a long wait)
 
 ConsumerFactory = Callable[[str], NotificationConsumer]   # for a notification topic
 
 
 class PartitionTail:
-    """One notification partition, followed by one assigned consumer; its recent notes in memory."""
+    """One notification partition, followed by one assigned consumer; its recent notes in memory.
+
+    One Kafka poll runs at a time (`_polling`); readers wait for notes to land in the ring,
+    from that poll or from `offer` (what this broker itself just published), whichever is first."""
 
     def __init__(self, consumer: NotificationConsumer, partition: int, run: Callable[..., Any]) -> None:
         self._consumer = consumer
         self.partition = partition
         self._run = run
         self._ring: deque[NotificationRecord] = deque(maxlen=RING_NOTES)
-        self._position: int | None = None   # the next offset the consumer returns
+        self._position: int | None = None   # the offset after the ring's last note
         self._skipped: deque[int] = deque(maxlen=RING_NOTES)   # offsets of bad notifications
-        self._lock = asyncio.Lock()
+        self._marks: tuple[int, int] | None = None   # watermarks as the last poll left them
+        self._polling: asyncio.Task[None] | None = None
+        self._landed = asyncio.Event()      # pulsed whenever notes land in the ring
 
     @property
     def busy(self) -> bool:
-        return self._lock.locked()
+        return self._polling is not None and not self._polling.done()
 
     def _cached(self, offset: int, limit: int) -> list[NotificationRecord] | None:
         ring = self._ring
@@ -71,41 +79,81 @@ class PartitionTail:
             return [r for r in ring if r.offset >= offset][:limit]
         return None
 
+    def offer(self, record: NotificationRecord) -> None:
+        """A notification just published to this partition: into the ring now when it is the
+        next one the tail expects (else the tail's Kafka poll brings it, in order)."""
+        if record.offset == self._position:
+            self._land([record])
+
+    def _land(self, got: list[NotificationRecord]) -> None:
+        """Notes from Kafka or `offer`; those the ring has already (offered ones the consumer
+        returns again) are dropped."""
+        got = [r for r in got if r.partition == self.partition
+               and (self._position is None or r.offset >= self._position)]
+        if got:
+            self._ring.extend(got)
+            self._position = got[-1].offset + 1
+            self._landed.set()
+            self._landed.clear()
+
     async def read(self, offset: int, wait_s: float, limit: int = NOTES_PER_POLL) -> list[NotificationRecord]:
         """Notifications from `offset` on (at most `limit`), waiting up to `wait_s` for the first
-        when there is none yet; with `wait_s` 0 never waiting, not even for another read's lock. OffsetOutOfRangeError when `offset` is outside the partition."""
-        while offset in self._skipped:
-            offset += 1
-        hit = self._cached(offset, limit)
-        if hit:
-            return hit
-        if wait_s <= 0 and self._lock.locked():
-            return []   # a read is already waiting on Kafka (an earlier long poll): what it gets lands here
-        async with self._lock:
+        when there is none yet; with `wait_s` 0 never waiting, not even for another read's poll.
+        OffsetOutOfRangeError when `offset` is outside the partition."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait_s
+        while True:
+            while offset in self._skipped:
+                offset += 1
             hit = self._cached(offset, limit)
             if hit:
                 return hit
-            if self._position != offset:
-                await self._run(self._consumer.assign, {self.partition: offset})
-                self._ring.clear()
-                self._position = offset
-            try:
-                got: list[NotificationRecord] = await self._run(self._consumer.poll, wait_s, limit)
-            except OffsetOutOfRangeError:
-                self._position = None
-                raise
-            except FormatError as e:   # not a notification: skip it, as memq's Consumer does (data-loss policy)
-                bad = offset if self._position is None else self._position
-                self._skipped.append(bad)
-                log.warning("skipping a bad notification at offset %s of partition %d: %s", bad, self.partition, e)
-                await self._run(self._consumer.assign, {self.partition: bad + 1})
-                self._position = bad + 1
-                return []
-            got = [r for r in got if r.partition == self.partition]
-            if got:
-                self._ring.extend(got)
-                self._position = got[-1].offset + 1
-            return [r for r in got if r.offset >= offset][:limit]
+            left = deadline - loop.time()
+            if self.busy:   # a read is already waiting on Kafka (an earlier long poll): what it gets lands here
+                if left <= 0:
+                    return []
+                await self._until_landed(self._polling, left)   # type: ignore[arg-type]  # busy: set
+            else:
+                poll = self._polling = loop.create_task(self._poll(offset, max(left, 0.0)))
+                poll.add_done_callback(_retrieved)
+                if left > 0:
+                    await self._until_landed(poll, left)
+                else:
+                    await asyncio.shield(poll)
+                if poll.done():   # this read's own poll: its OffsetOutOfRangeError is this read's
+                    poll.result()
+                    return self._cached(offset, limit) or []
+            if loop.time() >= deadline:
+                return self._cached(offset, limit) or []
+
+    async def _until_landed(self, poll: asyncio.Task[None], timeout_s: float) -> None:
+        landed = asyncio.ensure_future(self._landed.wait())
+        try:
+            await asyncio.wait((poll, landed), timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            landed.cancel()
+
+    async def _poll(self, offset: int, wait_s: float) -> None:
+        """One Kafka poll from `offset`, its notes into the ring."""
+        if self._position != offset:
+            await self._run(self._consumer.assign, {self.partition: offset})
+            self._ring.clear()
+            self._position = offset
+        try:
+            got: list[NotificationRecord] = await self._run(self._consumer.poll, wait_s, NOTES_PER_POLL)
+            # librdkafka's cached watermarks wait on its locks while a poll runs: never on the loop
+            self._marks = await self._run(self._consumer.cached_watermarks, self.partition) or self._marks
+        except OffsetOutOfRangeError:
+            self._position = None
+            raise
+        except FormatError as e:   # not a notification: skip it, as memq's Consumer does (data-loss policy)
+            bad = offset if self._position is None else self._position
+            self._skipped.append(bad)
+            log.warning("skipping a bad notification at offset %s of partition %d: %s", bad, self.partition, e)
+            await self._run(self._consumer.assign, {self.partition: bad + 1})
+            self._position = bad + 1
+            return
+        self._land(got)
 
     def last(self) -> NotificationRecord | None:
         """The most recent notification this tail read."""
@@ -113,7 +161,7 @@ class PartitionTail:
 
     def watermarks(self) -> tuple[int, int] | None:
         """(first, next) notification offsets as the last fetch saw them, None before one."""
-        marks = self._consumer.cached_watermarks(self.partition)
+        marks = self._marks
         if self._position is not None:
             low, high = marks or (-1, 0)
             return low, max(high, self._position)
@@ -121,6 +169,12 @@ class PartitionTail:
 
     def close(self) -> None:
         self._consumer.close()
+
+
+def _retrieved(task: asyncio.Task[None]) -> None:
+    """A poll's error belongs to the read that started it; one that read gave up on is dropped."""
+    if not task.cancelled():
+        task.exception()
 
 
 class Reads:
@@ -151,6 +205,13 @@ class Reads:
         """The partition's notifications from `offset`, waiting up to `wait_s` for one."""
         tail = await self._tail(notification_topic, partition)
         return await tail.read(offset, wait_s)
+
+    def published(self, notification_topic: str, partition: int, offset: int, note: Notification) -> None:
+        """A notification this broker just published: readers waiting at that partition's tail
+        get it now, not a Kafka round trip later when the tail's own fetch brings it back."""
+        tail = self._tails.get((notification_topic, partition))
+        if tail is not None:
+            tail.offer(NotificationRecord(partition, offset, int(time.time() * 1000), note))
 
     def watermarks_seen(self, notification_topic: str, partition: int) -> tuple[int, int] | None:
         """(first, next) notification offsets as this broker's tail last saw them (no Kafka call)."""

@@ -22,7 +22,7 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 
-from memq.config import (AuditConfig, ClusterConfig, GovernorConfig, KafkaConfig, MemqConfig, S3Config,
+from memq.config import (AuditConfig, BrokerConfig, ClusterConfig, GovernorConfig, KafkaConfig, MemqConfig, S3Config,
                          TopicConfig, ZooKeeperConfig)
 from memq.chaos.linkproxy import LinkShape
 from memq.chaos.s3faults import RequestCount, S3Faults
@@ -37,6 +37,7 @@ PORTS = {"s3": 9000, "kafka": 9092, "zookeeper": 2181}
 PROXY_PORT_OFFSET = 10000   # a shaped server's link proxy listens on its port + this
 FAULT_PORT_OFFSET = 20000   # the S3 fault proxy listens on S3's port + this
 BROKER_PORT = 8080
+KAFKA_LISTENER_PORT = 9093   # each broker's own host: the same port on every one, kept across restarts
 READY_TIMEOUT_S = 60.0
 GOVERNOR = GovernorConfig(interval_s=1.0, reconcile_interval_s=0.5, drain_timeout_s=10.0)
 
@@ -68,7 +69,8 @@ class ChaosCluster:
     clients use (producer: all brokers)."""
 
     def __init__(self, topo: Topology, run_dir: Path, brokers: int = 3, *, zk_session_s: float = 4.0,
-                 shaped: Collection[str] = (), s3_faults: bool = False) -> None:
+                 shaped: Collection[str] = (), s3_faults: bool = False, kafka_listener: bool = False) -> None:
+        """`kafka_listener`: brokers serve Kafka's protocol too (`kafka_bootstrap`)."""
         unknown = set(shaped) - set(PORTS)
         if unknown:
             raise DevClusterError(f"no server {sorted(unknown)} to shape (servers: {', '.join(PORTS)})")
@@ -88,7 +90,8 @@ class ChaosCluster:
         self.servers = servers
         self.brokers = GovernedCluster(run_dir, brokers, servers=_Endpoints(servers), cluster="chaos",
                                        governor=GOVERNOR, session_timeout_s=zk_session_s,
-                                       placement=self._place, ready_timeout_s=READY_TIMEOUT_S)
+                                       placement=self._place, ready_timeout_s=READY_TIMEOUT_S,
+                                       broker=BrokerConfig(kafka_port=KAFKA_LISTENER_PORT if kafka_listener else -1))
         self.procs: dict[str, ManagedProcess] = {}   # the servers
 
     def _place(self, broker_id: str) -> BrokerHost:
@@ -97,6 +100,11 @@ class ChaosCluster:
     @property
     def config(self) -> MemqConfig:
         return self.brokers.config()
+
+    @property
+    def kafka_bootstrap(self) -> str:
+        """Every broker's Kafka listener (`kafka_listener`), as a Kafka client's bootstrap.servers."""
+        return ",".join(f"{self.topo.hosts[b].ip}:{KAFKA_LISTENER_PORT}" for b in self.broker_ids)
 
     # --- servers --------------------------------------------------------------------------
 

@@ -48,6 +48,7 @@ class RunSpec:
     gap_s: tuple[float, float] = (8.0, 15.0)
     delay_s: float = DEFAULT_LINK.delay_s     # delay faults: extra one-way latency per chunk ...
     jitter_s: float = DEFAULT_LINK.jitter_s   # ... plus or minus up to this
+    reader: str = "memq"         # the group's reader: memq's Consumer, or "kafka" (a Kafka consumer group)
 
 
 @dataclass(frozen=True)
@@ -72,15 +73,17 @@ def run(spec: RunSpec, log: Callable[[str], None] = print, work_dir: Path | None
         work = work_dir or Path(tmp)
         with Topology(host_names(spec.brokers)) as topo, \
                 ChaosCluster(topo, work, spec.brokers, shaped=shaped,
-                             s3_faults=any(f.kind in HTTP_FAULTS for f in faults)) as cluster:
+                             s3_faults=any(f.kind in HTTP_FAULTS for f in faults),
+                             kafka_listener=spec.reader == "kafka") as cluster:
             placed = cluster.create_topic(TopicConfig(name=TOPIC, read_partitions=spec.partitions))
             log(f"cluster up: governor {cluster.governor()}, topic {TOPIC} on {', '.join(placed)}")
             client = work / "client.toml"
             client.write_text(config_toml(cluster.config))
             workers: list[ManagedProcess] = []
             consumer_out = work / "consumer.jsonl"
+            reader = ["--reader", spec.reader, "--bootstrap", cluster.kafka_bootstrap] if spec.reader == "kafka" else []
             consumer = _Consumer(lambda: _worker(topo, work, "consumer", "consume", client, consumer_out,
-                                                 "--catch-up-s", str(spec.catch_up_s)))
+                                                 "--catch-up-s", str(spec.catch_up_s), *reader))
             try:
                 outs = [work / f"p{i}.jsonl" for i in range(spec.producers)]
                 burst = _Burst(work / "burst")
@@ -192,7 +195,7 @@ def _throughput_rows(figures: Sequence[FaultThroughput]) -> list[str]:
 
 def summary(result: RunResult) -> dict[str, object]:
     v = result.verdict
-    return {"seed": result.spec.seed, "faults": [f.name for f in v.faults], "acked_lost": v.acked_lost,
+    return {"seed": result.spec.seed, "reader": result.spec.reader, "faults": [f.name for f in v.faults], "acked_lost": v.acked_lost,
             "duplicates": v.duplicates, "dangling_pointers": v.dangling_pointers,
             "max_write_gap_s": round(v.max_write_gap_s, 2), "consumer_missed": v.consumer_missed,
             "stored_duplicates": v.stored_duplicates, "unacked_but_present": v.unacked_but_present,

@@ -7,7 +7,9 @@ harness turns into checker inputs. Record values are JSON {id, p, k, t}: unique 
 key, send time. The consumer de-duplicates (`consumer.dedup`, the default), so the harness
 measures what a default reader gets. It auto-commits (every
 `consumer.auto_commit_interval_ms`), as most applications do: after a SIGKILL its next
-incarnation gets again what was handed over but not committed (at-least-once).
+incarnation gets again what was handed over but not committed (at-least-once). With
+`--reader kafka` the reader is a confluent-kafka consumer group on the brokers' Kafka
+listeners instead (`consume_kafka`): what any Kafka application reading memq gets.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import argparse
 import asyncio
 import dataclasses
 import json
+import logging
 import os
 import time
 from collections.abc import Sequence
@@ -24,10 +27,14 @@ from typing import IO
 
 from memq.chaos.checker import AckEvent, Delivered, Pointer, StoredObject
 from memq.config import MemqConfig, load_config
+from memq.errors import ConsumerError
+
+log = logging.getLogger(__name__)
 
 CLOSE_TIMEOUT_S = 90.0
 KEYS = 64
 BURST_PAD = 64 * 1024    # bytes of padding per record while bursting (an overload fault)
+READERS = ("memq", "kafka")
 
 
 def _line(out: IO[str], **event: object) -> None:
@@ -111,6 +118,48 @@ def consume(config: MemqConfig, topic: str, group: str, stop_file: Path, catch_u
                 deadline = time.time() + catch_up_s
             if want is not None and want <= seen:
                 return
+
+
+KAFKA_SESSION_MS = 6000        # the smallest a Kafka group coordinator accepts by default
+KAFKA_COMMIT_MS = 1000
+
+
+def consume_kafka(bootstrap: str, topic: str, group: str, stop_file: Path, catch_up_s: float, out: IO[str],
+                  seen: set[str]) -> None:
+    """`consume`, as a confluent-kafka consumer group through memq's Kafka listeners. Offsets
+    are stored only once a record is logged, then auto-committed: a SIGKILL between the two
+    redelivers the record, it never skips one. No de-duplication: Kafka readers get records
+    as stored, so a producer's resend counts as a duplicate."""
+    from confluent_kafka import Consumer, KafkaError
+
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "auto.offset.reset": "earliest",
+                  "enable.auto.commit": True, "enable.auto.offset.store": False,
+                  "auto.commit.interval.ms": KAFKA_COMMIT_MS, "session.timeout.ms": KAFKA_SESSION_MS,
+                  "heartbeat.interval.ms": KAFKA_SESSION_MS // 6, "enable.partition.eof": False})
+    want: set[str] | None = None
+    deadline = float("inf")
+    c.subscribe([topic])
+    try:
+        while time.time() < deadline:
+            for m in c.consume(500, 0.5):
+                err = m.error()
+                if err is not None:
+                    if err.fatal():
+                        raise ConsumerError(f"Kafka consumer of {topic!r}: {err.str()}")
+                    if err.code() != KafkaError._PARTITION_EOF:
+                        log.warning("Kafka consumer of %r: %s", topic, err.str())
+                    continue
+                rid = json.loads(m.value() or b"{}")["id"]
+                seen.add(rid)
+                _line(out, id=rid, at=time.time())
+                c.store_offsets(m)
+            if want is None and stop_file.exists():
+                want = set(stop_file.read_text().split())
+                deadline = time.time() + catch_up_s
+            if want is not None and want <= seen:
+                return
+    finally:
+        c.close()
 
 
 # --- the independent read, from the harness -------------------------------------------------
@@ -214,6 +263,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--stop-file", type=Path)
     parser.add_argument("--catch-up-s", type=float, default=60.0)
     parser.add_argument("--burst-file", type=Path, help="producers: send flat out while this file exists")
+    parser.add_argument("--reader", choices=READERS, default="memq", help="consume: memq's Consumer, or a Kafka "
+                        "consumer group through the brokers' Kafka listeners (--bootstrap)")
+    parser.add_argument("--bootstrap", default="", help="consume --reader kafka: the brokers' Kafka listeners")
     args = parser.parse_args(argv)
     config = load_config(args.config, env={})
     with _open_log(args.out) as out:
@@ -221,8 +273,11 @@ def main(argv: list[str] | None = None) -> int:
             asyncio.run(produce(config, args.topic, args.name, args.rate, args.seconds, out, args.burst_file))
         else:
             seen = {d.record_id for d in load_delivered(args.out)}
-            consume(config, args.topic, args.group, args.stop_file or args.out.with_suffix(".stop"),
-                    args.catch_up_s, out, seen)
+            stop = args.stop_file or args.out.with_suffix(".stop")
+            if args.reader == "kafka":
+                consume_kafka(args.bootstrap, args.topic, args.group, stop, args.catch_up_s, out, seen)
+            else:
+                consume(config, args.topic, args.group, stop, args.catch_up_s, out, seen)
     return 0
 
 
