@@ -95,6 +95,11 @@ class StorageHandler(Protocol):
         """
         ...
 
+    def pressure(self) -> float:
+        """The share (0 to 1) of the store's recent answers that asked for fewer requests (S3's
+        503 SlowDown); 0.0 for a store that never does. Writers seal fewer, larger batches on it."""
+        ...
+
     async def close(self) -> None:
         """Release connections and threads."""
         ...

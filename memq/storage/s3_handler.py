@@ -143,6 +143,9 @@ class S3StorageHandler:
 
     # --- StorageHandler ------------------------------------------------------------------------
 
+    def pressure(self) -> float:
+        return self._throttle.pressure()
+
     async def put_batch(self, topic: str, data: Chunks, *, first_request_id: int,
                         timestamp_ms: int, broker_id: str, group: str = "") -> ObjectLocation:
         body = join_chunks(data)
