@@ -18,7 +18,8 @@ a thousand topics) four slots were full and its next Message waited for one.
 
 The latency budget: a batch `batch_ms` old with fewer than `min_batch_bytes` keeps filling
 until `max_batch_ms` (a trickle topic otherwise writes an object, a PUT and a notification every
-`batch_ms`); size, count and flush seals still apply meanwhile.
+`batch_ms`); size, count and flush seals still apply meanwhile. While the storage answers 503
+SlowDown, every batch's age limit is stretched the same way (`GroupWriter.batch_age_s`).
 
 Storing is the group's: a sealed batch goes to S3 as a part of its storage group's next object,
 with the filling batches of the group's other topics (`memq.broker.group.GroupWriter`), which
