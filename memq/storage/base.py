@@ -58,7 +58,7 @@ class StorageHandler(Protocol):
 
     async def put_batch(self, topic: str, data: Chunks, *, first_request_id: int,
                         timestamp_ms: int, broker_id: str, group: str = "") -> ObjectLocation:
-        """Store one object (chunks are concatenated once); each retry goes under its own key.
+        """Store one object (the chunks in order, not copied by S3); each retry goes under its own key.
         Under the topic's key, or with `group` under that storage group's (the parts of many topics)."""
         ...
 
