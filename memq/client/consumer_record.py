@@ -51,7 +51,7 @@ class MessageRecords:
     runs on net allocations, so records built a chunk at a time, in the thread that hands them
     over, are mostly gone before one runs (`python -m bench consume`: see docs/DECISIONS.md)."""
 
-    logs: Sequence[LogMessage]
+    logs: Sequence[tuple]          # LogMessages, or plain tuples in their field order (`unpack_rows`)
     first: int                     # the batch index of logs[0]
     head: tuple[str, int, int]     # topic, partition, offset
     tail: tuple[int, int, int, ObjectLocation]   # producer id, epoch, sequence, location

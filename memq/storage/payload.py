@@ -14,7 +14,8 @@ def body_chunks(data: Chunks) -> tuple[bytes | list[bytes | bytearray | memoryvi
     if isinstance(data, bytes):
         return data, len(data)
     try:
-        chunks = [data] if isinstance(data, (bytearray, memoryview)) else list(data)
+        chunks: list[bytes | bytearray | memoryview] = (
+            [data] if isinstance(data, (bytearray, memoryview)) else list(data))
         return chunks, sum(memoryview(c).nbytes for c in chunks)
     except TypeError:
         raise InvalidInputError(f"batch data must be bytes or a sequence of bytes-like chunks, "
