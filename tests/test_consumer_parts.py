@@ -17,7 +17,7 @@ from tests.support.consumer_fakes import (CommitRecorder, FakeNotifications, Mem
 
 from memq.client.commits import Committer
 from memq.client.consumer import Consumer
-from memq.client.consumer_record import DecodedBatch, batch_pointer, build_records
+from memq.client.consumer_record import RECORD_CHUNK, ConsumerRecord, DecodedBatch, batch_pointer, build_records
 from memq.client.handover import Handover
 from memq.client.metrics import ConsumerMetrics
 from memq.client.position_policy import PositionPolicy, RangeCheck, Reset
@@ -29,6 +29,7 @@ from memq.config import MemqConfig
 from memq.errors import (ConsumerError, DataLossError, InvalidInputError, ObjectNotFoundError,
                          OffsetOutOfRangeError, StorageError)
 from memq.format import decode_batch
+from memq.format.batch import decode_batch_rows
 from memq.notify import NotificationRecord
 from memq.storage import ObjectLocation
 
@@ -37,7 +38,7 @@ log = logging.getLogger("test.consumer.parts")
 
 def decoded(rec: NotificationRecord, objects: dict[str, bytes]) -> DecodedBatch:
     """The ConsumerRecords of the batch `rec` names, as the reader's worker builds them."""
-    return build_records("t", rec, decode_batch(objects[rec.notification.key]))
+    return build_records("t", rec, decode_batch_rows(objects[rec.notification.key]))
 
 
 def done(value: DecodedBatch | None = None, error: Exception | None = None) -> concurrent.futures.Future[DecodedBatch]:
@@ -213,6 +214,22 @@ def test_an_abandoned_iterator_is_resumed_and_an_old_one_never_hands_a_later_bat
     h.start(Fetch(second), decoded(second, objects))
     assert list(unused) == []
     assert [bytes(r.value) for r in h.deliver()] == [b"d"]
+
+
+def test_records_built_a_chunk_at_a_time_are_handed_once_in_order_across_abandoned_iterators() -> None:
+    objects: dict[str, bytes] = {}
+    n = 2 * RECORD_CHUNK + 3
+    rec = batch("k", [(1, 0, recs(*(str(i) for i in range(n)))), (1, 1, recs("last"))], 0, objects)
+    h, finished, sink, _ = handover()
+    h.start(Fetch(rec), decoded(rec, objects))
+    got: list[ConsumerRecord] = []
+    for take in (1, RECORD_CHUNK - 2, 1, 1, RECORD_CHUNK, n):   # polls stopping at, before and after chunk ends
+        it = h.deliver()
+        got += [r for _, r in zip(range(take), it)]
+    assert [bytes(r.value) for r in got] == [str(i).encode() for i in range(n)] + [b"last"]
+    assert [r.index for r in got] == list(range(n + 1)) and type(got[0]) is ConsumerRecord
+    assert len(sink.calls) == 2 and len(finished.fetches) == 1
+    assert [tuple(r[:5]) for r in got] == [tuple(m) for _, ms in decode_batch(objects["k"])[1] for m in ms]
 
 
 def test_duplicates_are_dropped_and_a_batch_of_only_duplicates_is_not_taken() -> None:

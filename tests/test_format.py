@@ -331,6 +331,16 @@ def test_body_that_is_not_records_is_corrupt(raw, match):
     buf = rebody(message(codec=Codec.NONE), raw, raw_length=len(raw), count=2)
     with pytest.raises(CorruptDataError, match=match):
         decode_message(buf)
+    with pytest.raises(CorruptDataError, match=match):
+        decode_message(buf, rows=True)
+
+
+def test_rows_are_the_records_as_plain_tuples():
+    buf = message()
+    header, logs = decode_message(buf)
+    _, rows = decode_message(buf, rows=True)
+    assert rows == tuple(tuple(m) for m in logs) and {type(r) for r in rows} == {tuple}
+    assert header.count == len(rows)
 
 
 def test_record_count_must_match_header():

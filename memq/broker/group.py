@@ -114,6 +114,19 @@ class ReadFill(Protocol):
 FLUSH_GATHER_S = 0.002
 """How long a flush's seal waits for the same flush's Messages to other topics of the group."""
 
+STRETCH_PER_SHARE = 10.0
+"""While the store throttles a share s of requests, time seals wait (1 + 10 s) x batch_ms: at
+S3's 30% SlowDown, 4x fewer PUTs (and reader GETs), more than the 1 / 0.7 its retries add."""
+MAX_THROTTLED_AGE_S = 2.0
+"""The longest a throttled store stretches a batch's age (unless batch_ms is longer): well under
+a producer's request timeout, so a stretched batch still acks in time."""
+
+
+def throttled_age_s(batch_ms: int, pressure: float) -> float:
+    """How old a batch grows before its time seal while the store throttles `pressure` (0 to 1)."""
+    base = batch_ms / 1000
+    return min(base * (1.0 + STRETCH_PER_SHARE * pressure), max(base, MAX_THROTTLED_AGE_S))
+
 
 class GroupWriter:
     """Seals and stores the objects of one storage group (or of one topic, group "")."""
@@ -144,6 +157,12 @@ class GroupWriter:
     def leave(self, member: Member) -> None:
         if self._members.get(member.name) is member:
             del self._members[member.name]
+
+    def batch_age_s(self, batch_ms: int) -> float:
+        """How old a member's batch grows before its time seal: `batch_ms`, stretched while the
+        storage reports throttling, so a throttled store gets fewer, larger PUTs (size and flush
+        seals are unchanged: memory stays bounded by batch_bytes per slot)."""
+        return throttled_age_s(batch_ms, self._storage.pressure())
 
     def seal_soon(self) -> None:
         """A producer flushed: seal `FLUSH_GATHER_S` from now, so the flush's other Messages (one

@@ -62,6 +62,10 @@ class BrokerMetrics:
             "memq_broker_held_batches",
             "Batches kept filling past batch_ms because they held under min_batch_bytes (latency budget)",
             ["topic"], registry=r)
+        self.throttled_batches = Counter(
+            "memq_broker_throttled_batches",
+            "Batches kept filling past batch_ms because the storage answered SlowDown (fewer, larger PUTs)",
+            ["topic"], registry=r)
         self.unannounced_batches = Counter(
             "memq_broker_unannounced_batches",
             "Stored batches whose notification publish failed; kept (it may still land), orphans otherwise",

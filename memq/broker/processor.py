@@ -18,7 +18,8 @@ a thousand topics) four slots were full and its next Message waited for one.
 
 The latency budget: a batch `batch_ms` old with fewer than `min_batch_bytes` keeps filling
 until `max_batch_ms` (a trickle topic otherwise writes an object, a PUT and a notification every
-`batch_ms`); size, count and flush seals still apply meanwhile.
+`batch_ms`); size, count and flush seals still apply meanwhile. While the storage answers 503
+SlowDown, every batch's age limit is stretched the same way (`GroupWriter.batch_age_s`).
 
 Storing is the group's: a sealed batch goes to S3 as a part of its storage group's next object,
 with the filling batches of the group's other topics (`memq.broker.group.GroupWriter`), which
@@ -89,6 +90,7 @@ class TopicProcessor:
         self._m_batch_bytes = metrics.batch_bytes.labels(name)
         self._m_flush_seals = metrics.flush_seals.labels(name)
         self._m_held = metrics.held_batches.labels(name)
+        self._m_throttled = metrics.throttled_batches.labels(name)
         self._m_notification_bytes = metrics.notification_bytes.labels(name)
         self._m_unannounced = metrics.unannounced_batches.labels(name)
         self._m_duplicates = metrics.duplicate_messages.labels(name)
@@ -203,14 +205,23 @@ class TopicProcessor:
         return self._filling
 
     def _aged(self, batch: Batch) -> None:
-        """`batch_ms` passed: seal, unless the latency budget says a small batch keeps filling."""
+        """`batch_ms` passed: seal, unless the batch keeps filling: a small one under the latency
+        budget (until max_batch_ms), or any while the storage throttles (`GroupWriter.batch_age_s`)."""
         if self._filling is not batch:
             return
-        if batch.nbytes < self.config.min_batch_bytes and not self._closing:
-            rest_s = batch.opened + self.config.hold_until_ms / 1000 - self._clock.monotonic()
+        if not self._closing:
+            cfg = self.config
+            age_s = self._group.batch_age_s(cfg.batch_ms)
+            held = batch.nbytes < cfg.min_batch_bytes and cfg.hold_until_ms / 1000 > age_s
+            if held:
+                age_s = cfg.hold_until_ms / 1000
+            rest_s = batch.opened + age_s - self._clock.monotonic()
             if rest_s > 0:
-                self._m_held.inc()
-                batch.held = True
+                if held:
+                    self._m_held.inc()
+                    batch.held = True
+                else:
+                    self._m_throttled.inc()
                 batch.timer = asyncio.get_running_loop().call_later(rest_s, self._seal, batch)
                 return
         self._seal(batch)

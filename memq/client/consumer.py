@@ -46,6 +46,7 @@ from memq.client.reader import BatchReader, DataLossPolicy
 from memq.clock import SystemClock
 from memq.config import MemqConfig
 from memq.errors import ConsumerError, DataLossError
+from memq.format.batch import decode_batch_rows
 from memq.notify import NotificationConsumer, NotificationRecord
 
 __all__ = ["ConsumedSink", "Consumer", "ConsumerMetrics", "ConsumerRecord", "NotificationSource",
@@ -115,7 +116,7 @@ class Consumer:
         self._notify: NotificationSource = notifications or NotificationConsumer(
             config.kafka, kafka_topic, group_id=cc.group_id, auto_offset_reset=cc.auto_offset_reset)
         try:
-            self._reader = reader or BatchReader(config, cc.fetch_concurrency)
+            self._reader = reader or BatchReader(config, cc.fetch_concurrency, decode=decode_batch_rows)
         except BaseException:
             self._notify.close()
             raise

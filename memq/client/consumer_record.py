@@ -1,8 +1,10 @@
-"""What the Consumer hands to the application: `ConsumerRecord`s, built in bulk from a decoded batch."""
+"""What the Consumer hands to the application: `ConsumerRecord`s, built in bulk, a chunk at a time."""
 
 from __future__ import annotations
 
-from itertools import repeat
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from itertools import chain, repeat
 from operator import add
 from typing import NamedTuple
 
@@ -36,7 +38,42 @@ class ConsumerRecord(NamedTuple):
     location: ObjectLocation
 
 
-DecodedBatch = list[tuple[MessageHeader, list[ConsumerRecord]]]
+RECORD_CHUNK = 256
+"""ConsumerRecords built at a time: below the GC's young-generation threshold (700 by default)."""
+
+
+@dataclass(frozen=True, slots=True)
+class MessageRecords:
+    """One Message's records, made ConsumerRecords a chunk at a time as they are handed over.
+
+    Built ahead for a whole batch (in the reader's worker), ~10^5 records were alive when the GC
+    next ran, and that collection traversed every one: a quarter of the consumer's CPU. The GC
+    runs on net allocations, so records built a chunk at a time, in the thread that hands them
+    over, are mostly gone before one runs (`python -m bench consume`: see docs/DECISIONS.md)."""
+
+    logs: Sequence[tuple]          # LogMessages, or plain tuples in their field order (`unpack_rows`)
+    first: int                     # the batch index of logs[0]
+    head: tuple[str, int, int]     # topic, partition, offset
+    tail: tuple[int, int, int, ObjectLocation]   # producer id, epoch, sequence, location
+
+    def __len__(self) -> int:
+        return len(self.logs)
+
+    def __iter__(self) -> Iterator[ConsumerRecord]:
+        return chain.from_iterable(self.chunks())
+
+    def chunks(self) -> Iterator[list[ConsumerRecord]]:
+        """The records in order, `RECORD_CHUNK` at a time: LogMessage + position tuples,
+        concatenated and re-typed in C."""
+        logs, (topic, partition, offset), (pid, epoch, seq, loc) = self.logs, self.head, self.tail
+        for start in range(0, len(logs), RECORD_CHUNK):
+            at = self.first + start
+            tails = [(topic, partition, offset, i, pid, epoch, seq, loc)
+                     for i in range(at, at + min(RECORD_CHUNK, len(logs) - start))]
+            yield list(map(_tuple_new, repeat(ConsumerRecord), map(add, logs[start:start + RECORD_CHUNK], tails)))
+
+
+DecodedBatch = list[tuple[MessageHeader, MessageRecords]]
 """A batch's Messages in order, each its header and its records."""
 
 
@@ -48,18 +85,14 @@ def batch_pointer(topic: str, rec: NotificationRecord) -> BatchPointer:
 
 
 def build_records(topic: str, rec: NotificationRecord, decoded: Decoded) -> DecodedBatch:
-    """Bulk-build ConsumerRecords: LogMessage + position tuple, concatenated and re-typed in C
-    (run in the reader's CPU worker)."""
+    """Each Message's records, to be made ConsumerRecords as they are handed over (`MessageRecords`)."""
     n = rec.notification
-    partition, offset, loc = rec.partition, rec.offset, ObjectLocation(n.bucket, n.key)
+    head, loc = (topic, rec.partition, rec.offset), ObjectLocation(n.bucket, n.key)
     _, messages = decoded
     out: DecodedBatch = []
     first = 0
     for h, logs in messages:
-        pid, epoch, seq = h.producer_id, h.epoch, h.sequence
-        tails = [(topic, partition, offset, i, pid, epoch, seq, loc)
-                 for i in range(first, first + len(logs))]
-        out.append((h, list(map(_tuple_new, repeat(ConsumerRecord), map(add, logs, tails)))))
+        out.append((h, MessageRecords(logs, first, head, (h.producer_id, h.epoch, h.sequence, loc))))
         first += len(logs)
     return out
 

@@ -1,10 +1,11 @@
 """Handing one batch at a time to the application: what `Consumer.poll()` returns.
 
 A batch is handed over Message by Message; a Message seen before (a producer's retry) is
-dropped by its (producer id, epoch, sequence). All records but the last of a Message stream
-from one shared list iterator, so a poll iterator abandoned half way is resumed by the next
-poll; the last is yielded only after its Message was accounted for (audited, and the batch
-finished when it was its last), so a commit never covers a record not yet handed over.
+dropped by its (producer id, epoch, sequence). A Message's records are built a chunk at a time
+(`MessageRecords`); all but the last stream from the current chunk's shared list iterator, so
+a poll iterator abandoned half way is resumed by the next poll; the last is yielded only after
+its Message was accounted for (audited, and the batch finished when it was its last), so a
+commit never covers a record not yet handed over.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ class Handover:
         self._messages: DecodedBatch = []
         self._next_msg = 0
         self._cur: Iterator[ConsumerRecord] = iter(())
+        self._chunks: Iterator[list[ConsumerRecord]] = iter(())   # the current Message's chunks after _cur's
         self._cur_header: MessageHeader | None = None
 
     @property
@@ -77,6 +79,13 @@ class Handover:
             if left > 1:
                 yield from islice(self._cur, left - 1)
                 continue
+            chunk = next(self._chunks, None)
+            if chunk is not None:              # not the Message's last record: on to its next chunk
+                one = next(self._cur, None)
+                self._cur = iter(chunk)
+                if one is not None:
+                    yield one
+                continue
             last = next(self._cur, None)
             self._message_done(fetch)
             if last is not None:
@@ -89,6 +98,7 @@ class Handover:
         if fetch is None or fetch.rec.partition not in partitions:
             return None
         deque(self._cur, maxlen=0)                # exhaust it: a live poll iterator stops too
+        self._chunks = iter(())
         self._messages, self._next_msg, self._cur_header = [], 0, None
         self._fetch = None
         return fetch
@@ -102,10 +112,11 @@ class Handover:
                 self._metrics.duplicate_messages += 1
                 self._metrics.duplicates_dropped += len(records)
                 continue
-            self._cur_header, self._cur = header, iter(records)
+            self._chunks = records.chunks()
+            self._cur_header, self._cur = header, iter(next(self._chunks, []))
             self._metrics.records += len(records)
             return True
-        self._cur_header, self._cur = None, iter(())
+        self._cur_header, self._cur, self._chunks = None, iter(()), iter(())
         self._messages, self._next_msg = [], 0      # the batch's memory is the application's now
         return False
 

@@ -172,6 +172,16 @@ def decode_batch(obj: Buffer, *, compressors: Compressors | None = None
     return decode_batch_as(obj, _log_messages, compressors=compressors)
 
 
+def decode_batch_rows(obj: Buffer, *, compressors: Compressors | None = None
+                      ) -> tuple[BatchHeader, list[tuple[MessageHeader, Sequence[tuple]]]]:
+    """As `decode_batch`, msgpack records as plain tuples in LogMessage's field order (`unpack_rows`)."""
+    return decode_batch_as(obj, _rows, compressors=compressors)
+
+
+def _rows(msg: Buffer, compressors: Compressors) -> tuple[MessageHeader, Sequence[tuple]]:
+    return decode_message(msg, compressors=compressors, rows=True)
+
+
 def decode_batch_as(obj: Buffer, decode: Callable[[Buffer, Compressors], tuple[MessageHeader, R]], *,
                     compressors: Compressors | None = None) -> tuple[BatchHeader, list[tuple[MessageHeader, R]]]:
     """Decode a whole object, each Message by `decode` (LogMessages for `decode_batch`, Arrow

@@ -12,7 +12,7 @@ from __future__ import annotations
 import struct
 import time
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Literal, Sequence, overload
 
 from crc32c import crc32c
 
@@ -20,7 +20,7 @@ from memq.errors import CorruptDataError, InvalidInputError, UnsupportedVersionE
 from memq.format.codec import MAX_BODY_BYTES, Codec, Compressors, codec_of
 from memq.format.arrow_body import ArrowRecords, decode_arrow_body, encode_arrow_body
 from memq.format.kafka_records import KafkaBatchHeader, decode_kafka_records
-from memq.format.records import (LogMessage, check_records, gc_paused, packed_records,
+from memq.format.records import (LogMessage, check_records, gc_paused, packed_records, unpack_rows,
                                  timestamp_range, unpack_records)
 
 Buffer = bytes | bytearray | memoryview
@@ -189,12 +189,23 @@ def verify_message(buf: Buffer) -> MessageHeader:
     return header
 
 
-def decode_message(buf: Buffer, *, compressors: Compressors | None = None
-                   ) -> tuple[MessageHeader, Sequence[LogMessage]]:
+@overload
+def decode_message(buf: Buffer, *, compressors: Compressors | None = None, rows: Literal[False] = False
+                   ) -> tuple[MessageHeader, Sequence[LogMessage]]: ...
+
+
+@overload
+def decode_message(buf: Buffer, *, compressors: Compressors | None = None, rows: Literal[True]
+                   ) -> tuple[MessageHeader, Sequence[tuple]]: ...
+
+
+def decode_message(buf: Buffer, *, compressors: Compressors | None = None, rows: bool = False
+                   ) -> tuple[MessageHeader, Sequence[LogMessage] | Sequence[tuple]]:
     """Verify, decompress and unpack a Message into its LogMessages (with the GC paused).
 
     A Codec.KAFKA Message holds a Kafka RecordBatch v2, decoded by `decode_kafka_records`; a
     Codec.ARROW one Arrow columns, kept as such in `ArrowRecords` until its rows are read.
+    `rows`: msgpack records as plain tuples in LogMessage's field order (`unpack_rows`).
     """
     header = verify_message(buf)
     body = memoryview(buf)[header.header_size:]
@@ -209,4 +220,4 @@ def decode_message(buf: Buffer, *, compressors: Compressors | None = None
         return header, ArrowRecords(decode_arrow_body(body, header.count))
     raw = (compressors or Compressors()).decompress(header.codec, body, header.raw_length)
     with gc_paused():
-        return header, unpack_records(raw, header.count)
+        return header, (unpack_rows if rows else unpack_records)(raw, header.count)

@@ -113,6 +113,14 @@ def _first_unpackable(records: Sequence[LogMessage]) -> str:
 
 def unpack_records(raw: bytes | memoryview, count: int) -> list[LogMessage]:
     """Decode a body into exactly `count` LogMessages; CorruptDataError on any mismatch."""
+    return list(map(_tuple_new, repeat(LogMessage), unpack_rows(raw, count)))
+
+
+def unpack_rows(raw: bytes | memoryview, count: int) -> tuple[tuple, ...]:
+    """As `unpack_records`, but the records are plain tuples in LogMessage's field order: for a
+    reader that builds its own record type from them (the Consumer's ConsumerRecord), the
+    LogMessage copy of each was an allocation it threw away (and a tuple subclass that every GC
+    collection traverses, where a plain tuple of atoms is untracked by the first)."""
     try:
         rows = msgpack.unpackb(raw, use_list=False)
     except Exception as exc:  # msgpack raises several unrelated types on malformed input
@@ -122,13 +130,11 @@ def unpack_records(raw: bytes | memoryview, count: int) -> list[LogMessage]:
         raise CorruptDataError(f"Message body holds {got} records, header says {count}")
     # Shape only: field types are trusted once the body CRC matched (checking them would
     # cost more per record than the decode itself).
-    try:
-        records = list(map(_tuple_new, repeat(LogMessage), rows))
-    except TypeError as exc:
-        raise CorruptDataError(f"Message body records are not arrays: {exc}") from exc
-    if records and set(map(len, records)) != {RECORD_FIELDS}:
+    if rows and set(map(type, rows)) != {tuple}:
+        raise CorruptDataError(f"Message body records are not arrays (each a {RECORD_FIELDS}-field array)")
+    if rows and set(map(len, rows)) != {RECORD_FIELDS}:
         raise CorruptDataError(f"Message body records are not {RECORD_FIELDS}-field arrays")
-    return records
+    return rows
 
 
 def unpack_columns(raw: bytes | memoryview, count: int) -> list[tuple]:

@@ -58,7 +58,7 @@ class StorageHandler(Protocol):
 
     async def put_batch(self, topic: str, data: Chunks, *, first_request_id: int,
                         timestamp_ms: int, broker_id: str, group: str = "") -> ObjectLocation:
-        """Store one object (chunks are concatenated once); each retry goes under its own key.
+        """Store one object (the chunks in order, not copied by S3); each retry goes under its own key.
         Under the topic's key, or with `group` under that storage group's (the parts of many topics)."""
         ...
 
@@ -93,6 +93,11 @@ class StorageHandler(Protocol):
 
         Missing objects are not failures. A request that fails as a whole raises, like `delete`.
         """
+        ...
+
+    def pressure(self) -> float:
+        """The share (0 to 1) of the store's recent answers that asked for fewer requests (S3's
+        503 SlowDown); 0.0 for a store that never does. Writers seal fewer, larger batches on it."""
         ...
 
     async def close(self) -> None:

@@ -201,6 +201,9 @@ class FileStorageHandler:
             await self._run("delete_many", f"{len(chunk)} objects from {chunk[0].key}", functools.partial(remove, chunk))
         return failures
 
+    def pressure(self) -> float:
+        return 0.0   # a filesystem never asks for fewer requests
+
     async def close(self) -> None:
         await asyncio.to_thread(self._pool.shutdown, True)
 

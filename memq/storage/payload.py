@@ -1,4 +1,4 @@
-"""Argument checks shared by the handlers: one concatenation of a batch's chunks, byte ranges."""
+"""Argument checks shared by the handlers: a batch's body as chunks, byte ranges."""
 
 from __future__ import annotations
 
@@ -6,14 +6,17 @@ from memq.errors import InvalidInputError
 from memq.storage.base import Chunks
 
 
-def join_chunks(data: Chunks) -> bytes:
-    """The object body; a sequence of chunks is concatenated exactly once."""
+def body_chunks(data: Chunks) -> tuple[bytes | list[bytes | bytearray | memoryview], int]:
+    """The object body as given (one buffer, or the list of its chunks, uncopied) and its size.
+
+    obstore sends a list of buffers as one body without joining them: concatenating a broker's
+    8 MiB batch first was ~1.5 ms of CPU per PUT (a tenth of the broker's cost per byte)."""
     if isinstance(data, bytes):
-        return data
-    if isinstance(data, (bytearray, memoryview)):
-        return bytes(data)
+        return data, len(data)
     try:
-        return b"".join(data)
+        chunks: list[bytes | bytearray | memoryview] = (
+            [data] if isinstance(data, (bytearray, memoryview)) else list(data))
+        return chunks, sum(memoryview(c).nbytes for c in chunks)
     except TypeError:
         raise InvalidInputError(f"batch data must be bytes or a sequence of bytes-like chunks, "
                                 f"not {type(data).__name__}") from None

@@ -29,7 +29,7 @@ from memq.storage.listing import list_all_prefixes
 from memq.storage.metrics import StorageMetrics
 from memq.storage.naming import (check_name, group_home, home_dir, make_key, parse_key, prefix_for, start_after,
                                  topic_home)
-from memq.storage.payload import check_range, join_chunks
+from memq.storage.payload import body_chunks, check_range
 from memq.storage.retry import RetryPolicy
 from memq.storage.s3_errors import RETRIABLE, classify
 from memq.storage.s3_store import make_store
@@ -143,9 +143,12 @@ class S3StorageHandler:
 
     # --- StorageHandler ------------------------------------------------------------------------
 
+    def pressure(self) -> float:
+        return self._throttle.pressure()
+
     async def put_batch(self, topic: str, data: Chunks, *, first_request_id: int,
                         timestamp_ms: int, broker_id: str, group: str = "") -> ObjectLocation:
-        body = join_chunks(data)
+        body, size = body_chunks(data)
         unique = secrets.token_hex(8)
 
         def attempt_call(attempt: int) -> tuple[str, Callable[[], Awaitable[str]]]:
@@ -154,11 +157,11 @@ class S3StorageHandler:
                                attempt=attempt, group=group))
             return f"s3://{self.bucket}/{key}", lambda: self._put(key, body)
 
-        key = await self._run("put", attempt_call, prefix=prefix_for(first_request_id), kind=f"put:{size_class(len(body))}", settle=True)
-        self._metrics.moved(self.backend, "put", key, len(body))
+        key = await self._run("put", attempt_call, prefix=prefix_for(first_request_id), kind=f"put:{size_class(size)}", settle=True)
+        self._metrics.moved(self.backend, "put", key, size)
         return ObjectLocation(self.bucket, key)
 
-    async def _put(self, key: str, body: bytes) -> str:
+    async def _put(self, key: str, body: bytes | list[bytes | bytearray | memoryview]) -> str:
         # One PUT per object: obstore would split a body over 5 MB into a multipart upload.
         await obstore.put_async(self._stores[self.bucket], key, body, use_multipart=False)
         return key

@@ -23,6 +23,7 @@ from typing import TypeVar
 
 from memq.clock import Clock, SystemClock
 from memq.errors import ConfigError
+from memq.storage.pressure import ThrottleShare
 
 T = TypeVar("T")
 
@@ -52,6 +53,11 @@ class PrefixThrottle:
         self._rng = rng or random.Random()
         self._lock = threading.Lock()
         self._prefixes: dict[str, _Prefix] = {}
+        self._share = ThrottleShare(clock=self._clock)
+
+    def pressure(self) -> float:
+        """The share of recent answers over every prefix that were throttles (`ThrottleShare`)."""
+        return self._share.share()
 
     def limit(self, prefix: str) -> float:
         """The prefix's current concurrency limit (`max_concurrency` when healthy)."""
@@ -91,6 +97,8 @@ class PrefixThrottle:
         """One request of the prefix ended: `throttled` True if S3 asked to slow down, False if it
         succeeded, None if neither says anything about the prefix's rate (other failures, a
         cancelled hedge loser)."""
+        if throttled is not None:
+            self._share.add(throttled)
         with self._lock:
             state = self._prefixes[prefix]
             state.in_flight -= 1

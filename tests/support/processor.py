@@ -29,6 +29,7 @@ class GatedStorage:
         self.deleted: list[ObjectLocation] = []
         self.active = 0
         self.max_active = 0
+        self.throttled_share = 0.0    # what `pressure` reports
 
     async def put_batch(self, topic: str, data: Any, **kw: Any) -> ObjectLocation:
         self.active += 1
@@ -49,6 +50,9 @@ class GatedStorage:
     async def delete(self, loc: ObjectLocation) -> None:
         self.deleted.append(loc)
         await self.inner.delete(loc)
+
+    def pressure(self) -> float:
+        return self.throttled_share
 
 
 class MemoryPublisher(OneByOne):
