@@ -5,7 +5,6 @@ pure function of where each record is."""
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import multiprocessing
 import os
@@ -21,13 +20,12 @@ from pathlib import Path
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, KafkaError, TopicPartition
 from confluent_kafka.admin import AdminClient
-from tests.support.kafka_clients import Row, Running, as_rows, broker_thread, kafka_produce, rows
+from tests.support.kafka_clients import (Row, Running, as_rows, broker_thread, kafka_produce, memq_produce,
+                                         rows)
 
 from memq.client.cluster import fetch_metadata
-from memq.client.producer import Producer
-from memq.config import BrokerConfig, ProducerConfig, TopicConfig
+from memq.config import BrokerConfig, TopicConfig
 from memq.devcluster import DevCluster, GovernedCluster
-from memq.format import LogMessage
 from memq.kafka_api.offsets import split_offset
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
@@ -38,17 +36,6 @@ def running(devcluster: DevCluster) -> Iterator[Running]:
     with broker_thread(dataclasses.replace(devcluster.config(cluster="kafkafetch"),
                                            broker=BrokerConfig(kafka_port=0))) as r:
         yield r
-
-
-def memq_produce(running: Running, topic: str, records: list[LogMessage], codec: str = "zstd") -> None:
-    async def send() -> None:
-        cfg = ProducerConfig(brokers=running.broker.url, linger_ms=5, request_timeout_ms=20_000, codec=codec)
-        async with Producer(cfg) as p:
-            futures = [await p.send_batch(topic, records[i:i + 100]) for i in range(0, len(records), 100)]
-            await p.flush()
-            for f in futures:
-                await f
-    asyncio.run_coroutine_threadsafe(send(), running.loop).result(120)
 
 
 def kafka_consumer(running: Running, **conf: object) -> Consumer:

@@ -27,12 +27,11 @@ from aiokafka.structs import TopicPartition as AioPartition
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 from kafka import KafkaConsumer
 from kafka import TopicPartition as KpPartition
-from tests.support.kafka_clients import Row, Running, as_rows, broker_thread, kafka_produce, rows
+from tests.support.kafka_clients import (Row, Running, as_rows, broker_thread, kafka_produce, memq_produce,
+                                         rows)
 
-from memq.client.producer import Producer
-from memq.config import BrokerConfig, ProducerConfig
+from memq.config import BrokerConfig
 from memq.devcluster import DevCluster
-from memq.format import LogMessage
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
@@ -55,17 +54,6 @@ def running(devcluster: DevCluster) -> Iterator[Running]:
     with broker_thread(dataclasses.replace(devcluster.config(cluster="kafkaclients"),
                                            broker=BrokerConfig(kafka_port=0))) as r:
         yield r
-
-
-def memq_produce(running: Running, topic: str, records: list[LogMessage]) -> None:
-    async def send() -> None:
-        cfg = ProducerConfig(brokers=running.broker.url, linger_ms=5, request_timeout_ms=20_000)
-        async with Producer(cfg) as p:
-            futures = [await p.send_batch(topic, records[i:i + 100]) for i in range(0, len(records), 100)]
-            await p.flush()
-            for f in futures:
-                await f
-    asyncio.run_coroutine_threadsafe(send(), running.loop).result(120)
 
 
 def write(running: Running, tag: str, n: int = 300) -> Written:

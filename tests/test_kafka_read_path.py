@@ -8,7 +8,7 @@ import random
 from itertools import accumulate
 
 import pytest
-from tests.support.kafka_read import part_of, read_placed, recs
+from tests.support.kafka_read import ListedNotes, part_of, read_placed, recs
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -16,7 +16,6 @@ from memq.broker.metrics import BrokerMetrics
 from memq.broker.read_cache import ReadCache
 from memq.broker.reads import Reads
 from memq.config import KafkaConfig
-from memq.notify.consumer import NotificationRecord
 from memq.storage import ObjectLocation
 from memq.broker.group_audit import GroupAudit
 from tests.support.clock import FakeClock
@@ -179,27 +178,6 @@ async def test_the_cache_stays_within_its_bytes_evicting_the_least_recently_used
 
 # --- the read path's dedup window (memq.broker.reads.Reads) ---------------------------------
 
-
-class ListedNotes:
-    """One notification partition as a list (what a tail's consumer reads)."""
-
-    def __init__(self, records: list[NotificationRecord]) -> None:
-        self.records = records
-        self.position = 0
-
-    def assign(self, offsets: dict[int, int]) -> None:
-        (self.position,) = offsets.values()
-
-    def poll(self, timeout_s: float, max_records: int) -> list[NotificationRecord]:
-        out = self.records[self.position:self.position + max_records]
-        self.position += len(out)
-        return out
-
-    def cached_watermarks(self, partition: int) -> tuple[int, int]:
-        return 0, len(self.records)
-
-    def close(self) -> None:
-        pass
 
 
 class CountingSource(MemorySource):

@@ -6,40 +6,13 @@ import asyncio
 from typing import Any
 
 from memq.broker.reads import PartitionTail
-from memq.errors import CorruptDataError
 from memq.notify.consumer import NotificationRecord
-from tests.support.kafka_read import note
+from tests.support.kafka_read import ListedNotes, note
 
 
-class FakeConsumer:
-    """A partition of notifications, `bad` ones not parseable; counts how often it is polled."""
 
-    def __init__(self, n: int, bad: frozenset[int] = frozenset()) -> None:
-        self.records = [note(i, 1) for i in range(n)]
-        self.bad = bad
-        self.position = 0
-        self.polls = 0
-
-    def assign(self, offsets: dict[int, int]) -> None:
-        (self.position,) = offsets.values()
-
-    def poll(self, timeout_s: float, max_records: int) -> list[NotificationRecord]:
-        self.polls += 1
-        out = []
-        for r in self.records[self.position:self.position + max_records]:
-            if r.offset in self.bad:
-                if out:
-                    break
-                raise CorruptDataError(f"notification at offset {r.offset}: not JSON")
-            out.append(r)
-        self.position += len(out)
-        return out
-
-    def cached_watermarks(self, partition: int) -> tuple[int, int]:
-        return 0, len(self.records)
-
-    def close(self) -> None:
-        pass
+def notes(n: int) -> list[NotificationRecord]:
+    return [note(i, 1) for i in range(n)]
 
 
 async def run(fn: Any, *args: Any) -> Any:
@@ -47,7 +20,7 @@ async def run(fn: Any, *args: Any) -> Any:
 
 
 async def test_readers_at_the_tail_share_one_kafka_read() -> None:
-    consumer = FakeConsumer(5)
+    consumer = ListedNotes(notes(5))
     tail = PartitionTail(consumer, 0, run)  # type: ignore[arg-type]
     assert [r.offset for r in await tail.read(0, 0.0)] == [0, 1, 2, 3, 4]
     for offset in (0, 2, 4):   # other readers, other groups: from memory
@@ -56,17 +29,17 @@ async def test_readers_at_the_tail_share_one_kafka_read() -> None:
 
 
 async def test_a_bad_notification_is_skipped_for_every_reader() -> None:
-    consumer = FakeConsumer(5, bad=frozenset({2}))
+    consumer = ListedNotes(notes(5), bad=frozenset({2}))
     tail = PartitionTail(consumer, 0, run)  # type: ignore[arg-type]
     assert [r.offset for r in await tail.read(0, 0.0)] == [0, 1]
     assert await tail.read(2, 0.0) == []                          # the bad one: skipped, logged
     assert [r.offset for r in await tail.read(2, 0.0)] == [3, 4]   # a reader at it goes on after it
-    tail2 = PartitionTail(FakeConsumer(5, bad=frozenset({2})), 0, run)  # type: ignore[arg-type]
+    tail2 = PartitionTail(ListedNotes(notes(5), bad=frozenset({2})), 0, run)  # type: ignore[arg-type]
     assert await tail2.read(2, 0.0) == [] and [r.offset for r in await tail2.read(2, 0.0)] == [3, 4]
 
 
 async def test_a_read_that_may_not_wait_does_not_wait_behind_a_long_poll() -> None:
-    consumer = FakeConsumer(0)
+    consumer = ListedNotes(notes(0))
     gate = asyncio.Event()
 
     async def slow(fn: Any, *args: Any) -> Any:
@@ -85,7 +58,7 @@ async def test_a_read_that_may_not_wait_does_not_wait_behind_a_long_poll() -> No
 async def test_what_this_broker_publishes_wakes_a_reader_waiting_at_the_tail() -> None:
     """A reader long-polling at the tail gets a notification the broker itself just published at
     once, while the tail's Kafka poll still waits; the poll bringing it again adds no second copy."""
-    consumer = FakeConsumer(2)
+    consumer = ListedNotes(notes(2))
     gate = asyncio.Event()
 
     async def slow(fn: Any, *args: Any) -> Any:

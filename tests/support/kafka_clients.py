@@ -10,7 +10,8 @@ import uuid
 from collections.abc import Iterator
 from confluent_kafka import KafkaError, Message, Producer
 from memq.broker.server import Broker
-from memq.config import MemqConfig, TopicConfig
+from memq.client.producer import Producer as MemqProducer
+from memq.config import MemqConfig, ProducerConfig, TopicConfig
 from memq.format import LogMessage
 
 
@@ -31,6 +32,19 @@ class Running:
         topic = TopicConfig(name=name, read_partitions=partitions, batch_ms=batch_ms, **settings)
         asyncio.run_coroutine_threadsafe(self.broker.add_topic(topic), self.loop).result(30)
         return name
+
+
+def memq_produce(running: Running, topic: str, records: list[LogMessage], codec: str = "zstd") -> None:
+    """`records` through memq's Producer, 100 a Message, all acked."""
+
+    async def send() -> None:
+        cfg = ProducerConfig(brokers=running.broker.url, linger_ms=5, request_timeout_ms=20_000, codec=codec)
+        async with MemqProducer(cfg) as p:
+            futures = [await p.send_batch(topic, records[i:i + 100]) for i in range(0, len(records), 100)]
+            await p.flush()
+            for f in futures:
+                await f
+    asyncio.run_coroutine_threadsafe(send(), running.loop).result(120)
 
 
 @contextlib.contextmanager

@@ -7,6 +7,7 @@ from memq.format.kafka_records import decode_kafka_records, split_kafka_batches,
 from memq.format.message import encode_kafka_message
 from tests.support.kafka_frames import record_batch
 from memq.format import Notification
+from memq.errors import CorruptDataError
 from memq.notify.consumer import NotificationRecord
 
 
@@ -47,3 +48,35 @@ def note(offset: int, count: int) -> NotificationRecord:
                      crc32c=0, broker_id="b1",
                      attempt=1, created_ms=0)
     return NotificationRecord(0, offset, 0, n)
+
+
+class ListedNotes:
+    """One notification partition as a list (what a tail's consumer reads); the `bad` offsets are
+    not parseable; counts how often it is polled."""
+
+    def __init__(self, records: list[NotificationRecord], bad: frozenset[int] = frozenset()) -> None:
+        self.records = records
+        self.bad = bad
+        self.position = 0
+        self.polls = 0
+
+    def assign(self, offsets: dict[int, int]) -> None:
+        (self.position,) = offsets.values()
+
+    def poll(self, timeout_s: float, max_records: int) -> list[NotificationRecord]:
+        self.polls += 1
+        out: list[NotificationRecord] = []
+        for r in self.records[self.position:self.position + max_records]:
+            if r.offset in self.bad:
+                if out:
+                    break
+                raise CorruptDataError(f"notification at offset {r.offset}: not JSON")
+            out.append(r)
+        self.position += len(out)
+        return out
+
+    def cached_watermarks(self, partition: int) -> tuple[int, int]:
+        return 0, len(self.records)
+
+    def close(self) -> None:
+        pass
