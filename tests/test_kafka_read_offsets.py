@@ -100,3 +100,33 @@ def test_a_message_stored_twice_reaches_kafka_readers_once_at_stable_offsets(run
         assert read_offsets(b2.broker.kafka_address, topic, 1, len(want)) == whole
         assert read_offsets(b2.broker.kafka_address, topic, 1, len(later), start=second) == [
             (o, v) for o, v in whole if o >= second]
+
+
+def test_a_partition_ending_in_dropped_copies_reads_to_its_high_watermark(running: Running) -> None:
+    """The last part holds only a retried copy: a reader still reaches the high watermark (end of
+    partition, no lag left), so `kcat -e` and lag checks see the end without the next write."""
+    topic = running.add_topic(partitions=1)
+    first, retried = records(3, "first"), records(2, "retried")
+    write_batches(running.config, topic, [[(7, 0, 0, first), (7, 0, 1, retried)], [(7, 0, 1, retried)]])
+    c = Consumer({"bootstrap.servers": running.broker.kafka_address, "group.id": f"{topic}-end",
+                  "enable.auto.commit": False, "enable.partition.eof": True, "fetch.wait.max.ms": 100})
+    got: list[bytes] = []
+    try:
+        c.assign([TopicPartition(topic, 0, OFFSET_BEGINNING)])
+        deadline = time.monotonic() + 30
+        eof = False
+        while not eof:
+            assert time.monotonic() < deadline, f"no end of partition after {len(got)} records"
+            for m in c.consume(100, 0.5):
+                err = m.error()
+                eof |= err is not None and err.code() == KafkaError._PARTITION_EOF
+                if err is None:
+                    got.append(m.value())
+        _, high = c.get_watermark_offsets(TopicPartition(topic, 0), cached=True)
+        [at] = c.position([TopicPartition(topic, 0)])
+        assert sorted(got) == sorted(r.value for r in first + retried)
+        c.commit(asynchronous=False)
+        [committed] = c.committed([TopicPartition(topic, 0)], timeout=30)
+        assert at.offset == high and committed.offset == high   # no lag left at the end
+    finally:
+        c.close()
