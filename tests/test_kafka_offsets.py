@@ -54,7 +54,9 @@ def test_a_produce_answers_its_first_records_offset_only_when_a_client_can_count
     when the request's batches are consecutive records of one part, else -1 (unknown)."""
     assert produce_base_offset([(5, 10, 3)]) == kafka_offset(5, 10)
     assert produce_base_offset([(5, 10, 3), (5, 13, 2)]) == kafka_offset(5, 10)
-    assert produce_base_offset([(5, 10, 3), (5, 14, 2)]) == -1    # another producer's records between
-    assert produce_base_offset([(5, 10, 3), (6, 0, 2)]) == -1     # the second batch in the next part
-    assert produce_base_offset([(-1, -1, 3)]) == -1              # acks=1: not published yet
+    # unknown: minus the record count, so that a client's numbers (base, base + 1, ...) all stay negative
+    assert produce_base_offset([(5, 10, 3), (5, 14, 2)]) == -5    # another producer's records between
+    assert produce_base_offset([(5, 10, 3), (6, 0, 2)]) == -5     # the second batch in the next part
+    assert produce_base_offset([(-1, -1, 3)]) == -3              # acks=1: not published yet
+    assert produce_base_offset([(-1, -1, 1)]) == -1
     assert produce_base_offset([]) == -1

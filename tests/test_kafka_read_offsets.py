@@ -11,7 +11,9 @@ import time
 from collections.abc import Iterator
 
 import pytest
+from aiokafka import AIOKafkaProducer
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Message, Producer, TopicPartition
+from kafka import KafkaProducer
 from tests.support.cluster import records, write_batches
 from tests.support.kafka_clients import Running, broker_thread
 
@@ -74,9 +76,39 @@ def test_delivery_reports_name_the_offsets_the_records_are_read_at(running: Runn
     got = read_offsets(address, topic, 1, len(values) + len(leader))
     read_at = {v: o for o, v in got}
     assert reported == {v: read_at[v] for v in values}
-    # acks=1 is answered before the notification exists: base offset -1, Kafka's "not known"
-    # (confluent-kafka reports None for it, and numbers a request's later records on from it)
-    assert leader[b"leader-0"] is None
+    # acks=1 is answered before the notification exists: no offset is known, and none is made up
+    # (confluent-kafka reports None for a negative one)
+    assert set(leader.values()) == {None}
+
+
+def test_kafka_python_and_aiokafka_take_acks_1_answers_without_an_offset_as_delivered(running: Running) -> None:
+    """acks=1 is answered before the notification exists, with a negative base offset ("not
+    known"): each client reports the send as done (no error, no retry: every value is stored
+    once) and no offset that is another record's."""
+    topic = running.add_topic(partitions=1)
+    address = running.broker.kafka_address
+    kp_values = [b"kp-%d" % i for i in range(30)]
+    kp = KafkaProducer(bootstrap_servers=address, acks=1, linger_ms=5, retries=5)
+    try:
+        futures = [kp.send(topic, v) for v in kp_values]
+        kp.flush(60)
+        assert {f.get(30).offset < 0 for f in futures} == {True}
+    finally:
+        kp.close(10)
+
+    async def aio() -> set[bool]:
+        p = AIOKafkaProducer(bootstrap_servers=address, acks=1, linger_ms=5)
+        await p.start()
+        try:
+            sent = [await p.send(topic, v) for v in aio_values]
+            return {(await f).offset < 0 for f in sent}
+        finally:
+            await p.stop()
+
+    aio_values = [b"aio-%d" % i for i in range(30)]
+    assert asyncio.run(aio()) == {True}
+    want = kp_values + aio_values
+    assert sorted(v for _, v in read_offsets(address, topic, 1, len(want))) == sorted(want)   # each once
 
 
 def test_a_message_stored_twice_reaches_kafka_readers_once_at_stable_offsets(running: Running) -> None:
@@ -100,3 +132,33 @@ def test_a_message_stored_twice_reaches_kafka_readers_once_at_stable_offsets(run
         assert read_offsets(b2.broker.kafka_address, topic, 1, len(want)) == whole
         assert read_offsets(b2.broker.kafka_address, topic, 1, len(later), start=second) == [
             (o, v) for o, v in whole if o >= second]
+
+
+def test_a_partition_ending_in_dropped_copies_reads_to_its_high_watermark(running: Running) -> None:
+    """The last part holds only a retried copy: a reader still reaches the high watermark (end of
+    partition, no lag left), so `kcat -e` and lag checks see the end without the next write."""
+    topic = running.add_topic(partitions=1)
+    first, retried = records(3, "first"), records(2, "retried")
+    write_batches(running.config, topic, [[(7, 0, 0, first), (7, 0, 1, retried)], [(7, 0, 1, retried)]])
+    c = Consumer({"bootstrap.servers": running.broker.kafka_address, "group.id": f"{topic}-end",
+                  "enable.auto.commit": False, "enable.partition.eof": True, "fetch.wait.max.ms": 100})
+    got: list[bytes] = []
+    try:
+        c.assign([TopicPartition(topic, 0, OFFSET_BEGINNING)])
+        deadline = time.monotonic() + 30
+        eof = False
+        while not eof:
+            assert time.monotonic() < deadline, f"no end of partition after {len(got)} records"
+            for m in c.consume(100, 0.5):
+                err = m.error()
+                eof |= err is not None and err.code() == KafkaError._PARTITION_EOF
+                if err is None:
+                    got.append(m.value())
+        _, high = c.get_watermark_offsets(TopicPartition(topic, 0), cached=True)
+        [at] = c.position([TopicPartition(topic, 0)])
+        assert sorted(got) == sorted(r.value for r in first + retried)
+        c.commit(asynchronous=False)
+        [committed] = c.committed([TopicPartition(topic, 0)], timeout=30)
+        assert at.offset == high and committed.offset == high   # no lag left at the end
+    finally:
+        c.close()

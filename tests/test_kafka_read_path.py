@@ -221,6 +221,19 @@ async def test_every_starting_point_drops_the_same_copies_and_a_gone_part_stops_
     assert await kept(reads(CountingSource(objects)), 1) == [[0, 1, 2, 3], [], [0]]
 
 
+async def test_the_end_a_reader_reaches_is_before_the_copies_a_partition_ends_with() -> None:
+    objects: dict[str, bytes] = {}
+    notes = [batch("k0", [(7, 0, recs_of("a")), (7, 1, recs_of("b", "b2"))], 0, objects),
+             batch("k1", [(8, 0, recs_of("c")), (7, 1, recs_of("b", "b2"))], 1, objects),   # ends in a copy
+             batch("k2", [(7, 1, recs_of("b", "b2"))], 2, objects)]                         # a copy alone
+    metrics = BrokerMetrics("b1")
+    reads = Reads(KafkaConfig(), CountingSource(objects), ReadCache(1 << 24, metrics), metrics,  # type: ignore[arg-type]
+                  broker_id="b1", consumers=lambda _topic: ListedNotes(notes))  # type: ignore[arg-type,return-value]
+    assert await reads.end("n", 0, notes[0]) == kafka_offset(0, 3)
+    assert await reads.end("n", 0, notes[1]) == kafka_offset(1, 1)   # after c: the copy of b is past it
+    assert await reads.end("n", 0, notes[2]) == kafka_offset(1, 1)   # k2 gives a reader nothing
+
+
 async def test_a_groups_commits_report_each_message_it_got_once_when_its_last_record_is_committed() -> None:
     objects: dict[str, bytes] = {}
     notes = [batch("k0", [(7, 0, recs_of("a", "b")), (7, 1, recs_of("c", "d", "e"))], 0, objects),

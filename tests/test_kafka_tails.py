@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from memq.broker.reads import PartitionTail
+from memq.broker.reads import TAIL_FETCH_WAIT_MS, PartitionTail
 from memq.notify.consumer import NotificationRecord
 from tests.support.kafka_read import ListedNotes, note
 
@@ -82,3 +82,18 @@ async def test_what_this_broker_publishes_wakes_a_reader_waiting_at_the_tail() -
     assert [r.offset for r in await asyncio.wait_for(tail.read(3, 1.0), 1)] == [3]
     assert [r.offset for r in await tail.read(0, 0.0)] == [0, 1, 2, 3]
     assert tail.watermarks() == (0, 4)
+
+
+async def test_a_kafka_poll_ending_early_with_nothing_does_not_end_a_long_poll() -> None:
+    """librdkafka's end-of-partition event ends a tail's Kafka poll at once with nothing: a
+    reader at the tail still gets what this broker publishes within its wait (else that waits
+    for the client's next Fetch), and the tail polls Kafka at most once a fetch wait meanwhile."""
+    consumer = ListedNotes(notes(2))
+    tail = PartitionTail(consumer, 0, run)  # type: ignore[arg-type]
+    assert [r.offset for r in await tail.read(0, 0.0)] == [0, 1]
+    waiting = asyncio.ensure_future(tail.read(2, 30.0))
+    await asyncio.sleep(0.1)
+    assert not waiting.done()
+    tail.offer(note(2, 1))
+    assert [r.offset for r in await asyncio.wait_for(waiting, 1)] == [2]
+    assert consumer.polls <= 1 + 0.1 / (TAIL_FETCH_WAIT_MS / 1000) + 2   # never a busy loop

@@ -31,6 +31,7 @@ from memq.config import KafkaConfig
 from memq.errors import CorruptDataError, FormatError, ObjectNotFoundError, OffsetOutOfRangeError
 from memq.format import Notification
 from memq.kafka_api.dedup import WINDOW_NOTES, PartMessage, duplicates, part_messages
+from memq.kafka_api.offsets import first_offset, kafka_offset
 from memq.kafka_api.records import FramedPart, frame_part
 from memq.notify.consumer import NotificationConsumer, NotificationRecord
 from memq.storage import ObjectLocation, StorageHandler
@@ -67,7 +68,10 @@ class PartitionTail:
         self._skipped: deque[int] = deque(maxlen=RING_NOTES)   # offsets of bad notifications
         self._marks: tuple[int, int] | None = None   # watermarks as the last poll left them
         self._polling: asyncio.Task[None] | None = None
-        self._landed = asyncio.Event()      # pulsed whenever notes land in the ring
+        # done when notes next land in the ring; taken synchronously by each waiting read, so a
+        # landing between a read's look at the ring and its wait cannot be missed (a pulsed
+        # Event was: its waiter registers only when its task first runs)
+        self._landed: asyncio.Future[None] | None = None
 
     @property
     def busy(self) -> bool:
@@ -93,8 +97,10 @@ class PartitionTail:
         if got:
             self._ring.extend(got)
             self._position = got[-1].offset + 1
-            self._landed.set()
-            self._landed.clear()
+            if self._landed is not None:
+                if not self._landed.done():
+                    self._landed.set_result(None)
+                self._landed = None
 
     async def read(self, offset: int, wait_s: float, limit: int = NOTES_PER_POLL) -> list[NotificationRecord]:
         """Notifications from `offset` on (at most `limit`), waiting up to `wait_s` for the first
@@ -122,16 +128,22 @@ class PartitionTail:
                     await asyncio.shield(poll)
                 if poll.done():   # this read's own poll: its OffsetOutOfRangeError is this read's
                     poll.result()
-                    return self._cached(offset, limit) or []
+                    if left <= 0:
+                        return self._cached(offset, limit) or []
+                    # A poll ends early with nothing (librdkafka's end-of-partition event): wait on,
+                    # or a note this broker publishes a moment later waits for the next Fetch (up
+                    # to a fetch wait more of end-to-end latency); one poll a Kafka fetch wait at most
+                    if not self._cached(offset, limit):
+                        await self._until_landed(None, min(deadline - loop.time(), TAIL_FETCH_WAIT_MS / 1000))
             if loop.time() >= deadline:
                 return self._cached(offset, limit) or []
 
-    async def _until_landed(self, poll: asyncio.Task[None], timeout_s: float) -> None:
-        landed = asyncio.ensure_future(self._landed.wait())
-        try:
-            await asyncio.wait((poll, landed), timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            landed.cancel()
+    async def _until_landed(self, poll: asyncio.Task[None] | None, timeout_s: float) -> None:
+        """Until notes land, `poll` (if any) ends or `timeout_s` passed."""
+        if self._landed is None:
+            self._landed = asyncio.get_running_loop().create_future()
+        waits = (self._landed,) if poll is None else (poll, self._landed)
+        await asyncio.wait(waits, timeout=max(timeout_s, 0.0), return_when=asyncio.FIRST_COMPLETED)
 
     async def _poll(self, offset: int, wait_s: float) -> None:
         """One Kafka poll from `offset`, its notes into the ring."""
@@ -282,6 +294,23 @@ class Reads:
         drop = await self._drops(notification_topic, partition, n)
         firsts = accumulate((m.records for m in messages), initial=0)
         return [(first, m) for i, (first, m) in enumerate(zip(firsts, messages)) if i not in drop]
+
+    async def end(self, notification_topic: str, partition: int, last: NotificationRecord) -> int:
+        """The Kafka offset just after the last record a reader gets up to `last`'s part: copies
+        dropped at the end lie past it, as no reader's position ever moves there. Looks back over
+        parts that are copies alone (at most a window's worth)."""
+        n = last
+        for _ in range(WINDOW_NOTES):
+            messages = await self._messages(n.notification, keep_raw=True)   # readers frame it next: keep it
+            drop = await self._drops(notification_topic, partition, n)
+            kept = [i for i in range(len(messages)) if i not in drop]
+            if kept:
+                return kafka_offset(n.offset, sum(m.records for m in messages[:kept[-1] + 1]))
+            earlier = await self.notes_between(notification_topic, partition, n.offset - 1, n.offset)
+            if not earlier:
+                break
+            n = earlier[0]
+        return first_offset(n.offset)
 
     async def _drops(self, notification_topic: str, partition: int, n: NotificationRecord) -> frozenset[int]:
         drop: frozenset[int] = await self.cache.get(

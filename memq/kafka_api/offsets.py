@@ -56,14 +56,18 @@ def produce_base_offset(placed: Sequence[tuple[int, int, int]]) -> int:
     """The base offset a Produce response gives for one partition's batches, each placed at
     (notification offset, index of its first record in that part, record count), in request
     order: the first record's Kafka offset when the batches' records are consecutive in one part
-    (a client numbers the request's records base, base + 1, ...), else -1 (unknown, as Kafka
-    allows). -1 too when a place is unknown (notification offset or index < 0: acks=1)."""
+    (a client numbers the request's records base, base + 1, ...), else unknown: also when a
+    place is unknown (notification offset or index < 0: acks=1). Unknown is minus the request's
+    record count, so that every record's number is negative, ending at Kafka's -1: librdkafka
+    and aiokafka number from -1 on (0, 1, ...: offsets of other records), Java and kafka-python
+    report -1 for all; a negative offset is "not known" to every client."""
+    unknown = -max(sum(count for _, _, count in placed), 1)
     if not placed or any(n < 0 or i < 0 for n, i, _ in placed):
-        return -1
+        return unknown
     note, first, _ = placed[0]
     expect = first
     for n, i, count in placed:
         if n != note or i != expect:
-            return -1
+            return unknown
         expect = i + count
     return kafka_offset(note, first)

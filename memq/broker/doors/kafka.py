@@ -592,7 +592,7 @@ class KafkaConnection:
 
 def _partition_result(index: int, appended: list[Appended], timeout_s: float) -> PartitionResult:
     """The partition's answer once its Messages' acks are in: its first record's Kafka offset as
-    a reader will see it (acks=all; -1 for acks=1, whose notification is not published yet)."""
+    a reader will see it (acks=all; negative, unknown, for acks=1: its notification is not published yet)."""
     placed = []
     for f, count in appended:
         if not f.done():

@@ -101,7 +101,8 @@ async def fetch(core: BrokerCore, principal: str | None, req: FetchRequest, peer
             marks = core.reads.watermarks_seen(r.notification_topic, r.want.index)
             low, high = marks if marks is not None else (-1, r.note)
             high = max(high, r.note + (1 if r.index else 0), 0)
-            r.out.high_watermark = _high_watermark(high, core.reads.last_seen(r.notification_topic, r.want.index))
+            r.out.high_watermark = await _high_watermark(core, r.notification_topic, r.want.index, high,
+                                                         core.reads.last_seen(r.notification_topic, r.want.index))
             r.out.log_start = first_offset(low) if low >= 0 else -1
             r.out.records = r.buf
     return answer
@@ -118,11 +119,17 @@ def _preferred_replica(meta: ClusterMetadata, me: str, rack: str, partition: int
     return node_id(near[partition % len(near)])
 
 
-def _high_watermark(high: int, last: NotificationRecord | None) -> int:
-    """Just after the last record when the partition's last notification is known (so a reader
-    that read everything has no lag), else where the next notification's records will start."""
+async def _high_watermark(core: BrokerCore, ntopic: str, partition: int, high: int,
+                          last: NotificationRecord | None) -> int:
+    """Just after the last record a reader gets when the partition's last notification is known
+    (so a reader that read everything has no lag and is at the end, even when the last part
+    ends in dropped copies), else where the next notification's records will start."""
     if last is not None and last.offset == high - 1:
-        return end_offset(last.offset, last.notification.logmessage_count)
+        try:
+            return await core.reads.end(ntopic, partition, last)
+        except MemqError as e:   # its part unreadable now: the end as its notification counts it
+            log.info("Kafka high watermark of %s[%d]: %s", ntopic, partition, e)
+            return end_offset(last.offset, last.notification.logmessage_count)
     return first_offset(high)
 
 
@@ -216,7 +223,7 @@ async def _listed(core: BrokerCore, ntopic: str, partition: int, ts: int) -> Lis
         if high > low:
             notes = await core.reads.notes(ntopic, partition, high - 1, LATEST_WAIT_S)
             last = notes[0] if notes else None
-        return ListedOffset(partition, offset=_high_watermark(high, last))
+        return ListedOffset(partition, offset=await _high_watermark(core, ntopic, partition, high, last))
     if ts == EARLIEST:
         return ListedOffset(partition, offset=first_offset(low))
     if ts < 0:
