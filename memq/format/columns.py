@@ -95,7 +95,7 @@ def _decode(buf: Buffer, compressors: Compressors) -> tuple[MessageHeader, Colum
     body = memoryview(buf)[header.header_size:]
     columns: Columns | KafkaRecords
     if header.codec is Codec.KAFKA:
-        columns = split_kafka_records(body)
+        columns = split_kafka_records(body, compressors.zstd_decompressor())
     elif header.codec is Codec.ARROW:
         if header.raw_length != header.body_length:
             raise CorruptDataError(f"Codec.ARROW raw length {header.raw_length}, body length {header.body_length}")
