@@ -85,6 +85,24 @@ def test_a_damaged_kafka_record_fails_exactly_when_the_record_decoder_fails(recs
     assert rows(decode_kafka_columns(bytes(kb))) == want
 
 
+def test_a_batch_decoded_for_some_fields_gives_those_columns_and_checks_them_at_once() -> None:
+    recs = [LogMessage(b"v%d" % i, b"k" if i % 2 else None, (("a", b"b"),), 100 + i) for i in range(6)]
+    msgs = [encode_message(recs, producer_id=1, epoch=0, sequence=s, codec=c)
+            for s, c in enumerate((Codec.ZSTD, Codec.NONE, Codec.ARROW))] + [kafka_message(recs)]
+    obj = b"".join(encode_batch(msgs, [decode_message_header(m) for m in msgs], broker_id="b"))
+    whole = decode_batch_columns(obj)[1]
+    some = decode_batch_columns(obj, fields={"value", "timestamp_ms"})[1]
+    for (_, a), (_, b) in zip(whole, some):
+        assert a.column("value").equals(b.column("value")) and a.column("timestamp_ms").equals(b.column("timestamp_ms"))
+    with pytest.raises(KeyError):
+        some[0][1].column("key")                     # a msgpack body keeps only what was asked for
+    bad = raw_message([[5, None, [], 1, None]], 1)   # a value that is no bytes: found while decoding
+    bad_obj = b"".join(encode_batch([bad], [decode_message_header(bad)], broker_id="b"))
+    decode_batch_columns(bad_obj, fields={"timestamp_ms"})
+    with pytest.raises(CorruptDataError, match="field value"):
+        decode_batch_columns(bad_obj, fields={"value"})
+
+
 def test_kafka_zstd_frames_with_or_without_their_size_decode_with_the_readers_one_context() -> None:
     """A frame that declares its size decodes in one call, one that does not chunk by chunk
     (here over 1 MiB, more than one chunk); both with the context a reader reuses."""
