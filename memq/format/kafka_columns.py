@@ -246,22 +246,20 @@ def _varints(u8: np.ndarray, pos: np.ndarray, ends: np.ndarray, what: str) -> tu
         raise CorruptDataError(f"Kafka record truncated before its {what}")
     b = u8[pos]
     acc = (b & 0x7F).astype(np.uint64)
-    size = np.ones(len(pos), np.int64)
+    after = pos + 1
     going = np.flatnonzero(b >= 0x80)
     k = 1
     while len(going):
         if k == _MAX_VARINT:
             raise CorruptDataError("Kafka varint longer than 10 bytes")
-        b = u8[pos[going] + k]
+        b = u8[after[going]]
         acc[going] |= (b & 0x7F).astype(np.uint64) << np.uint64(7 * k)
-        size[going] += 1
+        after[going] += 1
         going = going[b >= 0x80]
         k += 1
-    after = pos + size
     if (after > ends).any():
         raise CorruptDataError(f"Kafka record truncated inside its {what}")
-    value = (acc >> np.uint64(1)).astype(np.int64) ^ -(acc & np.uint64(1)).astype(np.int64)
-    return value, after
+    return ((acc >> np.uint64(1)) ^ -(acc & np.uint64(1))).view(np.int64), after
 
 
 def _field(u8: np.ndarray, pos: np.ndarray, ends: np.ndarray, what: str) -> tuple[_Spans, np.ndarray]:
