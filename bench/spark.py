@@ -224,7 +224,7 @@ def _quick(config: MemqConfig, options: dict[Codec, dict[str, str]], topics: dic
     consumer_runs: list[tuple[float, int, int]] = []
     parquet = tempfile.mkdtemp(prefix="memq-bench-parquet-")
     try:
-        for _ in range(2):
+        for _ in range(3):   # best of three: the first run of each also pays this process's warm-up
             for codec, opts in options.items():
                 secs, rows, got, batches = _tasks_read(opts)
                 task_runs[codec].append((secs, rows, got))
