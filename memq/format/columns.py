@@ -78,9 +78,9 @@ class MsgpackColumns:
         return self._built[name]
 
     def keep(self, names: Collection[str]) -> None:
-        """Convert `names` now and drop the decoded objects: converted while the body's
-        objects are fresh in the CPU cache, Message by Message, a column costs a third less
-        than after a whole object's Messages were unpacked."""
+        """Convert `names` now and drop the decoded objects: converting Message by Message,
+        while its objects are still in the CPU cache, made a Spark read's decode ~12% cheaper
+        than converting after a whole object's Messages were unpacked."""
         for name in names:
             self.column(name)
         self.fields[:] = [None] * len(self.fields)
