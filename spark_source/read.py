@@ -16,7 +16,7 @@ from memq.format import BatchHeader, MessageHeader
 from memq.format.columns import Columns, decode_batch_columns
 from spark_source.options import SourceOptions
 from spark_source.plan import BatchRef, Bounds, describe_storage
-from spark_source.schema import ARROW_SCHEMA, BatchContext, to_record_batch
+from spark_source.schema import ARROW_SCHEMA, BatchContext, log_fields, to_record_batch
 
 log = logging.getLogger("memq.spark")
 
@@ -26,7 +26,7 @@ def pointer(topic: str, ref: BatchRef) -> BatchPointer:
     return BatchPointer(topic, ref.location, ref.size, ref.crc32c, ref.partition, ref.offset, ref.start)
 
 
-def _arrow(opts: SourceOptions, ref: BatchRef, bounds: Bounds, seen: SequenceTracker | None,
+def _arrow(opts: SourceOptions, schema: pa.Schema, ref: BatchRef, bounds: Bounds, seen: SequenceTracker | None,
            decoded: tuple[BatchHeader, list[tuple[MessageHeader, Columns]]]) -> pa.RecordBatch | None:
     """The object's rows within `bounds`, without Messages `seen` before in this task; None if
     its header rules them all out. Runs in the reader's one CPU worker: `seen` needs no lock."""
@@ -36,7 +36,6 @@ def _arrow(opts: SourceOptions, ref: BatchRef, bounds: Bounds, seen: SequenceTra
         return None
     keep = None if seen is None else [not seen.seen(h.producer_id, h.epoch, h.sequence) for h, _ in messages]
     ctx = BatchContext(opts.topic, ref.partition, ref.offset, ref.location.bucket, ref.location.key)
-    schema = pa.schema([ARROW_SCHEMA.field(c) for c in opts.columns]) if opts.columns else ARROW_SCHEMA
     return to_record_batch(ctx, messages, bounds.start_ms, bounds.end_ms, keep, schema)
 
 
@@ -54,11 +53,13 @@ def read_partition(opts: SourceOptions, refs: Sequence[BatchRef], bounds: Bounds
     dropDuplicates (the default) a Message seen before in this task is dropped (see plan.py
     for how copies are planned into one task).
     """
-    reader = BatchReader(opts.config, opts.fetch_concurrency, decode=decode_batch_columns)
+    schema = pa.schema([ARROW_SCHEMA.field(c) for c in opts.columns]) if opts.columns else ARROW_SCHEMA
+    fields = log_fields(schema, timed=bounds.start_ms is not None or bounds.end_ms is not None)
+    reader = BatchReader(opts.config, opts.fetch_concurrency, decode=partial(decode_batch_columns, fields=fields))
     cc = opts.config.consumer     # the de-duplication memory of a Consumer (consumer.dedup_*)
     seen = SequenceTracker(cc.dedup_max_producers, cc.dedup_window) if opts.drop_duplicates else None
     try:
-        batches = ((pointer(opts.topic, ref), partial(_arrow, opts, ref, bounds, seen)) for ref in refs)
+        batches = ((pointer(opts.topic, ref), partial(_arrow, opts, schema, ref, bounds, seen)) for ref in refs)
         for batch in read_in_order(reader, batches, opts.fetch_concurrency, data_loss_policy(opts)):
             if batch is not None and batch.num_rows:
                 yield batch

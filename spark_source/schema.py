@@ -50,6 +50,8 @@ ARROW_SCHEMA: pa.Schema = to_arrow_schema(SCHEMA, timezone="UTC")
 _HEADER_TYPE = ARROW_SCHEMA.field("headers").type
 # A LogMessage's fields as Arrow types.
 _LOG_TYPES = {"value": pa.binary(), "key": pa.binary(), "headers": _HEADER_TYPE, "timestamp_ms": pa.int64()}
+# The LogMessage field each column is built from (the other columns come from headers and the object).
+_LOG_FIELD = {"key": "key", "value": "value", "timestamp": "timestamp_ms", "headers": "headers"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +63,13 @@ class BatchContext:
     offset: int | None
     bucket: str
     key: str
+
+
+def log_fields(schema: pa.Schema, timed: bool) -> frozenset[str]:
+    """The LogMessage fields `to_record_batch` reads for `schema` (and timestamps to cut rows
+    by time when `timed`): the only ones a decoder need convert."""
+    return frozenset(_LOG_FIELD[n] for n in schema.names if n in _LOG_FIELD) | (
+        {"timestamp_ms"} if timed else frozenset())
 
 
 def projection(schema: StructType) -> pa.Schema:
@@ -88,9 +97,14 @@ class _LogColumns:
     def __call__(self, field: str) -> pa.Array:
         if field not in self._built:
             typ = _LOG_TYPES[field]
-            chunks = [cols.column(field).cast(typ) for _, cols in self._messages]
-            self._built[field] = pa.concat_arrays(chunks) if chunks else pa.array([], typ)
+            chunks = [_as(cols.column(field), typ) for _, cols in self._messages]
+            self._built[field] = chunks[0] if len(chunks) == 1 else pa.concat_arrays(chunks) if chunks \
+                else pa.array([], typ)
         return self._built[field]
+
+
+def _as(array: pa.Array, typ: pa.DataType) -> pa.Array:
+    return array if array.type == typ else array.cast(typ)
 
 
 def _signed64(value: int) -> int:

@@ -8,6 +8,7 @@ import struct
 import msgpack
 import pyarrow as pa
 import pytest
+import zstandard
 from crc32c import crc32c
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -16,8 +17,9 @@ from memq.errors import CorruptDataError, FormatError
 from memq.format import Codec, Compressors, LogMessage, decode_batch, decode_message, encode_batch, encode_message
 from memq.format.arrow_body import COLUMNS, body_schema, to_log_messages
 from memq.format.columns import Columns, decode_batch_columns, decode_message_columns
-from memq.format.kafka_columns import decode_kafka_columns
-from memq.format.kafka_records import decode_kafka_records, verify_kafka_batch
+from memq.format.codec import MAX_BODY_BYTES
+from memq.format.kafka_columns import decode_kafka_columns, locate_kafka_columns, split_kafka_records
+from memq.format.kafka_records import KafkaCodec, decode_kafka_records, decompress_records, verify_kafka_batch
 from memq.format.message import _message, decode_message_header, encode_kafka_message
 from tests.support.kafka_frames import CODECS, record_batch
 
@@ -81,6 +83,44 @@ def test_a_damaged_kafka_record_fails_exactly_when_the_record_decoder_fails(recs
             rows(decode_kafka_columns(bytes(kb)))
         return
     assert rows(decode_kafka_columns(bytes(kb))) == want
+
+
+def test_a_batch_decoded_for_some_fields_gives_those_columns_and_checks_them_at_once() -> None:
+    recs = [LogMessage(b"v%d" % i, b"k" if i % 2 else None, (("a", b"b"),), 100 + i) for i in range(6)]
+    msgs = [encode_message(recs, producer_id=1, epoch=0, sequence=s, codec=c)
+            for s, c in enumerate((Codec.ZSTD, Codec.NONE, Codec.ARROW))] + [kafka_message(recs)]
+    obj = b"".join(encode_batch(msgs, [decode_message_header(m) for m in msgs], broker_id="b"))
+    whole = decode_batch_columns(obj)[1]
+    some = decode_batch_columns(obj, fields={"value", "timestamp_ms"})[1]
+    for (_, a), (_, b) in zip(whole, some):
+        assert a.column("value").equals(b.column("value")) and a.column("timestamp_ms").equals(b.column("timestamp_ms"))
+    with pytest.raises(KeyError):
+        some[0][1].column("key")                     # a msgpack body keeps only what was asked for
+    bad = raw_message([[5, None, [], 1, None]], 1)   # a value that is no bytes: found while decoding
+    bad_obj = b"".join(encode_batch([bad], [decode_message_header(bad)], broker_id="b"))
+    decode_batch_columns(bad_obj, fields={"timestamp_ms"})
+    with pytest.raises(CorruptDataError, match="field value"):
+        decode_batch_columns(bad_obj, fields={"value"})
+
+
+def test_kafka_zstd_frames_with_or_without_their_size_decode_with_the_readers_one_context() -> None:
+    """A frame that declares its size decodes in one call, one that does not chunk by chunk
+    (here over 1 MiB, more than one chunk); both with the context a reader reuses."""
+    recs = [LogMessage(b"%06d" % i * 50, b"k%d" % i, (("h", b"v"),), 1_000 + i) for i in range(4_000)]
+    zstd = Compressors().zstd_decompressor()
+    for sized in (True, False):
+        kb = record_batch(recs, codec="zstd", zstd_size=sized)
+        assert zstandard.get_frame_parameters(kb[61:]).content_size == (
+            len(decompress_records(KafkaCodec.NONE, memoryview(record_batch(recs))[61:])) if sized
+            else zstandard.CONTENTSIZE_UNKNOWN)
+        assert rows(locate_kafka_columns([split_kafka_records(kb, zstd)])[0]) == recs
+        assert rows(locate_kafka_columns([split_kafka_records(kb, zstd)])[0]) == recs   # context reused
+
+
+def test_a_kafka_zstd_frame_declaring_more_than_a_body_may_hold_is_refused_before_decompressing() -> None:
+    frame = b"\x28\xb5\x2f\xfd\xe0" + struct.pack("<Q", MAX_BODY_BYTES + 1) + b"\x00" * 8
+    with pytest.raises(CorruptDataError, match="declare"):
+        decompress_records(KafkaCodec.ZSTD, memoryview(frame), Compressors().zstd_decompressor())
 
 
 def raw_message(body: object, count: int) -> bytearray:

@@ -104,6 +104,12 @@ class Compressors:
                 f"{codec.name} body decompressed to {len(raw)} bytes, header says {raw_length}")
         return raw
 
+    def zstd_decompressor(self) -> zstandard.ZstdDecompressor:
+        """The reused zstd context, also for the zstd frames inside Kafka batches."""
+        if self._zd is None:
+            self._zd = zstandard.ZstdDecompressor()
+        return self._zd
+
     def _zstd(self, body: bytes | memoryview, raw_length: int) -> bytes:
         # The decompressor allocates a frame's declared content size whatever the output
         # cap, so the frame must declare exactly the header's size (memq always writes it).
@@ -112,9 +118,7 @@ class Compressors:
             if declared != raw_length:
                 raise CorruptDataError(
                     f"zstd frame declares {declared} bytes, header says {raw_length}")
-            if self._zd is None:
-                self._zd = zstandard.ZstdDecompressor()
-            return self._zd.decompress(body, max_output_size=raw_length, allow_extra_data=False)
+            return self.zstd_decompressor().decompress(body, max_output_size=raw_length, allow_extra_data=False)
         except zstandard.ZstdError as exc:
             raise CorruptDataError(f"zstd body does not decompress: {exc}") from exc
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
+import zstandard
 
 from memq.errors import CorruptDataError
 from memq.format.arrow_body import _pyarrow
@@ -105,22 +106,23 @@ class KafkaColumns:
 
 @dataclass(frozen=True, slots=True)
 class KafkaRecords:
-    """One verified, decompressed batch with its records' bounds, fields not yet located."""
+    """One verified, decompressed batch and where each record's length prefix is; the
+    prefixes and every field are decoded later, for all of an object's batches at once."""
 
     header: KafkaBatchHeader
     raw: bytes
-    starts: np.ndarray
-    ends: np.ndarray
+    prefixes: np.ndarray     # int64: where each record (its length varint) starts in `raw`
 
     def __len__(self) -> int:
-        return len(self.starts)
+        return len(self.prefixes)
 
 
-def split_kafka_records(buf: Buffer) -> KafkaRecords:
-    """Verify one whole batch, decompress it and find where each record starts and ends."""
+def split_kafka_records(buf: Buffer, zstd: zstandard.ZstdDecompressor | None = None) -> KafkaRecords:
+    """Verify one whole batch, decompress it (with the reader's reused `zstd` context) and
+    find where each record starts."""
     header = verify_kafka_batch(buf)
-    raw = bytes(decompress_records(header.codec, memoryview(buf)[KAFKA_BATCH_HEADER_SIZE:]))
-    return KafkaRecords(header, raw, *_record_bounds(raw, header.count))
+    raw = bytes(decompress_records(header.codec, memoryview(buf)[KAFKA_BATCH_HEADER_SIZE:], zstd))
+    return KafkaRecords(header, raw, _record_prefixes(raw, header.count))
 
 
 def decode_kafka_columns(buf: Buffer) -> KafkaColumns:
@@ -145,12 +147,19 @@ def locate_kafka_columns(batches: Sequence[KafkaRecords]) -> list[KafkaColumns]:
 
 
 def _locate(batches: Sequence[KafkaRecords]) -> list[KafkaColumns]:
-    shift = np.cumsum([0] + [len(b.raw) for b in batches])
-    raw = b"".join(b.raw for b in batches)
-    starts = np.concatenate([b.starts + at for b, at in zip(batches, shift)])
-    ends = np.concatenate([b.ends + at for b, at in zip(batches, shift)])
+    sizes = [len(b.raw) for b in batches]
+    shift = np.cumsum([0] + sizes)
+    raw = b"".join([*(b.raw for b in batches), bytes(_PAD)])   # padded: see _PAD
     first = np.cumsum([0] + [len(b) for b in batches])   # each batch's first record
-    u8 = np.frombuffer(raw + bytes(_PAD), np.uint8)
+    prefixes = np.concatenate([b.prefixes + at for b, at in zip(batches, shift)])
+    batch_ends = np.repeat(shift[1:], np.diff(first))
+    u8 = np.frombuffer(raw, np.uint8)
+    lengths, starts = _varints(u8, prefixes, batch_ends, "length")
+    if (lengths < 0).any():
+        i = int(np.flatnonzero(lengths < 0)[0])
+        n = int(np.searchsorted(first, i, side="right")) - 1
+        raise CorruptDataError(f"Kafka record {i - first[n]} length {int(lengths[i])} is negative")
+    ends = starts + lengths     # = the next prefix, and the batch's end for its last: `_record_prefixes`
     pos = starts + 1                                   # record attributes: unused by Kafka
     deltas, pos = _varints(u8, pos, ends, "timestamp delta")
     _, pos = _varints(u8, pos, ends, "offset delta")   # memq positions are per batch, not per record
@@ -191,43 +200,30 @@ def _timestamps(header: KafkaBatchHeader, deltas: np.ndarray) -> np.ndarray:
     return deltas + header.base_timestamp_ms
 
 
-def _record_bounds(raw: bytes, count: int) -> tuple[np.ndarray, np.ndarray]:
-    """(start, end) of each record's body after its length prefix: the one per-record loop,
-    since where a record starts depends on every length before it. The loop only follows
-    the prefixes (1- and 2-byte ones inline: records up to 8 KiB); checks and zigzag
-    decoding run on all lengths at once after it."""
-    starts: list[int] = []
-    prefixes: list[int] = []   # zigzag-encoded lengths
+def _record_prefixes(raw: bytes, count: int) -> np.ndarray:
+    """Where each of the `count` records starts: the one per-record Python loop, since where a
+    record starts depends on every length before it. It only follows the length prefixes
+    (1- and 2-byte ones inline: records up to 8 KiB); `_locate` decodes and checks them
+    for all records at once (a negative length, skipped here as its magnitude, fails there)."""
+    at: list[int] = []
+    append = at.append
     pos = 0
     try:
         for _ in range(count):
+            append(pos)
             b = raw[pos]
             if b < 0x80:
-                pos += 1
+                pos += 1 + (b >> 1)
             elif raw[pos + 1] < 0x80:
-                b = (b & 0x7F) | raw[pos + 1] << 7
-                pos += 2
+                pos += 2 + (((b & 0x7F) | raw[pos + 1] << 7) >> 1)
             else:
-                b, pos = _long_varint(raw, pos)
-            starts.append(pos)
-            prefixes.append(b)
-            pos += b >> 1
+                zigzag, pos = _long_varint(raw, pos)
+                pos += zigzag >> 1
     except IndexError:
-        raise CorruptDataError(f"Kafka batch ends inside record {len(starts)} of {count}") from None
-    try:
-        zigzag = np.array(prefixes, np.uint64)
-    except OverflowError:
-        raise CorruptDataError("Kafka record length varint over 64 bits") from None
-    begin = np.array(starts, np.int64)
-    if (zigzag & np.uint64(1)).any():
-        i = int(np.flatnonzero(zigzag & np.uint64(1))[0])
-        raise CorruptDataError(f"Kafka record {i} length {-(int(zigzag[i]) >> 1) - 1} is negative")
-    end = begin + (zigzag >> np.uint64(1)).astype(np.int64)
-    if count and (end[-1] != len(raw) or (end > len(raw)).any()):
-        raise CorruptDataError(f"Kafka batch records end at byte {int(end.max())}, the batch at {len(raw)}")
-    if not count and raw:
-        raise CorruptDataError(f"Kafka batch has {len(raw)} bytes after its 0 records")
-    return begin, end
+        raise CorruptDataError(f"Kafka batch ends inside record {len(at) - 1} of {count}") from None
+    if pos != len(raw):
+        raise CorruptDataError(f"Kafka batch records end at byte {pos}, the batch at {len(raw)}")
+    return np.array(at, np.int64)
 
 
 def _long_varint(raw: bytes, pos: int) -> tuple[int, int]:
@@ -250,22 +246,20 @@ def _varints(u8: np.ndarray, pos: np.ndarray, ends: np.ndarray, what: str) -> tu
         raise CorruptDataError(f"Kafka record truncated before its {what}")
     b = u8[pos]
     acc = (b & 0x7F).astype(np.uint64)
-    size = np.ones(len(pos), np.int64)
+    after = pos + 1
     going = np.flatnonzero(b >= 0x80)
     k = 1
     while len(going):
         if k == _MAX_VARINT:
             raise CorruptDataError("Kafka varint longer than 10 bytes")
-        b = u8[pos[going] + k]
+        b = u8[after[going]]
         acc[going] |= (b & 0x7F).astype(np.uint64) << np.uint64(7 * k)
-        size[going] += 1
+        after[going] += 1
         going = going[b >= 0x80]
         k += 1
-    after = pos + size
     if (after > ends).any():
         raise CorruptDataError(f"Kafka record truncated inside its {what}")
-    value = (acc >> np.uint64(1)).astype(np.int64) ^ -(acc & np.uint64(1)).astype(np.int64)
-    return value, after
+    return ((acc >> np.uint64(1)) ^ -(acc & np.uint64(1))).view(np.int64), after
 
 
 def _field(u8: np.ndarray, pos: np.ndarray, ends: np.ndarray, what: str) -> tuple[_Spans, np.ndarray]:

@@ -150,9 +150,14 @@ def unpack_columns(raw: bytes | memoryview, count: int) -> list[tuple]:
     if type(rows) is not tuple or len(rows) != count:
         got = len(rows) if type(rows) is tuple else type(rows).__name__
         raise CorruptDataError(f"Message body holds {got} records, header says {count}")
+    if not rows:
+        return [()] * RECORD_FIELDS
     try:
-        if rows and set(map(len, rows)) != {RECORD_FIELDS}:
-            raise CorruptDataError(f"Message body records are not {RECORD_FIELDS}-field arrays")
+        columns = list(zip(*rows, strict=True))   # checks every record's length on the way
     except TypeError as exc:
         raise CorruptDataError(f"Message body records are not arrays: {exc}") from exc
-    return list(zip(*rows)) if rows else [()] * RECORD_FIELDS
+    except ValueError:
+        columns = []
+    if len(columns) != RECORD_FIELDS:
+        raise CorruptDataError(f"Message body records are not {RECORD_FIELDS}-field arrays")
+    return columns

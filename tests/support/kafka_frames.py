@@ -37,8 +37,9 @@ def _field(b: bytes | None) -> bytes:
 
 
 def record_batch(records: Sequence[LogMessage], *, codec: str = "none", producer_id: int = -1,
-                 epoch: int = -1, base_sequence: int = -1, xerial: bool = False) -> bytes:
-    """One RecordBatch v2 holding `records` (CreateTime, timestamps as given)."""
+                 epoch: int = -1, base_sequence: int = -1, xerial: bool = False, zstd_size: bool = True) -> bytes:
+    """One RecordBatch v2 holding `records` (CreateTime, timestamps as given); `zstd_size=False`
+    leaves the zstd frame's size out, as the Java client's streaming compressor does."""
     base_ts = records[0].timestamp_ms if records else 0
     body = bytearray()
     for i, r in enumerate(records):
@@ -55,7 +56,7 @@ def record_batch(records: Sequence[LogMessage], *, codec: str = "none", producer
     elif codec == "lz4":
         raw = bytes(cramjam.lz4.compress(raw))
     elif codec == "zstd":
-        raw = zstandard.ZstdCompressor().compress(raw)
+        raw = zstandard.ZstdCompressor(write_content_size=zstd_size).compress(raw)
     max_ts = max((r.timestamp_ms for r in records), default=0)
     after_crc = struct.pack(">hiqqqhii", CODECS[codec], max(len(records) - 1, 0), base_ts, max_ts,
                             producer_id, epoch, base_sequence, len(records)) + raw
