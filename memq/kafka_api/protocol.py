@@ -41,6 +41,10 @@ class ApiKey(IntEnum):
     API_VERSIONS = 18
     INIT_PRODUCER_ID = 22
     SASL_AUTHENTICATE = 36
+    SHARE_GROUP_HEARTBEAT = 76   # share groups (memq.kafka_api.share): flexible, v1 only
+    SHARE_GROUP_DESCRIBE = 77
+    SHARE_FETCH = 78
+    SHARE_ACKNOWLEDGE = 79
 
 
 #: The (min, max) version of each API served; ApiVersions advertises exactly these.
@@ -61,11 +65,15 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     ApiKey.SYNC_GROUP: (0, 3),
     ApiKey.DESCRIBE_GROUPS: (0, 4),
     ApiKey.LIST_GROUPS: (0, 2),
-    ApiKey.METADATA: (1, 8),
+    ApiKey.METADATA: (1, 12),   # v9-12 flexible, with topic ids (memq.kafka_api.metadata_flex)
     ApiKey.API_VERSIONS: (0, 2),
     ApiKey.INIT_PRODUCER_ID: (0, 1),
     ApiKey.SASL_HANDSHAKE: (0, 1),      # v1: the SASL exchange goes in SaslAuthenticate requests
     ApiKey.SASL_AUTHENTICATE: (0, 1),
+    ApiKey.SHARE_GROUP_HEARTBEAT: (1, 1),
+    ApiKey.SHARE_GROUP_DESCRIBE: (1, 1),
+    ApiKey.SHARE_FETCH: (1, 1),
+    ApiKey.SHARE_ACKNOWLEDGE: (1, 1),
 }
 
 
