@@ -74,7 +74,10 @@ class FlexReader(Reader):
 
     def skip_tags(self) -> None:
         """Skip a tagged-field section: memq knows no tags, so every one is ignorable."""
-        for _ in range(self.compact_count()):
+        n = self.uvarint()   # a plain count, not length + 1
+        if n > len(self.buf) - self.pos:
+            raise ProtocolError(f"Kafka request has {n} tagged fields at byte {self.pos}: impossible here")
+        for _ in range(n):
             self.uvarint()                      # tag
             self.nullable_bytes(self.uvarint())  # its value
 
