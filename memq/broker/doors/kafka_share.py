@@ -262,6 +262,9 @@ class ShareDoor:
                              max(req.max_bytes, 1), min(req.max_wait_ms / 1000, MAX_WAIT_S))
         if acked or closing:
             await self._shares.committed()
+        for k, o in outs.items():
+            log.info("DEBUG fetch %s ep %d acks %s -> p%d acquired %s bytes %d", req.member_id[:6], req.session_epoch,
+                     [(b.first, b.last, b.types) for b in req.partitions.get(k, ())], k[1], o.acquired, len(o.records))
         topics: dict[uuid.UUID, list[SharePartitionData]] = {}
         for (tid, _), out in outs.items():
             topics.setdefault(tid, []).append(out)
@@ -312,22 +315,32 @@ class ShareDoor:
 
     async def _fill(self, group: str, member: str, served: dict[Key, str], outs: dict[Key, SharePartitionData],
                     max_records: int, max_bytes: int, wait_s: float) -> None:
+        """Acquire what is there; when nothing is, wait up to `wait_s` for the next notification of
+        any partition, then acquire again. The waits are never cancelled (a tail's read must not
+        be, or the notifications it polled are lost): one still waiting when another's data came
+        finishes on its own, into its tail's memory, where the next fetch finds it."""
         budget = [max_records, max_bytes]
         for key, name in served.items():
-            await self._acquire(group, member, name, key, outs[key], budget, 0.0)
-        if wait_s > 0 and served and not any(outs[k].acquired for k in served):
-            waits = [asyncio.ensure_future(self._acquire(group, member, n, k, outs[k], budget, wait_s))
-                     for k, n in served.items()]
-            done, pending = await asyncio.wait(waits, timeout=wait_s + 1, return_when=asyncio.FIRST_COMPLETED)
-            while pending and not any(outs[k].acquired for k in served):
-                done, pending = await asyncio.wait(pending, timeout=wait_s + 1, return_when=asyncio.FIRST_COMPLETED)
-                if not done:
-                    break
-            for p in pending:
-                p.cancel()
+            await self._acquire(group, member, name, key, outs[key], budget)
+        if wait_s <= 0 or not served or any(outs[k].acquired for k in served):
+            return
+        meta = self._core.metadata()
+        waits = []
+        for key, name in served.items():
+            sp = self._shares.partitions.get((group, name, key[1]))
+            if sp is not None and sp.started and sp.room() > 0 and not outs[key].error:
+                waits.append(asyncio.ensure_future(self._core.reads.notes(
+                    meta.topics[name].notification_topic, key[1], split_offset(sp.end)[0], wait_s)))
+        if not waits:
+            return
+        await asyncio.wait(waits, timeout=wait_s, return_when=asyncio.FIRST_COMPLETED)
+        for w in waits:   # an abandoned wait's error is the next fetch's to see
+            w.add_done_callback(lambda f: f.cancelled() or f.exception())
+        for key, name in served.items():
+            await self._acquire(group, member, name, key, outs[key], budget)
 
     async def _acquire(self, group: str, member: str, name: str, key: Key, out: SharePartitionData,
-                       budget: list[int], wait_s: float) -> None:
+                       budget: list[int]) -> None:
         """Acquire records of one partition for `member` into `out`: redeliveries first, then new ones."""
         skey = (group, name, key[1])
         try:
@@ -348,7 +361,7 @@ class ShareDoor:
                 if again:
                     await self._redeliver(sp, member, ntopic, key[1], again, out, budget)
                 elif budget[0] > 0 and sp.room() > 0:
-                    await self._read_new(sp, member, ntopic, key[1], out, budget, wait_s)
+                    await self._read_new(sp, member, ntopic, key[1], out, budget)
             except OffsetOutOfRangeError:   # retention moved the log start past the window
                 low, _ = await self._core.reads.watermarks(ntopic, key[1])
                 sp.skip_to(first_offset(low))
@@ -359,22 +372,21 @@ class ShareDoor:
                 out.error = ShareError.KAFKA_STORAGE_ERROR
                 log.warning("share fetch of %s[%d] from %s: %s", name, key[1], self._peer, e)
 
-    async def _part(self, ntopic: str, partition: int, note: int, wait_s: float) -> tuple[int, int, FramedPart] | None:
-        """(notification offset, record count, framed part) of the first part at or after `note`."""
-        notes = await self._core.reads.notes(ntopic, partition, note, wait_s)
+    async def _part(self, ntopic: str, partition: int, note: int) -> tuple[int, int, FramedPart] | None:
+        """(notification offset, record count, framed part) of the first part at or after `note` there now."""
+        notes = await self._core.reads.notes(ntopic, partition, note, 0.0)
         if not notes:
             return None
         n = notes[0]
         return n.offset, n.notification.logmessage_count, await self._core.reads.part(n.notification)
 
     async def _read_new(self, sp: SharePartition, member: str, ntopic: str, partition: int, out: SharePartitionData,
-                        budget: list[int], wait_s: float) -> None:
+                        budget: list[int]) -> None:
         while budget[0] > 0 and budget[1] > 0 and sp.room() > 0:
             note, index = split_offset(sp.end)
-            got = await self._part(ntopic, partition, note, wait_s)
+            got = await self._part(ntopic, partition, note)
             if got is None:
                 return
-            wait_s = 0.0
             n, count, part = got
             start = index if n == note else 0
             buf = bytearray()
@@ -392,7 +404,7 @@ class ShareDoor:
         for off in offsets:
             by_note.setdefault(split_offset(off)[0], []).append(off)
         for note, offs in by_note.items():
-            got = await self._part(ntopic, partition, note, 0.0)
+            got = await self._part(ntopic, partition, note)
             if got is None or got[0] != note:
                 continue
             buf = bytearray()
@@ -429,7 +441,7 @@ class ShareDoor:
         for a in archived:
             note, index = split_offset(a.offset)
             try:
-                got = await self._part(ntopic, partition, note, 0.0)
+                got = await self._part(ntopic, partition, note)
                 rec = _record_at(got[2], index) if got is not None and got[0] == note else None
             except MemqError as e:
                 log.warning("dead letter %s[%d]@%d not read: %s", name, partition, a.offset, e)
