@@ -262,9 +262,6 @@ class ShareDoor:
                              max(req.max_bytes, 1), min(req.max_wait_ms / 1000, MAX_WAIT_S))
         if acked or closing:
             await self._shares.committed()
-        for k, o in outs.items():
-            log.info("DEBUG fetch %s ep %d acks %s -> p%d acquired %s bytes %d", req.member_id[:6], req.session_epoch,
-                     [(b.first, b.last, b.types) for b in req.partitions.get(k, ())], k[1], o.acquired, len(o.records))
         topics: dict[uuid.UUID, list[SharePartitionData]] = {}
         for (tid, _), out in outs.items():
             topics.setdefault(tid, []).append(out)
