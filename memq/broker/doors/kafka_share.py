@@ -33,7 +33,7 @@ from memq.kafka_api.metadata_flex import (FlexMetadataRequest, decode_metadata_f
                                           topic_id)
 from memq.kafka_api.offsets import first_offset, split_offset
 from memq.kafka_api.protocol import Node, RequestHeader
-from memq.kafka_api.records import FramedPart, place
+from memq.kafka_api.records import FramedBatch, FramedPart, place
 from memq.kafka_api.share import (SHARE_ACKNOWLEDGE, SHARE_FETCH, SHARE_GROUP_DESCRIBE, SHARE_GROUP_HEARTBEAT, AckBatch, AckType, DescribedGroup, DescribedMember, Endpoint, Key,
                                   SharePartitionData, ShareError, decode_describe, decode_heartbeat,
                                   decode_share_acknowledge, decode_share_fetch, encode_describe, encode_heartbeat,
@@ -387,13 +387,13 @@ class ShareDoor:
             n, count, part = got
             start = index if n == note else 0
             buf = bytearray()
-            after = place(part, n, start, buf, min(budget[1], len(buf) + budget[1]), at_least_one=not out.records)
+            wanted = FramedPart(_batches(part, start, min(budget[0], sp.room()), budget[1]))
+            after = place(wanted, n, start, buf, budget[1], at_least_one=not out.records)
             if after > start:
                 self._take(sp, member, out, buf, [first_offset(n) | i for i in range(start, after)], budget)
-            if after >= count:
-                sp.skip_to(first_offset(n + 1))
-            if after < count or not buf:
-                return
+            if sp.end < first_offset(n) + count:
+                return   # stopped inside the part (a limit, or the window is full)
+            sp.skip_to(first_offset(n + 1))
 
     async def _redeliver(self, sp: SharePartition, member: str, ntopic: str, partition: int, offsets: list[int],
                          out: SharePartitionData, budget: list[int]) -> None:
@@ -462,6 +462,22 @@ class ShareDoor:
                 log.warning("dead letters of group %s not stored in %s: %s", group, dlq, a.error)
 
         await ticket.append(memoryview(msg), header, next(self._shares.sequence), AckLevel.LEADER, stored)
+
+
+def _batches(part: FramedPart, start: int, records: int, nbytes: int) -> tuple[FramedBatch, ...]:
+    """The part's batches from record `start` on, whole, until `records` records or `nbytes` bytes
+    are reached (a ShareFetch's max_records is best effort in Kafka too: whole batches go, so a
+    client never parses a batch to use a slice of it)."""
+    out: list[FramedBatch] = []
+    for b in part.batches:
+        if b.first_index + b.count <= start:
+            continue
+        if out and (records <= 0 or nbytes <= 0):
+            break
+        out.append(b)
+        records -= b.first_index + b.count - max(start, b.first_index)
+        nbytes -= len(b.data)
+    return tuple(out)
 
 
 def invalid_request(h: RequestHeader, why: str) -> bytes:

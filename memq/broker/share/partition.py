@@ -132,16 +132,16 @@ class SharePartition:
         return out
 
     def acquire(self, member: str, offsets: list[int]) -> list[tuple[int, int, int]]:
-        """Lock `offsets` (available ones of the window, or new ones at or after `end`, ascending)
-        for `member`; the acquired ranges as (first, last, delivery count), consecutive offsets
-        with one count merged. Offsets not available are skipped."""
+        """Lock `offsets` (available ones of the window, or new ones at or after `end`, ascending,
+        while the window has room) for `member`; the acquired ranges as (first, last, delivery
+        count), consecutive offsets with one count merged. Offsets not available are skipped."""
         deadline = self._clock.monotonic() + self.lock_s
         got: list[int] = []
         for off in offsets:
             r = self._records.get(off)
             if r is None:
-                if off < self.end:
-                    continue   # finished or never a record
+                if off < self.end or len(self._offsets) >= self.max_in_flight:
+                    continue   # finished or never a record; or the window is full
                 r = self._records[off] = _Record(RecordState.AVAILABLE, 0)
                 self._offsets.append(off)
                 self.end = off + 1
