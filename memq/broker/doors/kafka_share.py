@@ -174,18 +174,21 @@ class ShareDoor:
     # --- ShareFetch, ShareAcknowledge ------------------------------------------------------
 
     def _session(self, group: str, member: str, epoch: int, keys: list[Key]) -> tuple[Session | None, ShareError]:
+        for (g, m), gone in self._shares.expired_sessions():
+            self._release(g, m, gone.keys)
         sessions = self._shares.sessions
         sid = (group, member)
         if epoch == 0:
             old = sessions.pop(sid, None)
             if old is not None:
                 self._release(group, member, old.keys)
-            s = sessions[sid] = Session(0, set(keys))
+            s = sessions[sid] = Session(0, self._shares.now(), set(keys))
             return s, ShareError.NONE
         found = sessions.get(sid)
         if found is None:
             return None, ShareError.SHARE_SESSION_NOT_FOUND
         s = found
+        s.seen = self._shares.now()
         if epoch == -1:
             del sessions[sid]
             return s, ShareError.NONE

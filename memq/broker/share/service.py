@@ -36,6 +36,7 @@ class Session:
     """A member's share session on this broker: the partitions it fetches, its epoch."""
 
     epoch: int
+    seen: float
     keys: set[tuple[uuid.UUID, int]] = field(default_factory=set)
 
 
@@ -57,6 +58,18 @@ class Shares:
         self.producer_id = secrets.randbits(63)   # of the dead letters this broker appends
         self.sequence = itertools.count()
         self.dead_letters: dict[str, int] = {}   # per group: records appended to its dead-letter topic
+
+    def expired_sessions(self) -> list[tuple[tuple[str, str], Session]]:
+        """Sessions unused for `session_timeout_ms` (their member died without closing them),
+        removed: the caller releases what their members held."""
+        limit = self._clock.monotonic() - self.config.session_timeout_ms / 1000
+        gone = [(k, s) for k, s in self.sessions.items() if s.seen < limit]
+        for k, _ in gone:
+            del self.sessions[k]
+        return gone
+
+    def now(self) -> float:
+        return self._clock.monotonic()
 
     async def _run(self, fn: Callable[..., T], *args: Any) -> T:
         return await asyncio.to_thread(fn, *args)
