@@ -18,9 +18,10 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 
 import pytest
+from prometheus_client import generate_latest
 from confluent_kafka import AcknowledgeType, Consumer, KafkaError, Message, ShareConsumer, TopicPartition
 from tests.support.kafka_clients import Running, broker_thread, kafka_produce, rows
-from tests.support.share_frames import (ShareClient, flex_request, heartbeat_body, parse_heartbeat,
+from tests.support.share_frames import (ShareClient, cstr, flex_request, heartbeat_body, parse_heartbeat,
                                         parse_share_fetch, share_fetch_body)
 from tests.support.waiting import wait_for
 
@@ -73,6 +74,10 @@ def host(r: Running, topic: str) -> str:
     return topic
 
 
+def cstr_array(items: list[str]) -> bytes:
+    return bytes([len(items) + 1]) + b"".join(cstr(i) for i in items)
+
+
 def group() -> str:
     return f"sg-{uuid.uuid4().hex[:8]}"
 
@@ -118,6 +123,10 @@ def test_more_consumers_than_partitions_all_receive_and_each_record_is_accepted_
     wait_for(lambda: sum(sp.counters.acknowledged for sp in states) == n, 30,
              f"every record accepted ({[(sp.counters, sp.in_flight()) for sp in states]})")
     assert all(sp.in_flight() == 0 for sp in states)
+    text = generate_latest(running.broker.metrics.registry).decode()
+    assert f'memq_share_acknowledged_total{{group="{g}"}} {float(n)}' in text
+    assert f'memq_share_in_flight_records{{group="{g}"}} 0.0' in text
+    assert f'memq_share_redeliveries_total{{group="{g}"}} 0.0' in text
 
 
 def test_a_killed_consumer_s_records_are_redelivered_after_the_lock_timeout(running: Running) -> None:
@@ -255,6 +264,8 @@ def test_bad_share_frames_get_errors_and_the_connection_goes_on(running: Running
         hb = parse_heartbeat(client.call(76, heartbeat_body("g-bad", "", 0, [topic])))
         assert hb.error == 0 and hb.member_id and hb.assignment == {tid: [0]}
         member = hb.member_id
+        described = client.call(77, cstr_array(["g-bad", "g-none"]) + b"\0\0")
+        assert b"g-bad" in described and b"Stable" in described and member.encode() in described
         # no session yet: SHARE_SESSION_NOT_FOUND
         got = parse_share_fetch(client.call(78, share_fetch_body("g-bad", member, 5, {(tid, 0): []})))
         assert got.error == 122
