@@ -16,6 +16,7 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 from prometheus_client import generate_latest
@@ -26,7 +27,8 @@ from tests.support.share_frames import (ShareClient, cstr, flex_request, heartbe
 from tests.support.waiting import wait_for
 
 from memq.config import BrokerConfig, MemqConfig, ShareConfig, TopicConfig
-from memq.devcluster import DevCluster
+from memq.client.cluster import fetch_metadata
+from memq.devcluster import DevCluster, GovernedCluster
 from memq.kafka_api.metadata_flex import topic_id
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
@@ -291,3 +293,41 @@ def test_bad_share_frames_get_errors_and_the_connection_goes_on(running: Running
             client.read()
     finally:
         client.close()
+
+
+def test_two_brokers_each_lead_share_partitions_and_one_coordinates(devcluster: DevCluster, tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """Governed brokers agree on who coordinates a group and who keeps each share-partition: a
+    ShareFetch at the wrong broker is told the leader, and the group reads every record once."""
+    monkeypatch.setenv("MEMQ_SHARE_AUTO_OFFSET_RESET", "earliest")   # the broker processes read it
+    with GovernedCluster(tmp_path, brokers=2, servers=devcluster, cluster=f"share2{uuid.uuid4().hex[:6]}",
+                         broker=BrokerConfig(kafka_port=0)) as gc:
+        topic = "queue"
+        gc.create_topic(TopicConfig(topic, read_partitions=4, batch_ms=50), brokers=2)
+        addresses = [b.kafka_address for b in fetch_metadata(gc.broker("b1").url, 10.0).brokers]
+        assert len(addresses) == 2
+        n = 800
+        kafka_produce(addresses[0], topic, rows(n, "two"), acks="all")
+        tid = topic_id(gc.cluster, topic)
+        for address in addresses:   # every partition is served by one broker, named to the others
+            client = ShareClient(address)
+            try:
+                hb = parse_heartbeat(client.call(76, heartbeat_body("probe", "", 0, [topic])))
+                got = parse_share_fetch(client.call(78, share_fetch_body(
+                    "probe", f"m-{address}", 0, {(tid, p): [] for p in range(4)}, max_wait_ms=0, max_records=1)))
+                errors = sorted(got.parts[(tid, p)].error for p in range(4))
+                assert errors == [0, 0, 6, 6], errors
+                assert len(got.endpoints) == 1 and f"{got.endpoints[0][1]}:{got.endpoints[0][2]}" != address
+                assert hb.error in (0, 16)   # one of the two coordinates the group, the other says NOT_COORDINATOR
+            finally:
+                client.close()
+        seen = Counter[tuple[int, int]]()
+        c = share_consumer(addresses[1], group(), topic)   # it follows each partition to its leader
+        try:
+            def each(m: Message) -> None:
+                seen[(m.partition(), m.offset())] += 1
+            poll_until(c, lambda: len(seen) >= n, 90, each)
+            c.commit_sync()
+        finally:
+            c.close()
+        assert len(seen) == n and max(seen.values()) == 1
