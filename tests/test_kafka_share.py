@@ -331,3 +331,44 @@ def test_two_brokers_each_lead_share_partitions_and_one_coordinates(devcluster: 
         finally:
             c.close()
         assert len(seen) == n and max(seen.values()) == 1
+
+
+def test_a_sigkilled_broker_loses_no_answered_acknowledgement(devcluster: DevCluster, tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """An acknowledgement is answered after its state write: a crash right after loses none,
+    and what was acquired but not acknowledged is delivered again."""
+    monkeypatch.setenv("MEMQ_SHARE_AUTO_OFFSET_RESET", "earliest")
+    with GovernedCluster(tmp_path, brokers=1, servers=devcluster, cluster=f"sharekill{uuid.uuid4().hex[:6]}",
+                         broker=BrokerConfig(kafka_port=0)) as gc:
+        topic, g, n = "crashq", group(), 400
+        gc.create_topic(TopicConfig(topic, read_partitions=1, batch_ms=50))
+
+        def address() -> str:
+            return fetch_metadata(gc.broker("b1").url, 10.0).brokers[0].kafka_address
+
+        kafka_produce(address(), topic, rows(n, "c"), acks="all")
+        c = share_consumer(address(), g, topic, explicit=True)
+        accepted: set[int] = set()
+        try:
+            def each(m: Message) -> None:
+                if m.offset() % 3:
+                    c.acknowledge(m, AcknowledgeType.ACCEPT)
+                    accepted.add(m.offset())
+
+            def enough() -> bool:
+                c.commit_sync()   # returns once the broker answered: the acknowledgements are written
+                return len(accepted) >= n // 2
+
+            poll_until(c, enough, 60, each)
+            gc.kill_broker("b1")   # SIGKILL, nothing flushed on the way out
+            gc.restart_broker("b1")
+        finally:
+            c.close()   # after the restart: a close towards a dead broker waits out its timeouts
+        c = share_consumer(address(), g, topic)
+        again: set[int] = set()
+        try:
+            poll_until(c, lambda: len(again) >= n - len(accepted), 90, lambda m: again.add(m.offset()))
+            c.commit_sync()
+        finally:
+            c.close()
+    assert not again & accepted and len(again | accepted) == n
