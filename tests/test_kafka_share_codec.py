@@ -93,7 +93,7 @@ def test_share_fetch_request_merges_a_topic_listed_twice() -> None:
 
 
 def test_share_fetch_response_round_trips_through_the_client_parser() -> None:
-    part = SharePartitionData(1, records=b"RECORDS", acquired=[(16, 20, 1), (1 << 24, 1 << 24, 2)], leader=9)
+    part = SharePartitionData(1, records=bytearray(b"RECORDS"), acquired=[(16, 20, 1), (1 << 24, 1 << 24, 2)], leader=9)
     bad = SharePartitionData(2, error=ShareError.NOT_LEADER_OR_FOLLOWER, ack_error=ShareError.INVALID_RECORD_STATE)
     got = parse_share_fetch(encode_share_fetch(5, ShareError.NONE, None, 30_000, {T1: [part, bad]}, []))
     assert (got.error, got.lock_ms) == (0, 30_000)

@@ -229,7 +229,7 @@ class SharePartitionData:
     ack_error: ShareError = ShareError.NONE
     ack_message: str | None = None
     leader: int = -1
-    records: bytes | bytearray = b""
+    records: bytearray = field(default_factory=bytearray)
     acquired: list[tuple[int, int, int]] = field(default_factory=list)   # (first, last, delivery count)
 
 

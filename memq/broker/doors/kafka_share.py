@@ -417,7 +417,7 @@ class ShareDoor:
         ranges = sp.acquire(member, offsets)
         if not ranges:
             return
-        out.records = bytes(out.records) + bytes(buf)
+        out.records += buf
         out.acquired += ranges
         budget[0] -= sum(last - first + 1 for first, last, _ in ranges)
         budget[1] -= len(buf)

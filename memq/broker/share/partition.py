@@ -11,6 +11,7 @@ records only; an acknowledgement range applies to the records inside it and skip
 from __future__ import annotations
 
 import bisect
+import math
 from dataclasses import dataclass
 from enum import IntEnum
 
@@ -78,6 +79,8 @@ class SharePartition:
         self._offsets: list[int] = []            # in-flight record offsets, ascending
         self._records: dict[int, _Record] = {}
         self.counters = Counters()
+        self._available = 0            # AVAILABLE records in the window: no scan for redeliveries without any
+        self._earliest = math.inf      # no lock expires before this: no scan for timeouts until then
         self.changed = False   # since the last `snapshot()`: the store has something to write
         if snapshot is not None:
             self._restore(snapshot)
@@ -112,18 +115,27 @@ class SharePartition:
     def expire(self) -> list[Archived]:
         """Locks past their deadline: the record is available again, or archived at the limit."""
         now = self._clock.monotonic()
+        if now < self._earliest:
+            return []
         out: list[Archived] = []
+        earliest = math.inf
         for off in self._offsets:
             r = self._records[off]
-            if r.state is RecordState.ACQUIRED and r.deadline <= now:
-                self.counters.lock_timeouts += 1
-                out += self._free(off, r, "delivery_limit")
+            if r.state is RecordState.ACQUIRED:
+                if r.deadline <= now:
+                    self.counters.lock_timeouts += 1
+                    out += self._free(off, r, "delivery_limit")
+                else:
+                    earliest = min(earliest, r.deadline)
+        self._earliest = earliest
         self._advance()
         return out
 
     def redeliverable(self, limit: int) -> list[int]:
         """Up to `limit` available records of the window, oldest first."""
         out: list[int] = []
+        if not self._available:
+            return out
         for off in self._offsets:
             if len(out) >= limit:
                 break
@@ -147,6 +159,8 @@ class SharePartition:
                 self.end = off + 1
             elif r.state is not RecordState.AVAILABLE:
                 continue
+            else:
+                self._available -= 1
             if r.deliveries:
                 self.counters.redeliveries += 1
             r.state, r.member, r.deadline = RecordState.ACQUIRED, member, deadline
@@ -155,6 +169,7 @@ class SharePartition:
             got.append(off)
         if got:
             self.changed = True
+            self._earliest = min(self._earliest, deadline)
         return _ranges([(o, self._records[o].deliveries) for o in got])
 
     def skip_to(self, offset: int) -> None:
@@ -205,6 +220,7 @@ class SharePartition:
         if r.deliveries >= self.delivery_limit:
             return [self._archive(off, r, reason)]
         r.state, r.member = RecordState.AVAILABLE, ""
+        self._available += 1
         return []
 
     def _archive(self, off: int, r: _Record, reason: str) -> Archived:
@@ -249,6 +265,8 @@ class SharePartition:
             for off in range(first, first + n):
                 self._records[off] = _Record(RecordState(state), deliveries)
                 self._offsets.append(off)
+            if state == RecordState.AVAILABLE:
+                self._available += n
         self._offsets.sort()
 
 
