@@ -22,6 +22,7 @@ import re
 import tempfile
 import time
 import urllib.request
+from collections.abc import Callable
 from multiprocessing.sharedctypes import Synchronized
 from pathlib import Path
 
@@ -72,7 +73,7 @@ def _group_reader(address: str, group: str, count: Synchronized, stop: Synchroni
         c.close()
 
 
-def read_rate(target: object, readers: int, address: str, group: str, n: int) -> float:
+def read_rate(target: Callable[..., None], readers: int, address: str, group: str, n: int) -> float:
     """Records/s until `n` were read by `readers` processes running `target` (all of them, or it raises)."""
     ctx = multiprocessing.get_context("spawn")
     count, stop = ctx.Value("q", 0), ctx.Value("b", 0)
