@@ -34,7 +34,8 @@ from memq.kafka_api.metadata_flex import (FlexMetadataRequest, decode_metadata_f
 from memq.kafka_api.offsets import first_offset, split_offset
 from memq.kafka_api.protocol import Node, RequestHeader
 from memq.kafka_api.records import FramedBatch, FramedPart, place
-from memq.kafka_api.share import (SHARE_ACKNOWLEDGE, SHARE_FETCH, SHARE_GROUP_DESCRIBE, SHARE_GROUP_HEARTBEAT, AckBatch, AckType, DescribedGroup, DescribedMember, Endpoint, Key,
+from memq.kafka_api.share import (SHARE_ACKNOWLEDGE, SHARE_FETCH, SHARE_GROUP_DESCRIBE, SHARE_GROUP_HEARTBEAT,
+                                  AckBatch, AckType, DescribedGroup, DescribedMember, Endpoint, Key,
                                   SharePartitionData, ShareError, decode_describe, decode_heartbeat,
                                   decode_share_acknowledge, decode_share_fetch, encode_describe, encode_heartbeat,
                                   encode_share_acknowledge, encode_share_fetch)
@@ -62,7 +63,7 @@ def metadata(core: BrokerCore, principal: str | None, h: RequestHeader, body: Fl
     names = req.names
     unknown: tuple[uuid.UUID, ...] = ()
     if req.ids:
-        by_id = {topic_id(meta.cluster, n): n for n in meta.topics}
+        by_id = core.shares.topic_names(meta.cluster, meta.topics)
         names = tuple(names or ()) + tuple(by_id[i] for i in req.ids if i in by_id)
         unknown = tuple(i for i in req.ids if i not in by_id)
     meta = core.guard.visible(principal, meta, names or ())
@@ -113,7 +114,7 @@ class ShareDoor:
 
     def _topics(self) -> tuple[ClusterMetadata, dict[uuid.UUID, str]]:
         meta = self._core.metadata()
-        return meta, {topic_id(meta.cluster, n): n for n in meta.topics}
+        return meta, self._shares.topic_names(meta.cluster, meta.topics)
 
     def _partitions(self, topics: Sequence[str]) -> list[Key]:
         meta = self._core.metadata()
@@ -427,8 +428,7 @@ class ShareDoor:
     def _dead_letters(self, group: str, name: str, partition: int, archived: list[Archived]) -> None:
         suffix = self._shares.config.dead_letter_suffix
         if archived and suffix:
-            asyncio.get_running_loop().create_task(self._send_dead_letters(group, name, partition, archived,
-                                                                           group + suffix))
+            self._shares.spawn(self._send_dead_letters(group, name, partition, archived, group + suffix))
 
     async def _send_dead_letters(self, group: str, name: str, partition: int, archived: list[Archived],
                                  dlq: str) -> None:

@@ -15,13 +15,14 @@ import itertools
 import logging
 import secrets
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from memq.clock import Clock
 from memq.config import ShareConfig
 from memq.errors import MemqError, StateFencedError
+from memq.kafka_api.metadata_flex import topic_id
 
 from .group import ShareGroups
 from .partition import SharePartition, Snapshot
@@ -57,7 +58,9 @@ class Shares:
         self.sessions: dict[tuple[str, str], Session] = {}   # (group, member id)
         self.producer_id = secrets.randbits(63)   # of the dead letters this broker appends
         self.sequence = itertools.count()
-        self.dead_letters: dict[str, int] = {}   # per group: records appended to its dead-letter topic
+        self.dead_letters: dict[str, int] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._ids: dict[str, uuid.UUID] = {}   # per group: records appended to its dead-letter topic
 
     def expired_sessions(self) -> list[tuple[tuple[str, str], Session]]:
         """Sessions unused for `session_timeout_ms` (their member died without closing them),
@@ -67,6 +70,20 @@ class Shares:
         for k, _ in gone:
             del self.sessions[k]
         return gone
+
+    def topic_names(self, cluster: str, names: Iterable[str]) -> dict[uuid.UUID, str]:
+        """Kafka topic id -> name of `names` (ids are a hash: computed once per name here)."""
+        ids = self._ids
+        for n in names:
+            if n not in ids:
+                ids[n] = topic_id(cluster, n)
+        return {ids[n]: n for n in names}
+
+    def spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        """Run `work` in the background, held here until it ends (the loop keeps tasks weakly)."""
+        task = asyncio.get_running_loop().create_task(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     def now(self) -> float:
         return self._clock.monotonic()
@@ -156,7 +173,9 @@ class Shares:
                 sp.changed = True
 
     async def close(self) -> None:
-        """Write what changed (a graceful stop loses no acknowledgement)."""
+        """Finish the dead letters under way, write what changed (a graceful stop loses no acknowledgement)."""
+        if self._tasks:
+            await asyncio.wait(list(self._tasks), timeout=10)
         if self._flusher is not None:
             self._flusher.cancel()
         await self.flush()
