@@ -161,3 +161,11 @@ def test_flexible_metadata_by_name_and_by_id() -> None:
     r.i32()
     r.skip_tags()
     assert (r.i16(), r.compact_nullable_string(), r.uuid()) == (UNKNOWN_TOPIC_ID, None, uuid.UUID(int=5))
+
+
+def test_a_metadata_request_for_every_topic_as_librdkafka_sends_it() -> None:
+    """librdkafka 2.16 leaves the null topic array of an all-topics v12 request as a 4-byte
+    placeholder: the bytes after the last field are ignored, as Kafka's brokers do."""
+    raw = bytes.fromhex("0003000c00000006000772646b61666b610000000000010000")
+    h, r = decode_request_header(raw)
+    assert decode_metadata_flex(h.api_version, flex_body(r)).names is None

@@ -46,7 +46,9 @@ def decode_metadata_flex(version: int, r: FlexReader) -> FlexMetadataRequest:
         r.i8()   # include cluster authorized operations
     r.i8()       # include topic authorized operations
     r.skip_tags()
-    r.done()
+    # No r.done(): librdkafka 2.16 sends a request for every topic with its null topic array
+    # left as a 4-byte placeholder (00 00 00 00, then the fields), so 3 bytes follow the last
+    # field; Kafka's brokers ignore bytes after a request's fields, and so does this one.
     return FlexMetadataRequest(None if n < 0 else tuple(names), tuple(ids))
 
 
