@@ -29,6 +29,7 @@ from tests.support.waiting import wait_for
 from memq.config import BrokerConfig, MemqConfig, ShareConfig, TopicConfig
 from memq.client.cluster import fetch_metadata
 from memq.devcluster import DevCluster, GovernedCluster
+from memq.broker.share.partition import SharePartition
 from memq.kafka_api.metadata_flex import topic_id
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
@@ -87,45 +88,55 @@ def group() -> str:
 
 def test_more_consumers_than_partitions_all_receive_and_each_record_is_accepted_once(running: Running) -> None:
     topic = running.add_topic(partitions=2)
-    g, n, members = group(), 1200, 4
+    g, members, per_round = group(), 4, 200
     got: list[list[tuple[int, int]]] = [[] for _ in range(members)]
     total = Counter[tuple[int, int]]()
+    errors: list[BaseException] = []
     lock = threading.Lock()
     stop = threading.Event()
 
     def member(i: int) -> None:
-        c = share_consumer(running.broker.kafka_address, g, topic)
         try:
-            while not stop.is_set():
-                for m in c.poll(0.3) or []:
-                    assert m.error() is None, m.error()
-                    with lock:
-                        got[i].append((m.partition(), m.offset()))
-                        total[(m.partition(), m.offset())] += 1
-                time.sleep(0.05)   # work takes time: the others get their share
-            c.commit_sync()    # accept the last poll's records (close alone would release them)
-        finally:
-            c.close()
+            c = share_consumer(running.broker.kafka_address, g, topic)
+            try:
+                while not stop.is_set():
+                    for m in c.poll(0.3) or []:
+                        assert m.error() is None, m.error()
+                        with lock:
+                            got[i].append((m.partition(), m.offset()))
+                            total[(m.partition(), m.offset())] += 1
+                    time.sleep(0.05)   # work takes time: the others get their share
+            finally:
+                c.close()
+        except BaseException as e:   # noqa: BLE001 - reported by the test thread
+            errors.append(e)
+
+    def states() -> list[SharePartition]:
+        return [sp for (gg, t, _), sp in list(running.broker.shares.partitions.items()) if gg == g and t == topic]
 
     threads = [threading.Thread(target=member, args=(i,)) for i in range(members)]
     for t in threads:
         t.start()
+    n = 0
     try:
-        wait_for(lambda: len(running.broker.shares.groups.groups.get(g, None).members) == members   # type: ignore[union-attr]
-                 if g in running.broker.shares.groups.groups else False, 60, "every member joined")
-        for i in range(6):   # in rounds, as a queue fills
-            kafka_produce(running.broker.kafka_address, topic, rows(n // 6, f"r{i}"), acks="all")
-        wait_for(lambda: len(total) >= n, 90, f"{n} records received")
+        wait_for(lambda: g in running.broker.shares.groups.groups
+                 and len(running.broker.shares.groups.groups[g].members) == members, 60, "every member joined")
+        while n < 6 * per_round or (not all(got) and n < 40 * per_round):   # in rounds, as a queue fills
+            kafka_produce(running.broker.kafka_address, topic, rows(per_round, f"r{n}"), acks="all")
+            n += per_round
+            time.sleep(0.2)
+        wait_for(lambda: len(total) >= n or errors, 90, f"{n} records received")
+        # the members still poll: each poll accepts the records of the one before (implicit mode)
+        wait_for(lambda: sum(sp.counters.acknowledged for sp in states()) == n or errors, 60,
+                 f"every record accepted ({[(sp.counters, sp.in_flight()) for sp in states()]})")
     finally:
         stop.set()
         for t in threads:
             t.join(60)
+    assert errors == []
     assert len(total) == n and max(total.values()) == 1   # nothing delivered twice in a clean run
     assert all(got), [len(x) for x in got]                # every member received records
-    states = [sp for (gg, t, _), sp in running.broker.shares.partitions.items() if gg == g and t == topic]
-    wait_for(lambda: sum(sp.counters.acknowledged for sp in states) == n, 30,
-             f"every record accepted ({[(sp.counters, sp.in_flight()) for sp in states]})")
-    assert all(sp.in_flight() == 0 for sp in states)
+    assert all(sp.in_flight() == 0 for sp in states())
     text = generate_latest(running.broker.metrics.registry).decode()
     assert f'memq_share_acknowledged_total{{group="{g}"}} {float(n)}' in text
     assert f'memq_share_in_flight_records{{group="{g}"}} 0.0' in text
