@@ -51,6 +51,9 @@ log = logging.getLogger(__name__)
 #: A ShareFetch that finds nothing waits at most this long for new records, whatever it asks.
 MAX_WAIT_S = 5.0
 DEFAULT_MAX_RECORDS = 500
+#: A redelivered record's notification is in the past, so it is there: a read of it waits this long
+#: for the tail to fetch it (a tail just moved back from the partition's end has nothing in memory).
+REREAD_WAIT_S = 2.0
 
 
 # --- Metadata v9-12 and FindCoordinator ----------------------------------------------------
@@ -373,9 +376,11 @@ class ShareDoor:
                 out.error = ShareError.KAFKA_STORAGE_ERROR
                 log.warning("share fetch of %s[%d] from %s: %s", name, key[1], self._peer, e)
 
-    async def _part(self, ntopic: str, partition: int, note: int) -> tuple[int, int, FramedPart] | None:
-        """(notification offset, record count, framed part) of the first part at or after `note` there now."""
-        notes = await self._core.reads.notes(ntopic, partition, note, 0.0)
+    async def _part(self, ntopic: str, partition: int, note: int, wait_s: float = 0.0
+                    ) -> tuple[int, int, FramedPart] | None:
+        """(notification offset, record count, framed part) of the first part at or after `note`,
+        waiting up to `wait_s` for its notification."""
+        notes = await self._core.reads.notes(ntopic, partition, note, wait_s)
         if not notes:
             return None
         n = notes[0]
@@ -404,8 +409,8 @@ class ShareDoor:
         by_note: dict[int, list[int]] = {}
         for off in offsets:
             by_note.setdefault(split_offset(off)[0], []).append(off)
-        for note, offs in by_note.items():
-            got = await self._part(ntopic, partition, note)
+        for note, offs in by_note.items():   # it was read before: wait for it to be read again
+            got = await self._part(ntopic, partition, note, REREAD_WAIT_S)
             if got is None or got[0] != note:
                 continue
             buf = bytearray()
@@ -441,7 +446,7 @@ class ShareDoor:
         for a in archived:
             note, index = split_offset(a.offset)
             try:
-                got = await self._part(ntopic, partition, note)
+                got = await self._part(ntopic, partition, note, REREAD_WAIT_S)
                 rec = _record_at(got[2], index) if got is not None and got[0] == note else None
             except MemqError as e:
                 log.warning("dead letter %s[%d]@%d not read: %s", name, partition, a.offset, e)
