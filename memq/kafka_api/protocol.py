@@ -6,6 +6,9 @@ ListOffsets v1-5, InitProducerId v0-1, SaslHandshake v0-1 and SaslAuthenticate v
 not serve is Kafka's v0-shaped UNSUPPORTED_VERSION carrying our ranges (KIP-511), and the
 client retries with the highest we list. Field layouts follow Kafka's
 clients/src/main/resources/common/message/*.json.
+
+The flexible versions served besides (Metadata v9-12, the share-group APIs) are decoded by
+`flexible`, `metadata_flex` and `share`, on a body read past this module's request header.
 """
 
 from __future__ import annotations
