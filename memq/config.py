@@ -314,6 +314,22 @@ class BrokerConfig:
 
 
 @dataclass(frozen=True)
+class ShareConfig:
+    """Share groups on the Kafka listener (memq.broker.share): KIP-932's group settings.
+    `dead_letter_suffix`: rejected and over-limit records go to topic `<group><suffix>` when it
+    exists ("" = none)."""
+
+    record_lock_ms: int = setting(30_000, ge=1)          # group.share.record.lock.duration.ms
+    delivery_count_limit: int = setting(5, ge=1)         # group.share.delivery.count.limit
+    max_in_flight: int = setting(2_000, ge=1)            # records in flight per share-partition
+    session_timeout_ms: int = setting(45_000, ge=1)      # a member silent this long is dropped
+    heartbeat_interval_ms: int = setting(5_000, ge=1)
+    flush_ms: int = setting(50, ge=0)                    # state changes are written together this often
+    auto_offset_reset: Literal["earliest", "latest"] = "latest"   # share.auto.offset.reset
+    dead_letter_suffix: str = "-dlq"
+
+
+@dataclass(frozen=True)
 class ProducerConfig:
     """Client-side produce settings. `brokers`: comma-separated broker URLs (http://host:port)."""
 
@@ -490,6 +506,7 @@ class MemqConfig:
     zookeeper: ZooKeeperConfig = field(default_factory=ZooKeeperConfig)
     governor: GovernorConfig = field(default_factory=GovernorConfig)
     broker: BrokerConfig = field(default_factory=BrokerConfig)
+    share: ShareConfig = field(default_factory=ShareConfig)
     producer: ProducerConfig = field(default_factory=ProducerConfig)
     consumer: ConsumerConfig = field(default_factory=ConsumerConfig)
     audit: AuditConfig = field(default_factory=AuditConfig)

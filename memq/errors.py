@@ -79,6 +79,10 @@ class LeadershipLostError(CoordinationError):
     """This governor's election znode is gone (session ended): it must stop writing."""
 
 
+class StateFencedError(CoordinationError):
+    """Another broker took over a share-partition's state: this one must stop writing it."""
+
+
 # --- broker / client protocol ---------------------------------------------------------------
 
 

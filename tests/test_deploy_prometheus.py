@@ -19,6 +19,12 @@ from prometheus_client import CollectorRegistry
 
 from memq.audit.dashboard import BooksCollector
 from memq.broker.metrics import BrokerMetrics
+from memq.broker.share.metrics import register as register_share_metrics
+from memq.broker.share.partition import SharePartition
+from memq.broker.share.service import Shares
+from memq.broker.share.store import MemoryStateStore
+from memq.clock import SystemClock
+from memq.config import ShareConfig
 from memq.devcluster import DevCluster
 from memq.devcluster.broker_process import BrokerProcess
 from memq.devcluster.process import free_port, spawn, wait_ready
@@ -55,6 +61,10 @@ def exposed() -> dict[str, set[str]]:
                           expired=0, p50_ms=1, p99_ms=2, max_ms=3, lag_messages=0, lag_s=0, status=0)
     auditor = SimpleNamespace(read=lambda _fn: [row], stats=lambda: SimpleNamespace(records=1, bad_payloads=0))
     registry.register(BooksCollector(auditor))   # type: ignore[arg-type]
+    shares = Shares(ShareConfig(), MemoryStateStore(), SystemClock(), "b1")   # one share group's partition
+    shares.partitions[("g", "t", 0)] = SharePartition(SystemClock())
+    shares.dead_letters["g"] = 0
+    register_share_metrics(shares, registry)
     for collector in list(registry._collector_to_names):   # each family, to learn its label names
         names = getattr(collector, "_labelnames", ())
         if names:

@@ -17,6 +17,7 @@ from .groups import Groups
 from .guard import Guard
 from .metrics import BrokerMetrics
 from .reads import Reads
+from .share.service import Shares
 
 
 class BrokerCore(Protocol):
@@ -44,6 +45,10 @@ class BrokerCore(Protocol):
     @property
     def groups(self) -> Groups:
         """Kafka client groups, relayed to the notification Kafka's coordinator."""
+
+    @property
+    def shares(self) -> Shares:
+        """Share groups: the ones coordinated here, the share-partitions led here (memq.broker.share)."""
 
     @property
     def draining(self) -> bool:

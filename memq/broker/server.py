@@ -26,6 +26,7 @@ from memq.config import MemqConfig, TopicConfig
 from memq.errors import NotifyError
 from memq.format.metadata import BrokerMetadata, ClusterMetadata, ClusterView, StorageMetadata, TopicMetadata
 from memq.format.wire import AckCode
+from memq.governor.registry import Registry
 from memq.notify import KafkaTopic, NotificationPublisher, TopicAdmin, TopicCreator
 from memq.security.quota import Throttler
 from memq.security.tls import server_context
@@ -41,6 +42,9 @@ from .group import GroupWriters, Publisher
 from .processor import TopicProcessor
 from .read_cache import ReadCache
 from .reads import Reads
+from .share.metrics import register as register_share_metrics
+from .share.service import Shares
+from .share.store import MemoryStateStore, ShareStateStore, ZooKeeperStateStore
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +72,8 @@ class Broker:
         self._kafka: KafkaListener | None = None   # broker.kafka_port >= 0: the Kafka wire protocol
         self._kafka_audit: AuditEmitter | None = None
         self._reads: Reads | None = None   # made on start, with the storage
+        self._shares: Shares | None = None   # made on start: share groups on the Kafka listener
+        self._share_registry: Registry | None = None
         self.groups = Groups(config.kafka.bootstrap_servers, config.cluster.name, self.broker_id)
         self.cluster_view: Callable[[], ClusterView | None] | None = None   # governed: from ZooKeeper
         self.url = ""
@@ -114,6 +120,7 @@ class Broker:
             if bc.kafka_port >= 0:
                 # Kafka clients carry no memq audit emitter: the broker reports their Messages.
                 self._kafka_audit = make_audit_sink(self.config, client_id=f"memq-broker-{self.broker_id}-audit")
+                self._shares = await self._make_shares()
                 self._kafka = KafkaListener(self, self._kafka_audit)
                 await self._kafka.start(bc.host, bc.kafka_port, bc.kafka_advertised_host, tls)
         except BaseException:
@@ -141,6 +148,10 @@ class Broker:
             await self._kafka.stop()
         if self._kafka_audit is not None:
             await asyncio.to_thread(self._kafka_audit.close)
+        if self._shares is not None:
+            await self._shares.close()
+        if self._share_registry is not None:
+            await asyncio.to_thread(self._share_registry.close)
         if self._reads is not None:
             await self._reads.close()
         if self._runner is not None:
@@ -156,6 +167,17 @@ class Broker:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.stop()
+
+    async def _make_shares(self) -> Shares:
+        """Share-partition state in ZooKeeper when the cluster has it (its own session), else in memory."""
+        store: ShareStateStore = MemoryStateStore()
+        if self.config.zookeeper.enabled:
+            self._share_registry = await asyncio.to_thread(
+                Registry(self.config.zookeeper, self.config.cluster.name).start)
+            store = ZooKeeperStateStore(self._share_registry)
+        shares = Shares(self.config.share, store, self._clock, self.broker_id)
+        register_share_metrics(shares, self.metrics.registry)
+        return shares
 
     # --- topics (the governor drives these) ----------------------------------------------------
 
@@ -227,6 +249,11 @@ class Broker:
     @property
     def draining(self) -> bool:
         return self._draining
+
+    @property
+    def shares(self) -> Shares:
+        assert self._shares is not None, "start() with a Kafka listener first"
+        return self._shares
 
     @property
     def reads(self) -> Reads:

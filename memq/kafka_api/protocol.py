@@ -6,6 +6,9 @@ ListOffsets v1-5, InitProducerId v0-1, SaslHandshake v0-1 and SaslAuthenticate v
 not serve is Kafka's v0-shaped UNSUPPORTED_VERSION carrying our ranges (KIP-511), and the
 client retries with the highest we list. Field layouts follow Kafka's
 clients/src/main/resources/common/message/*.json.
+
+The flexible versions served besides (Metadata v9-12, the share-group APIs) are decoded by
+`flexible`, `metadata_flex` and `share`, on a body read past this module's request header.
 """
 
 from __future__ import annotations
@@ -42,6 +45,10 @@ class ApiKey(IntEnum):
     INIT_PRODUCER_ID = 22
     SASL_AUTHENTICATE = 36
     DELETE_GROUPS = 42
+    SHARE_GROUP_HEARTBEAT = 76   # share groups (memq.kafka_api.share): flexible, v1 only
+    SHARE_GROUP_DESCRIBE = 77
+    SHARE_FETCH = 78
+    SHARE_ACKNOWLEDGE = 79
 
 
 #: The (min, max) version of each API served; ApiVersions advertises exactly these.
@@ -63,11 +70,15 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     ApiKey.DESCRIBE_GROUPS: (0, 4),
     ApiKey.LIST_GROUPS: (0, 2),
     ApiKey.DELETE_GROUPS: (0, 1),
-    ApiKey.METADATA: (1, 8),
+    ApiKey.METADATA: (1, 12),   # v9-12 flexible, with topic ids (memq.kafka_api.metadata_flex)
     ApiKey.API_VERSIONS: (0, 2),
     ApiKey.INIT_PRODUCER_ID: (0, 1),
     ApiKey.SASL_HANDSHAKE: (0, 1),      # v1: the SASL exchange goes in SaslAuthenticate requests
     ApiKey.SASL_AUTHENTICATE: (0, 1),
+    ApiKey.SHARE_GROUP_HEARTBEAT: (1, 1),
+    ApiKey.SHARE_GROUP_DESCRIBE: (1, 1),
+    ApiKey.SHARE_FETCH: (1, 1),
+    ApiKey.SHARE_ACKNOWLEDGE: (1, 1),
 }
 
 

@@ -66,7 +66,9 @@ from memq.kafka_api.protocol import (ApiKey, ErrorCode, FetchRequest, ListOffset
                        encode_init_producer_id, encode_list_offsets, encode_metadata, encode_produce,
                        encode_sasl_authenticate, encode_sasl_handshake, is_supported, parse_sasl_plain)
 
-from . import kafka_fetch
+from memq.kafka_api.flexible import flex_body
+
+from . import kafka_fetch, kafka_share
 
 if TYPE_CHECKING:
     from memq.audit.emitter import AuditEmitter
@@ -273,7 +275,12 @@ class KafkaConnection:
             return (f"{api_name(h.api_key)} before authentication (client {h.client_id!r}): use SASL/PLAIN "
                     "with a memq token as password, or a client certificate")
         if h.api_key == ApiKey.METADATA:
+            if h.api_version >= 9:   # flexible, with topic ids (share consumers)
+                return _ready(kafka_share.metadata(self._broker, self._principal, h, flex_body(body)))
             return _ready(self._metadata(h, body))
+        if h.api_key in kafka_share.APIS:
+            return asyncio.ensure_future(
+                kafka_share.ShareDoor(self._broker, self._peer, self._principal).serve(h, flex_body(body)))
         if h.api_key == ApiKey.INIT_PRODUCER_ID:
             return _ready(self._init_producer_id(h, body))
         if h.api_key == ApiKey.FETCH:   # answered in turn, read on meanwhile: a long poll blocks no other request
@@ -371,12 +378,13 @@ class KafkaConnection:
         if key_type == 0 and not self._may_group(Operation.DESCRIBE, key):   # as Kafka: DESCRIBE on the group
             return encode_find_coordinator(h, ErrorCode.GROUP_AUTHORIZATION_FAILED, -1, "", -1,
                                            f"principal {self._principal} may not describe group {key!r}")
-        me = [b for b in self._broker.metadata().brokers if b.id == self._broker.broker_id and b.kafka_address]
+        meta = self._broker.metadata()   # a share group needs one coordinator: a hash picks it
+        me = [b for b in meta.brokers if b.id == kafka_share.coordinator_of(meta, key) and b.kafka_address]
         if key_type != 0 or not me:
             return encode_find_coordinator(h, ErrorCode.COORDINATOR_NOT_AVAILABLE, -1, "", -1,
                                            "memq coordinates consumer groups only, on brokers with a Kafka listener")
         host, port = split_address(me[0].kafka_address)
-        return encode_find_coordinator(h, ErrorCode.NONE, node_id(self._broker.broker_id), host, port)
+        return encode_find_coordinator(h, ErrorCode.NONE, node_id(me[0].id), host, port)
 
     def _may_group(self, operation: Operation, group: str) -> bool:
         """Whether this connection's principal may do `operation` on Kafka client group `group`
