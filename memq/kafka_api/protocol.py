@@ -8,7 +8,7 @@ client retries with the highest we list. Field layouts follow Kafka's
 clients/src/main/resources/common/message/*.json.
 
 The flexible versions served besides (Metadata v9-12, the share-group APIs) are decoded by
-`flexible`, `metadata_flex` and `share`, on a body read past this module's request header.
+`flexible`, `metadata_flex`, `share` and `share_admin`, on a body read past this module's request header.
 """
 
 from __future__ import annotations
@@ -49,6 +49,9 @@ class ApiKey(IntEnum):
     SHARE_GROUP_DESCRIBE = 77
     SHARE_FETCH = 78
     SHARE_ACKNOWLEDGE = 79
+    DESCRIBE_SHARE_GROUP_OFFSETS = 90   # share groups' offsets (memq.kafka_api.share_admin): flexible, v0
+    ALTER_SHARE_GROUP_OFFSETS = 91
+    DELETE_SHARE_GROUP_OFFSETS = 92
 
 
 #: The (min, max) version of each API served; ApiVersions advertises exactly these.
@@ -79,6 +82,9 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     ApiKey.SHARE_GROUP_DESCRIBE: (1, 1),
     ApiKey.SHARE_FETCH: (1, 1),
     ApiKey.SHARE_ACKNOWLEDGE: (1, 1),
+    ApiKey.DESCRIBE_SHARE_GROUP_OFFSETS: (0, 0),
+    ApiKey.ALTER_SHARE_GROUP_OFFSETS: (0, 0),
+    ApiKey.DELETE_SHARE_GROUP_OFFSETS: (0, 0),
 }
 
 

@@ -214,3 +214,86 @@ class ShareClient:
 
     def close(self) -> None:
         self.sock.close()
+
+
+# --- share-group offsets: DescribeShareGroupOffsets (90), Alter- (91), DeleteShareGroupOffsets (92), v0 ---
+
+
+def _int32s(items: list[int]) -> bytes:
+    return uv(len(items) + 1) + b"".join(struct.pack(">i", i) for i in items)
+
+
+def describe_offsets_body(groups: dict[str, dict[str, list[int]] | None]) -> bytes:
+    """Per group, its topics' partitions (None: every share-partition it has state for)."""
+    out = uv(len(groups) + 1)
+    for g, topics in groups.items():
+        out += cstr(g)
+        if topics is None:
+            out += b"\0"
+        else:
+            out += uv(len(topics) + 1) + b"".join(cstr(t) + _int32s(ps) + b"\0" for t, ps in topics.items())
+        out += b"\0"
+    return out + b"\0"
+
+
+def alter_offsets_body(group: str, topics: dict[str, dict[int, int]]) -> bytes:
+    out = cstr(group) + uv(len(topics) + 1)
+    for t, parts in topics.items():
+        out += cstr(t) + uv(len(parts) + 1)
+        out += b"".join(struct.pack(">iq", p, off) + b"\0" for p, off in parts.items())
+        out += b"\0"
+    return out + b"\0"
+
+
+def delete_offsets_body(group: str, topics: dict[str, list[int]]) -> bytes:
+    return cstr(group) + uv(len(topics) + 1) + b"".join(cstr(t) + _int32s(ps) + b"\0" for t, ps in topics.items()) + b"\0"
+
+
+@dataclass
+class GroupOffsets:
+    error: int
+    message: str | None
+    starts: dict[tuple[str, int], tuple[int, int]]   # (topic, partition) -> (start offset, error)
+    topic_ids: dict[str, uuid.UUID]
+
+
+def parse_describe_offsets(raw: bytes) -> dict[str, GroupOffsets]:
+    r = _response(raw)
+    r.i32()
+    out = {}
+    for _ in range(r.compact_count()):
+        gid = r.compact_string()
+        starts, ids = {}, {}
+        for _ in range(r.compact_count()):
+            name = r.compact_string()
+            ids[name] = r.uuid()
+            for _ in range(r.compact_count()):
+                p, start, _epoch, err, _m = r.i32(), r.i64(), r.i32(), r.i16(), r.compact_nullable_string()
+                r.skip_tags()
+                starts[(name, p)] = (start, err)
+            r.skip_tags()
+        error, message = r.i16(), r.compact_nullable_string()
+        r.skip_tags()
+        out[gid] = GroupOffsets(error, message, starts, ids)
+    r.skip_tags()
+    r.done()
+    return out
+
+
+def parse_changed_offsets(raw: bytes) -> tuple[int, dict[tuple[str, int], int]]:
+    """(top-level error, (topic, partition) -> error) of an Alter- or DeleteShareGroupOffsets answer."""
+    r = _response(raw)
+    r.i32()
+    error, _ = r.i16(), r.compact_nullable_string()
+    parts = {}
+    for _ in range(r.compact_count()):
+        name = r.compact_string()
+        r.uuid()
+        for _ in range(r.compact_count()):
+            p, err, _m = r.i32(), r.i16(), r.compact_nullable_string()
+            r.skip_tags()
+            parts[(name, p)] = err
+        r.skip_tags()
+    r.skip_tags()
+    r.done()
+    return error, parts

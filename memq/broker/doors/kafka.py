@@ -68,7 +68,7 @@ from memq.kafka_api.protocol import (ApiKey, ErrorCode, FetchRequest, ListOffset
 
 from memq.kafka_api.flexible import flex_body
 
-from . import kafka_fetch, kafka_share
+from . import kafka_fetch, kafka_share, kafka_share_admin
 
 if TYPE_CHECKING:
     from memq.audit.emitter import AuditEmitter
@@ -281,6 +281,9 @@ class KafkaConnection:
         if h.api_key in kafka_share.APIS:
             return asyncio.ensure_future(
                 kafka_share.ShareDoor(self._broker, self._peer, self._principal).serve(h, flex_body(body)))
+        if h.api_key in kafka_share_admin.APIS:
+            return asyncio.ensure_future(
+                kafka_share_admin.ShareAdminDoor(self._broker, self._peer, self._principal).serve(h, flex_body(body)))
         if h.api_key == ApiKey.INIT_PRODUCER_ID:
             return _ready(self._init_producer_id(h, body))
         if h.api_key == ApiKey.FETCH:   # answered in turn, read on meanwhile: a long poll blocks no other request

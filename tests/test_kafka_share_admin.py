@@ -1,0 +1,126 @@
+"""Share groups' admin calls on a broker's Kafka listener, on the real dev cluster (moto S3, tansu,
+ZooKeeper): Describe-, Alter- and DeleteShareGroupOffsets through the protocol (confluent-kafka
+2.16's AdminClient has no call for them), ListGroups and DescribeGroups answering for share
+groups, and the group ACLs of the share APIs over SASL/PLAIN."""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+from collections.abc import Iterator
+
+import pytest
+from tests.support.kafka_clients import Running, broker_thread, kafka_produce, rows
+from tests.support.share_frames import (ShareClient, alter_offsets_body, delete_offsets_body, describe_offsets_body,
+                                        heartbeat_body, parse_changed_offsets, parse_describe_offsets,
+                                        parse_heartbeat, parse_share_ack, parse_share_fetch, share_ack_body, share_fetch_body)
+
+from memq.config import BrokerConfig, MemqConfig, ShareConfig
+from memq.devcluster import DevCluster
+from memq.kafka_api.metadata_flex import topic_id
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
+
+NON_EMPTY_GROUP, GROUP_ID_NOT_FOUND, UNKNOWN_TOPIC_OR_PARTITION, INVALID_REQUEST = 68, 69, 3, 42
+
+
+def share_config(devcluster: DevCluster, cluster: str) -> MemqConfig:
+    base = devcluster.config(cluster=cluster)
+    return dataclasses.replace(
+        base, broker=BrokerConfig(kafka_port=0),
+        zookeeper=dataclasses.replace(base.zookeeper, enabled=True),
+        share=ShareConfig(auto_offset_reset="earliest", heartbeat_interval_ms=500, session_timeout_ms=10_000,
+                          flush_ms=20))
+
+
+@pytest.fixture(scope="module")
+def running(devcluster: DevCluster) -> Iterator[Running]:
+    with broker_thread(share_config(devcluster, "kshareadmin")) as r:
+        yield r
+
+
+class Member:
+    """One share-group member over the byte-level client: joins, fetches, acknowledges, leaves."""
+
+    def __init__(self, client: ShareClient, group: str, topic: str, tid: uuid.UUID) -> None:
+        self.client, self.group, self.key = client, group, (tid, 0)
+        hb = parse_heartbeat(client.call(76, heartbeat_body(group, "", 0, [topic])))
+        assert hb.error == 0 and hb.member_id
+        self.id, self.epoch = hb.member_id, 0
+
+    def fetch(self, n: int) -> list[int]:
+        """The offsets of `n` records acquired (fetching until they are there)."""
+        got: list[int] = []
+        for _ in range(30):
+            f = parse_share_fetch(self.client.call(78, share_fetch_body(self.group, self.id, self.epoch,
+                                                                        {self.key: []}, max_wait_ms=1000)))
+            assert f.error == 0 and f.parts[self.key].error == 0
+            self.epoch += 1
+            for first, last, _ in f.parts[self.key].acquired:
+                got += [first + i for i in range(last - first + 1)]   # one part: consecutive offsets
+            if len(got) >= n:
+                return got
+        raise AssertionError(f"acquired {len(got)} of {n}")
+
+    def accept(self, first: int, last: int) -> None:
+        _, errors = parse_share_ack(self.client.call(79, share_ack_body(self.group, self.id, self.epoch, {self.key: [(first, last, 1)]})))
+        self.epoch += 1
+        assert errors == {self.key: 0}
+
+    def leave(self) -> None:
+        self.client.call(78, share_fetch_body(self.group, self.id, -1, {}, max_records=0))
+        assert parse_heartbeat(self.client.call(76, heartbeat_body(self.group, self.id, -1, None))).epoch == -1
+
+
+def test_describe_alter_and_delete_a_share_group_s_start_offsets(running: Running) -> None:
+    topic = running.add_topic(partitions=1)
+    tid = topic_id(running.config.cluster.name, topic)
+    kafka_produce(running.broker.kafka_address, topic, rows(10, "adm"), acks="all")
+    g = f"sga-{uuid.uuid4().hex[:8]}"
+    client = ShareClient(running.broker.kafka_address)
+    try:
+        def describe() -> dict[tuple[str, int], tuple[int, int]]:
+            answer = parse_describe_offsets(client.call(90, describe_offsets_body({g: {topic: [0]}}), 0))[g]
+            assert answer.error == 0, answer.message
+            return answer.starts
+
+        m = Member(client, g, topic, tid)
+        offsets = m.fetch(10)
+        m.accept(offsets[0], offsets[3])
+        assert describe() == {(topic, 0): (offsets[4], 0)}   # the first record not finished
+        # a group with an active member: refused, nothing changed
+        err, parts = parse_changed_offsets(client.call(91, alter_offsets_body(g, {topic: {0: offsets[7]}}), 0))
+        assert (err, parts) == (NON_EMPTY_GROUP, {})
+        assert parse_changed_offsets(client.call(92, delete_offsets_body(g, {topic: [0]}), 0))[0] == NON_EMPTY_GROUP
+        assert describe() == {(topic, 0): (offsets[4], 0)}
+        m.leave()
+
+        # empty: the start moves, durably (the ZooKeeper store has it), and the next member starts there
+        err, parts = parse_changed_offsets(client.call(
+            91, alter_offsets_body(g, {topic: {0: offsets[7], 5: 0}}), 0))
+        assert err == 0 and parts == {(topic, 0): 0, (topic, 5): UNKNOWN_TOPIC_OR_PARTITION}
+        stored = running.broker.shares.store.read((g, topic, 0))
+        assert stored is not None and (stored.start, stored.end, stored.runs) == (offsets[7], offsets[7], ())
+        assert describe() == {(topic, 0): (offsets[7], 0)}
+        everything = parse_describe_offsets(client.call(90, describe_offsets_body({g: None}), 0))[g]
+        assert everything.starts == {(topic, 0): (offsets[7], 0)}   # null topics: every share-partition with state
+        m = Member(client, g, topic, tid)
+        assert m.fetch(3)[:3] == offsets[7:10]
+        m.leave()
+
+        # deleted: the group starts again by its reset policy (earliest here)
+        err, parts = parse_changed_offsets(client.call(92, delete_offsets_body(g, {topic: [0]}), 0))
+        assert (err, parts) == (0, {(topic, 0): 0})
+        assert describe() == {(topic, 0): (-1, 0)}
+        m = Member(client, g, topic, tid)
+        assert m.fetch(10)[:10] == offsets
+        m.leave()
+
+        # a negative start, a group never seen, a frame cut short
+        err, parts = parse_changed_offsets(client.call(91, alter_offsets_body(g, {topic: {0: -5}}), 0))
+        assert (err, parts) == (0, {(topic, 0): INVALID_REQUEST})
+        assert parse_describe_offsets(client.call(90, describe_offsets_body({"sga-none": None}), 0))[
+            "sga-none"].error == GROUP_ID_NOT_FOUND
+        assert parse_changed_offsets(client.call(91, alter_offsets_body(g, {topic: {0: 1}})[:-6], 0))[0] == INVALID_REQUEST
+    finally:
+        client.close()
