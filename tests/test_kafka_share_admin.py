@@ -10,6 +10,9 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
+from confluent_kafka import Consumer, KafkaException
+from confluent_kafka.admin import AdminClient
+from tests.support.waiting import wait_for
 from tests.support.kafka_clients import Running, broker_thread, kafka_produce, rows
 from tests.support.share_frames import (ShareClient, alter_offsets_body, delete_offsets_body, describe_offsets_body,
                                         heartbeat_body, parse_changed_offsets, parse_describe_offsets,
@@ -123,4 +126,39 @@ def test_describe_alter_and_delete_a_share_group_s_start_offsets(running: Runnin
             "sga-none"].error == GROUP_ID_NOT_FOUND
         assert parse_changed_offsets(client.call(91, alter_offsets_body(g, {topic: {0: 1}})[:-6], 0))[0] == INVALID_REQUEST
     finally:
+        client.close()
+
+
+@pytest.mark.filterwarnings("ignore:list_groups:DeprecationWarning")   # the one call listing every group type
+def test_admin_tools_list_and_describe_share_groups_beside_consumer_groups(running: Running) -> None:
+    topic = running.add_topic(partitions=1)
+    tid = topic_id(running.config.cluster.name, topic)
+    address = running.broker.kafka_address
+    kafka_produce(address, topic, rows(5, "lst"), acks="all")
+    g, classic = f"sgl-{uuid.uuid4().hex[:8]}", f"cg-{uuid.uuid4().hex[:8]}"
+    c = Consumer({"bootstrap.servers": address, "group.id": classic, "auto.offset.reset": "earliest",
+                  "enable.auto.commit": False})
+    client = ShareClient(address)
+    try:
+        c.subscribe([topic])
+        wait_for(lambda: bool(c.consume(10, 0.5)), 60, "the consumer group read")
+        c.commit(asynchronous=False)
+        m = Member(client, g, topic, tid)
+        admin = AdminClient({"bootstrap.servers": address})
+        # Kafka's listing (ListGroups, then DescribeGroups of each): both groups, the share one by its type
+        groups = {x.id: x for x in admin.list_groups(timeout=30)}
+        assert groups[g].protocol_type == "share" and groups[classic].protocol_type == "consumer"
+        assert groups[g].state == "Stable" and [x.id for x in groups[g].members] == [m.id]
+        assert groups[g].members[0].client_id == "test"
+        # the consumer-group calls (librdkafka keeps only consumer groups in the list) do not break on it
+        result = admin.list_consumer_groups(request_timeout=20).result(30)
+        assert result.errors == [] and classic in {x.group_id for x in result.valid}
+        described = admin.describe_consumer_groups([g, classic], request_timeout=20)
+        with pytest.raises(KafkaException, match="not a consumer group"):   # its own answer, refused by the client
+            described[g].result(30)
+        assert described[classic].result(30).group_id == classic
+        m.leave()
+        assert [x.state for x in admin.list_groups(g, timeout=30)] == ["Empty"]
+    finally:
+        c.close()
         client.close()

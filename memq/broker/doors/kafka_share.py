@@ -28,6 +28,7 @@ from memq.format.kafka_records import decode_kafka_records
 from memq.format.metadata import ClusterMetadata
 from memq.format.wire import Ack, AckLevel
 from memq.kafka_api.flexible import FlexReader
+from memq.kafka_api.groups import Described
 from memq.kafka_api.mapping import metadata_view, node_id
 from memq.kafka_api.metadata_flex import (FlexMetadataRequest, decode_metadata_flex, encode_metadata_flex,
                                           topic_id)
@@ -79,6 +80,16 @@ def coordinator_of(meta: ClusterMetadata, group: str) -> str | None:
     """The broker id coordinating `group`: a hash of its id over the brokers with a Kafka listener."""
     ids = sorted(b.id for b in meta.brokers if b.kafka_address)
     return ids[crc32c(group.encode()) % len(ids)] if ids else None
+
+
+def described_groups(core: BrokerCore) -> dict[str, Described]:
+    """The share groups this broker coordinates as ListGroups and DescribeGroups show them
+    (protocol type "share", as Kafka's): admin tools list a broker's groups on each broker."""
+    out = {}
+    for gid, g in core.shares.groups.groups.items():
+        members = tuple((m.member_id, m.client_id, m.client_host) for m in g.members.values())
+        out[gid] = Described(gid, state="Stable" if members else "Empty", protocol_type="share", members=members)
+    return out
 
 
 def _endpoint(nodes: list[Node], nid: int) -> list[Endpoint]:
