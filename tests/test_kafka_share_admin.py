@@ -5,7 +5,9 @@ groups, and the group ACLs of the share APIs over SASL/PLAIN."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+import struct
 import uuid
 from collections.abc import Iterator
 
@@ -14,17 +16,21 @@ from confluent_kafka import Consumer, KafkaException
 from confluent_kafka.admin import AdminClient
 from tests.support.waiting import wait_for
 from tests.support.kafka_clients import Running, broker_thread, kafka_produce, rows
-from tests.support.share_frames import (ShareClient, alter_offsets_body, delete_offsets_body, describe_offsets_body,
+from tests.support.security import ALICE, ALICE_ENTRY, BOB, BOB_ENTRY
+from tests.support.share_frames import (ShareClient, cstr, alter_offsets_body, delete_offsets_body, describe_offsets_body,
                                         heartbeat_body, parse_changed_offsets, parse_describe_offsets,
                                         parse_heartbeat, parse_share_ack, parse_share_fetch, share_ack_body, share_fetch_body)
 
-from memq.config import BrokerConfig, MemqConfig, ShareConfig
+from memq.config import BrokerConfig, MemqConfig, SecurityConfig, ShareConfig, TopicConfig
+from memq.security.tokens import new_token
 from memq.devcluster import DevCluster
 from memq.kafka_api.metadata_flex import topic_id
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
 NON_EMPTY_GROUP, GROUP_ID_NOT_FOUND, UNKNOWN_TOPIC_OR_PARTITION, INVALID_REQUEST = 68, 69, 3, 42
+GROUP_AUTHORIZATION_FAILED = 30
+CAROL, CAROL_ENTRY = new_token("carol")
 
 
 def share_config(devcluster: DevCluster, cluster: str) -> MemqConfig:
@@ -162,3 +168,51 @@ def test_admin_tools_list_and_describe_share_groups_beside_consumer_groups(runni
     finally:
         c.close()
         client.close()
+
+
+def test_group_acls_decide_who_joins_fetches_describes_and_resets_a_share_group(devcluster: DevCluster) -> None:
+    ok, other = f"sgok-{uuid.uuid4().hex[:6]}", f"sgno-{uuid.uuid4().hex[:6]}"
+    topic = f"kacl-{uuid.uuid4().hex[:6]}"
+    base = share_config(devcluster, "ksharegacl")
+    config = dataclasses.replace(base, security=SecurityConfig(
+        enabled=True, tokens=(str(ALICE_ENTRY), str(BOB_ENTRY), str(CAROL_ENTRY)),
+        acls=(f"allow alice consume literal:{topic}", f"allow alice consume group:{ok}",
+              f"allow bob consume literal:{topic}", f"allow bob describe group:{ok}",
+              f"allow carol consume literal:{topic}", f"allow carol admin group:{ok}")))
+    with broker_thread(config) as running:
+        asyncio.run_coroutine_threadsafe(running.broker.add_topic(TopicConfig(name=topic, read_partitions=1)),
+                                         running.loop).result(30)
+        tid = topic_id(config.cluster.name, topic)
+        clients = {name: ShareClient(running.broker.kafka_address) for name in ("alice", "bob", "carol")}
+        try:
+            for name, token in (("alice", ALICE), ("bob", BOB), ("carol", CAROL)):
+                assert clients[name].sasl_plain(name, token) == 0
+            alice, bob, carol = clients["alice"], clients["bob"], clients["carol"]
+            m = Member(alice, ok, topic, tid)   # consume on the group: a member, fetching
+            assert m.fetch(0) == []
+            assert parse_heartbeat(alice.call(76, heartbeat_body(other, "", 0, [topic]))).error == GROUP_AUTHORIZATION_FAILED
+            # describe on the group: bob sees it, but is no member and may not fetch or acknowledge in it
+            assert parse_heartbeat(bob.call(76, heartbeat_body(ok, "", 0, [topic]))).error == GROUP_AUTHORIZATION_FAILED
+            assert parse_share_fetch(bob.call(78, share_fetch_body(ok, m.id, 0, {(tid, 0): []}))).error \
+                == GROUP_AUTHORIZATION_FAILED
+            assert parse_share_ack(bob.call(79, share_ack_body(ok, m.id, 1, {(tid, 0): [(0, 0, 1)]})))[0] \
+                == GROUP_AUTHORIZATION_FAILED
+            assert m.id.encode() in bob.call(77, bytes([2]) + cstr(ok) + b"\0\0")
+            refused = alice.call(77, bytes([2]) + cstr(other) + b"\0\0")
+            # size, correlation id, header tags, throttle time, one group: its error code
+            assert struct.unpack_from(">h", refused, 14)[0] == GROUP_AUTHORIZATION_FAILED
+            assert parse_describe_offsets(bob.call(90, describe_offsets_body({ok: {topic: [0]}}), 0))[ok].error == 0
+            assert parse_describe_offsets(bob.call(90, describe_offsets_body({other: None}), 0))[other].error \
+                == GROUP_AUTHORIZATION_FAILED
+            # admin on the group to reset it: not alice (consume), not bob (describe); carol, once it is empty
+            for who in (alice, bob):
+                assert parse_changed_offsets(who.call(91, alter_offsets_body(ok, {topic: {0: 0}}), 0))[0] \
+                    == GROUP_AUTHORIZATION_FAILED
+                assert parse_changed_offsets(who.call(92, delete_offsets_body(ok, {topic: [0]}), 0))[0] \
+                    == GROUP_AUTHORIZATION_FAILED
+            m.leave()
+            assert parse_changed_offsets(carol.call(91, alter_offsets_body(ok, {topic: {0: 0}}), 0)) == (0, {(topic, 0): 0})
+            assert parse_changed_offsets(carol.call(92, delete_offsets_body(ok, {topic: [0]}), 0)) == (0, {(topic, 0): 0})
+        finally:
+            for c in clients.values():
+                c.close()

@@ -196,6 +196,22 @@ class ShareClient:
         self.sock.sendall(flex_request(api_key, version, self._corr, body))
         return self.read()
 
+    def sasl_plain(self, user: str, password: str) -> int:
+        """SaslHandshake v1 (PLAIN), then SaslAuthenticate v1: the latter's error code."""
+        def string(v: str) -> bytes:
+            return struct.pack(">h", len(v.encode())) + v.encode()
+
+        for api_key, body in ((17, string("PLAIN")),
+                              (36, struct.pack(">i", len(user) + len(password) + 2) + b"\0%s\0%s" % (
+                                  user.encode(), password.encode()))):
+            self._corr += 1
+            head = struct.pack(">hhi", api_key, 1, self._corr) + string("test")
+            self.sock.sendall(struct.pack(">i", len(head) + len(body)) + head + body)
+            (error,) = struct.unpack_from(">h", self.read(), 8)
+            if error:
+                return int(error)
+        return 0
+
     def send_raw(self, frame: bytes) -> None:
         self.sock.sendall(frame)
 

@@ -124,6 +124,16 @@ class ShareDoor:
             log.info("bad share request (API key %d) from %s: %s", h.api_key, self._peer, e)
             return invalid_request(h, str(e))
 
+    def _may_group(self, operation: Operation, group: str) -> bool:
+        """Whether the principal may do `operation` on `group` (ACL resource `group:NAME`), a
+        refusal counted as a `group` denial: `consume` to be a member, fetch and acknowledge,
+        `describe` to describe it."""
+        guard = self._core.guard
+        ok = guard.may_group(self._principal, operation, group)
+        if not ok:
+            guard.count_denial("group")
+        return ok
+
     # --- topics ----------------------------------------------------------------------------
 
     def _topics(self) -> tuple[ClusterMetadata, dict[uuid.UUID, str]]:
@@ -145,6 +155,10 @@ class ShareDoor:
     def heartbeat(self, h: RequestHeader, body: FlexReader) -> bytes:
         req = decode_heartbeat(body)
         interval = self._shares.config.heartbeat_interval_ms
+        if not self._may_group(Operation.CONSUME, req.group_id):
+            return encode_heartbeat(h.correlation_id, ShareError.GROUP_AUTHORIZATION_FAILED,
+                                    f"principal {self._principal} may not consume group {req.group_id!r}", None, 0,
+                                    interval, None)
         if coordinator_of(self._core.metadata(), req.group_id) != self._core.broker_id:
             return encode_heartbeat(h.correlation_id, ShareError.NOT_COORDINATOR, "not this group's coordinator",
                                     None, 0, interval, None)
@@ -170,7 +184,10 @@ class ShareDoor:
         out = []
         for gid in decode_describe(body):
             g = self._shares.groups.groups.get(gid)
-            if coordinator_of(meta, gid) != self._core.broker_id:
+            if not self._may_group(Operation.DESCRIBE, gid):
+                out.append(DescribedGroup(gid, ShareError.GROUP_AUTHORIZATION_FAILED,
+                                          f"principal {self._principal} may not describe group {gid!r}"))
+            elif coordinator_of(meta, gid) != self._core.broker_id:
                 out.append(DescribedGroup(gid, ShareError.NOT_COORDINATOR, "not this group's coordinator"))
             elif g is None:
                 out.append(DescribedGroup(gid, ShareError.GROUP_ID_NOT_FOUND, f"no share group {gid}"))
@@ -252,6 +269,9 @@ class ShareDoor:
     async def share_fetch(self, h: RequestHeader, body: FlexReader) -> bytes:
         req = decode_share_fetch(body)
         lock_ms = self._shares.config.record_lock_ms
+        if not self._may_group(Operation.CONSUME, req.group_id):
+            return encode_share_fetch(h.correlation_id, ShareError.GROUP_AUTHORIZATION_FAILED,
+                                      f"principal {self._principal} may not consume group {req.group_id!r}", lock_ms, {}, [])
         session, err = self._session(req.group_id, req.member_id, req.session_epoch, list(req.partitions))
         if session is None:
             return encode_share_fetch(h.correlation_id, err, err.name, lock_ms, {}, [])
@@ -287,6 +307,9 @@ class ShareDoor:
 
     async def share_acknowledge(self, h: RequestHeader, body: FlexReader) -> bytes:
         req = decode_share_acknowledge(body)
+        if not self._may_group(Operation.CONSUME, req.group_id):
+            return encode_share_acknowledge(h.correlation_id, ShareError.GROUP_AUTHORIZATION_FAILED,
+                                            f"principal {self._principal} may not consume group {req.group_id!r}", {}, [])
         session, err = self._session(req.group_id, req.member_id, req.session_epoch, [])
         if session is None:
             return encode_share_acknowledge(h.correlation_id, err, err.name, {}, [])
