@@ -152,7 +152,7 @@ def test_admin_tools_list_and_describe_share_groups_beside_consumer_groups(runni
         m = Member(client, g, topic, tid)
         admin = AdminClient({"bootstrap.servers": address})
         # Kafka's listing (ListGroups, then DescribeGroups of each): both groups, the share one by its type
-        groups = {x.id: x for x in admin.list_groups(timeout=30)}
+        groups = {str(x.id): x for x in admin.list_groups(timeout=30)}
         assert groups[g].protocol_type == "share" and groups[classic].protocol_type == "consumer"
         assert groups[g].state == "Stable" and [x.id for x in groups[g].members] == [m.id]
         assert groups[g].members[0].client_id == "test"
