@@ -8,11 +8,12 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import struct
+import time
 import uuid
 from collections.abc import Iterator
 
 import pytest
-from confluent_kafka import Consumer, KafkaException
+from confluent_kafka import Consumer, KafkaError, KafkaException, ShareConsumer
 from confluent_kafka.admin import AdminClient
 from tests.support.waiting import wait_for
 from tests.support.kafka_clients import Running, broker_thread, kafka_produce, rows
@@ -216,3 +217,50 @@ def test_group_acls_decide_who_joins_fetches_describes_and_resets_a_share_group(
         finally:
             for c in clients.values():
                 c.close()
+
+
+def test_share_consumers_over_sasl_need_consume_on_the_group(devcluster: DevCluster) -> None:
+    ok, topic = f"sgok-{uuid.uuid4().hex[:6]}", f"kacl-{uuid.uuid4().hex[:6]}"
+    config = dataclasses.replace(share_config(devcluster, "ksharesasl"), security=SecurityConfig(
+        enabled=True, tokens=(str(ALICE_ENTRY), str(BOB_ENTRY)),
+        acls=(f"allow alice produce literal:{topic}", f"allow alice consume literal:{topic}",
+              f"allow alice consume group:{ok}", f"allow bob consume literal:{topic}",
+              f"allow bob describe group:{ok}")))
+    with broker_thread(config) as running:
+        asyncio.run_coroutine_threadsafe(running.broker.add_topic(TopicConfig(name=topic, read_partitions=1,
+                                                                              batch_ms=50)), running.loop).result(30)
+        address = running.broker.kafka_address
+
+        def consumer(user: str, password: str) -> ShareConsumer:
+            c = ShareConsumer({"bootstrap.servers": address, "group.id": ok, "security.protocol": "SASL_PLAINTEXT",
+                               "sasl.mechanism": "PLAIN", "sasl.username": user, "sasl.password": password})
+            c.subscribe([topic])
+            return c
+
+        kafka_produce(address, topic, rows(20, "sasl"), acks="all", **{
+            "security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "PLAIN", "sasl.username": "alice",
+            "sasl.password": ALICE})
+        bob = consumer("bob", BOB)   # consume on the topic, describe on the group: not a member, reads nothing
+        errors: list[int] = []
+        try:
+            deadline = time.monotonic() + 30
+            while not errors and time.monotonic() < deadline:
+                for m in bob.poll(0.5) or []:
+                    assert m.error() is not None, "bob read a record"
+                    errors.append(m.error().code())
+        except KafkaException as e:
+            errors.append(e.args[0].code())
+        finally:
+            bob.close()
+        assert KafkaError.GROUP_AUTHORIZATION_FAILED in errors, errors
+        alice, got = consumer("alice", ALICE), []
+        try:
+            deadline = time.monotonic() + 60
+            while len(got) < 20:
+                assert time.monotonic() < deadline, f"alice read {len(got)} of 20"
+                for m in alice.poll(0.5) or []:
+                    assert m.error() is None, m.error()
+                    got.append(m.value())
+        finally:
+            alice.close()
+        assert len(set(got)) == 20
