@@ -13,14 +13,14 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
-from confluent_kafka import Consumer, KafkaError, KafkaException, ShareConsumer
+from confluent_kafka import Consumer, ConsumerGroupType, KafkaError, KafkaException, ShareConsumer
 from confluent_kafka.admin import AdminClient
 from tests.support.waiting import wait_for
 from tests.support.kafka_clients import Running, broker_thread, kafka_produce, rows
 from tests.support.security import ALICE, ALICE_ENTRY, BOB, BOB_ENTRY
 from tests.support.share_frames import (ShareClient, cstr, alter_offsets_body, delete_offsets_body, describe_offsets_body,
-                                        heartbeat_body, parse_changed_offsets, parse_describe_offsets,
-                                        parse_heartbeat, parse_share_ack, parse_share_fetch, share_ack_body, share_fetch_body)
+                                        heartbeat_body, list_groups_body, parse_changed_offsets, parse_describe_offsets,
+                                        parse_heartbeat, parse_list_groups_v5, parse_share_ack, parse_share_fetch, share_ack_body, share_fetch_body)
 
 from memq.config import BrokerConfig, MemqConfig, SecurityConfig, ShareConfig, TopicConfig
 from memq.security.tokens import new_token
@@ -159,7 +159,14 @@ def test_admin_tools_list_and_describe_share_groups_beside_consumer_groups(runni
         assert groups[g].members[0].client_id == "test"
         # the consumer-group calls (librdkafka keeps only consumer groups in the list) do not break on it
         result = admin.list_consumer_groups(request_timeout=20).result(30)
-        assert result.errors == [] and classic in {x.group_id for x in result.valid}
+        listed = {x.group_id: x for x in result.valid}
+        assert result.errors == [] and g not in listed and listed[classic].type == ConsumerGroupType.CLASSIC
+        # ListGroups v5 names each group's type, and its filters apply to share groups too
+        error, every = parse_list_groups_v5(client.call(16, list_groups_body([], []), 5))
+        assert error == 0 and every[g] == ("share", "Stable", "share") and every[classic][0] == "consumer"
+        only = parse_list_groups_v5(client.call(16, list_groups_body([], ["share"]), 5))[1]
+        assert only[g] == every[g] and classic not in only and {t for _, _, t in only.values()} == {"share"}
+        assert g not in parse_list_groups_v5(client.call(16, list_groups_body(["Empty"], []), 5))[1]
         described = admin.describe_consumer_groups([g, classic], request_timeout=20)
         with pytest.raises(KafkaException, match="not a consumer group"):   # its own answer, refused by the client
             described[g].result(30)

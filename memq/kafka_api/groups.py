@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 
 from memq.errors import ProtocolError
 
+from .flexible import FlexReader, FlexWriter
 from .protocol import ApiKey, ErrorCode, Reader, RequestHeader, Writer
 
 
@@ -256,6 +257,52 @@ def list_groups_response(h: RequestHeader, response: bytes, cluster: str,
     for group, protocol_type in listed:
         w.nullable_string(group).nullable_string(protocol_type)
     return w.frame()
+
+
+#: A group ListGroups lists: (group id, protocol type, state, type); state and type from v4 and v5.
+Listed = tuple[str, str, str, str]
+
+
+def list_groups_filters(h: RequestHeader, r: FlexReader) -> tuple[frozenset[str], frozenset[str]]:
+    """The (states, types) a flexible ListGroups (v3-5) request lists only, lowercased (empty: any)."""
+    states = frozenset(r.compact_string().lower() for _ in range(r.compact_count())) if h.api_version >= 4 else frozenset()
+    types = frozenset(r.compact_string().lower() for _ in range(r.compact_count())) if h.api_version >= 5 else frozenset()
+    r.skip_tags()
+    r.done()
+    return states, types
+
+
+def list_groups_flex_response(h: RequestHeader, response: bytes, cluster: str, visible: Callable[[str], bool],
+                              also: Sequence[Listed], types: frozenset[str] = frozenset()) -> bytes:
+    """`list_groups_response` for the flexible versions (v3-5): the coordinator's answer with this
+    cluster's visible groups by their names, only those of `types` when given (tansu answers
+    every type whatever the filter), then `also` (in the request's version's fields)."""
+    v = h.api_version
+    prefix = mapped_group(cluster, "")
+    r = FlexReader(response, 4)
+    w = FlexWriter(r.i32())
+    r.skip_tags()
+    w.i32(r.i32()).i16(r.i16())
+    listed: list[Listed] = []
+    for _ in range(r.compact_count()):
+        group, protocol_type = r.compact_string(), r.compact_string()
+        state = r.compact_string() if v >= 4 else ""
+        group_type = r.compact_string() if v >= 5 else ""
+        r.skip_tags()
+        if group.startswith(prefix) and visible(group[len(prefix):]) and (not types or group_type.lower() in types):
+            listed.append((group[len(prefix):], protocol_type, state, group_type))
+    r.skip_tags()
+    r.done()
+    listed += also
+    w.count(len(listed))
+    for group, protocol_type, state, group_type in listed:
+        w.string(group).string(protocol_type)
+        if v >= 4:
+            w.string(state)
+        if v >= 5:
+            w.string(group_type)
+        w.tags()
+    return w.tags().frame()
 
 
 @dataclass(frozen=True, slots=True)

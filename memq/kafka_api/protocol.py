@@ -7,7 +7,7 @@ not serve is Kafka's v0-shaped UNSUPPORTED_VERSION carrying our ranges (KIP-511)
 client retries with the highest we list. Field layouts follow Kafka's
 clients/src/main/resources/common/message/*.json.
 
-The flexible versions served besides (Metadata v9-12, the share-group APIs) are decoded by
+The flexible versions served besides (Metadata v9-12, ListGroups v3-5, the share-group APIs) are decoded by
 `flexible`, `metadata_flex`, `share` and `share_admin`, on a body read past this module's request header.
 """
 
@@ -71,7 +71,7 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     ApiKey.LEAVE_GROUP: (0, 3),
     ApiKey.SYNC_GROUP: (0, 3),
     ApiKey.DESCRIBE_GROUPS: (0, 4),
-    ApiKey.LIST_GROUPS: (0, 2),
+    ApiKey.LIST_GROUPS: (0, 5),   # v3-5 flexible (v5: group types, to tell share groups apart)
     ApiKey.DELETE_GROUPS: (0, 1),
     ApiKey.METADATA: (1, 12),   # v9-12 flexible, with topic ids (memq.kafka_api.metadata_flex)
     ApiKey.API_VERSIONS: (0, 2),

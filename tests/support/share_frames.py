@@ -313,3 +313,24 @@ def parse_changed_offsets(raw: bytes) -> tuple[int, dict[tuple[str, int], int]]:
     r.skip_tags()
     r.done()
     return error, parts
+
+
+def list_groups_body(states: list[str], types: list[str]) -> bytes:
+    """A ListGroups v5 request body (v5: flexible, states and types filters)."""
+    return uv(len(states) + 1) + b"".join(cstr(s) for s in states) + uv(len(types) + 1) + b"".join(
+        cstr(t) for t in types) + b"\0"
+
+
+def parse_list_groups_v5(raw: bytes) -> tuple[int, dict[str, tuple[str, str, str]]]:
+    """(error, group -> (protocol type, state, type)) of a ListGroups v5 answer."""
+    r = _response(raw)
+    r.i32()
+    error = r.i16()
+    groups = {}
+    for _ in range(r.compact_count()):
+        gid = r.compact_string()
+        groups[gid] = (r.compact_string(), r.compact_string(), r.compact_string())
+        r.skip_tags()
+    r.skip_tags()
+    r.done()
+    return error, groups

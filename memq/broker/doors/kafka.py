@@ -54,8 +54,9 @@ from memq.kafka_api.groups import (RELAYED, Described, commit_errors, committed_
                                   decode_find_coordinator, decode_offset_fetch_v1, delete_group_request,
                                   delete_group_result, describe_groups_of, describe_groups_request,
                                   describe_groups_response, encode_delete_groups, encode_find_coordinator, group_of,
-                                  list_groups_response, offset_fetch_request, offsets_request, offsets_response,
-                                  refusal, with_described, with_size)
+                                  list_groups_filters, list_groups_flex_response, list_groups_response,
+                                  offset_fetch_request, offsets_request, offsets_response, refusal, with_described,
+                                  with_size)
 from memq.kafka_api.idle_seal import SealCredit
 from memq.kafka_api.offsets import produce_base_offset
 from memq.kafka_api.mapping import (PRODUCER_ID_BITS, ack_level, error_code, memq_producer_id, metadata_view, node_id,
@@ -298,8 +299,12 @@ class KafkaConnection:
         if h.api_key in (ApiKey.DESCRIBE_GROUPS, ApiKey.LIST_GROUPS):   # admin tools: this cluster's groups
             cluster = self._broker.groups.cluster
             local: list[Described] = []   # answered here: refused, or share groups (kept by memq)
+            filters: tuple[frozenset[str], frozenset[str]] = (frozenset(), frozenset())
             if h.api_key == ApiKey.LIST_GROUPS:
-                body.done()
+                if h.api_version >= 3:
+                    filters = list_groups_filters(h, flex_body(body))
+                else:
+                    body.done()
                 request = with_size(body.buf)
             else:
                 asked = describe_groups_of(body)
@@ -311,7 +316,7 @@ class KafkaConnection:
                 if not relayed:
                     return _ready(with_described(h, _no_groups(h), local))
                 request = describe_groups_request(h, body.buf, body.pos, cluster, relayed)
-            return asyncio.ensure_future(self._relay(h, self._broker.groups.mapped(""), request, {}, local))
+            return asyncio.ensure_future(self._relay(h, self._broker.groups.mapped(""), request, {}, local, filters))
         if h.api_key in RELAYED:
             asked_group = group_of(body)
             if not self._may_group(_GROUP_OPERATION[ApiKey(h.api_key)], asked_group):
@@ -442,16 +447,22 @@ class KafkaConnection:
         return response
 
     async def _relay(self, h: RequestHeader, group: str, request: bytes, names: dict[str, str],
-                     local: Sequence[Described] = ()) -> bytes:
+                     local: Sequence[Described] = (),
+                     filters: tuple[frozenset[str], frozenset[str]] = (frozenset(), frozenset())) -> bytes:
         try:
             response = await self._link().relay(group, request)
             cluster = self._broker.groups.cluster
             if h.api_key == ApiKey.LIST_GROUPS:   # as Kafka lists them: those the principal may describe
                 def visible(g: str) -> bool:
                     return self._guard.may_group(self._principal, Operation.DESCRIBE, g)
-                shared = [(g, d.protocol_type) for g, d in kafka_share.described_groups(self._broker).items()
-                          if visible(g)]
-                return list_groups_response(h, response, cluster, visible, shared)
+                states, types = filters
+                shared = [(g, d.protocol_type, d.state, "share") for g, d in
+                          kafka_share.described_groups(self._broker).items()
+                          if visible(g) and (not states or d.state.lower() in states)
+                          and (not types or "share" in types)]
+                if h.api_version >= 3:
+                    return list_groups_flex_response(h, response, cluster, visible, shared, types)
+                return list_groups_response(h, response, cluster, visible, [(g, p) for g, p, _, _ in shared])
             if h.api_key == ApiKey.DESCRIBE_GROUPS:
                 return with_described(h, describe_groups_response(h, response, cluster), local)
             return offsets_response(h, response, names)
