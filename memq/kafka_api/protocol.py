@@ -7,8 +7,9 @@ not serve is Kafka's v0-shaped UNSUPPORTED_VERSION carrying our ranges (KIP-511)
 client retries with the highest we list. Field layouts follow Kafka's
 clients/src/main/resources/common/message/*.json.
 
-The flexible versions served besides (Metadata v9-12, ListGroups v3-5, the share-group APIs) are decoded by
-`flexible`, `metadata_flex`, `share` and `share_admin`, on a body read past this module's request header.
+The flexible versions served besides (Metadata v9-12, ListGroups v3-5, the share-group APIs)
+are decoded by `flexible`, `metadata_flex`, `groups`, `share` and `share_admin`, on a body read
+past this module's request header.
 """
 
 from __future__ import annotations
