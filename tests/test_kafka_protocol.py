@@ -12,10 +12,10 @@ from hypothesis import strategies as st
 from memq.errors import ConfigError, ProtocolError
 from memq.format.metadata import BrokerMetadata, ClusterMetadata, StorageMetadata, TopicMetadata, TopicRefusal
 from memq.format.wire import AckCode, AckLevel
-from memq.kafka_api.groups import (decode_delete_groups, delete_group_request, delete_group_result,
+from memq.kafka_api.groups import (Described, decode_delete_groups, delete_group_request, delete_group_result,
                                   describe_groups_of, describe_groups_request, describe_groups_response,
                                   encode_delete_groups, list_groups_response, offsets_request, offsets_response,
-                                  refusal, with_denied_groups)
+                                  refusal, with_described)
 from memq.kafka_api.mapping import ack_level, error_code, memq_producer_id, metadata_view, node_id, split_address
 from memq.kafka_api.protocol import (SUPPORTED, ApiKey, ErrorCode, FetchedPartition, FetchPartition, ListedOffset,
                                      Node, ProduceResult, PartitionResult, Reader, TopicPartitions, decode_fetch,
@@ -275,7 +275,9 @@ def test_describe_groups_relays_the_allowed_and_answers_the_refused_itself(versi
     group = struct.pack(">h", 0) + _s("a") + _s("Empty") + _s("consumer") + _s("") + struct.pack(">i", 0) \
         + (struct.pack(">i", -1) if version >= 3 else b"")
     resp = struct.pack(">i", 4) + (struct.pack(">i", 0) if version >= 1 else b"") + struct.pack(">i", 1) + group
-    merged = with_denied_groups(h, struct.pack(">i", len(resp)) + resp, ["b"], ErrorCode.GROUP_AUTHORIZATION_FAILED)
+    share = Described("s", state="Stable", protocol_type="share", members=(("m1", "cid", "/10.0.0.1"),))
+    merged = with_described(h, struct.pack(">i", len(resp)) + resp,
+                            [Described("b", ErrorCode.GROUP_AUTHORIZATION_FAILED), share])
     r2 = Reader(merged, 8)
     assert struct.unpack(">i", merged[:4])[0] == len(merged) - 4
     if version >= 1:
@@ -283,13 +285,20 @@ def test_describe_groups_relays_the_allowed_and_answers_the_refused_itself(versi
     seen = []
     for _ in range(r2.count()):
         error, name = r2.i16(), r2.string()
-        r2.string(), r2.string(), r2.string()
-        assert r2.count() == 0
+        state, protocol_type, _data = r2.string(), r2.string(), r2.string()
+        members = []
+        for _ in range(r2.count()):
+            member = r2.string()
+            if version >= 4:
+                assert r2.nullable_string() is None
+            members.append((member, r2.string(), r2.string()))
+            assert (r2.i32(), r2.i32()) == (0, 0)   # no metadata, no assignment
         if version >= 3:
             r2.i32()
-        seen.append((name, error))
+        seen.append((name, error, state, protocol_type, members))
     r2.done()
-    assert seen == [("a", 0), ("b", ErrorCode.GROUP_AUTHORIZATION_FAILED)]
+    assert seen == [("a", 0, "Empty", "consumer", []), ("b", ErrorCode.GROUP_AUTHORIZATION_FAILED, "", "", []),
+                    ("s", 0, "Stable", "share", [("m1", "cid", "/10.0.0.1")])]
 
 
 def _commit_body(version: int) -> bytes:

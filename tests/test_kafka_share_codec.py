@@ -17,8 +17,12 @@ from memq.kafka_api.protocol import SUPPORTED, ApiKey, Node, TopicPartitions, de
 from memq.kafka_api.share import (AckType, DescribedGroup, SharePartitionData, ShareError, decode_heartbeat,
                                   decode_share_acknowledge, decode_share_fetch, encode_describe, encode_heartbeat,
                                   encode_share_acknowledge, encode_share_fetch)
-from tests.support.share_frames import (cstr, flex_request, heartbeat_body, parse_heartbeat, parse_share_ack,
-                                        parse_share_fetch, share_ack_body, share_fetch_body, uv)
+from memq.kafka_api.share_admin import (PartitionResult, decode_alter_offsets, decode_delete_offsets,
+                                        decode_describe_offsets, encode_changed_offsets, encode_describe_offsets)
+from tests.support.share_frames import (alter_offsets_body, cstr, delete_offsets_body, describe_offsets_body,
+                                        flex_request, heartbeat_body, parse_changed_offsets, parse_describe_offsets,
+                                        parse_heartbeat, parse_share_ack, parse_share_fetch, share_ack_body,
+                                        share_fetch_body, uv)
 
 T1, T2 = uuid.uuid4(), uuid.uuid4()
 
@@ -169,3 +173,25 @@ def test_a_metadata_request_for_every_topic_as_librdkafka_sends_it() -> None:
     raw = bytes.fromhex("0003000c00000006000772646b61666b610000000000010000")
     h, r = decode_request_header(raw)
     assert decode_metadata_flex(h.api_version, flex_body(r)).names is None
+
+
+def test_share_group_offsets_requests_decode_and_answers_parse() -> None:
+    req = describe_offsets_body({"g": {"t": [0, 2]}, "all": None})
+    assert decode_describe_offsets(_body(flex_request(90, 0, 1, req))) == [("g", {"t": (0, 2)}), ("all", None)]
+    assert decode_alter_offsets(_body(flex_request(91, 0, 2, alter_offsets_body("g", {"t": {0: 5 << 24, 1: 0}})))) \
+        == ("g", {"t": {0: 5 << 24, 1: 0}})
+    assert decode_delete_offsets(_body(flex_request(92, 0, 3, delete_offsets_body("g", {"t": [1]})))) == ("g", {"t": (1,)})
+    with pytest.raises(ProtocolError):
+        decode_alter_offsets(_body(flex_request(91, 0, 4, alter_offsets_body("g", {"t": {0: 1}})[:-5])))
+    raw = encode_describe_offsets(9, [("g", [("t", T1, [PartitionResult(0, start_offset=7), PartitionResult(
+        2, ShareError.UNKNOWN_TOPIC_OR_PARTITION, "no")])], ShareError.NONE, None),
+        ("h", [], ShareError.GROUP_ID_NOT_FOUND, "none")])
+    got = parse_describe_offsets(raw)
+    assert got["g"].starts == {("t", 0): (7, 0), ("t", 2): (-1, 3)} and got["g"].topic_ids == {"t": T1}
+    assert (got["h"].error, got["h"].message) == (69, "none")
+    raw = encode_changed_offsets(9, ShareError.NONE, None, [("t", T1, [PartitionResult(0), PartitionResult(
+        1, ShareError.KAFKA_STORAGE_ERROR, "down")])])
+    assert parse_changed_offsets(raw) == (0, {("t", 0): 0, ("t", 1): 56})
+    assert parse_changed_offsets(encode_changed_offsets(9, ShareError.NON_EMPTY_GROUP, "busy", [])) == (68, {})
+    for key in (ApiKey.DESCRIBE_SHARE_GROUP_OFFSETS, ApiKey.ALTER_SHARE_GROUP_OFFSETS, ApiKey.DELETE_SHARE_GROUP_OFFSETS):
+        assert SUPPORTED[key] == (0, 0)

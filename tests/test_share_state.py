@@ -12,7 +12,9 @@ from hypothesis import strategies as st
 from memq.errors import StateFencedError
 from memq.broker.share.assignment import assign
 from memq.broker.share.group import ShareGroups
-from memq.broker.share.partition import AckOutcome, RecordState, SharePartition
+from memq.broker.share.partition import AckOutcome, RecordState, SharePartition, Snapshot
+from memq.broker.share.service import Shares
+from memq.config import ShareConfig
 from memq.broker.share.store import MemoryStateStore, decode, encode
 from tests.support.clock import FakeClock
 
@@ -187,3 +189,27 @@ def test_store_claim_fences_the_previous_owner() -> None:
     with pytest.raises(StateFencedError):
         store.write(key, "b1", sp.snapshot(), v1)
     store.write(key, "b2", loaded, v2)
+
+
+async def test_an_admin_reset_goes_through_the_fenced_store_and_the_old_owner_reloads_it() -> None:
+    store, clock = MemoryStateStore(), FakeClock()
+    config = ShareConfig(flush_ms=0)
+    leader, admin = Shares(config, store, clock, "leader"), Shares(config, store, clock, "admin")
+    key = ("g", "t", 0)
+    sp = await leader.partition(key)
+    sp.begin(0)
+    sp.acquire("m", [0, 1, 2])
+    sp.acknowledge("m", 0, 0, AckOutcome.ACCEPT)
+    await leader.committed()
+    assert await admin.start_of(key) == 1   # read from the store, not claimed
+    await admin.reset(key, 5 * N)
+    assert store.read(key) == Snapshot(5 * N, 5 * N, ())   # written before reset() returned
+    assert await admin.start_of(key) == 5 * N
+    sp.acknowledge("m", 1, 2, AckOutcome.ACCEPT)   # the old owner's next write is fenced: it drops its copy
+    await leader.committed()
+    assert key not in leader.partitions and store.read(key) == Snapshot(5 * N, 5 * N, ())
+    again = await leader.partition(key)
+    assert (again.start, again.end, again.in_flight()) == (5 * N, 5 * N, 0)
+    await admin.reset(key, -1)   # deleted: the next fetch starts by the group's reset policy
+    assert store.keys("g") == [key] and store.read(key) == Snapshot(-1, -1, ())
+    assert store.keys("other") == []

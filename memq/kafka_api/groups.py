@@ -16,10 +16,12 @@ shape), never relayed.
 from __future__ import annotations
 
 import struct
+from dataclasses import dataclass
 from collections.abc import Callable, Sequence
 
 from memq.errors import ProtocolError
 
+from .flexible import FlexReader, FlexWriter
 from .protocol import ApiKey, ErrorCode, Reader, RequestHeader, Writer
 
 
@@ -233,9 +235,11 @@ def describe_groups_response(h: RequestHeader, response: bytes, cluster: str) ->
 
 
 def list_groups_response(h: RequestHeader, response: bytes, cluster: str,
-                         visible: Callable[[str], bool] = lambda _group: True) -> bytes:
+                         visible: Callable[[str], bool] = lambda _group: True,
+                         also: Sequence[tuple[str, str]] = ()) -> bytes:
     """A ListGroups (v0-2) response listing only this cluster's Kafka client groups that are
-    `visible` (the principal may describe them), by their names."""
+    `visible` (the principal may describe them), by their names, then the (group, protocol type)
+    of `also` (groups kept by memq itself: share groups)."""
     prefix = mapped_group(cluster, "")
     r = Reader(response[4:])
     w = Writer(r.i32())
@@ -248,27 +252,90 @@ def list_groups_response(h: RequestHeader, response: bytes, cluster: str,
         if group.startswith(prefix) and visible(group[len(prefix):]):
             listed.append((group[len(prefix):], protocol_type))
     r.done()
+    listed += also
     w.i32(len(listed))
     for group, protocol_type in listed:
         w.nullable_string(group).nullable_string(protocol_type)
     return w.frame()
 
 
-def with_denied_groups(h: RequestHeader, response: bytes, denied: Sequence[str], error: ErrorCode) -> bytes:
-    """A DescribeGroups response (size-prefixed) with an entry answering `error` for each group
-    of `denied` added (they were not relayed)."""
-    if not denied:
+#: A group ListGroups lists: (group id, protocol type, state, type); state and type from v4 and v5.
+Listed = tuple[str, str, str, str]
+
+
+def list_groups_filters(h: RequestHeader, r: FlexReader) -> tuple[frozenset[str], frozenset[str]]:
+    """The (states, types) a flexible ListGroups (v3-5) request lists only, lowercased (empty: any)."""
+    states = frozenset(r.compact_string().lower() for _ in range(r.compact_count())) if h.api_version >= 4 else frozenset()
+    types = frozenset(r.compact_string().lower() for _ in range(r.compact_count())) if h.api_version >= 5 else frozenset()
+    r.skip_tags()
+    r.done()
+    return states, types
+
+
+def list_groups_flex_response(h: RequestHeader, response: bytes, cluster: str, visible: Callable[[str], bool],
+                              also: Sequence[Listed], types: frozenset[str] = frozenset()) -> bytes:
+    """`list_groups_response` for the flexible versions (v3-5): the coordinator's answer with this
+    cluster's visible groups by their names, only those of `types` when given (tansu answers
+    every type whatever the filter), then `also` (in the request's version's fields)."""
+    v = h.api_version
+    prefix = mapped_group(cluster, "")
+    r = FlexReader(response, 4)
+    w = FlexWriter(r.i32())
+    r.skip_tags()
+    w.i32(r.i32()).i16(r.i16())
+    listed: list[Listed] = []
+    for _ in range(r.compact_count()):
+        group, protocol_type = r.compact_string(), r.compact_string()
+        state = r.compact_string() if v >= 4 else ""
+        group_type = r.compact_string() if v >= 5 else ""
+        r.skip_tags()
+        if group.startswith(prefix) and visible(group[len(prefix):]) and (not types or group_type.lower() in types):
+            listed.append((group[len(prefix):], protocol_type, state, group_type))
+    r.skip_tags()
+    r.done()
+    listed += also
+    w.count(len(listed))
+    for group, protocol_type, state, group_type in listed:
+        w.string(group).string(protocol_type)
+        if v >= 4:
+            w.string(state)
+        if v >= 5:
+            w.string(group_type)
+        w.tags()
+    return w.tags().frame()
+
+
+@dataclass(frozen=True, slots=True)
+class Described:
+    """A group DescribeGroups answers without relaying it: refused, or a share group memq keeps.
+    `members`: (member id, client id, client host), with no protocol metadata or assignment."""
+
+    group: str
+    error: ErrorCode = ErrorCode.NONE
+    state: str = ""
+    protocol_type: str = ""
+    members: tuple[tuple[str, str, str], ...] = ()
+
+
+def with_described(h: RequestHeader, response: bytes, described: Sequence[Described]) -> bytes:
+    """A DescribeGroups response (size-prefixed) with an entry for each of `described` added."""
+    if not described:
         return response
     head = 8 + (4 if h.api_version >= 1 else 0)   # size, correlation id, throttle time
     (count,) = _I32.unpack_from(response, head)
     w = Writer(0)
-    for g in denied:
-        w.i16(error).nullable_string(g)
-        w.nullable_string("").nullable_string("").nullable_string("").i32(0)   # state, type, data, members
+    for d in described:
+        w.i16(d.error).nullable_string(d.group)
+        w.nullable_string(d.state).nullable_string(d.protocol_type).nullable_string("").i32(len(d.members))
+        for member_id, client_id, client_host in d.members:
+            w.nullable_string(member_id)
+            if h.api_version >= 4:
+                w.nullable_string(None)   # group instance id
+            w.nullable_string(client_id).nullable_string(client_host).i32(0).i32(0)   # no metadata, assignment
         if h.api_version >= 3:
             w.i32(-2147483648)   # authorized operations: not asked for
     entries = w.frame()[8:]      # without the size and correlation id
-    out = response[4:head] + _I32.pack(count + len(denied)) + response[head + 4:] + entries
+    out = response[4:head] + _I32.pack(count + len(described)) + response[head + 4:] + entries
     return _SIZE.pack(len(out)) + out
 
 

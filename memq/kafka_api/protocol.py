@@ -7,8 +7,9 @@ not serve is Kafka's v0-shaped UNSUPPORTED_VERSION carrying our ranges (KIP-511)
 client retries with the highest we list. Field layouts follow Kafka's
 clients/src/main/resources/common/message/*.json.
 
-The flexible versions served besides (Metadata v9-12, the share-group APIs) are decoded by
-`flexible`, `metadata_flex` and `share`, on a body read past this module's request header.
+The flexible versions served besides (Metadata v9-12, ListGroups v3-5, the share-group APIs)
+are decoded by `flexible`, `metadata_flex`, `groups`, `share` and `share_admin`, on a body read
+past this module's request header.
 """
 
 from __future__ import annotations
@@ -49,6 +50,9 @@ class ApiKey(IntEnum):
     SHARE_GROUP_DESCRIBE = 77
     SHARE_FETCH = 78
     SHARE_ACKNOWLEDGE = 79
+    DESCRIBE_SHARE_GROUP_OFFSETS = 90   # share groups' offsets (memq.kafka_api.share_admin): flexible, v0
+    ALTER_SHARE_GROUP_OFFSETS = 91
+    DELETE_SHARE_GROUP_OFFSETS = 92
 
 
 #: The (min, max) version of each API served; ApiVersions advertises exactly these.
@@ -68,7 +72,7 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     ApiKey.LEAVE_GROUP: (0, 3),
     ApiKey.SYNC_GROUP: (0, 3),
     ApiKey.DESCRIBE_GROUPS: (0, 4),
-    ApiKey.LIST_GROUPS: (0, 2),
+    ApiKey.LIST_GROUPS: (0, 5),   # v3-5 flexible (v5: group types, to tell share groups apart)
     ApiKey.DELETE_GROUPS: (0, 1),
     ApiKey.METADATA: (1, 12),   # v9-12 flexible, with topic ids (memq.kafka_api.metadata_flex)
     ApiKey.API_VERSIONS: (0, 2),
@@ -79,6 +83,9 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     ApiKey.SHARE_GROUP_DESCRIBE: (1, 1),
     ApiKey.SHARE_FETCH: (1, 1),
     ApiKey.SHARE_ACKNOWLEDGE: (1, 1),
+    ApiKey.DESCRIBE_SHARE_GROUP_OFFSETS: (0, 0),
+    ApiKey.ALTER_SHARE_GROUP_OFFSETS: (0, 0),
+    ApiKey.DELETE_SHARE_GROUP_OFFSETS: (0, 0),
 }
 
 

@@ -196,6 +196,22 @@ class ShareClient:
         self.sock.sendall(flex_request(api_key, version, self._corr, body))
         return self.read()
 
+    def sasl_plain(self, user: str, password: str) -> int:
+        """SaslHandshake v1 (PLAIN), then SaslAuthenticate v1: the latter's error code."""
+        def string(v: str) -> bytes:
+            return struct.pack(">h", len(v.encode())) + v.encode()
+
+        for api_key, body in ((17, string("PLAIN")),
+                              (36, struct.pack(">i", len(user) + len(password) + 2) + b"\0%s\0%s" % (
+                                  user.encode(), password.encode()))):
+            self._corr += 1
+            head = struct.pack(">hhi", api_key, 1, self._corr) + string("test")
+            self.sock.sendall(struct.pack(">i", len(head) + len(body)) + head + body)
+            (error,) = struct.unpack_from(">h", self.read(), 8)
+            if error:
+                return int(error)
+        return 0
+
     def send_raw(self, frame: bytes) -> None:
         self.sock.sendall(frame)
 
@@ -214,3 +230,107 @@ class ShareClient:
 
     def close(self) -> None:
         self.sock.close()
+
+
+# --- share-group offsets: DescribeShareGroupOffsets (90), Alter- (91), DeleteShareGroupOffsets (92), v0 ---
+
+
+def _int32s(items: list[int]) -> bytes:
+    return uv(len(items) + 1) + b"".join(struct.pack(">i", i) for i in items)
+
+
+def describe_offsets_body(groups: dict[str, dict[str, list[int]] | None]) -> bytes:
+    """Per group, its topics' partitions (None: every share-partition it has state for)."""
+    out = uv(len(groups) + 1)
+    for g, topics in groups.items():
+        out += cstr(g)
+        if topics is None:
+            out += b"\0"
+        else:
+            out += uv(len(topics) + 1) + b"".join(cstr(t) + _int32s(ps) + b"\0" for t, ps in topics.items())
+        out += b"\0"
+    return out + b"\0"
+
+
+def alter_offsets_body(group: str, topics: dict[str, dict[int, int]]) -> bytes:
+    out = cstr(group) + uv(len(topics) + 1)
+    for t, parts in topics.items():
+        out += cstr(t) + uv(len(parts) + 1)
+        out += b"".join(struct.pack(">iq", p, off) + b"\0" for p, off in parts.items())
+        out += b"\0"
+    return out + b"\0"
+
+
+def delete_offsets_body(group: str, topics: dict[str, list[int]]) -> bytes:
+    return cstr(group) + uv(len(topics) + 1) + b"".join(cstr(t) + _int32s(ps) + b"\0" for t, ps in topics.items()) + b"\0"
+
+
+@dataclass
+class GroupOffsets:
+    error: int
+    message: str | None
+    starts: dict[tuple[str, int], tuple[int, int]]   # (topic, partition) -> (start offset, error)
+    topic_ids: dict[str, uuid.UUID]
+
+
+def parse_describe_offsets(raw: bytes) -> dict[str, GroupOffsets]:
+    r = _response(raw)
+    r.i32()
+    out = {}
+    for _ in range(r.compact_count()):
+        gid = r.compact_string()
+        starts, ids = {}, {}
+        for _ in range(r.compact_count()):
+            name = r.compact_string()
+            ids[name] = r.uuid()
+            for _ in range(r.compact_count()):
+                p, start, _epoch, err, _m = r.i32(), r.i64(), r.i32(), r.i16(), r.compact_nullable_string()
+                r.skip_tags()
+                starts[(name, p)] = (start, err)
+            r.skip_tags()
+        error, message = r.i16(), r.compact_nullable_string()
+        r.skip_tags()
+        out[gid] = GroupOffsets(error, message, starts, ids)
+    r.skip_tags()
+    r.done()
+    return out
+
+
+def parse_changed_offsets(raw: bytes) -> tuple[int, dict[tuple[str, int], int]]:
+    """(top-level error, (topic, partition) -> error) of an Alter- or DeleteShareGroupOffsets answer."""
+    r = _response(raw)
+    r.i32()
+    error, _ = r.i16(), r.compact_nullable_string()
+    parts = {}
+    for _ in range(r.compact_count()):
+        name = r.compact_string()
+        r.uuid()
+        for _ in range(r.compact_count()):
+            p, err, _m = r.i32(), r.i16(), r.compact_nullable_string()
+            r.skip_tags()
+            parts[(name, p)] = err
+        r.skip_tags()
+    r.skip_tags()
+    r.done()
+    return error, parts
+
+
+def list_groups_body(states: list[str], types: list[str]) -> bytes:
+    """A ListGroups v5 request body (v5: flexible, states and types filters)."""
+    return uv(len(states) + 1) + b"".join(cstr(s) for s in states) + uv(len(types) + 1) + b"".join(
+        cstr(t) for t in types) + b"\0"
+
+
+def parse_list_groups_v5(raw: bytes) -> tuple[int, dict[str, tuple[str, str, str]]]:
+    """(error, group -> (protocol type, state, type)) of a ListGroups v5 answer."""
+    r = _response(raw)
+    r.i32()
+    error = r.i16()
+    groups = {}
+    for _ in range(r.compact_count()):
+        gid = r.compact_string()
+        groups[gid] = (r.compact_string(), r.compact_string(), r.compact_string())
+        r.skip_tags()
+    r.skip_tags()
+    r.done()
+    return error, groups

@@ -34,6 +34,7 @@ import logging
 import secrets
 import ssl
 import struct
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from memq.errors import FormatError, NotifyError, ProtocolError, UnsupportedCodecError, UnsupportedVersionError
@@ -49,12 +50,13 @@ from ..group_audit import GroupAudit
 from ..groups import GroupLink
 from ..seam import BrokerCore
 
-from memq.kafka_api.groups import (RELAYED, commit_errors, committed_offsets, decode_delete_groups,
+from memq.kafka_api.groups import (RELAYED, Described, commit_errors, committed_offsets, decode_delete_groups,
                                   decode_find_coordinator, decode_offset_fetch_v1, delete_group_request,
                                   delete_group_result, describe_groups_of, describe_groups_request,
                                   describe_groups_response, encode_delete_groups, encode_find_coordinator, group_of,
-                                  list_groups_response, offset_fetch_request, offsets_request, offsets_response,
-                                  refusal, with_denied_groups, with_size)
+                                  list_groups_filters, list_groups_flex_response, list_groups_response,
+                                  offset_fetch_request, offsets_request, offsets_response, refusal, with_described,
+                                  with_size)
 from memq.kafka_api.idle_seal import SealCredit
 from memq.kafka_api.offsets import produce_base_offset
 from memq.kafka_api.mapping import (PRODUCER_ID_BITS, ack_level, error_code, memq_producer_id, metadata_view, node_id,
@@ -68,7 +70,7 @@ from memq.kafka_api.protocol import (ApiKey, ErrorCode, FetchRequest, ListOffset
 
 from memq.kafka_api.flexible import flex_body
 
-from . import kafka_fetch, kafka_share
+from . import kafka_fetch, kafka_share, kafka_share_admin
 
 if TYPE_CHECKING:
     from memq.audit.emitter import AuditEmitter
@@ -281,6 +283,9 @@ class KafkaConnection:
         if h.api_key in kafka_share.APIS:
             return asyncio.ensure_future(
                 kafka_share.ShareDoor(self._broker, self._peer, self._principal).serve(h, flex_body(body)))
+        if h.api_key in kafka_share_admin.APIS:
+            return asyncio.ensure_future(
+                kafka_share_admin.ShareAdminDoor(self._broker, self._peer, self._principal).serve(h, flex_body(body)))
         if h.api_key == ApiKey.INIT_PRODUCER_ID:
             return _ready(self._init_producer_id(h, body))
         if h.api_key == ApiKey.FETCH:   # answered in turn, read on meanwhile: a long poll blocks no other request
@@ -293,18 +298,25 @@ class KafkaConnection:
             return asyncio.ensure_future(self._delete_groups(h, body.buf, body.pos, decode_delete_groups(body)))
         if h.api_key in (ApiKey.DESCRIBE_GROUPS, ApiKey.LIST_GROUPS):   # admin tools: this cluster's groups
             cluster = self._broker.groups.cluster
-            denied: list[str] = []
+            local: list[Described] = []   # answered here: refused, or share groups (kept by memq)
+            filters: tuple[frozenset[str], frozenset[str]] = (frozenset(), frozenset())
             if h.api_key == ApiKey.LIST_GROUPS:
-                body.done()
+                if h.api_version >= 3:
+                    filters = list_groups_filters(h, flex_body(body))
+                else:
+                    body.done()
                 request = with_size(body.buf)
             else:
                 asked = describe_groups_of(body)
                 allowed = [g for g in asked if self._may_group(Operation.DESCRIBE, g)]
-                denied = [g for g in asked if g not in allowed]
-                if not allowed:
-                    return _ready(with_denied_groups(h, _no_groups(h), denied, ErrorCode.GROUP_AUTHORIZATION_FAILED))
-                request = describe_groups_request(h, body.buf, body.pos, cluster, allowed)
-            return asyncio.ensure_future(self._relay(h, self._broker.groups.mapped(""), request, {}, denied))
+                shared = kafka_share.described_groups(self._broker)
+                local = [Described(g, ErrorCode.GROUP_AUTHORIZATION_FAILED) for g in asked if g not in allowed]
+                local += [shared[g] for g in allowed if g in shared]
+                relayed = [g for g in allowed if g not in shared]
+                if not relayed:
+                    return _ready(with_described(h, _no_groups(h), local))
+                request = describe_groups_request(h, body.buf, body.pos, cluster, relayed)
+            return asyncio.ensure_future(self._relay(h, self._broker.groups.mapped(""), request, {}, local, filters))
         if h.api_key in RELAYED:
             asked_group = group_of(body)
             if not self._may_group(_GROUP_OPERATION[ApiKey(h.api_key)], asked_group):
@@ -435,16 +447,24 @@ class KafkaConnection:
         return response
 
     async def _relay(self, h: RequestHeader, group: str, request: bytes, names: dict[str, str],
-                     denied: list[str] | None = None) -> bytes:
+                     local: Sequence[Described] = (),
+                     filters: tuple[frozenset[str], frozenset[str]] = (frozenset(), frozenset())) -> bytes:
         try:
             response = await self._link().relay(group, request)
             cluster = self._broker.groups.cluster
             if h.api_key == ApiKey.LIST_GROUPS:   # as Kafka lists them: those the principal may describe
-                return list_groups_response(
-                    h, response, cluster, lambda g: self._guard.may_group(self._principal, Operation.DESCRIBE, g))
+                def visible(g: str) -> bool:
+                    return self._guard.may_group(self._principal, Operation.DESCRIBE, g)
+                states, types = filters
+                shared = [(g, d.protocol_type, d.state, "share") for g, d in
+                          kafka_share.described_groups(self._broker).items()
+                          if visible(g) and (not states or d.state.lower() in states)
+                          and (not types or "share" in types)]
+                if h.api_version >= 3:
+                    return list_groups_flex_response(h, response, cluster, visible, shared, types)
+                return list_groups_response(h, response, cluster, visible, [(g, p) for g, p, _, _ in shared])
             if h.api_key == ApiKey.DESCRIBE_GROUPS:
-                return with_denied_groups(h, describe_groups_response(h, response, cluster), denied or [],
-                                          ErrorCode.GROUP_AUTHORIZATION_FAILED)
+                return with_described(h, describe_groups_response(h, response, cluster), local)
             return offsets_response(h, response, names)
         except NotifyError as e:   # no answer in the API's shape: close, the client reconnects and retries
             log.warning("Kafka connection from %s: %s; closing", self._peer, e)

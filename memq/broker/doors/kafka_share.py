@@ -28,6 +28,7 @@ from memq.format.kafka_records import decode_kafka_records
 from memq.format.metadata import ClusterMetadata
 from memq.format.wire import Ack, AckLevel
 from memq.kafka_api.flexible import FlexReader
+from memq.kafka_api.groups import Described
 from memq.kafka_api.mapping import metadata_view, node_id
 from memq.kafka_api.metadata_flex import (FlexMetadataRequest, decode_metadata_flex, encode_metadata_flex,
                                           topic_id)
@@ -81,6 +82,16 @@ def coordinator_of(meta: ClusterMetadata, group: str) -> str | None:
     return ids[crc32c(group.encode()) % len(ids)] if ids else None
 
 
+def described_groups(core: BrokerCore) -> dict[str, Described]:
+    """The share groups this broker coordinates as ListGroups and DescribeGroups show them
+    (protocol type "share", as Kafka's): admin tools list a broker's groups on each broker."""
+    out = {}
+    for gid, g in core.shares.groups.groups.items():
+        members = tuple((m.member_id, m.client_id, m.client_host) for m in g.members.values())
+        out[gid] = Described(gid, state="Stable" if members else "Empty", protocol_type="share", members=members)
+    return out
+
+
 def _endpoint(nodes: list[Node], nid: int) -> list[Endpoint]:
     return [Endpoint(n.node_id, n.host, n.port, n.rack) for n in nodes if n.node_id == nid]
 
@@ -113,6 +124,16 @@ class ShareDoor:
             log.info("bad share request (API key %d) from %s: %s", h.api_key, self._peer, e)
             return invalid_request(h, str(e))
 
+    def _may_group(self, operation: Operation, group: str) -> bool:
+        """Whether the principal may do `operation` on `group` (ACL resource `group:NAME`), a
+        refusal counted as a `group` denial: `consume` to be a member, fetch and acknowledge,
+        `describe` to describe it."""
+        guard = self._core.guard
+        ok = guard.may_group(self._principal, operation, group)
+        if not ok:
+            guard.count_denial("group")
+        return ok
+
     # --- topics ----------------------------------------------------------------------------
 
     def _topics(self) -> tuple[ClusterMetadata, dict[uuid.UUID, str]]:
@@ -134,6 +155,10 @@ class ShareDoor:
     def heartbeat(self, h: RequestHeader, body: FlexReader) -> bytes:
         req = decode_heartbeat(body)
         interval = self._shares.config.heartbeat_interval_ms
+        if not self._may_group(Operation.CONSUME, req.group_id):
+            return encode_heartbeat(h.correlation_id, ShareError.GROUP_AUTHORIZATION_FAILED,
+                                    f"principal {self._principal} may not consume group {req.group_id!r}", None, 0,
+                                    interval, None)
         if coordinator_of(self._core.metadata(), req.group_id) != self._core.broker_id:
             return encode_heartbeat(h.correlation_id, ShareError.NOT_COORDINATOR, "not this group's coordinator",
                                     None, 0, interval, None)
@@ -159,7 +184,10 @@ class ShareDoor:
         out = []
         for gid in decode_describe(body):
             g = self._shares.groups.groups.get(gid)
-            if coordinator_of(meta, gid) != self._core.broker_id:
+            if not self._may_group(Operation.DESCRIBE, gid):
+                out.append(DescribedGroup(gid, ShareError.GROUP_AUTHORIZATION_FAILED,
+                                          f"principal {self._principal} may not describe group {gid!r}"))
+            elif coordinator_of(meta, gid) != self._core.broker_id:
                 out.append(DescribedGroup(gid, ShareError.NOT_COORDINATOR, "not this group's coordinator"))
             elif g is None:
                 out.append(DescribedGroup(gid, ShareError.GROUP_ID_NOT_FOUND, f"no share group {gid}"))
@@ -241,6 +269,9 @@ class ShareDoor:
     async def share_fetch(self, h: RequestHeader, body: FlexReader) -> bytes:
         req = decode_share_fetch(body)
         lock_ms = self._shares.config.record_lock_ms
+        if not self._may_group(Operation.CONSUME, req.group_id):
+            return encode_share_fetch(h.correlation_id, ShareError.GROUP_AUTHORIZATION_FAILED,
+                                      f"principal {self._principal} may not consume group {req.group_id!r}", lock_ms, {}, [])
         session, err = self._session(req.group_id, req.member_id, req.session_epoch, list(req.partitions))
         if session is None:
             return encode_share_fetch(h.correlation_id, err, err.name, lock_ms, {}, [])
@@ -276,6 +307,9 @@ class ShareDoor:
 
     async def share_acknowledge(self, h: RequestHeader, body: FlexReader) -> bytes:
         req = decode_share_acknowledge(body)
+        if not self._may_group(Operation.CONSUME, req.group_id):
+            return encode_share_acknowledge(h.correlation_id, ShareError.GROUP_AUTHORIZATION_FAILED,
+                                            f"principal {self._principal} may not consume group {req.group_id!r}", {}, [])
         session, err = self._session(req.group_id, req.member_id, req.session_epoch, [])
         if session is None:
             return encode_share_acknowledge(h.correlation_id, err, err.name, {}, [])

@@ -96,6 +96,13 @@ class ShareGroups:
             return Beat("", m.member_id, m.epoch, target)
         return Beat("", m.member_id, m.epoch)
 
+    def active(self, group_id: str) -> int:
+        """Members of `group_id` heard from within the session timeout (an admin may change its
+        offsets only when there are none, as in Kafka)."""
+        g = self.groups.get(group_id)
+        now = self._clock.monotonic()
+        return 0 if g is None else sum(1 for m in g.members.values() if now - m.seen <= self.session_s)
+
     def _expire(self, g: ShareGroup, partitions: Partitions, now: float) -> None:
         gone = [k for k, m in g.members.items() if now - m.seen > self.session_s]
         for k in gone:

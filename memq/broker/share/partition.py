@@ -172,6 +172,15 @@ class SharePartition:
             self._earliest = min(self._earliest, deadline)
         return _ranges([(o, self._records[o].deliveries) for o in got])
 
+    def reset(self, offset: int) -> None:
+        """An admin moved the start (AlterShareGroupOffsets) or forgot it (-1: DeleteShareGroupOffsets,
+        the next fetch starts by the group's reset policy): nothing is in flight any more."""
+        self.start = self.end = offset
+        self._offsets.clear()
+        self._records.clear()
+        self._available, self._earliest = 0, math.inf
+        self.changed = True
+
     def skip_to(self, offset: int) -> None:
         """No records before `offset` beyond the window (the log's gap or its start moved): `end`
         moves there, and `start` too when nothing is in flight."""

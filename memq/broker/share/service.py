@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 
 from memq.clock import Clock
 from memq.config import ShareConfig
-from memq.errors import MemqError, StateFencedError
+from memq.errors import CoordinationError, MemqError, StateFencedError
 from memq.kafka_api.metadata_flex import topic_id
 
 from .group import ShareGroups
@@ -171,6 +171,33 @@ class Shares:
             sp = self.partitions.get(key)
             if sp is not None:
                 sp.changed = True
+
+    async def reset(self, key: StateKey, offset: int) -> None:
+        """Move a share-partition's start to `offset` (-1: forget it) and return once that is written:
+        claimed here, so the store fences the broker that held it (it re-claims the new state at its
+        next write). A copy here that was fenced meanwhile is claimed again, once. Raises MemqError
+        when the write failed."""
+        for attempt in (1, 2):
+            sp = await self.partition(key)
+            async with self.lock(key):
+                sp.reset(offset)
+            await self.committed()
+            if self.partitions.get(key) is sp and not sp.changed:
+                return
+            if self.partitions.get(key) is sp or attempt == 2:
+                raise CoordinationError(f"share state {key}: reset to {offset} not written")
+
+    async def stored(self, group: str) -> list[StateKey]:
+        """The share-partitions `group` has state for in the store."""
+        return await self._run(self.store.keys, group)
+
+    async def start_of(self, key: StateKey) -> int:
+        """The share-partition's start offset (-1: no state): this broker's if it holds it, else the store's."""
+        sp = self.partitions.get(key)
+        if sp is not None:
+            return sp.start
+        snap = await self._run(self.store.read, key)
+        return -1 if snap is None else snap.start
 
     async def close(self) -> None:
         """Finish the dead letters under way, write what changed (a graceful stop loses no acknowledgement)."""

@@ -31,6 +31,12 @@ class ShareStateStore(Protocol):
     def write(self, key: StateKey, owner: str, state: Snapshot, version: int) -> int:
         """Store `state` if the stored version is still `version`; the new version, or StateFencedError."""
 
+    def read(self, key: StateKey) -> Snapshot | None:
+        """The stored state, owner unchanged (for describing it; None: never written)."""
+
+    def keys(self, group: str) -> list[StateKey]:
+        """The share-partitions `group` has state for, sorted."""
+
 
 def encode(owner: str, s: Snapshot) -> bytes:
     return json.dumps({"v": 1, "owner": owner, "start": s.start, "end": s.end, "runs": s.runs},
@@ -72,6 +78,14 @@ class MemoryStateStore:
             self.writes += 1
             return version + 1
 
+    def read(self, key: StateKey) -> Snapshot | None:
+        with self._lock:
+            return decode(self._data.get(key, (b"", -1))[0])
+
+    def keys(self, group: str) -> list[StateKey]:
+        with self._lock:
+            return sorted(k for k, (raw, _) in self._data.items() if k[0] == group and raw)
+
 
 class ZooKeeperStateStore:
     """One znode per share-partition; blocking (the caller runs it in a thread)."""
@@ -110,3 +124,20 @@ class ZooKeeperStateStore:
             raise StateFencedError(f"share state {key}: another broker owns it now") from None
         self.writes += 1
         return int(stat.version)
+
+    def read(self, key: StateKey) -> Snapshot | None:
+        try:
+            raw, _ = self._zk.get(self._path(key))
+        except NoNodeError:
+            return None
+        return decode(raw)
+
+    def keys(self, group: str) -> list[StateKey]:
+        base = f"{self._base}/{quote(group, safe='')}"
+        out: list[StateKey] = []
+        try:
+            for topic in self._zk.get_children(base):
+                out += [(group, topic, int(p)) for p in self._zk.get_children(f"{base}/{topic}")]
+        except NoNodeError:   # no state, or a topic's went meanwhile
+            pass
+        return sorted(out)
