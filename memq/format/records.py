@@ -111,6 +111,19 @@ def _first_unpackable(records: Sequence[LogMessage]) -> str:
     return "a record"
 
 
+def _unpack_body(raw: bytes | memoryview, count: int) -> tuple:
+    """The body's `count` records as msgpack's tuples; CorruptDataError if it is not msgpack
+    or holds another number of records."""
+    try:
+        rows = msgpack.unpackb(raw, use_list=False)
+    except Exception as exc:  # msgpack raises several unrelated types on malformed input
+        raise CorruptDataError(f"Message body is not valid msgpack: {exc!r}") from exc
+    if type(rows) is not tuple or len(rows) != count:
+        got = len(rows) if type(rows) is tuple else type(rows).__name__
+        raise CorruptDataError(f"Message body holds {got} records, header says {count}")
+    return rows
+
+
 def unpack_records(raw: bytes | memoryview, count: int) -> list[LogMessage]:
     """Decode a body into exactly `count` LogMessages; CorruptDataError on any mismatch."""
     return list(map(_tuple_new, repeat(LogMessage), unpack_rows(raw, count)))
@@ -121,13 +134,7 @@ def unpack_rows(raw: bytes | memoryview, count: int) -> tuple[tuple, ...]:
     reader that builds its own record type from them (the Consumer's ConsumerRecord), the
     LogMessage copy of each was an allocation it threw away (and a tuple subclass that every GC
     collection traverses, where a plain tuple of atoms is untracked by the first)."""
-    try:
-        rows = msgpack.unpackb(raw, use_list=False)
-    except Exception as exc:  # msgpack raises several unrelated types on malformed input
-        raise CorruptDataError(f"Message body is not valid msgpack: {exc!r}") from exc
-    if type(rows) is not tuple or len(rows) != count:
-        got = len(rows) if type(rows) is tuple else type(rows).__name__
-        raise CorruptDataError(f"Message body holds {got} records, header says {count}")
+    rows = _unpack_body(raw, count)
     # Shape only: field types are trusted once the body CRC matched (checking them would
     # cost more per record than the decode itself).
     if rows and set(map(type, rows)) != {tuple}:
@@ -143,13 +150,7 @@ def unpack_columns(raw: bytes | memoryview, count: int) -> list[tuple]:
 
     For column readers (Spark): msgpack's C loop builds the records' tuples and `zip`
     transposes them in C, with no LogMessage and no Python step per record."""
-    try:
-        rows = msgpack.unpackb(raw, use_list=False)
-    except Exception as exc:  # msgpack raises several unrelated types on malformed input
-        raise CorruptDataError(f"Message body is not valid msgpack: {exc!r}") from exc
-    if type(rows) is not tuple or len(rows) != count:
-        got = len(rows) if type(rows) is tuple else type(rows).__name__
-        raise CorruptDataError(f"Message body holds {got} records, header says {count}")
+    rows = _unpack_body(raw, count)
     if not rows:
         return [()] * RECORD_FIELDS
     try:

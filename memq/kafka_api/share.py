@@ -178,6 +178,18 @@ def _ack_batches(r: FlexReader) -> tuple[AckBatch, ...]:
     return tuple(out)
 
 
+def _read_acknowledgements(r: FlexReader, into: dict[Key, tuple[AckBatch, ...]]) -> None:
+    """The topics array of ShareFetch and ShareAcknowledge: each partition's acknowledgement
+    batches, added to `into` in request order (a partition named twice keeps both)."""
+    for _ in range(r.compact_count()):
+        tid = r.uuid()
+        for _ in range(r.compact_count()):
+            key = (tid, r.i32())
+            into[key] = into.get(key, ()) + _ack_batches(r)
+            r.skip_tags()
+        r.skip_tags()
+
+
 Key = tuple[uuid.UUID, int]   # (topic id, partition)
 
 
@@ -206,13 +218,7 @@ def decode_share_fetch(r: FlexReader) -> ShareFetchRequest:
         raise ProtocolError("ShareFetch without a group id or member id")
     epoch, wait, min_bytes, max_bytes, max_records, batch_size = (r.i32() for _ in range(6))
     req = ShareFetchRequest(group_id, member_id, epoch, wait, min_bytes, max_bytes, max_records, batch_size)
-    for _ in range(r.compact_count()):
-        tid = r.uuid()
-        for _ in range(r.compact_count()):
-            key = (tid, r.i32())
-            req.partitions[key] = req.partitions.get(key, ()) + _ack_batches(r)
-            r.skip_tags()
-        r.skip_tags()
+    _read_acknowledgements(r, req.partitions)
     for _ in range(r.compact_count()):
         tid = r.uuid()
         req.forgotten += [(tid, r.i32()) for _ in range(r.compact_count())]
@@ -286,13 +292,7 @@ def decode_share_acknowledge(r: FlexReader) -> ShareAckRequest:
     if not group_id or not member_id:
         raise ProtocolError("ShareAcknowledge without a group id or member id")
     req = ShareAckRequest(group_id, member_id, r.i32())
-    for _ in range(r.compact_count()):
-        tid = r.uuid()
-        for _ in range(r.compact_count()):
-            key = (tid, r.i32())
-            req.partitions[key] = req.partitions.get(key, ()) + _ack_batches(r)
-            r.skip_tags()
-        r.skip_tags()
+    _read_acknowledgements(r, req.partitions)
     r.skip_tags()
     r.done()
     return req

@@ -11,18 +11,10 @@ import struct
 import uuid
 from dataclasses import dataclass, field
 
-from memq.kafka_api.flexible import FlexReader
+from memq.kafka_api.flexible import FlexReader, uvarint as uv
 
 Key = tuple[uuid.UUID, int]
 
-
-def uv(n: int) -> bytes:
-    out = bytearray()
-    while n >= 0x80:
-        out.append(n & 0x7F | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
 
 
 def cstr(s: str | None) -> bytes:
