@@ -59,7 +59,9 @@ class StorageHandler(Protocol):
     async def put_batch(self, topic: str, data: Chunks, *, first_request_id: int,
                         timestamp_ms: int, broker_id: str, group: str = "") -> ObjectLocation:
         """Store one object (the chunks in order, not copied by S3); each retry goes under its own key.
-        Under the topic's key, or with `group` under that storage group's (the parts of many topics)."""
+        Under the topic's key, or with `group` under that storage group's (the parts of many topics).
+        The chunks must not change until this returns: obstore reads a bytearray or memoryview while
+        the request runs, not when it is called (a change made meanwhile is what gets stored)."""
         ...
 
     async def get(self, loc: ObjectLocation) -> bytes:

@@ -7,13 +7,10 @@ from dataclasses import dataclass
 
 import asyncio
 import time
-import uuid
 from collections import Counter
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
-from confluent_kafka import OFFSET_BEGINNING, TopicPartition
-from confluent_kafka import Consumer as KafkaConsumer
 from memq.broker.server import Broker
 from memq.config import MemqConfig, ProducerConfig, TopicConfig
 from memq.format import LogMessage, Notification, decode_batch
@@ -23,6 +20,7 @@ from memq.client.consumer import Consumer, ConsumerRecord, notification_topic
 from memq.format import (NOTIFICATION_VERSION, Codec, decode_message_header,
                          encode_batch, encode_message, object_crc32c)
 from memq.notify import NotificationPublisher
+from tests.support.readback import read_notification_log
 
 
 # a stored LogMessage: (producer id, epoch, sequence, position in Message) -> (key, value, headers)
@@ -88,24 +86,7 @@ async def read_stored(config: MemqConfig, topic: str) -> tuple[Stored, dict[str,
 
 def read_notifications(bootstrap: str, kafka_topic: str, timeout_s: float = 30) -> list[Notification]:
     """Every notification on the topic, read from the beginning up to the high watermarks."""
-    c = KafkaConsumer({"bootstrap.servers": bootstrap, "group.id": f"verify-{uuid.uuid4().hex}",
-                  "enable.auto.commit": False, "auto.offset.reset": "earliest"})
-    try:
-        parts = list(c.list_topics(kafka_topic, timeout=10).topics[kafka_topic].partitions)
-        high = {p: c.get_watermark_offsets(TopicPartition(kafka_topic, p), timeout=10)[1] for p in parts}
-        c.assign([TopicPartition(kafka_topic, p, OFFSET_BEGINNING) for p in parts])
-        pos = {p: 0 for p in parts}
-        out: list[Notification] = []
-        deadline = time.monotonic() + timeout_s
-        while any(pos[p] < high[p] for p in parts):
-            assert time.monotonic() < deadline, f"notifications not read within {timeout_s}s: {pos} of {high}"
-            for m in c.consume(500, 0.5):
-                if m.error() is None:
-                    out.append(Notification.from_bytes(m.value()))
-                    pos[m.partition()] = m.offset() + 1
-        return out
-    finally:
-        c.close()
+    return [r.note for r in read_notification_log(bootstrap, kafka_topic, timeout_s).records]
 
 
 def topic_config(name: str, **kw: Any) -> TopicConfig:
