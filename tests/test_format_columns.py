@@ -3,6 +3,7 @@ the LogMessage path decodes (values, keys, headers, timestamps), and bad bodies 
 
 from __future__ import annotations
 
+import re
 import struct
 
 import msgpack
@@ -56,6 +57,22 @@ def test_memq_bodies_decode_to_the_rows_the_log_message_path_gives(recs: list[Lo
 def test_kafka_batches_decode_to_the_rows_the_record_decoder_gives(recs: list[LogMessage], codec: str) -> None:
     msg = kafka_message(recs, codec)
     assert rows(decode_message_columns(msg, Compressors())[1]) == list(decode_message(msg)[1]) == recs
+
+
+def test_kafka_records_with_more_headers_than_records_are_walked_again_with_room_for_all() -> None:
+    """The compiled walk first has room for one header a record; more are located in a second walk."""
+    recs = [LogMessage(b"v%d" % i, b"k", tuple((f"h{j}", b"x" * j) for j in range(i % 5)), i) for i in range(40)]
+    assert rows(decode_kafka_columns(record_batch(recs))) == decode_kafka_records(record_batch(recs)) == recs
+
+
+def test_a_kafka_record_the_walk_refuses_gets_the_record_decoders_error() -> None:
+    kb = bytearray(record_batch([LogMessage(b"abc", None, (), 1)] * 3))
+    kb[-6] = 0x7F                                   # the last record's value length: past its end
+    struct.pack_into(">I", kb, 17, crc32c(bytes(kb[21:])))
+    with pytest.raises(CorruptDataError) as refused:
+        decode_kafka_records(bytes(kb))
+    with pytest.raises(CorruptDataError, match=re.escape(str(refused.value))):
+        decode_kafka_columns(bytes(kb))
 
 
 def test_kafka_nulls_and_log_append_time_read_as_the_record_decoder_reads_them() -> None:

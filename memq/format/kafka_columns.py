@@ -1,12 +1,10 @@
 """Kafka RecordBatch v2 records straight to Arrow columns, for readers that want columns (Spark).
 
 `decode_kafka_records` builds a LogMessage (and its bytes) per record in a Python loop, ~7 us
-a record. Here the only per-record Python step is following the records' length prefixes
-(one varint each) to find where each starts; every field after it is decoded for all records
-at once with numpy (a varint is at most 10 bytes, so a few vector passes decode them all),
-in one pass over all the batches of an object, and values, keys and header fields become
-Arrow arrays over the decompressed buffer (one `take` copies the bytes out). Layout and null
-handling as in `kafka_records`.
+a record. Here no Python step runs per record: one compiled walk (`kafka_walk`) over all the
+batches of an object locates every field of every record, and values, keys and header fields
+become Arrow arrays over the decompressed buffer (one `take` copies the bytes out). Layout,
+null handling and what is corrupt as in `kafka_records`.
 """
 
 from __future__ import annotations
@@ -19,8 +17,8 @@ import zstandard
 
 from memq.errors import CorruptDataError
 from memq.format.arrow_body import _pyarrow
-from memq.format.kafka_records import (KAFKA_BATCH_HEADER_SIZE, KafkaBatchHeader, decompress_records,
-                                       verify_kafka_batch)
+from memq.format.kafka_records import (KAFKA_BATCH_HEADER_SIZE, KafkaBatchHeader, decode_raw_records,
+                                       decompress_records, verify_kafka_batch)
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -28,8 +26,6 @@ if TYPE_CHECKING:
 Buffer = bytes | bytearray | memoryview
 
 _GROUP_BYTES = 1 << 30
-_PAD = 10           # bytes of zeros after the records, so a varint read near the end stays in the array
-_MAX_VARINT = 10
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,23 +102,20 @@ class KafkaColumns:
 
 @dataclass(frozen=True, slots=True)
 class KafkaRecords:
-    """One verified, decompressed batch and where each record's length prefix is; the
-    prefixes and every field are decoded later, for all of an object's batches at once."""
+    """One verified, decompressed batch; its records are located later, with all of an
+    object's batches at once."""
 
     header: KafkaBatchHeader
     raw: bytes
-    prefixes: np.ndarray     # int64: where each record (its length varint) starts in `raw`
 
     def __len__(self) -> int:
-        return len(self.prefixes)
+        return self.header.count
 
 
 def split_kafka_records(buf: Buffer, zstd: zstandard.ZstdDecompressor | None = None) -> KafkaRecords:
-    """Verify one whole batch, decompress it (with the reader's reused `zstd` context) and
-    find where each record starts."""
+    """Verify one whole batch and decompress it (with the reader's reused `zstd` context)."""
     header = verify_kafka_batch(buf)
-    raw = bytes(decompress_records(header.codec, memoryview(buf)[KAFKA_BATCH_HEADER_SIZE:], zstd))
-    return KafkaRecords(header, raw, _record_prefixes(raw, header.count))
+    return KafkaRecords(header, bytes(decompress_records(header.codec, memoryview(buf)[KAFKA_BATCH_HEADER_SIZE:], zstd)))
 
 
 def decode_kafka_columns(buf: Buffer) -> KafkaColumns:
@@ -132,12 +125,12 @@ def decode_kafka_columns(buf: Buffer) -> KafkaColumns:
 
 
 def locate_kafka_columns(batches: Sequence[KafkaRecords]) -> list[KafkaColumns]:
-    """Every field of every record of `batches`, located in one numpy pass over them all (a
-    pass costs ~100 numpy calls whatever its size: once per object, not once per Message)."""
+    """Every field of every record of `batches`, located in one compiled walk over them all
+    (`kafka_walk`), at most _GROUP_BYTES of records per walk (int32 Arrow offsets)."""
     out: list[KafkaColumns] = []
     group: list[KafkaRecords] = []
     size = 0
-    for b in batches:     # int32 Arrow offsets: at most _GROUP_BYTES of records per pass
+    for b in batches:
         if group and size + len(b.raw) > _GROUP_BYTES:
             out += _locate(group)
             group, size = [], 0
@@ -147,50 +140,36 @@ def locate_kafka_columns(batches: Sequence[KafkaRecords]) -> list[KafkaColumns]:
 
 
 def _locate(batches: Sequence[KafkaRecords]) -> list[KafkaColumns]:
-    sizes = [len(b.raw) for b in batches]
-    shift = np.cumsum([0] + sizes)
-    raw = b"".join([*(b.raw for b in batches), bytes(_PAD)])   # padded: see _PAD
-    first = np.cumsum([0] + [len(b) for b in batches])   # each batch's first record
-    prefixes = np.concatenate([b.prefixes + at for b, at in zip(batches, shift)])
-    batch_ends = np.repeat(shift[1:], np.diff(first))
+    from memq.format import kafka_walk as kw   # numba: imported by the readers that need it
+
+    raw = b"".join(b.raw for b in batches)
+    starts = np.cumsum([0] + [len(b.raw) for b in batches], dtype=np.int64)
+    counts = np.array([b.header.count for b in batches], np.int64)
+    records = np.empty((int(counts.sum()), kw.RECORD_COLUMNS), np.int64)
     u8 = np.frombuffer(raw, np.uint8)
-    lengths, starts = _varints(u8, prefixes, batch_ends, "length")
-    if (lengths < 0).any():
-        i = int(np.flatnonzero(lengths < 0)[0])
-        n = int(np.searchsorted(first, i, side="right")) - 1
-        raise CorruptDataError(f"Kafka record {i - first[n]} length {int(lengths[i])} is negative")
-    ends = starts + lengths     # = the next prefix, and the batch's end for its last: `_record_prefixes`
-    pos = starts + 1                                   # record attributes: unused by Kafka
-    deltas, pos = _varints(u8, pos, ends, "timestamp delta")
-    _, pos = _varints(u8, pos, ends, "offset delta")   # memq positions are per batch, not per record
-    keys, pos = _field(u8, pos, ends, "key")
-    values, pos = _field(u8, pos, ends, "value")
-    counts, pos = _varints(u8, pos, ends, "header count")
-    if (counts < 0).any() or (counts > ends - pos).any():
-        raise CorruptDataError("Kafka record header count is impossible here")
-    offsets = np.zeros(len(counts) + 1, np.int64)
-    np.cumsum(counts, out=offsets[1:])
-    hk_start, hk_len, hv_start, hv_len = (np.zeros(int(offsets[-1]), np.int64) for _ in range(4))
-    for j in range(int(counts.max(initial=0))):         # the j-th header of every record that has one
-        rows = np.flatnonzero(counts > j)
-        at = offsets[rows] + j
-        hkey, pos[rows] = _field(u8, pos[rows], ends[rows], "header key")
-        if (hkey.length < 0).any():
-            raise CorruptDataError("Kafka record header key is null")
-        hval, pos[rows] = _field(u8, pos[rows], ends[rows], "header value")
-        hk_start[at], hk_len[at], hv_start[at], hv_len[at] = hkey.start, hkey.length, hval.start, hval.length
-    if (pos != ends).any():
-        i = int(np.flatnonzero(pos != ends)[0])
-        n = int(np.searchsorted(first, i, side="right")) - 1
-        raise CorruptDataError(f"Kafka record {i - first[n]} is {ends[i] - starts[i]} bytes but its fields take "
-                               f"{pos[i] - starts[i]}")
+    headers = np.empty((len(records), kw.HEADER_COLUMNS), np.int64)   # room for one header a record
+    status, found, i = kw.walk(u8, starts, counts, records, headers)
+    if status == kw.MORE_HEADERS:
+        headers = np.empty((found, kw.HEADER_COLUMNS), np.int64)
+        status, found, i = kw.walk(u8, starts, counts, records, headers)
+    if status == kw.FAILED:
+        bad = batches[found]
+        decode_raw_records(bad.raw, bad.header)    # raises the record decoder's CorruptDataError
+        raise CorruptDataError(f"Kafka record {i} of {bad.header.count} does not decode")
+    headers = headers[:found]
+    offsets = np.zeros(len(records) + 1, np.int64)
+    np.cumsum(records[:, kw.HEADER_COUNT], out=offsets[1:])
+    first = np.cumsum([0] + [len(b) for b in batches])   # each batch's first record
     out = []
     for b, lo, hi in zip(batches, first, first[1:]):
         h_lo, h_hi = offsets[lo], offsets[hi]
-        out.append(KafkaColumns(raw, _timestamps(b.header, deltas[lo:hi]), keys[lo:hi], values[lo:hi],
+        rec, hdr = records[lo:hi], headers[h_lo:h_hi]
+        out.append(KafkaColumns(raw, _timestamps(b.header, rec[:, kw.TS_DELTA]),
+                                _Spans(rec[:, kw.KEY_START], rec[:, kw.KEY_LEN]),
+                                _Spans(rec[:, kw.VALUE_START], rec[:, kw.VALUE_LEN]),
                                 (offsets[lo:hi + 1] - h_lo).astype(np.int32),
-                                _Spans(hk_start[h_lo:h_hi], hk_len[h_lo:h_hi]),
-                                _Spans(hv_start[h_lo:h_hi], hv_len[h_lo:h_hi])))
+                                _Spans(hdr[:, kw.HKEY_START], hdr[:, kw.HKEY_LEN]),
+                                _Spans(hdr[:, kw.HVALUE_START], hdr[:, kw.HVALUE_LEN])))
     return out
 
 
@@ -198,76 +177,3 @@ def _timestamps(header: KafkaBatchHeader, deltas: np.ndarray) -> np.ndarray:
     if header.log_append_time:
         return np.full(len(deltas), header.max_timestamp_ms, np.int64)
     return deltas + header.base_timestamp_ms
-
-
-def _record_prefixes(raw: bytes, count: int) -> np.ndarray:
-    """Where each of the `count` records starts: the one per-record Python loop, since where a
-    record starts depends on every length before it. It only follows the length prefixes
-    (1- and 2-byte ones inline: records up to 8 KiB); `_locate` decodes and checks them
-    for all records at once (a negative length, skipped here as its magnitude, fails there)."""
-    at: list[int] = []
-    append = at.append
-    pos = 0
-    try:
-        for _ in range(count):
-            append(pos)
-            b = raw[pos]
-            if b < 0x80:
-                pos += 1 + (b >> 1)
-            elif raw[pos + 1] < 0x80:
-                pos += 2 + (((b & 0x7F) | raw[pos + 1] << 7) >> 1)
-            else:
-                zigzag, pos = _long_varint(raw, pos)
-                pos += zigzag >> 1
-    except IndexError:
-        raise CorruptDataError(f"Kafka batch ends inside record {len(at) - 1} of {count}") from None
-    if pos != len(raw):
-        raise CorruptDataError(f"Kafka batch records end at byte {pos}, the batch at {len(raw)}")
-    return np.array(at, np.int64)
-
-
-def _long_varint(raw: bytes, pos: int) -> tuple[int, int]:
-    """A varint of 3 or more bytes at `pos`, zigzag-encoded as stored, and the position after it."""
-    acc = shift = 0
-    while True:
-        b = raw[pos]
-        pos += 1
-        acc |= (b & 0x7F) << shift
-        if not b & 0x80:
-            return acc, pos
-        shift += 7
-        if shift > 63:
-            raise CorruptDataError("Kafka varint longer than 10 bytes")
-
-
-def _varints(u8: np.ndarray, pos: np.ndarray, ends: np.ndarray, what: str) -> tuple[np.ndarray, np.ndarray]:
-    """The zigzag varint at each `pos`, and the position after it; each must end by its `ends`."""
-    if (pos >= ends).any():
-        raise CorruptDataError(f"Kafka record truncated before its {what}")
-    b = u8[pos]
-    acc = (b & 0x7F).astype(np.uint64)
-    after = pos + 1
-    going = np.flatnonzero(b >= 0x80)
-    k = 1
-    while len(going):
-        if k == _MAX_VARINT:
-            raise CorruptDataError("Kafka varint longer than 10 bytes")
-        b = u8[after[going]]
-        acc[going] |= (b & 0x7F).astype(np.uint64) << np.uint64(7 * k)
-        after[going] += 1
-        going = going[b >= 0x80]
-        k += 1
-    if (after > ends).any():
-        raise CorruptDataError(f"Kafka record truncated inside its {what}")
-    return ((acc >> np.uint64(1)) ^ -(acc & np.uint64(1))).view(np.int64), after
-
-
-def _field(u8: np.ndarray, pos: np.ndarray, ends: np.ndarray, what: str) -> tuple[_Spans, np.ndarray]:
-    """A length-prefixed (-1 = null) field at each `pos`, and the position after it."""
-    length, pos = _varints(u8, pos, ends, f"{what} length")
-    if (length < -1).any():
-        raise CorruptDataError(f"Kafka record {what} length {int(length.min())}")
-    after = pos + np.maximum(length, 0)
-    if (after > ends).any():
-        raise CorruptDataError(f"Kafka record {what} overruns the record")
-    return _Spans(pos, length), after

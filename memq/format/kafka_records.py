@@ -141,7 +141,12 @@ def decode_kafka_records(buf: Buffer) -> list[LogMessage]:
     Null values, and null header values, decode as b"" (a LogMessage value is bytes).
     """
     header = verify_kafka_batch(buf)
-    raw = decompress_records(header.codec, memoryview(buf)[KAFKA_BATCH_HEADER_SIZE:])
+    return decode_raw_records(decompress_records(header.codec, memoryview(buf)[KAFKA_BATCH_HEADER_SIZE:]), header)
+
+
+def decode_raw_records(raw: bytes | memoryview, header: KafkaBatchHeader) -> list[LogMessage]:
+    """The records of a verified batch, `raw` = its records decompressed: the one definition
+    of which records are corrupt (the column reader asks it to word its errors)."""
     with gc_paused():
         return _Records(raw, header).read_all()
 
