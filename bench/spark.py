@@ -17,6 +17,13 @@ consume` times it (`bench._cluster.read_memq`: from group assignment to the N-th
 the same rounds; it leans to the Consumer: its group join (~3 s on tansu) is left out while
 Spark's planning is counted, and it sums only value lengths.
 
+The ceiling of any Python DataSource, in the same rounds (`floor_s`, `floor_vs_parquet`): a
+source that does no I/O and no decoding, its tasks yielding rows of the same shape (12-byte
+keys, 100-byte values, timestamps) from Arrow batches built once per Python worker. What it
+costs is Spark's alone: planning through a Python worker, task launch, Arrow batches handed
+from Python to the JVM and turned into rows. `*_vs_floor` = floor seconds / memq seconds: how
+much of the gap to Parquet is memq's.
+
 Quick mode (200k rows) starts no Spark: at that size a Spark query is mostly job start-up
 (planning, task launch: Spark took 0.80 s on Arrow bodies whose tasks take 0.2-0.4 s in-process,
 and 6.4 s on the Parquet copy in one loaded run), so Spark-vs-Parquet ratios there measure
@@ -169,6 +176,15 @@ def _parquet_read(spark, path: str) -> tuple[float, int, int]:  # type: ignore[n
     return time.perf_counter() - t, row.n, row.b
 
 
+def _floor_read(spark, rows: int, tasks: int) -> tuple[float, int, int]:  # type: ignore[no-untyped-def]
+    """The same query on `bench.spark_floor`'s no-work source, as many tasks as memq's plan."""
+    from bench.spark_floor import FloorDataSource
+
+    t = time.perf_counter()
+    row = _query(spark.read.format(FloorDataSource.name()).options(rows=str(rows), tasks=str(tasks)).load())
+    return time.perf_counter() - t, row.n, row.b
+
+
 def _aggregate(batches: Sequence[pa.RecordBatch]) -> tuple[int, int]:
     """The query's rows and value bytes, computed in Arrow (with its other aggregates, so the
     columns are touched as Spark touches them)."""
@@ -260,8 +276,13 @@ def _full(config: MemqConfig, options: dict[Codec, dict[str, str]], topics: dict
     # Executor JVMs (local-cluster) start Python workers elsewhere: point them at this memq.
     here = str(Path(memq.__file__).resolve().parents[1])
     spark = local_session("memq-bench", master, {"spark.executorEnv.PYTHONPATH": here})
+    from bench.spark_floor import FloorDataSource
+
+    spark.dataSource.register(FloorDataSource)
+    tasks = spark.sparkContext.defaultParallelism   # memq's plan: a task per core for 1M rows
     parquet = tempfile.mkdtemp(prefix="memq-bench-parquet-")
     spark_runs: dict[Codec, list[tuple[float, int, int]]] = {codec: [] for codec in topics}
+    floor_runs: list[tuple[float, int, int]] = []
     parquet_runs: list[tuple[float, int, int]] = []
     consumer_runs: list[tuple[float, int, int]] = []
     consumer_totals: list[float] = []
@@ -269,6 +290,7 @@ def _full(config: MemqConfig, options: dict[Codec, dict[str, str]], topics: dict
         # warm-up: one object per read partition = 4 tasks, so every Python worker is started
         for opts in options.values():
             _spark_read(spark, {**opts, "endingOffsets": '{"0": 1, "1": 1, "2": 1, "3": 1}'})
+        _floor_read(spark, n, tasks)   # builds each worker's batch
         print(f"spark session ready ({master}): {time.perf_counter() - t:.1f}s", flush=True)
         _parquet_copy(spark, options[Codec.ZSTD], parquet)
         def spark_step(codec: Codec) -> None:
@@ -276,13 +298,18 @@ def _full(config: MemqConfig, options: dict[Codec, dict[str, str]], topics: dict
             print(f"spark datasource ({codec.name} bodies): {spark_runs[codec][-1][1]} rows in "
                   f"{spark_runs[codec][-1][0]:.2f}s", flush=True)
 
+        def floor_step() -> None:
+            floor_runs.append(_floor_read(spark, n, tasks))
+            print(f"spark on a no-work Python DataSource: {floor_runs[-1][1]} rows in {floor_runs[-1][0]:.2f}s",
+                  flush=True)
+
         def parquet_step() -> None:
             parquet_runs.append(_parquet_read(spark, parquet))
             print(f"spark on a local Parquet copy: {parquet_runs[-1][1]} rows in {parquet_runs[-1][0]:.2f}s",
                   flush=True)
 
         steps = [partial(spark_step, codec) for codec in options] + [
-            parquet_step, lambda: consumer_totals.append(_consumer(config, topics[Codec.ZSTD], n, consumer_runs))]
+            floor_step, parquet_step, lambda: consumer_totals.append(_consumer(config, topics[Codec.ZSTD], n, consumer_runs))]
         # Interleaved, so drift on a shared machine hits every reader alike, and rotated, so no
         # reader always follows the same one (the Consumer leaves read-ahead GETs to the S3 server).
         for r in range(3):
@@ -294,11 +321,14 @@ def _full(config: MemqConfig, options: dict[Codec, dict[str, str]], topics: dict
     p_time = _best(parquet_runs, n, value_bytes, "parquet")
     s = {codec: _best(runs, n, value_bytes, f"spark ({codec.name})") for codec, runs in spark_runs.items()}
     c_time = _best(consumer_runs, n, value_bytes, "consumer")
+    f_time = _best(floor_runs, n, n * 100, "no-work source")
     return {"ratios": {"vs_parquet": round(p_time / s[Codec.ARROW], 3),
                        "zstd_vs_parquet": round(p_time / s[Codec.ZSTD], 3),
                        "kafka_vs_parquet": round(p_time / s[Codec.KAFKA], 3),
-                       "vs_consumer": round(c_time / s[Codec.ZSTD], 3)},
-            "messages": n, "master": master, "spark_s": round(s[Codec.ARROW], 3),
+                       "vs_consumer": round(c_time / s[Codec.ZSTD], 3),
+                       "floor_vs_parquet": round(p_time / f_time, 3),
+                       **{f"{NAMES[c]}_vs_floor": round(f_time / s[c], 3) for c in s}},
+            "messages": n, "master": master, "floor_s": round(f_time, 3), "spark_s": round(s[Codec.ARROW], 3),
             "spark_zstd_bodies_s": round(s[Codec.ZSTD], 3), "spark_kafka_bodies_s": round(s[Codec.KAFKA], 3),
             "parquet_s": round(p_time, 3), "consumer_s": round(c_time, 3), "consumer_with_join_s": round(min(consumer_totals), 3),
             "spark_zstd_msgs_per_s": round(n / s[Codec.ZSTD]), "consumer_msgs_per_s": round(n / c_time)}
