@@ -50,6 +50,22 @@ class ArrowColumns:
 
 
 @dataclass(frozen=True, slots=True)
+class BuiltColumns:
+    """Some fields' columns, built while their body was at hand; the others are not kept."""
+
+    arrays: dict[str, pa.Array]
+    count: int
+
+    def __len__(self) -> int:
+        return self.count
+
+    def column(self, name: str) -> pa.Array:
+        if name not in self.arrays:
+            raise KeyError(f"Message body field {name} was not kept")
+        return self.arrays[name]
+
+
+@dataclass(frozen=True, slots=True)
 class MsgpackColumns:
     """A msgpack body's fields, one tuple each (LogMessage field order), converted on first use;
     `keep` converts some now and lets every field's Python objects go."""
@@ -118,11 +134,25 @@ def _decode(buf: Buffer, compressors: Compressors, fields: Collection[str] | Non
             raise CorruptDataError(f"Codec.ARROW raw length {header.raw_length}, body length {header.body_length}")
         columns = ArrowColumns(decode_arrow_body(body, header.count))
     else:
-        values: list[tuple | None] = list(unpack_columns(
-            compressors.decompress(header.codec, body, header.raw_length), header.count))
-        columns = MsgpackColumns(values, header.count)
-        if fields is not None:
-            columns.keep(fields)
+        columns = _msgpack_columns(compressors.decompress(header.codec, body, header.raw_length), header.count,
+                                   fields)
     if len(columns) != header.count:
         raise CorruptDataError(f"Message body holds {len(columns)} records, header says {header.count}")
     return header, columns
+
+
+def _msgpack_columns(raw: bytes | memoryview, count: int, fields: Collection[str] | None) -> Columns:
+    """Located by the compiled walk (`msgpack_columns`, imported here: numba loads in ~0.2 s
+    and only a column reader needs it); a body it does not take is unpacked by msgpack."""
+    from memq.format.msgpack_columns import locate_msgpack_columns
+
+    located = locate_msgpack_columns(raw, count)
+    if located is None:
+        values: list[tuple | None] = list(unpack_columns(raw, count))
+        columns = MsgpackColumns(values, count)
+        if fields is not None:
+            columns.keep(fields)
+        return columns
+    if fields is None:
+        return located
+    return BuiltColumns({name: located.column(name) for name in fields}, count)

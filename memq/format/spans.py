@@ -1,0 +1,83 @@
+"""Byte spans of a decoded buffer to Arrow binary (or string) arrays, no Python object per span.
+
+A columnar decoder (Kafka RecordBatches, msgpack bodies) locates each record's fields as
+(start, length) in the decompressed buffer; an Arrow binary array needs the bytes back to
+back. Here the lengths' running sum is the array's offsets and one compiled loop copies the
+bytes once into the array's data buffer: ~2x cheaper than an array over the whole buffer
+whose items alternate span / gap and an Arrow `take` of the spans (docs/DECISIONS.md).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+from numba import njit, types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+from memq.errors import CorruptDataError
+from memq.format.arrow_body import _pyarrow
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+_MAX_OFFSET = 2**31 - 1     # an Arrow binary array's int32 offsets
+
+
+@dataclass(frozen=True, slots=True)
+class Spans:
+    """Byte ranges [start, start + length) of a buffer; length -1 = null."""
+
+    start: np.ndarray     # int64
+    length: np.ndarray    # int64
+
+    def __len__(self) -> int:
+        return len(self.start)
+
+    def __getitem__(self, rows: slice) -> Spans:
+        return Spans(self.start[rows], self.length[rows])
+
+
+def binary_array(spans: Spans, data: bytes | memoryview, typ: pa.DataType, *, null_as_empty: bool) -> pa.Array:
+    """The spans' bytes as an Arrow array of `typ` (binary or string: a string array is not
+    UTF-8-checked here); a null span is an empty item if `null_as_empty`, else null. Every
+    span must lie inside `data`."""
+    pa = _pyarrow()
+    n = len(spans)
+    total = int(np.maximum(spans.length, 0).sum())
+    if total > _MAX_OFFSET:
+        raise CorruptDataError(f"{total} bytes of fields exceed an Arrow binary array")
+    offsets = np.empty(n + 1, np.int32)
+    out = np.empty(total, np.uint8)
+    _gather(np.frombuffer(data, np.uint8), spans.start, spans.length, offsets, out)
+    validity = None
+    if not null_as_empty and n and (spans.length < 0).any():
+        validity = pa.py_buffer(np.packbits(spans.length >= 0, bitorder="little"))
+    return pa.Array.from_buffers(typ, n, [validity, pa.py_buffer(offsets), pa.py_buffer(out)])
+
+
+@njit(cache=True, nogil=True)
+def _gather(data: np.ndarray, start: np.ndarray, length: np.ndarray, offsets: np.ndarray,
+            out: np.ndarray) -> None:   # pragma: no cover - compiled
+    """offsets: the running sum of the lengths (a null adds 0); out: the spans' bytes."""
+    at = 0
+    offsets[0] = 0
+    for i in range(len(start)):
+        if length[i] > 0:
+            _memcpy(out, at, data, start[i], length[i])
+            at += length[i]
+        offsets[i + 1] = at
+
+
+@intrinsic
+def _memcpy(typingctx, dst, dst_at, src, src_at, n):  # type: ignore[no-untyped-def]  # pragma: no cover
+    """`dst[dst_at:dst_at + n] = src[src_at:src_at + n]` as one memcpy (uint8 arrays): numba's
+    slice copy and byte loop both ran ~2x slower than Arrow's `take` on 100-byte items."""
+    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+        d, d_at, s, s_at, length = args
+        d_ptr = builder.gep(context.make_array(signature.args[0])(context, builder, d).data, [d_at])
+        s_ptr = builder.gep(context.make_array(signature.args[2])(context, builder, s).data, [s_at])
+        cgutils.raw_memcpy(builder, d_ptr, s_ptr, length, 1)
+    return types.void(dst, types.intp, src, types.intp, types.intp), codegen
