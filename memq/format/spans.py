@@ -45,30 +45,38 @@ def binary_array(spans: Spans, data: bytes | memoryview, typ: pa.DataType, *, nu
     UTF-8-checked here); a null span is an empty item if `null_as_empty`, else null. Every
     span must lie inside `data`."""
     pa = _pyarrow()
-    n = len(spans)
-    total = int(np.maximum(spans.length, 0).sum())
-    if total > _MAX_OFFSET:
-        raise CorruptDataError(f"{total} bytes of fields exceed an Arrow binary array")
-    offsets = np.empty(n + 1, np.int32)
-    out = np.empty(total, np.uint8)
-    _gather(np.frombuffer(data, np.uint8), spans.start, spans.length, offsets, out)
+    offsets, out, nulls = _gather(np.frombuffer(data, np.uint8), spans.start, spans.length)
+    if len(offsets) != len(spans) + 1:
+        raise CorruptDataError(f"fields of over {_MAX_OFFSET} bytes exceed an Arrow binary array")
     validity = None
-    if not null_as_empty and n and (spans.length < 0).any():
+    if nulls and not null_as_empty:
         validity = pa.py_buffer(np.packbits(spans.length >= 0, bitorder="little"))
-    return pa.Array.from_buffers(typ, n, [validity, pa.py_buffer(offsets), pa.py_buffer(out)])
+    return pa.Array.from_buffers(typ, len(spans), [validity, pa.py_buffer(offsets), pa.py_buffer(out)])
 
 
 @njit(cache=True, nogil=True)
-def _gather(data: np.ndarray, start: np.ndarray, length: np.ndarray, offsets: np.ndarray,
-            out: np.ndarray) -> None:   # pragma: no cover - compiled
-    """offsets: the running sum of the lengths (a null adds 0); out: the spans' bytes."""
+def _gather(data: np.ndarray, start: np.ndarray, length: np.ndarray
+            ) -> tuple[np.ndarray, np.ndarray, bool]:   # pragma: no cover - compiled
+    """(int32 offsets: the lengths' running sum, a null adding 0; the spans' bytes; any null);
+    no offsets if the bytes exceed int32."""
+    n = len(start)
+    total = 0
+    nulls = False
+    for i in range(n):
+        nulls |= length[i] < 0
+        total += max(length[i], 0)
+    if total > _MAX_OFFSET:
+        return np.empty(0, np.int32), np.empty(0, np.uint8), nulls
+    offsets = np.empty(n + 1, np.int32)
+    out = np.empty(total, np.uint8)
     at = 0
     offsets[0] = 0
-    for i in range(len(start)):
+    for i in range(n):
         if length[i] > 0:
             _memcpy(out, at, data, start[i], length[i])
             at += length[i]
         offsets[i + 1] = at
+    return offsets, out, nulls
 
 
 @intrinsic
