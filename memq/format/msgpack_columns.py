@@ -163,7 +163,7 @@ def _be(raw: np.ndarray, pos: int, size: int) -> int:   # pragma: no cover - com
     """The big-endian unsigned integer of `size` bytes at `pos` (in bounds)."""
     acc = 0
     for j in range(size):
-        acc = (acc << 8) | np.int64(raw[pos + j])
+        acc = (acc << 8) | int(raw[pos + j])
     return acc
 
 

@@ -2,9 +2,9 @@
 
 A columnar decoder (Kafka RecordBatches, msgpack bodies) locates each record's fields as
 (start, length) in the decompressed buffer; an Arrow binary array needs the bytes back to
-back. Here the lengths' running sum is the array's offsets and one compiled loop copies the
-bytes once into the array's data buffer: ~2x cheaper than an array over the whole buffer
-whose items alternate span / gap and an Arrow `take` of the spans (docs/DECISIONS.md).
+back. One compiled call sums the lengths into the array's offsets and copies each span with
+one memcpy: 1000 spans of 12 / 100 bytes took ~9 / ~11 ns each, where an array over the whole
+buffer whose items alternate span / gap and an Arrow `take` of the spans took ~37 / ~44 ns.
 """
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ def _gather(data: np.ndarray, start: np.ndarray, length: np.ndarray
     offsets[0] = 0
     for i in range(n):
         if length[i] > 0:
-            _memcpy(out, at, data, start[i], length[i])
+            _memcpy(out, at, data, start[i], length[i])   # type: ignore[call-arg]  # typed by numba
             at += length[i]
         offsets[i + 1] = at
     return offsets, out, nulls
