@@ -2,11 +2,13 @@
 
 Every codec ends as the columns of `arrow_body.body_schema()` without a LogMessage per
 record: a Codec.ARROW body is those columns already; a Kafka RecordBatch is located field by
-field in bulk, all of an object's at once (`kafka_columns`); a msgpack body is unpacked by
-msgpack's C loop and transposed in C (`records.unpack_columns`), each column one `pa.array`
-call when first asked for, so a query that reads no headers never converts them. A body that does not decode, or
-a column that does not convert, is a CorruptDataError, as on the LogMessage path.
-Needs pyarrow (imported on first use, as in `arrow_body`) and numpy.
+field in bulk, all of an object's at once (`kafka_columns`); a msgpack body is located field
+by field by a compiled walk (`msgpack_columns`), or, when it is not in memq's own layout,
+unpacked by msgpack's C loop and transposed in C (`records.unpack_columns`), each column one
+`pa.array` call when first asked for, so a query that reads no headers never converts them.
+A body that does not decode, or a column that does not convert, is a CorruptDataError, as
+on the LogMessage path. Needs pyarrow (imported on first use, as in `arrow_body`), numpy
+and, for msgpack bodies, numba.
 """
 
 from __future__ import annotations
@@ -115,7 +117,7 @@ def decode_batch_columns(obj: Buffer, *, compressors: Compressors | None = None,
                          ) -> tuple[BatchHeader, list[tuple[MessageHeader, Columns]]]:
     """`decode_batch` with each Message as columns; the fields of all its Kafka batches are
     located in one pass. Given `fields` (LogMessage field names), a msgpack body's columns
-    are only those, converted as each Message is unpacked (`MsgpackColumns.keep`)."""
+    are only those, built as each Message is decoded, while its bytes are in the CPU cache."""
     header, messages = decode_batch_as(obj, partial(_decode, fields=fields), compressors=compressors)
     located = iter(locate_kafka_columns([c for _, c in messages if isinstance(c, KafkaRecords)]))
     return header, [(h, next(located) if isinstance(c, KafkaRecords) else c) for h, c in messages]
@@ -143,7 +145,8 @@ def _decode(buf: Buffer, compressors: Compressors, fields: Collection[str] | Non
 
 def _msgpack_columns(raw: bytes | memoryview, count: int, fields: Collection[str] | None) -> Columns:
     """Located by the compiled walk (`msgpack_columns`, imported here: numba loads in ~0.2 s
-    and only a column reader needs it); a body it does not take is unpacked by msgpack."""
+    and only a column reader needs it); a body it does not take is unpacked by msgpack, so
+    its rows, and its errors, are what they were before the walk."""
     from memq.format.msgpack_columns import locate_msgpack_columns
 
     located = locate_msgpack_columns(raw, count)
