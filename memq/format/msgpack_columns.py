@@ -32,9 +32,8 @@ _STR8, _STR16, _STR32 = 0xD9, 0xDA, 0xDB
 _UINT8, _UINT64, _INT8, _INT64 = 0xCC, 0xCF, 0xD0, 0xD3
 _BAD = -2        # a length, count or span start: the item is not of the expected type
 _NONE = -1       # a span length: nil
-_OK, _NOT_SIMPLE, _HEADS_FULL = 0, -1, -2    # the walk's answers
+_OK, _NOT_SIMPLE = 0, -1   # the walk's answers
 _MIN_RECORD = 7  # bytes: [b"", nil, [], 0, nil]
-_MIN_HEADER = 4  # bytes: ["", b""]
 # Rows of the walk's per-record output.
 _VALUE, _KEY, _MESSAGE_ID, _TIMESTAMP = 0, 2, 4, 6
 
@@ -85,13 +84,12 @@ def locate_msgpack_columns(raw: bytes | memoryview, count: int) -> MsgpackSpans 
     spans = np.empty((7, count), np.int64)
     offsets = np.empty(count + 1, np.int32)
     heads = np.empty((4, count), np.int64)          # room for one header a record
-    status = _walk(np.frombuffer(raw, np.uint8), count, spans, offsets, heads)
-    if status == _HEADS_FULL:                       # then for as many as the body could hold
-        heads = np.empty((4, len(raw) // _MIN_HEADER), np.int64)
-        status = _walk(np.frombuffer(raw, np.uint8), count, spans, offsets, heads)
-    if status < 0:
+    if _walk(np.frombuffer(raw, np.uint8), count, spans, offsets, heads) != _OK:
         return None
     n_heads = int(offsets[count])
+    if n_heads > heads.shape[1]:                    # walked again with room for all
+        heads = np.empty((4, n_heads), np.int64)
+        _walk(np.frombuffer(raw, np.uint8), count, spans, offsets, heads)
     heads = heads[:, :n_heads]
     return MsgpackSpans(raw, Spans(spans[_VALUE], spans[_VALUE + 1]), Spans(spans[_KEY], spans[_KEY + 1]),
                         spans[_TIMESTAMP], Spans(spans[_MESSAGE_ID], spans[_MESSAGE_ID + 1]), offsets,
@@ -103,14 +101,15 @@ def _walk(raw: np.ndarray, count: int, spans: np.ndarray, offsets: np.ndarray,
           heads: np.ndarray) -> int:   # pragma: no cover - compiled
     """Fill `spans` (rows: value start, length, key start, length (-1 nil), message_id start,
     length, timestamp), `offsets` and `heads` (header key start, length, value start, length);
-    _NOT_SIMPLE as soon as the body leaves the layout, _HEADS_FULL if `heads` is too short
-    (growing it here made every record's walk ~40% slower)."""
+    _NOT_SIMPLE as soon as the body leaves the layout. Headers past the room in `heads` are
+    counted in `offsets` but not stored (growing `heads` here made the walk ~40% slower)."""
     end = len(raw)
     n, pos = _array(raw, 0, end)
     if n != count:
         return _NOT_SIMPLE
     offsets[0] = 0
     n_heads = 0
+    room = heads.shape[1]
     for i in range(count):
         n, pos = _array(raw, pos, end)
         if n != 5:
@@ -124,10 +123,8 @@ def _walk(raw: np.ndarray, count: int, spans: np.ndarray, offsets: np.ndarray,
             return _NOT_SIMPLE
         spans[_KEY, i], spans[_KEY + 1, i] = start, length
         n, pos = _array(raw, pos, end)
-        if n < 0 or n * _MIN_HEADER > end - pos:
+        if n < 0:
             return _NOT_SIMPLE
-        if n_heads + n > heads.shape[1]:
-            return _HEADS_FULL
         for _ in range(n):
             pair, pos = _array(raw, pos, end)
             if pair != 2:
@@ -140,11 +137,13 @@ def _walk(raw: np.ndarray, count: int, spans: np.ndarray, offsets: np.ndarray,
                 high |= raw[j]
             if high >= 0x80 and not _utf8(raw, start, start + length):
                 return _NOT_SIMPLE
-            heads[0, n_heads], heads[1, n_heads] = start, length
+            if n_heads < room:
+                heads[0, n_heads], heads[1, n_heads] = start, length
             start, length, pos = _bin(raw, pos, end)
             if length < 0:
                 return _NOT_SIMPLE
-            heads[2, n_heads], heads[3, n_heads] = start, length
+            if n_heads < room:
+                heads[2, n_heads], heads[3, n_heads] = start, length
             n_heads += 1
         offsets[i + 1] = n_heads
         stamp, pos = _int(raw, pos, end)
