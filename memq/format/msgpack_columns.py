@@ -5,6 +5,8 @@ reads them back: ~150 of a Spark read's ~380 ns per row went to creating and fre
 objects. Here a numba loop walks the body's layout (`records`: an array of
 `[value (bin), key (bin|nil), headers ([[str, bin], ...]), timestamp_ms (int), message_id
 (bin|nil)]`) and records where each field is; `spans.binary_array` copies the bytes out once.
+An object's decode plus its key, value and timestamp columns went from ~400 to ~135 ns per
+row (1M rows of 100-byte values, 12-byte keys, one header; zstd is ~60 of those 135).
 
 The walk takes only that layout as memq writes it. Anything else (another msgpack type in a
 field, a count mismatch, a truncated or trailing body, a header key that is not UTF-8) makes
