@@ -23,7 +23,7 @@ import numpy as np
 from numba import njit
 
 from memq.format.arrow_body import _pyarrow
-from memq.format.spans import Spans, binary_array
+from memq.format.spans import Spans, binary_array, byte_array
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -86,12 +86,12 @@ def locate_msgpack_columns(raw: bytes | memoryview, count: int) -> MsgpackSpans 
     spans = np.empty((7, count), np.int64)
     offsets = np.empty(count + 1, np.int32)
     heads = np.empty((4, count), np.int64)          # room for one header a record
-    if _walk(np.frombuffer(raw, np.uint8), count, spans, offsets, heads) != _OK:
+    if _walk(byte_array(raw), count, spans, offsets, heads) != _OK:
         return None
     n_heads = int(offsets[count])
     if n_heads > heads.shape[1]:                    # walked again with room for all
         heads = np.empty((4, n_heads), np.int64)
-        _walk(np.frombuffer(raw, np.uint8), count, spans, offsets, heads)
+        _walk(byte_array(raw), count, spans, offsets, heads)
     heads = heads[:, :n_heads]
     return MsgpackSpans(raw, Spans(spans[_VALUE], spans[_VALUE + 1]), Spans(spans[_KEY], spans[_KEY + 1]),
                         spans[_TIMESTAMP], Spans(spans[_MESSAGE_ID], spans[_MESSAGE_ID + 1]), offsets,

@@ -45,13 +45,19 @@ def binary_array(spans: Spans, data: bytes | memoryview, typ: pa.DataType, *, nu
     UTF-8-checked here); a null span is an empty item if `null_as_empty`, else null. Every
     span must lie inside `data`."""
     pa = _pyarrow()
-    offsets, out, nulls = _gather(np.frombuffer(data, np.uint8), spans.start, spans.length)
+    offsets, out, nulls = _gather(byte_array(data), spans.start, spans.length)
     if len(offsets) != len(spans) + 1:
         raise CorruptDataError(f"fields of over {_MAX_OFFSET} bytes exceed an Arrow binary array")
     validity = None
     if nulls and not null_as_empty:
         validity = pa.py_buffer(np.packbits(spans.length >= 0, bitorder="little"))
     return pa.Array.from_buffers(typ, len(spans), [validity, pa.py_buffer(offsets), pa.py_buffer(out)])
+
+
+def byte_array(data: bytes | memoryview) -> np.ndarray:
+    """`data` as a read-only uint8 array, whether it is bytes or a writable buffer: numba
+    compiles (seconds, then cached) one variant of a kernel per argument type."""
+    return np.frombuffer(memoryview(data).toreadonly(), np.uint8)
 
 
 @njit(cache=True, nogil=True)
