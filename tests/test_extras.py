@@ -58,7 +58,7 @@ def test_every_role_that_needs_spark_declares_it() -> None:
 
 
 #: numba kernels of the Spark reader's decode: imported only by it, on first use.
-COMPILED = {"memq.format.kafka_walk"}
+COMPILED = {"memq.format.kafka_walk", "memq.format.msgpack_columns", "memq.format.spans"}
 
 BLOCKER = f"""
 import importlib.abc, pkgutil, sys

@@ -2,11 +2,13 @@
 
 Every codec ends as the columns of `arrow_body.body_schema()` without a LogMessage per
 record: a Codec.ARROW body is those columns already; a Kafka RecordBatch is located field by
-field in bulk, all of an object's at once (`kafka_columns`); a msgpack body is unpacked by
-msgpack's C loop and transposed in C (`records.unpack_columns`), each column one `pa.array`
-call when first asked for, so a query that reads no headers never converts them. A body that does not decode, or
-a column that does not convert, is a CorruptDataError, as on the LogMessage path.
-Needs pyarrow (imported on first use, as in `arrow_body`) and numpy.
+field in bulk, all of an object's at once (`kafka_columns`); a msgpack body is located field
+by field by a compiled walk (`msgpack_columns`), or, when it is not in memq's own layout,
+unpacked by msgpack's C loop and transposed in C (`records.unpack_columns`), each column one
+`pa.array` call when first asked for, so a query that reads no headers never converts them.
+A body that does not decode, or a column that does not convert, is a CorruptDataError, as
+on the LogMessage path. Needs pyarrow (imported on first use, as in `arrow_body`), numpy
+and, for msgpack bodies, numba.
 """
 
 from __future__ import annotations
@@ -47,6 +49,22 @@ class ArrowColumns:
 
     def column(self, name: str) -> pa.Array:
         return self.batch.column(name)
+
+
+@dataclass(frozen=True, slots=True)
+class BuiltColumns:
+    """Some fields' columns, built while their body was at hand; the others are not kept."""
+
+    arrays: dict[str, pa.Array]
+    count: int
+
+    def __len__(self) -> int:
+        return self.count
+
+    def column(self, name: str) -> pa.Array:
+        if name not in self.arrays:
+            raise KeyError(f"Message body field {name} was not kept")
+        return self.arrays[name]
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,7 +117,7 @@ def decode_batch_columns(obj: Buffer, *, compressors: Compressors | None = None,
                          ) -> tuple[BatchHeader, list[tuple[MessageHeader, Columns]]]:
     """`decode_batch` with each Message as columns; the fields of all its Kafka batches are
     located in one pass. Given `fields` (LogMessage field names), a msgpack body's columns
-    are only those, converted as each Message is unpacked (`MsgpackColumns.keep`)."""
+    are only those, built as each Message is decoded, while its bytes are in the CPU cache."""
     header, messages = decode_batch_as(obj, partial(_decode, fields=fields), compressors=compressors)
     located = iter(locate_kafka_columns([c for _, c in messages if isinstance(c, KafkaRecords)]))
     return header, [(h, next(located) if isinstance(c, KafkaRecords) else c) for h, c in messages]
@@ -118,11 +136,26 @@ def _decode(buf: Buffer, compressors: Compressors, fields: Collection[str] | Non
             raise CorruptDataError(f"Codec.ARROW raw length {header.raw_length}, body length {header.body_length}")
         columns = ArrowColumns(decode_arrow_body(body, header.count))
     else:
-        values: list[tuple | None] = list(unpack_columns(
-            compressors.decompress(header.codec, body, header.raw_length), header.count))
-        columns = MsgpackColumns(values, header.count)
-        if fields is not None:
-            columns.keep(fields)
+        columns = _msgpack_columns(compressors.decompress(header.codec, body, header.raw_length), header.count,
+                                   fields)
     if len(columns) != header.count:
         raise CorruptDataError(f"Message body holds {len(columns)} records, header says {header.count}")
     return header, columns
+
+
+def _msgpack_columns(raw: bytes | memoryview, count: int, fields: Collection[str] | None) -> Columns:
+    """Located by the compiled walk (`msgpack_columns`, imported here: numba loads in ~0.2 s
+    and only a column reader needs it); a body it does not take is unpacked by msgpack, so
+    its rows, and its errors, are what they were before the walk."""
+    from memq.format.msgpack_columns import locate_msgpack_columns
+
+    located = locate_msgpack_columns(raw, count)
+    if located is None:
+        values: list[tuple | None] = list(unpack_columns(raw, count))
+        columns = MsgpackColumns(values, count)
+        if fields is not None:
+            columns.keep(fields)
+        return columns
+    if fields is None:
+        return located
+    return BuiltColumns({name: located.column(name) for name in fields}, count)

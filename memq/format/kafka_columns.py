@@ -3,7 +3,7 @@
 `decode_kafka_records` builds a LogMessage (and its bytes) per record in a Python loop, ~7 us
 a record. Here no Python step runs per record: one compiled walk (`kafka_walk`) over all the
 batches of an object locates every field of every record, and values, keys and header fields
-become Arrow arrays over the decompressed buffer (one `take` copies the bytes out). Layout,
+become Arrow arrays over the decompressed buffer (`spans.binary_array` copies the bytes out). Layout,
 null handling and what is corrupt as in `kafka_records`.
 """
 
@@ -23,20 +23,11 @@ from memq.format.kafka_records import (KAFKA_BATCH_HEADER_SIZE, KafkaBatchHeader
 if TYPE_CHECKING:
     import pyarrow as pa
 
+    from memq.format.spans import Spans
+
 Buffer = bytes | bytearray | memoryview
 
 _GROUP_BYTES = 1 << 30
-
-
-@dataclass(frozen=True, slots=True)
-class _Spans:
-    """Byte ranges [start, start + length) in the records buffer; length -1 = null."""
-
-    start: np.ndarray
-    length: np.ndarray
-
-    def __getitem__(self, rows: slice) -> _Spans:
-        return _Spans(self.start[rows], self.length[rows])
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,31 +36,33 @@ class KafkaColumns:
 
     data: bytes                  # the records of one or more batches, decompressed
     timestamps: np.ndarray
-    keys: _Spans
-    values: _Spans
+    keys: Spans
+    values: Spans
     header_offsets: np.ndarray   # int32, records + 1: record i's headers are items [o[i], o[i+1])
-    header_keys: _Spans
-    header_values: _Spans
+    header_keys: Spans
+    header_values: Spans
 
     def __len__(self) -> int:
         return len(self.timestamps)
 
     def column(self, name: str) -> pa.Array:
         """The field as the Arrow type `arrow_body.body_schema()` gives it."""
+        from memq.format.spans import binary_array   # numba: imported by the readers that need it
+
         pa = _pyarrow()
         if name == "value":
-            return self._binary(self.values, pa.binary(), null_as_empty=True)
+            return binary_array(self.values, self.data, pa.binary(), null_as_empty=True)
         if name == "key":
-            return self._binary(self.keys, pa.binary(), null_as_empty=False)
+            return binary_array(self.keys, self.data, pa.binary(), null_as_empty=False)
         if name == "timestamp_ms":
             return pa.array(self.timestamps)
         if name == "headers":
-            keys = self._binary(self.header_keys, pa.string(), null_as_empty=False)
+            keys = binary_array(self.header_keys, self.data, pa.string(), null_as_empty=False)
             try:
                 keys.validate(full=True)
             except pa.ArrowInvalid as exc:
                 raise CorruptDataError(f"Kafka record header key is not UTF-8: {exc}") from exc
-            values = self._binary(self.header_values, pa.binary(), null_as_empty=True)
+            values = binary_array(self.header_values, self.data, pa.binary(), null_as_empty=True)
             item = pa.struct([pa.field("key", pa.string(), nullable=False),
                               pa.field("value", pa.binary(), nullable=False)])
             items = pa.StructArray.from_arrays([keys, values], fields=list(item))
@@ -78,26 +71,6 @@ class KafkaColumns:
         if name == "message_id":
             return pa.nulls(len(self), pa.binary())
         raise KeyError(name)
-
-    def _binary(self, spans: _Spans, typ: pa.DataType, *, null_as_empty: bool) -> pa.Array:
-        """The spans as one array: an array over the whole buffer whose elements alternate
-        span / gap to the next span (offsets need only be non-decreasing), then `take` of the spans."""
-        pa = _pyarrow()
-        n = len(spans.start)
-        if n == 0:
-            return pa.array([], typ)
-        ends = spans.start + np.maximum(spans.length, 0)
-        offsets = np.empty(2 * n + 1, np.int32)
-        offsets[0:2 * n:2] = spans.start
-        offsets[1:2 * n:2] = ends
-        offsets[2 * n] = ends[-1]
-        validity = None
-        if not null_as_empty and (spans.length < 0).any():
-            valid = np.ones(2 * n, bool)
-            valid[0::2] = spans.length >= 0
-            validity = pa.py_buffer(np.packbits(valid, bitorder="little"))
-        whole = pa.Array.from_buffers(typ, 2 * n, [validity, pa.py_buffer(offsets), pa.py_buffer(self.data)])
-        return whole.take(pa.array(np.arange(0, 2 * n, 2, dtype=np.int32)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,35 +114,36 @@ def locate_kafka_columns(batches: Sequence[KafkaRecords]) -> list[KafkaColumns]:
 
 def _locate(batches: Sequence[KafkaRecords]) -> list[KafkaColumns]:
     from memq.format import kafka_walk as kw   # numba: imported by the readers that need it
+    from memq.format.spans import Spans
 
     raw = b"".join(b.raw for b in batches)
     starts = np.cumsum([0] + [len(b.raw) for b in batches], dtype=np.int64)
     counts = np.array([b.header.count for b in batches], np.int64)
-    records = np.empty((int(counts.sum()), kw.RECORD_COLUMNS), np.int64)
+    records = np.empty((kw.RECORD_COLUMNS, int(counts.sum())), np.int64)
     u8 = np.frombuffer(raw, np.uint8)
-    headers = np.empty((len(records), kw.HEADER_COLUMNS), np.int64)   # room for one header a record
+    headers = np.empty((kw.HEADER_COLUMNS, records.shape[1]), np.int64)   # room for one header a record
     status, found, i = kw.walk(u8, starts, counts, records, headers)
     if status == kw.MORE_HEADERS:
-        headers = np.empty((found, kw.HEADER_COLUMNS), np.int64)
+        headers = np.empty((kw.HEADER_COLUMNS, found), np.int64)
         status, found, i = kw.walk(u8, starts, counts, records, headers)
     if status == kw.FAILED:
         bad = batches[found]
         decode_raw_records(bad.raw, bad.header)    # raises the record decoder's CorruptDataError
         raise CorruptDataError(f"Kafka record {i} of {bad.header.count} does not decode")
-    headers = headers[:found]
-    offsets = np.zeros(len(records) + 1, np.int64)
-    np.cumsum(records[:, kw.HEADER_COUNT], out=offsets[1:])
+    headers = headers[:, :found]
+    offsets = np.zeros(records.shape[1] + 1, np.int64)
+    np.cumsum(records[kw.HEADER_COUNT], out=offsets[1:])
     first = np.cumsum([0] + [len(b) for b in batches])   # each batch's first record
     out = []
     for b, lo, hi in zip(batches, first, first[1:]):
         h_lo, h_hi = offsets[lo], offsets[hi]
-        rec, hdr = records[lo:hi], headers[h_lo:h_hi]
-        out.append(KafkaColumns(raw, _timestamps(b.header, rec[:, kw.TS_DELTA]),
-                                _Spans(rec[:, kw.KEY_START], rec[:, kw.KEY_LEN]),
-                                _Spans(rec[:, kw.VALUE_START], rec[:, kw.VALUE_LEN]),
+        rec, hdr = records[:, lo:hi], headers[:, h_lo:h_hi]
+        out.append(KafkaColumns(raw, _timestamps(b.header, rec[kw.TS_DELTA]),
+                                Spans(rec[kw.KEY_START], rec[kw.KEY_LEN]),
+                                Spans(rec[kw.VALUE_START], rec[kw.VALUE_LEN]),
                                 (offsets[lo:hi + 1] - h_lo).astype(np.int32),
-                                _Spans(hdr[:, kw.HKEY_START], hdr[:, kw.HKEY_LEN]),
-                                _Spans(hdr[:, kw.HVALUE_START], hdr[:, kw.HVALUE_LEN])))
+                                Spans(hdr[kw.HKEY_START], hdr[kw.HKEY_LEN]),
+                                Spans(hdr[kw.HVALUE_START], hdr[kw.HVALUE_LEN])))
     return out
 
 

@@ -45,15 +45,16 @@ def _varint(u8: np.ndarray, pos: int, end: int) -> tuple[int, int]:  # pragma: n
 def walk(u8: np.ndarray, starts: np.ndarray, counts: np.ndarray, records: np.ndarray,
          headers: np.ndarray) -> tuple[int, int, int]:  # pragma: no cover - compiled
     """Locate the fields of `counts[b]` records from each batch start `starts[b]` (batch b ends
-    at `starts[b + 1]`) into `records` (a row per record, RECORD_COLUMNS; positions into `u8`;
-    length -1 = null) and `headers` (a row per header, in record order).
+    at `starts[b + 1]`) into `records` (RECORD_COLUMNS rows, a column per record: each field's values contiguous;
+    positions into `u8`; length -1 = null) and `headers` (HEADER_COLUMNS rows, a column per
+    header, in record order).
 
     Returns (OK, headers found, 0), (MORE_HEADERS, headers needed, 0) when `headers` is too
     short, or (FAILED, batch, record) for the first record that does not decode.
     """
     row = 0
     nh = 0
-    capacity = headers.shape[0]
+    capacity = headers.shape[1]
     for bt in range(len(counts)):
         pos = starts[bt]
         batch_end = starts[bt + 1]
@@ -66,40 +67,40 @@ def walk(u8: np.ndarray, starts: np.ndarray, counts: np.ndarray, records: np.nda
             delta, pos = _varint(u8, pos, end)
             if pos < 0:
                 return FAILED, bt, i
-            records[row, TS_DELTA] = delta
+            records[TS_DELTA, row] = delta
             _, pos = _varint(u8, pos, end)                   # offset delta: positions are per batch
             if pos < 0:
                 return FAILED, bt, i
             n, pos = _varint(u8, pos, end)
             if pos < 0 or n < -1 or pos + max(n, 0) > end:
                 return FAILED, bt, i
-            records[row, KEY_START] = pos
-            records[row, KEY_LEN] = n
+            records[KEY_START, row] = pos
+            records[KEY_LEN, row] = n
             pos += max(n, 0)
             n, pos = _varint(u8, pos, end)
             if pos < 0 or n < -1 or pos + max(n, 0) > end:
                 return FAILED, bt, i
-            records[row, VALUE_START] = pos
-            records[row, VALUE_LEN] = n
+            records[VALUE_START, row] = pos
+            records[VALUE_LEN, row] = n
             pos += max(n, 0)
             count, pos = _varint(u8, pos, end)
             if pos < 0 or count < 0 or count > end - pos:
                 return FAILED, bt, i
-            records[row, HEADER_COUNT] = count
+            records[HEADER_COUNT, row] = count
             for _ in range(count):
                 n, pos = _varint(u8, pos, end)
                 if pos < 0 or n < 0 or pos + n > end:        # a header key is never null
                     return FAILED, bt, i
                 if nh < capacity:
-                    headers[nh, HKEY_START] = pos
-                    headers[nh, HKEY_LEN] = n
+                    headers[HKEY_START, nh] = pos
+                    headers[HKEY_LEN, nh] = n
                 pos += n
                 n, pos = _varint(u8, pos, end)
                 if pos < 0 or n < -1 or pos + max(n, 0) > end:
                     return FAILED, bt, i
                 if nh < capacity:
-                    headers[nh, HVALUE_START] = pos
-                    headers[nh, HVALUE_LEN] = n
+                    headers[HVALUE_START, nh] = pos
+                    headers[HVALUE_LEN, nh] = n
                 pos += max(n, 0)
                 nh += 1
             if pos != end:
