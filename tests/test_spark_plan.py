@@ -16,7 +16,7 @@ import spark_source.datasource
 from memq.client.consumer import notification_topic
 from memq.config import MemqConfig
 from memq.devcluster import DevCluster
-from memq.errors import DataLossError
+from memq.errors import DataLossError, UnknownTopicError
 from memq.format import NOTIFICATION_VERSION, Notification
 from memq.notify import NotificationPublisher, NotificationRecord, TopicAdmin
 from spark_source import SCHEMA
@@ -85,6 +85,11 @@ def test_the_plan_reaches_the_last_notification_of_a_shared_record_batch(devclus
         assert reader.reportLatestOffset() == end
     finally:
         reader.stop()
+
+    missing = unique_name("missing")
+    with pytest.raises(UnknownTopicError, match=missing):
+        MemqDataSource({**options, "topic": missing}).reader(SCHEMA).partitions()
+    assert notification_topic(config, missing) not in TopicAdmin(config.kafka).list_topics()  # not created by asking
 
 
 # --- an in-process notification topic ----------------------------------------------------
