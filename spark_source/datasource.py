@@ -26,7 +26,7 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMa
 from pyspark.sql.types import StructType
 
 from spark_source.options import EARLIEST, LATEST, OffsetSpec, SourceOptions, parse_options
-from spark_source.plan import Bounds, MemqPartition, NotificationLog, list_objects, plan_tasks, split
+from spark_source.plan import OPEN_END, Bounds, MemqPartition, NotificationLog, list_objects, plan_tasks, split
 from spark_source.read import read_partition
 from spark_source.schema import SCHEMA, projection
 from spark_source.write import MemqStreamWriter, MemqWriter, parse_sink_options
@@ -77,18 +77,19 @@ class MemqBatchReader(DataSourceReader):
             return list(split([refs], opts.min_partitions))
         nlog = NotificationLog(opts)
         try:
-            ranges = {}
-            for p, (low, high) in nlog.watermarks().items():
+            ranges: dict[int, tuple[int, int | None]] = {}
+            for p, low in nlog.lows().items():
                 if bounds.partitions is not None and p not in bounds.partitions:
                     continue
-                start = opts.starting.resolve(p, low, high, default=EARLIEST) if opts.starting else low
-                end = min(opts.ending.resolve(p, low, high, default=LATEST), high)
+                # resolved against an open end: "latest" (or past it) reads to the end the read finds
+                start = opts.starting.resolve(p, low, OPEN_END, default=EARLIEST) if opts.starting else low
+                end = opts.ending.resolve(p, low, OPEN_END, default=LATEST)
                 if bounds.min_offset is not None:
                     start = max(start, bounds.min_offset)
                 if bounds.max_offset is not None:
                     end = min(end, bounds.max_offset + 1)
-                if start < end:
-                    ranges[p] = (nlog.check_start(p, start, low), end)
+                if start < min(end, OPEN_END):
+                    ranges[p] = (nlog.check_start(p, start, low), None if end >= OPEN_END else end)
             groups = nlog.read(ranges)
         finally:
             nlog.close()
@@ -201,7 +202,7 @@ class MemqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return {str(p): spec.resolve(p, low, high, default=EARLIEST) for p, (low, high) in marks.items()}
 
     def _latest(self) -> dict[int, int]:
-        return {p: high for p, (_, high) in self.nlog.watermarks().items()}
+        return self.nlog.highs()
 
     def prepareForTriggerAvailableNow(self) -> None:
         self._target = self._latest()
@@ -212,7 +213,7 @@ class MemqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
         latest = self._target if self._target is not None else self._latest()
-        lows = {p: low for p, (low, _) in self.nlog.watermarks().items()} if set(map(str, latest)) - set(start) else {}
+        lows = self.nlog.lows() if set(map(str, latest)) - set(start) else {}
         begin = {p: int(start[str(p)]) if str(p) in start else lows[p] for p in latest}
         latest = {p: max(latest[p], begin[p]) for p in latest}
         if isinstance(limit, ReadMaxRows):
@@ -223,15 +224,15 @@ class MemqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return {str(p): o for p, o in sorted(self._latest().items())}
 
     def partitions(self, start: dict, end: dict) -> List[InputPartition]:
-        marks = self.nlog.watermarks()
-        ranges = {}
+        lows = self.nlog.lows()
+        ranges: dict[int, tuple[int, int | None]] = {}
         for key, stop in end.items():
             p = int(key)
-            low = marks.get(p, (0, 0))[0]
+            low = lows.get(p, 0)
             begin = int(start.get(key, low))
             if begin < stop:
                 ranges[p] = (self.nlog.check_start(p, begin, low), int(stop))
-        groups = self.nlog.read(ranges)
+        groups = self.nlog.read(ranges, exact=True)
         return list(plan_tasks((g for _, g in sorted(groups.items())), self.opts.min_partitions,
                                self.opts.drop_duplicates))
 

@@ -26,13 +26,13 @@ import os
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from typing import Iterable, Mapping, Sequence
 
 from pyspark.sql.datasource import InputPartition
 
 from memq.client.reader import DataLossPolicy, notifications_expired
 from memq.errors import NotifyError, StorageError, UnknownTopicError
-from memq.notify import NotificationConsumer, TopicAdmin
+from memq.notify import NotificationConsumer, NotificationRecord
 from memq.storage import ObjectLocation, make_storage
 from spark_source.options import SourceOptions
 
@@ -150,28 +150,54 @@ def _cut(refs: Sequence[BatchRef], n: int) -> list[MemqPartition]:
     return chunks
 
 
-class NotificationLog:
-    """The notification topic seen from the driver: bounds per partition and range reads."""
+# An offset at or past the end of any partition: an `OffsetSpec` resolved against it names
+# "the end" (latest) without asking Kafka where the end is.
+OPEN_END = (1 << 63) - 1
 
-    def __init__(self, opts: SourceOptions) -> None:
+
+class NotificationLog:
+    """The notification topic seen from the driver: bounds per partition and range reads.
+
+    One consumer does it all, in a few round trips whatever the partition count: the first
+    offsets in one ListOffsets request, and the ends by fetching each partition to its end in
+    one pass (tansu 0.6 answers "latest" short, see `NotificationConsumer.watermarks`; a fetch
+    tells the true end). It fetches without long-polling (1 ms), and only during a pass.
+    """
+
+    def __init__(self, opts: SourceOptions, consumer: NotificationConsumer | None = None) -> None:
         self.opts = opts
         kafka = opts.config.kafka
         self.timeout_s = kafka.request_timeout_ms / 1000
         try:
-            self.num_partitions = TopicAdmin(kafka).partitions(opts.notification_topic)
+            self.consumer = consumer or NotificationConsumer(
+                kafka, opts.notification_topic, group_id=f"memq-spark-{uuid.uuid4().hex}",
+                fetch_wait_ms=1, partition_eof=True)   # 0: tansu 0.6 never answers
+            try:
+                self.num_partitions = len(self.consumer.partitions())
+            except BaseException:
+                self.consumer.close()
+                raise
         except UnknownTopicError as e:
             raise UnknownTopicError(f"topic {opts.topic}: no notification topic {opts.notification_topic} "
                                     f"on Kafka {kafka.bootstrap_servers} ({e})") from e
         except NotifyError as e:
             raise NotifyError(f"topic {opts.topic}: Kafka {kafka.bootstrap_servers} failed: {e}") from e
-        self.consumer = NotificationConsumer(kafka, opts.notification_topic,
-                                             group_id=f"memq-spark-{uuid.uuid4().hex}")
 
     def partitions(self) -> list[int]:
         return list(range(self.num_partitions))
 
+    def lows(self) -> dict[int, int]:
+        """The first retained notification offset of each partition."""
+        return self.consumer.list_offsets(self.partitions())
+
+    def highs(self) -> dict[int, int]:
+        """The next notification offset of each partition (where the log ends now)."""
+        tails = self.consumer.list_offsets(self.partitions(), latest=True)
+        return self._scan(tails, dict.fromkeys(tails))[1]
+
     def watermarks(self) -> dict[int, tuple[int, int]]:
-        return {p: self.consumer.watermarks(p) for p in self.partitions()}
+        lows, highs = self.lows(), self.highs()
+        return {p: (lows[p], highs[p]) for p in lows}
 
     def offsets_for_times(self, ts_ms: int) -> dict[int, int]:
         return self.consumer.offsets_for_times(ts_ms)
@@ -185,41 +211,72 @@ class NotificationLog:
             notifications_expired(self.opts.topic, self.opts.notification_topic, partition, start, low))
         return low
 
-    def read(self, ranges: dict[int, tuple[int, int]]) -> dict[int, list[BatchRef]]:
-        """The batch objects named by notifications [start, end) of each partition."""
-        todo = {p: (s, e) for p, (s, e) in ranges.items() if e > s}
+    def read(self, ranges: Mapping[int, tuple[int, int | None]], *, exact: bool = False) -> dict[int, list[BatchRef]]:
+        """The batch objects named by notifications [start, end) of each partition, `start` at
+        or after the partition's first offset. The end is at most where the partition ends when
+        the read gets there (None: there, a snapshot); with `exact`, ending before it is an error."""
+        todo = {p: (s, e) for p, (s, e) in ranges.items() if e is None or e > s}
         out: dict[int, list[BatchRef]] = {p: [] for p in ranges}
         if not todo:
             return out
-        self.consumer.assign({p: s for p, (s, _) in todo.items()})
-        deadline = time.monotonic() + self.timeout_s
-        while todo:
-            wanted = min(10_000, sum(end - start for start, end in todo.values()))  # poll returns once it has them
-            records = self.consumer.poll(min(1.0, self.timeout_s), wanted)
-            if records:
-                deadline = time.monotonic() + self.timeout_s
-            for rec in records:
-                if rec.partition not in todo or rec.offset >= todo[rec.partition][1]:
-                    continue
-                n = rec.notification
-                out[rec.partition].append(BatchRef(
-                    rec.partition, rec.offset, ObjectLocation(n.bucket, n.key), n.size,
-                    n.min_timestamp_ms, n.max_timestamp_ms, n.crc32c, n.created_ms, n.offset))
-                if rec.offset >= todo[rec.partition][1] - 1:
-                    del todo[rec.partition]
-                else:
-                    todo[rec.partition] = (rec.offset + 1, todo[rec.partition][1])
-            for p, at in self.consumer.position(list(todo)).items():
-                if at is not None and at >= todo[p][1]:
-                    del todo[p]
-            if todo and time.monotonic() > deadline:
-                raise NotifyError(f"topic {self.opts.topic}: no notifications from "
-                                  f"{self.opts.notification_topic} partitions {sorted(todo)} within "
-                                  f"{self.timeout_s:.0f}s (kafka.request.timeout.ms)")
+        # a fetch past the end gets no answer (tansu), so a start past the broker's "latest"
+        # is fetched from there: at most its last record batch more
+        tails = self.consumer.list_offsets(todo, latest=True)
+        records, ends = self._scan({p: min(s, tails[p]) for p, (s, _) in todo.items()},
+                                   {p: e for p, (_, e) in todo.items()})
+        short = {p: (ends[p], e) for p, (_, e) in todo.items() if exact and e is not None and ends[p] < e}
+        if short:
+            raise NotifyError(f"topic {self.opts.topic}: {self.opts.notification_topic} ends before the "
+                              f"planned offsets (partition: (end, planned) {short}): was it recreated?")
+        for p, (start, _) in todo.items():
+            out[p] = [_batch_ref(r) for r in records[p] if r.offset >= start]
         return out
+
+    def _scan(self, begins: dict[int, int],
+              stops: dict[int, int | None]) -> tuple[dict[int, list[NotificationRecord]], dict[int, int]]:
+        """Fetch each partition from `begins[p]` up to `stops[p]` or its end, whichever comes
+        first (None: its end, as the first fetch there finds it). Returns the records read and
+        where each partition's read ended."""
+        stops = dict(stops)
+        records: dict[int, list[NotificationRecord]] = {p: [] for p in begins}
+        at = dict(begins)     # next offset to read
+
+        def left() -> list[int]:
+            return [p for p, stop in stops.items() if stop is None or at[p] < stop]
+
+        self.consumer.assign(begins)
+        try:
+            deadline = time.monotonic() + self.timeout_s
+            while todo := left():
+                wanted = min(10_000, sum(10_000 if (stop := stops[p]) is None else stop - at[p] for p in todo))
+                got = self.consumer.poll(min(1.0, self.timeout_s), wanted)
+                for p, end in self.consumer.ends_reached().items():   # before the records: one may be past it
+                    stops[p] = end if (stop := stops[p]) is None else min(stop, end)
+                for r in got:
+                    stop = stops.get(r.partition)
+                    if stop is None or r.offset < stop:
+                        at[r.partition] = r.offset + 1
+                        records[r.partition].append(r)
+                for p, position in self.consumer.position(todo).items():
+                    at[p] = max(at[p], position or 0)
+                if got:
+                    deadline = time.monotonic() + self.timeout_s
+                elif time.monotonic() > deadline and (todo := left()):
+                    raise NotifyError(f"topic {self.opts.topic}: no notifications from "
+                                      f"{self.opts.notification_topic} partitions {todo} within "
+                                      f"{self.timeout_s:.0f}s (kafka.request.timeout.ms)")
+        finally:
+            self.consumer.unassign()
+        return records, {p: min(at[p], stop) for p, stop in stops.items() if stop is not None}
 
     def close(self) -> None:
         self.consumer.close()
+
+
+def _batch_ref(rec: NotificationRecord) -> BatchRef:
+    n = rec.notification
+    return BatchRef(rec.partition, rec.offset, ObjectLocation(n.bucket, n.key), n.size, n.min_timestamp_ms,
+                    n.max_timestamp_ms, n.crc32c, n.created_ms, n.offset)
 
 
 def list_objects(opts: SourceOptions, start_ms: int | None, end_ms: int | None) -> list[BatchRef]:

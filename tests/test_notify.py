@@ -111,6 +111,27 @@ async def test_publish_then_consume_everything(kafka: KafkaConfig, topic: str) -
         consumer.close()
 
 
+async def test_one_pass_to_the_end_learns_every_partitions_true_end(kafka: KafkaConfig, topic: str) -> None:
+    """`list_offsets` asks every partition at once; "latest" may be short (tansu 0.6: the last
+    record batch's first offset + 1), and a fetch to the end with `partition_eof` tells the true end."""
+    placed = await publish_all(kafka, topic, [note(i) for i in range(300)])
+    ends = {p: sum(1 for q, _ in placed if q == p) for p in range(PARTITIONS)}
+    consumer = NotificationConsumer(kafka, topic, group_id="g-eof", fetch_wait_ms=1, partition_eof=True)
+    try:
+        assert consumer.list_offsets(range(PARTITIONS)) == dict.fromkeys(range(PARTITIONS), 0)
+        latest = consumer.list_offsets(range(PARTITIONS), latest=True)
+        assert all(0 < latest[p] <= ends[p] for p in ends)
+        consumer.assign(latest)
+        deadline = time.monotonic() + 20
+        while len(consumer.ends_reached()) < PARTITIONS and time.monotonic() < deadline:
+            consumer.poll(0.5, 1000)
+        assert consumer.ends_reached() == ends
+        consumer.unassign()
+        assert consumer.ends_reached() == {}
+    finally:
+        consumer.close()
+
+
 async def test_a_burst_of_batches_spreads_over_every_read_partition(kafka: KafkaConfig, topic: str) -> None:
     """Read partitions are the consumer group's parallelism: a burst of notifications (a broker
     storing batches back to back) must not all land on one partition."""

@@ -13,8 +13,8 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
-from confluent_kafka import (OFFSET_INVALID, TIMESTAMP_NOT_AVAILABLE, Consumer, KafkaError,
-                             KafkaException, Message, TopicPartition)
+from confluent_kafka import (OFFSET_BEGINNING, OFFSET_END, OFFSET_INVALID, TIMESTAMP_NOT_AVAILABLE, Consumer,
+                             KafkaError, KafkaException, Message, TopicPartition)
 
 from memq.config import KafkaConfig
 from memq.errors import FormatError, KafkaUnreachableError, NotifyError, OffsetOutOfRangeError, UnknownTopicError
@@ -44,12 +44,18 @@ class NotificationConsumer:
     """Consumer of one notification topic; `subscribe` (group) or `assign` (explicit)."""
 
     def __init__(self, kafka: KafkaConfig, kafka_topic: str, *, group_id: str,
-                 auto_offset_reset: str = "earliest", fetch_wait_ms: int = 100) -> None:
+                 auto_offset_reset: str = "earliest", fetch_wait_ms: int = 100,
+                 partition_eof: bool = False) -> None:
         self.topic = kafka_topic
         self.group_id = group_id
         self._kafka = kafka
         self._timeout_s = timeout_s(kafka)
         self._settings = {
+            # The first metadata answer replaces the bootstrap connection by one to the broker it
+            # names, which the next request waits for: librdkafka spaces such connections by half
+            # this (50 ms by default, 11 at 20), so a new consumer's second call took ~55 ms.
+            # `kafka.properties` may still set it.
+            "reconnect.backoff.ms": 20,
             **base_settings(kafka),
             "group.id": group_id,
             "auto.offset.reset": auto_offset_reset,
@@ -60,6 +66,7 @@ class NotificationConsumer:
             # bounds how late a seek takes effect (Kafka's default: 500), and how long a request
             # waits behind an idle fetch on brokers that answer a connection's requests in turn (tansu)
             "fetch.wait.max.ms": fetch_wait_ms,
+            "enable.partition.eof": partition_eof,
         }
         try:
             self._consumer = Consumer(self._settings)
@@ -73,6 +80,7 @@ class NotificationConsumer:
         self._reader: Consumer | None = None     # see _side_reader
         self._reader_topic = ""                  # the topic whose metadata the side reader has
         self._warned_bisect = False
+        self._ends: dict[int, int] = {}          # see ends_reached
         self._subscribed = False
         self._closed = False
 
@@ -99,12 +107,19 @@ class NotificationConsumer:
         if self._subscribed:
             raise NotifyError(f"consumer of group {self.group_id!r} is subscribed to {self.topic!r}: "
                               "only an assigning consumer changes topics")
-        self._consumer.unassign()
+        self.unassign()
         self.topic = kafka_topic
 
     def assign(self, partitions_offsets: Mapping[int, int]) -> None:
         """Read exactly these partitions from these offsets (no group rebalancing)."""
+        self._ends = {}
         self._consumer.assign([TopicPartition(self.topic, p, o) for p, o in partitions_offsets.items()])
+
+    def unassign(self) -> None:
+        """Stop fetching: an assigned consumer keeps long-polling at its end, and brokers that
+        answer a connection's requests in turn (tansu) make other requests wait behind it."""
+        self._ends = {}
+        self._consumer.unassign()
 
     def assignment(self) -> list[int]:
         return sorted(tp.partition for tp in self._consumer.assignment())
@@ -119,6 +134,7 @@ class NotificationConsumer:
             err = m.error()
             if err is not None:
                 if err.code() == KafkaError._PARTITION_EOF:
+                    self._ends.setdefault(m.partition(), m.offset())  # type: ignore[arg-type]  # set on EOF
                     continue
                 if err.code() == KafkaError._AUTO_OFFSET_RESET:   # auto.offset.reset = error
                     self._rewind(msgs[i + 1:])
@@ -229,6 +245,29 @@ class NotificationConsumer:
             self._read_one(partition, high - 1)
             high = max(high, self._side_reader().get_watermark_offsets(tp, cached=True)[1])
         return int(low), int(high)
+
+    def ends_reached(self) -> dict[int, int]:
+        """With `partition_eof`: per partition, the offset at which a fetch first found its end
+        since the last `assign` (polled so far). That is its true next offset then: a fetch
+        response carries the high watermark, also on tansu (see `watermarks`)."""
+        return dict(self._ends)
+
+    def list_offsets(self, partitions: Iterable[int], *, latest: bool = False) -> dict[int, int]:
+        """Each partition's first offset, or with `latest` the broker's answer for its next one
+        (short on tansu 0.6: see `watermarks`), in one ListOffsets request for all partitions."""
+        which = "latest" if latest else "earliest"
+        tps = [TopicPartition(self.topic, p, OFFSET_END if latest else OFFSET_BEGINNING) for p in partitions]
+        if not tps:
+            return {}
+        try:
+            answer = self._consumer.offsets_for_times(tps, timeout=self._timeout_s)
+        except KafkaException as e:
+            raise NotifyError(f"cannot list the {which} offsets of Kafka topic {self.topic!r}: {e}") from None
+        failed = [tp for tp in answer if tp.error is not None or tp.offset < 0]
+        if failed:
+            raise NotifyError(f"cannot list the {which} offsets of Kafka topic {self.topic!r}: "
+                              + ", ".join(f"partition {tp.partition}: {tp.error or tp.offset}" for tp in failed))
+        return {tp.partition: int(tp.offset) for tp in answer}
 
     def cached_watermarks(self, partition: int) -> tuple[int, int] | None:
         """(first offset, next offset) as the last fetch of `partition` told it, without asking
