@@ -96,13 +96,16 @@ def make_store(s3: S3Config, *, bucket: str | None = None, request_timeout_s: fl
     if endpoint is not None:
         config["endpoint"] = endpoint
     kwargs: dict[str, Any] = {}
-    session = s3_session(s3)   # also checks that a named profile exists, whatever else is set
     if s3.access_key_id and s3.secret_access_key:   # keys given win over the profile, as in boto3
+        if s3.profile:
+            s3_session(s3)     # a named profile must exist, whatever else is set
         config["access_key_id"] = s3.access_key_id
         config["secret_access_key"] = s3.secret_access_key
         if s3.session_token:
             config["session_token"] = s3.session_token
     else:
-        kwargs["credential_provider"] = SessionCredentials(session)
+        # A boto3 session costs ~10-20 ms of CPU (its data files): only built when it is the
+        # source of credentials (a Spark task opens a store per task).
+        kwargs["credential_provider"] = SessionCredentials(s3_session(s3))
     return S3Store(bucket or s3.bucket, config=config, client_options=client,
                    retry_config={"max_retries": 0}, **kwargs)
