@@ -21,7 +21,7 @@ from memq.format.columns import Columns, MsgpackColumns, decode_batch_columns, d
 from memq.format.message import _message
 from memq.format.msgpack_columns import locate_msgpack_columns
 from memq.format.records import unpack_columns
-from memq.format.spans import Spans, SpanColumns, binary_array, binary_array_parts, checked_size
+from memq.format.spans import Spans, SpanColumns, binary_array_parts, checked_size
 from tests.support.format import I64
 
 STAMPS = I64 | st.sampled_from([0, -1, -32, -33, 127, 128, 255, 256, 2**31, -(2**31) - 1, 2**63 - 1, -(2**63)])
@@ -159,10 +159,10 @@ def spans(start: list[int], length: list[int]) -> Spans:
 def test_spans_become_binary_and_string_arrays_with_nulls_and_empties() -> None:
     data = b"..abc..\xc3\xa9.."
     some = spans([2, 0, 7, 5], [3, -1, 2, 0])
-    assert binary_array(some, data, pa.binary()).to_pylist() == [b"abc", None, "é".encode(), b""]
-    assert binary_array(some, data, pa.string()).to_pylist() == ["abc", None, "é", ""]
-    assert binary_array(some[1:2], data, pa.binary()).null_count == 1
-    assert binary_array(some[:0], data, pa.binary()).to_pylist() == []
+    assert binary_array_parts([(some, data)], pa.binary()).to_pylist() == [b"abc", None, "é".encode(), b""]
+    assert binary_array_parts([(some, data)], pa.string()).to_pylist() == ["abc", None, "é", ""]
+    assert binary_array_parts([(some[1:2], data)], pa.binary()).null_count == 1
+    assert binary_array_parts([(some[:0], data)], pa.binary()).to_pylist() == []
 
 
 def test_spans_over_many_buffers_become_one_array_in_order() -> None:

@@ -104,16 +104,11 @@ def _concat_offsets(offsets: Sequence[np.ndarray]) -> np.ndarray:
     return out
 
 
-def binary_array(spans: Spans, data: bytes | memoryview, typ: pa.DataType) -> pa.Array:
-    """The spans' bytes as an Arrow array of `typ` (binary or string: a string array is not
-    UTF-8-checked here); a null span is a null item. Every span must lie inside `data`."""
-    return binary_array_parts([(spans, data)], typ)
-
-
 def binary_array_parts(parts: Sequence[tuple[Spans, bytes | memoryview]], typ: pa.DataType) -> pa.Array:
-    """`binary_array` of each part's spans over its own buffer, one after the other, as one
-    array: each span's bytes are copied once, straight to their place in the output (building
-    an array per part and concatenating them copied every byte twice)."""
+    """The spans of every part, each over its own buffer, one after the other, as one Arrow
+    array of `typ` (binary or string: a string array is not UTF-8-checked here); a null span
+    is a null item. Every span must lie inside its buffer. Each span's bytes are copied once,
+    straight to their place (an array per part, then concatenated, copied them twice)."""
     pa = _pyarrow()
     lengths = parts[0][0].length if len(parts) == 1 else np.concatenate([s.length for s, _ in parts])
     total, nulls = _measure(lengths)
