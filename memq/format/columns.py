@@ -10,7 +10,8 @@ Located fields (`spans.SpanColumns`) stay byte spans until a column over all of 
 Messages is asked for (`concat_column`), then are copied once, straight into it.
 A body that does not decode, or a column that does not convert, is a CorruptDataError, as
 on the LogMessage path. Needs pyarrow (imported on first use, as in `arrow_body`), numpy
-and, for msgpack bodies, numba."""
+and, for msgpack bodies, numba.
+"""
 
 from __future__ import annotations
 
