@@ -22,7 +22,7 @@ from pyspark.sql.types import (
 
 from memq.errors import ConfigError
 from memq.format import MessageHeader
-from memq.format.columns import Columns
+from memq.format.columns import Columns, concat_column
 
 SCHEMA = StructType([
     StructField("key", BinaryType()),
@@ -96,10 +96,7 @@ class _LogColumns:
 
     def __call__(self, field: str) -> pa.Array:
         if field not in self._built:
-            typ = _LOG_TYPES[field]
-            chunks = [_as(cols.column(field), typ) for _, cols in self._messages]
-            self._built[field] = chunks[0] if len(chunks) == 1 else pa.concat_arrays(chunks) if chunks \
-                else pa.array([], typ)
+            self._built[field] = _as(concat_column([cols for _, cols in self._messages], field), _LOG_TYPES[field])
         return self._built[field]
 
 

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from memq.errors import CorruptDataError, FormatError
 from memq.format import Codec, Compressors, LogMessage, decode_batch, decode_message, encode_batch, encode_message
 from memq.format.arrow_body import COLUMNS, body_schema, to_log_messages
-from memq.format.columns import Columns, decode_batch_columns, decode_message_columns
+from memq.format.columns import Columns, MsgpackColumns, concat_column, decode_batch_columns, decode_message_columns
 from memq.format.codec import MAX_BODY_BYTES
 from memq.format.kafka_columns import decode_kafka_columns, locate_kafka_columns, split_kafka_records
 from memq.format.kafka_records import KafkaCodec, decode_kafka_records, decompress_records, verify_kafka_batch
@@ -105,14 +105,16 @@ def test_a_damaged_kafka_record_fails_exactly_when_the_record_decoder_fails(recs
 def test_a_batch_decoded_for_some_fields_gives_those_columns_and_checks_them_at_once() -> None:
     recs = [LogMessage(b"v%d" % i, b"k" if i % 2 else None, (("a", b"b"),), 100 + i) for i in range(6)]
     msgs = [encode_message(recs, producer_id=1, epoch=0, sequence=s, codec=c)
-            for s, c in enumerate((Codec.ZSTD, Codec.NONE, Codec.ARROW))] + [kafka_message(recs)]
+            for s, c in enumerate((Codec.ZSTD, Codec.NONE, Codec.ARROW))] + [kafka_message(recs), fallback_message(recs)]
     obj = b"".join(encode_batch(msgs, [decode_message_header(m) for m in msgs], broker_id="b"))
     whole = decode_batch_columns(obj)[1]
     some = decode_batch_columns(obj, fields={"value", "timestamp_ms"})[1]
     for (_, a), (_, b) in zip(whole, some):
         assert a.column("value").equals(b.column("value")) and a.column("timestamp_ms").equals(b.column("timestamp_ms"))
+    assert isinstance(some[-1][1], MsgpackColumns)
     with pytest.raises(KeyError):
-        some[0][1].column("key")                     # a msgpack body keeps only what was asked for
+        some[-1][1].column("key")                    # a body msgpack unpacked keeps only what was asked for
+    assert some[0][1].column("key").equals(whole[0][1].column("key"))   # located spans: any field, when asked
     bad = raw_message([[5, None, [], 1, None]], 1)   # a value that is no bytes: found while decoding
     bad_obj = b"".join(encode_batch([bad], [decode_message_header(bad)], broker_id="b"))
     decode_batch_columns(bad_obj, fields={"timestamp_ms"})
@@ -138,6 +140,67 @@ def test_a_kafka_zstd_frame_declaring_more_than_a_body_may_hold_is_refused_befor
     frame = b"\x28\xb5\x2f\xfd\xe0" + struct.pack("<Q", MAX_BODY_BYTES + 1) + b"\x00" * 8
     with pytest.raises(CorruptDataError, match="declare"):
         decompress_records(KafkaCodec.ZSTD, memoryview(frame), Compressors().zstd_decompressor())
+
+
+def fallback_message(recs: list[LogMessage]) -> bytearray:
+    """`recs` with each value stored as a msgpack str of its hex: a body the walk hands to
+    msgpack (values read back as the hex's bytes)."""
+    body = [[r.value.hex(), r.key, [list(h) for h in r.headers], r.timestamp_ms, r.message_id] for r in recs]
+    return raw_message(body, len(recs))
+
+
+KINDS = ("zstd", "none", "arrow", "kafka", "fallback")
+
+
+def object_of(kinds: list[str], recs: list[LogMessage]) -> tuple[bytes, list[LogMessage]]:
+    """A batch object of one Message of `recs` per kind, and the rows a reader must get from it:
+    memq bodies keep message ids; a Kafka batch has none and reads a null value as b""."""
+    msgs, want = [], []
+    ids = [r._replace(message_id=b"id%d" % i if i % 2 else None) for i, r in enumerate(recs)]
+    for seq, kind in enumerate(kinds):
+        if kind == "kafka":
+            msgs.append(kafka_message([r._replace(value=None) if i % 3 == 0 else r for i, r in enumerate(recs)]))
+            want += [r._replace(value=b"") if i % 3 == 0 else r for i, r in enumerate(recs)]
+        elif kind == "fallback":
+            msgs.append(fallback_message(ids))
+            want += [r._replace(value=r.value.hex().encode()) for r in ids]
+        else:
+            codec = {"zstd": Codec.ZSTD, "none": Codec.NONE, "arrow": Codec.ARROW}[kind]
+            msgs.append(encode_message(ids, producer_id=1, epoch=0, sequence=seq, codec=codec))
+            want += ids
+    return b"".join(encode_batch(msgs, [decode_message_header(m) for m in msgs], broker_id="b")), want
+
+
+@settings(max_examples=60, suppress_health_check=[HealthCheck.too_slow], deadline=None)
+@given(recs=records.filter(bool), kinds=st.lists(st.sampled_from(KINDS), min_size=1, max_size=6),
+       fields=st.none() | st.sets(st.sampled_from(COLUMNS), min_size=1))
+def test_an_objects_columns_hold_every_messages_rows_whatever_the_mix_of_codecs(
+        recs: list[LogMessage], kinds: list[str], fields: set[str] | None) -> None:
+    """Gathered straight from every Message's spans, or concatenated when a Message is not
+    spans (Arrow, unpacked by msgpack): the rows of the LogMessage path, nulls and empties included."""
+    obj, want = object_of(kinds, recs)
+    parts = [c for _, c in decode_batch_columns(obj, fields=fields)[1]]
+    arrays = {}
+    for name in COLUMNS if fields is None else fields:
+        arrays[name] = concat_column(parts, name)
+        arrays[name].validate(full=True)
+        assert arrays[name].equals(pa.concat_arrays([p.column(name) for p in parts]))   # the Message-by-Message path
+    for name, array in arrays.items():
+        assert array.to_pylist() == [getattr(r, name) if name != "headers" else [{"key": k, "value": v} for k, v in
+                                     r.headers] for r in want], name
+
+
+def test_an_object_of_only_located_messages_is_gathered_without_concatenating(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    recs = [LogMessage(b"" if i % 2 else b"v%d" % i, None if i % 3 else b"k", (("h", b"x"),) * (i % 2), i)
+            for i in range(7)]
+    obj, want = object_of(["zstd", "kafka", "none"], recs)
+    parts = [c for _, c in decode_batch_columns(obj)[1]]
+    monkeypatch.setattr(pa, "concat_arrays", None)      # any concatenation fails
+    assert to_log_messages(pa.RecordBatch.from_arrays([concat_column(parts, c) for c in COLUMNS],
+                                                      schema=body_schema())) == want
+    assert concat_column(parts, "key").null_count == sum(r.key is None for r in want) > 0
+    assert concat_column([], "value").to_pylist() == []
 
 
 def raw_message(body: object, count: int) -> bytearray:

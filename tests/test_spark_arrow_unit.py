@@ -3,9 +3,16 @@ columns give the same table as a msgpack body of the same records, in any mix.""
 
 from __future__ import annotations
 
-from memq.format import Codec, Compressors, LogMessage, encode_message
-from memq.format.columns import decode_message_columns
-from spark_source.schema import ARROW_SCHEMA, BatchContext, to_record_batch
+from pyspark.sql.types import BinaryType, StructField, StructType
+
+from memq.format import Codec, Compressors, LogMessage, decode_message_header, encode_batch, encode_message
+from memq.format.columns import decode_batch_columns, decode_message_columns
+from memq.format.kafka_records import verify_kafka_batch
+from memq.format.message import encode_kafka_message
+from spark_source.schema import ARROW_SCHEMA, BatchContext, projection, to_record_batch
+from tests.support.kafka_frames import record_batch
+
+READ = StructType([StructField("value", BinaryType())])
 
 
 def decoded(codec: Codec, seq: int, n: int) -> tuple:
@@ -24,3 +31,25 @@ def test_arrow_messages_read_as_the_same_rows_as_msgpack_ones() -> None:
     assert got.schema == ARROW_SCHEMA and got.equals(want) and got.num_rows == 2
     assert [h for h, _ in mixed][0].codec is Codec.ARROW
     assert to_record_batch(ctx, mixed).to_pylist() == to_record_batch(ctx, msgpack_only).to_pylist()
+
+
+def test_an_object_of_every_codec_reads_as_its_records_in_any_projection() -> None:
+    """Kafka and msgpack Messages gathered straight into the object's columns, with Arrow
+    Messages in the mix or not: the records, Kafka's null keys kept and null values empty."""
+    logs = [LogMessage(b"" if i % 4 == 0 else b"v%d" % i, None if i % 2 else b"k%d" % i, (("h", b"%d" % i),) * (i % 2),
+                       2_000 + i) for i in range(6)]
+    kb = record_batch([r._replace(value=None) if i == 0 else r for i, r in enumerate(logs)], codec="zstd")
+    kafka = encode_kafka_message(kb, verify_kafka_batch(kb), producer_id=9, epoch=1, sequence=7)[0]
+    for codecs in ((Codec.ZSTD, Codec.NONE), (Codec.ZSTD, Codec.ARROW)):
+        msgs = [encode_message(logs, producer_id=9, epoch=1, sequence=s, codec=c) for s, c in enumerate(codecs)]
+        msgs.insert(1, kafka)
+        obj = b"".join(encode_batch(msgs, [decode_message_header(m) for m in msgs], broker_id="b"))
+        got = to_record_batch(BatchContext("t", 1, 5, "b", "k"), decode_batch_columns(obj)[1], start_ms=2_001)
+        want = [r for r in logs if r.timestamp_ms >= 2_001] * 3
+        assert got.column("key").to_pylist() == [r.key for r in want]
+        assert got.column("value").to_pylist() == [r.value for r in want]
+        assert got.column("headers").to_pylist() == [[{"key": k, "value": v} for k, v in r.headers] for r in want]
+        assert got.column("timestamp").cast("int64").to_pylist() == [r.timestamp_ms * 1000 for r in want]
+        some = to_record_batch(BatchContext("t", 1, 5, "b", "k"),
+                               decode_batch_columns(obj, fields={"value"})[1], schema=projection(READ))
+        assert some.schema.names == ["value"] and some.column("value").to_pylist() == [r.value for r in logs] * 3

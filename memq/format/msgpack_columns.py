@@ -4,7 +4,7 @@
 reads them back: ~150 of a Spark read's ~380 ns per row went to creating and freeing those
 objects. Here a numba loop walks the body's layout (`records`: an array of
 `[value (bin), key (bin|nil), headers ([[str, bin], ...]), timestamp_ms (int), message_id
-(bin|nil)]`) and records where each field is; `spans.binary_array` copies the bytes out once.
+(bin|nil)]`) and records where each field is (`spans.SpanColumns`); the bytes are copied out once.
 An object's decode plus its key, value and timestamp columns went from ~400 to ~135 ns per
 row (1M rows of 100-byte values, 12-byte keys, one header; zstd is ~60 of those 135).
 
@@ -16,17 +16,10 @@ before, so rows and CorruptDataErrors stay exactly that path's.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
-
 import numpy as np
 from numba import njit
 
-from memq.format.arrow_body import _pyarrow
-from memq.format.spans import Spans, binary_array, byte_array
-
-if TYPE_CHECKING:
-    import pyarrow as pa
+from memq.format.spans import Spans, SpanColumns, byte_array
 
 _NIL, _BIN8, _BIN16, _BIN32 = 0xC0, 0xC4, 0xC5, 0xC6
 _ARRAY16, _ARRAY32 = 0xDC, 0xDD
@@ -40,45 +33,7 @@ _MIN_RECORD = 7  # bytes: [b"", nil, [], 0, nil]
 _VALUE, _KEY, _MESSAGE_ID, _TIMESTAMP = 0, 2, 4, 6
 
 
-@dataclass(frozen=True, slots=True)
-class MsgpackSpans:
-    """One body's records as located fields over its decompressed bytes; `column` builds a
-    LogMessage field as the Arrow type `arrow_body.body_schema()` gives it."""
-
-    data: bytes | memoryview
-    values: Spans
-    keys: Spans
-    timestamps: np.ndarray          # int64
-    message_ids: Spans
-    header_offsets: np.ndarray      # int32, records + 1: record i's headers are items [o[i], o[i+1])
-    header_keys: Spans              # UTF-8 checked by the walk
-    header_values: Spans
-
-    def __len__(self) -> int:
-        return len(self.timestamps)
-
-    def column(self, name: str) -> pa.Array:
-        pa = _pyarrow()
-        if name == "value":
-            return binary_array(self.values, self.data, pa.binary(), null_as_empty=False)
-        if name == "key":
-            return binary_array(self.keys, self.data, pa.binary(), null_as_empty=False)
-        if name == "timestamp_ms":
-            return pa.array(self.timestamps)
-        if name == "message_id":
-            return binary_array(self.message_ids, self.data, pa.binary(), null_as_empty=False)
-        if name == "headers":
-            item = pa.struct([pa.field("key", pa.string(), nullable=False),
-                              pa.field("value", pa.binary(), nullable=False)])
-            items = pa.StructArray.from_arrays(
-                [binary_array(self.header_keys, self.data, pa.string(), null_as_empty=False),
-                 binary_array(self.header_values, self.data, pa.binary(), null_as_empty=False)], fields=list(item))
-            return pa.ListArray.from_arrays(pa.array(self.header_offsets), items,
-                                            type=pa.list_(pa.field("item", item, nullable=False)))
-        raise KeyError(name)
-
-
-def locate_msgpack_columns(raw: bytes | memoryview, count: int) -> MsgpackSpans | None:
+def locate_msgpack_columns(raw: bytes | memoryview, count: int) -> SpanColumns | None:
     """The fields of a body of exactly `count` records in memq's layout, or None when the
     body is anything else (the caller then decodes it with msgpack)."""
     if count * _MIN_RECORD > len(raw):     # also keeps a lying count from sizing the arrays
@@ -93,9 +48,9 @@ def locate_msgpack_columns(raw: bytes | memoryview, count: int) -> MsgpackSpans 
         heads = np.empty((4, n_heads), np.int64)
         _walk(byte_array(raw), count, spans, offsets, heads)
     heads = heads[:, :n_heads]
-    return MsgpackSpans(raw, Spans(spans[_VALUE], spans[_VALUE + 1]), Spans(spans[_KEY], spans[_KEY + 1]),
-                        spans[_TIMESTAMP], Spans(spans[_MESSAGE_ID], spans[_MESSAGE_ID + 1]), offsets,
-                        Spans(heads[0], heads[1]), Spans(heads[2], heads[3]))
+    return SpanColumns(raw, Spans(spans[_VALUE], spans[_VALUE + 1]), Spans(spans[_KEY], spans[_KEY + 1]),
+                       spans[_TIMESTAMP], Spans(spans[_MESSAGE_ID], spans[_MESSAGE_ID + 1]), offsets,
+                       Spans(heads[0], heads[1]), Spans(heads[2], heads[3]), header_keys_utf8=True)
 
 
 @njit(cache=True, nogil=True)
