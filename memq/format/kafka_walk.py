@@ -71,18 +71,13 @@ def walk(u8: np.ndarray, starts: np.ndarray, counts: np.ndarray, records: np.nda
             _, pos = _varint(u8, pos, end)                   # offset delta: positions are per batch
             if pos < 0:
                 return FAILED, bt, i
-            n, pos = _varint(u8, pos, end)
-            if pos < 0 or n < -1 or pos + max(n, 0) > end:
-                return FAILED, bt, i
-            records[KEY_START, row] = pos
-            records[KEY_LEN, row] = n
-            pos += max(n, 0)
-            n, pos = _varint(u8, pos, end)
-            if pos < 0 or n < -1 or pos + max(n, 0) > end:
-                return FAILED, bt, i
-            records[VALUE_START, row] = pos
-            records[VALUE_LEN, row] = n
-            pos += max(n, 0)
+            for start in (KEY_START, VALUE_START):              # key, then value; -1 = null
+                n, pos = _varint(u8, pos, end)
+                if pos < 0 or n < -1 or pos + max(n, 0) > end:
+                    return FAILED, bt, i
+                records[start, row] = pos
+                records[start + 1, row] = n
+                pos += max(n, 0)
             count, pos = _varint(u8, pos, end)
             if pos < 0 or count < 0 or count > end - pos:
                 return FAILED, bt, i
