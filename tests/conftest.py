@@ -10,6 +10,7 @@ import pytest
 
 from memq.config import MemqConfig
 from memq.devcluster import DevCluster
+from tests.support import numba_cache
 
 
 @pytest.fixture(scope="session")
@@ -38,3 +39,5 @@ def unique_name(request: pytest.FixtureRequest) -> Callable[[str], str]:
 def pytest_configure(config: pytest.Config) -> None:
     # Also marked slow, so the default suite leaves it out; run with `-m container`.
     config.addinivalue_line("markers", "container: builds and runs the OCI image (podman), see tests/test_image.py")
+    if not hasattr(config, "workerinput"):   # once, in the process that starts the others
+        numba_cache.warm()

@@ -1,0 +1,28 @@
+"""Compile the Spark decode's numba kernels once, before the suite's processes start.
+
+numba compiles a kernel on its first call in a process and caches it beside the module for
+the next; in a fresh checkout every Spark worker and test process starting before the cache
+exists compiled them again (3-8 s each, seen as ~+1 min of the suite). Decoding one small
+object of every span-backed codec here compiles each kernel once and writes the cache.
+"""
+
+from __future__ import annotations
+
+from memq.format import Codec, LogMessage, decode_message_header, encode_batch, encode_message
+from memq.format.arrow_body import COLUMNS
+from memq.format.columns import concat_column, decode_batch_columns
+from memq.format.kafka_records import verify_kafka_batch
+from memq.format.message import encode_kafka_message
+from tests.support.kafka_frames import record_batch
+
+
+def warm() -> None:
+    recs = [LogMessage(b"v" * 300, b"k" if i % 2 else None, (("h", b"x"),), 1_000 + i, b"id") for i in range(4)]
+    kb = record_batch(recs, codec="zstd", producer_id=1, epoch=0, base_sequence=0)
+    msgs = [encode_message(recs, producer_id=1, epoch=0, sequence=s, codec=Codec.ZSTD) for s in range(2)] + \
+           [encode_kafka_message(kb, verify_kafka_batch(kb), producer_id=1, epoch=0, sequence=2 + s)[0] for s in range(2)]
+    obj = b"".join(encode_batch(msgs, [decode_message_header(m) for m in msgs], broker_id="warm"))
+    _, decoded = decode_batch_columns(obj)
+    for parts in ([c for _, c in decoded[:2]], [c for _, c in decoded[2:]]):
+        for name in COLUMNS:
+            concat_column(parts, name)
