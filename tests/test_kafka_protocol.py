@@ -17,11 +17,12 @@ from memq.kafka_api.groups import (Described, decode_delete_groups, delete_group
                                   encode_delete_groups, list_groups_response, offsets_request, offsets_response,
                                   refusal, with_described)
 from memq.kafka_api.mapping import ack_level, error_code, memq_producer_id, metadata_view, node_id, split_address
-from memq.kafka_api.protocol import (SUPPORTED, ApiKey, ErrorCode, FetchedPartition, FetchPartition, ListedOffset,
+from memq.broker.doors.kafka import SERVED
+from memq.kafka_api.protocol import (ApiKey, ErrorCode, FetchedPartition, FetchPartition, ListedOffset,
                                      Node, ProduceResult, PartitionResult, Reader, TopicPartitions, decode_fetch,
                                      decode_list_offsets, decode_metadata, decode_produce, decode_request_header,
                                      encode_api_versions, encode_fetch, encode_list_offsets, encode_metadata,
-                                     encode_produce, is_supported)
+                                     encode_produce)
 from tests.support.kafka_frames import fetch_body, list_offsets_body, produce_body, request
 
 
@@ -43,13 +44,13 @@ def test_request_header_and_produce_body_decode() -> None:
 
 def test_api_versions_lists_exactly_what_is_served_and_falls_back_to_v0_for_newer() -> None:
     h, _ = decode_request_header(_frame(request(18, 3, 7, b"")))
-    assert not is_supported(h)
-    out = encode_api_versions(h, ErrorCode.UNSUPPORTED_VERSION)
+    assert SERVED[ApiKey.API_VERSIONS][1] < h.api_version
+    out = encode_api_versions(h, SERVED, ErrorCode.UNSUPPORTED_VERSION)
     r = Reader(out, 4)
-    assert (r.i32(), r.i16(), r.i32()) == (7, ErrorCode.UNSUPPORTED_VERSION, len(SUPPORTED))
-    ranges = {r.i16(): (r.i16(), r.i16()) for _ in range(len(SUPPORTED))}
+    assert (r.i32(), r.i16(), r.i32()) == (7, ErrorCode.UNSUPPORTED_VERSION, len(SERVED))
+    ranges = {r.i16(): (r.i16(), r.i16()) for _ in range(len(SERVED))}
     r.done()   # v0 shape: no throttle time
-    assert ranges == {int(k): v for k, v in SUPPORTED.items()}
+    assert ranges == {int(k): v for k, v in SERVED.items()}
     assert ranges[ApiKey.PRODUCE] == (3, 8) and ranges[ApiKey.API_VERSIONS] == (0, 2)
 
 

@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 from memq.errors import ProtocolError
 from memq.kafka_api.flexible import FlexReader, FlexWriter, flex_body, uvarint
 from memq.kafka_api.metadata_flex import (UNKNOWN_TOPIC_ID, decode_metadata_flex, encode_metadata_flex, topic_id)
-from memq.kafka_api.protocol import SUPPORTED, ApiKey, Node, TopicPartitions, decode_request_header
+from memq.broker.doors.kafka import SERVED
+from memq.kafka_api.protocol import ApiKey, Node, TopicPartitions, decode_request_header
 from memq.kafka_api.share import (AckType, DescribedGroup, SharePartitionData, ShareError, decode_heartbeat,
                                   decode_share_acknowledge, decode_share_fetch, encode_describe, encode_heartbeat,
                                   encode_share_acknowledge, encode_share_fetch)
@@ -64,9 +65,9 @@ def test_truncated_or_impossible_fields_are_protocol_errors(raw: bytes) -> None:
 
 
 def test_share_apis_and_flexible_metadata_are_advertised() -> None:
-    assert SUPPORTED[ApiKey.METADATA] == (1, 12)
+    assert SERVED[ApiKey.METADATA] == (1, 12)
     for key in (76, 77, 78, 79):
-        assert SUPPORTED[key] == (1, 1)
+        assert SERVED[key] == (1, 1)
 
 
 def test_heartbeat_request_and_response() -> None:
@@ -194,4 +195,4 @@ def test_share_group_offsets_requests_decode_and_answers_parse() -> None:
     assert parse_changed_offsets(raw) == (0, {("t", 0): 0, ("t", 1): 56})
     assert parse_changed_offsets(encode_changed_offsets(9, ShareError.NON_EMPTY_GROUP, "busy", [])) == (68, {})
     for key in (ApiKey.DESCRIBE_SHARE_GROUP_OFFSETS, ApiKey.ALTER_SHARE_GROUP_OFFSETS, ApiKey.DELETE_SHARE_GROUP_OFFSETS):
-        assert SUPPORTED[key] == (0, 0)
+        assert SERVED[key] == (0, 0)

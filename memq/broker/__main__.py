@@ -43,6 +43,7 @@ async def serve(config: MemqConfig) -> None:
     disable_created_metrics()
     broker = Broker(config)
     admin = await asyncio.to_thread(attach_cluster_admin, broker.guard, broker.app, config)   # None without ZooKeeper
+    broker.cluster_admin = admin   # Kafka's admin calls go through the same one
     await broker.start(ready=not config.zookeeper.enabled)   # governed: ready once its assignment is hosted
     agent = await start_agent(broker, config, broker.metrics.registry, broker.storage_metrics)   # None unless zookeeper.enabled
     if agent is not None:
@@ -59,7 +60,7 @@ async def serve(config: MemqConfig) -> None:
         await agent.close(drain=True)   # governed: topics move to other brokers first
     await broker.stop()
     if admin is not None:
-        await asyncio.to_thread(admin.close)
+        await asyncio.to_thread(admin.registry.close)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -13,6 +13,7 @@ from memq.config import MemqConfig
 from memq.format.metadata import ClusterMetadata
 
 from .admission import Admission
+from .cluster_admin import ClusterAdmin
 from .groups import Groups
 from .guard import Guard
 from .metrics import BrokerMetrics
@@ -49,6 +50,11 @@ class BrokerCore(Protocol):
     @property
     def shares(self) -> Shares:
         """Share groups: the ones coordinated here, the share-partitions led here (memq.broker.share)."""
+
+    @property
+    def cluster_admin(self) -> ClusterAdmin | None:
+        """Topics and ACLs through ZooKeeper, as `memq topic` and `memq acl` change them (None
+        without ZooKeeper: topics then come from the brokers' config files)."""
 
     @property
     def draining(self) -> bool:

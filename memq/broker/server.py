@@ -32,6 +32,7 @@ from memq.security.quota import Throttler
 from memq.security.tls import server_context
 from memq.storage import StorageHandler, StorageMetrics, make_storage
 
+from .cluster_admin import ClusterAdmin
 from .admission import Admission, Check
 from .doors.http import HttpDoor
 from .doors.kafka import KafkaListener
@@ -76,6 +77,7 @@ class Broker:
         self._share_registry: Registry | None = None
         self.groups = Groups(config.kafka.bootstrap_servers, config.cluster.name, self.broker_id)
         self.cluster_view: Callable[[], ClusterView | None] | None = None   # governed: from ZooKeeper
+        self.cluster_admin: ClusterAdmin | None = None   # governed: topics and ACLs through ZooKeeper
         self.url = ""
         self.guard = Guard(config.security, self.metrics.denials)
         self.quotas = Throttler(config.quota.table(), burst_s=config.quota.burst_s,

@@ -1,7 +1,7 @@
 """When a quiet Kafka connection may seal a small batch early (pure logic, no I/O).
 
 Kafka has no flush a broker could see: a connection quiet with acks=all Messages waiting is a
-producer waiting on us (`listener.KafkaConnection`). Sealing then spares it `batch_ms`, but
+producer waiting on us (`doors.kafka_produce.ProduceState`). Sealing then spares it `batch_ms`, but
 costs an object. A batch of `unit` bytes (`broker.kafka_idle_seal_bytes`) or more may always
 seal; a smaller one only while the connection has credit: it earns the bytes it appends and
 each idle seal spends `unit`. So a bulk producer's last partial batch goes at once, while

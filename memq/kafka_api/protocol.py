@@ -1,11 +1,12 @@
 """Sans-I/O codec of the Kafka requests and responses producers and assigned consumers need.
 
-Only non-flexible versions are served (request header v1, response header v0, no tagged
-fields): ApiVersions v0-2, Metadata v1-8, Produce v3-8 (RecordBatch v2), Fetch v4-11,
-ListOffsets v1-5, InitProducerId v0-1, SaslHandshake v0-1 and SaslAuthenticate v0-1. librdkafka and the Java client open with ApiVersions v3; the answer to any version we do
-not serve is Kafka's v0-shaped UNSUPPORTED_VERSION carrying our ranges (KIP-511), and the
-client retries with the highest we list. Field layouts follow Kafka's
-clients/src/main/resources/common/message/*.json.
+The non-flexible versions (request header v1, response header v0, no tagged fields) of
+ApiVersions, Metadata, Produce (RecordBatch v2), Fetch, ListOffsets, InitProducerId,
+SaslHandshake and SaslAuthenticate. Which versions are served is the Kafka door's table of API
+families (`memq.broker.doors.kafka`), which ApiVersions advertises. librdkafka and the Java
+client open with ApiVersions v3; the answer to any version we do not serve is Kafka's
+v0-shaped UNSUPPORTED_VERSION carrying our ranges (KIP-511), and the client retries with the
+highest we list. Field layouts follow Kafka's clients/src/main/resources/common/message/*.json.
 
 The flexible versions served besides (Metadata v9-12, ListGroups v3-5, the share-group APIs)
 are decoded by `flexible`, `metadata_flex`, `groups`, `share` and `share_admin`, on a body read
@@ -15,6 +16,7 @@ past this module's request header.
 from __future__ import annotations
 
 import struct
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import IntEnum
 
@@ -43,9 +45,24 @@ class ApiKey(IntEnum):
     LIST_GROUPS = 16
     SASL_HANDSHAKE = 17
     API_VERSIONS = 18
+    CREATE_TOPICS = 19
+    DELETE_TOPICS = 20
+    DELETE_RECORDS = 21
     INIT_PRODUCER_ID = 22
+    OFFSET_FOR_LEADER_EPOCH = 23
+    DESCRIBE_ACLS = 29
+    CREATE_ACLS = 30
+    DELETE_ACLS = 31
+    DESCRIBE_CONFIGS = 32
+    ALTER_CONFIGS = 33
+    DESCRIBE_LOG_DIRS = 35
     SASL_AUTHENTICATE = 36
+    CREATE_PARTITIONS = 37
     DELETE_GROUPS = 42
+    INCREMENTAL_ALTER_CONFIGS = 44
+    OFFSET_DELETE = 47
+    DESCRIBE_CLUSTER = 60
+    DESCRIBE_PRODUCERS = 61
     SHARE_GROUP_HEARTBEAT = 76   # share groups (memq.kafka_api.share): flexible, v1 only
     SHARE_GROUP_DESCRIBE = 77
     SHARE_FETCH = 78
@@ -53,40 +70,6 @@ class ApiKey(IntEnum):
     DESCRIBE_SHARE_GROUP_OFFSETS = 90   # share groups' offsets (memq.kafka_api.share_admin): flexible, v0
     ALTER_SHARE_GROUP_OFFSETS = 91
     DELETE_SHARE_GROUP_OFFSETS = 92
-
-
-#: The (min, max) version of each API served; ApiVersions advertises exactly these.
-SUPPORTED: dict[int, tuple[int, int]] = {
-    ApiKey.PRODUCE: (3, 8),
-    # v4 (RecordBatch v2: librdkafka's MsgVer2 needs Produce v3 and Fetch v4) up to the last
-    # non-flexible one; fetch sessions (v7+) are answered sessionless (id 0): full fetches.
-    ApiKey.FETCH: (4, 11),
-    ApiKey.LIST_OFFSETS: (1, 5),
-    # consumer groups, relayed to the notification Kafka's coordinator (kafka_api.groups): the
-    # non-flexible versions, so a request is relayed with only its group id rewritten
-    ApiKey.OFFSET_COMMIT: (2, 7),
-    ApiKey.OFFSET_FETCH: (1, 5),
-    ApiKey.FIND_COORDINATOR: (0, 2),
-    ApiKey.JOIN_GROUP: (0, 5),
-    ApiKey.HEARTBEAT: (0, 3),
-    ApiKey.LEAVE_GROUP: (0, 3),
-    ApiKey.SYNC_GROUP: (0, 3),
-    ApiKey.DESCRIBE_GROUPS: (0, 4),
-    ApiKey.LIST_GROUPS: (0, 5),   # v3-5 flexible (v5: group types, to tell share groups apart)
-    ApiKey.DELETE_GROUPS: (0, 1),
-    ApiKey.METADATA: (1, 12),   # v9-12 flexible, with topic ids (memq.kafka_api.metadata_flex)
-    ApiKey.API_VERSIONS: (0, 2),
-    ApiKey.INIT_PRODUCER_ID: (0, 1),
-    ApiKey.SASL_HANDSHAKE: (0, 1),      # v1: the SASL exchange goes in SaslAuthenticate requests
-    ApiKey.SASL_AUTHENTICATE: (0, 1),
-    ApiKey.SHARE_GROUP_HEARTBEAT: (1, 1),
-    ApiKey.SHARE_GROUP_DESCRIBE: (1, 1),
-    ApiKey.SHARE_FETCH: (1, 1),
-    ApiKey.SHARE_ACKNOWLEDGE: (1, 1),
-    ApiKey.DESCRIBE_SHARE_GROUP_OFFSETS: (0, 0),
-    ApiKey.ALTER_SHARE_GROUP_OFFSETS: (0, 0),
-    ApiKey.DELETE_SHARE_GROUP_OFFSETS: (0, 0),
-}
 
 
 class ErrorCode(IntEnum):
@@ -101,19 +84,35 @@ class ErrorCode(IntEnum):
     NOT_LEADER_OR_FOLLOWER = 6
     REQUEST_TIMED_OUT = 7
     MESSAGE_TOO_LARGE = 10
-    INVALID_REQUIRED_ACKS = 21
     COORDINATOR_NOT_AVAILABLE = 15
+    INVALID_TOPIC_EXCEPTION = 17
+    INVALID_REQUIRED_ACKS = 21
+    UNKNOWN_MEMBER_ID = 25
     TOPIC_AUTHORIZATION_FAILED = 29
     GROUP_AUTHORIZATION_FAILED = 30
+    CLUSTER_AUTHORIZATION_FAILED = 31
     UNSUPPORTED_SASL_MECHANISM = 33
     ILLEGAL_SASL_STATE = 34
     UNSUPPORTED_VERSION = 35
+    TOPIC_ALREADY_EXISTS = 36
+    INVALID_PARTITIONS = 37
+    INVALID_REPLICATION_FACTOR = 38
+    INVALID_CONFIG = 40
     INVALID_REQUEST = 42
     UNSUPPORTED_FOR_MESSAGE_FORMAT = 43
+    POLICY_VIOLATION = 44
     TRANSACTIONAL_ID_AUTHORIZATION_FAILED = 53
+    SECURITY_DISABLED = 54
     KAFKA_STORAGE_ERROR = 56
     SASL_AUTHENTICATION_FAILED = 58
+    NON_EMPTY_GROUP = 68
+    GROUP_ID_NOT_FOUND = 69
+    FENCED_LEADER_EPOCH = 74
+    UNKNOWN_LEADER_EPOCH = 75
     UNSUPPORTED_COMPRESSION_TYPE = 76
+    OFFSET_NOT_AVAILABLE = 78
+    MEMBER_ID_REQUIRED = 79
+    GROUP_SUBSCRIBED_TO_TOPIC = 86
 
 
 class Reader:
@@ -236,40 +235,28 @@ class RequestHeader:
 
 
 def decode_request_header(frame: bytes | memoryview) -> tuple[RequestHeader, Reader]:
-    """The header of a request frame (size prefix removed) and a reader at its body.
-
-    The client id is read only for the versions served (header v1); a request we answer with
-    UNSUPPORTED_VERSION needs only the first three fields.
-    """
+    """The header of a request frame (size prefix removed) and a reader at its body (request
+    header v1; a flexible version's header tags are left for `flexible.flex_body`)."""
     r = Reader(frame)
     api_key, version, correlation_id = r.i16(), r.i16(), r.i32()
-    client_id = r.nullable_string() if _served(api_key, version) else None
-    return RequestHeader(api_key, version, correlation_id, client_id), r
-
-
-def is_supported(h: RequestHeader) -> bool:
-    return _served(h.api_key, h.api_version)
+    return RequestHeader(api_key, version, correlation_id, r.nullable_string()), r
 
 
 def api_name(api_key: int) -> str:
     """"PRODUCE (key 0)", or "unknown API (key 99)", for log lines."""
-    name = ApiKey(api_key).name if api_key in SUPPORTED else "unknown API"
+    name = ApiKey(api_key).name if api_key in ApiKey._value2member_map_ else "unknown API"
     return f"{name} (key {api_key})"
-
-
-def _served(api_key: int, version: int) -> bool:
-    lo, hi = SUPPORTED.get(api_key, (0, -1))
-    return lo <= version <= hi
 
 
 # --- ApiVersions ---------------------------------------------------------------------------
 
 
-def encode_api_versions(h: RequestHeader, error: ErrorCode = ErrorCode.NONE) -> bytes:
-    """Our version ranges; for an ApiVersions version we do not serve, the v0 shape (KIP-511)."""
+def encode_api_versions(h: RequestHeader, served: Mapping[int, tuple[int, int]],
+                        error: ErrorCode = ErrorCode.NONE) -> bytes:
+    """The version ranges `served`; for an ApiVersions version we do not serve, the v0 shape (KIP-511)."""
     version = h.api_version if error is ErrorCode.NONE else 0
-    w = Writer(h.correlation_id).i16(error).i32(len(SUPPORTED))
-    for key, (lo, hi) in sorted(SUPPORTED.items()):
+    w = Writer(h.correlation_id).i16(error).i32(len(served))
+    for key, (lo, hi) in sorted(served.items()):
         w.i16(key).i16(lo).i16(hi)
     if version >= 1:
         w.i32(0)   # throttle_time_ms

@@ -21,7 +21,6 @@ with the stored tokens and ACLs (read before the listener opens, then by watch).
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -33,14 +32,12 @@ from memq.errors import (AuthorizationError, ConfigError, CoordinationError, Inv
                          UnknownTopicError)
 from memq.governor.registry import Registry
 from memq.governor.security_store import SecurityStore
-from memq.governor.topics import TopicManager
 from memq.security.acl import CLUSTER_RESOURCE, Operation, parse_rule
 from memq.security.tokens import parse_entry
-from memq.security.tls import client_context
 
+from ..cluster_admin import ClusterAdmin
 from ..guard import PRINCIPAL_KEY, Guard
 
-PLACEMENT_TIMEOUT_S = 60.0
 MAX_BODY_BYTES = 64 * 1024
 STATUS = {AuthorizationError: 403, ConfigError: 400, InvalidInputError: 400, UnknownTopicError: 404,
           CoordinationError: 503}
@@ -49,15 +46,10 @@ Handler = Callable[[web.Request], Awaitable[Any]]
 
 
 class AdminApi:
-    def __init__(self, guard: Guard, registry: Registry, config: MemqConfig) -> None:
-        from memq.notify import TopicAdmin
-
+    def __init__(self, guard: Guard, admin: ClusterAdmin) -> None:
         self._guard = guard
-        self._config = config
-        self._topics = TopicManager(registry, TopicAdmin(config.kafka), config.cluster.name)
-        self._lists = SecurityStore(registry).lists()
-        ca = config.producer.tls_ca_file       # verifies https peers while waiting for placement
-        self._trust = client_context(ca) if ca else None
+        self._config = admin.config
+        self._admin = admin
 
     def routes(self) -> list[web.RouteDef]:
         topic, acls, tokens = "/v1/topics/{name}", "/v1/security/acls", "/v1/security/tokens"
@@ -101,62 +93,62 @@ class AdminApi:
         name = request.match_info["name"]
         self._authorize(request, name)
         cfg: TopicConfig = build(TopicConfig, {**await self._body(request), "name": name}, f"topic {name}")
-        placed = await asyncio.to_thread(self._topics.ensure, cfg, PLACEMENT_TIMEOUT_S, self._trust)
-        return {"brokers": list(placed)}
+        return {"brokers": list(await self._admin.create_topic(cfg))}
 
     async def _alter(self, request: web.Request) -> dict[str, Any]:
         name = request.match_info["name"]
         self._authorize(request, name)
         changes = await self._body(request)
-        cfg = await asyncio.to_thread(lambda: self._topics.alter(name, **changes))
+        cfg = await self._admin.alter_topic(name, **changes)
         return {"topic": {k: v for k, v in vars(cfg).items() if v is not None}}
 
     async def _delete(self, request: web.Request) -> dict[str, Any]:
         name = request.match_info["name"]
         self._authorize(request, name)
         notifications = request.query.get("notifications", "false") == "true"
-        await asyncio.to_thread(lambda: self._topics.delete(name, delete_notifications=notifications))
+        await self._admin.delete_topic(name, notifications=notifications)
         return {"deleted": name}
 
     # --- tokens and ACLs -----------------------------------------------------------------------
 
     async def _acls(self, request: web.Request) -> dict[str, Any]:
         self._authorize(request, None)
-        return {"stored": await asyncio.to_thread(self._lists.rules), "config": list(self._config.security.acls)}
+        return {"stored": await self._admin.rules(), "config": list(self._config.security.acls)}
 
     async def _add_rule(self, request: web.Request) -> dict[str, Any]:
         self._authorize(request, None)
         rule = str(parse_rule(str((await self._body(request)).get("rule", "")), "rule"))
-        return {"added": await asyncio.to_thread(self._lists.add_rule, rule)}
+        return {"added": await self._admin.add_rule(rule)}
 
     async def _remove_rule(self, request: web.Request) -> dict[str, Any]:
         self._authorize(request, None)
         rule = str(parse_rule(request.query.get("rule", ""), "rule"))
-        return {"removed": await asyncio.to_thread(self._lists.remove_rule, rule)}
+        return {"removed": await self._admin.remove_rule(rule)}
 
     async def _add_token(self, request: web.Request) -> dict[str, Any]:
         self._authorize(request, None)
         entry = str(parse_entry(str((await self._body(request)).get("entry", "")), "entry"))
-        await asyncio.to_thread(self._lists.add_token, entry)
+        await self._admin.add_token(entry)
         return {"added": entry.rpartition(":")[0]}
 
     async def _revoke(self, request: web.Request) -> dict[str, Any]:
         self._authorize(request, None)
-        return {"removed": await asyncio.to_thread(self._lists.revoke, request.match_info["principal"])}
+        return {"removed": await self._admin.revoke(request.match_info["principal"])}
 
 
-def attach_cluster_admin(guard: Guard, app: web.Application, config: MemqConfig) -> Registry | None:
+def attach_cluster_admin(guard: Guard, app: web.Application, config: MemqConfig) -> ClusterAdmin | None:
     """Before the broker listens: with ZooKeeper, open a session, keep `guard` in step with the
-    stored tokens and ACLs (security on) and add the admin API to `app`; the registry to close
-    at the end, None without ZooKeeper."""
+    stored tokens and ACLs (security on) and add the admin API to `app`; the cluster admin (the
+    same one Kafka's admin calls use; close its `registry` at the end), None without ZooKeeper."""
     if not config.zookeeper.enabled:
         return None
     registry = Registry(config.zookeeper, config.cluster.name).start()
     try:
         if config.security.enabled:
             SecurityStore(registry).watch(guard.use_stored)
-        app.add_routes(AdminApi(guard, registry, config).routes())
+        admin = ClusterAdmin(registry, config)
+        app.add_routes(AdminApi(guard, admin).routes())
     except BaseException:
         registry.close()
         raise
-    return registry
+    return admin

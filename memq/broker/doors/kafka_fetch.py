@@ -22,13 +22,15 @@ from memq.errors import FormatError, MemqError, OffsetOutOfRangeError
 from memq.format.metadata import ClusterMetadata
 from memq.kafka_api.mapping import node_id
 from memq.kafka_api.offsets import end_offset, first_offset, split_offset
-from memq.kafka_api.protocol import (EARLIEST, LATEST, ErrorCode, FetchedPartition, FetchPartition, FetchRequest,
-                                     ListedOffset, ListOffsetsRequest)
+from memq.kafka_api.protocol import (EARLIEST, LATEST, ApiKey, ErrorCode, FetchedPartition, FetchPartition,
+                                     FetchRequest, ListedOffset, ListOffsetsRequest, Reader, RequestHeader, decode_fetch,
+                                     decode_list_offsets, encode_fetch, encode_list_offsets)
 from memq.kafka_api.records import place
 from memq.notify.consumer import NotificationRecord
 from memq.security.acl import Operation
 
 from ..seam import BrokerCore
+from .kafka_family import Conn, Family, Response
 
 log = logging.getLogger(__name__)
 
@@ -234,3 +236,25 @@ async def _listed(core: BrokerCore, ntopic: str, partition: int, ts: int) -> Lis
     if found >= high:
         return ListedOffset(partition)   # none at or after ts: offset -1, as Kafka answers
     return ListedOffset(partition, timestamp=ts, offset=first_offset(found))
+
+
+async def serve(conn: Conn, h: RequestHeader, body: Reader) -> Response:
+    """Answered in turn, read on meanwhile: a long poll blocks no other request of the connection."""
+    if h.api_key == ApiKey.FETCH:
+        req = decode_fetch(h, body)
+        return asyncio.ensure_future(_answer_fetch(conn, h, req))
+    lreq = decode_list_offsets(h, body)
+    return asyncio.ensure_future(_answer_list_offsets(conn, h, lreq))
+
+
+async def _answer_fetch(conn: Conn, h: RequestHeader, req: FetchRequest) -> bytes:
+    return encode_fetch(h, await fetch(conn.core, conn.principal, req, conn.peer))
+
+
+async def _answer_list_offsets(conn: Conn, h: RequestHeader, req: ListOffsetsRequest) -> bytes:
+    return encode_list_offsets(h, await list_offsets(conn.core, conn.principal, req))
+
+
+#: Fetch v4 (RecordBatch v2: librdkafka's MsgVer2 needs Produce v3 and Fetch v4) up to the last
+#: non-flexible one; fetch sessions (v7+) are answered sessionless (id 0): full fetches.
+FAMILY = Family("fetch", {ApiKey.FETCH: (4, 11), ApiKey.LIST_OFFSETS: (1, 5)}, "consume on the topic", serve)

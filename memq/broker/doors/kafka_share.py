@@ -27,13 +27,13 @@ from memq.format import Codec, LogMessage, encode_message, verify_message
 from memq.format.kafka_records import decode_kafka_records
 from memq.format.metadata import ClusterMetadata
 from memq.format.wire import Ack, AckLevel
-from memq.kafka_api.flexible import FlexReader
+from memq.kafka_api.flexible import FlexReader, flex_body
 from memq.kafka_api.groups import Described
 from memq.kafka_api.mapping import metadata_view, node_id
 from memq.kafka_api.metadata_flex import (FlexMetadataRequest, decode_metadata_flex, encode_metadata_flex,
                                           topic_id)
 from memq.kafka_api.offsets import first_offset, split_offset
-from memq.kafka_api.protocol import Node, RequestHeader
+from memq.kafka_api.protocol import Node, Reader, RequestHeader
 from memq.kafka_api.records import FramedBatch, FramedPart, place
 from memq.kafka_api.share import (SHARE_ACKNOWLEDGE, SHARE_FETCH, SHARE_GROUP_DESCRIBE, SHARE_GROUP_HEARTBEAT,
                                   AckBatch, AckType, DescribedGroup, DescribedMember, Endpoint, Key,
@@ -46,6 +46,7 @@ from ..admission import Refusal
 from ..share.partition import AckOutcome, Archived, SharePartition
 from ..share.service import Session
 from ..seam import BrokerCore
+from .kafka_family import Conn, Family, Response
 
 log = logging.getLogger(__name__)
 
@@ -98,7 +99,6 @@ def _endpoint(nodes: list[Node], nid: int) -> list[Endpoint]:
 
 # --- the door ------------------------------------------------------------------------------
 
-APIS = frozenset({SHARE_GROUP_HEARTBEAT, SHARE_GROUP_DESCRIBE, SHARE_FETCH, SHARE_ACKNOWLEDGE})
 
 
 class ShareDoor:
@@ -539,3 +539,12 @@ def _record_at(part: FramedPart, index: int) -> LogMessage | None:
         if b.first_index <= index < b.first_index + b.count:
             return decode_kafka_records(b.data)[index - b.first_index]
     return None
+
+
+async def serve(conn: Conn, h: RequestHeader, body: Reader) -> Response:
+    return asyncio.ensure_future(ShareDoor(conn.core, conn.peer, conn.principal).serve(h, flex_body(body)))
+
+
+FAMILY = Family("share", dict.fromkeys((SHARE_GROUP_HEARTBEAT, SHARE_GROUP_DESCRIBE, SHARE_FETCH, SHARE_ACKNOWLEDGE),
+                                      (1, 1)),
+                "consume on the group and the topic (describe to describe the group)", serve)

@@ -10,13 +10,14 @@ on each topic).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 from memq.errors import MemqError, ProtocolError
-from memq.kafka_api.flexible import FlexReader
+from memq.kafka_api.flexible import FlexReader, flex_body
 from memq.kafka_api.mapping import metadata_view, node_id
 from memq.kafka_api.metadata_flex import topic_id
-from memq.kafka_api.protocol import RequestHeader
+from memq.kafka_api.protocol import Reader, RequestHeader
 from memq.kafka_api.share import ShareError
 from memq.kafka_api.share_admin import (APIS, ALTER_SHARE_GROUP_OFFSETS, DESCRIBE_SHARE_GROUP_OFFSETS,
                                         PartitionResult, TopicResults, decode_alter_offsets, decode_delete_offsets,
@@ -24,12 +25,10 @@ from memq.kafka_api.share_admin import (APIS, ALTER_SHARE_GROUP_OFFSETS, DESCRIB
 from memq.security.acl import Operation
 
 from ..seam import BrokerCore
+from .kafka_family import Conn, Family, Response
 from .kafka_share import coordinator_of
 
 log = logging.getLogger(__name__)
-
-__all__ = ["APIS", "ShareAdminDoor"]
-
 
 class ShareAdminDoor:
     """Answers one share-group offsets request."""
@@ -158,3 +157,12 @@ class ShareAdminDoor:
                 self._shares.drop(key)   # its leader keeps it: hold no copy that would go stale here
         log.info("share-partition %s: start reset to %d by %s", key, offset, self._principal)
         return PartitionResult(partition)
+
+
+async def serve(conn: Conn, h: RequestHeader, body: Reader) -> Response:
+    return asyncio.ensure_future(ShareAdminDoor(conn.core, conn.peer, conn.principal).serve(h, flex_body(body)))
+
+
+FAMILY = Family("share-admin", dict.fromkeys(APIS, (0, 0)),
+                "describe on the group and topics to describe; admin on the group, consume on topics to change",
+                serve)
