@@ -1,4 +1,4 @@
-"""Fuzzed Fetch, ListOffsets and group frames against a broker's Kafka listener on the real dev
+"""Fuzzed Fetch, ListOffsets, group and admin frames against a broker's Kafka listener on the real dev
 cluster (moto S3, tansu: the group APIs are relayed to its coordinator): each gets a response
 or a close, never a hang, while another client on the same listener goes on reading. Mutations
 of well-formed requests (truncated, bytes flipped, fields set to extremes, junk appended or
@@ -134,3 +134,65 @@ async def test_fuzzed_read_and_group_frames_get_an_answer_or_a_close_while_anoth
     assert served, "the other client was not served while the fuzzing went on"
     assert await fetch_records(address, topic, 9999) > 0
     assert time.monotonic() - t0 < 120
+
+
+# --- the admin families ---------------------------------------------------------------------
+
+#: The families whose frames the admin fuzzing sends (the read and group ones are fuzzed above).
+ADMIN_FAMILIES = ("topics", "configs", "acls", "cluster", "records")
+
+
+def admin_bodies() -> dict[tuple[int, int], bytes]:
+    """A well-formed request body (kafka-python's encoding of the request with its defaults: empty
+    lists, no topic created or deleted) for every version of every admin API the listener serves."""
+    import kafka.protocol.admin as admin
+    import kafka.protocol.consumer as consumer
+    import kafka.protocol.metadata as metadata
+    from kafka.protocol.api_key import ApiKey as KafkaApiKey
+
+    from memq.broker.doors.kafka import FAMILIES
+
+    out = {}
+    for family in FAMILIES:
+        if family.name not in ADMIN_FAMILIES:
+            continue
+        for key, (lo, hi) in family.versions.items():
+            name = KafkaApiKey(key).name + "Request"
+            cls = next(getattr(m, name) for m in (admin, consumer, metadata) if hasattr(m, name))
+            for v in range(lo, hi + 1):
+                out[key, v] = (b"\0" if cls.flexible_version_q(v) else b"") + bytes(cls[v]().encode())
+    return out
+
+
+async def test_fuzzed_admin_frames_get_an_answer_or_a_close_while_another_client_reads(running: Running) -> None:
+    topic = running.add_topic(partitions=1)
+    address = running.broker.kafka_address
+    await asyncio.to_thread(kafka_produce, address, topic, rows(20, "admin-fuzz"), acks="all")
+    valid = admin_bodies()
+    assert valid, "no admin family is served"
+    for (key, version), body in valid.items():   # the unfuzzed frames are answered
+        assert await answer_or_close(address, request(key, version, 1, body)) == "answered", (key, version)
+    served: list[int] = []
+    stop = asyncio.Event()
+
+    async def bystander() -> None:
+        while not stop.is_set():
+            assert await fetch_records(address, topic, len(served) + 1) > 0
+            served.append(1)
+
+    reading = asyncio.ensure_future(bystander())
+    rng = random.Random(38)
+    frames = [(key, version, mutate(rng, valid[key, version]))
+              for key, version in (rng.choice(list(valid)) for _ in range(FRAMES))]
+    gate = asyncio.Semaphore(AT_ONCE)
+
+    async def one(key: int, version: int, body: bytes) -> str:
+        async with gate:
+            return await answer_or_close(address, request(key, version, 7, body))
+
+    outcomes = await asyncio.gather(*(one(*f) for f in frames))
+    stop.set()
+    await reading
+    assert len(outcomes) == FRAMES and "answered" in outcomes
+    assert served, "the other client was not served while the fuzzing went on"
+    assert await fetch_records(address, topic, 9999) > 0
