@@ -59,6 +59,14 @@ def check_ranges(obj: Any, where: str) -> None:
             raise ConfigError(f"{where}.{f.name} = {v!r} is out of range: must be {allowed_range(f)}")
 
 
+def check_choice(obj: Any, name: str, where: str) -> None:
+    """ConfigError unless the `Literal` field `name` of dataclass `obj` holds one of its values
+    (`build` checks what it loads; this catches a value set in code)."""
+    allowed = typing.get_args(typing.get_type_hints(type(obj))[name])
+    if getattr(obj, name) not in allowed:
+        raise ConfigError(f"{where}.{name} = {getattr(obj, name)!r} is not one of {', '.join(allowed)}")
+
+
 def check_files(obj: Any, where: str, names: tuple[str, ...]) -> None:
     """ConfigError naming the first of the path settings `names` of `obj` that is set but is no file."""
     for name in names:
@@ -219,8 +227,12 @@ class TopicConfig:
     retention_ms: int = setting(7 * 24 * 3_600_000, ge=1)
     retention_bytes: int | None = setting(None, ge=1)
     storage_group: str = DEFAULT_STORAGE_GROUP
+    # the codec of the Kafka batches memq frames this topic's own records in for Kafka readers
+    # (kafka_api.records); "auto" = broker.kafka_compression. Kafka producers' batches go as they came.
+    kafka_compression: Literal["auto", "none", "gzip", "snappy", "lz4", "zstd"] = "auto"
 
     def __post_init__(self) -> None:
+        check_choice(self, "kafka_compression", f"topic {self.name}")
         if not self.name or not all(c.isalnum() or c in "._-" for c in self.name):
             raise ConfigError(f"topic name {self.name!r}: use letters, digits, '.', '_', '-'")
         if self.storage_group and not _KEY_SEGMENT.fullmatch(self.storage_group):
@@ -311,6 +323,13 @@ class BrokerConfig:
     # Parts kept in memory for Kafka readers (memq.broker.read_cache): what the broker just stored
     # and what readers asked for, least recently used out first. 0 = keep nothing (a GET per read).
     read_cache_bytes: int = setting(256 * MiB, ge=0)
+    # The codec memq frames its own records in for Kafka readers, for topics that leave it "auto":
+    # gzip, the one every Kafka client decodes without a plug-in (kafkajs: gzip alone), measured
+    # in docs/DECISIONS.md ("Records for every reader").
+    kafka_compression: Literal["none", "gzip", "snappy", "lz4", "zstd"] = "gzip"
+
+    def __post_init__(self) -> None:
+        check_choice(self, "kafka_compression", "broker")
 
 
 @dataclass(frozen=True)

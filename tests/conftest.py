@@ -11,6 +11,7 @@ import pytest
 from memq.config import MemqConfig
 from memq.devcluster import DevCluster
 from tests.support import numba_cache
+from tests.support.kafkajs import kafkajs  # noqa: F401  (kafkajs installed with npm, for any test module)
 
 
 @pytest.fixture(scope="session")

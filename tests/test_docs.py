@@ -42,3 +42,16 @@ def test_the_scripts_and_examples_the_readme_runs_exist() -> None:
     named = set(re.findall(r"\b((?:scripts|examples)/[\w./-]+\.(?:sh|py))", text))
     assert {"scripts/dev.sh", "scripts/test.sh", "examples/spark_read.py"} <= named
     assert all((ROOT / path).is_file() for path in named), named
+
+
+def test_the_kafka_guide_lists_every_api_served_with_its_versions() -> None:
+    """docs/guides/kafka-clients.md's table of APIs is the Kafka door's table (`SERVED`), row for row."""
+    from memq.broker.doors.kafka import SERVED
+    from memq.kafka_api.protocol import ApiKey
+
+    text = (ROOT / "docs" / "guides" / "kafka-clients.md").read_text()
+    rows = re.findall(r"^\| `(\w+)` \| (\d+) \| v(\d+)(?:-v?(\d+))? \|", text, re.M)
+    listed = {int(key): (int(lo), int(hi or lo)) for _, key, lo, hi in rows}
+    assert listed == dict(SERVED), "the guide's API table and the door's SERVED differ"
+    names = {int(key): name for name, key, _, _ in rows}
+    assert all(ApiKey(k).name.replace("_", "").lower() == names[k].lower() for k in listed), names

@@ -6,7 +6,7 @@ partition read through this broker, with its most recent notifications in memory
 readers at the tail, of any number of groups, share one Kafka fetch; a notification this broker
 publishes lands there at once, `published`), then fetch each part
 through the hot-object cache (`ReadCache`: what this broker just stored, or one ranged GET per
-part however many readers want it), framed once as Kafka RecordBatches (`kafka_api.records`),
+part however many readers want it), framed once as Kafka RecordBatches (`kafka_api.records`) in the topic's codec (`framing_codec`),
 without the Messages already announced shortly before in its partition (`kafka_api.dedup`:
 their ids are kept per part in the cache, so a reader at the tail costs no extra GET).
 
@@ -27,9 +27,10 @@ from typing import Any, TypeVar
 
 from crc32c import crc32c
 
-from memq.config import KafkaConfig
+from memq.config import BrokerConfig, KafkaConfig, TopicConfig
 from memq.errors import CorruptDataError, FormatError, ObjectNotFoundError, OffsetOutOfRangeError
 from memq.format import Notification
+from memq.format.kafka_records import KafkaCodec
 from memq.kafka_api.dedup import WINDOW_NOTES, PartMessage, duplicates, part_messages
 from memq.kafka_api.offsets import first_offset, kafka_offset
 from memq.kafka_api.records import FramedPart, frame_part
@@ -51,6 +52,14 @@ TAIL_FETCH_WAIT_MS = 20    # how long the notification Kafka holds a tail's fetc
 WINDOW_WAIT_S = 5.0        # reading a dedup window's notifications (they exist: never a long wait)
 
 ConsumerFactory = Callable[[str], NotificationConsumer]   # for a notification topic
+Compression = Callable[[str], KafkaCodec]                # a memq topic's framing codec
+
+
+def framing_codec(topic: TopicConfig | None, broker: BrokerConfig) -> KafkaCodec:
+    """The codec memq frames a topic's own records in: the topic's `kafka_compression`, the
+    broker's for "auto" or a topic this broker has no settings of."""
+    name = topic.kafka_compression if topic is not None and topic.kafka_compression != "auto" else None
+    return KafkaCodec[(name or broker.kafka_compression).upper()]
 
 
 class PartitionTail:
@@ -191,11 +200,14 @@ def _retrieved(task: asyncio.Task[None]) -> None:
 
 class Reads:
     """What a fetch door asks of the core. `consumers` makes a notification topic's consumer
-    (default: an assigned `NotificationConsumer`, auto.offset.reset = error)."""
+    (default: an assigned `NotificationConsumer`, auto.offset.reset = error); `compression`
+    gives a topic's framing codec (default: the broker default's)."""
 
     def __init__(self, kafka: KafkaConfig, storage: StorageHandler, cache: ReadCache, metrics: BrokerMetrics,
-                 *, broker_id: str, consumers: ConsumerFactory | None = None) -> None:
+                 *, broker_id: str, consumers: ConsumerFactory | None = None,
+                 compression: Compression | None = None) -> None:
         self._storage = storage
+        self._compression = compression or (lambda _topic: framing_codec(None, BrokerConfig()))
         self.cache = cache
         self._m = metrics
         self._consumers = consumers or (lambda topic: NotificationConsumer(
@@ -364,10 +376,12 @@ class Reads:
         return messages, 64 + 96 * len(messages)
 
     async def part(self, note: Notification, drop: frozenset[int] = frozenset()) -> FramedPart:
-        """The part `note` announces, as Kafka RecordBatches without the Messages at the indexes
-        in `drop` (CorruptDataError if damaged)."""
+        """The part `note` announces, as Kafka RecordBatches in its topic's codec without the
+        Messages at the indexes in `drop` (CorruptDataError if damaged). Framed per codec: a
+        topic whose codec changed is framed anew."""
         where = (note.bucket, note.key, note.offset)
-        return await self.cache.get(("framed", *where, drop), lambda: self._frame(note, drop))
+        codec = self._compression(note.topic)
+        return await self.cache.get(("framed", *where, drop, codec), lambda: self._frame(note, drop, codec))
 
     async def _raw(self, note: Notification) -> bytes:
         """The part's bytes (one GET however many ask), checked against its notification."""
@@ -377,9 +391,10 @@ class Reads:
                                    "differs from its notification")
         return raw
 
-    async def _frame(self, note: Notification, drop: frozenset[int]) -> tuple[FramedPart, int]:
+    async def _frame(self, note: Notification, drop: frozenset[int], codec: KafkaCodec) -> tuple[FramedPart, int]:
         raw = await self._raw(note)
-        framed = await asyncio.to_thread(frame_part, raw, drop) if len(raw) > 64 * 1024 else frame_part(raw, drop)
+        framed = (await asyncio.to_thread(frame_part, raw, drop, codec) if len(raw) > 64 * 1024
+                  else frame_part(raw, drop, codec))
         self.cache.discard(("part", note.bucket, note.key, note.offset))   # framed once: the batches are what readers get
         return framed, framed.nbytes
 

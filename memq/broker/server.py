@@ -24,6 +24,7 @@ from memq.audit.emitter import AuditEmitter, make_audit_sink
 from memq.clock import Clock, SystemClock
 from memq.config import MemqConfig, TopicConfig
 from memq.errors import NotifyError
+from memq.format.kafka_records import KafkaCodec
 from memq.format.metadata import BrokerMetadata, ClusterMetadata, ClusterView, StorageMetadata, TopicMetadata
 from memq.format.wire import AckCode
 from memq.governor.registry import Registry
@@ -42,7 +43,7 @@ from .metrics import BrokerMetrics
 from .group import GroupWriters, Publisher
 from .processor import TopicProcessor
 from .read_cache import ReadCache
-from .reads import Reads
+from .reads import Reads, framing_codec
 from .share.metrics import register as register_share_metrics
 from .share.service import Shares
 from .share.store import MemoryStateStore, ShareStateStore, ZooKeeperStateStore
@@ -106,7 +107,7 @@ class Broker:
         if self._admin is None:
             self._admin = TopicAdmin(self.config.kafka)
         self._reads = Reads(self.config.kafka, self._storage, ReadCache(bc.read_cache_bytes, self.metrics),
-                            self.metrics, broker_id=self.broker_id)
+                            self.metrics, broker_id=self.broker_id, compression=self._framing_codec)
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((bc.host, bc.port))
@@ -237,6 +238,13 @@ class Broker:
 
     def processor(self, topic: str) -> TopicProcessor | None:
         return self._processors.get(topic)
+
+    def _framing_codec(self, topic: str) -> KafkaCodec:
+        """The codec a topic's own records go to Kafka readers in: as hosted here, else as the
+        config file says, else the broker default (a topic read here but hosted elsewhere)."""
+        p = self._processors.get(topic)
+        cfg = p.config if p is not None else next((t for t in self.config.topics if t.name == topic), None)
+        return framing_codec(cfg, self.config.broker)
 
     def where_is(self, topic: str) -> tuple[AckCode, str, tuple[str, ...]]:
         """The error ack for a topic not hosted here: (code, reason, brokers that host it)."""

@@ -19,8 +19,9 @@ commit metadata to carry the state in).
 
 The Consumer coordinates its parts, each with one job: `prefetch` (what to fetch ahead
 within the byte budget), `handover` (what `poll()` returns, duplicates dropped),
-`position_policy` (offset-range resets, expiry versus data loss), `commits`, and
-`random_access` (`read()`); `positions` keeps the offsets.
+`position_policy` (offset-range resets, expiry versus data loss, with `log_start`: where
+DeleteRecords moved a partition's start, as the metadata said when the Consumer was made),
+`commits`, and `random_access` (`read()`); `positions` keeps the offsets.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from memq.client.cluster import resolve, resolve_topic
 from memq.client.commits import Committer
 from memq.client.consumer_record import ConsumerRecord, DecodedBatch, batch_pointer, build_records
 from memq.client.handover import ConsumedSink, Handover
+from memq.client.log_start import LogStarts, trim
 from memq.client.metrics import ConsumerMetrics
 from memq.client.position_policy import PositionPolicy, RangeCheck
 from memq.client.positions import Offsets, SequenceTracker
@@ -104,9 +106,11 @@ class Consumer:
         config = resolved.config
         kafka_topic = resolved.topic.notification_topic
         self._offsets = Offsets()
+        self._starts = LogStarts.of(resolved.topic.log_start)
         self._policy = PositionPolicy(topic, kafka_topic, cc.group_id, cc.auto_offset_reset,
                                       resolved.topic.retention_ms,
-                                      DataLossPolicy(skip=cc.on_data_loss == "skip", logger=log, hint=""))
+                                      DataLossPolicy(skip=cc.on_data_loss == "skip", logger=log, hint=""),
+                                      self._starts)
         self._ranges = RangeCheck(self._policy)
         self._prefetch = Prefetch(PrefetchBudget(cc.prefetch_bytes), self._submit)
         self._handover = Handover(
@@ -202,7 +206,17 @@ class Consumer:
             self.metrics.data_loss_skipped += 1
 
     def _submit(self, rec: NotificationRecord) -> concurrent.futures.Future[DecodedBatch]:
-        return self._reader.submit(batch_pointer(self.topic, rec), partial(build_records, self.topic, rec))
+        if self._starts.deleted(rec.partition, rec.offset):   # not fetched: lost as expired (position_policy)
+            gone: concurrent.futures.Future[DecodedBatch] = concurrent.futures.Future()
+            gone.set_exception(DataLossError(
+                f"batch of topic {self.topic} at notification {rec.offset} of read partition {rec.partition} is "
+                f"before the partition's log start {self._starts.first_note(rec.partition)}",
+                topic=self.topic, partition=rec.partition, offset=rec.offset))
+            return gone
+        build = partial(build_records, self.topic, rec)
+        skip = self._starts.skip(rec.partition, rec.offset)
+        return self._reader.submit(batch_pointer(self.topic, rec),
+                                   (lambda decoded: trim(build(decoded), skip)) if skip else build)
 
     def _finish(self, f: Fetch) -> None:
         """`f` is fully handed over (or skipped): its offset may be committed."""
@@ -250,7 +264,7 @@ class Consumer:
 
     def seek_to_beginning(self, partitions: Iterable[int] | None = None) -> None:
         for p in self.assignment() if partitions is None else partitions:
-            self.seek(p, self._notify.watermarks(p)[0])
+            self.seek(p, max(self._notify.watermarks(p)[0], self._starts.first_note(p)))
 
     def seek_to_end(self, partitions: Iterable[int] | None = None) -> None:
         for p in self.assignment() if partitions is None else partitions:

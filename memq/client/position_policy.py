@@ -4,7 +4,9 @@
 A committed position outside the retained notifications follows `consumer.auto_offset_reset`
 (Kafka's OffsetOutOfRange; checked by the Consumer, since not every Kafka reports it: tansu
 reads nothing), and a missing object older than the topic's retention expired (counted, never
-data loss); any other missing or corrupt batch follows `consumer.on_data_loss`.
+data loss); any other missing or corrupt batch follows `consumer.on_data_loss`. A log start
+DeleteRecords moved (`log_start`) counts as retention: a position before it is out of range, a
+batch before it expired.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
+from memq.client.log_start import LogStarts
 from memq.client.positions import is_expired, out_of_range
 from memq.client.reader import DataLossPolicy
 from memq.errors import DataLossError, ObjectNotFoundError, OffsetOutOfRangeError
@@ -41,6 +44,7 @@ class PositionPolicy:
     auto_offset_reset: Literal["earliest", "latest", "error"]
     retention_ms: int | None               # None: no missing object counts as expired
     loss: DataLossPolicy
+    log_starts: LogStarts = LogStarts()    # where DeleteRecords moved each partition's start
 
     def reset(self, partition: int, committed: int, low: int, high: int) -> Reset | None:
         """Where a committed position outside the retained notifications [low, high) goes;
@@ -64,16 +68,19 @@ class PositionPolicy:
         older than the topic's retention) or "skipped" (data loss, consumer.on_data_loss =
         skip). Raises `e` for data loss to raise, OffsetOutOfRangeError for an expired batch
         when auto_offset_reset = error."""
+        deleted = self.log_starts.deleted(rec.partition, rec.offset)
         missing = isinstance(e.__cause__, ObjectNotFoundError)
-        if not is_expired(missing, rec.timestamp_ms, now_ms, self.retention_ms):
+        if not deleted and not is_expired(missing, rec.timestamp_ms, now_ms, self.retention_ms):
             self.loss.handle(e)
             return "skipped"
-        self.loss.logger.info("%s; expired (older than the topic's retention of %s ms), skipped", e, self.retention_ms)
+        why = ("before the partition's log start (DeleteRecords)" if deleted
+               else f"older than the topic's retention ({self.retention_ms} ms)")
+        self.loss.logger.info("%s; expired (%s), skipped", e, why)
         if self.auto_offset_reset == "error":
             raise OffsetOutOfRangeError(
-                f"topic {self.topic}: {e}: older than the topic's retention ({self.retention_ms} ms); "
-                f"consumer.auto_offset_reset = error", topic=self.topic, partition=rec.partition,
-                offset=rec.offset, oldest=rec.offset + 1) from e
+                f"topic {self.topic}: {e}: {why}; consumer.auto_offset_reset = error", topic=self.topic,
+                partition=rec.partition, offset=rec.offset,
+                oldest=max(rec.offset + 1, self.log_starts.first_note(rec.partition))) from e
         return "expired"
 
 
@@ -109,8 +116,10 @@ class RangeCheck:
         for p, committed in positions.items():
             if committed is None:           # nothing committed: Kafka's reset policy applies anyway
                 continue
+            low, high = log.watermarks(p)
+            low = max(low, self.policy.log_starts.first_note(p))   # DeleteRecords cuts like retention
             try:
-                reset = self.policy.reset(p, committed, *log.watermarks(p))
+                reset = self.policy.reset(p, committed, low, max(high, low))
             except OffsetOutOfRangeError:
                 self._unchecked.update(q for q in positions if q >= p)
                 raise

@@ -4,7 +4,8 @@ A Kafka producer's batch is stored unchanged as the body of one memq Message tag
 `Codec.KAFKA` (see `kafka_message_header`), so the broker only checks the fixed header and
 the batch's own CRC32C (`verify_kafka_batch`); readers decode records with
 `decode_kafka_records`; `encode_kafka_batch` frames memq-produced records for Kafka readers
-(`without_compression` undoes a codec for readers that cannot take it). Layout (big-endian,
+in any of Kafka's codecs (`compress_records`; `without_compression` undoes a codec for
+readers that cannot take it). Layout (big-endian,
 Kafka's `DefaultRecordBatch`): base offset i64, batch length i32, partition leader epoch i32,
 magic i8 (=2), CRC32C u32 of every byte after it, attributes i16 (bits 0-2 codec, 3 timestamp type, 4 transactional, 5 control), last
 offset delta i32, base/max timestamp i64, producer id i64, producer epoch i16, base sequence
@@ -43,6 +44,13 @@ _CONTROL = 0x20
 _TRANSACTIONAL = 0x10
 _LOG_APPEND_TIME = 0x08
 _ZSTD_CHUNK = 1 << 20
+_XERIAL_VERSION = b"\0\0\0\x01\0\0\0\x01"   # version 1, compatible with 1 (what snappy-java writes)
+_XERIAL_BLOCK = 32 * 1024                  # snappy-java's block size
+#: Framing levels (memq's own records, `encode_kafka_batch`): the fastest, as a part is framed on
+#: the read path (docs/DECISIONS.md, "Records for every reader").
+GZIP_LEVEL = 1
+ZSTD_LEVEL = 1
+LZ4_LEVEL = 1    # lz4 fast mode (cramjam's default, 4, is high compression: 12x the CPU for 10% fewer bytes)
 
 
 class KafkaCodec(IntEnum):
@@ -298,11 +306,13 @@ class _Records:
             raise CorruptDataError(f"Kafka record header key is not UTF-8: {exc}") from exc
 
 
-def encode_kafka_batch(records: Sequence[LogMessage], compressor: zstandard.ZstdCompressor | None = None) -> bytes:
+def encode_kafka_batch(records: Sequence[LogMessage], codec: KafkaCodec = KafkaCodec.NONE, *,
+                       zstd: zstandard.ZstdCompressor | None = None) -> bytes:
     """One RecordBatch v2 of `records` (base offset 0, record i at offset delta i, CreateTime,
     no producer ids): how memq-produced records are served to Kafka readers, whose Fetch
-    rewrites the base offset (it lies outside the CRC). With `compressor` the records are
-    zstd-compressed when that saves at least 5% (random values go out as they are)."""
+    rewrites the base offset (it lies outside the CRC). The records are compressed with `codec`
+    when that saves at least 5% (random values go out as they are); a caller framing many
+    batches passes its `zstd` context (building one costs more than compressing a small batch)."""
     if not records:
         raise InvalidInputError("a Kafka record batch needs at least one record")
     base_ts = min(r.timestamp_ms for r in records)
@@ -320,11 +330,35 @@ def encode_kafka_batch(records: Sequence[LogMessage], compressor: zstandard.Zstd
             _put_bytes(rec, value)
         body += _varint(len(rec))
         body += rec
-    if compressor is not None:
-        packed = compressor.compress(body)
+    if codec is not KafkaCodec.NONE:
+        packed = compress_records(codec, body, zstd)
         if len(packed) * 20 <= len(body) * 19:
-            return _batch(KafkaCodec.ZSTD, len(records), base_ts, max_ts, packed)
+            return _batch(codec, len(records), base_ts, max_ts, packed)
     return _batch(KafkaCodec.NONE, len(records), base_ts, max_ts, body)
+
+
+def compress_records(codec: KafkaCodec, raw: bytes | bytearray, zstd: zstandard.ZstdCompressor | None = None
+                     ) -> bytes:
+    """`raw` records compressed as Kafka's clients expect `codec`: gzip in a gzip container,
+    snappy in the Java client's xerial framing (what every client decodes; librdkafka and
+    kafka-python also take raw snappy, the Java client does not), lz4 as an LZ4 frame of
+    independent 64 KiB blocks (KIP-57; the Java client rejects linked blocks), zstd as one frame."""
+    if codec is KafkaCodec.GZIP:
+        z = zlib.compressobj(GZIP_LEVEL, wbits=31)
+        return z.compress(raw) + z.flush()
+    if codec is KafkaCodec.SNAPPY:
+        out = bytearray(_XERIAL_MAGIC + _XERIAL_VERSION)
+        for at in range(0, len(raw), _XERIAL_BLOCK):
+            block = bytes(cramjam.snappy.compress_raw(raw[at:at + _XERIAL_BLOCK]))
+            out += _BLOCK_LEN.pack(len(block)) + block
+        return bytes(out)
+    if codec is KafkaCodec.LZ4:
+        lz4 = cramjam.lz4.Compressor(level=LZ4_LEVEL, content_checksum=False, block_linked=False)
+        lz4.compress(bytes(raw))
+        return bytes(lz4.finish())
+    if codec is KafkaCodec.ZSTD:
+        return (zstd or zstandard.ZstdCompressor(level=ZSTD_LEVEL)).compress(raw)
+    return bytes(raw)
 
 
 def without_compression(buf: Buffer) -> bytes:

@@ -39,6 +39,8 @@ class TopicMetadata:
     brokers: tuple[str, ...] = ()
     retention_ms: int | None = None      # readers count objects older than this as expired, not lost
     storage_group: str = ""              # "" = objects of its own (the s3list read mode needs that)
+    log_start: tuple[tuple[int, int], ...] = ()   # (partition, Kafka offset) DeleteRecords moved it to:
+                                                  # readers get nothing before it (as expired)
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,7 +100,8 @@ class ClusterMetadata:
                         for b in self.brokers],
             "topics": {name: {"brokers": list(t.brokers), "notification_topic": t.notification_topic,
                               "read_partitions": t.read_partitions, "retention_ms": t.retention_ms,
-                              "storage_group": t.storage_group}
+                              "storage_group": t.storage_group,
+                              **({"log_start": {str(p): o for p, o in t.log_start}} if t.log_start else {})}
                        for name, t in self.topics.items()},
             "refused": {name: {"principal": r.principal, "operation": r.operation} for name, r in self.refused.items()},
             "kafka": {"bootstrap_servers": self.kafka_bootstrap_servers},
@@ -157,9 +160,16 @@ def _topic(name: str, doc: object) -> TopicMetadata:
     retention = t.get("retention_ms")
     if retention is not None and (type(retention) is not int or retention < 1):
         raise CorruptDataError(f"{where}: retention_ms is {retention!r}, want a positive int or null")
+    starts = _obj(t.get("log_start", {}), f"{where} log_start")
+    try:
+        log_start = tuple(sorted((int(p), o) for p, o in starts.items()))
+    except ValueError:
+        raise CorruptDataError(f"{where}: log_start keys must be partition numbers, not {list(starts)}") from None
+    if not all(type(o) is int and o >= 0 and p >= 0 for p, o in log_start):
+        raise CorruptDataError(f"{where}: log_start is {dict(starts)!r}, want partition -> offset >= 0")
     return TopicMetadata(name=name, notification_topic=_str(t, "notification_topic", where),
                          read_partitions=partitions, brokers=tuple(u.rstrip("/") for u in urls), retention_ms=retention,
-                         storage_group=_str(t, "storage_group", where, ""))
+                         storage_group=_str(t, "storage_group", where, ""), log_start=log_start)
 
 
 def _refusal(name: str, doc: object) -> TopicRefusal:

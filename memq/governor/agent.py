@@ -167,7 +167,8 @@ class BrokerAgent:
             brokers=tuple(BrokerMetadata(b.id, b.url, b.rack, b.max_frame_bytes, b.kafka_address)
                           for b in view.brokers.values()),
             topics={name: TopicMetadata(name, cfg.notification_topic_for(cluster), cfg.read_partitions,
-                                        tuple(view.topic_urls(name)), cfg.retention_ms, cfg.storage_group)
+                                        tuple(view.topic_urls(name)), cfg.retention_ms, cfg.storage_group,
+                                        tuple(sorted(view.log_starts.get(name, {}).items())))
                     for name, cfg in view.topics.items()})
 
     # --- internals -------------------------------------------------------------------------

@@ -6,6 +6,8 @@ Layout under `<zookeeper.root>/<cluster>`:
   topics/<name>      persistent, JSON TopicConfig
   assignments/<name> persistent, JSON {"brokers": [ids]}, written only by the governor
   drain/<id>         persistent flag: the governor moves every topic off that broker
+  log_starts/<name>  persistent, JSON {"partitions": {"<p>": Kafka offset}}: where DeleteRecords
+                     moved each partition's log start (only ever forward; gone with the topic)
   governor/          kazoo Lock: its first contender is the governor
 
 Every call has a timeout (`ZooKeeperConfig.connect_timeout_s`) and kazoo failures become
@@ -52,6 +54,7 @@ class ClusterState:
     topics: dict[str, TopicConfig]
     assignments: dict[str, tuple[str, ...]]
     unhealthy: dict[str, str] = field(default_factory=dict)   # broker id -> why it cannot serve
+    log_starts: dict[str, dict[int, int]] = field(default_factory=dict)   # topic -> partition -> Kafka offset
 
     def topic_urls(self, topic: str) -> list[str]:
         """URLs of the live brokers assigned `topic`, in assignment order."""
@@ -74,6 +77,22 @@ def topic_from_json(data: bytes, where: str) -> TopicConfig:
     except ConfigError as e:
         raise CoordinationError(str(e)) from None
     return cfg
+
+
+def log_starts_from_json(data: bytes, where: str) -> dict[int, int]:
+    """A topic's log starts znode: {partition: Kafka offset}."""
+    try:
+        parts = json.loads(data)["partitions"]
+        out = {int(p): int(o) for p, o in parts.items()}
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        raise CoordinationError(f"{where}: log starts are not {{\"partitions\": {{p: offset}}}}: {e}") from None
+    if any(p < 0 or o < 0 for p, o in out.items()):
+        raise CoordinationError(f"{where}: a negative partition or offset in {out}")
+    return out
+
+
+def log_starts_to_json(starts: dict[int, int]) -> bytes:
+    return json.dumps({"partitions": {str(p): o for p, o in sorted(starts.items())}}).encode()
 
 
 class Registry:
@@ -108,6 +127,10 @@ class Registry:
         return f"{self.base}/drain"
 
     @property
+    def log_starts_path(self) -> str:
+        return f"{self.base}/log_starts"
+
+    @property
     def election_path(self) -> str:
         return f"{self.base}/governor"
 
@@ -120,7 +143,7 @@ class Registry:
             raise CoordinationError(f"ZooKeeper {self.zk.hosts}: no connection within "
                                     f"{self.timeout_s:g}s (zookeeper.connect_timeout_s)") from None
         for path in (self.brokers_path, self.topics_path, self.assignments_path,
-                     self.drain_path, self.election_path):
+                     self.drain_path, self.log_starts_path, self.election_path):
             self._wait(self.client.ensure_path_async(path), path)
         return self
 
@@ -305,13 +328,20 @@ class Registry:
         self._wrote(path)
 
     def delete_topic(self, name: str) -> None:
-        """Delete the topic; the governor then drops its assignment and brokers stop it."""
+        """Delete the topic and its log starts (a topic created again under the name starts at
+        offset 0); the governor then drops its assignment and brokers stop it."""
         path = f"{self.topics_path}/{name}"
         try:
             self._wait(self.client.delete_async(path), path)
         except NoNodeError:
             raise UnknownTopicError(f"topic {name} does not exist") from None
         self._wrote(path)
+        starts = f"{self.log_starts_path}/{name}"
+        try:
+            self._wait(self.client.delete_async(starts), starts)
+        except NoNodeError:
+            pass
+        self._wrote(starts)
 
     def topic(self, name: str) -> TopicConfig:
         path = f"{self.topics_path}/{name}"
@@ -333,6 +363,50 @@ class Registry:
             if cfg is not None:
                 out[name] = cfg
         return out
+
+    # --- log starts (DeleteRecords) ---------------------------------------------------------
+    def log_starts(self, watch: Watch | None = None) -> dict[str, dict[int, int]]:
+        """Per topic, the partitions whose log start DeleteRecords moved: {partition: Kafka offset}."""
+        self._subscribe(watch)
+        out: dict[str, dict[int, int]] = {}
+        for name in self._cached_children(self.log_starts_path):
+            path = f"{self.log_starts_path}/{name}"
+            try:
+                starts = self._cached_data(path, functools.partial(log_starts_from_json, where=path))
+            except CoordinationError as e:
+                log.error("ignoring %s", e)
+                continue
+            if starts:
+                out[name] = starts
+        return out
+
+    def move_log_starts(self, topic: str, wanted: dict[int, int]) -> dict[int, int]:
+        """Move `topic`'s log starts forward to `wanted` (a partition's start never goes back);
+        all of its partitions' starts after the move. A compare-and-set on the znode's version,
+        so concurrent moves from several brokers all land."""
+        path = f"{self.log_starts_path}/{topic}"
+        for _ in range(10):
+            try:
+                data, stat = self._wait(self.client.get_async(path), path)
+            except NoNodeError:
+                merged = dict(wanted)
+                try:
+                    self._wait(self.client.create_async(path, log_starts_to_json(merged)), path)
+                except NodeExistsError:
+                    continue
+                self._wrote(path)
+                return merged
+            current = log_starts_from_json(bytes(data or b""), path)
+            merged = current | {p: max(o, current.get(p, 0)) for p, o in wanted.items()}
+            if merged == current:
+                return current
+            try:
+                self._wait(self.client.set_async(path, log_starts_to_json(merged), version=stat.version), path)
+            except (BadVersionError, NoNodeError):
+                continue
+            self._wrote(path)
+            return merged
+        raise CoordinationError(f"{path}: log starts changed under 10 attempts to move them; try again")
 
     # --- assignments ---------------------------------------------------------------------
     def assignments(self, watch: Watch | None = None) -> dict[str, tuple[str, ...]]:
@@ -384,7 +458,7 @@ class Registry:
 
     def snapshot(self, watch: Watch | None = None) -> ClusterState:
         brokers, unhealthy = self._brokers(watch)
-        return ClusterState(brokers, self.topics(watch), self.assignments(watch), unhealthy)
+        return ClusterState(brokers, self.topics(watch), self.assignments(watch), unhealthy, self.log_starts(watch))
 
     # --- governor ------------------------------------------------------------------------
     def governor(self) -> str | None:

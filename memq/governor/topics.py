@@ -3,7 +3,9 @@
 The topic znode is the source of truth; its Kafka notification topic is created first (with
 `read_partitions` partitions and `retention.ms` = the topic's `retention_ms`), so a broker
 that is assigned the topic can publish at once. Altering `retention_ms` alters `retention.ms`
-first, so pointers never live longer than the objects the janitor keeps for them.
+first, so pointers never live longer than the objects the janitor keeps for them; growing
+`read_partitions` grows the notification topic first (Kafka's CreatePartitions), so a broker
+restarting the topic with more partitions finds them there. Read partitions never shrink.
 """
 
 from __future__ import annotations
@@ -28,12 +30,13 @@ class NotificationTopics(Protocol):
     def create_topic(self, name: str, partitions: int, *, retention_ms: int | None = None) -> None: ...
     def partitions(self, name: str) -> int: ...
     def set_retention(self, name: str, retention_ms: int) -> None: ...
+    def create_partitions(self, name: str, total: int) -> None: ...
     def delete_topic(self, name: str) -> None: ...
 
 
-FIXED_FIELDS = ("read_partitions", "notification_topic")
-"""Settings alter cannot change: Kafka cannot shrink partitions, and consumers follow the
-notification topic by name."""
+FIXED_FIELDS = ("notification_topic",)
+"""Settings alter cannot change: consumers follow the notification topic by name (and
+`read_partitions` only grows: Kafka cannot shrink partitions)."""
 
 
 class TopicManager:
@@ -92,6 +95,11 @@ class TopicManager:
         fixed = [f for f in FIXED_FIELDS if getattr(cfg, f) != getattr(current, f)]
         if fixed:
             raise InvalidInputError(f"topic {name}: {', '.join(fixed)} cannot be altered")
+        if cfg.read_partitions < current.read_partitions:
+            raise InvalidInputError(f"topic {name}: read_partitions cannot shrink ({current.read_partitions} -> "
+                                    f"{cfg.read_partitions}): Kafka cannot remove partitions")
+        if cfg.read_partitions > current.read_partitions:
+            self.kafka.create_partitions(cfg.notification_topic_for(self.cluster), cfg.read_partitions)
         if cfg.retention_ms != current.retention_ms:
             self.kafka.set_retention(cfg.notification_topic_for(self.cluster), cfg.retention_ms)
         self.registry.alter_topic(cfg)

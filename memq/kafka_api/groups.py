@@ -494,3 +494,93 @@ def encode_delete_groups(h: RequestHeader, results: Sequence[tuple[str, int]]) -
     for group, error in results:
         w.nullable_string(group).i16(error)
     return w.frame()
+
+
+def rejoin_as(h: RequestHeader, response: bytes) -> str | None:
+    """The member id to join again with, when a coordinator answered a JoinGroup v0-3 (`response`,
+    size-prefixed) MEMBER_ID_REQUIRED: an answer Kafka gives only from v4 on (KIP-394), which such
+    a member cannot act on (it retries with no id, forever). None for any other answer."""
+    if h.api_key != ApiKey.JOIN_GROUP or h.api_version >= 4:
+        return None
+    r = Reader(response, 8)   # size, correlation id
+    if h.api_version >= 2:
+        r.i32()               # throttle time
+    if r.i16() != ErrorCode.MEMBER_ID_REQUIRED:
+        return None
+    r.i32()
+    r.string()
+    r.string()                # generation, protocol, leader
+    member = r.string()
+    return member or None
+
+
+def with_member_id(h: RequestHeader, request: bytes, member: str) -> bytes:
+    """The size-prefixed JoinGroup v0-5 `request` (as relayed: group already mapped) with its
+    member id replaced by `member`."""
+    r = Reader(request, 4)
+    r.i16()
+    r.i16()
+    r.i32()
+    r.nullable_string()       # api key, version, correlation id, client id
+    r.string()
+    r.i32()                   # group, session timeout
+    if h.api_version >= 1:
+        r.i32()               # rebalance timeout
+    at = r.pos
+    r.string()
+    raw = member.encode()
+    out = request[4:at] + _I16.pack(len(raw)) + raw + request[r.pos:]
+    return _SIZE.pack(len(out)) + out
+
+
+@dataclass(frozen=True, slots=True)
+class OffsetDelete:
+    """An OffsetDelete (v0) request: the group and the (topic, partitions) whose offsets go."""
+
+    group: str
+    topics: tuple[tuple[str, tuple[int, ...]], ...]
+
+
+def decode_offset_delete(r: Reader) -> OffsetDelete:
+    group = r.string()
+    topics = []
+    for _ in range(r.count()):
+        name = r.string()
+        topics.append((name, tuple(r.i32() for _ in range(r.count()))))
+    r.done()
+    return OffsetDelete(group, tuple(topics))
+
+
+def offset_delete_commit(correlation_id: int, client_id: str, group: str, topics: dict[str, list[int]]) -> bytes:
+    """An OffsetCommit v2 request (size-prefixed) that deletes (mapped) `group`'s offsets of
+    `topics` (notification topics) by committing -1, Kafka's "no committed offset", with no
+    generation: any coordinator takes it (tansu serves no OffsetDelete), only for a group with
+    no members (an active one answers UNKNOWN_MEMBER_ID), and every client then starts from its
+    `auto.offset.reset` as after an OffsetDelete."""
+    w = Writer(0)
+    w.out[4:8] = struct.pack(">hh", ApiKey.OFFSET_COMMIT, 2)
+    w.i32(correlation_id).nullable_string(client_id).nullable_string(group)
+    w.i32(-1).nullable_string("").i64(-1).i32(len(topics))   # generation, member id, retention time
+    for name, parts in topics.items():
+        w.nullable_string(name).i32(len(parts))
+        for p in parts:
+            w.i32(p).i64(-1).nullable_string("")
+    return w.frame()
+
+
+#: What an OffsetCommit error means to an OffsetDelete: the group has members (Kafka then keeps
+#: the offsets of the topics they are subscribed to).
+_DELETE_ERRORS: dict[int, int] = {ErrorCode.UNKNOWN_MEMBER_ID: ErrorCode.GROUP_SUBSCRIBED_TO_TOPIC,
+                                  ErrorCode.ILLEGAL_GENERATION: ErrorCode.GROUP_SUBSCRIBED_TO_TOPIC}
+
+
+def encode_offset_delete(h: RequestHeader, error: int, topics: Sequence[tuple[str, Sequence[tuple[int, int]]]]
+                         ) -> bytes:
+    """An OffsetDelete v0 response: the group's error, then each (topic, [(partition, error)]);
+    an OffsetCommit error is mapped to what OffsetDelete says for it (`_DELETE_ERRORS`)."""
+    w = Writer(h.correlation_id).i16(error).i32(0).i32(len(topics))
+    for name, parts in topics:
+        w.nullable_string(name).i32(len(parts))
+        for p, e in parts:
+            w.i32(p).i16(_DELETE_ERRORS.get(e, e))
+    return w.frame()

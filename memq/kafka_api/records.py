@@ -2,23 +2,18 @@
 
 `frame_part` turns a part (one topic's Batch) into batches once: a Kafka-produced Message
 (Codec.KAFKA) is its producer's RecordBatch, served as stored; each run of memq-produced
-Messages (any other codec) is decoded and framed as zstd-compressed batches of about
-`FRAMED_BATCH_BYTES` of records. Each batch keeps the index of its first record in the part,
+Messages (any other codec) is decoded and framed as batches of about `FRAMED_BATCH_BYTES` of
+records, compressed in the codec the broker passes (the topic's `kafka_compression`, see
+`memq.broker.reads.framing_codec`). Each batch keeps the index of its first record in the part,
 so `place` writes a Kafka offset into its base offset field (outside the batch CRC) as it is
 copied into a Fetch response, and the partition leader epoch as -1 (unknown, as memq's
-Metadata says); a reader whose Fetch version predates zstd (KIP-110: v10) gets such batches
+Metadata says); a reader whose Fetch version predates zstd (KIP-110: v10) gets zstd batches
 decompressed as they are placed.
 
-Why zstd: of Kafka's codecs it compresses best for its CPU, and every client decodes it
-(librdkafka, Java, kafka-python, aiokafka; kafkajs with a codec registered); memq's Producer
-already uses it (the `zstandard` library). Measured framing one part of 20,000 records of
-100 B (before: uncompressed batches of 1 MiB; now: zstd level 1, batches of 128 KiB of
-records): bytes on the wire and in the read cache 1.9x fewer for hex values (the bench's),
-10x fewer for JSON log lines, 1.07x for random bytes, for 0-6% more framing CPU (paid once
-per part per broker, whatever the readers); a confluent-kafka consumer reads as fast (269k
-msg/s against 265k before, best of 6, one partition on loopback). Batches of 1 MiB compressed,
-by contrast, cost librdkafka ~40% of its read rate (155k msg/s), hence the smaller batches;
-level 3 took twice the compression CPU of level 1 on 128 KiB batches for 10% fewer bytes.
+Which codec by default: gzip, the one every tested client decodes without a plug-in (kafkajs
+decodes gzip alone; kafka-python needs extra libraries for snappy and lz4); measured by
+`python -m bench kafka_framing` (docs/DECISIONS.md, "Records for every reader"). Batches of
+1 MiB compressed cost librdkafka ~40% of its read rate against 128 KiB ones, hence the size.
 """
 
 from __future__ import annotations
@@ -30,8 +25,8 @@ import zstandard
 
 from memq.errors import CorruptDataError
 from memq.format import Codec, LogMessage, decode_batch_header, decode_message, decode_message_header
-from memq.format.kafka_records import (KafkaCodec, encode_kafka_batch, peek_kafka_batch, verify_kafka_batch,
-                                       without_compression)
+from memq.format.kafka_records import (ZSTD_LEVEL, KafkaCodec, encode_kafka_batch, peek_kafka_batch,
+                                       verify_kafka_batch, without_compression)
 
 from .offsets import kafka_offset
 
@@ -40,7 +35,6 @@ from .offsets import kafka_offset
 #: batch larger than a client accepts (librdkafka: receive.message.max.bytes), and librdkafka
 #: reads compressed batches of this size as fast as uncompressed ones of 1 MiB (see above).
 FRAMED_BATCH_BYTES = 128 * 1024
-ZSTD_LEVEL = 1
 RECORD_OVERHEAD = 16   # a record's framing beside its key and value, roughly (headers add theirs)
 _BASE = struct.Struct(">q")
 _EPOCH_AT = 12
@@ -65,11 +59,17 @@ class FramedPart:
         return sum(len(b.data) for b in self.batches)
 
 
-def frame_part(part: bytes | memoryview, drop: frozenset[int] = frozenset()) -> FramedPart:
+def frame_part(part: bytes | memoryview, drop: frozenset[int] = frozenset(),
+               codec: KafkaCodec = KafkaCodec.ZSTD) -> FramedPart:
     """The part's records as RecordBatches, but for those of the Messages at the indexes in
-    `drop` (`kafka_api.dedup`: left as a gap, no batch spans it); CorruptDataError (a
-    FormatError) on bad bytes."""
-    zstd = zstandard.ZstdCompressor(level=ZSTD_LEVEL)   # one per call: frame_part runs on any thread
+    `drop` (`kafka_api.dedup`: left as a gap, no batch spans it), memq-produced records
+    compressed with `codec` (the topic's `kafka_compression`); CorruptDataError (a FormatError)
+    on bad bytes."""
+    zstd = zstandard.ZstdCompressor(level=ZSTD_LEVEL) if codec is KafkaCodec.ZSTD else None   # one per call:
+    # frame_part runs on any thread
+
+    def batch(run: list[LogMessage]) -> bytes:
+        return encode_kafka_batch(run, codec, zstd=zstd)
     view = memoryview(part)
     header = decode_batch_header(view)
     out: list[FramedBatch] = []
@@ -80,7 +80,7 @@ def frame_part(part: bytes | memoryview, drop: frozenset[int] = frozenset()) -> 
             raise CorruptDataError(f"part of {len(view)} bytes has a Message ending at {end}")
         if m in drop:
             if run:
-                out.append(FramedBatch(run_start, len(run), encode_kafka_batch(run)))
+                out.append(FramedBatch(run_start, len(run), batch(run)))
                 run = []
             index += count
             continue
@@ -88,7 +88,7 @@ def frame_part(part: bytes | memoryview, drop: frozenset[int] = frozenset()) -> 
         mh = decode_message_header(msg)
         if mh.codec is Codec.KAFKA:
             if run:
-                out.append(FramedBatch(run_start, len(run), encode_kafka_batch(run, zstd)))
+                out.append(FramedBatch(run_start, len(run), batch(run)))
                 run = []
             body = msg[mh.header_size:]
             if verify_kafka_batch(body).count != count:
@@ -104,11 +104,11 @@ def frame_part(part: bytes | memoryview, drop: frozenset[int] = frozenset()) -> 
                 run.append(rec)
                 run_bytes += len(rec.value) + len(rec.key or b"") + RECORD_OVERHEAD
                 if run_bytes >= FRAMED_BATCH_BYTES:
-                    out.append(FramedBatch(run_start, len(run), encode_kafka_batch(run, zstd)))
+                    out.append(FramedBatch(run_start, len(run), batch(run)))
                     run = []
         index += count
     if run:
-        out.append(FramedBatch(run_start, len(run), encode_kafka_batch(run, zstd)))
+        out.append(FramedBatch(run_start, len(run), batch(run)))
     return FramedPart(tuple(out), index)
 
 

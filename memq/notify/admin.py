@@ -1,5 +1,5 @@
 """Notification topics on Kafka: create (with the topic's read partitions and retention), alter
-retention, expire records, delete, describe.
+retention, add partitions, expire records, delete, describe.
 
 A notification topic's `retention.ms` is its memq topic's `retention_ms`, so Kafka drops
 pointers before the janitor deletes their objects (a grace period later). Brokers that accept
@@ -16,10 +16,11 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
-from confluent_kafka.admin import AdminClient, AlterConfigOpType, ClusterMetadata, ConfigEntry, ConfigResource, NewTopic
+from confluent_kafka.admin import (AdminClient, AlterConfigOpType, ClusterMetadata, ConfigEntry, ConfigResource,
+                                  NewPartitions, NewTopic)
 
 from memq.config import KafkaConfig
-from memq.errors import NotifyError, UnknownTopicError
+from memq.errors import InvalidInputError, NotifyError, UnknownTopicError
 from memq.notify._kafka import base_settings, ensure_reachable, timeout_s
 
 
@@ -105,6 +106,28 @@ class TopicAdmin:
             ConfigEntry("retention.ms", str(retention_ms), incremental_operation=AlterConfigOpType.SET)])
         self._result(self._admin.incremental_alter_configs([resource], request_timeout=self._timeout_s)[resource],
                      f"set retention.ms={retention_ms} on Kafka topic {name!r}")
+
+    def create_partitions(self, name: str, total: int) -> None:
+        """Grow topic `name` to `total` partitions (a no-op if it has them: a retry after a
+        failure past this step). InvalidInputError if it has more or this Kafka does not serve
+        CreatePartitions (tansu 0.6 does not), NotifyError if Kafka fails."""
+        have = self.partitions(name)
+        if have == total:
+            return
+        if have > total:
+            raise InvalidInputError(f"Kafka topic {name!r} has {have} partitions: it cannot shrink to {total}")
+        future = self._admin.create_partitions([NewPartitions(name, total)], request_timeout=self._timeout_s,
+                                               operation_timeout=self._timeout_s)[name]
+        try:
+            future.result(timeout=self._timeout_s + 1)
+        except KafkaException as e:
+            if e.args[0].code() == KafkaError._UNSUPPORTED_FEATURE:
+                raise InvalidInputError(
+                    f"the notification Kafka ({self._kafka.bootstrap_servers}) does not serve CreatePartitions "
+                    f"(KIP-195): Kafka topic {name!r} cannot grow from {have} to {total} partitions") from None
+            raise NotifyError(f"cannot grow Kafka topic {name!r} to {total} partitions: {e}") from None
+        except TimeoutError:
+            raise NotifyError(f"growing Kafka topic {name!r} timed out after {self._timeout_s} s") from None
 
     def retention_ms(self, name: str) -> int | None:
         """The `retention.ms` Kafka reports for topic `name` (None if it reports none)."""

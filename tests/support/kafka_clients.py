@@ -26,8 +26,8 @@ class Running:
     broker: Broker
     loop: asyncio.AbstractEventLoop
 
-    def add_topic(self, partitions: int = 3, batch_ms: int = 50, **settings: int) -> str:
-        """`settings`: other TopicConfig fields, e.g. batch_bytes."""
+    def add_topic(self, partitions: int = 3, batch_ms: int = 50, **settings: int | str) -> str:
+        """`settings`: other TopicConfig fields, e.g. batch_bytes or kafka_compression."""
         name = f"kafka-{uuid.uuid4().hex[:8]}"
         topic = TopicConfig(name=name, read_partitions=partitions, batch_ms=batch_ms, **settings)
         asyncio.run_coroutine_threadsafe(self.broker.add_topic(topic), self.loop).result(30)

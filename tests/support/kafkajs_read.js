@@ -1,19 +1,23 @@
 // Reads a memq topic through the Kafka listener with kafkajs, for tests/test_kafka_read_clients.py.
-// argv[2]: JSON {broker, topic, mode: "earliest" | "latest" | "group", group?, count}. A fresh
+// argv[2]: JSON {broker, topic, mode: "earliest" | "latest" | "group", group?, count, zstd?}. A fresh
 // group reads from the earliest offset (earliest) or from the latest, printing "ready" after its
 // first fetch (latest); "group" commits what it read for the group's next member.
 // Prints one JSON line: [valueHex, keyHex|null, [[name, valueHex], ...], timestampMs] per record.
 const { Kafka, CompressionTypes, CompressionCodecs, logLevel } = require("kafkajs");
-const fzstd = require("fzstd");
 
-// kafkajs decodes gzip alone; zstd takes a codec (memq frames its own records as zstd batches)
-CompressionCodecs[CompressionTypes.ZSTD] = () => ({
-  compress: async () => { throw new Error("reading only"); },
-  decompress: async (buf) => Buffer.from(fzstd.decompress(buf)),
-});
+// kafkajs decodes gzip alone; zstd takes a codec (Kafka producers' zstd batches), unless
+// args.zstd is false: kafkajs as it is installed, with no codec plug-in
+function registerZstd() {
+  const fzstd = require("fzstd");
+  CompressionCodecs[CompressionTypes.ZSTD] = () => ({
+    compress: async () => { throw new Error("reading only"); },
+    decompress: async (buf) => Buffer.from(fzstd.decompress(buf)),
+  });
+}
 
 async function main() {
   const args = JSON.parse(process.argv[2]);
+  if (args.zstd !== false) registerZstd();
   const kafka = new Kafka({ clientId: "memq-test", brokers: [args.broker], logLevel: logLevel.ERROR });
   // the notification Kafka here (tansu) answers a JoinGroup after the rebalance timeout: keep it short
   const consumer = kafka.consumer({ groupId: args.group || `kafkajs-${Date.now()}-${Math.random()}`,

@@ -41,6 +41,9 @@ from memq.security.tls import subject_cn
 from ..guard import Session
 from ..seam import BrokerCore
 from . import kafka_cluster, kafka_fetch, kafka_groups, kafka_produce, kafka_share, kafka_share_admin
+from . import kafka_admin_records
+from . import kafka_admin_acls
+from . import kafka_admin_configs, kafka_admin_topics
 from .kafka_family import Conn, Family, Response
 from .kafka_produce import MAX_ACK_WAIT_S, ProduceState
 
@@ -321,6 +324,10 @@ FAMILIES: tuple[Family, ...] = (
     kafka_share.FAMILY,
     kafka_share_admin.FAMILY,
     # admin families (one line each)
+    kafka_admin_topics.FAMILY,
+    kafka_admin_configs.FAMILY,
+    kafka_admin_acls.FAMILY,
+    kafka_admin_records.FAMILY,
 )
 
 

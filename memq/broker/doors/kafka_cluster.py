@@ -1,24 +1,54 @@
-"""The Kafka door's cluster family: Metadata (v1-8 fixed-width, v9-12 flexible with topic ids).
+"""The Kafka door's cluster family: Metadata (v1-8 fixed-width, v9-12 flexible with topic ids),
+DescribeCluster, DescribeLogDirs, OffsetForLeaderEpoch and DescribeProducers.
 
 Every broker leads every partition of every topic it knows, in the cluster view all brokers
 share (`BrokerCore.metadata`): the data is in S3, so any broker can serve any read, and a
 topic's produce goes to a broker that hosts it. Metadata lists only the topics the principal
 may describe, and answers a requested one it may not describe TOPIC_AUTHORIZATION_FAILED,
-existing or not.
+existing or not. The other calls answer from the same view (`memq.kafka_api.cluster`), with
+Kafka's ACLs mapped onto memq's: DescribeCluster needs nothing (its cluster operations are
+asked of `describe` on the cluster, `acl.CLUSTER_RESOURCE`), DescribeLogDirs `describe` on the
+cluster, OffsetForLeaderEpoch what ListOffsets needs (`consume`: its end offset is ListOffsets'
+latest), DescribeProducers `consume` (Kafka's READ) on each topic.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
+from typing import Any
+
+from kafka.protocol.admin import (DescribeClusterRequest,
+                                  DescribeLogDirsRequest, DescribeProducersRequest)
+from kafka.protocol.consumer import OffsetForLeaderEpochRequest
+
+from memq.kafka_api.cluster import (EpochAnswer, cluster_operations, controller, describe_cluster,
+                                    describe_log_dirs, describe_producers, epoch_end, led_here,
+                                    offset_for_leader_epoch)
 from memq.kafka_api.flexible import flex_body
 from memq.kafka_api.mapping import metadata_view, node_id
-from memq.kafka_api.protocol import ApiKey, Reader, RequestHeader, decode_metadata, encode_metadata
+from memq.kafka_api.messages import decode_request, encode_response
+from memq.kafka_api.protocol import (LATEST, ApiKey, ErrorCode, ListOffsetsRequest, Reader, RequestHeader,
+                                     decode_metadata, encode_metadata)
+from memq.security.acl import CLUSTER_RESOURCE, Operation
 
-from . import kafka_share
+from . import kafka_fetch, kafka_share
 from .kafka_family import Conn, Family, Response
+
+log = logging.getLogger(__name__)
 
 
 async def serve(conn: Conn, h: RequestHeader, body: Reader) -> Response:
     core = conn.core
+    if h.api_key == ApiKey.DESCRIBE_CLUSTER:
+        return asyncio.ensure_future(_describe_cluster(conn, h, decode_request(DescribeClusterRequest, h, body)))
+    if h.api_key == ApiKey.DESCRIBE_LOG_DIRS:
+        return _describe_log_dirs(conn, h, decode_request(DescribeLogDirsRequest, h, body))
+    if h.api_key == ApiKey.OFFSET_FOR_LEADER_EPOCH:
+        req = decode_request(OffsetForLeaderEpochRequest, h, body)
+        return asyncio.ensure_future(_offset_for_leader_epoch(conn, h, req))
+    if h.api_key == ApiKey.DESCRIBE_PRODUCERS:
+        return _describe_producers(conn, h, decode_request(DescribeProducersRequest, h, body))
     if h.api_version >= 9:   # flexible, with topic ids (share consumers)
         return kafka_share.metadata(core, conn.principal, h, flex_body(body))
     req = decode_metadata(h, body)
@@ -27,4 +57,86 @@ async def serve(conn: Conn, h: RequestHeader, body: Reader) -> Response:
     return encode_metadata(h, nodes, meta.cluster, node_id(core.broker_id), topics)
 
 
-FAMILY = Family("cluster", {ApiKey.METADATA: (1, 12)}, "describe on each topic listed", serve)
+def _may_cluster(conn: Conn, operation: str) -> bool:
+    return conn.core.guard.may(conn.principal, Operation(operation), CLUSTER_RESOURCE)
+
+
+async def _describe_cluster(conn: Conn, h: RequestHeader, req: Any) -> bytes:
+    """The brokers and the governor's broker as controller (asked of ZooKeeper each time: rare)."""
+    core = conn.core
+    governor = None
+    if core.cluster_admin is not None:
+        try:
+            governor = await asyncio.to_thread(core.cluster_admin.registry.governor)
+        except Exception as e:   # kazoo's errors (ZooKeeper away): this broker is named controller
+            log.info("Kafka DescribeCluster: governor unknown (%s: %s)", type(e).__name__, e)
+    meta = core.metadata()
+    ops = None
+    if req.include_cluster_authorized_operations:
+        ops = cluster_operations(lambda op: _may_cluster(conn, op))
+    endpoint_type = req.endpoint_type if h.api_version >= 1 else 1
+    if endpoint_type != 1:
+        log.info("Kafka DescribeCluster from %s for endpoint type %d: refused (brokers only)", conn.peer,
+                 endpoint_type)
+    return encode_response(h, describe_cluster(meta, controller(meta, governor, core.broker_id), endpoint_type, ops))
+
+
+def _describe_log_dirs(conn: Conn, h: RequestHeader, req: Any) -> bytes:
+    core = conn.core
+    if not _may_cluster(conn, "describe"):
+        core.guard.count_denial(Operation.DESCRIBE)
+        log.info("Kafka DescribeLogDirs from %s: principal %s may not describe the cluster", conn.peer,
+                 conn.principal)
+        return encode_response(h, describe_log_dirs(core.metadata().storage, (),
+                                                    ErrorCode.CLUSTER_AUTHORIZATION_FAILED))
+    asked = None if req.topics is None else [(t.topic, t.partitions) for t in req.topics]
+    meta = core.guard.visible(conn.principal, core.metadata(), ())
+    return encode_response(h, describe_log_dirs(meta.storage, led_here(meta, core.broker_id, asked)))
+
+
+async def _offset_for_leader_epoch(conn: Conn, h: RequestHeader, req: Any) -> bytes:
+    """Each partition's end for its asked epoch (`cluster.epoch_end`): ListOffsets' latest."""
+    asked = [(t.topic, [(p.partition, p.leader_epoch) for p in t.partitions]) for t in req.topics]
+    latest = ListOffsetsRequest(tuple((t, tuple((p, LATEST) for p, _ in parts)) for t, parts in asked))
+    listed = await kafka_fetch.list_offsets(conn.core, conn.principal, latest)
+    answer: list[EpochAnswer] = []
+    for (topic, parts), (_, offsets) in zip(asked, listed):
+        out = []
+        for (partition, epoch), o in zip(parts, offsets):
+            if o.error:
+                log.info("Kafka OffsetForLeaderEpoch of %s[%d] from %s: %s", topic, partition, conn.peer,
+                         ErrorCode(o.error).name)
+                out.append((partition, int(o.error), -1, -1))
+            else:
+                out.append((partition, int(ErrorCode.NONE), *epoch_end(epoch, o.offset)))
+        answer.append((topic, out))
+    return encode_response(h, offset_for_leader_epoch(answer))
+
+
+def _describe_producers(conn: Conn, h: RequestHeader, req: Any) -> bytes:
+    core = conn.core
+    topics = core.metadata().topics
+    answer = []
+    for t in req.topics:
+        meta = topics.get(t.name)
+        parts = []
+        for p in t.partition_indexes:
+            error = ErrorCode.NONE
+            if not core.guard.allowed(conn.principal, Operation.CONSUME, t.name):
+                error = ErrorCode.TOPIC_AUTHORIZATION_FAILED
+            elif meta is None or not 0 <= p < meta.read_partitions:
+                error = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+            if error:
+                log.info("Kafka DescribeProducers of %s[%d] from %s: %s", t.name, p, conn.peer, error.name)
+            parts.append((p, int(error)))
+        answer.append((t.name, parts))
+    return encode_response(h, describe_producers(answer))
+
+
+FAMILY = Family(
+    "cluster",
+    {ApiKey.METADATA: (1, 12), ApiKey.DESCRIBE_CLUSTER: (0, 2), ApiKey.DESCRIBE_LOG_DIRS: (0, 4),
+     ApiKey.OFFSET_FOR_LEADER_EPOCH: (0, 4), ApiKey.DESCRIBE_PRODUCERS: (0, 0)},
+    "describe on each topic listed (Metadata); describe on the cluster (DescribeLogDirs); consume on each "
+    "topic (OffsetForLeaderEpoch, DescribeProducers)",
+    serve)

@@ -3,8 +3,10 @@
 Kafka partition p of a memq topic is its notification partition p, and a record's offset is
 `notification offset << 24 | index in its part` (`memq.kafka_api.offsets`), so the log start
 and high watermark are the notification partition's, mapped: retention shows as the log start
-moving, and a reader behind it (or past the end) gets OFFSET_OUT_OF_RANGE and applies its
-`auto.offset.reset`. Any broker serves any topic's reads: the data is in S3.
+moving, and so does DeleteRecords (`doors.kafka_admin_records`: a Kafka offset per partition in
+the cluster metadata, possibly inside a part, `kafka_api.log_start`); a reader behind it (or
+past the end) gets OFFSET_OUT_OF_RANGE and applies its `auto.offset.reset`, and one at it reads
+its part from there. Any broker serves any topic's reads: the data is in S3.
 
 A Fetch reads each partition from its offset as far as the byte limits allow; when nothing is there it waits
 up to `max_wait_ms` for the next notification of any of its partitions (a long poll on the
@@ -20,6 +22,7 @@ from dataclasses import dataclass
 
 from memq.errors import FormatError, MemqError, OffsetOutOfRangeError
 from memq.format.metadata import ClusterMetadata
+from memq.kafka_api.log_start import log_start, moved_start
 from memq.kafka_api.mapping import node_id
 from memq.kafka_api.offsets import end_offset, first_offset, split_offset
 from memq.kafka_api.protocol import (EARLIEST, LATEST, ApiKey, ErrorCode, FetchedPartition, FetchPartition,
@@ -52,6 +55,7 @@ class _Reading:
     index: int         # the first record wanted in that notification's part
     buf: bytearray
     zstd: bool         # the client takes zstd batches (Fetch v10+)
+    moved: int         # where DeleteRecords moved the partition's log start (0: never)
 
     @property
     def got(self) -> bool:
@@ -80,17 +84,22 @@ async def fetch(core: BrokerCore, principal: str | None, req: FetchRequest, peer
             out = FetchedPartition(p.index)
             outs.append(out)
             refused = _refusal(core, principal, meta, topic, p.index)
+            moved = 0 if refused is not None else moved_start(meta.topics[topic].log_start, p.index)
             if refused is not None:
                 out.error = refused
             elif p.offset < 0:
                 out.error = ErrorCode.OFFSET_OUT_OF_RANGE
+            elif p.offset < moved:
+                out.error, out.log_start = ErrorCode.OFFSET_OUT_OF_RANGE, moved
+                log.info("Kafka fetch of %s[%d] at %d from %s: before the log start %d (DeleteRecords)",
+                         topic, p.index, p.offset, peer, moved)
             elif (replica := _preferred_replica(meta, core.broker_id, req.rack, p.index)) >= 0:
                 out.preferred_replica = replica   # read nothing here: the client goes there
                 out.high_watermark = p.offset
             else:
                 note, index = split_offset(p.offset)
                 readings.append(_Reading(topic, meta.topics[topic].notification_topic, p, out, note, index,
-                                         bytearray(), req.zstd))
+                                         bytearray(), req.zstd, moved))
         answer.append((topic, outs))
     budget = [max(req.max_bytes, 1)]   # bytes the response may still take
     for r in readings:   # what is there now
@@ -105,7 +114,7 @@ async def fetch(core: BrokerCore, principal: str | None, req: FetchRequest, peer
             high = max(high, r.note + (1 if r.index else 0), 0)
             r.out.high_watermark = await _high_watermark(core, r.notification_topic, r.want.index, high,
                                                          core.reads.last_seen(r.notification_topic, r.want.index))
-            r.out.log_start = first_offset(low) if low >= 0 else -1
+            r.out.log_start = log_start(low, r.moved) if low >= 0 or r.moved else -1
             r.out.records = r.buf
     return answer
 
@@ -208,9 +217,10 @@ async def list_offsets(core: BrokerCore, principal: str | None, req: ListOffsets
             if refused is not None:
                 outs.append(ListedOffset(partition, refused))
                 continue
-            ntopic = meta.topics[topic].notification_topic
+            t = meta.topics[topic]
             try:
-                outs.append(await _listed(core, ntopic, partition, ts))
+                outs.append(await _listed(core, t.notification_topic, partition, ts,
+                                          moved_start(t.log_start, partition)))
             except MemqError as e:
                 log.warning("Kafka ListOffsets of %s[%d] at %d: %s", topic, partition, ts, e)
                 outs.append(ListedOffset(partition, ErrorCode.KAFKA_STORAGE_ERROR))
@@ -218,16 +228,22 @@ async def list_offsets(core: BrokerCore, principal: str | None, req: ListOffsets
     return answer
 
 
-async def _listed(core: BrokerCore, ntopic: str, partition: int, ts: int) -> ListedOffset:
+async def high_watermark(core: BrokerCore, ntopic: str, partition: int, low: int, high: int) -> int:
+    """The partition's high watermark as a Fetch says it (just after its last record), from its
+    notification watermarks (`low`, `high`), reading its last notification if need be."""
+    last = None
+    if high > low:
+        notes = await core.reads.notes(ntopic, partition, high - 1, LATEST_WAIT_S)
+        last = notes[0] if notes else None
+    return await _high_watermark(core, ntopic, partition, high, last)
+
+
+async def _listed(core: BrokerCore, ntopic: str, partition: int, ts: int, moved: int) -> ListedOffset:
     low, high = await core.reads.watermarks(ntopic, partition)
     if ts == LATEST:   # as the high watermark of a Fetch says it, so lag reads 0 at the end
-        last = None
-        if high > low:
-            notes = await core.reads.notes(ntopic, partition, high - 1, LATEST_WAIT_S)
-            last = notes[0] if notes else None
-        return ListedOffset(partition, offset=await _high_watermark(core, ntopic, partition, high, last))
+        return ListedOffset(partition, offset=await high_watermark(core, ntopic, partition, low, high))
     if ts == EARLIEST:
-        return ListedOffset(partition, offset=first_offset(low))
+        return ListedOffset(partition, offset=log_start(low, moved))
     if ts < 0:
         return ListedOffset(partition, ErrorCode.INVALID_REQUEST)
     # The first notification published at or after ts: its part may start a little before ts
@@ -235,7 +251,7 @@ async def _listed(core: BrokerCore, ntopic: str, partition: int, ts: int) -> Lis
     found = (await core.reads.offsets_for_time(ntopic, ts)).get(partition, high)
     if found >= high:
         return ListedOffset(partition)   # none at or after ts: offset -1, as Kafka answers
-    return ListedOffset(partition, timestamp=ts, offset=first_offset(found))
+    return ListedOffset(partition, timestamp=ts, offset=log_start(found, moved))
 
 
 async def serve(conn: Conn, h: RequestHeader, body: Reader) -> Response:

@@ -1,11 +1,18 @@
 """The Kafka door's consumer-group family, relayed to the notification Kafka's coordinator
 (`memq.kafka_api.groups`): FindCoordinator, JoinGroup, SyncGroup, Heartbeat, LeaveGroup,
-OffsetCommit, OffsetFetch, DescribeGroups, ListGroups and DeleteGroups.
+OffsetCommit, OffsetFetch, OffsetDelete, DescribeGroups, ListGroups and DeleteGroups.
+
+A JoinGroup v0-3 member joins though the coordinator answers MEMBER_ID_REQUIRED (tansu does
+at every version; Kafka only from v4 on, which such a member cannot act on): the relay joins
+again at once with the member id given, and the member gets that answer, in its version's shape.
+OffsetDelete is an OffsetCommit of -1 ("no committed offset") by no member: every coordinator
+takes it (tansu serves no OffsetDelete), only while the group has no members.
 
 What each OffsetCommit of a Kafka group covers is reported to the audit as that group's
 consumption (`memq.broker.group_audit`). Group ACLs as Kafka's: `consume` on the group to be a
 member and commit, `describe` to find its coordinator, fetch its offsets or describe it,
-`admin` to delete it.
+`admin` to delete it or its offsets (OffsetDelete: Kafka's DELETE on the group, and READ, memq's
+`consume`, on each topic).
 """
 
 from __future__ import annotations
@@ -16,13 +23,14 @@ from collections.abc import Sequence
 
 from memq.errors import NotifyError, ProtocolError
 from memq.kafka_api.flexible import flex_body
-from memq.kafka_api.groups import (Described, commit_errors, committed_offsets, decode_delete_groups,
-                                   decode_find_coordinator, decode_offset_fetch_v1, delete_group_request,
-                                   delete_group_result, describe_groups_of, describe_groups_request,
-                                   describe_groups_response, encode_delete_groups, encode_find_coordinator, group_of,
-                                   list_groups_filters, list_groups_flex_response, list_groups_response,
-                                   offset_fetch_request, offsets_request, offsets_response, refusal, with_described,
-                                   with_size)
+from memq.kafka_api.groups import (Described, OffsetDelete, commit_errors, committed_offsets, decode_delete_groups,
+                                   decode_find_coordinator, decode_offset_delete, decode_offset_fetch_v1,
+                                   delete_group_request, delete_group_result, describe_groups_of,
+                                   describe_groups_request, describe_groups_response, encode_delete_groups,
+                                   encode_find_coordinator, encode_offset_delete, group_of, list_groups_filters,
+                                   list_groups_flex_response, list_groups_response, offset_delete_commit,
+                                   offset_fetch_request, offsets_request, offsets_response, refusal, rejoin_as,
+                                   with_described, with_member_id, with_size)
 from memq.kafka_api.mapping import node_id, split_address
 from memq.kafka_api.protocol import ApiKey, ErrorCode, Reader, RequestHeader, Writer
 from memq.security.acl import Operation
@@ -75,6 +83,8 @@ async def serve(conn: Conn, h: RequestHeader, body: Reader) -> Response:
     core = conn.core
     if h.api_key == ApiKey.FIND_COORDINATOR:
         return _find_coordinator(st, h, body)
+    if h.api_key == ApiKey.OFFSET_DELETE:
+        return asyncio.ensure_future(_offset_delete(st, h, decode_offset_delete(body)))
     if h.api_key == ApiKey.DELETE_GROUPS:
         return asyncio.ensure_future(_delete_groups(st, h, body.buf, body.pos, decode_delete_groups(body)))
     if h.api_key in (ApiKey.DESCRIBE_GROUPS, ApiKey.LIST_GROUPS):   # admin tools: this cluster's groups
@@ -110,7 +120,61 @@ async def serve(conn: Conn, h: RequestHeader, body: Reader) -> Response:
     if h.api_key == ApiKey.OFFSET_COMMIT and st.audit is not None:
         commits = [(t, p, o) for t, p, o in committed_offsets(h, body.buf, body.pos) if t in names]
         return asyncio.ensure_future(_audited_commit(st, h, asked_group, request, names, commits))
+    if h.api_key == ApiKey.JOIN_GROUP and h.api_version < 4:
+        return asyncio.ensure_future(_join_old(st, h, group, request))
     return asyncio.ensure_future(_relay(st, h, group, request, back))
+
+
+async def _join_old(st: GroupState, h: RequestHeader, group: str, request: bytes) -> bytes:
+    """A JoinGroup v0-3 relayed; answered MEMBER_ID_REQUIRED, joined again with the member id
+    given, so the member gets the join's answer in its version's shape (see the module doc)."""
+    response = await _relay(st, h, group, request, {})
+    member = rejoin_as(h, response) if response else None
+    if member is None:
+        return response
+    log.debug("Kafka group %r: JoinGroup v%d joined again as %s", group, h.api_version, member)
+    return await _relay(st, h, group, with_member_id(h, request, member), {})
+
+
+async def _offset_delete(st: GroupState, h: RequestHeader, req: OffsetDelete) -> bytes:
+    """Each asked partition's offset deleted (`offset_delete_commit`); a topic the principal may
+    not consume is refused on its partitions, an unknown one is UNKNOWN_TOPIC_OR_PARTITION."""
+    core = st.conn.core
+    if not st.may(Operation.ADMIN, req.group):
+        return encode_offset_delete(h, ErrorCode.GROUP_AUTHORIZATION_FAILED, ())
+    topics = core.metadata().topics
+    refused: dict[str, ErrorCode] = {}
+    asked: dict[str, list[int]] = {}   # notification topic -> partitions
+    for name, parts in req.topics:
+        if not core.guard.allowed(st.conn.principal, Operation.CONSUME, name):
+            refused[name] = ErrorCode.TOPIC_AUTHORIZATION_FAILED
+        elif name not in topics:
+            refused[name] = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+        else:
+            asked.setdefault(topics[name].notification_topic, []).extend(parts)
+    errors: dict[tuple[str, int], int] = {}
+    if asked:
+        group = core.groups.mapped(req.group)
+        request = offset_delete_commit(h.correlation_id, "memq-offset-delete", group, asked)
+        try:
+            errors = commit_errors(_COMMIT_V2, await st.link().relay(group, request))
+        except NotifyError as e:   # no answer in the API's shape: close, the client retries
+            st.conn.close(f"group coordinator unreachable: {e}")
+            return b""
+    answer = []
+    for name, parts in req.topics:
+        if name in refused:
+            answer.append((name, [(p, int(refused[name])) for p in parts]))
+            continue
+        ntopic = topics[name].notification_topic
+        answer.append((name, [(p, errors.get((ntopic, p), ErrorCode.UNKNOWN_SERVER_ERROR)) for p in parts]))
+        for p in parts:   # the audit asks the coordinator afresh before the next commit
+            st.committed.pop((req.group, name, p), None)
+    return encode_offset_delete(h, ErrorCode.NONE, answer)
+
+
+#: The header `commit_errors` reads the OffsetCommit v2 answer to an OffsetDelete with.
+_COMMIT_V2 = RequestHeader(ApiKey.OFFSET_COMMIT, 2, 0, None)
 
 
 def _find_coordinator(st: GroupState, h: RequestHeader, body: Reader) -> bytes:
@@ -220,6 +284,8 @@ FAMILY = Family(
     "groups",
     {ApiKey.FIND_COORDINATOR: (0, 2), ApiKey.OFFSET_COMMIT: (2, 7), ApiKey.OFFSET_FETCH: (1, 5),
      ApiKey.JOIN_GROUP: (0, 5), ApiKey.HEARTBEAT: (0, 3), ApiKey.LEAVE_GROUP: (0, 3), ApiKey.SYNC_GROUP: (0, 3),
-     ApiKey.DESCRIBE_GROUPS: (0, 4), ApiKey.LIST_GROUPS: (0, 5), ApiKey.DELETE_GROUPS: (0, 1)},
-    "consume on the group (member, commit); describe (find, fetch offsets, describe, list); admin (delete)",
+     ApiKey.DESCRIBE_GROUPS: (0, 4), ApiKey.LIST_GROUPS: (0, 5), ApiKey.DELETE_GROUPS: (0, 1),
+     ApiKey.OFFSET_DELETE: (0, 0)},
+    "consume on the group (member, commit); describe (find, fetch offsets, describe, list); admin (delete, "
+    "delete offsets, with consume on each topic)",
     serve)

@@ -1,0 +1,255 @@
+"""memq's topic settings under Kafka's config names, both ways (pure: no I/O).
+
+Kafka's admin tools read and change a topic's settings as named strings (DescribeConfigs,
+AlterConfigs, IncrementalAlterConfigs, CreateTopics' configs). Every `TopicConfig` field is one
+setting here: under Kafka's name where Kafka has one with the same meaning (`retention.ms`,
+`retention.bytes` (-1 = no limit), `max.message.bytes`), under `memq.<field with dots>`
+otherwise (`memq.batch.bytes`, `memq.storage.group`, ...). Two Kafka settings have one value
+memq serves: `cleanup.policy` (`delete`: compaction is not served yet) and
+`message.timestamp.type` (`CreateTime`, read-only). `memq.read.partitions` (grown by
+CreatePartitions) and `memq.notification.topic` are read-only, as in `memq topic alter`.
+
+As Kafka reports them: a setting whose value differs from memq's default is
+DYNAMIC_TOPIC_CONFIG, any other DEFAULT_CONFIG; only the read-only ones say read_only. Setting
+a read-only one to the value it has is accepted (a tool writing back what it read), any other
+value, a setting memq does not have, or an APPEND/SUBTRACT is a ConfigError naming it: never a
+silent no-op. The result of any change is built and checked as the config file and `memq topic
+alter` check it (`altered`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from enum import IntEnum
+from typing import Any
+
+from memq.config import TopicConfig, build
+from memq.errors import ConfigError
+
+
+class ConfigSource(IntEnum):
+    """Kafka's DescribeConfigs config_source."""
+
+    DYNAMIC_TOPIC_CONFIG = 1
+    STATIC_BROKER_CONFIG = 4
+    DEFAULT_CONFIG = 5
+
+
+class ConfigType(IntEnum):
+    """Kafka's DescribeConfigs config_type (v3+)."""
+
+    STRING = 2
+    INT = 3
+    LONG = 5
+    DOUBLE = 6
+    LIST = 7
+
+
+class AlterOp(IntEnum):
+    """IncrementalAlterConfigs' config_operation."""
+
+    SET = 0
+    DELETE = 1
+    APPEND = 2
+    SUBTRACT = 3
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One topic setting: its Kafka name and the `TopicConfig` field behind it ("" = none: `FIXED`)."""
+
+    name: str
+    field: str
+    type: ConfigType
+    doc: str
+    read_only: bool = False
+
+
+@dataclass(frozen=True)
+class ConfigEntry:
+    """One setting as DescribeConfigs reports it."""
+
+    name: str
+    value: str | None
+    source: ConfigSource
+    read_only: bool
+    type: ConfigType
+    doc: str
+
+    @property
+    def is_default(self) -> bool:
+        return self.source is ConfigSource.DEFAULT_CONFIG
+
+
+SETTINGS: tuple[Setting, ...] = (
+    Setting("cleanup.policy", "", ConfigType.LIST, "delete only: compaction is not served yet"),
+    Setting("max.message.bytes", "max_message_bytes", ConfigType.INT,
+            "largest Message (a producer's request for one partition) the broker takes"),
+    Setting("message.timestamp.type", "", ConfigType.STRING,
+            "CreateTime: records keep their producers' timestamps", read_only=True),
+    Setting("retention.bytes", "retention_bytes", ConfigType.LONG,
+            "oldest objects beyond this many bytes expire (-1: no limit; topics with objects of their own)"),
+    Setting("retention.ms", "retention_ms", ConfigType.LONG,
+            "notifications expire after this long, their objects a grace period later"),
+    Setting("memq.batch.bytes", "batch_bytes", ConfigType.INT, "a batch seals at this size"),
+    Setting("memq.batch.messages", "batch_messages", ConfigType.INT, "a batch seals at this many Messages"),
+    Setting("memq.batch.ms", "batch_ms", ConfigType.INT, "a batch seals at this age"),
+    Setting("memq.expected.mbps", "expected_mbps", ConfigType.DOUBLE,
+            "expected traffic (MB/s): the governor places the topic on enough brokers for it"),
+    Setting("memq.kafka.compression", "kafka_compression", ConfigType.STRING,
+            "codec of the Kafka batches memq frames its own records in for Kafka readers (auto: the broker's)"),
+    Setting("memq.max.batch.ms", "max_batch_ms", ConfigType.INT,
+            "latency budget: a small batch may keep filling until this age (null: memq.batch.ms)"),
+    Setting("memq.min.batch.bytes", "min_batch_bytes", ConfigType.INT,
+            "latency budget: a batch under this size keeps filling until memq.max.batch.ms (0: off)"),
+    Setting("memq.notification.topic", "notification_topic", ConfigType.STRING,
+            "the Kafka topic carrying this topic's notifications", read_only=True),
+    Setting("memq.read.partitions", "read_partitions", ConfigType.INT,
+            "read partitions (the Kafka partitions): grown with CreatePartitions", read_only=True),
+    Setting("memq.ring.slots", "ring_slots", ConfigType.INT, "batch slots per broker: one filling, others uploading"),
+    Setting("memq.storage.group", "storage_group", ConfigType.STRING,
+            "storage group whose shared objects hold this topic's batches (empty: objects of its own)"),
+)
+BY_NAME: Mapping[str, Setting] = {s.name: s for s in SETTINGS}
+FIXED: Mapping[str, str] = {"cleanup.policy": "delete", "message.timestamp.type": "CreateTime"}
+"""The settings memq has one value of."""
+
+_DEFAULTS: Mapping[str, Any] = {f.name: f.default for f in dataclasses.fields(TopicConfig) if f.name != "name"}
+
+
+def value_of(cfg: TopicConfig, s: Setting, cluster: str) -> str | None:
+    """`s`'s value on topic `cfg` as Kafka's string (None: unset)."""
+    if not s.field:
+        return FIXED[s.name]
+    if s.field == "notification_topic":
+        return cfg.notification_topic_for(cluster)
+    v = getattr(cfg, s.field)
+    if v is None:
+        return "-1" if s.field == "retention_bytes" else None
+    return str(v)
+
+
+def describe(cfg: TopicConfig, cluster: str, names: Iterable[str] | None = None) -> list[ConfigEntry]:
+    """Topic `cfg`'s settings (only `names` if given: names memq does not have are left out, as Kafka does)."""
+    wanted = SETTINGS if names is None else [BY_NAME[n] for n in dict.fromkeys(names) if n in BY_NAME]
+    out = []
+    for s in wanted:
+        changed = bool(s.field) and getattr(cfg, s.field) != _DEFAULTS[s.field]
+        out.append(ConfigEntry(s.name, value_of(cfg, s, cluster),
+                               ConfigSource.DYNAMIC_TOPIC_CONFIG if changed else ConfigSource.DEFAULT_CONFIG,
+                               s.read_only, s.type, s.doc))
+    return out
+
+
+def _setting(name: str) -> Setting:
+    s = BY_NAME.get(name)
+    if s is None:
+        raise ConfigError(f"{name}: memq has no such topic setting (DescribeConfigs lists the ones it has: "
+                          "Kafka's retention.ms, retention.bytes, max.message.bytes, cleanup.policy and memq.*)")
+    return s
+
+
+def _parse(s: Setting, value: str | None) -> Any:
+    """The field value `value` sets for `s` (a writable setting with a field)."""
+    if value is None or (value == "" and s.type is not ConfigType.STRING):
+        return _DEFAULTS[s.field]
+    try:
+        if s.type is ConfigType.DOUBLE:
+            return float(value)
+        if s.type in (ConfigType.INT, ConfigType.LONG):
+            n = int(value)
+            if s.field == "retention_bytes" and n == -1:
+                return None
+            return n
+    except ValueError:
+        raise ConfigError(f"{s.name}={value!r}: not a number") from None
+    return value
+
+
+def _check_fixed(s: Setting, value: str | None, current: TopicConfig, cluster: str) -> None:
+    """ConfigError unless `value` is what read-only or one-valued `s` has."""
+    have = value_of(current, s, cluster)
+    if s.name == "cleanup.policy" and value is not None:
+        policies = {p.strip() for p in value.split(",")}
+        if "compact" in policies:
+            raise ConfigError(f"cleanup.policy={value}: compaction is not served yet; memq serves cleanup.policy=delete "
+                              "(retention.ms and retention.bytes)")
+        if policies == {"delete"}:
+            return
+    if value != have:
+        why = "has one value in memq" if s.name in FIXED else "is read-only"
+        hint = " (grow it with CreatePartitions)" if s.field == "read_partitions" else ""
+        raise ConfigError(f"{s.name}={value}: {s.name} {why}: {have}{hint}")
+
+
+def _assign(current: TopicConfig, name: str, value: str | None, cluster: str, out: dict[str, Any]) -> None:
+    s = _setting(name)
+    if s.read_only or not s.field:
+        _check_fixed(s, value, current, cluster)
+    else:
+        out[s.field] = _parse(s, value)
+
+
+def assigned(current: TopicConfig, configs: Iterable[tuple[str, str | None]], cluster: str) -> dict[str, Any]:
+    """The field changes that setting each (name, value) of `configs` on `current` makes (CreateTopics)."""
+    out: dict[str, Any] = {}
+    for name, value in configs:
+        _assign(current, name, value, cluster, out)
+    return out
+
+
+def incremental(current: TopicConfig, ops: Iterable[tuple[str, int, str | None]], cluster: str) -> dict[str, Any]:
+    """The field changes of IncrementalAlterConfigs' (name, operation, value) on `current`: SET
+    sets, DELETE returns to memq's default (nothing for a read-only one); APPEND and SUBTRACT are
+    for list settings, and memq's only one (cleanup.policy) has one value: ConfigError."""
+    out: dict[str, Any] = {}
+    for name, op, value in ops:
+        s = _setting(name)
+        if op == AlterOp.SET:
+            _assign(current, name, value, cluster, out)
+        elif op == AlterOp.DELETE:
+            if s.field and not s.read_only:
+                out[s.field] = _DEFAULTS[s.field]
+        elif op in (AlterOp.APPEND, AlterOp.SUBTRACT):
+            raise ConfigError(f"{name}: {AlterOp(op).name} is for list settings, and memq has none to change "
+                              "(cleanup.policy is delete): use SET or DELETE")
+        else:
+            raise ConfigError(f"{name}: unknown config operation {op}")
+    return out
+
+
+def replacement(current: TopicConfig, configs: Iterable[tuple[str, str | None]], cluster: str) -> dict[str, Any]:
+    """The field changes of AlterConfigs' full replacement: the settings listed take their
+    values, every other writable one returns to memq's default (as in Kafka)."""
+    out = {s.field: _DEFAULTS[s.field] for s in SETTINGS if s.field and not s.read_only}
+    for name, value in configs:
+        _assign(current, name, value, cluster, out)
+    return out
+
+
+def altered(current: TopicConfig, changes: Mapping[str, Any]) -> TopicConfig:
+    """`current` with `changes`, checked as the config file and `memq topic alter` check it; the
+    ConfigError names the Kafka settings of the fields it names."""
+    try:
+        cfg: TopicConfig = build(TopicConfig, dataclasses.asdict(current) | dict(changes), f"topic {current.name}")
+        cfg.check_byte_retention()
+    except ConfigError as e:
+        named = [f"{s.field} is {s.name}" for s in SETTINGS if s.field and re.search(rf"\b{s.field}\b", str(e))]
+        raise ConfigError(f"{e}" + (f" ({'; '.join(named)})" if named else "")) from None
+    return cfg
+
+
+def broker_entries(node: int, broker_id: str, rack: str, max_frame_bytes: int, cluster: str) -> list[ConfigEntry]:
+    """A broker's read-only view (DescribeConfigs of resource type BROKER): what it is, not
+    settings Kafka's tools could change (a memq broker takes its settings from its config file)."""
+    def entry(name: str, value: str, kind: ConfigType, doc: str) -> ConfigEntry:
+        return ConfigEntry(name, value, ConfigSource.STATIC_BROKER_CONFIG, True, kind, doc)
+    return [entry("broker.id", str(node), ConfigType.INT, "Kafka node id: derived from memq's broker id"),
+            entry("broker.rack", rack, ConfigType.STRING, "the broker's rack (zone)"),
+            entry("socket.request.max.bytes", str(max_frame_bytes), ConfigType.INT,
+                  "largest request the broker reads (broker.max_frame_bytes)"),
+            entry("memq.broker.id", broker_id, ConfigType.STRING, "memq's broker id"),
+            entry("memq.cluster", cluster, ConfigType.STRING, "memq's cluster name")]
