@@ -21,7 +21,7 @@ def test_short_seeded_run_loses_nothing() -> None:
     why = unavailable()
     if why:
         pytest.skip(f"chaos harness: {why}")
-    spec = RunSpec(seed=SEED, seconds=75.0, kinds=("kill", "cut-zk", "pause:s3"), durations=(4.0, 8.0),
+    spec = RunSpec(seed=SEED, seconds=55.0, kinds=("kill", "cut-zk", "pause:s3"), durations=(4.0, 8.0),
                    gap_s=(5.0, 8.0), rate=80.0)
     result = run(spec)
     report = table(result)
