@@ -191,6 +191,9 @@ class GovernorConfig:
     retention_grace_s: float = setting(600.0, ge=0)   # an object outlives its notification this long
     orphan_grace_s: float = setting(600.0, gt=0)      # an unreferenced object is kept this long
     janitor_timeout_s: float = setting(300.0, gt=0)   # bound on one topic's pass
+    # Compaction (memq.compaction), run in the janitor's loop: the bytes it reads and writes per
+    # second, so that produce and fetch never starve
+    compaction_mbps: float = setting(50.0, gt=0)
 
 
 @dataclass(frozen=True)
@@ -230,14 +233,25 @@ class TopicConfig:
     # the codec of the Kafka batches memq frames this topic's own records in for Kafka readers
     # (kafka_api.records); "auto" = broker.kafka_compression. Kafka producers' batches go as they came.
     kafka_compression: Literal["auto", "none", "gzip", "snappy", "lz4", "zstd"] = "auto"
+    # compaction (memq.compaction, docs/guides/retention.md): "compact" keeps the latest record per key;
+    # "compact,delete" also expires by retention_ms/bytes
+    cleanup_policy: Literal["delete", "compact", "compact,delete"] = "delete"
+    min_compaction_lag_ms: int = setting(0, ge=0)            # a record stays uncompacted at least this long
+    max_compaction_lag_ms: int | None = setting(None, ge=1)  # ... and at most this long (None: no bound)
+    delete_retention_ms: int = setting(86_400_000, ge=0)     # a tombstone stays readable this long past its timestamp
+    min_cleanable_dirty_ratio: float = setting(0.5, ge=0)   # compact once this share of the log is dirty (<= 1)
 
     def __post_init__(self) -> None:
         check_choice(self, "kafka_compression", f"topic {self.name}")
+        check_choice(self, "cleanup_policy", f"topic {self.name}")
         if not self.name or not all(c.isalnum() or c in "._-" for c in self.name):
             raise ConfigError(f"topic name {self.name!r}: use letters, digits, '.', '_', '-'")
         if self.storage_group and not _KEY_SEGMENT.fullmatch(self.storage_group):
             raise ConfigError(f"topic {self.name}: storage_group {self.storage_group!r} is used in object keys: "
                               "use ASCII letters, digits, '.', '_', '-' (or \"\" for the topic's own objects)")
+        if self.storage_group.startswith("compacted."):
+            raise ConfigError(f"topic {self.name}: storage_group {self.storage_group!r}: names starting with "
+                              "'compacted.' hold compacted topics' parts")
         if self.name.startswith(INTERNAL_PREFIX):
             raise ConfigError(f"topic name {self.name!r}: names starting with {INTERNAL_PREFIX!r} "
                               "are reserved for memq's internal topics")
@@ -245,6 +259,17 @@ class TopicConfig:
         if self.max_message_bytes > self.batch_bytes:
             raise ConfigError(f"topic {self.name}: max_message_bytes must be <= batch_bytes")
         self._check_latency_budget()
+        if self.min_cleanable_dirty_ratio > 1:
+            raise ConfigError(f"topic {self.name}: min_cleanable_dirty_ratio {self.min_cleanable_dirty_ratio} must be "
+                              "between 0 and 1 (a share of the log)")
+        if self.compacted and self.read_partitions != 1:
+            # memq picks a batch's notification partition itself, so one key's records would spread over
+            # partitions and compaction (per partition) could not leave one value per key
+            raise ConfigError(f"topic {self.name}: a compacted topic (cleanup_policy {self.cleanup_policy!r}) has one "
+                              f"read partition, not {self.read_partitions}, until memq places records by key")
+        if self.max_compaction_lag_ms is not None and self.max_compaction_lag_ms < self.min_compaction_lag_ms:
+            raise ConfigError(f"topic {self.name}: max_compaction_lag_ms {self.max_compaction_lag_ms} must be >= "
+                              f"min_compaction_lag_ms {self.min_compaction_lag_ms}")
 
     def _check_latency_budget(self) -> None:
         where = f"topic {self.name}"
@@ -267,6 +292,16 @@ class TopicConfig:
                 f"topic {self.name}: retention_bytes counts a topic's own objects only, and in storage group "
                 f"{self.storage_group!r} its data is in shared objects, which expire by retention_ms: set "
                 f'storage_group = "" (objects of its own) or use retention_ms alone')
+
+    @property
+    def compacted(self) -> bool:
+        """Whether the topic keeps the latest record per key (records need keys)."""
+        return self.cleanup_policy != "delete"
+
+    @property
+    def expires(self) -> bool:
+        """Whether retention_ms/bytes expire the topic's records ("delete" in cleanup_policy)."""
+        return "delete" in self.cleanup_policy
 
     @property
     def hold_until_ms(self) -> int:
@@ -327,6 +362,12 @@ class BrokerConfig:
     # gzip, the one every Kafka client decodes without a plug-in (kafkajs: gzip alone), measured
     # in docs/DECISIONS.md ("Records for every reader").
     kafka_compression: Literal["none", "gzip", "snappy", "lz4", "zstd"] = "gzip"
+    # Transactions (memq.broker.txn): how often a broker finishes decided transactions and aborts
+    # those past their transaction.timeout.ms, and the longest timeout a producer may ask
+    # (Kafka's transaction.max.timeout.ms)
+    txn_scan_ms: int = setting(1_000, ge=1)
+    txn_max_timeout_ms: int = setting(900_000, ge=1)
+    txn_id_expiration_ms: int = setting(604_800_000, ge=1)   # an id unused this long is forgotten (Kafka's too)
 
     def __post_init__(self) -> None:
         check_choice(self, "kafka_compression", "broker")

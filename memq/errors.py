@@ -83,6 +83,11 @@ class StateFencedError(CoordinationError):
     """Another broker took over a share-partition's state: this one must stop writing it."""
 
 
+class TxnConflictError(CoordinationError):
+    """A transaction's stored state changed since this broker read it (another broker wrote it):
+    read it again and decide again."""
+
+
 # --- broker / client protocol ---------------------------------------------------------------
 
 
@@ -102,12 +107,29 @@ class ProduceError(MemqError):
     """A Message could not be stored; the message says why (from the broker's error ack)."""
 
 
+class KeyRequiredError(InvalidInputError):
+    """A record without a key was sent to a compacted topic (`cleanup_policy` with compact): it
+    keeps the latest record per key, so a record must have one (Kafka refuses such records too)."""
+
+
 class ProducerTimeoutError(ProduceError):
     """`send` waited longer than `max_block_ms`, or a Message got no ack within its timeout."""
 
 
 class ProducerClosedError(ProduceError):
     """The producer was closed; no more sends are accepted."""
+
+
+class TransactionError(ProduceError):
+    """A transactional Producer's call does not fit its transaction's state (send or commit with
+    none begun, a second begin), or the transaction cannot commit (one of its Messages failed:
+    abort it and begin again); the message says which."""
+
+
+class ProducerFencedError(TransactionError):
+    """A newer Producer with the same transactional id took over (or the coordinator aborted this
+    one's transaction after its timeout, with the same effect): this Producer can do nothing more
+    transactionally; close it (Kafka's ProducerFencedException)."""
 
 
 class AuthenticationError(MemqError):

@@ -116,8 +116,8 @@ def test_confluent_admin_creates_describes_alters_grows_and_deletes(gc: Governed
 
     for entry, words in [(ConfigEntry("segment.bytes", "1", incremental_operation=AlterConfigOpType.SET),
                           "segment.bytes"),
-                         (ConfigEntry("cleanup.policy", "compact", incremental_operation=AlterConfigOpType.SET),
-                          "compaction is not served yet")]:
+                         (ConfigEntry("cleanup.policy", "shred", incremental_operation=AlterConfigOpType.SET),
+                          "want delete, compact or compact,delete")]:
         bad = ConfigResource(ConfigResource.Type.TOPIC, topic, incremental_configs=[entry])
         err = kafka_error(admin.incremental_alter_configs([bad])[bad])
         assert err is not None and err.code() == KafkaError.INVALID_CONFIG and words in err.str()

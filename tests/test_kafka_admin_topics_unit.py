@@ -56,11 +56,13 @@ def test_incremental_sets_and_deletes_and_refuses_what_memq_lacks() -> None:
            ("retention.bytes", AlterOp.SET, "5000"), ("memq.expected.mbps", AlterOp.SET, "2.5"),
            ("memq.read.partitions", AlterOp.SET, "3"), ("cleanup.policy", AlterOp.SET, "delete")]
     changes = tc.incremental(cur, ops, CLUSTER)
-    assert changes == {"retention_ms": 1000, "batch_ms": 250, "retention_bytes": 5000, "expected_mbps": 2.5}
+    assert changes == {"retention_ms": 1000, "batch_ms": 250, "retention_bytes": 5000, "expected_mbps": 2.5,
+                       "cleanup_policy": "delete"}
     assert tc.incremental(cur, [("retention.bytes", AlterOp.SET, "-1")], CLUSTER) == {"retention_bytes": None}
     for ops, words in [([("segment.bytes", AlterOp.SET, "1")], "segment.bytes: memq has no such topic setting"),
-                       ([("cleanup.policy", AlterOp.SET, "compact")], "compaction is not served yet"),
-                       ([("cleanup.policy", AlterOp.APPEND, "compact")], "APPEND"),
+                       ([("cleanup.policy", AlterOp.SET, "shred")], "want delete, compact or compact,delete"),
+                       ([("cleanup.policy", AlterOp.SUBTRACT, "delete")], "cleanup.policy=: want delete"),
+                       ([("retention.ms", AlterOp.APPEND, "1")], "APPEND"),
                        ([("retention.ms", AlterOp.SUBTRACT, "1")], "SUBTRACT"),
                        ([("message.timestamp.type", AlterOp.SET, "LogAppendTime")], "message.timestamp.type"),
                        ([("memq.read.partitions", AlterOp.SET, "5")], "CreatePartitions"),

@@ -142,7 +142,7 @@ def _decode_acks_v1(frame: bytes) -> list[dict[str, object]]:
 
 
 def test_ack_version_2_throttle_time_round_trips_and_version_1_clients_still_parse_it() -> None:
-    assert ACK_VERSION == 2
+    assert ACK_VERSION >= 2
     throttled = [Ack(7, True, AckCode.OK, "", "bkt", "00/dev/topics/t/x", 1, 0, 5, throttle_ms=1250),
                  Ack(8, True, throttle_ms=1)]
     frame = encode_acks(throttled)

@@ -48,6 +48,7 @@ async def serve(config: MemqConfig) -> None:
     agent = await start_agent(broker, config, broker.metrics.registry, broker.storage_metrics)   # None unless zookeeper.enabled
     if agent is not None:
         broker.cluster_view = agent.metadata
+        agent.janitor.held = broker.txns.store.pending_objects   # a governing broker keeps transactions' objects
         broker.set_ready()   # the agent's start hosted the topics assigned to this broker
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -17,7 +17,7 @@ from prometheus_client import Histogram
 
 from memq.clock import Clock
 from memq.config import TopicConfig
-from memq.format import MessageHeader
+from memq.format import MessageHeader, Notification
 from memq.format.wire import AckCode, AckLevel
 from memq.security.acl import Operation
 from memq.security.quota import ANONYMOUS, Throttler
@@ -76,6 +76,11 @@ class Ticket:
                      reply: Reply, *, seal: bool = False) -> None:
         """`TopicProcessor.append`: `reply` gets the Message's ack exactly once."""
         await self._processor.append(message, header, request_id, level, reply, seal=seal)
+
+    async def store_apart(self, messages: list[memoryview], headers: list[MessageHeader]) -> tuple[str, Notification]:
+        """A transaction's Messages stored as their own object, not published: (notification topic,
+        notification) for its pending entry (`TopicProcessor.store_apart`)."""
+        return await self._processor.store_apart(messages, headers)
 
     def seal_if_at_least(self, nbytes: int) -> bool:
         """Seal the topic's filling batch if it holds `nbytes` or more; True if it did."""

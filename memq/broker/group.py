@@ -24,7 +24,7 @@ from memq.clock import Clock, SystemClock
 from memq.config import TopicConfig
 from memq.errors import NotifyError
 from memq.format import NOTIFICATION_VERSION, Notification, encode_batch, object_crc32c
-from memq.format.message import Buffer
+from memq.format.message import Buffer, MessageHeader
 from memq.format.wire import AckCode
 from memq.storage import ObjectLocation, StorageHandler
 from memq.storage.naming import parse_key
@@ -163,6 +163,23 @@ class GroupWriter:
         storage reports throttling, so a throttled store gets fewer, larger PUTs (size and flush
         seals are unchanged: memory stays bounded by batch_bytes per slot)."""
         return throttled_age_s(batch_ms, self._storage.pressure())
+
+    async def store_apart(self, topic: str, messages: Sequence[memoryview],
+                          headers: Sequence[MessageHeader]) -> Notification:
+        """`topic`'s Messages stored now as an object of their own, its notification NOT published:
+        a transaction's records, published at its commit (`memq.broker.txn`). Raises on a storage failure."""
+        created_ms = int(self._clock.time() * 1000)
+        batch = Batch(opened=0.0, messages=list(messages), headers=list(headers),
+                      logcount=sum(h.count for h in headers))
+        chunks = encode_batch(batch.messages, batch.headers, broker_id=self._broker_id, created_ms=created_ms)
+        first = headers[0]
+        loc = await self._storage.put_batch(topic, chunks, first_request_id=first.producer_id ^ first.sequence,
+                                            timestamp_ms=created_ms, broker_id=self._broker_id, group="")
+        (part,) = layout([chunks])
+        if self._reads is not None:
+            self._reads.stored(loc, part.offset, b"".join(chunks))
+        return notification(topic, batch, loc, part, created_ms=created_ms, attempt=parse_key(loc.key).attempt,
+                            broker_id=self._broker_id)
 
     def seal_soon(self) -> None:
         """A producer flushed: seal `FLUSH_GATHER_S` from now, so the flush's other Messages (one

@@ -266,6 +266,11 @@ class TopicProcessor:
             self._release_slot()
         return batch
 
+    async def store_apart(self, messages: list[memoryview], headers: list[MessageHeader]) -> tuple[str, Notification]:
+        """Messages stored as their own object, unpublished: (notification topic, its notification),
+        for a transaction to publish at its commit (`GroupWriter.store_apart`)."""
+        return self.notification_topic, await self._group.store_apart(self.name, messages, headers)
+
     def track(self, task: asyncio.Task[None]) -> None:
         """The task storing a batch of this topic: `close` waits for it."""
         self._uploads.add(task)

@@ -10,6 +10,12 @@ part however many readers want it), framed once as Kafka RecordBatches (`kafka_a
 without the Messages already announced shortly before in its partition (`kafka_api.dedup`:
 their ids are kept per part in the cache, so a reader at the tail costs no extra GET).
 
+A compacted topic's partition starts with its compacted prefix (`memq.compaction`): the parts its
+current manifest lists hold notifications [0, end) as Kafka RecordBatches with their original
+offsets; `manifest` names it (the ZooKeeper pointer, given by `use_manifests`, then the manifest
+object), `compacted_batches` reads a part's batches from an offset, by ranged GETs through the
+same cache (the part's header and key index once, then a Message a GET).
+
 Blocking Kafka calls run on this object's own threads, so a long poll at the tail never
 starves the event loop's default executor; a tail's consumer is used by one call at a time.
 """
@@ -20,13 +26,16 @@ import asyncio
 import logging
 import time
 from collections import OrderedDict, deque
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from itertools import accumulate
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from crc32c import crc32c
 
+from memq.compaction.manifest import Manifest, ManifestCache, ManifestPointers
+from memq.compaction.parts import PartRef
+from memq.compaction.read import PartReader
 from memq.config import BrokerConfig, KafkaConfig, TopicConfig
 from memq.errors import CorruptDataError, FormatError, ObjectNotFoundError, OffsetOutOfRangeError
 from memq.format import Notification
@@ -218,6 +227,9 @@ class Reads:
         self._opening: dict[tuple[str, int], asyncio.Task[PartitionTail]] = {}
         self._lookup: NotificationConsumer | None = None   # ListOffsets: watermarks, offsets for times
         self._lookup_lock = asyncio.Lock()
+        self._pointers: ManifestPointers | None = None    # compacted prefixes: none without ZooKeeper
+        self._manifests = ManifestCache(storage)
+        self._parts = PartReader(_CachedRanges(storage, cache))
 
     async def _run(self, fn: Callable[..., T], *args: Any) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
@@ -287,6 +299,26 @@ class Reads:
             return tail
         finally:
             del self._opening[key]
+
+    # --- compacted prefixes ------------------------------------------------------------------
+
+    def use_manifests(self, pointers: ManifestPointers) -> None:
+        """Read compacted topics' prefixes through these ZooKeeper pointers."""
+        self._pointers = pointers
+
+    async def manifest(self, topic: str, partition: int) -> Manifest | None:
+        """The current manifest of a compacted topic's partition; None before its first compaction
+        (or without ZooKeeper). The pointer is cached (a watch refreshes it), the manifest by key."""
+        if self._pointers is None:
+            return None
+        pointer = await self._run(self._pointers.get, topic, partition)
+        return None if pointer is None else await self._manifests.load(pointer)
+
+    async def compacted_batches(self, part: PartRef, offset: int) -> AsyncIterator[memoryview]:
+        """A compacted part's RecordBatches as stored (original offsets), from the one holding
+        the first survivor at or after Kafka `offset`."""
+        async for batch in self._parts.batches_from(part, offset):
+            yield batch
 
     # --- parts ---------------------------------------------------------------------------------
 
@@ -412,3 +444,19 @@ class Reads:
         if self._lookup is not None:
             await self._run(self._lookup.close)
         self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+class _CachedRanges:
+    """Ranged GETs of compacted parts through the read cache: one GET per range however many
+    readers want it (a part's objects are immutable)."""
+
+    def __init__(self, storage: StorageHandler, cache: ReadCache) -> None:
+        self._storage = storage
+        self._cache = cache
+
+    async def get_range(self, loc: ObjectLocation, start: int, length: int) -> bytes:
+        async def load() -> tuple[bytes, int]:
+            data = await self._storage.get_range(loc, start, length)
+            return data, len(data)
+        got: bytes = await self._cache.get(("compacted", loc.bucket, loc.key, start, length), load)
+        return got

@@ -19,6 +19,7 @@ from .guard import Guard
 from .metrics import BrokerMetrics
 from .reads import Reads
 from .share.service import Shares
+from .txn.service import Transactions
 
 
 class BrokerCore(Protocol):
@@ -50,6 +51,10 @@ class BrokerCore(Protocol):
     @property
     def shares(self) -> Shares:
         """Share groups: the ones coordinated here, the share-partitions led here (memq.broker.share)."""
+
+    @property
+    def txns(self) -> Transactions:
+        """Kafka transactions: the coordinator's calls and the transactional produce checks (memq.broker.txn)."""
 
     @property
     def cluster_admin(self) -> ClusterAdmin | None:

@@ -22,6 +22,7 @@ from aiohttp import web
 
 from memq.audit.emitter import AuditEmitter, make_audit_sink
 from memq.clock import Clock, SystemClock
+from memq.compaction.manifest import ManifestPointers
 from memq.config import MemqConfig, TopicConfig
 from memq.errors import NotifyError
 from memq.format.kafka_records import KafkaCodec
@@ -47,6 +48,9 @@ from .reads import Reads, framing_codec
 from .share.metrics import register as register_share_metrics
 from .share.service import Shares
 from .share.store import MemoryStateStore, ShareStateStore, ZooKeeperStateStore
+from .txn.relay import GroupOffsetRelay
+from .txn.service import Transactions, coordinator_of
+from .txn.store import MemoryTxnStore, TxnStore, ZooKeeperTxnStore
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +79,8 @@ class Broker:
         self._kafka_audit: AuditEmitter | None = None
         self._reads: Reads | None = None   # made on start, with the storage
         self._shares: Shares | None = None   # made on start: share groups on the Kafka listener
-        self._share_registry: Registry | None = None
+        self._share_registry: Registry | None = None   # ZooKeeper for share groups and transactions
+        self._txns: Transactions | None = None   # made on start, with the publisher
         self.groups = Groups(config.kafka.bootstrap_servers, config.cluster.name, self.broker_id)
         self.cluster_view: Callable[[], ClusterView | None] | None = None   # governed: from ZooKeeper
         self.cluster_admin: ClusterAdmin | None = None   # governed: topics and ACLs through ZooKeeper
@@ -108,6 +113,7 @@ class Broker:
             self._admin = TopicAdmin(self.config.kafka)
         self._reads = Reads(self.config.kafka, self._storage, ReadCache(bc.read_cache_bytes, self.metrics),
                             self.metrics, broker_id=self.broker_id, compression=self._framing_codec)
+        self._txns = await self._make_txns()
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((bc.host, bc.port))
@@ -132,6 +138,7 @@ class Broker:
         self._runner = web.AppRunner(self.app, handle_signals=False, access_log=None)
         await self._runner.setup()
         await web.SockSite(self._runner, sock, ssl_context=tls).start()
+        self._txns.start(self._coordinates)
         log.info("broker %s listening on %s, topics %s", self.broker_id, self.url, sorted(self._processors))
         return self.url
 
@@ -153,6 +160,8 @@ class Broker:
             await asyncio.to_thread(self._kafka_audit.close)
         if self._shares is not None:
             await self._shares.close()
+        if self._txns is not None:
+            await self._txns.close()
         if self._share_registry is not None:
             await asyncio.to_thread(self._share_registry.close)
         if self._reads is not None:
@@ -175,12 +184,39 @@ class Broker:
         """Share-partition state in ZooKeeper when the cluster has it (its own session), else in memory."""
         store: ShareStateStore = MemoryStateStore()
         if self.config.zookeeper.enabled:
-            self._share_registry = await asyncio.to_thread(
-                Registry(self.config.zookeeper, self.config.cluster.name).start)
+            if self._share_registry is None:
+                self._share_registry = await asyncio.to_thread(
+                    Registry(self.config.zookeeper, self.config.cluster.name).start)
             store = ZooKeeperStateStore(self._share_registry)
+            self.reads.use_manifests(ManifestPointers(self._share_registry))   # compacted topics' prefixes
         shares = Shares(self.config.share, store, self._clock, self.broker_id)
         register_share_metrics(shares, self.metrics.registry)
         return shares
+
+    async def _make_txns(self) -> Transactions:
+        """Transaction state in ZooKeeper when the cluster has it (shared with share groups' session),
+        else in memory (one broker); group offsets relayed as the Kafka door's are."""
+        store: TxnStore = MemoryTxnStore()
+        if self.config.zookeeper.enabled:
+            if self._share_registry is None:
+                self._share_registry = await asyncio.to_thread(
+                    Registry(self.config.zookeeper, self.config.cluster.name).start)
+            store = ZooKeeperTxnStore(self._share_registry)
+        assert self._publisher is not None
+        relay = GroupOffsetRelay(self.groups, lambda: self.metadata().topics, f"memq-broker-{self.broker_id}-txn")
+        bc = self.config.broker
+        return Transactions(store, self._publisher, relay, self._clock, registry=self.metrics.registry,
+                            max_timeout_ms=bc.txn_max_timeout_ms, scan_s=bc.txn_scan_ms / 1000,
+                            full_scan_s=30 * bc.txn_scan_ms / 1000, id_expiration_ms=bc.txn_id_expiration_ms)
+
+    def _coordinates(self, txn_id: str) -> bool:
+        """This broker coordinates `txn_id` (or no broker has a Kafka listener: any may)."""
+        return coordinator_of(self.metadata(), txn_id) in (None, self.broker_id)
+
+    @property
+    def txns(self) -> Transactions:
+        assert self._txns is not None, "start() first"
+        return self._txns
 
     # --- topics (the governor drives these) ----------------------------------------------------
 
@@ -283,7 +319,8 @@ class Broker:
             brokers=(BrokerMetadata(self.broker_id, self.url, c.broker.rack, c.broker.max_frame_bytes,
                                     self.kafka_address),),
             topics={name: TopicMetadata(name, p.notification_topic, p.config.read_partitions, (self.url,),
-                                          p.config.retention_ms, p.config.storage_group)
+                                          p.config.retention_ms, p.config.storage_group,
+                                          cleanup_policy=p.config.cleanup_policy)
                     for name, p in self._processors.items()})
         return own.overlaid(self.cluster_view() if self.cluster_view is not None else None)
 

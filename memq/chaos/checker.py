@@ -9,12 +9,18 @@ already delivered is a redelivery, counted against the fault that last started b
 (a SIGKILLed consumer's restart re-reads what it had not committed: at-least-once). Write
 amplification is the record copies in storage (every object, announced or not) over the
 records acked: 1.0 when every acked record was written once, more when resends were stored.
+
+A compacted topic keeps only the latest record per key, so "every acked record is reachable"
+does not hold there by design; its rule is `check_compacted`: reading the topic from earliest
+(the compacted prefix, then the tail), the last record of each key is the key's latest acked
+write, or one that may have been ordered after it (it was not done before that write began);
+a key whose latest acked write is a tombstone may be absent.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 
@@ -180,3 +186,57 @@ def _fault_row(f: FaultWindow, obs: Observations, lost: set[str], ack_times: Seq
                     None if after is None else after - f.end_s,
                     _max_gap(ack_times, f.start_s, gap_end), len(redelivered),
                     sum(copies[a.record_id] for a in inside) / acked if acked else None)
+
+
+@dataclass(frozen=True)
+class KeyedWrite:
+    """One send to a compacted topic: its key, whether it was a tombstone, how it ended."""
+
+    key: str
+    record_id: str
+    sent_s: float
+    done_s: float
+    ok: bool
+    tombstone: bool = False
+
+
+@dataclass(frozen=True)
+class CompactedVerdict:
+    keys: int                        # keys with an acked write
+    lost: tuple[str, ...]            # keys whose latest acked value did not survive (must be empty)
+    unknown: tuple[str, ...]         # keys whose surviving record no write of that key made (must be empty)
+
+    @property
+    def passed(self) -> bool:
+        return not self.lost and not self.unknown
+
+    def problems(self) -> list[str]:
+        out = []
+        if self.lost:
+            out.append(f"{len(self.lost)} keys lost their latest acked value (e.g. {', '.join(self.lost[:5])})")
+        if self.unknown:
+            out.append(f"{len(self.unknown)} keys read a record never written to them "
+                       f"(e.g. {', '.join(self.unknown[:5])})")
+        return out
+
+
+def check_compacted(writes: Iterable[KeyedWrite], state: Mapping[str, str]) -> CompactedVerdict:
+    """`state`: key -> record id of the last record of that key a reader from earliest got."""
+    by_key: dict[str, list[KeyedWrite]] = {}
+    for w in writes:
+        by_key.setdefault(w.key, []).append(w)
+    unknown = sorted(k for k in state if state[k] not in {w.record_id for w in by_key.get(k, ())})
+    lost: list[str] = []
+    for key, ws in sorted(by_key.items()):
+        acked = [w for w in ws if w.ok]
+        if not acked or key in unknown:
+            continue
+        latest = max(acked, key=lambda w: w.done_s)
+        got = next((w for w in ws if w.record_id == state.get(key)), None)
+        if got is None:
+            if not latest.tombstone:
+                lost.append(key)
+        elif got is not latest and got.done_s < latest.sent_s:   # surely ordered before the latest
+            lost.append(key)
+    return CompactedVerdict(sum(1 for ws in by_key.values() if any(w.ok for w in ws)), tuple(lost),
+                            tuple(unknown))

@@ -11,6 +11,7 @@ from memq.cli.broker import broker
 from memq.cli.consume import consume
 from memq.cli.cost import cost
 from memq.cli.dev import dev
+from memq.cli.get import get
 from memq.cli.governor import governor
 from memq.cli.produce import produce
 from memq.cli.security import acl, token
@@ -33,6 +34,7 @@ main.add_command(dev)
 main.add_command(topic)
 main.add_command(produce)
 main.add_command(consume)
+main.add_command(get)
 main.add_command(broker)
 main.add_command(status)
 main.add_command(governor)

@@ -6,7 +6,8 @@ import signal
 import sys
 import threading
 import time
-from contextlib import closing, nullcontext
+from collections.abc import Iterator
+from contextlib import closing, contextmanager, nullcontext
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
@@ -19,6 +20,8 @@ from memq.cli._common import config_of
 
 if TYPE_CHECKING:
     from memq.client.consumer import Consumer
+    from memq.compaction.manifest import ManifestPointers
+    from memq.config import MemqConfig
 
 
 @click.command()
@@ -56,7 +59,8 @@ def consume(ctx: click.Context, topic: str, group: str | None, from_beginning: b
     live = Live(console=err, transient=False, refresh_per_second=4, redirect_stdout=False)
     audit = make_audit_sink(config, client_id="memq-consume")   # None when [audit] enabled = false
     with closing(audit) if audit is not None else nullcontext(), \
-            Consumer(config, topic, group_id=group, audit=audit) as consumer, \
+            _pointers(config, resolved.topic.cleanup_policy) as pointers, \
+            Consumer(config, topic, group_id=group, audit=audit, pointers=pointers) as consumer, \
             live if show_live else nullcontext():
         try:
             _wait_assignment(consumer, 30.0, stop)
@@ -70,7 +74,7 @@ def consume(ctx: click.Context, topic: str, group: str | None, from_beginning: b
                     if not count_only:
                         if keys:
                             out.write((record.key or b"") + b"\t")
-                        out.write(record.value + b"\n")
+                        out.write((record.value or b"") + b"\n")   # a compacted tombstone: None
                     if stop.is_set() or (max_messages is not None and seen + got >= max_messages):
                         break
                 seen += got
@@ -93,6 +97,21 @@ def consume(ctx: click.Context, topic: str, group: str | None, from_beginning: b
     err.print(f"{seen:,} messages from {topic} in {elapsed:.1f} s ({seen / max(elapsed, 1e-9):,.0f} msg/s); "
               f"{m.duplicates_dropped:,} duplicates dropped ({m.duplicate_messages:,} retried Messages), "
               f"{m.expired:,} expired")
+
+
+@contextmanager
+def _pointers(config: MemqConfig, cleanup_policy: str) -> Iterator[ManifestPointers | None]:
+    """A compacted topic's prefixes through ZooKeeper, when the config names it (else the notifications alone)."""
+    if "compact" not in cleanup_policy or not config.zookeeper.enabled:
+        yield None
+        return
+    from memq.compaction.manifest import ManifestPointers
+    from memq.governor.registry import Registry
+    registry = Registry(config.zookeeper, config.cluster.name).start()
+    try:
+        yield ManifestPointers(registry)
+    finally:
+        registry.close()
 
 
 def _stop_on_sigterm() -> threading.Event:

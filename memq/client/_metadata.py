@@ -40,6 +40,7 @@ class TopicRouter:
         self._down: dict[str, float] = {}                # url -> monotonic time it may be tried again
         self._frame_limits: dict[str, int] = {}          # url -> the largest frame it reads, as it said
         self._refreshing: SingleFlight[str, list[str]] = SingleFlight()
+        self._keyed: set[str] = set()                    # compacted topics: records need keys
 
     async def brokers_for(self, topic: str) -> list[str]:
         """The brokers hosting `topic`; asks the cluster on a miss. UnknownTopicError if none does,
@@ -77,6 +78,10 @@ class TopicRouter:
     def frame_limit(self, url: str) -> int:
         """The largest produce frame broker `url` said it reads (0: not known)."""
         return self._frame_limits.get(url, 0)
+
+    def keyed(self, topic: str) -> bool:
+        """Whether `topic` is compacted (records need keys), as the last metadata said."""
+        return topic in self._keyed
 
     def broker_ok(self, url: str) -> None:
         self._down.pop(url, None)
@@ -126,6 +131,7 @@ class TopicRouter:
                 if b.max_frame_bytes:
                     self._frame_limits[b.url.rstrip("/")] = b.max_frame_bytes
             for name, info in md.topics.items():
+                (self._keyed.add if "compact" in info.cleanup_policy else self._keyed.discard)(name)
                 if info.brokers:
                     hosting.setdefault(name, {}).update(dict.fromkeys(info.brokers))
         if topic not in hosting:

@@ -75,8 +75,10 @@ class Accumulator(Generic[W]):
     """Open buffers per topic, sealed by size or linger into encoded, sequenced Messages."""
 
     def __init__(self, *, seal_bytes: int, producer_id: int, epoch: int, codec: Codec,
-                 clock_ms: Callable[[], int] = now_ms) -> None:
+                 clock_ms: Callable[[], int] = now_ms, transactional_id: str = "") -> None:
+        """`transactional_id`: headroom for a transactional request header (memq.format.wire)."""
         self.seal_bytes = seal_bytes
+        self._transactional_id = transactional_id
         self._producer_id = producer_id
         self._epoch = epoch
         self._codec = codec
@@ -84,6 +86,13 @@ class Accumulator(Generic[W]):
         self._compressors = Compressors()
         self._open: dict[str, _Open[W]] = {}
         self._sequences: dict[str, int] = {}
+
+    def restamp(self, producer_id: int, epoch: int) -> None:
+        """Messages sealed from now on carry these ids (a transaction's init gave them); nothing
+        may be open, so no Message mixes records of two producer instances."""
+        if self._open:
+            raise MemqError(f"restamp with records buffered for {sorted(self._open)}")
+        self._producer_id, self._epoch = producer_id, epoch
 
     def knows(self, topic: str) -> bool:
         return topic in self._sequences
@@ -129,7 +138,7 @@ class Accumulator(Generic[W]):
         seq = self._sequences[topic]
         self._sequences[topic] = seq + 1
         created = self._clock_ms()
-        headroom = request_header_size(topic)
+        headroom = request_header_size(topic, self._transactional_id)
         try:
             frame = encode_message(p.records,   # type: ignore[arg-type]  # 5-tuples in LogMessage's field order
                                    producer_id=self._producer_id, epoch=self._epoch, sequence=seq,

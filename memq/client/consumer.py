@@ -21,7 +21,9 @@ The Consumer coordinates its parts, each with one job: `prefetch` (what to fetch
 within the byte budget), `handover` (what `poll()` returns, duplicates dropped),
 `position_policy` (offset-range resets, expiry versus data loss, with `log_start`: where
 DeleteRecords moved a partition's start, as the metadata said when the Consumer was made),
-`commits`, and `random_access` (`read()`); `positions` keeps the offsets.
+`commits`, `random_access` (`read()`), `compacted` (a compacted topic's prefix, read where the
+position is below its compacted end: the latest record per key, original offsets) and `by_key`
+(`get()`: one key's latest value); `positions` keeps the offsets.
 """
 
 from __future__ import annotations
@@ -35,7 +37,9 @@ from functools import partial
 from typing import Protocol
 
 from memq.client.cluster import resolve, resolve_topic
+from memq.client.by_key import KeyLookup, KeyValue
 from memq.client.commits import Committer
+from memq.client.compacted import CompactedRecord, Prefix
 from memq.client.consumer_record import ConsumerRecord, DecodedBatch, batch_pointer, build_records
 from memq.client.handover import ConsumedSink, Handover
 from memq.client.log_start import LogStarts, trim
@@ -46,6 +50,7 @@ from memq.client.prefetch import Fetch, Prefetch, PrefetchBudget
 from memq.client.random_access import RandomAccess
 from memq.client.reader import BatchReader, DataLossPolicy
 from memq.clock import SystemClock
+from memq.compaction.manifest import ManifestPointers
 from memq.config import MemqConfig
 from memq.errors import ConsumerError, DataLossError
 from memq.format.batch import decode_batch_rows
@@ -87,15 +92,19 @@ class Consumer:
     from the config file. `audit` (an `AuditSink`) is told when the last LogMessage of each
     Message was handed over. `on_assign`/`on_revoke` get read partition numbers on
     rebalances (called inside `poll`; on revocation, what was handed over was already
-    committed). `notifications` and `reader` replace the Kafka consumer and the batch reader
-    (tests; the Consumer closes them).
+    committed). `pointers` (`memq.compaction.manifest.ManifestPointers` on the caller's ZooKeeper
+    session) name a compacted topic's prefixes: with them the Consumer reads the latest record per
+    key where compaction reached (`compacted`) and `get` looks in the compacted parts, without
+    them it reads the notifications alone. `notifications` and `reader` replace the Kafka
+    consumer and the batch reader (tests; the Consumer closes them).
     """
 
     def __init__(self, config: MemqConfig, topic: str, *, group_id: str | None = None,
                  audit: ConsumedSink | None = None, subscribe: bool = True,
                  on_assign: Callable[[list[int]], None] | None = None,
                  on_revoke: Callable[[list[int]], None] | None = None,
-                 notifications: NotificationSource | None = None, reader: BatchReader | None = None) -> None:
+                 notifications: NotificationSource | None = None, reader: BatchReader | None = None,
+                 pointers: ManifestPointers | None = None) -> None:
         cc = config.consumer if group_id is None else replace(config.consumer, group_id=group_id)
         self.topic = topic
         self.group_id = cc.group_id
@@ -130,6 +139,14 @@ class Consumer:
             topic, cc.group_id, self._reader, clock=clock,
             open_probe=lambda group: NotificationConsumer(config.kafka, kafka_topic, group_id=group))
         self._user_on_assign, self._user_on_revoke = on_assign, on_revoke
+        self._config, self._kafka_topic, self._read_partitions = config, kafka_topic, resolved.topic.read_partitions
+        self._earliest = cc.auto_offset_reset == "earliest"
+        self._fresh: set[int] = set()        # assigned, nothing read yet: where does it start?
+        self._begin: set[int] = set()        # sought to the beginning: a compacted prefix's, if any
+        self._pointers = pointers
+        self._prefix = (Prefix(topic, pointers, self._reader.fetch_loop)
+                        if pointers is not None and "compact" in resolved.topic.cleanup_policy else None)
+        self._lookup: KeyLookup | None = None
         if subscribe:
             self._notify.subscribe(on_assign=self._on_assign, on_revoke=self._on_revoke)
 
@@ -179,6 +196,16 @@ class Consumer:
         self._check_open()
         return self._random.read(partition, offset, index, timeout)
 
+    def get(self, key: bytes, timeout: float = 10.0) -> KeyValue | None:
+        """The latest record of `key` in a compacted topic (`deleted` if it is a tombstone), None
+        when no record has it: the plain tail newest first, then the compacted parts' key
+        indexes (`memq.client.by_key`). Independent of this consumer's position."""
+        self._check_open()
+        if self._lookup is None:
+            notes = NotificationConsumer(self._config.kafka, self._kafka_topic, group_id=f"{self.group_id}-get")
+            self._lookup = KeyLookup(self.topic, self._read_partitions, notes, self._reader.fetch_loop, self._pointers)
+        return self._lookup.get(key, timeout)
+
     def _top_up(self, wait_s: float) -> None:
         """Apply due offset-range resets, start fetches within the byte budget, and read more
         notifications if all are started."""
@@ -194,9 +221,39 @@ class Consumer:
         records = self._notify.poll(wait_s, max_records=1)
         if records:
             records += self._notify.poll(0.0, max_records=2 * self._fetch_concurrency)
+        if self._prefix is not None:
+            records = self._enter_prefixes(self._prefix, records)
         for r in records:
             self._offsets.fetched(r.partition, r.offset)
         self._prefetch.add(records)
+
+    def _enter_prefixes(self, prefix: Prefix, records: list[NotificationRecord]) -> list[NotificationRecord]:
+        """A partition whose next notification lies below its compacted end reads its compacted
+        parts from there instead, then the plain tail at `end` (its Kafka position moves there).
+        A partition new to this consumer with no committed position starts at the prefix's
+        beginning under auto_offset_reset = earliest (the notifications below `end` may be gone)."""
+        out: list[NotificationRecord] = []
+        moved: set[int] = set()
+        for r in records:
+            if r.partition in moved:
+                continue   # read again from where the Kafka position moved
+            note = r.offset
+            if r.partition in self._begin:
+                note = 0
+            elif r.partition in self._fresh and self._earliest \
+                    and self._notify.committed([r.partition]).get(r.partition) is None:
+                note = 0
+            self._begin.discard(r.partition)
+            self._fresh.discard(r.partition)
+            entered = prefix.enter(r.partition, note)
+            if entered is None:
+                out.append(r)
+                continue
+            parts, end = entered
+            moved.add(r.partition)
+            out += parts
+            self._notify.seek(r.partition, max(end, r.offset))
+        return out
 
     def _lost(self, rec: NotificationRecord, e: DataLossError) -> None:
         """Count a lost batch as expired or skipped, or raise by the position policy."""
@@ -206,6 +263,8 @@ class Consumer:
             self.metrics.data_loss_skipped += 1
 
     def _submit(self, rec: NotificationRecord) -> concurrent.futures.Future[DecodedBatch]:
+        if isinstance(rec, CompactedRecord) and self._prefix is not None:
+            return self._reader.fetch_loop.submit(self._prefix.load(rec))
         if self._starts.deleted(rec.partition, rec.offset):   # not fetched: lost as expired (position_policy)
             gone: concurrent.futures.Future[DecodedBatch] = concurrent.futures.Future()
             gone.set_exception(DataLossError(
@@ -261,10 +320,14 @@ class Consumer:
         self._drop({partition})
         self._notify.seek(partition, offset)
         self._offsets.sought(partition, offset)
+        self._fresh.discard(partition)
+        self._begin.discard(partition)
 
     def seek_to_beginning(self, partitions: Iterable[int] | None = None) -> None:
         for p in self.assignment() if partitions is None else partitions:
             self.seek(p, max(self._notify.watermarks(p)[0], self._starts.first_note(p)))
+            if self._prefix is not None:
+                self._begin.add(p)
 
     def seek_to_end(self, partitions: Iterable[int] | None = None) -> None:
         for p in self.assignment() if partitions is None else partitions:
@@ -294,6 +357,7 @@ class Consumer:
     def _on_assign(self, partitions: list[int]) -> None:
         log.info("consumer %s/%s assigned %s", self.group_id, self.topic, partitions)
         self._ranges.add(partitions)
+        self._fresh.update(partitions)
         if self._user_on_assign is not None:
             self._user_on_assign(partitions)
 
@@ -304,6 +368,7 @@ class Consumer:
         self._drop(mine)
         self._offsets.forget(mine)
         self._ranges.discard(mine)
+        self._fresh.difference_update(mine)
         if self._user_on_revoke is not None:
             self._user_on_revoke(partitions)
 
@@ -323,8 +388,11 @@ class Consumer:
             self._drop(set(self.assignment()) | self._prefetch.partitions())
             try:
                 self._notify.close()
+                if self._lookup is not None:
+                    self._lookup.close()
             finally:
                 self._reader.close()
+
 
     def __enter__(self) -> Consumer:
         return self

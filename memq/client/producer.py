@@ -12,7 +12,14 @@ Message's outcome (and tells the audit sink). Each Message is acked or failed wi
 are bounded too.
 
 Each Message carries the producer id (random u64), epoch and a per-topic sequence, so
-consumers can drop retried duplicates by (producer id, epoch, sequence). The bulk calls
+consumers can drop retried duplicates by (producer id, epoch, sequence).
+
+With a `transactional_id` the Producer writes in transactions (memq.client.transaction):
+`begin()` (the first one also gets the producer id and epoch from the cluster, fencing any older
+Producer of the id), sends, `send_offsets()` for a Consumer group, then `commit()` (flush, then
+the commit: every Message of the transaction becomes visible to readers at once) or `abort()`
+(none ever does). Sends outside a transaction raise TransactionError. Audit reports of a
+transaction's Messages wait for its commit (an aborted Message was never produced). The bulk calls
 (`send_many`, `send_batch`) do no per-record Python work beyond building tuples (with the
 GC paused: they hold no cycles), and return one future for all their records.
 """
@@ -26,17 +33,20 @@ from bisect import bisect_left
 from dataclasses import dataclass
 from itertools import accumulate, repeat
 from operator import add, itemgetter, sub
-from typing import Protocol, Sequence
+from typing import Mapping, Protocol, Sequence
 
 from memq.config import ProducerConfig
-from memq.errors import InvalidInputError, MessageTooLargeError, ProducerClosedError, ProducerTimeoutError
+from memq.errors import (InvalidInputError, KeyRequiredError, MessageTooLargeError, ProducerClosedError,
+                         ProducerTimeoutError, TransactionError)
 from memq.format.codec import Codec
 from memq.format.message import decode_message_header
 from memq.format.records import LogMessage, check_records, gc_paused, timestamp_range
 from memq.format.wire import MAX_TOPIC_BYTES, Ack, AckLevel
 
 from .accumulator import RECORD_OVERHEAD, Accumulator, Sealed, now_ms, record_size
+from .cluster import broker_urls
 from .sender import Connector, Router, Sender
+from .transaction import Transaction
 
 _timestamp_of = itemgetter(3)
 
@@ -130,11 +140,14 @@ Waiter = RecordWaiter | RunWaiter
 class Producer:
     """`send*` buffer records and return futures of their Deliveries; `flush` sends now and
     waits; `close` flushes and closes. `router` and `connector` replace how brokers are found
-    and connected (tests; default: `/v1/metadata` and WebSockets from `config.brokers`)."""
+    and connected (tests; default: `/v1/metadata` and WebSockets from `config.brokers`).
+    `transactional_id`: write in transactions (`begin`, `commit`, `abort`, `send_offsets`);
+    the coordinator aborts one open longer than `transaction_timeout_ms`."""
 
     def __init__(self, config: ProducerConfig, *, producer_id: int | None = None, epoch: int = 0,
                  audit: AuditSink | None = None, router: Router | None = None,
-                 connector: Connector | None = None) -> None:
+                 connector: Connector | None = None, transactional_id: str | None = None,
+                 transaction_timeout_ms: int = 60_000) -> None:
         if config.codec not in ("none", "zstd", "gzip", "arrow"):
             raise InvalidInputError(f"producer.codec {config.codec!r}: use none, zstd, gzip or arrow")
         self.config = config
@@ -146,8 +159,14 @@ class Producer:
             self._seal_bytes //= 2    # outgrow the estimate's 16 B of framing (~1.5x for empty values)
         self._acc: Accumulator[Waiter] = Accumulator(
             seal_bytes=self._seal_bytes, producer_id=self.producer_id,
-            epoch=epoch, codec=Codec[config.codec.upper()])
-        self._sender: Sender[Waiter] = Sender(config, self._done, router=router, connector=connector)
+            epoch=epoch, codec=Codec[config.codec.upper()], transactional_id=transactional_id or "")
+        self._sender: Sender[Waiter] = Sender(config, self._done, router=router, connector=connector,
+                                              transactional_id=transactional_id or "")
+        self._txn = None if transactional_id is None else Transaction(
+            transactional_id, timeout_ms=transaction_timeout_ms, brokers=broker_urls(config.brokers),
+            open_conn=self._sender.open, timeout_s=config.request_timeout_ms / 1000,
+            deadline_s=config.delivery_timeout_ms / 1000, backoff_s=config.retry_backoff_ms / 1000)
+        self._txn_audit: list[Sealed[Waiter]] = []   # the open transaction's Messages, reported at commit
         self.metrics = self._sender.metrics   # throttle time reported by brokers (quotas)
         self._linger: dict[str, asyncio.TimerHandle] = {}
         self._buffered = 0
@@ -174,6 +193,8 @@ class Producer:
         record = (bytes(value), key, tuple(headers) if headers else (), ts, None)
         size = record_size(record)
         self._check_size(size)
+        if key is None:
+            await self._check_keys(topic, 1)
         await self._admit(topic, size)
         fut: asyncio.Future[Delivery] = asyncio.get_running_loop().create_future()
         self._add(topic, [record], size, ts, ts, RecordWaiter(fut))
@@ -201,6 +222,9 @@ class Producer:
             # NamedTuple per record (the producer's hottest line)
             records = list(zip(values, repeat(None) if keys is None else keys, repeat(hdrs),
                                repeat(ts), repeat(None)))
+        keyless = len(values) if keys is None else keys.count(None)
+        if keyless:
+            await self._check_keys(topic, keyless)
         return await self._enqueue(topic, records, cum, overhead, ts)
 
     async def send_batch(self, topic: str, records: Sequence[LogMessage]) -> asyncio.Future[list[Delivery]]:
@@ -215,6 +239,9 @@ class Producer:
             records = [r if r[3] else r._replace(timestamp_ms=now) for r in records]
         cum = list(accumulate(map(record_size, records)))
         self._check_size(_largest_step(cum))
+        keyless = sum(1 for r in records if r[1] is None)
+        if keyless:
+            await self._check_keys(topic, keyless)
         return await self._enqueue(topic, list[tuple](records), cum, 0, None)
 
     async def _enqueue(self, topic: str, records: list[tuple], cum: list[int], per_record: int,
@@ -257,7 +284,9 @@ class Producer:
 
     async def close(self, timeout: float | None = None) -> None:
         """Flush (at most `timeout` seconds), then close connections; Messages still unacked
-        then fail with ProducerClosedError. Later sends raise ProducerClosedError."""
+        then fail with ProducerClosedError. Later sends raise ProducerClosedError. A transaction
+        left open is neither committed nor aborted here: the coordinator aborts it after its
+        timeout, or the next Producer of the id at its first begin."""
         if self._closed:
             return
         try:
@@ -266,12 +295,72 @@ class Producer:
             pass   # bounded close: what is left fails below
         finally:
             self._closed = True
+            if self._txn is not None:
+                await self._txn.close()
             await self._sender.close()
+
+    # --- transactions ------------------------------------------------------------------------
+
+    def _transaction(self) -> Transaction:
+        if self._txn is None:
+            raise TransactionError("this Producer has no transactional_id")
+        if self._closed:
+            raise ProducerClosedError("producer is closed")
+        return self._txn
+
+    async def init_transactions(self) -> None:
+        """Get the producer id and a new epoch for the transactional id: any older Producer of
+        the id is fenced, and its open transaction aborted. `begin` calls it the first time."""
+        txn = self._transaction()
+        if self._buffered:
+            raise TransactionError("init_transactions with records buffered or in flight")
+        self.producer_id, self.epoch = await txn.init()
+        self._acc.restamp(self.producer_id, self.epoch)
+
+    async def begin(self) -> None:
+        """Open a transaction: sends from now on belong to it until `commit` or `abort`."""
+        txn = self._transaction()
+        if txn.producer_id < 0:
+            await self.init_transactions()
+        txn.begin()
+        self._txn_audit.clear()
+
+    async def send_offsets(self, group: str, offsets: Mapping[str, Mapping[int, int]]) -> None:
+        """Commit memq Consumer group `group`'s positions with the open transaction: per topic,
+        {read partition: next notification offset} (a Consumer's `position()` after handling
+        everything its polls returned). They become the group's committed offsets if, and when,
+        the transaction commits."""
+        await self._transaction().offsets(group, offsets)
+
+    async def commit(self) -> None:
+        """Send everything buffered, wait for every Message of the transaction, then commit it:
+        readers see all its records, and offsets given to `send_offsets` are committed.
+        TransactionError if a Message failed (abort then); ProducerFencedError if a newer
+        Producer of the id took over."""
+        txn = self._transaction()
+        txn.ending(commit=True)
+        await self.flush()
+        await txn.end(commit=True)
+        if self._audit is not None:
+            for m in self._txn_audit:
+                self._report(m)
+        self._txn_audit.clear()
+
+    async def abort(self) -> None:
+        """Drop the open transaction: what is buffered or in flight is sent and waited for first
+        (so nothing of it lands after the abort), then none of it is ever seen by readers."""
+        txn = self._transaction()
+        txn.ending(commit=False)
+        try:
+            await self.flush()
+        finally:
+            self._txn_audit.clear()
+        await txn.end(commit=False)
 
     # --- buffering -------------------------------------------------------------------------
 
-    async def _admit(self, topic: str, size: int) -> None:
-        """Wait for room in the in-flight budget (bounded by max_block_ms)."""
+    async def _learn(self, topic: str) -> None:
+        """Know `topic` (its brokers and settings) before buffering for it."""
         if self._closed:
             raise ProducerClosedError("producer is closed")
         if not topic or len(topic.encode()) > MAX_TOPIC_BYTES:
@@ -281,6 +370,20 @@ class Producer:
             # Kafka's send() does, up to max_block_ms; then UnknownTopicError, not at ack time
             await self._sender.await_topic(topic, self.config.max_block_ms / 1000)
             self._acc.register(topic)
+
+    async def _check_keys(self, topic: str, keyless: int) -> None:
+        """KeyRequiredError, before anything is buffered, when `keyless` records without a key
+        go to a compacted topic (the broker never decodes records: the producer checks)."""
+        await self._learn(topic)
+        if self._sender.keyed(topic):
+            raise KeyRequiredError(f"topic {topic} is compacted (cleanup.policy with compact): {keyless} "
+                                   "record(s) without a key refused; give every record a key")
+
+    async def _admit(self, topic: str, size: int) -> None:
+        """Wait for room in the in-flight budget (bounded by max_block_ms)."""
+        await self._learn(topic)
+        if self._txn is not None:
+            await self._txn.enter(topic)
         limit = self.config.max_in_flight_bytes
         if self._buffered + size > limit and self._buffered > 0:
             deadline = time.monotonic() + self.config.max_block_ms / 1000
@@ -330,17 +433,27 @@ class Producer:
         self._buffered -= m.nbytes
         self._room.set()
         if error is not None:
+            if self._txn is not None:
+                self._txn.failed(error)
             for w in m.waiters:
                 w.fail(error)
             return
         assert ack is not None
-        if self._audit is not None and self._sender.ack is not AckLevel.NONE:
-            self._audit.produced(topic=m.topic, producer_id=self.producer_id, epoch=self.epoch,
-                                 sequence=m.sequence, count=m.count,
-                                 digest=decode_message_header(memoryview(m.frame)[m.message_at:]).body_crc32c,
-                                 created_ms=m.created_ms)
+        if self._txn is not None:
+            self._txn_audit.append(m)
+        elif self._audit is not None and self._sender.ack is not AckLevel.NONE:
+            self._report(m)
         for w in m.waiters:
             w.deliver(m, self.producer_id, self.epoch, ack)
+
+
+    def _report(self, m: Sealed[Waiter]) -> None:
+        """Tell the audit sink that Message `m` was produced."""
+        assert self._audit is not None
+        self._audit.produced(topic=m.topic, producer_id=self.producer_id, epoch=self.epoch,
+                             sequence=m.sequence, count=m.count,
+                             digest=decode_message_header(memoryview(m.frame)[m.message_at:]).body_crc32c,
+                             created_ms=m.created_ms)
 
 
 def _largest_step(cum: list[int]) -> int:

@@ -191,6 +191,11 @@ class BatchReader:
         self._compressors = Compressors()   # used only in the CPU worker
         self._decode = decode
 
+    @property
+    def fetch_loop(self) -> FetchLoop:
+        """Its loop: GETs and CPU work of other readers of the same objects (compacted parts, by key)."""
+        return self._fetch
+
     def submit(self, ptr: BatchPointer, build: Callable[[Any], T]) -> concurrent.futures.Future[T]:
         """Start fetching `ptr`; the future holds `build(decoded batch)` (`Decoded` unless the
         reader was given another `decode`) or raises DataLossError."""

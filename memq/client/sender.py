@@ -30,7 +30,7 @@ import aiohttp
 
 from memq.config import ProducerConfig
 from memq.errors import AuthenticationError, AuthorizationError, BrokerUnavailableError, ConfigError, MemqError, MessageTooLargeError, ProduceError, \
-    ProducerClosedError, ProducerTimeoutError, UnknownTopicError
+    ProducerClosedError, ProducerFencedError, ProducerTimeoutError, TransactionError, UnknownTopicError
 from memq.format.wire import RETRIABLE_CODES, REQUEST_HEADER_SIZE, Ack, AckCode, AckLevel, RequestFlag, \
     pack_request_header_into
 
@@ -75,6 +75,7 @@ class Router(Protocol):
     def redirect(self, topic: str, brokers: tuple[str, ...]) -> None: ...
     def forget(self, topic: str) -> None: ...
     def frame_limit(self, url: str) -> int: ...
+    def keyed(self, topic: str) -> bool: ...
 
 
 @dataclass(slots=True, eq=False)   # identity semantics: kept in sets
@@ -99,9 +100,13 @@ class Sender(Generic[W]):
     """Attempts sealed Messages until each is acked or has failed; `on_done(sealed, error, ack)`."""
 
     def __init__(self, config: ProducerConfig, on_done: Callable[[Sealed[W], BaseException | None, Ack | None], None],
-                 *, router: Router | None = None, connector: Connector | None = None) -> None:
+                 *, router: Router | None = None, connector: Connector | None = None,
+                 transactional_id: str = "") -> None:
+        """`transactional_id`: every Message goes in a transaction of that id (a version 4 request,
+        acked once stored and recorded as pending: ack=all whatever `config.ack` says)."""
         self.config = config
-        self.ack = AckLevel.parse(config.ack)
+        self.transactional_id = transactional_id
+        self.ack = AckLevel.ALL if transactional_id else AckLevel.parse(config.ack)
         self._on_done = on_done
         if config.delivery_timeout_ms < config.request_timeout_ms:
             raise ConfigError(f"producer.delivery_timeout_ms={config.delivery_timeout_ms} must be >= "
@@ -134,6 +139,10 @@ class Sender(Generic[W]):
     async def brokers_for(self, topic: str) -> list[str]:
         """The brokers hosting `topic` (UnknownTopicError if none does)."""
         return await self._router_for().brokers_for(topic)
+
+    def keyed(self, topic: str) -> bool:
+        """Whether records to `topic` need a key (it is compacted), as the cluster last said."""
+        return self._router_for().keyed(topic)
 
     async def await_topic(self, topic: str, timeout_s: float) -> None:
         """Return once a broker hosts `topic`, asking the cluster again after each backoff;
@@ -246,7 +255,7 @@ class Sender(Generic[W]):
         self._in_flight[request_id] = msg
         if self.ack is not AckLevel.NONE:
             msg.timer = asyncio.get_running_loop().call_later(self._timeout_s, self._timed_out, msg, request_id)
-        pack_request_header_into(msg.sealed.frame, request_id, self.ack, topic, msg.flags)
+        pack_request_header_into(msg.sealed.frame, request_id, self.ack, topic, msg.flags, self.transactional_id)
         try:
             await conn.send(msg.sealed.frame)
         except BrokerUnavailableError as e:
@@ -289,6 +298,10 @@ class Sender(Generic[W]):
             self._finish(msg, MessageTooLargeError(why))
         elif ack.code == AckCode.DENIED:
             self._finish(msg, AuthorizationError(why))
+        elif ack.code == AckCode.FENCED:
+            self._finish(msg, ProducerFencedError(why))
+        elif ack.code == AckCode.TXN_STATE:
+            self._finish(msg, TransactionError(why))
         else:
             self._finish(msg, ProduceError(why))
 
@@ -396,16 +409,19 @@ class Sender(Generic[W]):
             return conn
         return await self._connecting.run(url, lambda: self._connect(url))
 
-    async def _connect(self, url: str) -> Connection:
+    async def open(self, url: str, on_ack: Callable[[Ack], None], on_lost: Callable[[Any, str], None]) -> Connection:
+        """A connection of its own to broker `url` (a transaction's calls), with this producer's
+        settings and credentials; its acks go to `on_ack`, not to the Messages'."""
         if self._connector is not None:
-            conn = await self._connector(url, self._on_ack, self._on_lost)
-        else:
-            ws = BrokerConnection(url, self._session_for(), on_ack=self._on_ack, on_lost=self._on_lost,
-                                  timeout_s=self._timeout_s,
-                                  max_frame_bytes=self.config.max_message_bytes + REQUEST_HEADER_SIZE,
-                                  auth=self._auth, broker_frame_limit=self._router_for().frame_limit(url))
-            await ws.connect()
-            conn = ws
+            return await self._connector(url, on_ack, on_lost)
+        ws = BrokerConnection(url, self._session_for(), on_ack=on_ack, on_lost=on_lost, timeout_s=self._timeout_s,
+                              max_frame_bytes=self.config.max_message_bytes + REQUEST_HEADER_SIZE,
+                              auth=self._auth, broker_frame_limit=self._router_for().frame_limit(url))
+        await ws.connect()
+        return ws
+
+    async def _connect(self, url: str) -> Connection:
+        conn = await self.open(url, self._on_ack, self._on_lost)
         self._router_for().broker_ok(url)
         self._conns[url] = conn
         return conn

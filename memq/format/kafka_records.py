@@ -20,6 +20,7 @@ import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import IntEnum
+from typing import NamedTuple
 
 import cramjam
 import zstandard
@@ -152,11 +153,30 @@ def decode_kafka_records(buf: Buffer) -> list[LogMessage]:
     return decode_raw_records(decompress_records(header.codec, memoryview(buf)[KAFKA_BATCH_HEADER_SIZE:]), header)
 
 
+class KafkaEntry(NamedTuple):
+    """One record of a batch as Kafka holds it: null values stay None (a compacted topic's tombstone)."""
+
+    offset_delta: int
+    timestamp_ms: int
+    key: bytes | None
+    value: bytes | None
+    headers: tuple[tuple[str, bytes], ...]
+
+
+def decode_kafka_entries(buf: Buffer) -> list[KafkaEntry]:
+    """Verify one whole batch and decode its records with their offset deltas and null values
+    (compaction keeps each record's offset, and a null value is a tombstone there)."""
+    header = verify_kafka_batch(buf)
+    raw = decompress_records(header.codec, memoryview(buf)[KAFKA_BATCH_HEADER_SIZE:])
+    with gc_paused():
+        return _Records(raw, header).read_all(entries=True)  # type: ignore[return-value]
+
+
 def decode_raw_records(raw: bytes | memoryview, header: KafkaBatchHeader) -> list[LogMessage]:
     """The records of a verified batch, `raw` = its records decompressed: the one definition
     of which records are corrupt (the column reader asks it to word its errors)."""
     with gc_paused():
-        return _Records(raw, header).read_all()
+        return _Records(raw, header).read_all()  # type: ignore[return-value]
 
 
 def decompress_records(codec: KafkaCodec, body: memoryview,
@@ -235,10 +255,11 @@ class _Records:
         self.pos = 0
         self.header = header
 
-    def read_all(self) -> list[LogMessage]:
+    def read_all(self, entries: bool = False) -> list[LogMessage] | list[KafkaEntry]:
+        """The records as LogMessages (null values as b""), or as `KafkaEntry`s if `entries`."""
         h = self.header
         log_append = h.log_append_time
-        out = []
+        out: list = []
         for i in range(h.count):
             length = self.varint()
             end = self.pos + length
@@ -247,14 +268,15 @@ class _Records:
             self.pos += 1   # record attributes: unused by Kafka
             delta = self.varint()
             ts = h.max_timestamp_ms if log_append else h.base_timestamp_ms + delta
-            self.varint()   # offset delta: memq positions are per batch, not per record
+            offset_delta = self.varint()   # memq positions are per batch; compaction keeps them
             key = self.nullable_bytes()
-            value = self.nullable_bytes() or b""
+            value = self.nullable_bytes()
             headers = tuple((self.string(), self.nullable_bytes() or b"") for _ in range(self.count()))
             if self.pos != end:
                 raise CorruptDataError(f"Kafka record {i} is {length} bytes but its fields take "
                                        f"{self.pos - end + length}")
-            out.append(LogMessage(value, key, headers, ts))
+            out.append(KafkaEntry(offset_delta, ts, key, value, headers) if entries
+                       else LogMessage(value or b"", key, headers, ts))
         if self.pos != len(self.buf):
             raise CorruptDataError(f"Kafka batch has {len(self.buf) - self.pos} bytes after its "
                                    f"{h.count} records")
@@ -307,21 +329,25 @@ class _Records:
 
 
 def encode_kafka_batch(records: Sequence[LogMessage], codec: KafkaCodec = KafkaCodec.NONE, *,
-                       zstd: zstandard.ZstdCompressor | None = None) -> bytes:
+                       zstd: zstandard.ZstdCompressor | None = None, base_offset: int = 0,
+                       deltas: Sequence[int] | None = None) -> bytes:
     """One RecordBatch v2 of `records` (base offset 0, record i at offset delta i, CreateTime,
     no producer ids): how memq-produced records are served to Kafka readers, whose Fetch
     rewrites the base offset (it lies outside the CRC). The records are compressed with `codec`
     when that saves at least 5% (random values go out as they are); a caller framing many
-    batches passes its `zstd` context (building one costs more than compressing a small batch)."""
+    batches passes its `zstd` context (building one costs more than compressing a small batch).
+    Compaction passes the records' own `base_offset` and offset `deltas` (increasing, from 0)."""
     if not records:
         raise InvalidInputError("a Kafka record batch needs at least one record")
     base_ts = min(r.timestamp_ms for r in records)
     max_ts = max(r.timestamp_ms for r in records)
     body = bytearray()
+    if deltas is not None and (len(deltas) != len(records) or deltas[0] != 0):
+        raise InvalidInputError(f"{len(deltas)} offset deltas for {len(records)} records, the first must be 0")
     for i, r in enumerate(records):
         rec = bytearray(b"\0")   # record attributes
         rec += _varint(r.timestamp_ms - base_ts)
-        rec += _varint(i)
+        rec += _varint(i if deltas is None else deltas[i])
         _put_bytes(rec, r.key)
         _put_bytes(rec, r.value)
         rec += _varint(len(r.headers))
@@ -330,11 +356,12 @@ def encode_kafka_batch(records: Sequence[LogMessage], codec: KafkaCodec = KafkaC
             _put_bytes(rec, value)
         body += _varint(len(rec))
         body += rec
+    last = len(records) - 1 if deltas is None else deltas[-1]
     if codec is not KafkaCodec.NONE:
         packed = compress_records(codec, body, zstd)
         if len(packed) * 20 <= len(body) * 19:
-            return _batch(codec, len(records), base_ts, max_ts, packed)
-    return _batch(KafkaCodec.NONE, len(records), base_ts, max_ts, body)
+            return _batch(codec, len(records), base_ts, max_ts, packed, base_offset, last)
+    return _batch(KafkaCodec.NONE, len(records), base_ts, max_ts, body, base_offset, last)
 
 
 def compress_records(codec: KafkaCodec, raw: bytes | bytearray, zstd: zstandard.ZstdCompressor | None = None
@@ -374,10 +401,12 @@ def without_compression(buf: Buffer) -> bytes:
     return bytes(out)
 
 
-def _batch(codec: KafkaCodec, count: int, base_ts: int, max_ts: int, records: bytes | bytearray) -> bytes:
+def _batch(codec: KafkaCodec, count: int, base_ts: int, max_ts: int, records: bytes | bytearray,
+           base_offset: int = 0, last_delta: int | None = None) -> bytes:
     out = bytearray(KAFKA_BATCH_HEADER_SIZE)
-    _HEADER.pack_into(out, 0, 0, KAFKA_BATCH_HEADER_SIZE - _LENGTH_END + len(records), -1, 2, 0, int(codec),
-                      count - 1, base_ts, max_ts, -1, -1, -1, count)
+    _HEADER.pack_into(out, 0, base_offset, KAFKA_BATCH_HEADER_SIZE - _LENGTH_END + len(records), -1, 2, 0,
+                      int(codec), count - 1 if last_delta is None else last_delta, base_ts, max_ts, -1, -1, -1,
+                      count)
     out += records
     _CRC.pack_into(out, _CRC_AT, crc32c(memoryview(out)[_CRC_START:]))
     return bytes(out)

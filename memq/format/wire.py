@@ -14,6 +14,14 @@ so that new fields can be added without breaking old clients: a decoder reads th
 knows and ignores the others, and a key is only written when it differs from its default.
 Ack version 2 added `throttle_ms` (a quota delayed the connection, `ACK_VERSION`); version 1
 clients ignore it, and version 2 clients read its absence from version 1 brokers as 0.
+
+Version 4 (`TXN_VERSION`) is a request inside a transaction: version 2's fields plus the
+transactional id, so any broker hosting the topic can check the producer against the
+transaction's state without per-connection bindings. Its Message is stored at once as an object
+of its own and published only when the transaction commits (memq.broker.txn). The producer
+writes it only when it has a transactional id, so brokers before transactions never see one.
+Ack version 3 added `producer_id` and `epoch` (the answer to a transaction's init,
+memq.format.txn_wire).
 """
 
 from __future__ import annotations
@@ -31,16 +39,20 @@ WIRE_MAGIC = b"MQ"
 WIRE_VERSION = 2
 _REQUEST = struct.Struct(">2sBBBQH")   # magic, version, ack level, flags, request id, topic length
 _REQUEST_V1 = struct.Struct(">2sBBQH")  # version 1: no flags byte
-_LAYOUTS = {1: _REQUEST_V1, WIRE_VERSION: _REQUEST}
+TXN_VERSION = 4
+_REQUEST_TXN = struct.Struct(">2sBBBQHH")   # version 2's fields, then the transactional id's length
+_LAYOUTS = {1: _REQUEST_V1, WIRE_VERSION: _REQUEST, TXN_VERSION: _REQUEST_TXN}
+_REQUEST_ID_AT = {1: 3, WIRE_VERSION: 4, TXN_VERSION: 4}   # the request id's index in each layout's fields
 REQUEST_HEADER_SIZE = _REQUEST.size   # of the frames this module writes
 MAX_TOPIC_BYTES = 255
+MAX_TRANSACTIONAL_ID_BYTES = 1024
 BUNDLE_VERSION = 3
 BUNDLE_SUBPROTOCOL = "memq.produce.bundle"   # the WebSocket subprotocol of a broker that reads bundles
 _BUNDLE_HEAD = WIRE_MAGIC + bytes((BUNDLE_VERSION,))
 _LENGTH = struct.Struct(">I")
 BUNDLE_HEAD_BYTES = len(_BUNDLE_HEAD)
 BUNDLE_ENTRY_BYTES = _LENGTH.size   # a bundle's bytes per request beyond the request's own
-ACK_VERSION = 2   # the ack map fields this module knows (documentation: no version travels)
+ACK_VERSION = 3   # the ack map fields this module knows (documentation: no version travels)
 
 
 class AckLevel(IntEnum):
@@ -81,11 +93,14 @@ class AckCode(StrEnum):
     PROTOCOL = "PROTOCOL"
     CLOSING = "CLOSING"
     DENIED = "DENIED"   # an ACL denies the connection's principal this operation on the topic
+    FENCED = "FENCED"         # a newer producer of the same transactional id took over (terminal)
+    TXN_STATE = "TXN_STATE"   # the call does not fit the transaction's state (e.g. commit with none open)
+    TXN_BUSY = "TXN_BUSY"     # the transaction is still completing (Kafka's CONCURRENT_TRANSACTIONS): retry
 
 
 #: Codes after which sending the same Message again (same producer id/epoch/sequence) may work.
 RETRIABLE_CODES = frozenset({AckCode.BUSY, AckCode.NOT_HERE, AckCode.STORAGE, AckCode.NOTIFY,
-                             AckCode.CLOSING})
+                             AckCode.CLOSING, AckCode.TXN_BUSY})
 
 #: Request id used for acks about a frame whose request id could not be read.
 NO_REQUEST_ID = -1
@@ -99,6 +114,7 @@ class ProduceRequest:
     topic: str
     message: memoryview       # the Message bytes (header + body), a slice of the frame
     flags: RequestFlag = RequestFlag.NONE
+    transactional_id: str = ""   # version 4: the transaction holding this Message ("" = none)
 
 
 # not frozen: a frozen dataclass's __init__ (object.__setattr__ per field) costs ~1.2 us more, per Message
@@ -117,6 +133,8 @@ class Ack:
     offset: int = -1
     brokers: tuple[str, ...] = ()
     throttle_ms: int = 0     # ack version 2: the broker stops reading this connection this long (a quota)
+    producer_id: int = -1    # ack version 3: a transaction's producer id and epoch (the answer to its init)
+    epoch: int = -1
     # not on the wire: the index of the Message's first LogMessage in its part (ack=all), so a
     # door computes its first record's Kafka offset (memq.kafka_api.offsets) without decoding
     record: int = -1
@@ -129,32 +147,51 @@ def _topic_bytes(topic: str) -> bytes:
     return tb
 
 
-def request_header_size(topic: str) -> int:
-    """Bytes of the request header in front of a Message for `topic`."""
+def _transactional_id_bytes(transactional_id: str) -> bytes:
+    xb = transactional_id.encode()
+    if len(xb) > MAX_TRANSACTIONAL_ID_BYTES:
+        raise ProtocolError(f"transactional id {transactional_id[:40]!r}...: must be at most "
+                            f"{MAX_TRANSACTIONAL_ID_BYTES} bytes")
+    return xb
+
+
+def request_header_size(topic: str, transactional_id: str = "") -> int:
+    """Bytes of the request header in front of a Message for `topic` (in the transaction
+    `transactional_id`, if one is given)."""
+    if transactional_id:
+        return _REQUEST_TXN.size + len(_topic_bytes(topic)) + len(_transactional_id_bytes(transactional_id))
     return _REQUEST.size + len(_topic_bytes(topic))
 
 
 def pack_request_header_into(frame: bytearray, request_id: int, ack: AckLevel, topic: str,
-                             flags: RequestFlag = RequestFlag.NONE) -> None:
-    """Write the request header into the first `request_header_size(topic)` bytes of `frame`,
-    whose rest holds the Message: the producer encodes each Message with that much headroom
-    and rewrites only this header per attempt, so a 1 MiB frame is never copied to prepend it."""
+                             flags: RequestFlag = RequestFlag.NONE, transactional_id: str = "") -> None:
+    """Write the request header into the first `request_header_size(topic, transactional_id)`
+    bytes of `frame`, whose rest holds the Message: the producer encodes each Message with that
+    much headroom and rewrites only this header per attempt, so a 1 MiB frame is never copied to
+    prepend it. A transactional id makes it a version 4 header."""
     tb = _topic_bytes(topic)
-    _REQUEST.pack_into(frame, 0, WIRE_MAGIC, WIRE_VERSION, int(ack), int(flags), request_id, len(tb))
-    frame[_REQUEST.size:_REQUEST.size + len(tb)] = tb
+    if not transactional_id:
+        _REQUEST.pack_into(frame, 0, WIRE_MAGIC, WIRE_VERSION, int(ack), int(flags), request_id, len(tb))
+        frame[_REQUEST.size:_REQUEST.size + len(tb)] = tb
+        return
+    xb = _transactional_id_bytes(transactional_id)
+    at = _REQUEST_TXN.size
+    _REQUEST_TXN.pack_into(frame, 0, WIRE_MAGIC, TXN_VERSION, int(ack), int(flags), request_id, len(tb), len(xb))
+    frame[at:at + len(tb)] = tb
+    frame[at + len(tb):at + len(tb) + len(xb)] = xb
 
 
 def encode_request_header(request_id: int, ack: AckLevel, topic: str,
-                          flags: RequestFlag = RequestFlag.NONE) -> bytes:
+                          flags: RequestFlag = RequestFlag.NONE, transactional_id: str = "") -> bytes:
     """The fixed header in front of a Message; send `header + message` as one frame."""
-    head = bytearray(request_header_size(topic))
-    pack_request_header_into(head, request_id, ack, topic, flags)
+    head = bytearray(request_header_size(topic, transactional_id))
+    pack_request_header_into(head, request_id, ack, topic, flags, transactional_id)
     return bytes(head)
 
 
 def encode_request(request_id: int, ack: AckLevel, topic: str, message: bytes,
-                   flags: RequestFlag = RequestFlag.NONE) -> bytes:
-    return encode_request_header(request_id, ack, topic, flags) + message
+                   flags: RequestFlag = RequestFlag.NONE, transactional_id: str = "") -> bytes:
+    return encode_request_header(request_id, ack, topic, flags, transactional_id) + message
 
 
 def _layout(frame: bytes | memoryview) -> struct.Struct | None:
@@ -167,7 +204,7 @@ def peek_request_id(frame: bytes | memoryview) -> int:
     layout = _layout(frame)
     if layout is None or len(frame) < layout.size:
         return NO_REQUEST_ID
-    return layout.unpack_from(frame)[-2]
+    return layout.unpack_from(frame)[_REQUEST_ID_AT[frame[2]]]
 
 
 def is_bundle(frame: bytes | memoryview) -> bool:
@@ -215,17 +252,22 @@ _FLAGS = {int(f): f for f in (RequestFlag.NONE, RequestFlag.SEAL)}   # every val
 
 
 def decode_request(frame: bytes | memoryview) -> ProduceRequest:
-    """Parse one client frame (version 1 or 2); raises ProtocolError naming what is wrong."""
+    """Parse one client frame (version 1, 2 or 4); raises ProtocolError naming what is wrong."""
     n = len(frame)
     layout = _layout(frame) or _REQUEST
     size = layout.size
     if n < size:
         raise ProtocolError(f"produce frame of {n} bytes is shorter than the {size}-byte header")
-    if layout is _REQUEST_V1:
+    xlen = 0
+    if layout is _REQUEST:
+        magic, version, ack, flags, request_id, tlen = layout.unpack_from(frame)
+    elif layout is _REQUEST_V1:
         magic, version, ack, request_id, tlen = layout.unpack_from(frame)
         flags = 0
     else:
-        magic, version, ack, flags, request_id, tlen = layout.unpack_from(frame)
+        magic, version, ack, flags, request_id, tlen, xlen = layout.unpack_from(frame)
+        if xlen == 0:
+            raise ProtocolError(f"request {request_id}: a version {TXN_VERSION} request names no transactional id")
     if magic != WIRE_MAGIC:
         raise ProtocolError(f"produce frame has bad magic {magic!r} (expected {WIRE_MAGIC!r})")
     if version not in _LAYOUTS:
@@ -236,14 +278,20 @@ def decode_request(frame: bytes | memoryview) -> ProduceRequest:
     if flags & ~int(RequestFlag.SEAL):   # int: ~ of an IntFlag drops the unknown bits
         raise ProtocolError(f"request {request_id}: unknown flags {flags:#04x}")
     end = size + tlen
-    if tlen == 0 or end > n:
+    if tlen == 0 or end + xlen > n:
         raise ProtocolError(f"request {request_id}: topic length {tlen} does not fit a {n}-byte frame")
     view = memoryview(frame)
     try:
         topic = bytes(view[size:end]).decode()
     except UnicodeDecodeError:
         raise ProtocolError(f"request {request_id}: topic is not UTF-8") from None
-    return ProduceRequest(request_id, _ACK_LEVELS[ack], topic, view[end:], _FLAGS[flags])
+    if not xlen:
+        return ProduceRequest(request_id, _ACK_LEVELS[ack], topic, view[end:], _FLAGS[flags])
+    try:
+        transactional_id = bytes(view[end:end + xlen]).decode()
+    except UnicodeDecodeError:
+        raise ProtocolError(f"request {request_id}: transactional id is not UTF-8") from None
+    return ProduceRequest(request_id, _ACK_LEVELS[ack], topic, view[end + xlen:], _FLAGS[flags], transactional_id)
 
 
 def _ack_to_map(a: Ack) -> dict[str, Any]:
@@ -256,6 +304,8 @@ def _ack_to_map(a: Ack) -> dict[str, Any]:
         d["brokers"] = list(a.brokers)
     if a.throttle_ms:
         d["throttle_ms"] = a.throttle_ms
+    if a.producer_id >= 0:
+        d.update(producer_id=a.producer_id, epoch=a.epoch)
     return d
 
 
@@ -279,7 +329,8 @@ def decode_acks(frame: bytes) -> list[Ack]:
                     bucket=str(d.get("bucket", "")), key=str(d.get("key", "")),
                     index=int(d.get("index", -1)), partition=int(d.get("partition", -1)),
                     offset=int(d.get("offset", -1)), brokers=tuple(d.get("brokers", ())),
-                    throttle_ms=_throttle_ms(d.get("throttle_ms", 0)))
+                    throttle_ms=_throttle_ms(d.get("throttle_ms", 0)),
+                    producer_id=int(d.get("producer_id", -1)), epoch=int(d.get("epoch", -1)))
                 for d in items]
     except (ValueError, TypeError, KeyError, AttributeError) as e:   # msgpack's errors are ValueErrors
         raise ProtocolError(f"ack frame of {len(frame)} bytes is malformed: {e}") from None

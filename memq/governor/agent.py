@@ -20,6 +20,8 @@ from typing import Protocol
 from kazoo.protocol.states import KazooState
 from prometheus_client import CollectorRegistry
 
+from memq.compaction.manifest import ManifestPointers
+from memq.compaction.run import Compactor
 from memq.config import MemqConfig, TopicConfig
 from memq.errors import CoordinationError, MemqError
 from memq.format.metadata import BrokerMetadata, ClusterView, TopicMetadata
@@ -62,7 +64,9 @@ class BrokerAgent:
                                         max_rebalance_moves=gc.max_rebalance_moves,
                                         imbalance_threshold=gc.imbalance_threshold),
             interval_s=gc.interval_s, rebalance_interval_s=gc.rebalance_interval_s, metrics=metrics)
-        self.janitor = Janitor(config, self.governor.metrics.registry, storage_metrics=storage_metrics)
+        self.janitor = Janitor(config, self.governor.metrics.registry, storage_metrics=storage_metrics,
+                               compactor=Compactor(config, ManifestPointers(self.registry), self.governor.metrics.registry,
+                                                   broker_id=broker.broker_id))
         self._janitor_stop = asyncio.Event()
         self._janitor_task: asyncio.Task[None] | None = None
         self.view: ClusterState | None = None
@@ -168,7 +172,8 @@ class BrokerAgent:
                           for b in view.brokers.values()),
             topics={name: TopicMetadata(name, cfg.notification_topic_for(cluster), cfg.read_partitions,
                                         tuple(view.topic_urls(name)), cfg.retention_ms, cfg.storage_group,
-                                        tuple(sorted(view.log_starts.get(name, {}).items())))
+                                        tuple(sorted(view.log_starts.get(name, {}).items())),
+                                        cfg.cleanup_policy)
                     for name, cfg in view.topics.items()})
 
     # --- internals -------------------------------------------------------------------------

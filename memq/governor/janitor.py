@@ -13,7 +13,8 @@ Every `governor.janitor_interval_s`, while this process is the governor, for eac
    no notification names (failed notifies, superseded attempts) are deleted too, in sweeps at
    most once per grace, each over the objects stamped since the last sweep (a new janitor
    starts one grace back), so memory and LISTs stay bounded; an orphan no sweep saw (a
-   failover) goes with retention.
+   failover) goes with retention. An object a pending entry of an open transaction names
+   (`held`, memq.broker.txn: stored, published only at its commit) is never an orphan.
 
 Brokers that ignore `retention.ms` or lack DeleteRecords (tansu 0.6 does both) keep expired
 notifications readable: they name deleted objects, which readers report as expired data.
@@ -38,6 +39,13 @@ A shared-group topic's own key space (`topics/<t>/`, objects written while it ha
 listed in full until a listing finds it empty, then no more: brokers write its batches into its
 group's objects, and 256 LIST requests per topic and pass cost a thousand small topics ~$10k a
 month at S3 prices. A new janitor lists each once again.
+
+Compacted topics (`cleanup_policy` with compact, `memq.compaction`): before the topics, the
+`Compactor` compacts the partitions that are due. A compact-only topic expires nothing by time;
+its plain objects go once a manifest that has stood `retention_grace_s` covers them (wholly
+below its `end`), and its compaction home (`groups/compacted.<topic>`) loses every object older
+than `orphan_grace_s` that no manifest a reader may still hold names (`memq.compaction.release`).
+A topic in a shared storage group keeps its shared objects until they expire by the group's rule.
 """
 
 from __future__ import annotations
@@ -51,6 +59,9 @@ from typing import Any, Protocol
 from prometheus_client import CollectorRegistry, Counter
 
 from memq.audit.emitter import make_audit_sink
+from memq.compaction.manifest import compaction_group
+from memq.compaction.release import Release, chain, release
+from memq.compaction.run import Compactor
 from memq.clock import Clock, SystemClock
 from memq.config import MemqConfig, TopicConfig
 from memq.errors import MemqError
@@ -149,7 +160,7 @@ class Janitor:
     def __init__(self, config: MemqConfig, registry: CollectorRegistry, *,
                  storage: ObjectStore | None = None, notifications: NotificationLog | None = None,
                  audit: ExpiryAudit | None = None, storage_metrics: StorageMetrics | None = None,
-                 clock: Clock | None = None) -> None:
+                 clock: Clock | None = None, compactor: Compactor | None = None) -> None:
         gc = config.governor
         self.config = config
         self.interval_s = gc.janitor_interval_s
@@ -164,6 +175,10 @@ class Janitor:
         self._swept: dict[str, int] = {}     # topic -> end of its last orphan sweep
         self._warned_bytes: set[str] = set()   # shared-group topics told their retention_bytes does nothing
         self._no_own_objects: set[str] = set()   # shared-group topics whose own key space was found empty
+        # the object keys open transactions' pending entries name (a blocking read; the broker sets it)
+        self.held: Callable[[], set[str]] | None = None
+        self._held_now: set[str] | None = None   # read once per pass, at its first orphan sweep
+        self.compactor = compactor
 
     async def run(self, topics: Callable[[], Mapping[str, TopicConfig]], leading: Callable[[], bool],
                   stopping: asyncio.Event) -> None:
@@ -189,6 +204,9 @@ class Janitor:
         a topic or group that fails is logged, counted and retried next pass."""
         reports: dict[str, TopicReport] = {}
         floors: dict[str, int] = {}     # object home -> oldest object a retained notification names
+        self._held_now = None
+        if self.compactor is not None:
+            await self.compactor.run_once(topics, leading)
         for name, cfg in sorted(topics.items()):
             if not leading():
                 log.info("janitor: no longer the governor, pass stopped before topic %s", name)
@@ -238,7 +256,8 @@ class Janitor:
         kafka_topic = cfg.notification_topic_for(self.config.cluster.name)
         scope = _Scope(cfg.name, f"topic {cfg.name}", (kafka_topic,), (cfg.name,))
         await asyncio.to_thread(self.notifications.sync_retention, kafka_topic, cfg.retention_ms)
-        time_cut = now - cfg.retention_ms
+        time_cut = now - cfg.retention_ms if cfg.expires else 0
+        rel = await self._release(cfg, now) if cfg.compacted else None
         window = self._orphan_window(scope, now, time_cut)
         if cfg.retention_bytes is not None and cfg.storage_group and cfg.name not in self._warned_bytes:
             self._warned_bytes.add(cfg.name)   # stored before storage groups: creating one is refused
@@ -247,21 +266,44 @@ class Janitor:
         shared = bool(cfg.storage_group)
         if not shared:
             self._no_own_objects.discard(cfg.name)   # it writes objects of its own again
-            ranges = ([(0, now)] if cfg.retention_bytes is not None   # the byte budget counts every object
-                      else retention.listing_ranges((0, time_cut - self.grace_ms), window or (0, 0)))
+            ranges = ([(0, now)] if cfg.retention_bytes is not None and cfg.expires   # the byte budget counts every object
+                      else retention.listing_ranges((0, max(time_cut - self.grace_ms, rel.plain_before_ms if rel else 0)),
+                                                    window or (0, 0)))
         else:
             ranges = [] if cfg.name in self._no_own_objects else [(0, now)]
         listed = [o for start, end in ranges
                   for o in await self.storage.list_topic(cfg.name, start, end, all_attempts=True)]
         if shared and not listed:
             self._no_own_objects.add(cfg.name)
-        pointer_ms = retention.pointer_cutoff(listed, now, cfg.retention_ms, cfg.retention_bytes)
+        pointer_ms = (retention.pointer_cutoff(listed, now, cfg.retention_ms, cfg.retention_bytes) if cfg.expires
+                      else 0)
         named = await asyncio.to_thread(self.notifications.expire, kafka_topic, pointer_ms)
         if floors is not None:
             for home, ms in named.items():
                 floors[home] = min(ms, floors.get(home, ms))
         object_ms = retention.object_cutoff(pointer_ms, min(named.values(), default=None), self.grace_ms)
+        if rel is not None:
+            object_ms = max(object_ms, rel.plain_before_ms if not shared else 0)
+            await self._sweep_compacted(cfg.name, rel, now, leading)
         return await self._collect(scope, listed, window, pointer_ms, object_ms, leading)
+
+    async def _release(self, cfg: TopicConfig, now: int) -> Release | None:
+        """The compacted topic's release rule this pass (None without a compactor: nothing released)."""
+        if self.compactor is None:
+            return None
+        pointers = await asyncio.to_thread(self.compactor.pointers.of_topic, cfg.name)
+        chains = [(ptr, await chain(self.compactor.manifests, ptr, now, self.grace_ms)) for ptr in pointers.values()]
+        return release(chains, cfg.read_partitions, now, self.grace_ms)
+
+    async def _sweep_compacted(self, topic: str, rel: Release, now: int, leading: Callable[[], bool]) -> None:
+        """Delete the objects of the topic's compaction home that `rel` no longer protects."""
+        listed = await self.storage.list_group(compaction_group(topic), 0, now - self.orphan_grace_ms,
+                                               all_attempts=True)
+        gone = [o for o in listed if o.location.key not in rel.protected]
+        if gone:
+            failed = await self._delete(topic, "compacted", gone, leading)
+            log.info("janitor: topic %s: %d replaced compacted objects (%d bytes) released, %d failed", topic,
+                     len(gone), sum(o.size for o in gone), failed)
 
     async def collect_group(self, group: str, members: Sequence[TopicConfig], reports: Sequence[TopicReport],
                             floors: Mapping[str, int], leading: Callable[[], bool] = lambda: True) -> TopicReport:
@@ -294,6 +336,10 @@ class Janitor:
             candidates = [o for o in listed if start <= o.timestamp_ms < end]
             if candidates:
                 referenced: set[str] = set()
+                if self.held is not None:   # read first: a commit publishes, then drops its pending entries
+                    if self._held_now is None:
+                        self._held_now = await asyncio.to_thread(self.held)
+                    referenced |= self._held_now
                 for kafka_topic in scope.kafka_topics:
                     referenced |= await asyncio.to_thread(self.notifications.references, kafka_topic, start, end)
                 orphans = retention.orphans(candidates, referenced)

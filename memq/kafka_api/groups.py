@@ -557,14 +557,23 @@ def offset_delete_commit(correlation_id: int, client_id: str, group: str, topics
     generation: any coordinator takes it (tansu serves no OffsetDelete), only for a group with
     no members (an active one answers UNKNOWN_MEMBER_ID), and every client then starts from its
     `auto.offset.reset` as after an OffsetDelete."""
+    return offset_commit_request(correlation_id, client_id, group, -1, "",
+                                 {name: [(p, -1, "") for p in parts] for name, parts in topics.items()})
+
+
+def offset_commit_request(correlation_id: int, client_id: str, group: str, generation: int, member_id: str,
+                          topics: dict[str, list[tuple[int, int, str]]]) -> bytes:
+    """An OffsetCommit v2 request (size-prefixed) committing `topics` (notification topic ->
+    [(partition, offset, metadata)]) for `group` as the member (`generation`, `member_id`): a
+    committed transaction's offsets, or an OffsetDelete's -1s."""
     w = Writer(0)
     w.out[4:8] = struct.pack(">hh", ApiKey.OFFSET_COMMIT, 2)
     w.i32(correlation_id).nullable_string(client_id).nullable_string(group)
-    w.i32(-1).nullable_string("").i64(-1).i32(len(topics))   # generation, member id, retention time
+    w.i32(generation).nullable_string(member_id).i64(-1).i32(len(topics))   # retention time: the broker's
     for name, parts in topics.items():
         w.nullable_string(name).i32(len(parts))
-        for p in parts:
-            w.i32(p).i64(-1).nullable_string("")
+        for p, offset, metadata in parts:
+            w.i32(p).i64(offset).nullable_string(metadata)
     return w.frame()
 
 

@@ -50,6 +50,10 @@ class ApiKey(IntEnum):
     DELETE_RECORDS = 21
     INIT_PRODUCER_ID = 22
     OFFSET_FOR_LEADER_EPOCH = 23
+    ADD_PARTITIONS_TO_TXN = 24   # transactions (memq.broker.doors.kafka_txn)
+    ADD_OFFSETS_TO_TXN = 25
+    END_TXN = 26
+    TXN_OFFSET_COMMIT = 28
     DESCRIBE_ACLS = 29
     CREATE_ACLS = 30
     DELETE_ACLS = 31
@@ -85,6 +89,7 @@ class ErrorCode(IntEnum):
     REQUEST_TIMED_OUT = 7
     MESSAGE_TOO_LARGE = 10
     COORDINATOR_NOT_AVAILABLE = 15
+    NOT_COORDINATOR = 16
     INVALID_TOPIC_EXCEPTION = 17
     INVALID_REQUIRED_ACKS = 21
     ILLEGAL_GENERATION = 22
@@ -103,8 +108,14 @@ class ErrorCode(IntEnum):
     INVALID_REQUEST = 42
     UNSUPPORTED_FOR_MESSAGE_FORMAT = 43
     POLICY_VIOLATION = 44
+    INVALID_PRODUCER_EPOCH = 47
+    INVALID_TXN_STATE = 48
+    INVALID_PRODUCER_ID_MAPPING = 49
+    INVALID_TRANSACTION_TIMEOUT = 50
+    CONCURRENT_TRANSACTIONS = 51
     TRANSACTIONAL_ID_AUTHORIZATION_FAILED = 53
     SECURITY_DISABLED = 54
+    OPERATION_NOT_ATTEMPTED = 55
     KAFKA_STORAGE_ERROR = 56
     SASL_AUTHENTICATION_FAILED = 58
     NON_EMPTY_GROUP = 68
@@ -115,6 +126,8 @@ class ErrorCode(IntEnum):
     OFFSET_NOT_AVAILABLE = 78
     MEMBER_ID_REQUIRED = 79
     GROUP_SUBSCRIBED_TO_TOPIC = 86
+    INVALID_RECORD = 87
+    PRODUCER_FENCED = 90
     UNKNOWN_TOPIC_ID = 100
     MISMATCHED_ENDPOINT_TYPE = 114
 
@@ -455,7 +468,8 @@ def decode_fetch(h: RequestHeader, r: Reader) -> FetchRequest:
     v = h.api_version
     r.i32()   # replica id
     max_wait_ms, min_bytes, max_bytes = r.i32(), r.i32(), r.i32()
-    r.i8()    # isolation level: memq has no transactions, so both levels read the same
+    r.i8()    # isolation level: both read published notifications only, and a transaction's are
+    #           published at its commit: read_committed with last stable offset = high watermark
     if v >= 7:
         r.i32()
         r.i32()   # session id, session epoch
@@ -504,7 +518,7 @@ def encode_fetch(h: RequestHeader, topics: list[tuple[str, list[FetchedPartition
             w.i32(p.index).i16(p.error).i64(p.high_watermark).i64(p.high_watermark)   # last stable = high
             if v >= 5:
                 w.i64(p.log_start)
-            w.i32(-1)   # aborted transactions: none
+            w.i32(-1)   # aborted transactions: none is ever published (memq.broker.txn)
             if v >= 11:
                 w.i32(p.preferred_replica)
             w.nullable_bytes(p.records or b"")   # never null: librdkafka refuses a MessageSetSize of -1
@@ -567,12 +581,13 @@ def encode_list_offsets(h: RequestHeader, topics: list[tuple[str, list[ListedOff
 # --- InitProducerId ------------------------------------------------------------------------
 
 
-def decode_init_producer_id(r: Reader) -> str | None:
-    """The transactional id (None for an idempotent, non-transactional producer)."""
+def decode_init_producer_id(r: Reader) -> tuple[str | None, int]:
+    """The transactional id (None for an idempotent, non-transactional producer) and its
+    transaction timeout in ms."""
     transactional_id = r.nullable_string()
-    r.i32()   # transaction_timeout_ms
+    timeout_ms = r.i32()
     r.done()
-    return transactional_id
+    return transactional_id, timeout_ms
 
 
 def encode_init_producer_id(h: RequestHeader, error: ErrorCode, producer_id: int, epoch: int) -> bytes:

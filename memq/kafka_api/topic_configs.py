@@ -4,16 +4,18 @@ Kafka's admin tools read and change a topic's settings as named strings (Describ
 AlterConfigs, IncrementalAlterConfigs, CreateTopics' configs). Every `TopicConfig` field is one
 setting here: under Kafka's name where Kafka has one with the same meaning (`retention.ms`,
 `retention.bytes` (-1 = no limit), `max.message.bytes`), under `memq.<field with dots>`
-otherwise (`memq.batch.bytes`, `memq.storage.group`, ...). Two Kafka settings have one value
-memq serves: `cleanup.policy` (`delete`: compaction is not served yet) and
-`message.timestamp.type` (`CreateTime`, read-only). `memq.read.partitions` (grown by
-CreatePartitions) and `memq.notification.topic` are read-only, as in `memq topic alter`.
+otherwise (`memq.batch.bytes`, `memq.storage.group`, ...). Compaction's settings keep Kafka's
+names: `cleanup.policy` (a list: `delete`, `compact` or both, in any order; APPEND and
+SUBTRACT change it as in Kafka), `min.compaction.lag.ms`, `max.compaction.lag.ms` (Kafka's
+Long.MAX_VALUE = no bound), `delete.retention.ms`, `min.cleanable.dirty.ratio`. One Kafka setting
+has one value memq serves: `message.timestamp.type` (`CreateTime`, read-only). `memq.read.partitions`
+(grown by CreatePartitions) and `memq.notification.topic` are read-only, as in `memq topic alter`.
 
 As Kafka reports them: a setting whose value differs from memq's default is
 DYNAMIC_TOPIC_CONFIG, any other DEFAULT_CONFIG; only the read-only ones say read_only. Setting
 a read-only one to the value it has is accepted (a tool writing back what it read), any other
-value, a setting memq does not have, or an APPEND/SUBTRACT is a ConfigError naming it: never a
-silent no-op. The result of any change is built and checked as the config file and `memq topic
+value, a setting memq does not have, or an APPEND/SUBTRACT to a setting that is not a list is a
+ConfigError naming it: never a silent no-op. The result of any change is built and checked as the config file and `memq topic
 alter` check it (`altered`).
 """
 
@@ -84,12 +86,27 @@ class ConfigEntry:
         return self.source is ConfigSource.DEFAULT_CONFIG
 
 
+#: Kafka's `max.compaction.lag.ms` default, Long.MAX_VALUE: no bound (memq's None).
+NO_LAG_BOUND = (1 << 63) - 1
+#: Kafka's cleanup policies, in memq's spelling of each combination.
+POLICIES: Mapping[frozenset[str], str] = {frozenset({"delete"}): "delete", frozenset({"compact"}): "compact",
+                                         frozenset({"compact", "delete"}): "compact,delete"}
+
 SETTINGS: tuple[Setting, ...] = (
-    Setting("cleanup.policy", "", ConfigType.LIST, "delete only: compaction is not served yet"),
+    Setting("cleanup.policy", "cleanup_policy", ConfigType.LIST,
+            "delete (retention.ms/bytes), compact (the latest record per key) or both"),
+    Setting("delete.retention.ms", "delete_retention_ms", ConfigType.LONG,
+            "a compacted topic keeps a tombstone (null value) this long past its timestamp"),
     Setting("max.message.bytes", "max_message_bytes", ConfigType.INT,
             "largest Message (a producer's request for one partition) the broker takes"),
+    Setting("max.compaction.lag.ms", "max_compaction_lag_ms", ConfigType.LONG,
+            f"a record stays uncompacted at most this long ({NO_LAG_BOUND}: no bound)"),
     Setting("message.timestamp.type", "", ConfigType.STRING,
             "CreateTime: records keep their producers' timestamps", read_only=True),
+    Setting("min.cleanable.dirty.ratio", "min_cleanable_dirty_ratio", ConfigType.DOUBLE,
+            "a partition is compacted once this share of its log is not compacted yet"),
+    Setting("min.compaction.lag.ms", "min_compaction_lag_ms", ConfigType.LONG,
+            "a record stays uncompacted at least this long"),
     Setting("retention.bytes", "retention_bytes", ConfigType.LONG,
             "oldest objects beyond this many bytes expire (-1: no limit; topics with objects of their own)"),
     Setting("retention.ms", "retention_ms", ConfigType.LONG,
@@ -114,7 +131,7 @@ SETTINGS: tuple[Setting, ...] = (
             "storage group whose shared objects hold this topic's batches (empty: objects of its own)"),
 )
 BY_NAME: Mapping[str, Setting] = {s.name: s for s in SETTINGS}
-FIXED: Mapping[str, str] = {"cleanup.policy": "delete", "message.timestamp.type": "CreateTime"}
+FIXED: Mapping[str, str] = {"message.timestamp.type": "CreateTime"}
 """The settings memq has one value of."""
 
 _DEFAULTS: Mapping[str, Any] = {f.name: f.default for f in dataclasses.fields(TopicConfig) if f.name != "name"}
@@ -128,7 +145,7 @@ def value_of(cfg: TopicConfig, s: Setting, cluster: str) -> str | None:
         return cfg.notification_topic_for(cluster)
     v = getattr(cfg, s.field)
     if v is None:
-        return "-1" if s.field == "retention_bytes" else None
+        return {"retention_bytes": "-1", "max_compaction_lag_ms": str(NO_LAG_BOUND)}.get(s.field)
     return str(v)
 
 
@@ -148,7 +165,8 @@ def _setting(name: str) -> Setting:
     s = BY_NAME.get(name)
     if s is None:
         raise ConfigError(f"{name}: memq has no such topic setting (DescribeConfigs lists the ones it has: "
-                          "Kafka's retention.ms, retention.bytes, max.message.bytes, cleanup.policy and memq.*)")
+                          "Kafka's retention.ms, retention.bytes, max.message.bytes, cleanup.policy and its "
+                          "companions, and memq.*)")
     return s
 
 
@@ -161,24 +179,32 @@ def _parse(s: Setting, value: str | None) -> Any:
             return float(value)
         if s.type in (ConfigType.INT, ConfigType.LONG):
             n = int(value)
-            if s.field == "retention_bytes" and n == -1:
+            if (s.field, n) in (("retention_bytes", -1), ("max_compaction_lag_ms", NO_LAG_BOUND)):
                 return None
             return n
     except ValueError:
         raise ConfigError(f"{s.name}={value!r}: not a number") from None
+    if s.field == "cleanup_policy":
+        return cleanup_policy(policy_set(value), s.name)
     return value
+
+
+def policy_set(value: str) -> frozenset[str]:
+    """The policies a `cleanup.policy` string names (Kafka's list: comma-separated, any order)."""
+    return frozenset(p.strip() for p in value.split(",") if p.strip())
+
+
+def cleanup_policy(policies: frozenset[str], name: str = "cleanup.policy") -> str:
+    """memq's spelling of a set of cleanup policies; ConfigError for an empty or unknown one."""
+    got = POLICIES.get(policies)
+    if got is None:
+        raise ConfigError(f"{name}={','.join(sorted(policies))}: want delete, compact or compact,delete")
+    return got
 
 
 def _check_fixed(s: Setting, value: str | None, current: TopicConfig, cluster: str) -> None:
     """ConfigError unless `value` is what read-only or one-valued `s` has."""
     have = value_of(current, s, cluster)
-    if s.name == "cleanup.policy" and value is not None:
-        policies = {p.strip() for p in value.split(",")}
-        if "compact" in policies:
-            raise ConfigError(f"cleanup.policy={value}: compaction is not served yet; memq serves cleanup.policy=delete "
-                              "(retention.ms and retention.bytes)")
-        if policies == {"delete"}:
-            return
     if value != have:
         why = "has one value in memq" if s.name in FIXED else "is read-only"
         hint = " (grow it with CreatePartitions)" if s.field == "read_partitions" else ""
@@ -203,8 +229,8 @@ def assigned(current: TopicConfig, configs: Iterable[tuple[str, str | None]], cl
 
 def incremental(current: TopicConfig, ops: Iterable[tuple[str, int, str | None]], cluster: str) -> dict[str, Any]:
     """The field changes of IncrementalAlterConfigs' (name, operation, value) on `current`: SET
-    sets, DELETE returns to memq's default (nothing for a read-only one); APPEND and SUBTRACT are
-    for list settings, and memq's only one (cleanup.policy) has one value: ConfigError."""
+    sets, DELETE returns to memq's default (nothing for a read-only one); APPEND and SUBTRACT add
+    and remove items of a list setting (memq's one: cleanup.policy), ConfigError for any other."""
     out: dict[str, Any] = {}
     for name, op, value in ops:
         s = _setting(name)
@@ -214,8 +240,12 @@ def incremental(current: TopicConfig, ops: Iterable[tuple[str, int, str | None]]
             if s.field and not s.read_only:
                 out[s.field] = _DEFAULTS[s.field]
         elif op in (AlterOp.APPEND, AlterOp.SUBTRACT):
-            raise ConfigError(f"{name}: {AlterOp(op).name} is for list settings, and memq has none to change "
-                              "(cleanup.policy is delete): use SET or DELETE")
+            if s.type is not ConfigType.LIST:
+                raise ConfigError(f"{name}: {AlterOp(op).name} is for list settings (memq's one is "
+                                  "cleanup.policy): use SET or DELETE")
+            have = policy_set(out.get(s.field, getattr(current, s.field)))
+            items = policy_set(value or "")
+            out[s.field] = cleanup_policy(have | items if op == AlterOp.APPEND else have - items, name)
         else:
             raise ConfigError(f"{name}: unknown config operation {op}")
     return out

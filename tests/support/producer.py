@@ -47,6 +47,9 @@ class FakeRouter:
     def frame_limit(self, url: str) -> int:
         return self.limit
 
+    def keyed(self, topic: str) -> bool:
+        return False
+
 
 class FakeBroker:
     """Answers each frame with `answers` in turn (the last one repeats); None: never answers."""

@@ -42,6 +42,7 @@ from ..guard import Session
 from ..seam import BrokerCore
 from . import kafka_cluster, kafka_fetch, kafka_groups, kafka_produce, kafka_share, kafka_share_admin
 from . import kafka_admin_records
+from . import kafka_txn
 from . import kafka_admin_acls
 from . import kafka_admin_configs, kafka_admin_topics
 from .kafka_family import Conn, Family, Response
@@ -324,6 +325,7 @@ FAMILIES: tuple[Family, ...] = (
     kafka_share.FAMILY,
     kafka_share_admin.FAMILY,
     # admin families (one line each)
+    kafka_txn.FAMILY,
     kafka_admin_topics.FAMILY,
     kafka_admin_configs.FAMILY,
     kafka_admin_acls.FAMILY,

@@ -8,10 +8,21 @@ the cluster metadata, possibly inside a part, `kafka_api.log_start`); a reader b
 past the end) gets OFFSET_OUT_OF_RANGE and applies its `auto.offset.reset`, and one at it reads
 its part from there. Any broker serves any topic's reads: the data is in S3.
 
+A compacted topic's partition (`memq.compaction`) starts with its compacted prefix: a reader at
+an offset below the manifest's tail reads the compacted parts' batches from the first survivor at
+or after it (original offsets: gaps are normal), then continues at notification `end`; its log
+start is the first survivor (notifications below `end` may have expired).
+
 A Fetch reads each partition from its offset as far as the byte limits allow; when nothing is there it waits
 up to `max_wait_ms` for the next notification of any of its partitions (a long poll on the
 tails' Kafka fetches, never a loop), then answers. Reading needs the `consume` ACL on the
 topic with security on (TOPIC_AUTHORIZATION_FAILED otherwise, nothing read).
+
+Both isolation levels read the same: only published notifications exist for a reader, and a
+transaction's are published at its commit (`memq.broker.txn`), so read_committed holds by
+construction: the last stable offset is the high watermark, ListOffsets(latest) answers it, no
+aborted-transaction list and no control batches are needed. Unlike Kafka, read_uncommitted too
+sees a transaction's records only once it commits.
 """
 
 from __future__ import annotations
@@ -20,11 +31,13 @@ import asyncio
 import logging
 from dataclasses import dataclass
 
+from memq.compaction.manifest import Manifest
 from memq.errors import FormatError, MemqError, OffsetOutOfRangeError
 from memq.format.metadata import ClusterMetadata
+from memq.kafka_api.compacted import compacted_log_start, place_batch
 from memq.kafka_api.log_start import log_start, moved_start
 from memq.kafka_api.mapping import node_id
-from memq.kafka_api.offsets import end_offset, first_offset, split_offset
+from memq.kafka_api.offsets import end_offset, first_offset, kafka_offset, split_offset
 from memq.kafka_api.protocol import (EARLIEST, LATEST, ApiKey, ErrorCode, FetchedPartition, FetchPartition,
                                      FetchRequest, ListedOffset, ListOffsetsRequest, Reader, RequestHeader, decode_fetch,
                                      decode_list_offsets, encode_fetch, encode_list_offsets)
@@ -56,6 +69,7 @@ class _Reading:
     buf: bytearray
     zstd: bool         # the client takes zstd batches (Fetch v10+)
     moved: int         # where DeleteRecords moved the partition's log start (0: never)
+    manifest: Manifest | None = None   # a compacted partition's current manifest
 
     @property
     def got(self) -> bool:
@@ -99,7 +113,8 @@ async def fetch(core: BrokerCore, principal: str | None, req: FetchRequest, peer
             else:
                 note, index = split_offset(p.offset)
                 readings.append(_Reading(topic, meta.topics[topic].notification_topic, p, out, note, index,
-                                         bytearray(), req.zstd, moved))
+                                         bytearray(), req.zstd, moved,
+                                         await _manifest(core, meta, topic, p.index, peer)))
         answer.append((topic, outs))
     budget = [max(req.max_bytes, 1)]   # bytes the response may still take
     for r in readings:   # what is there now
@@ -110,13 +125,47 @@ async def fetch(core: BrokerCore, principal: str | None, req: FetchRequest, peer
     for r in readings:
         if not r.out.error:
             marks = core.reads.watermarks_seen(r.notification_topic, r.want.index)
-            low, high = marks if marks is not None else (-1, r.note)
-            high = max(high, r.note + (1 if r.index else 0), 0)
-            r.out.high_watermark = await _high_watermark(core, r.notification_topic, r.want.index, high,
-                                                         core.reads.last_seen(r.notification_topic, r.want.index))
-            r.out.log_start = log_start(low, r.moved) if low >= 0 or r.moved else -1
+            if marks is None and r.manifest is not None:
+                await _read_marks(core, r, peer)   # read in the prefix alone: its end is not known here
+            else:
+                low, high = marks if marks is not None else (-1, r.note)
+                high = max(high, r.note + (1 if r.index else 0), 0)
+                r.out.high_watermark = await _high_watermark(
+                    core, r.notification_topic, r.want.index, high, core.reads.last_seen(r.notification_topic,
+                                                                                         r.want.index))
+                r.out.log_start = (compacted_log_start(low, r.moved, _first_survivor(r.manifest))
+                                   if low >= 0 or r.moved or r.manifest is not None else -1)
             r.out.records = r.buf
     return answer
+
+
+async def _read_marks(core: BrokerCore, r: _Reading, peer: object) -> None:
+    """High watermark and log start of a compacted partition a Fetch read in its prefix alone."""
+    try:
+        low, high = await core.reads.watermarks(r.notification_topic, r.want.index)
+        r.out.high_watermark = await high_watermark(core, r.notification_topic, r.want.index, low, high)
+    except MemqError as e:
+        log.warning("Kafka fetch of %s[%d] from %s: watermarks: %s", r.topic, r.want.index, peer, e)
+        low, r.out.high_watermark = -1, first_offset(r.note)
+    r.out.log_start = compacted_log_start(low, r.moved, _first_survivor(r.manifest))
+
+
+async def _manifest(core: BrokerCore, meta: ClusterMetadata, topic: str, partition: int,
+                    peer: object) -> Manifest | None:
+    """The current manifest of a compacted topic's partition (None: not compacted, or not yet, or
+    its manifest unreadable now: then the plain tail alone is read, as before any compaction)."""
+    if "compact" not in meta.topics[topic].cleanup_policy:
+        return None
+    try:
+        return await core.reads.manifest(topic, partition)
+    except MemqError as e:
+        log.warning("Kafka read of %s[%d] from %s: no compacted prefix: %s", topic, partition, peer, e)
+        return None
+
+
+def _first_survivor(m: Manifest | None) -> int | None:
+    """The Kafka offset of a compacted prefix's first record (None: no prefix)."""
+    return None if m is None else m.parts[0].first_offset if m.parts else m.tail_offset
 
 
 def _preferred_replica(meta: ClusterMetadata, me: str, rack: str, partition: int) -> int:
@@ -169,6 +218,9 @@ async def _long_poll(core: BrokerCore, readings: list[_Reading], wait_s: float, 
 async def _read(core: BrokerCore, r: _Reading, wait_s: float, budget: list[int], peer: object) -> None:
     """Read `r`'s partition from its place, within its and the response's byte limits."""
     try:
+        if r.manifest is not None and r.note < r.manifest.end and (
+                not await _place_compacted(core, r, budget) or budget[0] <= 0 or len(r.buf) >= r.want.max_bytes):
+            return
         notes = await core.reads.notes(r.notification_topic, r.want.index, r.note, wait_s)
         for n in notes:   # stop at the first part not placed whole: the records a reader gets have no holes
             if not await _place(core, r, n, budget) or budget[0] <= 0 or len(r.buf) >= r.want.max_bytes:
@@ -182,6 +234,25 @@ async def _read(core: BrokerCore, r: _Reading, wait_s: float, budget: list[int],
     except MemqError as e:   # the notification Kafka or storage failing: the client retries
         r.out.error = ErrorCode.KAFKA_STORAGE_ERROR
         log.warning("Kafka fetch of %s[%d] at %d from %s: %s", r.topic, r.want.index, r.want.offset, peer, e)
+
+
+async def _place_compacted(core: BrokerCore, r: _Reading, budget: list[int]) -> bool:
+    """Add the compacted prefix's batches from the reading's offset on and move the reading to
+    notification `end`; False when a limit stopped it inside the prefix."""
+    assert r.manifest is not None
+    offset = kafka_offset(r.note, r.index)
+    for part in r.manifest.parts_from(offset):
+        async for batch in core.reads.compacted_batches(part, offset):
+            before = len(r.buf)
+            after = place_batch(batch, r.buf, min(r.want.max_bytes, len(r.buf) + budget[0]),
+                                at_least_one=not r.buf and budget[0] > 0, zstd=r.zstd)
+            if after is None:
+                r.note, r.index = split_offset(offset)
+                return False
+            budget[0] -= len(r.buf) - before
+            offset = max(offset, after)
+    r.note, r.index = r.manifest.end, 0
+    return True
 
 
 async def _place(core: BrokerCore, r: _Reading, n: NotificationRecord, budget: list[int]) -> bool:
@@ -219,8 +290,9 @@ async def list_offsets(core: BrokerCore, principal: str | None, req: ListOffsets
                 continue
             t = meta.topics[topic]
             try:
+                first = _first_survivor(await _manifest(core, meta, topic, partition, "ListOffsets"))
                 outs.append(await _listed(core, t.notification_topic, partition, ts,
-                                          moved_start(t.log_start, partition)))
+                                          moved_start(t.log_start, partition), first))
             except MemqError as e:
                 log.warning("Kafka ListOffsets of %s[%d] at %d: %s", topic, partition, ts, e)
                 outs.append(ListedOffset(partition, ErrorCode.KAFKA_STORAGE_ERROR))
@@ -238,12 +310,13 @@ async def high_watermark(core: BrokerCore, ntopic: str, partition: int, low: int
     return await _high_watermark(core, ntopic, partition, high, last)
 
 
-async def _listed(core: BrokerCore, ntopic: str, partition: int, ts: int, moved: int) -> ListedOffset:
+async def _listed(core: BrokerCore, ntopic: str, partition: int, ts: int, moved: int,
+                  first_survivor: int | None) -> ListedOffset:
     low, high = await core.reads.watermarks(ntopic, partition)
     if ts == LATEST:   # as the high watermark of a Fetch says it, so lag reads 0 at the end
         return ListedOffset(partition, offset=await high_watermark(core, ntopic, partition, low, high))
     if ts == EARLIEST:
-        return ListedOffset(partition, offset=log_start(low, moved))
+        return ListedOffset(partition, offset=compacted_log_start(low, moved, first_survivor))
     if ts < 0:
         return ListedOffset(partition, ErrorCode.INVALID_REQUEST)
     # The first notification published at or after ts: its part may start a little before ts

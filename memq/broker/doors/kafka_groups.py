@@ -37,6 +37,7 @@ from memq.security.acl import Operation
 
 from ..group_audit import GroupAudit
 from ..groups import GroupLink
+from ..txn.service import coordinator_of as txn_coordinator_of
 from . import kafka_share
 from .kafka_family import Conn, Family, Response
 
@@ -178,16 +179,21 @@ _COMMIT_V2 = RequestHeader(ApiKey.OFFSET_COMMIT, 2, 0, None)
 
 
 def _find_coordinator(st: GroupState, h: RequestHeader, body: Reader) -> bytes:
-    """Any broker coordinates any group: it relays to the notification Kafka's coordinator."""
+    """Any broker coordinates any group: it relays to the notification Kafka's coordinator. A
+    transactional id (key_type 1) has one coordinator: `txn.service.coordinator_of`."""
     key, key_type = decode_find_coordinator(h, body)
     if key_type == 0 and not st.may(Operation.DESCRIBE, key):   # as Kafka: DESCRIBE on the group
         return encode_find_coordinator(h, ErrorCode.GROUP_AUTHORIZATION_FAILED, -1, "", -1,
                                        f"principal {st.conn.principal} may not describe group {key!r}")
     meta = st.conn.core.metadata()   # a share group needs one coordinator: a hash picks it
-    me = [b for b in meta.brokers if b.id == kafka_share.coordinator_of(meta, key) and b.kafka_address]
-    if key_type != 0 or not me:
+    coordinator = (txn_coordinator_of if key_type == 1 else kafka_share.coordinator_of)(meta, key)
+    me = [b for b in meta.brokers if b.id == coordinator and b.kafka_address]
+    if key_type not in (0, 1) or not me:
+        log.info("Kafka FindCoordinator of %r (key type %d) from %s: COORDINATOR_NOT_AVAILABLE", key, key_type,
+                 st.conn.peer)
         return encode_find_coordinator(h, ErrorCode.COORDINATOR_NOT_AVAILABLE, -1, "", -1,
-                                       "memq coordinates consumer groups only, on brokers with a Kafka listener")
+                                       "memq coordinates groups and transactional ids, on brokers with a Kafka "
+                                       "listener")
     host, port = split_address(me[0].kafka_address)
     return encode_find_coordinator(h, ErrorCode.NONE, node_id(me[0].id), host, port)
 

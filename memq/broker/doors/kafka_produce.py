@@ -9,6 +9,10 @@ own protocol. A Kafka client has no memq audit emitter, so the door reports each
 as on `/v1/produce` (memq.security.quota): a Produce over quota is accepted, its response
 carries `throttle_time_ms`, and the connection is not read for that long (KIP-219).
 
+A record without a key to a compacted topic is refused (INVALID_RECORD, the whole partition's
+records): the one place the door decodes records, bounded to compacted topics
+(`kafka_api.compacted.keyless_records`).
+
 Kafka has no flush a broker could see, so a connection quiet for `broker.kafka_idle_seal_ms`
 with acks=all Messages appended seals their topics' batches early (`idle_seal`, banked credit).
 """
@@ -19,11 +23,13 @@ import asyncio
 import itertools
 import logging
 import secrets
+from typing import Any
 
-from memq.errors import FormatError, UnsupportedCodecError, UnsupportedVersionError
-from memq.format.kafka_records import split_kafka_batches, verify_kafka_batch
+from memq.errors import FormatError, MemqError, UnsupportedCodecError, UnsupportedVersionError
+from memq.format.kafka_records import KafkaBatchHeader, split_kafka_batches, verify_kafka_batch
 from memq.format.message import MESSAGE_HEADER_SIZE, MessageHeader, encode_kafka_message
 from memq.format.wire import Ack, AckCode, AckLevel
+from memq.kafka_api.compacted import keyless_records
 from memq.kafka_api.idle_seal import SealCredit
 from memq.kafka_api.mapping import PRODUCER_ID_BITS, ack_level, error_code, memq_producer_id
 from memq.kafka_api.offsets import produce_base_offset
@@ -32,12 +38,16 @@ from memq.kafka_api.protocol import (ApiKey, ErrorCode, PartitionData, Partition
                                      encode_init_producer_id, encode_produce)
 
 from ..admission import Refusal, Ticket
+from ..txn.service import ProducerIds
+from . import kafka_txn
 from .kafka_family import Conn, Family, Response
 
 log = logging.getLogger(__name__)
 
 #: One appended RecordBatch: its ack to come and its record count.
 Appended = tuple[asyncio.Future[Ack], int]
+#: One partition of a Produce: its appended batches, its answer, or its answer to come (transactional).
+Outcome = list[Appended] | PartitionResult | asyncio.Future[PartitionResult]
 
 #: An acks=all Produce waits for its acks the request's timeout_ms, within these bounds, then
 #: answers REQUEST_TIMED_OUT for what is still pending (it may still be stored: the client retries
@@ -78,32 +88,40 @@ async def serve(conn: Conn, h: RequestHeader, body: Reader) -> Response:
     return await _produce(conn, conn.state(ProduceState), h, decode_produce(body))
 
 
-def _init_producer_id(conn: Conn, h: RequestHeader, body: Reader) -> bytes:
-    transactional_id = decode_init_producer_id(body)
+def _init_producer_id(conn: Conn, h: RequestHeader, body: Reader) -> Response:
+    transactional_id, timeout_ms = decode_init_producer_id(body)
     if transactional_id is not None:
-        log.info("refused InitProducerId for transactional id %r from %s: memq has no Kafka transactions",
-                 transactional_id, conn.peer)
-        return encode_init_producer_id(h, ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, -1, -1)
+        return asyncio.ensure_future(_init_transactional(conn, h, transactional_id, timeout_ms))
     # Random, so brokers hand out ids without coordinating (see mapping.PRODUCER_ID_BITS).
     return encode_init_producer_id(h, ErrorCode.NONE, secrets.randbits(PRODUCER_ID_BITS), 0)
+
+
+async def _init_transactional(conn: Conn, h: RequestHeader, txn_id: str, timeout_ms: int) -> bytes:
+    """The coordinator's producer id and a bumped epoch for `txn_id` (the previous producer is
+    fenced, its open transaction aborted: `Transactions.init_producer_id`)."""
+    other = kafka_txn.not_coordinator(conn, txn_id)
+    if other is not None:
+        kafka_txn.refused(conn, "InitProducerId", txn_id, other, "coordinated by another broker")
+        return encode_init_producer_id(h, other, -1, -1)
+    ids = await conn.core.txns.init_producer_id(txn_id, timeout_ms)
+    if not isinstance(ids, ProducerIds):
+        return encode_init_producer_id(h, kafka_txn.refusal(conn, h, "InitProducerId", txn_id, ids), -1, -1)
+    return encode_init_producer_id(h, ErrorCode.NONE, ids.producer_id, ids.epoch)
 
 
 async def _produce(conn: Conn, st: ProduceState, h: RequestHeader, req: ProduceRequest) -> Response:
     core = conn.core
     level = ack_level(req.acks)
-    appended: list[tuple[str, int, list[Appended] | PartitionResult]] = []
+    appended: list[tuple[str, int, Outcome]] = []
     accepted: list[tuple[str, int]] = []   # (topic, record bytes) to charge to the quotas
     for topic, parts in req.topics:
         for part in parts:
-            outcome: list[Appended] | PartitionResult
+            outcome: Outcome
             if level is None:
                 outcome = PartitionResult(
                     part.index, ErrorCode.INVALID_REQUIRED_ACKS, message=f"acks={req.acks}: use 0, 1 or -1")
-            elif req.transactional_id is not None:
-                outcome = PartitionResult(part.index, ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
-                                          message="memq has no Kafka transactions")
             else:
-                outcome = await _append(conn, st, topic, part, level)
+                outcome = await _append(conn, st, topic, part, level, req.transactional_id)
             if isinstance(outcome, PartitionResult):
                 if outcome.error:
                     core.metrics.rejected.labels(f"kafka:{outcome.error.name}").inc()
@@ -119,21 +137,27 @@ async def _produce(conn: Conn, st: ProduceState, h: RequestHeader, req: ProduceR
     return asyncio.ensure_future(_produce_response(h, appended, wait_s, round(st.throttle_s * 1000)))
 
 
-async def _produce_response(h: RequestHeader, appended: list[tuple[str, int, list[Appended] | PartitionResult]],
+async def _produce_response(h: RequestHeader, appended: list[tuple[str, int, Outcome]],
                             timeout_s: float, throttle_ms: int) -> bytes:
-    futures = [f for _, _, o in appended if not isinstance(o, PartitionResult) for f, _ in o]
+    futures: list[asyncio.Future[Any]] = [
+        f for _, _, o in appended if isinstance(o, list) for f, _ in o]
+    futures += [o for _, _, o in appended if isinstance(o, asyncio.Future)]
     if futures:
         await asyncio.wait(futures, timeout=timeout_s)
     result = ProduceResult(throttle_ms=throttle_ms)
     for topic, index, outcome in appended:
         result.topics.setdefault(topic, []).append(
-            outcome if isinstance(outcome, PartitionResult) else _partition_result(index, outcome, timeout_s))
+            outcome if isinstance(outcome, PartitionResult) else
+            _partition_result(index, outcome, timeout_s) if isinstance(outcome, list) else
+            outcome.result() if outcome.done() else
+            PartitionResult(index, ErrorCode.REQUEST_TIMED_OUT, message=f"not stored within {timeout_s:g}s"))
     return encode_produce(h, result)
 
 
-async def _append(conn: Conn, st: ProduceState, topic: str, part: PartitionData, level: AckLevel
-                  ) -> list[Appended] | PartitionResult:
-    """Admit one partition's records, then append each RecordBatch as a Message: (its ack to come, its count)."""
+async def _append(conn: Conn, st: ProduceState, topic: str, part: PartitionData, level: AckLevel,
+                  txn_id: str | None = None) -> Outcome:
+    """Admit one partition's records, then append each RecordBatch as a Message: (its ack to come,
+    its count); a transaction's (`txn_id`) are stored apart, unpublished (`_txn_store`)."""
     core = conn.core
     try:
         split: list[memoryview] | FormatError = split_kafka_batches(part.records) if part.records else []
@@ -160,9 +184,15 @@ async def _append(conn: Conn, st: ProduceState, topic: str, part: PartitionData,
         return PartitionResult(part.index, ErrorCode.UNSUPPORTED_FOR_MESSAGE_FORMAT, message=str(e))
     except FormatError as e:
         return PartitionResult(part.index, ErrorCode.CORRUPT_MESSAGE, message=str(e))
-    if any(kh.transactional for _, kh in batches):
-        return PartitionResult(part.index, ErrorCode.INVALID_REQUEST,
-                               message="transactional batches: memq has no Kafka transactions")
+    if any(kh.transactional != (txn_id is not None) for _, kh in batches):
+        return PartitionResult(part.index, ErrorCode.INVALID_REQUEST, message=(
+            "transactional batches without a transactional id" if txn_id is None else
+            f"transactional id {txn_id!r} with batches that are not transactional"))
+    if "compact" in admitted.config.cleanup_policy and (keyless := keyless_records(b for b, _ in batches)):
+        return PartitionResult(part.index, ErrorCode.INVALID_RECORD,
+                               message=f"topic {topic} is compacted: {keyless} record(s) without a key refused")
+    if txn_id is not None:
+        return _txn_store(conn, txn_id, topic, part.index, admitted, batches)
     loop = asyncio.get_running_loop()
     futures: list[Appended] = []
     audited = conn.audit if level is not AckLevel.NONE else None
@@ -189,6 +219,40 @@ async def _append(conn: Conn, st: ProduceState, topic: str, part: PartitionData,
             st.awaiting[topic] = admitted
         futures.append((fut, kh.count))
     return futures
+
+
+def _txn_store(conn: Conn, txn_id: str, topic: str, index: int, admitted: Ticket,
+               batches: list[tuple[memoryview, KafkaBatchHeader]]) -> Outcome:
+    """Store a transaction's batches of one partition as their own object, unpublished: a
+    pending entry of the transaction until EndTxn (`Transactions.produce`). Its answer comes
+    once both are durable (`Transactions.store_pending`: check, one PUT, the pending entry); the
+    base offset is unknown (negative) until the commit publishes it."""
+    pid, epoch = batches[0][1].producer_id, batches[0][1].producer_epoch
+    if any((kh.producer_id, kh.producer_epoch) != (pid, epoch) for _, kh in batches):
+        return PartitionResult(index, ErrorCode.INVALID_REQUEST, message="batches of several producers")
+    messages, headers = [], []
+    for b, kh in batches:   # the ids readers drop a republished notification's Messages by
+        msg, header = encode_kafka_message(b, kh, producer_id=memq_producer_id(pid, index), epoch=max(epoch, 0),
+                                           sequence=kh.base_sequence)
+        messages.append(memoryview(msg))
+        headers.append(header)
+    count = sum(kh.count for _, kh in batches)
+    return asyncio.ensure_future(
+        _txn_stored(conn, txn_id, ProducerIds(pid, epoch), admitted, index, messages, headers, count))
+
+
+async def _txn_stored(conn: Conn, txn_id: str, ids: ProducerIds, admitted: Ticket, index: int,
+                      messages: list[memoryview], headers: list[MessageHeader], count: int) -> PartitionResult:
+    try:
+        why = await conn.core.txns.store_pending(txn_id, ids, admitted, index, messages, headers)
+    except MemqError as e:   # storage failing: retriable, and a retry's same ids make it harmless
+        log.warning("Kafka transactional produce to %s[%d] for %r from %s: %s", admitted.config.name, index,
+                    txn_id, conn.peer, e)
+        return PartitionResult(index, ErrorCode.KAFKA_STORAGE_ERROR, message=str(e))
+    if why is not None:   # Produce v3+ knows neither PRODUCER_FENCED nor its own: Kafka's INVALID_PRODUCER_EPOCH
+        return PartitionResult(index, kafka_txn.refused(conn, "Produce", txn_id, why.code_for(False), why.name),
+                               message=f"transactional id {txn_id!r}: {why.name}")
+    return PartitionResult(index, base_offset=-max(count, 1))
 
 
 def _refused(conn: Conn, topic: str, index: int, refusal: Refusal) -> PartitionResult:

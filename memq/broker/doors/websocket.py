@@ -15,6 +15,10 @@ the connection is not read for that long. Acks go through a bounded queue draine
 one writer task, several per frame. Every bad frame gets an error ack naming the problem; a
 client that does not read its acks (queue full, or a write that does not finish within
 `write_timeout_s`) is closed cleanly, and other connections are not affected.
+
+A transaction's calls and its Messages (version 4 requests) are carried out aside, in tasks
+(`websocket_txn`: a ZooKeeper write, a PUT, a commit's publish round take a while), at most
+`MAX_TXN_TASKS` at a time per connection; beyond that the connection stops reading.
 """
 
 from __future__ import annotations
@@ -33,17 +37,20 @@ from prometheus_client import Histogram
 from memq.errors import FormatError, ProtocolError
 from memq.format import verify_message
 from memq.format.message import MessageHeader
+from memq.format.txn_wire import decode_txn_call, is_txn_call, peek_call_id
 from memq.format.wire import (NO_REQUEST_ID, Ack, AckCode, AckLevel, ProduceRequest, RequestFlag, decode_request,
                               encode_acks, is_bundle, peek_request_id, split_bundle)
 
 from ..admission import Refusal, Ticket
 from ..guard import Session
 from ..seam import BrokerCore
+from .websocket_txn import answer_call, store_message
 
 log = logging.getLogger(__name__)
 
 MAX_ACKS_PER_FRAME = 4096
 MAX_PARKED_BYTES = 1024 * 1024   # Message bytes waiting for a batch slot, per connection (~ one large Message)
+MAX_TXN_TASKS = 32               # transaction calls and Messages under way, per connection
 
 
 class ProduceConnection:
@@ -67,6 +74,14 @@ class ProduceConnection:
         self._parked_bytes = 0
         self._unparked = asyncio.Event()
         self._drainers: set[asyncio.Task[None]] = set()
+        self._txn_slots = asyncio.Semaphore(MAX_TXN_TASKS)
+        # not cancelled when the connection ends: a commit half done is finished, not cut short
+        self._aside_tasks: set[asyncio.Task[None]] = set()
+
+    @property
+    def _peer(self) -> str:
+        peer = self._ws.get_extra_info("peername") if self._ws.prepared else None
+        return f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(self._principal or "?")
 
     async def run(self) -> None:
         writer = asyncio.create_task(self._write_acks(), name="ack-writer")
@@ -144,6 +159,9 @@ class ProduceConnection:
             await self._handle_request(request)
 
     async def _handle_request(self, data: bytes | memoryview) -> None:
+        if is_txn_call(data):
+            await self._txn_call(data)
+            return
         try:
             req = decode_request(data)
         except ProtocolError as e:
@@ -164,12 +182,36 @@ class ProduceConnection:
             return
         throttle_s = self._core.admission.charge(self._principal, ((topic, size),))
         throttle_ms = round(throttle_s * 1000)
-        if topic in self._parked or not admitted.can_append_now():
+        if req.transactional_id:
+            await self._aside(store_message(self._core, admitted, req, header, self._peer), throttle_ms)
+        elif topic in self._parked or not admitted.can_append_now():
             await self._park(topic, size, partial(self._append, admitted, req, header, throttle_ms))
         else:
             await self._append(admitted, req, header, throttle_ms)
         if throttle_s:
             await asyncio.sleep(throttle_s)   # read nothing more from this client meanwhile
+
+    async def _txn_call(self, data: bytes | memoryview) -> None:
+        try:
+            call = decode_txn_call(data)
+        except ProtocolError as e:
+            self._reject(peek_call_id(data), AckCode.PROTOCOL, str(e))
+            return
+        await self._aside(answer_call(self._core, self._principal, self._peer, call))
+
+    async def _aside(self, answer: Awaitable[Ack], throttle_ms: int = 0) -> None:
+        """Run `answer` (a transaction's call or Message) in a task of its own and queue its ack;
+        waits while MAX_TXN_TASKS are under way."""
+        await self._txn_slots.acquire()
+
+        async def run() -> None:
+            try:
+                self._reply(await answer, None, throttle_ms)
+            finally:
+                self._txn_slots.release()
+        task = asyncio.get_running_loop().create_task(run(), name="txn")
+        self._aside_tasks.add(task)
+        task.add_done_callback(self._aside_tasks.discard)
 
     def _refuse(self, req: ProduceRequest, code: AckCode, why: str, brokers: tuple[str, ...] = ()) -> None:
         """A request refused before reaching a topic: an error ack, unless it asked for none."""

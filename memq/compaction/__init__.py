@@ -1,0 +1,1 @@
+"""Compacted topics: the latest record per key, kept in compacted parts named by a manifest."""

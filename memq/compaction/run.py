@@ -1,0 +1,291 @@
+"""The compaction runner (I/O): reads a partition's dirty notifications and parts, plans, writes
+the new parts and manifest, swaps the pointer.
+
+Steps of one partition's run, and what a crash at each leaves (`memq.compaction.manifest`):
+1. read the current pointer and manifest, the notifications [end, high watermark);
+2. if due (`plan.due`), read the dirty parts and the old parts that lose a record, `plan.plan`;
+3. PUT the new parts, then the new manifest (a crash here: orphans, the old manifest stands);
+4. swap the ZooKeeper pointer by compare-and-set: the commit point (a lost race changes nothing);
+5. nothing is deleted here: the janitor releases replaced parts, old manifests and the plain
+   objects wholly below `end` after its grace (`memq.compaction.release`).
+Re-running after a crash at any step plans from whatever manifest stands, so it ends in the same
+state. Every byte read or written first takes its share of a byte-rate budget
+(`governor.compaction_mbps`), so compaction never starves produce and fetch of the store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from memq.clock import Clock, SystemClock
+from memq.config import MemqConfig, TopicConfig
+from memq.errors import MemqError, NotifyError
+from memq.format.codec import Compressors
+from memq.notify.consumer import NotificationConsumer, NotificationRecord
+from memq.storage import make_storage
+from memq.storage.base import Chunks, ObjectLocation
+from memq.storage.naming import parse_key
+
+from . import plan as planning
+from .manifest import Manifest, ManifestCache, ManifestPointer, ManifestPointers, compaction_group
+from .parts import PartRef, Survivor, encode_part, key_hash, part_survivors, plain_survivors
+from .read import PartReader
+
+log = logging.getLogger(__name__)
+
+
+class Store(Protocol):
+    """What the runner needs of storage (any `StorageHandler`)."""
+
+    async def get(self, loc: ObjectLocation) -> bytes: ...
+
+    async def get_range(self, loc: ObjectLocation, start: int, length: int) -> bytes: ...
+
+    async def put_batch(self, topic: str, data: Chunks, *, first_request_id: int,
+                        timestamp_ms: int, broker_id: str, group: str = "") -> ObjectLocation: ...
+
+
+class ByteBudget:
+    """A token bucket of bytes per second (one second's worth of burst): `take` waits its turn."""
+
+    def __init__(self, bytes_per_s: float, clock: Clock | None = None) -> None:
+        self.rate = bytes_per_s
+        self.clock = clock or SystemClock()
+        self._tokens = bytes_per_s
+        self._at = self.clock.monotonic()
+        self.waited_s = 0.0
+
+    async def take(self, n: int) -> None:
+        now = self.clock.monotonic()
+        self._tokens = min(self.rate, self._tokens + (now - self._at) * self.rate)
+        self._at = now
+        self._tokens -= n
+        if self._tokens < 0:
+            wait = -self._tokens / self.rate
+            self.waited_s += wait
+            await asyncio.sleep(wait)
+
+
+class CompactionMetrics:
+    """Per topic: dirty ratio, cleaner lag, bytes read and written, parts written, runs."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.dirty_ratio = Gauge("memq_compaction_dirty_ratio", "Share of a partition's bytes not compacted yet",
+                                 ["topic", "partition"], registry=registry)
+        self.lag = Gauge("memq_compaction_lag_seconds", "Age of a partition's oldest uncompacted record",
+                         ["topic", "partition"], registry=registry)
+        self.bytes = Counter("memq_compaction_bytes", "Bytes compaction read (dirty, old parts) and wrote (parts)",
+                             ["topic", "direction"], registry=registry)
+        self.objects = Counter("memq_compaction_objects", "Compacted parts written", ["topic"], registry=registry)
+        self.records = Counter("memq_compaction_records", "Records compaction looked at, and kept",
+                               ["topic", "what"], registry=registry)
+        self.stored = Gauge("memq_compaction_stored_bytes", "Bytes of a partition's compacted parts",
+                            ["topic", "partition"], registry=registry)
+        self.runs = Counter("memq_compaction_runs", "Partition runs, by result (swapped, idle, lost_race, failed)",
+                            ["topic", "result"], registry=registry)
+
+
+#: A test's fault injection: called with each step's name ("parts_put", "manifest_put", "swapped").
+Step = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What one partition's run did."""
+
+    topic: str
+    partition: int
+    result: str                   # swapped | idle | lost_race
+    manifest: Manifest | None     # the manifest that stands after the run
+    due: planning.Due | None
+    read_bytes: int = 0
+    written_bytes: int = 0
+
+
+class Compactor:
+    """Compacts the partitions of compacted topics; run by the governor's janitor loop."""
+
+    def __init__(self, config: MemqConfig, pointers: ManifestPointers, registry: CollectorRegistry, *,
+                 storage: Store | None = None, clock: Clock | None = None, step: Step | None = None,
+                 broker_id: str = "compactor") -> None:
+        self.config = config
+        self.pointers = pointers
+        self.storage: Store = storage or make_storage(config)
+        self.clock = clock or SystemClock()
+        self.metrics = CompactionMetrics(registry)
+        self.budget = ByteBudget(config.governor.compaction_mbps * 1e6, self.clock)
+        self.manifests = ManifestCache(self.storage)
+        self.parts = PartReader(self.storage)
+        self.step = step or (lambda _: None)
+        self.broker_id = broker_id
+        self.timeout_s = config.governor.janitor_timeout_s
+        self._reader: NotificationConsumer | None = None
+        self._lock = threading.Lock()
+        self._comp = Compressors()
+        self._requests = 0
+
+    def _now_ms(self) -> int:
+        return int(self.clock.time() * 1000)
+
+    async def run_once(self, topics: Mapping[str, TopicConfig], leading: Callable[[], bool] = lambda: True,
+                       *, force: bool = False) -> list[Outcome]:
+        """One pass over every partition of every compacted topic; a failing partition is logged and counted."""
+        out: list[Outcome] = []
+        for name, cfg in sorted(topics.items()):
+            if not cfg.compacted:
+                continue
+            for p in range(cfg.read_partitions):
+                if not leading():
+                    return out
+                try:
+                    out.append(await self.partition(cfg, p, force=force))
+                except (MemqError, TimeoutError) as e:
+                    self.metrics.runs.labels(name, "failed").inc()
+                    log.warning("compaction: %s/%d failed, retrying next pass: %s", name, p, e)
+        return out
+
+    async def partition(self, cfg: TopicConfig, partition: int, *, force: bool = False) -> Outcome:
+        """Compact one partition if due (or `force` and anything is cleanable)."""
+        topic = cfg.name
+        pointer = await asyncio.to_thread(self.pointers.read, topic, partition)
+        old = await self.manifests.load(pointer) if pointer else None
+        end = pointer.end if pointer else 0
+        notes = await asyncio.to_thread(self._notes, cfg, partition, end)
+        now = self._now_ms()
+        dirty_notes = [planning.DirtyNote(r.offset, r.notification.max_timestamp_ms, r.notification.size)
+                       for r in notes]
+        clean = old.size if old else 0
+        verdict = planning.due(cfg, clean, dirty_notes, now)
+        self.metrics.dirty_ratio.labels(topic, str(partition)).set(verdict.dirty_ratio)
+        self.metrics.lag.labels(topic, str(partition)).set(verdict.lag_ms / 1000)
+        take = planning.cleanable(dirty_notes, now, cfg.min_compaction_lag_ms)
+        if not take or not (verdict.due or force):
+            self.metrics.runs.labels(topic, "idle").inc()
+            return Outcome(topic, partition, "idle", old, verdict)
+        taken, rest = notes[:take], notes[take:]
+        read = 0
+        dirty: list[Survivor] = []
+        for r in taken:
+            got, size = await self._dirty_records(r)
+            dirty.extend(got)
+            read += size
+        hashes = {key_hash(s.key) for s in dirty}
+        olds: list[tuple[PartRef, Sequence[Survivor] | None]] = []
+        for part in (old.parts if old else ()):
+            _, index = await self.parts.meta(part)
+            hit = index.has_any(hashes)
+            if planning.untouched(cfg, part.min_timestamp_ms, part.tombstones, hit, now):
+                olds.append((part, None))
+                continue
+            await self.budget.take(part.size)
+            read += part.size
+            olds.append((part, part_survivors(await self.storage.get_range(part.location, 0, part.size))))
+        result = planning.plan(cfg, olds, dirty, now)
+        self.metrics.bytes.labels(topic, "read").inc(read)
+        self.metrics.records.labels(topic, "read").inc(result.records_in)
+        refs: list[PartRef] = []
+        written = 0
+        for seg in result.segments:
+            if isinstance(seg, planning.Keep):
+                refs.append(seg.part)
+                continue
+            encoded = await asyncio.to_thread(encode_part, seg.survivors, broker_id=self.broker_id, created_ms=now)
+            size = sum(len(c) for c in encoded.chunks)
+            await self.budget.take(size)
+            loc = await self._put(topic, encoded.chunks, now)
+            refs.append(encoded.ref(loc))
+            written += size
+            self.metrics.objects.labels(topic).inc()
+        self.metrics.bytes.labels(topic, "written").inc(written)
+        self.metrics.records.labels(topic, "kept").inc(result.written)
+        self.step("parts_put")
+        new_end = taken[-1].offset + 1
+        floor = min([now - round(self.config.governor.orphan_grace_s * 1000)]
+                    + [_object_ms(r) for r in rest])
+        manifest = Manifest(topic, partition, new_end, (pointer.version + 1) if pointer else 1, now, tuple(refs),
+                            pointer.key if pointer else None, floor,
+                            {"records_in": result.records_in, "survivors": result.survivors,
+                             "tombstones": result.tombstones, "dropped_tombstones": result.dropped_tombstones,
+                             "expired": result.expired, "read_bytes": read, "written_bytes": written})
+        loc = await self._put(topic, [manifest.to_json()], now)
+        self.step("manifest_put")
+        new = ManifestPointer(loc.bucket, loc.key, new_end, manifest.version)
+        if not await asyncio.to_thread(self.pointers.swap, topic, partition, pointer, new):
+            self.metrics.runs.labels(topic, "lost_race").inc()
+            log.warning("compaction: %s/%d: another run swapped the manifest first; this run's objects are orphans",
+                        topic, partition)
+            return Outcome(topic, partition, "lost_race", old, verdict, read, written)
+        self.step("swapped")
+        self.metrics.stored.labels(topic, str(partition)).set(manifest.size)
+        self.metrics.runs.labels(topic, "swapped").inc()
+        log.info("compaction: %s/%d: notifications [%d, %d) and %d old parts -> %d parts, %d survivors "
+                 "(%d tombstones dropped), read %d B, wrote %d B", topic, partition, end, new_end,
+                 len(old.parts) if old else 0, len(refs), result.survivors, result.dropped_tombstones, read, written)
+        return Outcome(topic, partition, "swapped", manifest, verdict, read, written)
+
+    async def _put(self, topic: str, chunks: list, now_ms: int) -> ObjectLocation:
+        self._requests += 1
+        return await self.storage.put_batch(topic, chunks, first_request_id=(time.time_ns() + self._requests) % 2**64,
+                                            timestamp_ms=now_ms, broker_id=self.broker_id,
+                                            group=compaction_group(topic))
+
+    async def _dirty_records(self, r: NotificationRecord) -> tuple[list[Survivor], int]:
+        """The records of the part notification `r` names, with their Kafka offsets (null values kept)."""
+        n = r.notification
+        await self.budget.take(n.size)
+        obj = await self.storage.get_range(ObjectLocation(n.bucket, n.key), n.offset, n.size)
+        return await asyncio.to_thread(plain_survivors, r.offset, obj, self._comp), len(obj)
+
+    def _notes(self, cfg: TopicConfig, partition: int, start: int) -> list[NotificationRecord]:
+        """Notifications [start, high watermark) of the partition (blocking: run in a thread)."""
+        with self._lock:
+            kafka_topic = cfg.notification_topic_for(self.config.cluster.name)
+            if self._reader is None:
+                self._reader = NotificationConsumer(self.config.kafka, kafka_topic, fetch_wait_ms=10, partition_eof=True,
+                                                    group_id=f"memq-compactor-{self.config.cluster.name}")
+            c = self._reader
+            try:
+                c.read_topic(kafka_topic)
+                high = c.watermarks(partition)[1]
+                if start >= high:
+                    return []
+                c.assign({partition: start})
+                out: list[NotificationRecord] = []
+                deadline = self.clock.monotonic() + self.timeout_s
+                at = start
+                while at < high and c.ends_reached().get(partition, -1) < high:
+                    if self.clock.monotonic() > deadline:
+                        raise NotifyError(f"compaction: reading {kafka_topic}[{partition}] [{start}, {high}) "
+                                          f"took over {self.timeout_s:g} s")
+                    for r in c.poll(0.5):
+                        if r.partition == partition and at <= r.offset < high:
+                            out.append(r)
+                            at = r.offset + 1
+                c.unassign()
+                return out
+            except BaseException:
+                c.close()
+                self._reader = None
+                raise
+
+    async def close(self) -> None:
+        with self._lock:
+            if self._reader is not None:
+                self._reader.close()
+                self._reader = None
+
+
+def _object_ms(r: NotificationRecord) -> int:
+    """The time stamped in the key of the object a notification names (its created time if not memq's)."""
+    try:
+        return parse_key(r.notification.key).timestamp_ms
+    except MemqError:
+        return r.notification.created_ms

@@ -1,0 +1,40 @@
+"""Fakes of what memq.broker.txn.service.Transactions publishes and relays through (no Kafka)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from memq.broker.txn.service import GroupOffsets, Pending
+from memq.errors import NotifyError
+
+
+class FakePublisher:
+    def __init__(self) -> None:
+        self.published: list[Pending] = []
+        self.failing = False
+
+    async def publish_many(self, notes: Sequence[Pending]) -> list[tuple[int, int] | NotifyError]:
+        if self.failing:
+            return [NotifyError("kafka down") for _ in notes]
+        self.published += notes
+        return [(0, i) for i in range(len(notes))]
+
+    def health(self) -> str | None:
+        return None
+
+    def close(self) -> None:
+        pass
+
+
+class FakeRelay:
+    def __init__(self) -> None:
+        self.commits: list[tuple[str, GroupOffsets]] = []
+        self.refuse: dict[tuple[str, int], int] = {}
+        self.closed = False
+
+    async def commit(self, group: str, offsets: GroupOffsets) -> dict[tuple[str, int], int]:
+        self.commits.append((group, offsets))
+        return dict(self.refuse)
+
+    def close(self) -> None:
+        self.closed = True

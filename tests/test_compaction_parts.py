@@ -1,0 +1,130 @@
+"""The compacted part format and the manifest (pure): offsets, tombstones, index, checks."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from memq.compaction.manifest import Manifest, ManifestPointer
+from memq.compaction.parts import (Survivor, decode_index, encode_part, kafka_batch, message_survivors,
+                                   part_survivors)
+from memq.compaction.read import PartReader
+from memq.errors import CorruptDataError, CoordinationError, InvalidInputError
+from memq.format.batch import decode_batch, decode_batch_header
+from memq.format.kafka_records import decode_kafka_entries, peek_kafka_batch
+from memq.kafka_api.offsets import kafka_offset
+from memq.storage.base import ObjectLocation
+
+
+def survivors(n: int = 300) -> list[Survivor]:
+    return [Survivor(kafka_offset(i // 3, i % 3 * 5), 1_000 + i, b"key-%d" % i,
+                     None if i % 10 == 0 else b"value-%d" % i, (("h", b"%d" % i),)) for i in range(n)]
+
+
+def obj(sv: list[Survivor], **kw: int) -> tuple[bytes, object]:
+    e = encode_part(sv, broker_id="test", created_ms=1, **kw)
+    return b"".join(bytes(c) for c in e.chunks), e
+
+
+def test_round_trip_keeps_offsets_timestamps_headers_and_tombstones() -> None:
+    sv = survivors()
+    data, e = obj(sv, records_per_batch=50)
+    assert part_survivors(data) == sv
+    assert part_survivors(data, sv[120].offset) == sv[120:]
+    assert (e.records, e.tombstones, e.first_offset, e.last_offset) == (300, 30, sv[0].offset, sv[-1].offset)
+    header, msgs = decode_batch(data[:e.size])        # memq's own decoder reads a part as any object
+    assert sum(len(r) for _, r in msgs) == 300 and header.message_count >= 6
+
+
+def test_each_message_is_one_kafka_batch_with_original_offsets() -> None:
+    sv = survivors()
+    data, e = obj(sv, records_per_batch=50)
+    header = decode_batch_header(data)
+    lo, hi = header.message_ranges[1]
+    batch = kafka_batch(data[lo:hi])
+    first = message_survivors(data[lo:hi])[0]
+    kb = peek_kafka_batch(batch)
+    assert kb.base_offset == first.offset
+    assert kb.base_offset + kb.last_offset_delta == message_survivors(data[lo:hi])[-1].offset
+    assert [en.value for en in decode_kafka_entries(batch)][:1] == [first.value]
+
+
+def test_a_new_batch_starts_where_an_offset_delta_would_overflow_int32() -> None:
+    sv = [Survivor(kafka_offset(n, 0), 1, b"k%d" % n, b"v") for n in (0, 1, 127, 128, 500)]
+    data, e = obj(sv)
+    assert decode_batch_header(data).message_count == 3              # 2**31 / 2**24 = 128 notifications a batch
+    assert part_survivors(data) == sv
+
+
+def test_deterministic_bytes_for_the_same_survivors() -> None:
+    assert obj(survivors())[0] == obj(survivors())[0]
+
+
+def test_index_finds_the_message_of_an_offset_and_of_a_key() -> None:
+    sv = survivors()
+    data, e = obj(sv, records_per_batch=50)
+    index = decode_index(data[e.size:])
+    header = decode_batch_header(data)
+    for s in (sv[0], sv[77], sv[299]):
+        n = index.message_for(s.offset)
+        lo, hi = header.message_ranges[n]
+        assert s in message_survivors(data[lo:hi])
+        assert index.messages_for_key(s.key) == [n]
+    assert index.messages_for_key(b"absent") == []
+    assert index.message_for(0) == 0 and len(index) == 300
+
+
+def test_reader_by_ranged_gets() -> None:
+    sv = survivors()
+    data, e = obj(sv, records_per_batch=50)
+
+    class Store:
+        async def get_range(self, loc: ObjectLocation, start: int, length: int) -> bytes:
+            return data[start:start + length]
+
+    ref = e.ref(ObjectLocation("b", "k"))
+    reader = PartReader(Store())
+
+    async def go() -> None:
+        assert await reader.lookup(ref, b"key-150") == sv[150]
+        assert await reader.lookup(ref, b"key-150x") is None
+        got = [s async for chunk in reader.survivors_from(ref, sv[260].offset) for s in chunk]
+        assert got == sv[260:]
+        m = Manifest("t", 0, 200, 1, 1, (ref,))
+        assert (await reader.get(m, b"key-10")).value is None       # a tombstone reads as deleted
+    asyncio.run(go())
+
+
+def test_bad_input_and_corruption_are_typed_errors() -> None:
+    with pytest.raises(InvalidInputError):
+        encode_part([], broker_id="b")
+    with pytest.raises(InvalidInputError):
+        encode_part([Survivor(5, 1, b"a", b"v"), Survivor(5, 1, b"b", b"v")], broker_id="b")
+    data, e = obj(survivors())
+    trailer = bytearray(data[e.size:])
+    trailer[20] ^= 1
+    with pytest.raises(CorruptDataError):
+        decode_index(bytes(trailer))
+    with pytest.raises(CorruptDataError):
+        decode_index(data[e.size:-1])
+
+
+def test_manifest_round_trip_and_parts_from() -> None:
+    data, e = obj(survivors(30))
+    a = e.ref(ObjectLocation("b", "a"))
+    later = [Survivor(kafka_offset(100 + i, 0), 1, b"z%d" % i, b"v") for i in range(5)]
+    b = encode_part(later, broker_id="t", created_ms=1).ref(ObjectLocation("b", "b"))
+    m = Manifest("t", 1, 200, 3, 5, (a, b), previous="old", floor_ms=4, stats={"survivors": 35})
+    assert Manifest.from_json(m.to_json(), "x") == m
+    assert m.parts_from(0) == (a, b) and m.parts_from(a.last_offset + 1) == (b,) and m.parts_from(m.tail_offset) == ()
+    assert m.tail_offset == kafka_offset(200, 0)
+    bad = Manifest("t", 1, 50, 3, 5, (a, b))                          # a part past the tail
+    with pytest.raises(CorruptDataError):
+        Manifest.from_json(bad.to_json(), "x")
+    with pytest.raises(CorruptDataError):
+        Manifest.from_json(b"{}", "x")
+    p = ManifestPointer("b", "k", 7, 2)
+    assert ManifestPointer.from_json(p.to_json(), "z") == p
+    with pytest.raises(CoordinationError):
+        ManifestPointer.from_json(b'{"bucket": "b"}', "z")

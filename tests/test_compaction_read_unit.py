@@ -1,0 +1,98 @@
+"""The pure parts of reading compacted topics: compaction's Kafka settings, compacted batches
+placed in a Fetch, the log start, the keyless check, the metadata's cleanup policy, and the chaos
+checker's rule for compacted topics (the latest value per acked key survives)."""
+
+from __future__ import annotations
+
+import pytest
+
+from memq.chaos.checker import KeyedWrite, check_compacted
+from memq.compaction.parts import Survivor
+from memq.config import TopicConfig
+from memq.errors import ConfigError
+from memq.format.kafka_records import KafkaCodec, decode_kafka_entries, encode_kafka_batch, peek_kafka_batch
+from memq.format.metadata import ClusterMetadata, StorageMetadata, TopicMetadata
+from memq.kafka_api import topic_configs as tc
+from memq.kafka_api.compacted import compacted_log_start, keyless_records, place_batch
+from memq.kafka_api.offsets import first_offset
+from memq.kafka_api.topic_configs import AlterOp
+
+CLUSTER = "c1"
+
+
+def test_compaction_settings_under_kafkas_names() -> None:
+    cur = TopicConfig(name="t", read_partitions=1)
+    got = {e.name: e.value for e in tc.describe(cur, CLUSTER)}
+    assert got["cleanup.policy"] == "delete" and got["max.compaction.lag.ms"] == str(tc.NO_LAG_BOUND)
+    changes = tc.assigned(cur, [("cleanup.policy", "delete, compact"), ("min.compaction.lag.ms", "1000"),
+                                ("max.compaction.lag.ms", "60000"), ("delete.retention.ms", "5000"),
+                                ("min.cleanable.dirty.ratio", "0.25")], CLUSTER)
+    cfg = tc.altered(cur, changes)
+    assert (cfg.cleanup_policy, cfg.min_compaction_lag_ms, cfg.max_compaction_lag_ms, cfg.delete_retention_ms,
+            cfg.min_cleanable_dirty_ratio) == ("compact,delete", 1000, 60000, 5000, 0.25)
+    assert tc.assigned(cfg, [("max.compaction.lag.ms", str(tc.NO_LAG_BOUND))], CLUSTER) == {
+        "max_compaction_lag_ms": None}
+    # cleanup.policy is Kafka's one list setting here: APPEND and SUBTRACT work on it
+    assert tc.incremental(cur, [("cleanup.policy", AlterOp.APPEND, "compact")], CLUSTER) == {
+        "cleanup_policy": "compact,delete"}
+    assert tc.incremental(cfg, [("cleanup.policy", AlterOp.SUBTRACT, "delete")], CLUSTER) == {
+        "cleanup_policy": "compact"}
+    with pytest.raises(ConfigError, match="cleanup.policy=compact,shred"):
+        tc.assigned(cur, [("cleanup.policy", "compact,shred")], CLUSTER)
+
+
+def _batch(offsets: list[int], values: list[bytes | None], codec: KafkaCodec = KafkaCodec.NONE) -> bytes:
+    survivors = [Survivor(o, 1000 + o, b"k%d" % o, v) for o, v in zip(offsets, values)]
+    return encode_kafka_batch(survivors, codec, base_offset=offsets[0],   # type: ignore[arg-type]
+                              deltas=[o - offsets[0] for o in offsets])
+
+
+def test_a_compacted_batch_is_placed_as_stored_with_its_offsets() -> None:
+    batch = _batch([first_offset(2) + 5, first_offset(3) + 1], [b"a", None], KafkaCodec.ZSTD)
+    out = bytearray()
+    after = place_batch(batch, out, 10**6, at_least_one=True, zstd=False)   # an old Fetch: no zstd
+    assert after == first_offset(3) + 2
+    placed = peek_kafka_batch(out)
+    assert placed.base_offset == first_offset(2) + 5 and placed.codec is KafkaCodec.NONE
+    assert bytes(out[12:16]) == b"\xff\xff\xff\xff"                        # leader epoch unknown
+    entries = decode_kafka_entries(out)                                    # CRC still holds
+    assert [(e.offset_delta, e.value) for e in entries] == [(0, b"a"), (first_offset(1) - 4, None)]
+    assert place_batch(batch, out, len(out) + 10, at_least_one=True, zstd=True) is None   # no room left
+    assert place_batch(batch, bytearray(), 10, at_least_one=True, zstd=True) is not None   # KIP-74
+
+
+def test_log_start_of_a_compacted_partition_is_its_first_survivor() -> None:
+    assert compacted_log_start(5, 0, None) == first_offset(5)                 # no prefix
+    assert compacted_log_start(5, 0, first_offset(1) + 3) == first_offset(1) + 3
+    assert compacted_log_start(0, 0, first_offset(1)) == 0
+    assert compacted_log_start(5, first_offset(4), first_offset(1)) == first_offset(4)   # DeleteRecords wins
+
+
+def test_keyless_records_are_counted() -> None:
+    keyed = _batch([0, 1], [b"a", b"b"])
+    records = [Survivor(0, 1, None, b"x"), Survivor(1, 1, b"k", b"y")]   # type: ignore[arg-type]
+    keyless = encode_kafka_batch(records, KafkaCodec.GZIP)  # type: ignore[arg-type]
+    assert keyless_records([keyed]) == 0 and keyless_records([keyed, keyless]) == 1
+
+
+def test_metadata_carries_the_cleanup_policy() -> None:
+    md = ClusterMetadata("c", "b1", "k:1", StorageMetadata(), topics={
+        "t": TopicMetadata("t", "n", 1, cleanup_policy="compact"), "u": TopicMetadata("u", "n2", 1)})
+    back = ClusterMetadata.from_dict(md.to_dict())
+    assert back.topics["t"].cleanup_policy == "compact" and back.topics["u"].cleanup_policy == "delete"
+    assert "cleanup_policy" not in md.to_dict()["topics"]["u"]                # older readers see nothing new
+
+
+def _w(key: str, rid: str, sent: float, done: float, ok: bool = True, tombstone: bool = False) -> KeyedWrite:
+    return KeyedWrite(key, rid, sent, done, ok, tombstone)
+
+
+def test_checker_wants_the_latest_acked_value_per_key() -> None:
+    writes = [_w("a", "a1", 0, 1), _w("a", "a2", 2, 3), _w("b", "b1", 0, 1), _w("b", "b2", 0.5, 4, tombstone=True),
+              _w("c", "c1", 0, 1), _w("c", "c2", 0.5, 2), _w("d", "d1", 0, 1, ok=False)]
+    # c1 overlapped c2 (sent before c2 was done): either may be last; b's latest is a tombstone: may be gone
+    assert check_compacted(writes, {"a": "a2", "c": "c1"}).passed
+    v = check_compacted(writes, {"a": "a1", "c": "c2", "b": "b1", "x": "x1"})
+    assert v.lost == ("a",) and v.unknown == ("x",) and not v.passed and v.keys == 3
+    assert check_compacted(writes, {"c": "c2"}).lost == ("a",)                  # a's value is gone
+    assert check_compacted(writes, {"a": "a2", "c": "c1", "b": "b1"}).lost == ()   # b1 overlapped the tombstone
