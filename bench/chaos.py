@@ -1,7 +1,7 @@
 """Chaos: memq under a seeded nemesis across namespace hosts (see memq/chaos).
 
 `python -m bench chaos [--minutes N] [--seed S] [--kinds K,K] [--fault-s S] [--delay-ms D --jitter-ms J]
-[--reader memq|kafka] [--quick]`:
+[--reader memq|kafka] [--workload plain|txn] [--quick]`:
 the default schedule draws every fault kind for 5 minutes (quick: 60 s of faults today's code survives),
 each fault lasting 5-12 s (`--fault-s`: exactly S). Prints the per-fault table, then the JSON line: keys
 `faults`, `acked_lost`, `duplicates`, `dangling_pointers`, `max_write_gap_s`, per fault `failed` and
@@ -12,6 +12,12 @@ A SlowDown storm: `--kinds slowdown:s3 --fault-s 20 --minutes 1.5`. `--reader ka
 reads as a confluent-kafka consumer group through the brokers' Kafka listeners instead of memq's
 Consumer (`missed` then counts acked records the Kafka group never received; `duplicates`, its
 redeliveries since the last commit and the producers' resends, which Kafka readers get as stored).
+`--workload txn`: the producers write transactions of memq's Producer (a transactional id each),
+committing most and aborting a fifth; after the run a new reader reads the topic from the start.
+The JSON adds `transactions`, `committed`, `aborted`, `in_doubt` (records), `aborted_visible`
+(records of aborted transactions reachable or read: must be 0), `torn` (transactions partly
+visible: 0), `read_missed` and `read_duplicates` (the read_committed reader's: 0); `acked_lost`
+counts committed records.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ import argparse
 from memq.chaos.nemesis import KINDS
 from memq.chaos.run import RunSpec, run as run_chaos, summary, table
 from memq.chaos.topology import unavailable
-from memq.chaos.workload import READERS
+from memq.chaos.workload import READERS, WORKLOADS
 
 SURVIVABLE = ("kill", "cut-zk", "pause:s3")
 DEFAULT_SEED = 1
@@ -39,17 +45,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--jitter-ms", type=float, default=JITTER_MS, help="delay faults: plus or minus up to this")
     parser.add_argument("--reader", choices=READERS, default="memq",
                         help="the workload's group reader: memq's Consumer or a Kafka consumer group")
+    parser.add_argument("--workload", choices=WORKLOADS, default="plain",
+                        help="plain sends, or transactions committed or aborted (memq's Producer)")
 
 
 def run(quick: bool, minutes: float | None = None, seed: int = DEFAULT_SEED,
         kinds: tuple[str, ...] | None = None, fault_s: float | None = None, delay_ms: float = DELAY_MS,
-        jitter_ms: float = JITTER_MS, reader: str = "memq") -> dict[str, object]:
+        jitter_ms: float = JITTER_MS, reader: str = "memq", workload: str = "plain") -> dict[str, object]:
     why = unavailable()
     if why:
         raise SystemExit(f"bench chaos: {why}")
     seconds = 60.0 * (minutes if minutes is not None else (1.0 if quick else 5.0))
     spec = RunSpec(seed=seed, seconds=seconds, kinds=kinds or (SURVIVABLE if quick else KINDS),
-                   delay_s=delay_ms / 1000, jitter_s=jitter_ms / 1000, reader=reader,
+                   delay_s=delay_ms / 1000, jitter_s=jitter_ms / 1000, reader=reader, workload=workload,
                    **({"durations": (fault_s, fault_s)} if fault_s else {}))
     result = run_chaos(spec, log=lambda s: print(s, flush=True))
     print(table(result), flush=True)

@@ -25,6 +25,8 @@ from pyspark.sql.datasource import (
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
 from pyspark.sql.types import StructType
 
+from memq.compaction.manifest import Manifest
+from spark_source.compacted import Prefixes, earliest, read_ranges
 from spark_source.options import EARLIEST, LATEST, OffsetSpec, SourceOptions, parse_options
 from spark_source.plan import OPEN_END, Bounds, MemqPartition, NotificationLog, list_objects, plan_tasks, split
 from spark_source.read import read_partition
@@ -76,9 +78,12 @@ class MemqBatchReader(DataSourceReader):
             refs = list_objects(opts, bounds.start_ms, bounds.end_ms)
             return list(split([refs], opts.min_partitions))
         nlog = NotificationLog(opts)
+        prefixes = Prefixes(opts)
         try:
+            lows = nlog.lows()
+            manifests = prefixes.manifests([p for p in lows if bounds.partitions is None or p in bounds.partitions])
             ranges: dict[int, tuple[int, int | None]] = {}
-            for p, low in nlog.lows().items():
+            for p, low in earliest(lows, manifests).items():
                 if bounds.partitions is not None and p not in bounds.partitions:
                     continue
                 # resolved against an open end: "latest" (or past it) reads to the end the read finds
@@ -89,9 +94,10 @@ class MemqBatchReader(DataSourceReader):
                 if bounds.max_offset is not None:
                     end = min(end, bounds.max_offset + 1)
                 if start < min(end, OPEN_END):
-                    ranges[p] = (nlog.check_start(p, start, low), None if end >= OPEN_END else end)
-            groups = nlog.read(ranges)
+                    ranges[p] = (start, None if end >= OPEN_END else end)
+            groups = read_ranges(nlog, ranges, lows, manifests)
         finally:
+            prefixes.close()
             nlog.close()
         return list(plan_tasks(([r for r in g if bounds.keeps(r)] for _, g in sorted(groups.items())),
                                opts.min_partitions, opts.drop_duplicates))
@@ -184,6 +190,7 @@ class MemqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def __init__(self, opts: SourceOptions) -> None:
         self.opts = opts
         self._nlog: NotificationLog | None = None
+        self._prefixes: Prefixes | None = None
         self._target: dict[int, int] | None = None
 
     @property
@@ -192,6 +199,17 @@ class MemqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             self._nlog = NotificationLog(self.opts)
         return self._nlog
 
+    @property
+    def prefixes(self) -> Prefixes:
+        if self._prefixes is None:
+            self._prefixes = Prefixes(self.opts)
+        return self._prefixes
+
+    def _lows(self) -> tuple[dict[int, int], dict[int, Manifest]]:
+        """Each partition's first kept notification, and its compacted prefix's manifest if any."""
+        lows = self.nlog.lows()
+        return lows, self.prefixes.manifests(list(lows))
+
     def initialOffset(self) -> dict:
         marks = self.nlog.watermarks()
         if self.opts.starting is None and self.opts.starting_timestamp_ms is not None:
@@ -199,7 +217,8 @@ class MemqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             return {str(p): found.get(p, high) if found.get(p, -1) >= 0 else high
                     for p, (_, high) in marks.items()}
         spec = self.opts.starting or OffsetSpec("latest")
-        return {str(p): spec.resolve(p, low, high, default=EARLIEST) for p, (low, high) in marks.items()}
+        starts = earliest({p: low for p, (low, _) in marks.items()}, self.prefixes.manifests(list(marks)))
+        return {str(p): spec.resolve(p, starts[p], high, default=EARLIEST) for p, (_, high) in marks.items()}
 
     def _latest(self) -> dict[int, int]:
         return self.nlog.highs()
@@ -213,7 +232,7 @@ class MemqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
         latest = self._target if self._target is not None else self._latest()
-        lows = self.nlog.lows() if set(map(str, latest)) - set(start) else {}
+        lows = earliest(*self._lows()) if set(map(str, latest)) - set(start) else {}
         begin = {p: int(start[str(p)]) if str(p) in start else lows[p] for p in latest}
         latest = {p: max(latest[p], begin[p]) for p in latest}
         if isinstance(limit, ReadMaxRows):
@@ -224,15 +243,15 @@ class MemqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return {str(p): o for p, o in sorted(self._latest().items())}
 
     def partitions(self, start: dict, end: dict) -> List[InputPartition]:
-        lows = self.nlog.lows()
+        lows, manifests = self._lows()
+        starts = earliest(lows, manifests)
         ranges: dict[int, tuple[int, int | None]] = {}
         for key, stop in end.items():
             p = int(key)
-            low = lows.get(p, 0)
-            begin = int(start.get(key, low))
+            begin = int(start.get(key, starts.get(p, 0)))
             if begin < stop:
-                ranges[p] = (self.nlog.check_start(p, begin, low), int(stop))
-        groups = self.nlog.read(ranges, exact=True)
+                ranges[p] = (begin, int(stop))
+        groups = read_ranges(self.nlog, ranges, {p: lows.get(p, 0) for p in ranges}, manifests, exact=True)
         return list(plan_tasks((g for _, g in sorted(groups.items())), self.opts.min_partitions,
                                self.opts.drop_duplicates))
 
@@ -247,3 +266,6 @@ class MemqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if self._nlog is not None:
             self._nlog.close()
             self._nlog = None
+        if self._prefixes is not None:
+            self._prefixes.close()
+            self._prefixes = None

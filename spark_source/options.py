@@ -39,6 +39,7 @@ _CONNECTION = {
     "s3.connecttimeoutms": "S3 connect timeout",
     "s3.readtimeoutms": "S3 read timeout",
     "s3.maxattempts": "S3 attempts per request",
+    "zookeeper.hosts": "ZooKeeper hosts (host:port,...): where a compacted topic's prefixes are named",
 }
 _READ = {"topic", "mode", "startingoffsets", "endingoffsets", "startingtimestamp", "endingtimestamp",
          "maxoffsetspertrigger", "minpartitions", "failondataloss", "fetchconcurrency",
@@ -83,6 +84,7 @@ class SourceOptions:
     push_filters: bool = True
     drop_duplicates: bool = True
     columns: tuple[str, ...] = ()           # the read schema's columns (a user-given schema); () = all
+    compacted: bool | None = None           # the topic's cleanup_policy compacts (None: unknown, no metadata)
 
 
 def _int(options: Mapping[str, str], name: str, *, minimum: int) -> int | None:
@@ -146,10 +148,10 @@ def parse_offsets(name: str, raw: str | None, topic: str, *, allow_earliest: boo
     return OffsetSpec("json", tuple(sorted(pairs)))
 
 
-def _connection(options: Mapping[str, str], topic: str) -> tuple[MemqConfig, str, str]:
-    """The MemqConfig, notification topic and storage group ("" when not shared or not known
-    from brokers) by memq's one precedence rule (`memq.client.cluster`): these options > the
-    broker's metadata > the config file (`memq.config`, else $MEMQ_CONFIG like the CLI's `--config`)."""
+def _connection(options: Mapping[str, str], topic: str) -> tuple[MemqConfig, str, str, bool | None]:
+    """The MemqConfig, notification topic, storage group ("" when not shared or not known
+    from brokers) and whether the topic is compacted (None: not known), by memq's one
+    precedence rule (`memq.client.cluster`): these options > the broker's metadata > the config file (`memq.config`, else $MEMQ_CONFIG like the CLI's `--config`)."""
     path = options.get("memq.config") or os.environ.get("MEMQ_CONFIG")
     config = load_config(path, env={}) if path else MemqConfig()
     broker = options.get("memq.broker")
@@ -184,11 +186,17 @@ def _connection(options: Mapping[str, str], topic: str) -> tuple[MemqConfig, str
     notification_topic = str(options.get("notificationtopic") or "") or (
         TopicConfig(name=topic).notification_topic_for(cluster) if resolved.source == "default"
         else resolved.topic.notification_topic)
+    zookeeper = config.zookeeper
+    if options.get("zookeeper.hosts"):
+        zookeeper = dataclasses.replace(zookeeper, enabled=True, hosts=str(options["zookeeper.hosts"]))
     config = dataclasses.replace(config, kafka=KafkaConfig(**kafka), s3=S3Config(**s3),
-                                 storage=StorageConfig(**storage), cluster=ClusterConfig(name=cluster))
+                                 storage=StorageConfig(**storage), cluster=ClusterConfig(name=cluster),
+                                 zookeeper=zookeeper)
     if config.storage.kind == "s3":
         _require_credentials(config.s3)
-    return config, notification_topic, resolved.topic.storage_group if resolved.source == "metadata" else ""
+    compacted = None if resolved.source == "default" else "compact" in resolved.topic.cleanup_policy
+    return (config, notification_topic, resolved.topic.storage_group if resolved.source == "metadata" else "",
+            compacted)
 
 
 def _require_credentials(s3: S3Config) -> None:
@@ -219,11 +227,17 @@ def parse_options(options: Mapping[str, str]) -> SourceOptions:
     mode = str(opts.get("mode", "notifications")).lower()
     if mode not in ("notifications", "s3list"):
         raise ConfigError(f"option mode: {mode!r} is not notifications or s3list")
-    config, notification_topic, group = _connection(opts, topic)
+    config, notification_topic, group, compacted = _connection(opts, topic)
     if mode == "s3list" and group:
         raise ConfigError(f"option mode=s3list: topic {topic} is stored in storage group {group!r}, whose "
                           f"objects hold parts of several topics that only its notifications tell apart; "
                           f"use mode=notifications, or give the topic a group of its own (storage_group = \"\")")
+    if compacted and mode == "s3list":
+        raise ConfigError(f"option mode=s3list: topic {topic} is compacted: its objects hold every update, and "
+                          f"compaction releases them; use mode=notifications")
+    if compacted and not config.zookeeper.enabled:
+        raise ConfigError(f"memq source: topic {topic} is compacted, and ZooKeeper names its compacted prefixes: "
+                          f"set option zookeeper.hosts, or memq.config to a config with [zookeeper]")
     start_ts = _int(opts, "startingTimestamp", minimum=0)
     end_ts = _int(opts, "endingTimestamp", minimum=0)
     if start_ts is not None and end_ts is not None and end_ts < start_ts:
@@ -245,4 +259,5 @@ def parse_options(options: Mapping[str, str]) -> SourceOptions:
         s3list_slack_ms=_or(_int(opts, "s3list.slackMs", minimum=0), 60_000),
         push_filters=_bool(opts, "pushFilters", True),
         drop_duplicates=_bool(opts, "dropDuplicates", True),
+        compacted=compacted,
     )

@@ -57,6 +57,7 @@ class BatchRef:
     crc32c: int | None = None
     created_ms: int = 0         # when the broker created the batch (0 if unknown: s3list)
     start: int = 0              # where the batch starts in its object (a part of a shared object)
+    kafka_range: tuple[int, int] | None = None   # a compacted part: its survivors of Kafka offsets [lo, hi)
 
 
 @dataclass(frozen=True)

@@ -3,9 +3,10 @@ columns (`memq.format.columns`: no LogMessage per record, whatever the codec).""
 
 from __future__ import annotations
 
+import itertools
 import logging
 from functools import partial
-from typing import Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import pyarrow as pa
 
@@ -14,6 +15,7 @@ from memq.client.reader import BatchPointer, BatchReader, DataLossPolicy, read_i
 from memq.errors import StorageError
 from memq.format import BatchHeader, MessageHeader
 from memq.format.columns import Columns, decode_batch_columns
+from spark_source.compacted import decode_part, part_rows
 from spark_source.options import SourceOptions
 from spark_source.plan import BatchRef, Bounds, describe_storage
 from spark_source.schema import ARROW_SCHEMA, BatchContext, log_fields, to_record_batch
@@ -51,19 +53,30 @@ def read_partition(opts: SourceOptions, refs: Sequence[BatchRef], bounds: Bounds
     Arrow in the reader's worker. A missing or corrupt object raises DataLossError, or is
     skipped with a warning on the `memq.spark` logger when failOnDataLoss=false. With
     dropDuplicates (the default) a Message seen before in this task is dropped (see plan.py
-    for how copies are planned into one task).
+    for how copies are planned into one task). A compacted part (`BatchRef.kafka_range`) is
+    read by a reader of its own (`compacted.decode_part`), made for the first one.
     """
     schema = pa.schema([ARROW_SCHEMA.field(c) for c in opts.columns]) if opts.columns else ARROW_SCHEMA
     fields = log_fields(schema, timed=bounds.start_ms is not None or bounds.end_ms is not None)
     reader = BatchReader(opts.config, opts.fetch_concurrency, decode=partial(decode_batch_columns, fields=fields))
+    parts: BatchReader | None = None
     cc = opts.config.consumer     # the de-duplication memory of a Consumer (consumer.dedup_*)
     seen = SequenceTracker(cc.dedup_max_producers, cc.dedup_window) if opts.drop_duplicates else None
     try:
-        batches = ((pointer(opts.topic, ref), partial(_arrow, opts, schema, ref, bounds, seen)) for ref in refs)
-        for batch in read_in_order(reader, batches, opts.fetch_concurrency, data_loss_policy(opts)):
-            if batch is not None and batch.num_rows:
-                yield batch
+        for compacted, run in itertools.groupby(refs, key=lambda r: r.kafka_range is not None):
+            if compacted and parts is None:
+                parts = BatchReader(opts.config, opts.fetch_concurrency, decode=decode_part)
+            build: Callable[[BatchRef], Callable[[Any], pa.RecordBatch | None]] = (
+                (lambda ref: partial(part_rows, opts, schema, ref, bounds.start_ms, bounds.end_ms)) if compacted
+                else (lambda ref: partial(_arrow, opts, schema, ref, bounds, seen)))
+            batches = ((pointer(opts.topic, ref), build(ref)) for ref in run)
+            for batch in read_in_order(parts if compacted and parts is not None else reader, batches,
+                                       opts.fetch_concurrency, data_loss_policy(opts)):
+                if batch is not None and batch.num_rows:
+                    yield batch
     except StorageError as e:   # not data loss: the store failed; never skipped
         raise type(e)(f"topic {opts.topic}: {describe_storage(opts)}: {e}") from e
     finally:
+        if parts is not None:
+            parts.close()
         reader.close()

@@ -22,6 +22,7 @@ from pyspark.sql.types import (
 
 from memq.errors import ConfigError
 from memq.format import MessageHeader
+from memq.format.batch import MAX_PART_LOGMESSAGES, PART_RECORD_BITS
 from memq.format.columns import Columns, concat_column
 
 SCHEMA = StructType([
@@ -56,13 +57,15 @@ _LOG_FIELD = {"key": "key", "value": "value", "timestamp": "timestamp_ms", "head
 
 @dataclass(frozen=True, slots=True)
 class BatchContext:
-    """The per-object columns: where the batch came from."""
+    """The per-object columns: where the batch came from. A compacted part's rows each have
+    their own `offset` and `index`: those of their original Kafka offset (`kafka_offsets`)."""
 
     topic: str
     partition: int | None
     offset: int | None
     bucket: str
     key: str
+    kafka_offsets: np.ndarray | None = None
 
 
 def log_fields(schema: pa.Schema, timed: bool) -> frozenset[str]:
@@ -110,13 +113,15 @@ def _signed64(value: int) -> int:
 
 def to_record_batch(ctx: BatchContext, messages: Sequence[tuple[MessageHeader, Columns]],
                     start_ms: int | None = None, end_ms: int | None = None,
-                    keep: Sequence[bool] | None = None, schema: pa.Schema = ARROW_SCHEMA) -> pa.RecordBatch:
+                    keep: Sequence[bool] | None = None, schema: pa.Schema = ARROW_SCHEMA,
+                    rows: np.ndarray | None = None) -> pa.RecordBatch:
     """Columns for one batch object; `messages` = (header, its columns) per Message. Only the
     columns of `schema` (a projection of ARROW_SCHEMA) are built: what Spark does not ask for
     it need not convert, which is most of a read's time.
 
-    Rows outside [start_ms, end_ms) (message timestamp) are dropped, and the rows of Messages
-    whose `keep` is False (duplicates); `index` stays the LogMessage's place in the object.
+    Rows outside [start_ms, end_ms) (message timestamp) are dropped, the rows of Messages
+    whose `keep` is False (duplicates), and those `rows` (a mask, if given) rules out; `index`
+    stays the LogMessage's place in the object.
     """
     n = sum(len(msgs) for _, msgs in messages)
     log_column = _LogColumns(messages)
@@ -127,8 +132,10 @@ def to_record_batch(ctx: BatchContext, messages: Sequence[tuple[MessageHeader, C
         "topic": lambda: pa.repeat(ctx.topic, n),
         "partition": lambda: pa.nulls(n, pa.int32()) if ctx.partition is None
         else pa.array(np.full(n, ctx.partition, np.int32)),
-        "offset": lambda: pa.nulls(n, pa.int64()) if ctx.offset is None else pa.array(np.full(n, ctx.offset, np.int64)),
-        "index": lambda: pa.array(np.arange(n, dtype=np.int32)),
+        "offset": lambda: pa.nulls(n, pa.int64()) if ctx.offset is None else pa.array(
+            np.full(n, ctx.offset, np.int64) if ctx.kafka_offsets is None else ctx.kafka_offsets >> PART_RECORD_BITS),
+        "index": lambda: pa.array(np.arange(n, dtype=np.int32) if ctx.kafka_offsets is None
+                                  else (ctx.kafka_offsets & (MAX_PART_LOGMESSAGES - 1)).astype(np.int32)),
         "timestamp": lambda: pc.multiply(log_column("timestamp_ms"), 1000).cast(ARROW_SCHEMA.field("timestamp").type),
         "headers": lambda: log_column("headers"),
         "bucket": lambda: pa.repeat(ctx.bucket, n),
@@ -144,6 +151,8 @@ def to_record_batch(ctx: BatchContext, messages: Sequence[tuple[MessageHeader, C
     columns = [build[f.name]() for f in schema]
     batch = pa.RecordBatch.from_arrays(columns, schema=schema)
     mask = None if keep is None or all(keep) else pa.array(np.repeat(np.array(keep, dtype=bool), counts))
+    if rows is not None and not rows.all():
+        mask = pa.array(rows) if mask is None else pc.and_(mask, pa.array(rows))
     if start_ms is not None or end_ms is not None:
         ts_ms = log_column("timestamp_ms")
         in_time = pc.and_(pc.greater_equal(ts_ms, start_ms if start_ms is not None else np.iinfo(np.int64).min),

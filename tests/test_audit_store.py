@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from memq.audit.books import BOOKS_MS, Books
+from memq.audit.records import AuditRecord, Kind
 from memq.audit.store import AuditStore
 from tests.support.audit import SETTINGS, T0, cons, prod
 
@@ -40,3 +41,23 @@ def test_incremental_commits_reload_into_identical_books(tmp_path: Path) -> None
     state, _ = store.load(memory_since_ms=0)
     assert not [v for v in state.produced.values() if v] and not state.deliveries
     store.close()
+
+
+def test_aborted_records_count_apart_and_survive_a_reload(tmp_path: Path) -> None:
+    """A transaction's aborted LogMessages: neither produced nor expected of any group (no loss),
+    counted per topic, kept across a restart of the auditor."""
+    def aborted(topic: str, count: int) -> AuditRecord:
+        return AuditRecord(Kind.ABORTED, topic, "", 0, 0, 0, count, 0, T0, T0)
+
+    live = Books(SETTINGS)
+    live.add_all([prod(0), aborted("t", 7), aborted("t", 2), aborted("u", 3), cons(0)])
+    live.advance(T0 + 60_000)
+    rows = {r.topic: r for r in live.summary(T0 + 60_000)}
+    assert (rows["t"].produced, rows["t"].consumed, rows["t"].lost, rows["t"].aborted) == (10, 10, 0, 9)
+    assert (rows["u"].group, rows["u"].produced, rows["u"].aborted) == ("", 0, 3)
+    store = AuditStore(tmp_path / "audit.db")
+    store.commit(live.drain_changes(), {0: 1})
+    again = Books(SETTINGS)
+    again.restore(store.load(memory_since_ms=0)[0])
+    store.close()
+    assert again.summary(T0 + 60_000) == live.summary(T0 + 60_000)

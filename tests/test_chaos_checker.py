@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from memq.chaos.checker import AckEvent, Delivered, FaultWindow, Observations, Pointer, StoredObject, check
+from memq.chaos.checker import (ABORT, COMMIT, DOUBT, AckEvent, Delivered, FaultWindow, Observations, Pointer,
+                                StoredObject, TxnWrite, check, check_txn)
 
 
 def _clean() -> Observations:
@@ -95,3 +96,32 @@ def test_write_amplification_counts_every_stored_copy_per_acked_record() -> None
     v = check(dataclasses.replace(obs, objects=[*obs.objects, *again], pointers=[*obs.pointers, Pointer(2, 0, "c")]))
     assert v.passed and v.write_amplification == 9 / 6
     assert v.faults[0].write_amplification == 5 / 2      # p0-1 stored 3 times, p0-2 twice, both sent inside
+
+
+def _txns() -> tuple[list[TxnWrite], list[Pointer], list[StoredObject]]:
+    """Transaction t0 committed (object a), t1 aborted (object b, stored, never announced), t2 in doubt."""
+    writes = ([TxnWrite(f"c{i}", "t0", COMMIT) for i in range(3)] + [TxnWrite(f"x{i}", "t1", ABORT) for i in range(2)]
+              + [TxnWrite(f"d{i}", "t2", DOUBT) for i in range(2)])
+    return writes, [Pointer(0, 0, "a")], [StoredObject("a", ("c0", "c1", "c2")), StoredObject("b", ("x0", "x1"))]
+
+
+def test_transactions_pass_when_committed_are_read_once_and_aborted_nowhere() -> None:
+    writes, pointers, objects = _txns()
+    v = check_txn(writes, pointers, objects, ["c0", "c1", "c2"])
+    assert v.passed and v.problems() == []
+    assert (v.transactions, v.committed, v.aborted, v.in_doubt) == (3, 3, 2, 2)
+    both = check_txn(writes, [*pointers, Pointer(1, 0, "d")], [*objects, StoredObject("d", ("d0", "d1"))],
+                     ["c0", "c1", "c2", "d0", "d1"])
+    assert both.passed   # in doubt: all of it is as good as none
+
+
+def test_transactions_see_aborted_visible_torn_missed_and_duplicated() -> None:
+    writes, pointers, objects = _txns()
+    shown = check_txn(writes, [*pointers, Pointer(1, 0, "b")], objects, ["c0", "c1", "c2"])
+    assert not shown.passed and shown.aborted_visible == 2 and "x0" in shown.sample
+    assert check_txn(writes, pointers, objects, ["c0", "c1", "c2"], delivered=["x1"]).aborted_visible == 1
+    torn = check_txn(writes, pointers, [*objects, StoredObject("d", ("d0",))], ["c0", "c1", "c2"],
+                     delivered=["d0"])
+    assert torn.torn == 1 and not torn.passed
+    v = check_txn(writes, pointers, objects, ["c0", "c1", "c1"])
+    assert (v.read_missed, v.read_duplicates) == (1, 1) and len(v.problems()) == 3

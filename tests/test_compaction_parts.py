@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import struct
 
 import pytest
 
@@ -128,3 +129,22 @@ def test_manifest_round_trip_and_parts_from() -> None:
     assert ManifestPointer.from_json(p.to_json(), "z") == p
     with pytest.raises(CoordinationError):
         ManifestPointer.from_json(b'{"bucket": "b"}', "z")
+
+
+def test_survivors_keep_every_header_and_null_and_a_bad_record_framing_is_corrupt() -> None:
+    from crc32c import crc32c
+
+    from memq.format.kafka_records import KAFKA_BATCH_HEADER_SIZE, KafkaCodec, encode_kafka_batch, verify_kafka_batch
+    from memq.format.message import encode_kafka_message
+
+    sv = [Survivor(7, 5, b"", b"", (("a", b"1"), ("b", b""), ("\u00e9", b"x"))), Survivor(9, 6, b"k", None),
+          Survivor(12, 7, b"k2", b"v", (("c", b"2"),))]
+    batch = bytearray(encode_kafka_batch(sv, KafkaCodec.NONE, base_offset=7,   # type: ignore[arg-type]
+                                         deltas=[s.offset - 7 for s in sv]))
+    assert message_survivors(encode_kafka_message(bytes(batch), verify_kafka_batch(bytes(batch)), producer_id=0,
+                                                  epoch=0, sequence=0)[0]) == sv
+    batch[KAFKA_BATCH_HEADER_SIZE] += 2          # the first record's length claims a byte more; CRCs still valid
+    struct.pack_into(">I", batch, 17, crc32c(bytes(batch[21:])))
+    bad = encode_kafka_message(bytes(batch), verify_kafka_batch(bytes(batch)), producer_id=0, epoch=0, sequence=0)[0]
+    with pytest.raises(CorruptDataError):
+        message_survivors(bad)

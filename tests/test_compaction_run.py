@@ -5,16 +5,26 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import os
+import signal
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 from prometheus_client import CollectorRegistry
 
+from memq.broker.server import Broker
+from memq.chaos.checker import KeyedWrite, check_compacted
+from memq.client.consumer import Consumer
+from memq.client.producer import Producer
 from memq.compaction.manifest import ManifestCache, ManifestPointers, compaction_group
 from memq.compaction.read import PartReader
 from memq.compaction.run import Compactor
-from memq.config import GovernorConfig, MemqConfig, TopicConfig
+from memq.config import GovernorConfig, MemqConfig, ProducerConfig, TopicConfig
+from memq.devcluster.broker_process import config_toml
 from memq.format import LogMessage
 from memq.governor.janitor import Janitor
 from memq.governor.registry import Registry
@@ -146,3 +156,158 @@ def test_nothing_due_changes_nothing_and_metrics_count(setup: tuple[MemqConfig, 
     assert out.result == "idle" and ManifestPointers(registry).read(cfg.name, 0) is None
     assert metrics.get_sample_value("memq_compaction_runs_total", {"topic": cfg.name, "result": "idle"}) == 1
     assert metrics.get_sample_value("memq_compaction_dirty_ratio", {"topic": cfg.name, "partition": "0"}) == 1.0
+
+
+def test_produce_goes_on_during_compaction_and_nothing_acked_is_lost(
+        setup: tuple[MemqConfig, Registry], unique_name: Callable[[str], str]) -> None:
+    """memq's Producer writes through a broker while the janitor compacts and releases, pass after
+    pass; a Consumer from earliest then reads every acked key's latest acked value (the checker's rule)."""
+    config, registry = setup
+    cfg = _topic(config, unique_name("live"))
+    config = dataclasses.replace(config, topics=(cfg,))
+    keys, rounds = 40, 12
+    writes: list[KeyedWrite] = []
+    metrics, janitor_metrics = CollectorRegistry(), CollectorRegistry()
+
+    def swapped() -> float:
+        return metrics.get_sample_value("memq_compaction_runs_total", {"topic": cfg.name, "result": "swapped"}) or 0
+
+    async def produce(url: str) -> None:
+        """`rounds` rounds, more until compaction swapped 3 times while they went on."""
+        async with Producer(ProducerConfig(brokers=url, ack="all", linger_ms=5)) as producer:
+            r = 0
+            while r < rounds or (swapped() < 3 and r < 60):
+                r += 1
+                sent = []
+                for k in range(keys) if r % 2 == 0 else range(0, keys, 3):   # some keys more often
+                    rid = f"{r}-{k}"
+                    sent.append((f"k{k}", rid, time.monotonic(), await producer.send(
+                        cfg.name, rid.encode(), key=b"k%d" % k, headers=[("id", rid.encode())])))
+                for key, rid, t0, fut in sent:
+                    ok = (await asyncio.gather(fut, return_exceptions=True))[0]
+                    writes.append(KeyedWrite(key, rid, t0, time.monotonic(), not isinstance(ok, BaseException)))
+                await asyncio.sleep(0.15)
+
+    async def go() -> None:
+        broker = Broker(config)
+        url = await broker.start()
+        janitor = Janitor(config, janitor_metrics, compactor=Compactor(config, ManifestPointers(registry), metrics))
+        try:
+            producing = asyncio.create_task(produce(url))
+            passes = 0
+            while not producing.done() or passes < 2:
+                await janitor.run_once({cfg.name: cfg})                # compacts when dirty, releases what it may
+                passes += 1
+                await asyncio.sleep(0.1)
+            await producing
+        finally:
+            await janitor.close()
+            await broker.stop()
+    asyncio.run(go())
+    assert swapped() >= 3                                                # compaction ran during produce
+    released = sum(s.value for m in janitor_metrics.collect() if m.name == "memq_janitor_deleted_objects"
+                   for s in m.samples if s.labels.get("topic") == cfg.name and s.name.endswith("_total"))
+    assert released > 0                                                  # plain objects below `end` went too
+    assert all(w.ok for w in writes)
+
+    state: dict[str, str] = {}
+    with Consumer(config, cfg.name, group_id=unique_name("g"), pointers=ManifestPointers(registry)) as consumer:
+        idle = 0
+        deadline = time.monotonic() + 60
+        while (idle < 3 or not state) and time.monotonic() < deadline:   # a group's assignment first
+            got = list(consumer.poll(0.5))
+            idle = 0 if got else idle + 1
+            for rec in got:
+                state[rec.key.decode()] = dict(rec.headers)["id"].decode()
+    verdict = check_compacted(writes, state)
+    assert verdict.passed and verdict.keys == keys, verdict.problems()
+    ptr = ManifestPointers(registry).read(cfg.name, 0)
+    assert ptr is not None and ptr.end > 0                               # the reader went through a prefix
+
+
+#: A compaction in its own process that stops at one step (argv: config, step, marker file) and
+#: waits there to be SIGKILLed: a real crash, not an exception the runner could see.
+_KILLED_RUN = """
+import asyncio, sys, time
+from pathlib import Path
+from prometheus_client import CollectorRegistry
+from memq.compaction.manifest import ManifestPointers
+from memq.compaction.run import Compactor
+from memq.config import load_config
+from memq.governor.registry import Registry
+
+config = load_config(sys.argv[1], env={})
+def step(name):
+    if name == sys.argv[2]:
+        Path(sys.argv[3]).write_text(name)
+        time.sleep(600)
+with Registry(config.zookeeper, config.cluster.name) as registry:
+    compactor = Compactor(config, ManifestPointers(registry), CollectorRegistry(), step=step)
+    asyncio.run(compactor.partition(config.topics[0], 0, force=True))
+"""
+
+
+def _kill_at(config: MemqConfig, cfg: TopicConfig, step: str, where: Path) -> None:
+    """Run a compaction of `cfg` in a process; SIGKILL it once it reached `step`."""
+    path = where / f"{step}.toml"
+    path.write_text(config_toml(dataclasses.replace(config, topics=(cfg,))))
+    marker = where / f"{step}.reached"
+    proc = subprocess.Popen([sys.executable, "-c", _KILLED_RUN, str(path), step, str(marker)])
+    try:
+        deadline = time.monotonic() + 60
+        while not marker.exists():
+            assert proc.poll() is None, f"the compaction exited ({proc.returncode}) before {step}"
+            assert time.monotonic() < deadline, f"the compaction did not reach {step}"
+            time.sleep(0.05)
+        os.kill(proc.pid, signal.SIGKILL)
+        assert proc.wait(10) == -signal.SIGKILL
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+
+
+def test_a_sigkilled_compaction_at_each_step_leaves_old_or_new_then_a_rerun_the_same_state(
+        setup: tuple[MemqConfig, Registry], unique_name: Callable[[str], str], tmp_path: Path) -> None:
+    """Killed after the new parts' PUT, after the manifest's, and after the swap (before the
+    janitor's release): readers see the old manifest or the new one, the rerun and the release
+    end where one clean run does."""
+    config, registry = setup
+    cfg = _topic(config, unique_name("kill"))
+    first = _write(config, cfg.name, rounds=3, keys=40)
+    asyncio.run(_compactor(config, registry).partition(cfg, 0))
+    before = asyncio.run(_state(config, registry, cfg.name))
+    assert {k: v for k, (_, v) in before[0].items()} == first and before[1] == 3
+    latest = first | _write(config, cfg.name, 2, 25, 1)
+
+    for step in ("parts_put", "manifest_put"):
+        _kill_at(config, cfg, step, tmp_path)
+        assert asyncio.run(_state(config, registry, cfg.name)) == before        # the old manifest stands
+    _kill_at(config, cfg, "swapped", tmp_path)
+    after, end = asyncio.run(_state(config, registry, cfg.name))                # the new one: whole
+    assert end == 5 and {k: v for k, (_, v) in after.items()} == latest
+    assert after[b"k30"] == before[0][b"k30"]                                   # untouched keys keep their offsets
+
+    async def rerun_and_release() -> str:
+        out = await _compactor(config, registry).partition(cfg, 0, force=True)
+        await asyncio.sleep(1.2)                                                # past both graces
+        janitor = Janitor(config, CollectorRegistry(), compactor=_compactor(config, registry))
+        try:
+            await janitor.run_once({cfg.name: cfg})
+        finally:
+            await janitor.close()
+        return out.result
+    assert asyncio.run(rerun_and_release()) == "idle"                            # nothing left to do
+    assert asyncio.run(_state(config, registry, cfg.name)) == (after, end)
+
+    async def homes() -> tuple[set[str], list]:
+        storage = make_storage(config)
+        try:
+            home = await storage.list_group(compaction_group(cfg.name), 0, 10**13, all_attempts=True)
+            return {o.location.key for o in home}, await storage.list_topic(cfg.name, 0, 10**13, all_attempts=True)
+        finally:
+            await storage.close()
+    ptr = ManifestPointers(registry).read(cfg.name, 0)
+    assert ptr is not None
+    m = asyncio.run(ManifestCache(make_storage(config)).load(ptr))
+    assert asyncio.run(homes()) == ({ptr.key, *(p.key for p in m.parts)}, [])  # the killed runs' orphans went

@@ -136,7 +136,8 @@ def test_kafka_producer_follows_a_topic_the_governor_moves(devcluster: DevCluste
 async def test_the_audit_counts_what_kafka_producers_wrote(devcluster: DevCluster, unique_name: Callable[[str], str],
                                                            tmp_path: Path) -> None:
     """A Kafka client carries no memq audit emitter: the broker reports its acked Messages, so the
-    books balance against memq's Consumer (acks=0 writes are not reported, as memq's own ack=0)."""
+    books balance against memq's Consumer (acks=0 writes are not reported, as memq's own ack=0); a
+    transaction's are reported by its coordinator when it commits, an aborted one's counted apart."""
     config = audit_config(dataclasses.replace(devcluster.config(cluster=unique_name("kaudit")),
                                               broker=BrokerConfig(kafka_port=0)), unique_name)
     service = AuditService(config, db_path=str(tmp_path / "audit.db"), port=0)
@@ -148,6 +149,9 @@ async def test_the_audit_counts_what_kafka_producers_wrote(devcluster: DevCluste
             await asyncio.to_thread(kafka_produce, r.broker.kafka_address, topic, sent[:1_000], acks="all",
                                     **{"enable.idempotence": True, "compression.type": "zstd"})
             await asyncio.to_thread(kafka_produce, r.broker.kafka_address, topic, sent[1_000:], acks="1")
+            committed, aborted = rows(200, "txn-committed"), rows(50, "txn-aborted")
+            await asyncio.to_thread(_transactions, r.broker.kafka_address, topic, [(committed, True), (aborted, False)])
+            sent += committed
             sink = make_audit_sink(config, client_id="kaudit-consumer")
             assert sink is not None
             try:
@@ -161,12 +165,25 @@ async def test_the_audit_counts_what_kafka_producers_wrote(devcluster: DevCluste
             rows_ = [s for s in service.auditor.read(lambda b: b.summary(int(time.time() * 1000))) if s.topic == topic]
             return rows_[0] if rows_ else None
 
-        await async_wait_for(lambda: (x := row()) is not None and x.produced == x.consumed == len(sent), 30,
-                             "the broker's and the consumer's audit records")
+        await async_wait_for(lambda: (x := row()) is not None and x.produced == x.consumed == len(sent)
+                             and x.aborted == len(aborted), 30, "the broker's and the consumer's audit records")
         x = row()
         assert x is not None and (x.lost, x.duplicates, x.mismatches) == (0, 0, 0)
     finally:
         await service.stop()
+
+
+def _transactions(address: str, topic: str, txns: list[tuple[list[LogMessage], bool]]) -> None:
+    """One transactional confluent-kafka producer: each (records, commit) as one transaction."""
+    p = Producer({"bootstrap.servers": address, "transactional.id": f"audit-{uuid.uuid4().hex[:6]}", "linger.ms": 5})
+    p.init_transactions(30)
+    for records, commit in txns:
+        p.begin_transaction()
+        for i, r in enumerate(records):
+            p.produce(topic, value=r.value, key=r.key, headers=list(r.headers) or None, timestamp=r.timestamp_ms,
+                      partition=i % 2)
+        assert p.flush(30) == 0
+        (p.commit_transaction if commit else p.abort_transaction)(30)
 
 
 def test_a_kafka_producer_waiting_on_acks_gets_its_batch_sealed_when_it_is_large(running: Running) -> None:

@@ -1,9 +1,11 @@
 """What Spark's sink (`df.write.format("memq")`) wrote, read back by a Kafka consumer
 (confluent-kafka) through a broker's Kafka listener with identical values, keys, headers and
-timestamps, for the sink's Message codecs (zstd, the default, and arrow)."""
+timestamps, for the sink's Message codecs (zstd, the default, and arrow); and the source reading
+only committed transactions of memq's Producer."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import datetime as dt
 import time
@@ -14,7 +16,8 @@ import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 from tests.support.kafka_clients import Row, Running, as_rows, broker_thread, rows
 
-from memq.config import BrokerConfig
+from memq.client.producer import Producer as MemqProducer
+from memq.config import BrokerConfig, ProducerConfig
 from memq.devcluster import DevCluster
 
 pytest.importorskip("pyspark")
@@ -78,3 +81,26 @@ def test_records_spark_wrote_read_back_through_the_kafka_listener(spark: SparkSe
     (df.write.format("memq").option("memq.broker", running.broker.url).option("memq.config", str(config))
      .option("topic", topic).mode("append").save())
     assert sorted(kafka_read(running.broker.kafka_address, topic, len(sent))) == sorted(as_rows(sent))
+
+
+def test_the_source_reads_committed_transactions_only(spark: SparkSession, running: Running) -> None:
+    """Commit A, abort B (stored, acked, never published), commit C with memq's Producer: the
+    `memq` source reads exactly A and C."""
+    topic = running.add_topic(partitions=PARTITIONS)
+    a, b, c = ([b"%s-%d" % (tag, i) for i in range(n)] for tag, n in ((b"a", 300), (b"b", 200), (b"c", 7)))
+
+    async def write() -> None:
+        cfg = ProducerConfig(brokers=running.broker.url, linger_ms=5, request_timeout_ms=20_000)
+        async with MemqProducer(cfg, transactional_id=f"spark-{topic}") as p:
+            for values, commit in ((a, True), (b, False), (c, True)):
+                await p.begin()
+                sent = await p.send_many(topic, values)
+                await p.flush()
+                await sent                        # B too: acked, pending, never to be read
+                await (p.commit() if commit else p.abort())
+    asyncio.run_coroutine_threadsafe(write(), running.loop).result(60)
+    config = running.config
+    df = (spark.read.format("memq").option("memq.broker", running.broker.url).option("topic", topic)
+          .option("s3.accessKeyId", config.s3.access_key_id or "")
+          .option("s3.secretAccessKey", config.s3.secret_access_key or "").load())
+    assert sorted(bytes(r.value) for r in df.select("value").collect()) == sorted(a + c)

@@ -16,7 +16,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Literal, Sequence
+from typing import Callable, Iterator, Literal, Sequence
 
 import pytest
 
@@ -355,3 +355,62 @@ def test_real_producer_and_broker_discovery(spark: SparkSession, config: MemqCon
     assert {r.partition for r in rows} <= {0, 1}
     assert sorted((r.key, r.value) for r in projected) == sorted(zip(keys, values))
     assert consumed is None or (consumed.records, consumed.value_bytes) == (n, sum(map(len, values)))
+
+
+def test_a_compacted_topic_reads_each_keys_latest_value_then_the_tail(spark: SparkSession, config: MemqConfig,
+                                                                      tmp_path: Path) -> None:
+    """The compacted prefix (the parts the manifest lists) below its end, the plain tail after:
+    rows keep the partition, offset and index of the record as produced; a tombstone reads null."""
+    from prometheus_client import CollectorRegistry
+    from tests.support.cluster import write_batches
+
+    from memq.compaction.manifest import ManifestPointers
+    from memq.compaction.run import Compactor
+    from memq.config import TopicConfig
+    from memq.governor.registry import Registry
+    from memq.notify import TopicAdmin
+
+    cfg = TopicConfig(f"spark-cp-{uuid.uuid4().hex[:8]}", read_partitions=1, cleanup_policy="compact",
+                      delete_retention_ms=3_600_000, min_cleanable_dirty_ratio=0.0)
+    TopicAdmin(config.kafka).create_topic(cfg.notification_topic_for(config.cluster.name), 1)
+
+    now = int(time.time() * 1000)       # tombstones stay delete_retention_ms past their timestamp
+
+    def batch(n: int, keys: range, value: Callable[[int], bytes | None]) -> list:
+        return [(7, 0, n, [LogMessage(value(k), b"k%02d" % k, (("n", b"%d" % n),), now + n)  # type: ignore[arg-type]
+                           for k in keys])]
+    # notifications 0, 1, 2: every key, then keys 0-29, then 0-9 (key 0 deleted); one index per key
+    write_batches(config, cfg.name, [batch(0, range(50), lambda k: b"a%d" % k), batch(1, range(30), lambda k: b"b%d" % k),
+                                     batch(2, range(10), lambda k: None if k == 0 else b"c%d" % k)])
+    with Registry(config.zookeeper, config.cluster.name) as registry:
+        done = asyncio.run(Compactor(config, ManifestPointers(registry), CollectorRegistry()).partition(cfg, 0))
+    assert done.result == "swapped" and done.manifest is not None and done.manifest.end == 3
+    write_batches(config, cfg.name, [batch(3, range(45, 52), lambda k: b"d%d" % k)])      # the plain tail
+
+    def rows(**options: str) -> list[tuple[int, int, bytes, bytes | None]]:
+        df = read(spark, config, cfg.name, **{"zookeeper.hosts": config.zookeeper.hosts}, **options)
+        got = df.select("partition", "offset", "index", "key", "value").collect()
+        assert {r.partition for r in got} <= {0}
+        return sorted((r.offset, r["index"], r.key, r.value) for r in got)
+
+    def want(n: int, keys: range, value: Callable[[int], bytes | None], first: int = 0
+             ) -> list[tuple[int, int, bytes, bytes | None]]:
+        return [(n, k - first, b"k%02d" % k, value(k)) for k in keys]
+    prefix = (want(0, range(30, 50), lambda k: b"a%d" % k) + want(1, range(10, 30), lambda k: b"b%d" % k)
+              + want(2, range(10), lambda k: None if k == 0 else b"c%d" % k))
+    tail = want(3, range(45, 52), lambda k: b"d%d" % k, first=45)
+    assert rows() == prefix + tail
+    assert rows(startingOffsets='{"0": 1}') == prefix[20:] + tail           # from a compacted-away position
+    assert rows(endingOffsets='{"0": 2}') == prefix[:40]                    # a range wholly in the prefix
+    assert rows(startingOffsets='{"0": 3}') == tail
+    latest = {k: v for _, _, k, v in rows()}
+    assert len(latest) == 52 and latest[b"k00"] is None and latest[b"k47"] == b"d47" and latest[b"k20"] == b"b20"
+
+    out = tmp_path / "stream"
+    stream = (spark.readStream.format("memq").options(**connection(config)).option("topic", cfg.name)
+              .option("zookeeper.hosts", config.zookeeper.hosts).option("startingOffsets", "earliest").load())
+    query = (stream.select("offset", "index", "key").writeStream.format("parquet").option("path", str(out))
+             .option("checkpointLocation", str(tmp_path / "ckpt")).trigger(availableNow=True).start())
+    assert query.awaitTermination(120) and query.exception() is None
+    assert sorted((r.offset, r["index"], r.key) for r in spark.read.parquet(str(out)).collect()) == \
+        [(o, i, k) for o, i, k, _ in prefix + tail]

@@ -7,6 +7,7 @@ and the atomicity of a pending entry with the check it passed."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Sequence
 
 import pytest
@@ -23,10 +24,10 @@ from memq.broker.txn.service import (
 from memq.broker.txn.store import MemoryTxnStore
 from memq.config import TopicConfig
 from memq.errors import CoordinationError
-from memq.format.message import MessageHeader
+from memq.format.message import Codec, MessageHeader
 from memq.format.notification import Notification
 from tests.support.clock import FakeClock
-from tests.support.txn_fakes import FakePublisher, FakeRelay
+from tests.support.txn_fakes import FakeAudit, FakePublisher, FakeRelay
 
 
 def note(key: str) -> Notification:
@@ -38,10 +39,11 @@ class Rig:
         self.store = store or MemoryTxnStore()
         self.publisher = FakePublisher()
         self.relay = FakeRelay()
+        self.audit = FakeAudit()
         self.clock = FakeClock()
         self.registry = CollectorRegistry()
         self.txns = Transactions(self.store, self.publisher, self.relay, self.clock, registry=self.registry,
-                                 scan_s=0.01)
+                                 scan_s=0.01, audit=self.audit)
 
     def metric(self, name: str) -> float:
         return self.registry.get_sample_value(name) or 0.0
@@ -260,3 +262,42 @@ async def test_concurrent_end_calls_finish_once(commit: bool) -> None:
     answers = await asyncio.gather(*(rig.txns.end("tx", ids, commit) for _ in range(3)))
     assert answers == [None, None, None]
     assert len(rig.publisher.published) == (1 if commit else 0)
+
+
+class CountingTicket:
+    """A Kafka door's ticket: stores a request-partition's Messages as one object of `count` LogMessages each."""
+
+    config = TopicConfig("t")
+
+    def __init__(self) -> None:
+        self.stored = 0
+
+    async def store_apart(self, messages: list[memoryview], headers: list[MessageHeader]) -> Pending:
+        self.stored += 1
+        return ("memq.c.t", dataclasses.replace(note(f"o{self.stored}"), logmessage_count=sum(h.count for h in headers)))
+
+
+def header(sequence: int, count: int) -> MessageHeader:
+    return MessageHeader(1, Codec.KAFKA, 77, 3, sequence, count, 1, 2, 1_000 + sequence, 10, 0xC0DE + sequence, 40, 10)
+
+
+async def test_the_audit_hears_committed_messages_as_produced_and_aborted_ones_apart() -> None:
+    """A Kafka client has no audit emitter: its Messages are reported when their transaction commits
+    (from the pending entries, once published); an abort's LogMessages are counted apart, per topic."""
+    rig = Rig()
+    ids = await begun(rig)
+    ticket = CountingTicket()
+    assert await rig.txns.store_pending("tx", ids, ticket, 0, [], [header(0, 5), header(5, 2)]) is None
+    assert await rig.produce("tx", ids, "memq-producer") is None   # memq's Producer reports its own
+    rig.publisher.failing = True
+    assert await rig.txns.end("tx", ids, commit=True) is None
+    assert rig.audit.produced_rows == []   # not published yet: not produced
+    rig.publisher.failing = False
+    assert await rig.txns.scan(lambda _: True) == 1
+    assert rig.audit.produced_rows == [("t", 77, 3, 0, 5, 0xC0DE, 1_000), ("t", 77, 3, 5, 2, 0xC0DE + 5, 1_005)]
+    assert await rig.txns.add_partitions("tx", ids, [("t", 0)]) is None
+    assert await rig.txns.store_pending("tx", ids, ticket, 0, [], [header(7, 4)]) is None
+    assert await rig.txns.store_pending("tx", ids, ticket, 0, [], [header(11, 1)]) is None
+    assert await rig.txns.end("tx", ids, commit=False) is None
+    assert len(rig.audit.produced_rows) == 2 and rig.audit.aborted_rows == [("t", 5)]
+    assert rig.metric("memq_txn_aborted_records_total") == 5

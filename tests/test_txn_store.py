@@ -13,6 +13,7 @@ from prometheus_client import CollectorRegistry
 from memq.broker.txn.service import ProducerIds, Transactions
 from memq.broker.txn.state import GroupOffsets, TxnRecord, TxnState
 from memq.broker.txn.store import (
+    Audited,
     MemoryTxnStore,
     TxnStore,
     ZooKeeperTxnStore,
@@ -57,11 +58,13 @@ def contract(store: TxnStore, txn: str) -> None:
     with pytest.raises(TxnConflictError):
         store.write(txn, TxnRecord(1, 1), v)
     store.add_pending(txn, v2, [("memq.c.orders", note("a")), ("memq.c.orders", note("b"))])
-    store.add_pending(txn, v2, [("memq.c.orders", note("c"))])
+    audited = [Audited("orders", 2**64 - 1, 3, 17, 100, 0xFFFFFFFF, 1_800_000_000_000)]
+    store.add_pending(txn, v2, [("memq.c.orders", note("c"))], audited)
     with pytest.raises(TxnConflictError):
         store.add_pending(txn, v, [("memq.c.orders", note("stale"))])
     assert [(t, n.key) for t, n in store.pending(txn)] == [("memq.c.orders", k) for k in "abc"]
     assert store.pending(txn)[0][1] == note("a")
+    assert [e.audited for e in store.entries(txn)] == [[], audited]   # an entry without: the field absent
     assert {"a", "b", "c"} <= store.pending_objects()
     assert txn in store.ids()
     assert store.drop_pending(txn) == 2 and store.pending(txn) == [] and store.drop_pending(txn) == 0

@@ -27,6 +27,10 @@ Expired is not lost: when the janitor reports that retention deleted a topic's d
 before a time (an EXPIRED record), what each group had not consumed of it counts as `expired`
 for that group (a loss already reckoned for it is taken back) and the books forget it.
 
+Aborted is not produced: a transaction's coordinator reports the LogMessages of each topic an
+aborted transaction held (an ABORTED record); no reader ever sees them, so they count apart, per
+topic (`aborted`), and no group expects them.
+
 Time comes in as arguments (`advance(now_ms)`), so this module is deterministic. Changes since
 the last `drain_changes()` are tracked so the store can persist them incrementally.
 """
@@ -165,7 +169,7 @@ class Changes:
     produced: dict[tuple[str, MsgKey], Produced | None]
     deliveries: dict[tuple[str, str, MsgKey], Delivery | None]
     groups: dict[tuple[str, str], GroupState]
-    topics: dict[str, int]                                  # topic -> produced total
+    topics: dict[str, tuple[int, int]]                      # topic -> (produced, aborted) totals
     windows: dict[tuple[int, str, str, int], Window]        # (size, topic, group, start)
 
 
@@ -185,6 +189,7 @@ class GroupSummary:
     p99_ms: float | None
     max_ms: int
     expired: int
+    aborted: int = 0                  # the topic's LogMessages in aborted transactions
 
 
 class Books:
@@ -196,6 +201,7 @@ class Books:
         self._open: dict[str, dict[MsgKey, Produced]] = {}        # not yet settled
         self._groups: dict[str, dict[str, GroupState]] = {}
         self._produced_total: dict[str, int] = {}
+        self._aborted_total: dict[str, int] = {}
         self._windows: dict[int, dict[tuple[str, str], dict[int, Window]]] = {
             s: {} for s in settings.window_sizes_ms}
         self._settle_heap: list[tuple[int, str, MsgKey]] = []
@@ -215,6 +221,9 @@ class Books:
             self._on_produced(rec)
         elif rec.kind is Kind.EXPIRED:
             self._on_expired(rec.topic, rec.created_ms)
+        elif rec.kind is Kind.ABORTED:
+            self._aborted_total[rec.topic] = self._aborted_total.get(rec.topic, 0) + rec.count
+            self._d_topics.add(rec.topic)
         else:
             self._on_consumed(rec)
 
@@ -419,7 +428,7 @@ class Books:
             produced={(t, k): self._produced.get(t, {}).get(k) for t, k in self._d_produced},
             deliveries={(t, g, k): self._delivery(t, g, k) for t, g, k in self._d_deliveries},
             groups={(t, g): self._groups[t][g] for t, g in self._d_groups},
-            topics={t: self._produced_total[t] for t in self._d_topics},
+            topics={t: (self._produced_total.get(t, 0), self._aborted_total.get(t, 0)) for t in self._d_topics},
             windows={(s, t, g, st): w for s, t, g, st in self._d_windows
                      if (w := self._windows[s].get((t, g), {}).get(st)) is not None},
         )
@@ -454,7 +463,10 @@ class Books:
             if key not in self._produced.get(topic, {}):
                 heapq.heappush(self._orphan_heap,
                                (d.consumed_ms + self.settings.retention_ms, topic, group, key))
-        self._produced_total.update(changes.topics)
+        for topic, (produced, aborted) in changes.topics.items():
+            self._produced_total[topic] = produced
+            if aborted:
+                self._aborted_total[topic] = aborted
         for (size, topic, group, start), w in changes.windows.items():
             if size in self._windows:
                 self._windows[size].setdefault((topic, group), {})[start] = w
@@ -462,7 +474,7 @@ class Books:
     # --- views ---------------------------------------------------------------------------
 
     def topics(self) -> list[str]:
-        return sorted(set(self._produced_total) | set(self._groups))
+        return sorted(set(self._produced_total) | set(self._aborted_total) | set(self._groups))
 
     def groups(self, topic: str) -> list[str]:
         return sorted(self._groups.get(topic, {}))
@@ -509,7 +521,8 @@ class Books:
                 rows.append(GroupSummary(
                     topic, group, self.status(topic, group, now_ms), produced, g.consumed, g.lost,
                     g.duplicates, g.mismatches, g.lag_messages, g.lag_ms / 1000,
-                    last.percentile_ms(0.5), last.percentile_ms(0.99), last.latency_max_ms, g.expired))
+                    last.percentile_ms(0.5), last.percentile_ms(0.99), last.latency_max_ms, g.expired,
+                    self._aborted_total.get(topic, 0)))
         rows.sort(key=lambda r: (-r.status, -r.lost, -r.mismatches, -r.lag_s, -r.duplicates,
                                  r.topic, r.group))
         return rows

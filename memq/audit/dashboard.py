@@ -82,6 +82,8 @@ class BooksCollector(Collector):
         rows = self._auditor.read(lambda b: b.summary(_now_ms()))
         tg = ["topic", "group"]
         produced = CounterMetricFamily("memq_audit_produced", "LogMessages acked to producers", labels=["topic"])
+        aborted = CounterMetricFamily("memq_audit_aborted", "LogMessages of aborted transactions (never readable)",
+                                      labels=["topic"])
         consumed = CounterMetricFamily("memq_audit_consumed", "Distinct LogMessages consumed", labels=tg)
         dups = CounterMetricFamily("memq_audit_duplicates", "LogMessages delivered again", labels=tg)
         bad = CounterMetricFamily("memq_audit_mismatches", "LogMessages whose digest differs (corrupt)", labels=tg)
@@ -100,6 +102,7 @@ class BooksCollector(Collector):
             if r.topic not in seen_topics:
                 seen_topics.add(r.topic)
                 produced.add_metric([r.topic], r.produced)
+                aborted.add_metric([r.topic], r.aborted)
             labels = [r.topic, r.group]
             consumed.add_metric(labels, r.consumed)
             dups.add_metric(labels, r.duplicates)
@@ -117,7 +120,7 @@ class BooksCollector(Collector):
         records.add_metric([], stats.records)
         bad_payloads = CounterMetricFamily("memq_auditor_bad_payloads", "Undecodable audit-topic messages")
         bad_payloads.add_metric([], stats.bad_payloads)
-        yield from (produced, consumed, dups, bad, lost, expired, lat, lag_m, lag_s, status, records, bad_payloads)
+        yield from (produced, aborted, consumed, dups, bad, lost, expired, lat, lag_m, lag_s, status, records, bad_payloads)
 
 
 async def _index(request: web.Request) -> web.FileResponse:

@@ -27,7 +27,7 @@ from memq.notify._kafka import base_settings
 log = logging.getLogger(__name__)
 
 _MAX_RECORDS_PER_MESSAGE = 4096       # ~170 KiB per Kafka message, below the 1 MiB default limit
-_PRODUCED, _CONSUMED, _EXPIRED = int(Kind.PRODUCED), int(Kind.CONSUMED), int(Kind.EXPIRED)
+_PRODUCED, _CONSUMED, _EXPIRED, _ABORTED = int(Kind.PRODUCED), int(Kind.CONSUMED), int(Kind.EXPIRED), int(Kind.ABORTED)
 
 
 @dataclass(frozen=True)
@@ -86,6 +86,15 @@ class AuditEmitter:
             self._dropped += 1
             return
         self._buf.append((_EXPIRED, topic, "", 0, 0, 0, 0, 0, before_ms, time.time_ns() // 1_000_000))
+
+    def aborted(self, *, topic: str, count: int) -> None:
+        """A transaction holding `count` LogMessages of `topic` was aborted (its coordinator's
+        record): never readable, so counted apart, neither produced nor lost."""
+        if len(self._buf) >= self._max:
+            self._dropped += 1
+            return
+        now_ms = time.time_ns() // 1_000_000
+        self._buf.append((_ABORTED, topic, "", 0, 0, 0, count, 0, now_ms, now_ms))
 
     # --- shipping --------------------------------------------------------------------------
 

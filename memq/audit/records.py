@@ -23,6 +23,7 @@ class Kind(IntEnum):
     PRODUCED = 1   # the producer got the ack of a Message
     CONSUMED = 2   # the consumer handed a Message's last LogMessage to the application
     EXPIRED = 3    # retention deleted the topic's Messages created before `created_ms` (the janitor)
+    ABORTED = 4    # a transaction was aborted: `count` LogMessages of the topic never became readable
 
 
 class AuditRecord(NamedTuple):

@@ -23,12 +23,12 @@ from memq.audit.books import Changes, Delivery, GroupState, MsgKey, Produced, Wi
 from memq.errors import ConfigError
 
 log = logging.getLogger(__name__)
-_VERSION = 3
+_VERSION = 4
 _TABLES = ("meta", "offsets", "topics", "produced", "deliveries", "groups", "windows")
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS offsets (part INTEGER PRIMARY KEY, next_offset INTEGER NOT NULL);
-CREATE TABLE IF NOT EXISTS topics (topic TEXT PRIMARY KEY, produced INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS topics (topic TEXT PRIMARY KEY, produced INTEGER NOT NULL, aborted INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS produced (
     topic TEXT, pid INTEGER, epoch INTEGER, seq INTEGER,
     count INTEGER, digest INTEGER, created_ms INTEGER, acked_ms INTEGER, settled INTEGER,
@@ -111,7 +111,7 @@ class AuditStore:
             for t, g, p, e, s, n, d, cm, lost in q("SELECT * FROM deliveries")}
         groups = {(t, g): GroupState(since, last, first, bool(caught), *rest)
                   for t, g, since, last, first, caught, *rest in q("SELECT * FROM groups")}
-        topics = dict(q("SELECT topic, produced FROM topics").fetchall())
+        topics = {t: (p, a) for t, p, a in q("SELECT topic, produced, aborted FROM topics")}
         windows = {}
         for size, t, g, start, pr, co, lo, du, mi, lat, lmax, lagm, lagms in q(
                 "SELECT * FROM windows WHERE start_ms >= ?", (memory_since_ms,)):
@@ -147,7 +147,7 @@ class AuditStore:
                              gs.duplicates, gs.mismatches, gs.lag_messages, gs.lag_ms,
                              gs.position_ms, gs.expired)
                             for (t, g), gs in ch.groups.items()])
-            db.executemany("INSERT OR REPLACE INTO topics VALUES (?,?)", list(ch.topics.items()))
+            db.executemany("INSERT OR REPLACE INTO topics VALUES (?,?,?)", [(t, p, a) for t, (p, a) in ch.topics.items()])
             db.executemany("INSERT OR REPLACE INTO windows VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
                            [(size, t, g, start, w.produced, w.consumed, w.lost, w.duplicates,
                              w.mismatches, msgpack.packb(w.latency), w.latency_max_ms,

@@ -113,6 +113,9 @@ class Broker:
             self._admin = TopicAdmin(self.config.kafka)
         self._reads = Reads(self.config.kafka, self._storage, ReadCache(bc.read_cache_bytes, self.metrics),
                             self.metrics, broker_id=self.broker_id, compression=self._framing_codec)
+        if bc.kafka_port >= 0:
+            # Kafka clients carry no memq audit emitter: the broker reports their Messages.
+            self._kafka_audit = make_audit_sink(self.config, client_id=f"memq-broker-{self.broker_id}-audit")
         self._txns = await self._make_txns()
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -127,8 +130,6 @@ class Broker:
         try:
             await self.add_topics(self.config.topics)
             if bc.kafka_port >= 0:
-                # Kafka clients carry no memq audit emitter: the broker reports their Messages.
-                self._kafka_audit = make_audit_sink(self.config, client_id=f"memq-broker-{self.broker_id}-audit")
                 self._shares = await self._make_shares()
                 self._kafka = KafkaListener(self, self._kafka_audit)
                 await self._kafka.start(bc.host, bc.kafka_port, bc.kafka_advertised_host, tls)
@@ -207,7 +208,8 @@ class Broker:
         bc = self.config.broker
         return Transactions(store, self._publisher, relay, self._clock, registry=self.metrics.registry,
                             max_timeout_ms=bc.txn_max_timeout_ms, scan_s=bc.txn_scan_ms / 1000,
-                            full_scan_s=30 * bc.txn_scan_ms / 1000, id_expiration_ms=bc.txn_id_expiration_ms)
+                            full_scan_s=30 * bc.txn_scan_ms / 1000, id_expiration_ms=bc.txn_id_expiration_ms,
+                            audit=self._kafka_audit)
 
     def _coordinates(self, txn_id: str) -> bool:
         """This broker coordinates `txn_id` (or no broker has a Kafka listener: any may)."""

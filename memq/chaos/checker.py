@@ -10,6 +10,10 @@ already delivered is a redelivery, counted against the fault that last started b
 amplification is the record copies in storage (every object, announced or not) over the
 records acked: 1.0 when every acked record was written once, more when resends were stored.
 
+The transactional workload adds `check_txn`: no record of an aborted transaction is reachable
+or read by anyone, no transaction is partly visible (all or nothing, in doubt included), and a new
+read_committed reader reading from the start gets every committed record exactly once.
+
 A compacted topic keeps only the latest record per key, so "every acked record is reachable"
 does not hold there by design; its rule is `check_compacted`: reading the topic from earliest
 (the compacted prefix, then the tail), the last record of each key is the key's latest acked
@@ -186,6 +190,74 @@ def _fault_row(f: FaultWindow, obs: Observations, lost: set[str], ack_times: Seq
                     None if after is None else after - f.end_s,
                     _max_gap(ack_times, f.start_s, gap_end), len(redelivered),
                     sum(copies[a.record_id] for a in inside) / acked if acked else None)
+
+
+COMMIT, ABORT, DOUBT = "commit", "abort", "doubt"
+
+
+@dataclass(frozen=True)
+class TxnWrite:
+    """One record of the transactional workload and how its transaction ended: COMMIT (the commit
+    returned: acked), ABORT (never committed: must never be seen) or DOUBT (all of it or none)."""
+
+    record_id: str
+    txn: str
+    outcome: str
+
+
+@dataclass(frozen=True)
+class TxnVerdict:
+    transactions: int
+    committed: int                   # records of committed transactions
+    aborted: int                     # records of aborted ones
+    in_doubt: int                    # records of transactions whose end the producer does not know
+    aborted_visible: int             # must be 0: aborted records reachable (published), delivered or read
+    torn: int                        # must be 0: transactions partly visible
+    read_missed: int                 # must be 0: committed records the read_committed reader did not get
+    read_duplicates: int             # must be 0: records the read_committed reader got more than once
+    sample: tuple[str, ...] = field(default=())   # aborted-visible or missed ids, for the report
+
+    @property
+    def passed(self) -> bool:
+        return not (self.aborted_visible or self.torn or self.read_missed or self.read_duplicates)
+
+    def problems(self) -> list[str]:
+        out = []
+        if self.aborted_visible:
+            out.append(f"{self.aborted_visible} records of aborted transactions visible")
+        if self.torn:
+            out.append(f"{self.torn} transactions partly visible")
+        if self.read_missed:
+            out.append(f"{self.read_missed} committed records missed by the read_committed reader")
+        if self.read_duplicates:
+            out.append(f"{self.read_duplicates} records read twice by the read_committed reader")
+        return out + ([f"e.g. {', '.join(self.sample[:5])}"] if out and self.sample else [])
+
+
+def check_txn(writes: Sequence[TxnWrite], pointers: Sequence[Pointer], objects: Sequence[StoredObject],
+              read: Sequence[str], delivered: Iterable[str] = ()) -> TxnVerdict:
+    """`read`: the record ids a new read_committed reader got from the start after the run;
+    `delivered`: those the workload's group got during it (both count as visible)."""
+    listed = {o.key: o for o in objects}
+    got = Counter(read)
+    visible = {rid for k in {p.key for p in pointers} if k in listed for rid in listed[k].record_ids}
+    visible |= got.keys() | set(delivered)
+    by_txn: dict[str, list[TxnWrite]] = {}
+    for w in writes:
+        by_txn.setdefault(w.txn, []).append(w)
+    shown = [w.record_id for w in writes if w.outcome == ABORT and w.record_id in visible]
+    missed = [w.record_id for w in writes if w.outcome == COMMIT and w.record_id not in got]
+    return TxnVerdict(
+        transactions=len(by_txn),
+        committed=sum(w.outcome == COMMIT for w in writes),
+        aborted=sum(w.outcome == ABORT for w in writes),
+        in_doubt=sum(w.outcome == DOUBT for w in writes),
+        aborted_visible=len(shown),
+        torn=sum(0 < sum(w.record_id in visible for w in ws) < len(ws) for ws in by_txn.values()),
+        read_missed=len(missed),
+        read_duplicates=sum(n - 1 for n in got.values()),
+        sample=tuple((shown + missed)[:20]),
+    )
 
 
 @dataclass(frozen=True)

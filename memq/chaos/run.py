@@ -2,7 +2,9 @@
 
 Shared by the suite's short seeded run and `python -m bench chaos`. Everything it starts (the
 namespaces, the servers, the workload processes) is stopped and removed before it returns;
-what a killed earlier run left behind is swept first.
+what a killed earlier run left behind is swept first. The transactional workload (`workload="txn"`,
+memq.chaos.workload.produce_txn) adds a read_committed read of the whole topic after the run and
+its verdict (`RunResult.txn`, memq.chaos.checker.check_txn).
 """
 
 from __future__ import annotations
@@ -17,13 +19,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from memq.chaos.checker import Observations, Verdict, check
+from memq.chaos.checker import Observations, TxnVerdict, TxnWrite, Verdict, check, check_txn
 from memq.chaos.cluster import ChaosCluster, host_names
 from memq.chaos.linkproxy import LinkShape
 from memq.chaos.nemesis import DEFAULT_LINK, HTTP_FAULTS, Fault, Nemesis, delayed_links, describe, schedule
 from memq.chaos.throughput import FaultThroughput, fault_throughput
 from memq.chaos.topology import Topology, sweep_stale
-from memq.chaos.workload import load_acks, load_delivered, read_objects, read_pointers
+from memq.chaos.workload import (load_acks, load_delivered, load_txn_writes, read_committed, read_objects,
+                                 read_pointers)
 from memq.config import TopicConfig
 from memq.devcluster.broker_process import config_toml
 from memq.devcluster.process import ManagedProcess, spawn
@@ -49,6 +52,7 @@ class RunSpec:
     delay_s: float = DEFAULT_LINK.delay_s     # delay faults: extra one-way latency per chunk ...
     jitter_s: float = DEFAULT_LINK.jitter_s   # ... plus or minus up to this
     reader: str = "memq"         # the group's reader: memq's Consumer, or "kafka" (a Kafka consumer group)
+    workload: str = "plain"      # "txn": producers write in transactions, some aborted (workload.produce_txn)
 
 
 @dataclass(frozen=True)
@@ -58,6 +62,11 @@ class RunResult:
     verdict: Verdict
     nemesis_errors: tuple[str, ...] = field(default=())
     throughput: tuple[FaultThroughput, ...] = field(default=())
+    txn: TxnVerdict | None = None   # the transactional workload's verdict
+
+    @property
+    def passed(self) -> bool:
+        return self.verdict.passed and (self.txn is None or self.txn.passed)
 
 
 def run(spec: RunSpec, log: Callable[[str], None] = print, work_dir: Path | None = None) -> RunResult:
@@ -80,6 +89,8 @@ def run(spec: RunSpec, log: Callable[[str], None] = print, work_dir: Path | None
             client = work / "client.toml"
             client.write_text(config_toml(cluster.config))
             workers: list[ManagedProcess] = []
+            writes: list[TxnWrite] = []   # the transactional workload's
+            read: list[str] = []
             consumer_out = work / "consumer.jsonl"
             reader = ["--reader", spec.reader, "--bootstrap", cluster.kafka_bootstrap] if spec.reader == "kafka" else []
             consumer = _Consumer(lambda: _worker(topo, work, "consumer", "consume", client, consumer_out,
@@ -90,7 +101,7 @@ def run(spec: RunSpec, log: Callable[[str], None] = print, work_dir: Path | None
                 t0 = time.time()
                 producers = [_worker(topo, work, "producer", "produce", client, out, "--name", f"p{i}",
                                      "--rate", str(spec.rate), "--seconds", str(spec.seconds),
-                                     "--burst-file", str(burst.path))
+                                     "--burst-file", str(burst.path), "--workload", spec.workload)
                              for i, out in enumerate(outs)]
                 workers += producers
                 nemesis = Nemesis(cluster, faults, log, link=LinkShape(spec.delay_s, spec.jitter_s),
@@ -104,14 +115,19 @@ def run(spec: RunSpec, log: Callable[[str], None] = print, work_dir: Path | None
                 _wait([consumer.proc], time.time() + spec.catch_up_s + 30.0)
                 pointers = read_pointers(cluster.config, TOPIC, spec.partitions)
                 objects = read_objects(cluster.config)
+                if spec.workload == "txn":
+                    writes = load_txn_writes([o for o in outs if o.exists()])
+                    read = read_committed(cluster.config, TOPIC, {a.record_id for a in acks if a.ok}, spec.catch_up_s)
+                    log(f"read_committed after the run: {len(read)} records")
                 s3_counts = cluster.s3_request_counts()
             finally:
                 for w in [consumer.proc, *workers]:
                     w.stop(5.0)
             delivered = load_delivered(consumer_out)
     verdict = check(Observations(acks, delivered, pointers, objects, nemesis.windows, t0, produce_end))
+    txn = check_txn(writes, pointers, objects, read, [d.record_id for d in delivered]) if spec.workload == "txn" else None
     return RunResult(spec, tuple(faults), verdict, tuple(nemesis.errors),
-                     tuple(fault_throughput(row, acks, s3_counts) for row in verdict.faults))
+                     tuple(fault_throughput(row, acks, s3_counts) for row in verdict.faults), txn)
 
 
 class _Consumer:
@@ -174,8 +190,13 @@ def table(result: RunResult) -> str:
                 f"longest write gap {v.max_write_gap_s:.1f}s, "
                 f"catch-up {'n/a' if v.catch_up_s is None else f'{v.catch_up_s:.1f}s'}")
     rows += _throughput_rows(result.throughput)
+    t = result.txn
+    if t is not None:
+        rows.append(f"transactions: {t.transactions} ({t.committed} records committed, {t.aborted} aborted, "
+                    f"{t.in_doubt} in doubt), {t.aborted_visible} aborted records visible, {t.torn} torn, "
+                    f"read_committed after the run: {t.read_missed} missed, {t.read_duplicates} duplicates")
     rows += [f"nemesis error: {e}" for e in result.nemesis_errors]
-    rows += [f"FAILED: {p}" for p in v.problems()]
+    rows += [f"FAILED: {p}" for p in v.problems() + (t.problems() if t is not None else [])]
     return "\n".join(rows)
 
 
@@ -209,4 +230,9 @@ def summary(result: RunResult) -> dict[str, object]:
             "write_amplification": round(v.write_amplification, 4),
             "fault_write_amplification": [None if f.write_amplification is None else round(f.write_amplification, 4)
                                           for f in v.faults],
-            "nemesis_errors": list(result.nemesis_errors), "passed": v.passed}
+            "nemesis_errors": list(result.nemesis_errors), "passed": result.passed,
+            **({"workload": "txn", **{k: getattr(result.txn, k) for k in _TXN_KEYS}} if result.txn is not None else {})}
+
+
+_TXN_KEYS = ("transactions", "committed", "aborted", "in_doubt", "aborted_visible", "torn", "read_missed",
+             "read_duplicates")

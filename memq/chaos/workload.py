@@ -10,6 +10,14 @@ measures what a default reader gets. It auto-commits (every
 incarnation gets again what was handed over but not committed (at-least-once). With
 `--reader kafka` the reader is a confluent-kafka consumer group on the brokers' Kafka
 listeners instead (`consume_kafka`): what any Kafka application reading memq gets.
+
+The transactional workload (`--workload txn`, `produce_txn`): each producer is memq's Producer
+with a transactional id, writing transactions of `TXN_RECORDS` records, committing most and
+aborting `ABORT_SHARE` of them (seeded by its name). A record is logged once its transaction
+ended, with the outcome: `commit` (the commit returned: acked), `abort` (no commit was ever asked,
+or a commit that failed was then aborted: never to be seen), or `doubt` (a commit failed and so did
+the abort: all or none of it may be seen). After any failure the Producer is made again (a new
+epoch fences its late requests). `read_committed` is the read after the run, by a new group.
 """
 
 from __future__ import annotations
@@ -20,14 +28,18 @@ import dataclasses
 import json
 import logging
 import os
+import random
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import IO
+from typing import IO, TYPE_CHECKING
 
-from memq.chaos.checker import AckEvent, Delivered, Pointer, StoredObject
+from memq.chaos.checker import ABORT, COMMIT, DOUBT, AckEvent, Delivered, Pointer, StoredObject, TxnWrite
 from memq.config import MemqConfig, load_config
-from memq.errors import ConsumerError
+from memq.errors import ConsumerError, MemqError
+
+if TYPE_CHECKING:
+    from memq.client.producer import Producer
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +47,11 @@ CLOSE_TIMEOUT_S = 90.0
 KEYS = 64
 BURST_PAD = 64 * 1024    # bytes of padding per record while bursting (an overload fault)
 READERS = ("memq", "kafka")
+WORKLOADS = ("plain", "txn")
+TXN_RECORDS = 20         # records per transaction
+ABORT_SHARE = 0.2        # transactions the workload aborts on purpose
+TXN_TIMEOUT_MS = 10_000  # a transaction its producer lost track of is aborted by its coordinator this soon
+TXN_RETRY_S = 0.5        # pause before making the Producer again after a failure
 
 
 def _line(out: IO[str], **event: object) -> None:
@@ -92,6 +109,65 @@ async def produce(config: MemqConfig, topic: str, name: str, rate: float, second
     finally:
         for rid, sent in list(pending.values()):   # never resolved: counted as failed
             _line(out, id=rid, p=name, sent=sent, done=time.time(), ok=False, err="unresolved")
+
+
+async def produce_txn(config: MemqConfig, topic: str, name: str, rate: float, seconds: float, out: IO[str]) -> None:
+    """Transactions of `TXN_RECORDS` records sent at `rate` records/s for `seconds`, `ABORT_SHARE`
+    of them aborted on purpose (module doc); each record logged with its transaction's outcome."""
+    from memq.client.producer import Producer
+
+    rng = random.Random(name)
+    producer: Producer | None = None
+    n = t = 0
+    t0 = time.time()
+    while time.time() < t0 + seconds:
+        if producer is None:
+            producer = Producer(dataclasses.replace(config.producer, ack="all"), transactional_id=f"chaos-{name}",
+                                transaction_timeout_ms=TXN_TIMEOUT_MS)
+        sent: list[tuple[str, float]] = []
+        outcome, err = await _transaction(producer, topic, name, n, rate, rng.random() >= ABORT_SHARE, sent)
+        done = time.time()
+        for rid, at in sent:
+            _line(out, id=rid, p=name, txn=f"{name}-t{t}", sent=at, done=done, ok=outcome == COMMIT,
+                  decision=outcome, err=err)
+        n += len(sent)
+        t += 1
+        if err is not None:   # a new Producer: a new epoch, so nothing of this one lands late
+            try:
+                await asyncio.wait_for(producer.close(), TXN_RETRY_S * 4)
+            except (TimeoutError, MemqError):
+                pass
+            producer = None
+            await asyncio.sleep(TXN_RETRY_S)
+    if producer is not None:
+        await asyncio.wait_for(producer.close(), CLOSE_TIMEOUT_S)
+
+
+async def _transaction(producer: Producer, topic: str, name: str, first: int, rate: float, commit: bool,
+                       sent: list[tuple[str, float]]) -> tuple[str, str | None]:
+    """One transaction: its outcome (COMMIT, ABORT or DOUBT) and the error, if any, that ended it."""
+    asked_commit = False
+    try:
+        await producer.begin()
+        for i in range(first, first + TXN_RECORDS):
+            at = time.time()
+            rid = f"{name}-{i}"
+            sent.append((rid, at))
+            value = json.dumps({"id": rid, "p": name, "k": i % KEYS, "t": at}).encode()
+            await producer.send(topic, value, key=f"k{i % KEYS}".encode())
+            await asyncio.sleep(1 / rate)
+        asked_commit = commit
+        await (producer.commit() if commit else producer.abort())
+        return (COMMIT if commit else ABORT), None
+    except MemqError as e:
+        err = f"{type(e).__name__}: {e}"
+    if not asked_commit:   # no EndTxn(commit) was ever sent: nothing of it can be committed
+        return ABORT, err
+    try:   # the commit failed: an abort the coordinator accepts proves it was not decided
+        await producer.abort()
+    except MemqError:
+        return DOUBT, err
+    return ABORT, err
 
 
 # --- consuming ------------------------------------------------------------------------------
@@ -165,6 +241,26 @@ def consume_kafka(bootstrap: str, topic: str, group: str, stop_file: Path, catch
 # --- the independent read, from the harness -------------------------------------------------
 
 
+def read_committed(config: MemqConfig, topic: str, want: set[str], timeout_s: float, quiet_s: float = 3.0) -> list[str]:
+    """The record ids a new memq Consumer group gets reading `topic` from the start (memq's readers
+    only ever see committed transactions), with its default de-duplication: until every id of
+    `want` came and `quiet_s` passed without a record, or `timeout_s`."""
+    from memq.client.consumer import Consumer
+
+    cc = dataclasses.replace(config.consumer, group_id=f"chaos-read-{os.getpid()}-{time.time_ns()}",
+                             auto_offset_reset="earliest", enable_auto_commit=False)
+    got: list[str] = []
+    deadline = time.time() + timeout_s
+    last = time.time()
+    with Consumer(dataclasses.replace(config, consumer=cc), topic) as c:
+        while time.time() < deadline and not (want <= set(got) and time.time() - last > quiet_s):
+            recs = c.poll(0.5)
+            if recs:
+                last = time.time()
+            got += [json.loads(r.value)["id"] for r in recs]
+    return got
+
+
 def read_pointers(config: MemqConfig, topic: str, partitions: int) -> list[Pointer]:
     """Every notification of `topic`, from the start of each partition to its end."""
     from memq.client.consumer import notification_topic
@@ -223,6 +319,12 @@ def load_acks(paths: Sequence[Path]) -> list[AckEvent]:
     return list(first.values())
 
 
+def load_txn_writes(paths: Sequence[Path]) -> list[TxnWrite]:
+    """The transactional producers' logs (`produce_txn`): each record with its transaction's outcome."""
+    return [TxnWrite(e["id"], e["txn"], e["decision"]) for path in paths for line in path.read_text().splitlines()
+            if (e := json.loads(line))]
+
+
 def load_delivered(path: Path) -> list[Delivered]:
     """The consumer's log (every incarnation of it appends to one file); none yet: [].
 
@@ -266,10 +368,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reader", choices=READERS, default="memq", help="consume: memq's Consumer, or a Kafka "
                         "consumer group through the brokers' Kafka listeners (--bootstrap)")
     parser.add_argument("--bootstrap", default="", help="consume --reader kafka: the brokers' Kafka listeners")
+    parser.add_argument("--workload", choices=WORKLOADS, default="plain",
+                        help="produce: plain sends, or transactions committed or aborted (produce_txn)")
     args = parser.parse_args(argv)
     config = load_config(args.config, env={})
     with _open_log(args.out) as out:
-        if args.role == "produce":
+        if args.role == "produce" and args.workload == "txn":
+            asyncio.run(produce_txn(config, args.topic, args.name, args.rate, args.seconds, out))
+        elif args.role == "produce":
             asyncio.run(produce(config, args.topic, args.name, args.rate, args.seconds, out, args.burst_file))
         else:
             seen = {d.record_id for d in load_delivered(args.out)}

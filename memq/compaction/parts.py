@@ -31,9 +31,12 @@ from crc32c import crc32c
 from memq.errors import CorruptDataError, InvalidInputError
 from memq.format.batch import BatchHeader, decode_batch_header, encode_batch, object_crc32c
 from memq.format.codec import Codec, Compressors
-from memq.format.kafka_records import KafkaCodec, decode_kafka_entries, encode_kafka_batch, peek_kafka_batch
+from memq.format.kafka_columns import split_kafka_records
+from memq.format.kafka_records import (KafkaCodec, decode_kafka_entries, decode_raw_records, encode_kafka_batch,
+                                       peek_kafka_batch)
 from memq.format.message import (MESSAGE_HEADER_SIZE, Buffer, MessageHeader, decode_message, encode_kafka_message,
                                  verify_message)
+from memq.format.records import gc_paused
 from memq.kafka_api.offsets import kafka_offset
 from memq.storage.base import ObjectLocation
 
@@ -246,11 +249,48 @@ def kafka_batch(message: Buffer) -> memoryview:
 
 
 def message_survivors(message: Buffer) -> list[Survivor]:
-    """The survivors of one of a part's Messages (tombstones keep their None value)."""
-    batch = kafka_batch(message)
-    base = peek_kafka_batch(batch).base_offset
-    return [Survivor(base + e.offset_delta, e.timestamp_ms, e.key or b"", e.value, e.headers)
-            for e in decode_kafka_entries(batch)]
+    """The survivors of one of a part's Messages (tombstones keep their None value).
+
+    Fields are located by the compiled walk (`kafka_walk`, ~20 ns a record) and sliced out in
+    one comprehension: a Python decode per record (`decode_kafka_entries`) cost 4 us a survivor,
+    more than reading the plain records compaction replaced (a key's state read was barely 8x
+    cheaper than the uncompacted log's). A record the walk refuses is worded by the decoder."""
+    from memq.format import kafka_walk as kw   # numba: imported by the readers that need it
+
+    records = split_kafka_records(kafka_batch(message))
+    h, raw = records.header, records.raw
+    n = h.count
+    rec = np.empty((kw.RECORD_COLUMNS, n), np.int64)
+    hdr = np.empty((kw.HEADER_COLUMNS, n), np.int64)
+    u8 = np.frombuffer(raw, np.uint8)
+    status, found, i = kw.walk(u8, np.array([0, len(raw)], np.int64), np.array([n], np.int64), rec, hdr)
+    if status == kw.MORE_HEADERS:
+        hdr = np.empty((kw.HEADER_COLUMNS, found), np.int64)
+        status, found, i = kw.walk(u8, np.array([0, len(raw)], np.int64), np.array([n], np.int64), rec, hdr)
+    if status == kw.FAILED:
+        decode_raw_records(raw, h)          # raises the record decoder's CorruptDataError
+        raise CorruptDataError(f"Kafka record {i} of {n} does not decode")
+    offsets = (rec[kw.OFFSET_DELTA] + h.base_offset).tolist()
+    stamps = ([h.max_timestamp_ms] * n if h.log_append_time else (rec[kw.TS_DELTA] + h.base_timestamp_ms).tolist())
+    ks, kl, vs, vl = (rec[c].tolist() for c in (kw.KEY_START, kw.KEY_LEN, kw.VALUE_START, kw.VALUE_LEN))
+    make = Survivor._make     # tuple.__new__: a NamedTuple's keyword-taking __new__ costs a call more a survivor
+    with gc_paused():
+        out = [make((o, t, raw[a:a + b] if b > 0 else b"", raw[c:c + d] if d >= 0 else None, ()))
+               for o, t, a, b, c, d in zip(offsets, stamps, ks, kl, vs, vl)]
+    if found:
+        hks, hkl, hvs, hvl = (hdr[c, :found].tolist() for c in (kw.HKEY_START, kw.HKEY_LEN, kw.HVALUE_START,
+                                                                 kw.HVALUE_LEN))
+        at = 0
+        try:
+            for j, count in enumerate(rec[kw.HEADER_COUNT].tolist()):
+                if count:
+                    out[j] = out[j]._replace(headers=tuple(
+                        (raw[hks[x]:hks[x] + hkl[x]].decode(), raw[hvs[x]:hvs[x] + max(hvl[x], 0)])
+                        for x in range(at, at + count)))
+                    at += count
+        except UnicodeDecodeError as e:
+            raise CorruptDataError(f"Kafka record header key is not UTF-8: {e}") from None
+    return out
 
 
 def part_survivors(obj: Buffer, start: int = 0) -> list[Survivor]:

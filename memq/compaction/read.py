@@ -62,9 +62,17 @@ class PartReader:
             yield kafka_batch(msg)
 
     async def survivors_from(self, part: PartRef, offset: int) -> AsyncIterator[list[Survivor]]:
-        """Its survivors at or after Kafka `offset`, a Message's worth at a time."""
-        async for msg in self.messages_from(part, offset):
-            got = [s for s in message_survivors(msg) if s.offset >= offset]
+        """Its survivors at or after Kafka `offset`, a Message's worth at a time. The Messages
+        from there to the part's end come in one ranged GET (a reader of survivors reads them
+        all: a GET per Message cost more than decoding it)."""
+        header, index = await self.meta(part)
+        ranges = header.message_ranges[index.message_for(offset):]
+        if not ranges:
+            return
+        start = ranges[0][0]
+        body = memoryview(await self.storage.get_range(part.location, start, ranges[-1][1] - start))
+        for lo, hi in ranges:
+            got = [s for s in message_survivors(body[lo - start:hi - start]) if s.offset >= offset]
             if got:
                 yield got
 

@@ -14,9 +14,9 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-#: Columns of the per-record output.
-TS_DELTA, KEY_START, KEY_LEN, VALUE_START, VALUE_LEN, HEADER_COUNT = range(6)
-RECORD_COLUMNS = 6
+#: Columns of the per-record output (OFFSET_DELTA: compacted parts keep each record's offset).
+TS_DELTA, KEY_START, KEY_LEN, VALUE_START, VALUE_LEN, HEADER_COUNT, OFFSET_DELTA = range(7)
+RECORD_COLUMNS = 7
 #: Columns of the per-header output.
 HKEY_START, HKEY_LEN, HVALUE_START, HVALUE_LEN = range(4)
 HEADER_COLUMNS = 4
@@ -68,9 +68,10 @@ def walk(u8: np.ndarray, starts: np.ndarray, counts: np.ndarray, records: np.nda
             if pos < 0:
                 return FAILED, bt, i
             records[TS_DELTA, row] = delta
-            _, pos = _varint(u8, pos, end)                   # offset delta: positions are per batch
+            delta, pos = _varint(u8, pos, end)
             if pos < 0:
                 return FAILED, bt, i
+            records[OFFSET_DELTA, row] = delta
             for start in (KEY_START, VALUE_START):              # key, then value; -1 = null
                 n, pos = _varint(u8, pos, end)
                 if pos < 0 or n < -1 or pos + max(n, 0) > end:

@@ -1,4 +1,4 @@
-"""Fakes of what memq.broker.txn.service.Transactions publishes and relays through (no Kafka)."""
+"""Fakes of what memq.broker.txn.service.Transactions publishes, relays and audits through (no Kafka)."""
 
 from __future__ import annotations
 
@@ -38,3 +38,18 @@ class FakeRelay:
 
     def close(self) -> None:
         self.closed = True
+
+
+class FakeAudit:
+    """The coordinator's audit sink: what it was told, as tuples."""
+
+    def __init__(self) -> None:
+        self.produced_rows: list[tuple[str, int, int, int, int, int, int]] = []
+        self.aborted_rows: list[tuple[str, int]] = []
+
+    def produced(self, *, topic: str, producer_id: int, epoch: int, sequence: int, count: int, digest: int,
+                 created_ms: int) -> None:
+        self.produced_rows.append((topic, producer_id, epoch, sequence, count, digest, created_ms))
+
+    def aborted(self, *, topic: str, count: int) -> None:
+        self.aborted_rows.append((topic, count))

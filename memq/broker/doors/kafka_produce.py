@@ -4,7 +4,8 @@ Each RecordBatch of a Produce request has its header and CRC32C checked and goes
 as one Codec.KAFKA Message through the broker's one admission path (`memq.broker.admission`,
 the same checks as `/v1/produce`): the same batching, storage, notification and dedup as memq's
 own protocol. A Kafka client has no memq audit emitter, so the door reports each acked Message
-(acks 1 and all) to the audit as its producer would. Produce needs `produce` on the topic
+(acks 1 and all) to the audit as its producer would (a transaction's: its coordinator, at the
+commit, from the pending entries `Transactions.store_pending` names them in). Produce needs `produce` on the topic
 (TOPIC_AUTHORIZATION_FAILED naming principal and topic, nothing appended). Produce quotas hold
 as on `/v1/produce` (memq.security.quota): a Produce over quota is accepted, its response
 carries `throttle_time_ms`, and the connection is not read for that long (KIP-219).

@@ -17,6 +17,9 @@ class TxnMetrics:
         self.commits = Counter("memq_txn_commits", "Transactions committed (completed) by this broker", registry=r)
         self.aborts = Counter("memq_txn_aborts", "Transactions aborted (completed) by this broker, timeouts included",
                               registry=r)
+        self.aborted_records = Counter("memq_txn_aborted_records",
+                                       "Records (LogMessages) of transactions aborted by this broker: never readable",
+                                       registry=r)
         self.timeouts = Counter("memq_txn_timeouts", "Transactions aborted because they outlived their timeout",
                                 registry=r)
         self.expired_ids = Counter("memq_txn_expired_ids",

@@ -17,6 +17,12 @@ Every method is safe to call on any broker: state changes are compare-and-set wr
 on a conflict. Which broker coordinates a transactional id is `coordinator_of`; the doors answer
 NOT_COORDINATOR elsewhere (the service does not check it). Refusals are `TxnRefusal`s, Kafka's
 errors; a store that cannot be reached is COORDINATOR_NOT_AVAILABLE (the client retries).
+
+The audit: a Kafka client has no audit emitter, so its transactional Messages are named in their
+pending entry (`Audited`) and the coordinator reports them as produced once their notifications
+are published (memq's Producer reports its own at commit). An abort reports, per topic, the
+LogMessages it dropped (`TxnAudit.aborted`; the books count them apart) and counts them in
+`memq_txn_aborted_records_total`.
 """
 
 from __future__ import annotations
@@ -43,9 +49,9 @@ from . import state
 from .metrics import TxnMetrics
 from .state import (DEFAULT_ID_EXPIRATION_MS, DEFAULT_MAX_TIMEOUT_MS, GroupOffsets, ProducerIds, Step, TopicPartition, TxnRecord, TxnRefusal,
                     TxnState)
-from .store import Pending, TxnStore
+from .store import Audited, Pending, PendingEntry, TxnStore
 
-__all__ = ["GroupOffsets", "OffsetRelay", "Pending", "ProducerIds", "TopicPartition", "Transactions", "TxnRecord",
+__all__ = ["Audited", "GroupOffsets", "OffsetRelay", "Pending", "TxnAudit", "ProducerIds", "TopicPartition", "Transactions", "TxnRecord",
            "TxnRefusal", "TxnState", "coordinator_of"]
 
 log = logging.getLogger(__name__)
@@ -74,6 +80,15 @@ class OffsetRelay(Protocol):
         """Release the upstream connections."""
 
 
+class TxnAudit(Protocol):
+    """The coordinator's half of the audit sink (`memq.audit.emitter.AuditEmitter`)."""
+
+    def produced(self, *, topic: str, producer_id: int, epoch: int, sequence: int, count: int,
+                 digest: int, created_ms: int) -> None: ...
+
+    def aborted(self, *, topic: str, count: int) -> None: ...
+
+
 class Storer(Protocol):
     """What stores a transactional request's Messages as their own object (`admission.Ticket`)."""
 
@@ -89,15 +104,16 @@ class Transactions:
     memory without it), `publisher` the broker's NotificationPublisher, `offsets` the group relay;
     `scan_s` the period of the scan over the transactions begun here, `full_scan_s` that of the
     scan over every id in the store (recovery of other coordinators' transactions, and ids unused
-    for `id_expiration_ms` deleted)."""
+    for `id_expiration_ms` deleted); `audit` the broker's audit sink (None: audit disabled)."""
 
     def __init__(self, store: TxnStore, publisher: Publisher, offsets: OffsetRelay, clock: Clock, *,
                  registry: CollectorRegistry | None = None, max_timeout_ms: int = DEFAULT_MAX_TIMEOUT_MS,
                  scan_s: float = 1.0, full_scan_s: float = 30.0,
-                 id_expiration_ms: int = DEFAULT_ID_EXPIRATION_MS) -> None:
+                 id_expiration_ms: int = DEFAULT_ID_EXPIRATION_MS, audit: TxnAudit | None = None) -> None:
         self.store = store
         self._publisher = publisher
         self._offsets = offsets
+        self._audit = audit
         self._clock = clock
         self.max_timeout_ms = max_timeout_ms
         self.scan_s = scan_s
@@ -249,21 +265,23 @@ class Transactions:
         return fresh if refused is None else refused
 
     async def add_pending(self, txn_id: str, ids: ProducerIds, topic: str, partition: int,
-                          notes: Sequence[Pending]) -> TxnRefusal | None:
-        """Once the records are stored: record their notifications as pending entries of the
-        transaction (one store create, atomic with the check `check_produce` makes, so no entry
-        can join a transaction after its decision). None: the produce may be acked. A refusal
-        (as `check_produce`'s) leaves the stored object an orphan; answer the refusal."""
-        return await self._answer("Produce", txn_id, self._add_pending(txn_id, ids, (topic, partition), notes))
+                          notes: Sequence[Pending], audited: Sequence[Audited] = ()) -> TxnRefusal | None:
+        """Once the records are stored: record their notifications (and `audited`, the Messages
+        to report as produced at the commit) as a pending entry of the transaction (one store
+        create, atomic with the check `check_produce` makes, so no entry can join a transaction
+        after its decision). None: the produce may be acked. A refusal (as `check_produce`'s)
+        leaves the stored object an orphan; answer the refusal."""
+        return await self._answer("Produce", txn_id,
+                                  self._add_pending(txn_id, ids, (topic, partition), notes, audited))
 
     async def _add_pending(self, txn_id: str, ids: ProducerIds, tp: TopicPartition,
-                           notes: Sequence[Pending]) -> TxnRefusal | None:
+                           notes: Sequence[Pending], audited: Sequence[Audited]) -> TxnRefusal | None:
         for _ in range(ATTEMPTS):
             checked = await self._checked(txn_id, ids, tp)
             if isinstance(checked, TxnRefusal):
                 return checked
             try:
-                await asyncio.to_thread(self.store.add_pending, txn_id, checked[1], notes)
+                await asyncio.to_thread(self.store.add_pending, txn_id, checked[1], notes, audited)
             except TxnConflictError:
                 self._cache.pop(txn_id, None)
                 continue
@@ -273,16 +291,19 @@ class Transactions:
 
     async def store_pending(self, txn_id: str, ids: ProducerIds, ticket: Storer, partition: int,
                             messages: list[memoryview], headers: list[MessageHeader]) -> TxnRefusal | None:
-        """The whole transactional produce of one request-partition (both doors): `check_produce`,
-        the Messages stored as one object (`ticket.store_apart`: one PUT), `add_pending`. None:
-        ack it (its offset unknown until the commit). A StorageError from the PUT propagates
-        (the door answers it as any failed store)."""
+        """The whole transactional produce of one request-partition (the Kafka door's):
+        `check_produce`, the Messages stored as one object (`ticket.store_apart`: one PUT),
+        `add_pending` naming them for the audit (a Kafka client has no audit emitter: the
+        coordinator reports them at the commit). None: ack it (its offset unknown until the
+        commit). A StorageError from the PUT propagates (the door answers it as any failed store)."""
         topic = ticket.config.name
         refused = await self.check_produce(txn_id, ids, topic, partition)
         if refused is not None:
             return refused
         pending = await ticket.store_apart(messages, headers)
-        return await self.add_pending(txn_id, ids, topic, partition, [pending])
+        audited = [Audited(topic, h.producer_id, h.epoch, h.sequence, h.count, h.body_crc32c, h.created_ms)
+                   for h in headers]
+        return await self.add_pending(txn_id, ids, topic, partition, [pending], audited)
 
     # --- inspection ----------------------------------------------------------------------------
 
@@ -382,14 +403,16 @@ class Transactions:
         offsets (commit), drop the pending entries, write Complete*. False (logged) when Kafka
         failed: the decision stays, the scan finishes it later. Idempotent (recovery may repeat it)."""
         commit = rec.state is TxnState.PREPARE_COMMIT
+        entries = await asyncio.to_thread(self.store.entries, txn_id)
         if commit:
-            notes = await asyncio.to_thread(self.store.pending, txn_id)
+            notes = [n for e in entries for n in e.notes]
             if notes:
                 failed = [r for r in await self._publisher.publish_many(notes) if isinstance(r, NotifyError)]
                 if failed:
                     log.warning("transaction %r: %d of %d notifications not published, retried later: %s",
                                 txn_id, len(failed), len(notes), failed[0])
                     return False
+            self._report_produced(entries)   # again if retried: the audit counts a Message once
             for group, offsets in sorted(rec.offsets.items()):
                 try:
                     errors = await self._offsets.commit(group, offsets)
@@ -402,6 +425,8 @@ class Transactions:
                     log.warning("transaction %r: offsets of group %r not committed: %s", txn_id, group,
                                 dict(sorted(errors.items())[:5]))
         await asyncio.to_thread(self.store.drop_pending, txn_id)
+        if not commit:
+            self._report_aborted(entries)
         try:
             await self._write(txn_id, state.complete(rec), version)
         except TxnConflictError:   # another broker finished it meanwhile
@@ -409,6 +434,23 @@ class Transactions:
         self.open.discard(txn_id)
         (self.metrics.commits if commit else self.metrics.aborts).inc()
         return True
+
+    def _report_produced(self, entries: list[PendingEntry]) -> None:
+        """A committed transaction's Messages named for the audit, reported as produced."""
+        if self._audit is not None:
+            for a in (a for e in entries for a in e.audited):
+                self._audit.produced(topic=a.topic, producer_id=a.producer_id, epoch=a.epoch, sequence=a.sequence,
+                                     count=a.count, digest=a.digest, created_ms=a.created_ms)
+
+    def _report_aborted(self, entries: list[PendingEntry]) -> None:
+        """An aborted transaction's LogMessages, per topic: never readable, counted apart."""
+        per_topic: dict[str, int] = {}
+        for _, n in (n for e in entries for n in e.notes):
+            per_topic[n.topic] = per_topic.get(n.topic, 0) + n.logmessage_count
+        self.metrics.aborted_records.inc(sum(per_topic.values()))
+        if self._audit is not None:
+            for topic, count in sorted(per_topic.items()):
+                self._audit.aborted(topic=topic, count=count)
 
     # --- helpers -------------------------------------------------------------------------------
 

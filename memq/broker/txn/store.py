@@ -10,6 +10,9 @@ can join a transaction after its decision.
 children `.../<quoted id>/pending/n-<seq>` (sequential: each broker creates its own, no contention;
 a kazoo transaction checks the record's version with the create). Blocking: callers run it in a
 thread. `MemoryTxnStore`: the same in this process (a broker without ZooKeeper).
+
+A pending entry may also name its Messages as the audit's produced records do (`Audited`): the
+Kafka door's, whose producers have no audit emitter; the coordinator reports them at the commit.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 from urllib.parse import quote, unquote
 
@@ -33,6 +37,29 @@ Pending = tuple[str, Notification]   # (notification Kafka topic, notification)
 VERSION = 1
 
 
+@dataclass(frozen=True, slots=True)
+class Audited:
+    """One pending Message as the audit's produced record names it (memq topic, ids, LogMessage
+    count, body CRC32C, seal time), reported when its transaction commits."""
+
+    topic: str
+    producer_id: int
+    epoch: int
+    sequence: int
+    count: int
+    digest: int
+    created_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class PendingEntry:
+    """One pending entry: the notifications a produce stored, and its Messages for the audit
+    (empty when their producer reports them itself: memq's Producer)."""
+
+    notes: list[Pending]
+    audited: list[Audited]
+
+
 class TxnStore(Protocol):
     def read(self, txn_id: str) -> tuple[TxnRecord | None, int]:
         """The stored record (None: never written) and its version (-1 then)."""
@@ -41,9 +68,12 @@ class TxnStore(Protocol):
         """Store `rec` if the stored version is still `version` (-1: create); the new version,
         or TxnConflictError."""
 
-    def add_pending(self, txn_id: str, version: int, notes: Sequence[Pending]) -> None:
-        """Add one pending entry holding `notes` if the record is still at `version`, else
-        TxnConflictError."""
+    def add_pending(self, txn_id: str, version: int, notes: Sequence[Pending], audited: Sequence[Audited] = ()) -> None:
+        """Add one pending entry holding `notes` (and `audited`) if the record is still at
+        `version`, else TxnConflictError."""
+
+    def entries(self, txn_id: str) -> list[PendingEntry]:
+        """Every pending entry, in the order they were added."""
 
     def pending(self, txn_id: str) -> list[Pending]:
         """Every pending entry's notifications, in the order they were added."""
@@ -92,17 +122,21 @@ def decode(raw: bytes, where: str) -> TxnRecord:
         raise CorruptDataError(f"{where}: transaction state does not parse: {e}") from None
 
 
-def encode_pending(notes: Sequence[Pending]) -> bytes:
-    return json.dumps({"v": VERSION, "notes": [[t, json.loads(n.to_bytes())] for t, n in notes]},
-                      separators=(",", ":")).encode()
+def encode_pending(notes: Sequence[Pending], audited: Sequence[Audited] = ()) -> bytes:
+    """`audited` is optional (absent when empty): entries written before it read as none."""
+    d: dict[str, Any] = {"v": VERSION, "notes": [[t, json.loads(n.to_bytes())] for t, n in notes]}
+    if audited:
+        d["audited"] = [[a.topic, a.producer_id, a.epoch, a.sequence, a.count, a.digest, a.created_ms] for a in audited]
+    return json.dumps(d, separators=(",", ":")).encode()
 
 
-def decode_pending(raw: bytes, where: str) -> list[Pending]:
+def decode_pending(raw: bytes, where: str) -> PendingEntry:
     try:
         d = json.loads(raw)
         if d.get("v") != VERSION:
             raise UnsupportedVersionError(f"{where}: pending entry version {d.get('v')!r}: written by a newer memq")
-        return [(str(t), Notification.from_bytes(json.dumps(n).encode())) for t, n in d["notes"]]
+        return PendingEntry([(str(t), Notification.from_bytes(json.dumps(n).encode())) for t, n in d["notes"]],
+                            [Audited(str(t), *(int(x) for x in rest)) for t, *rest in d.get("audited", ())])
     except (ValueError, KeyError, TypeError) as e:
         raise CorruptDataError(f"{where}: pending entry does not parse: {e}") from None
 
@@ -130,16 +164,19 @@ class MemoryTxnStore:
             self._records[txn_id] = (encode(rec), version + 1)
             return version + 1
 
-    def add_pending(self, txn_id: str, version: int, notes: Sequence[Pending]) -> None:
+    def add_pending(self, txn_id: str, version: int, notes: Sequence[Pending], audited: Sequence[Audited] = ()) -> None:
         with self._lock:
             if self._records.get(txn_id, (b"", -1))[1] != version:
                 raise TxnConflictError(f"transaction {txn_id!r}: state changed since version {version}")
-            self._pending.setdefault(txn_id, []).append(encode_pending(notes))
+            self._pending.setdefault(txn_id, []).append(encode_pending(notes, audited))
+
+    def entries(self, txn_id: str) -> list[PendingEntry]:
+        with self._lock:
+            raws = list(self._pending.get(txn_id, ()))
+        return [decode_pending(raw, txn_id) for raw in raws]
 
     def pending(self, txn_id: str) -> list[Pending]:
-        with self._lock:
-            entries = list(self._pending.get(txn_id, ()))
-        return [n for raw in entries for n in decode_pending(raw, txn_id)]
+        return [n for e in self.entries(txn_id) for n in e.notes]
 
     def drop_pending(self, txn_id: str) -> int:
         with self._lock:
@@ -158,7 +195,7 @@ class MemoryTxnStore:
     def pending_objects(self) -> set[str]:
         with self._lock:
             entries = [(t, raw) for t, raws in self._pending.items() for raw in raws]
-        return {n.key for t, raw in entries for _, n in decode_pending(raw, t)}
+        return {n.key for t, raw in entries for _, n in decode_pending(raw, t).notes}
 
 
 class ZooKeeperTxnStore:
@@ -209,37 +246,40 @@ class ZooKeeperTxnStore:
             raise TxnConflictError(f"transaction {txn_id!r}: state changed since version {version}") from None
         return int(stat.version)
 
-    def add_pending(self, txn_id: str, version: int, notes: Sequence[Pending]) -> None:
+    def add_pending(self, txn_id: str, version: int, notes: Sequence[Pending], audited: Sequence[Audited] = ()) -> None:
         path = self._path(txn_id)
         t = self._zk.transaction()
         t.check(path, version)
-        t.create(f"{path}/pending/n-", encode_pending(notes), sequence=True)
+        t.create(f"{path}/pending/n-", encode_pending(notes, audited), sequence=True)
         results = self._wait(t.commit_async(), path)
         if any(isinstance(r, (BadVersionError, NoNodeError)) for r in results):
             raise TxnConflictError(f"transaction {txn_id!r}: state changed since version {version}")
         _raise_first(results, path)
 
-    def _entries(self, txn_id: str) -> list[str]:
+    def _entry_paths(self, txn_id: str) -> list[str]:
         folder = f"{self._path(txn_id)}/pending"
         try:
             return [f"{folder}/{c}" for c in sorted(self._wait(self._zk.get_children_async(folder), folder))]
         except NoNodeError:
             return []
 
-    def pending(self, txn_id: str) -> list[Pending]:
-        paths = self._entries(txn_id)
+    def entries(self, txn_id: str) -> list[PendingEntry]:
+        paths = self._entry_paths(txn_id)
         calls = [(p, self._zk.get_async(p)) for p in paths]   # all in flight at once
-        out: list[Pending] = []
+        out: list[PendingEntry] = []
         for p, call in calls:
             try:
                 raw, _ = self._wait(call, p)
             except NoNodeError:   # dropped meanwhile by a broker finishing the transaction
                 continue
-            out += decode_pending(bytes(raw), p)
+            out.append(decode_pending(bytes(raw), p))
         return out
 
+    def pending(self, txn_id: str) -> list[Pending]:
+        return [n for e in self.entries(txn_id) for n in e.notes]
+
     def drop_pending(self, txn_id: str) -> int:
-        calls = [(p, self._zk.delete_async(p)) for p in self._entries(txn_id)]
+        calls = [(p, self._zk.delete_async(p)) for p in self._entry_paths(txn_id)]
         for p, call in calls:
             try:
                 self._wait(call, p)

@@ -1,0 +1,162 @@
+"""A compacted topic's prefix in the source's reads (`memq.compaction`).
+
+A read partition of a compacted topic is its compacted prefix (notifications [0, end), held by
+the parts its manifest lists) and the plain tail from notification `end`. The driver reads each
+partition's manifest pointer in ZooKeeper (uncached: once per plan) and the manifest it names;
+a range of notifications [start, stop) then becomes the parts holding survivors of Kafka offsets
+[first_offset(start), first_offset(min(stop, end))) and, past `end`, the plain notifications.
+Reading from earliest so gives each key's latest value plus the tail. A survivor's row keeps
+the columns a plain read gives it: `offset` its notification offset, `index` its place in that
+notification's part (both from its original Kafka offset), a tombstone's `value` null.
+
+Ranges read from different manifests (a stream's micro-batches while compaction runs) still
+give every key's latest value: a key's latest record survives every later compaction.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import Collection, Mapping, Sequence
+
+import numpy as np
+import pyarrow as pa
+
+from memq.compaction.manifest import Manifest, ManifestCache, ManifestPointer, ManifestPointers
+from memq.compaction.parts import Survivor, message_survivors
+from memq.format import BatchHeader, MessageHeader, decode_batch_header, decode_message_header
+from memq.format.codec import Compressors
+from memq.governor.registry import Registry
+from memq.kafka_api.offsets import first_offset, split_offset
+from memq.storage import make_storage
+from spark_source.options import SourceOptions
+from spark_source.plan import BatchRef, NotificationLog
+from spark_source.schema import ARROW_SCHEMA, BatchContext, to_record_batch
+
+
+class Prefixes:
+    """The driver's view of a topic's compacted prefixes: ZooKeeper (connected on first use) and
+    the manifests. Without ZooKeeper, or for a topic known not to compact, there are none."""
+
+    def __init__(self, opts: SourceOptions) -> None:
+        self.opts = opts
+        self._registry: Registry | None = None
+        self._manifests: dict[str, Manifest] = {}     # the last plan's, by key: a stream plans again and again
+
+    @property
+    def enabled(self) -> bool:
+        return self.opts.compacted is not False and self.opts.config.zookeeper.enabled
+
+    def manifests(self, partitions: Collection[int]) -> dict[int, Manifest]:
+        """The current manifest of each of `partitions` that has one."""
+        if not self.enabled or not partitions:
+            return {}
+        if self._registry is None:
+            self._registry = Registry(self.opts.config.zookeeper, self.opts.config.cluster.name).start()
+        pointers = ManifestPointers(self._registry)
+        found = {p: ptr for p in partitions if (ptr := pointers.read(self.opts.topic, p)) is not None}
+        return asyncio.run(self._load(found)) if found else {}
+
+    async def _load(self, pointers: Mapping[int, ManifestPointer]) -> dict[int, Manifest]:
+        known = {p: self._manifests[ptr.key] for p, ptr in pointers.items() if ptr.key in self._manifests}
+        if len(known) < len(pointers):
+            storage = make_storage(self.opts.config)
+            try:
+                cache = ManifestCache(storage)
+                known |= {p: await cache.load(ptr) for p, ptr in pointers.items() if p not in known}
+            finally:
+                await storage.close()
+        self._manifests = {pointers[p].key: m for p, m in known.items()}
+        return known
+
+    def close(self) -> None:
+        if self._registry is not None:
+            self._registry.close()
+            self._registry = None
+
+
+def earliest(lows: Mapping[int, int], manifests: Mapping[int, Manifest]) -> dict[int, int]:
+    """Where each partition's log starts: 0 where a compacted prefix holds what came before
+    the first notification Kafka still keeps."""
+    return {p: 0 if p in manifests else low for p, low in lows.items()}
+
+
+def part_refs(m: Manifest, partition: int, start: int, stop: int) -> list[BatchRef]:
+    """The parts of `m` holding survivors of notifications [start, stop) (stop <= m.end), in order."""
+    lo, hi = first_offset(start), first_offset(min(stop, m.end))
+    return [BatchRef(partition, split_offset(max(lo, part.first_offset))[0], part.location, part.size,
+                     part.min_timestamp_ms, part.max_timestamp_ms, part.crc32c, kafka_range=(lo, hi))
+            for part in m.parts_from(lo) if part.first_offset < hi]
+
+
+def read_ranges(nlog: NotificationLog, ranges: Mapping[int, tuple[int, int | None]], lows: Mapping[int, int],
+                manifests: Mapping[int, Manifest], *, exact: bool = False) -> dict[int, list[BatchRef]]:
+    """The batches of notifications [start, stop) of each partition (stop None: the end): a
+    compacted prefix's parts below its `end`, then the plain notifications, whose start is
+    checked against the first one Kafka keeps (`lows`; `NotificationLog.check_start`)."""
+    prefix: dict[int, list[BatchRef]] = {}
+    plain: dict[int, tuple[int, int | None]] = {}
+    for p, (start, stop) in ranges.items():
+        m = manifests.get(p)
+        if m is not None and start < m.end:
+            prefix[p] = part_refs(m, p, start, m.end if stop is None else stop)
+            if stop is not None and stop <= m.end:
+                continue
+            start = m.end
+        plain[p] = (nlog.check_start(p, start, lows[p]), stop)
+    groups = nlog.read(plain, exact=exact)
+    return {p: prefix.get(p, []) + groups.get(p, []) for p in ranges}
+
+
+class SurvivorColumns:
+    """One part Message's survivors as the LogMessage columns a row is built from (Arrow on
+    first use), and their Kafka offsets."""
+
+    def __init__(self, survivors: Sequence[Survivor]) -> None:
+        self.survivors = survivors
+        self.offsets = np.fromiter((s.offset for s in survivors), dtype=np.int64, count=len(survivors))
+
+    def __len__(self) -> int:
+        return len(self.survivors)
+
+    def column(self, name: str) -> pa.Array:
+        s = self.survivors
+        if name == "key":
+            return pa.array([r.key for r in s], pa.binary())
+        if name == "value":
+            return pa.array([r.value for r in s], pa.binary())
+        if name == "timestamp_ms":
+            return pa.array([r.timestamp_ms for r in s], pa.int64())
+        if name == "headers":
+            return pa.array([[{"key": k, "value": v} for k, v in r.headers] for r in s],
+                            ARROW_SCHEMA.field("headers").type)
+        raise KeyError(f"no column {name} in a compacted part")
+
+
+def decode_part(obj: bytes, *, compressors: Compressors | None = None
+                ) -> tuple[BatchHeader, list[tuple[MessageHeader, SurvivorColumns]]]:
+    """A compacted part's Batch (verified by the reader) as columns per Message. Each Message's
+    header takes its first survivor's Kafka offset as sequence: with the compactor's producer
+    id, rows' MESSAGE_ID_COLUMNS then tell every survivor apart."""
+    header = decode_batch_header(obj)
+    view = memoryview(obj)
+    out = []
+    for lo, hi in header.message_ranges:
+        msg = view[lo:hi]
+        columns = SurvivorColumns(message_survivors(msg))
+        mh = decode_message_header(msg)
+        if len(columns):
+            mh = dataclasses.replace(mh, sequence=int(columns.offsets[0]))
+        out.append((mh, columns))
+    return header, out
+
+
+def part_rows(opts: SourceOptions, schema: pa.Schema, ref: BatchRef, start_ms: int | None, end_ms: int | None,
+              decoded: tuple[BatchHeader, list[tuple[MessageHeader, SurvivorColumns]]]) -> pa.RecordBatch:
+    """The part's rows of survivors within `ref.kafka_range` and [start_ms, end_ms)."""
+    assert ref.kafka_range is not None
+    _, messages = decoded
+    lo, hi = ref.kafka_range
+    offsets = np.concatenate([c.offsets for _, c in messages]) if messages else np.empty(0, np.int64)
+    ctx = BatchContext(opts.topic, ref.partition, ref.offset, ref.location.bucket, ref.location.key, offsets)
+    return to_record_batch(ctx, messages, start_ms, end_ms, schema=schema, rows=(offsets >= lo) & (offsets < hi))
