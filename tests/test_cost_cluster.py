@@ -1,22 +1,29 @@
 """`memq cost` and the latency budget on the real path: a governed 2-broker cluster on moto S3,
-tansu and ZooKeeper, the `memq` console script, and the bucket listed with boto3 directly."""
+tansu and ZooKeeper, the `memq` console script, and the bucket listed with boto3 directly; a
+compacted topic compacted by the governor's janitor (every second here), priced on what it keeps."""
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import subprocess
 import sys
+import time
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
 import boto3
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from memq.client.producer import Producer
 from memq.config import MemqConfig, TopicConfig
+from memq.cost.model import GB
 from memq.devcluster import DevCluster, GovernedCluster
+from memq.devcluster.governed import FAST_GOVERNOR
 
 MEMQ = str(Path(sys.executable).with_name("memq"))
 
@@ -50,12 +57,36 @@ async def produce(config: MemqConfig, topic: str, rounds: int, per_round: int, p
         await asyncio.gather(*pending)
 
 
+async def produce_keyed(config: MemqConfig, topic: str, rounds: int, keys: int) -> None:
+    """`rounds` updates of each of `keys` keys, 200 random (incompressible) bytes each, each round
+    flushed at ack=all."""
+    async with Producer(config.producer) as producer:
+        for _ in range(rounds):
+            await asyncio.gather(*[await producer.send(topic, os.urandom(200), key=b"k%d" % k) for k in range(keys)])
+            await producer.flush()
+
+
+def compacted_all(config: MemqConfig, topic: str, timeout_s: float = 30.0) -> None:
+    """Wait until a broker's compactor (the governor's) reports `topic` compacted with no tail left."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for url in config.producer.brokers.split(","):
+            with urllib.request.urlopen(url + "/metrics", timeout=5) as r:
+                gauges = {s.name: s.value for f in text_string_to_metric_families(r.read().decode())
+                          for s in f.samples if s.labels.get("topic") == topic}
+            if gauges.get("memq_compaction_stored_bytes", 0) > 0 and gauges.get("memq_compaction_dirty_ratio") == 0:
+                return
+        time.sleep(0.3)
+    raise AssertionError(f"{topic} was not compacted within {timeout_s} s")
+
+
 @pytest.mark.integration
 @pytest.mark.timeout(240)
 def test_memq_cost_prints_the_requests_s3_served_and_a_trickle_topic_batches_by_its_budget(
         devcluster: DevCluster, tmp_path: Path, unique_name: Callable[[str], str]) -> None:
-    busy, trickle = unique_name("busy"), unique_name("trickle")
-    with GovernedCluster(tmp_path, brokers=2, servers=devcluster, cluster=unique_name("c")) as gc:
+    busy, trickle, state = unique_name("busy"), unique_name("trickle"), unique_name("state")
+    with GovernedCluster(tmp_path, brokers=2, servers=devcluster, cluster=unique_name("c"),
+                         governor=dataclasses.replace(FAST_GOVERNOR, janitor_interval_s=1.0)) as gc:
         # topics of their own objects (storage_group ""), counted in the bucket by topic key; the
         # split of a storage group's requests is in test_cost_model.py
         gc.create_topic(TopicConfig(busy, storage_group=""), brokers=2)
@@ -63,10 +94,15 @@ def test_memq_cost_prints_the_requests_s3_served_and_a_trickle_topic_batches_by_
         # with it, one per broker at most (the topic is on both)
         gc.create_topic(TopicConfig(trickle, batch_ms=100, min_batch_bytes=1 << 20, max_batch_ms=5_000,
                                     storage_group=""), brokers=2)
+        # a compacted topic: the governor (one of the two brokers) compacts it and reports it
+        gc.create_topic(TopicConfig(state, cleanup_policy="compact", read_partitions=1, min_cleanable_dirty_ratio=0.01,
+                                    storage_group=""), brokers=2)
         config = gc.config()
         client = gc.write_client_config(tmp_path / "client.toml")
         asyncio.run(produce(config, busy, rounds=6, per_round=50))
         asyncio.run(produce(config, trickle, rounds=5, per_round=1, pause_s=0.2, flush=False))
+        asyncio.run(produce_keyed(config, state, rounds=8, keys=10))
+        compacted_all(config, state)
 
         one_broker = config.producer.brokers.split(",")[0]     # the other is found through its metadata
         report = json.loads(memq(client, "cost", "--json", "--brokers", one_broker))
@@ -80,6 +116,20 @@ def test_memq_cost_prints_the_requests_s3_served_and_a_trickle_topic_batches_by_
         trickled = objects_in_bucket(config, trickle)
         assert 1 <= trickled <= 2 and report["topics"][trickle]["counts"]["requests"]["put"] == trickled
 
-        text = memq(client, "cost", "--topic", busy, "--brokers", one_broker, "--retention-days", "1")
+        assert report["topics"][busy]["compaction"] is None
+
+        # the compacted topic: priced on its compacted parts (the tail is compacted too), against the
+        # bytes written over 7 days (the default retention) at its rate
+        shown = report["topics"][state]
+        kept = shown["compaction"]
+        assert kept is not None and kept["tail_bytes"] == 0 and kept["kept_bytes"] == kept["parts_bytes"] > 0
+        assert kept["parts_bytes"] < shown["counts"]["stored_bytes"] / 4       # 8 updates of each key -> 1 kept
+        # (the topic is on both brokers: their rates add, each over its own window, at most window_s)
+        assert kept["uncompacted_bytes"] >= shown["counts"]["stored_bytes"] / shown["window_s"] * 7 * 86_400 * 0.999
+        s3 = next(x for x in shown["memq"] if x["name"] == "s3_storage")
+        assert s3["quantity"] == pytest.approx(kept["kept_bytes"] / GB) and kept["saving_usd_month"] > 0
+
+        text = memq(client, "cost", "--topic", busy, "--topic", state, "--brokers", one_broker, "--retention-days", "1")
         assert "S3 Standard" in text and f"{stored:,} PUT" in text and "cross-AZ replication" in text
         assert trickle not in text and "retention 1 days" in text
+        assert text.count("compacted: keeps") == 1 and "(compacted parts + plain tail)" in text

@@ -1,4 +1,4 @@
-"""The cost model and the counters behind it, on hand-made /metrics text: pure, no servers."""
+"""The cost model and the counters behind it, on /metrics text of the real metric classes: pure, no servers."""
 
 from __future__ import annotations
 
@@ -6,11 +6,13 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
 from memq.broker.metrics import BrokerMetrics
+from memq.compaction.run import CompactionMetrics
 from memq.config import CostConfig, build, load_config
 from memq.cost import TopicCounters, as_dict, estimate, kafka_lines, parse_metrics, request_class, usage
-from memq.cost.counters import Usage
+from memq.cost.counters import Compacted, Usage, compacted_of
 from memq.cost.model import GB, MONTH_S
 from memq.errors import ConfigError, InvalidInputError
+from memq.governor.governor import GovernorMetrics
 from memq.storage.metrics import StorageMetrics, topic_of
 
 KEY = "3f/dev/topics/orders/0001700000000000-b1-0a1b-a0"
@@ -167,3 +169,67 @@ def test_a_storage_groups_requests_are_split_over_its_topics_by_bytes() -> None:
     assert {t: c.requests["put"] for t, c in snap.topics.items()} == pytest.approx({"a": 6, "b": 3, "c": 1})
     assert sum(c.requests["list"] for c in snap.topics.values()) == pytest.approx(1)
     assert snap.topics["a"].objects == 1                          # a part of an object is read by one GET
+
+
+def governor_text(parts: dict[str, float], ratios: dict[str, float], *, leading: bool = True,
+                  topic: str = "state") -> str:
+    """/metrics of a broker whose governor agent's compactor reports `topic`'s partitions, as
+    memq.governor.agent registers them: the broker's, the governor's and the compactor's on one registry."""
+    m = BrokerMetrics("gov")
+    m.started.set(1000.0)
+    m.batch_bytes.labels(topic).observe(1 << 20)
+    GovernorMetrics(m.registry).leader.set(1 if leading else 0)
+    c = CompactionMetrics(m.registry)
+    for p, v in parts.items():
+        c.stored.labels(topic, p).set(v)
+    for p, v in ratios.items():
+        c.dirty_ratio.labels(topic, p).set(v)
+    return generate_latest(m.registry).decode()
+
+
+def test_a_compacted_topic_keeps_its_parts_and_the_tail_its_dirty_ratio_implies() -> None:
+    """ratio = tail / (parts + tail): 30 MiB of parts at ratio 0.25 carry a 10 MiB tail."""
+    snap = parse_metrics("gov", governor_text({"0": 30 << 20}, {"0": 0.25}), taken_s=1100.0)
+    assert snap.leading and snap.compacted == {"state": Compacted(30 << 20, 10 << 20)}
+    assert snap.compacted["state"].kept_bytes == 40 << 20
+    assert compacted_of({"0": 8.0, "1": 0.0}, {"0": 0.5, "1": 0.0}) == Compacted(8.0, 8.0)   # an empty partition
+    # never compacted yet (no parts, ratio 1: the tail is unknown): priced as a plain topic
+    assert parse_metrics("gov", governor_text({"0": 0.0}, {"0": 1.0}), taken_s=1100.0).compacted == {}
+    assert compacted_of({"0": 8.0, "1": 0.0}, {"0": 0.5, "1": 1.0}) is None
+    assert parse_metrics("b1", broker_text(3), taken_s=1100.0).compacted == {}
+
+
+def test_the_governors_report_wins_over_a_former_governors_stale_gauges() -> None:
+    stale = parse_metrics("old", governor_text({"0": 90 << 20}, {"0": 0.0}, leading=False), taken_s=1100.0)
+    now = parse_metrics("gov", governor_text({"0": 30 << 20}, {"0": 0.0}), taken_s=1100.0)
+    assert usage([stale, now])["state"].compacted == Compacted(30 << 20, 0)
+    assert usage([stale])["state"].compacted == Compacted(90 << 20, 0)     # the governor not scraped
+    assert usage([parse_metrics("b1", broker_text(3), taken_s=1100.0)])["orders"].compacted is None
+
+
+def test_a_compacted_topic_is_priced_on_what_it_keeps_next_to_what_it_would_keep() -> None:
+    p = CostConfig()
+    per_s = 1 << 20                                             # 1 MiB/s written, kept 7 days plain
+    rates = TopicCounters(bytes_in=per_s, objects=1.0, stored_bytes=per_s,
+                          requests={"put": 1.0, "get": 0.0, "list": 0.0, "delete": 0.0})
+    kept = Compacted(parts_bytes=3 * GB, tail_bytes=1 * GB)
+    week = 7 * 86_400
+    plain = estimate(Usage("t", 60.0, rates, rates), week, p)
+    e = estimate(Usage("t", 60.0, rates, rates, kept), week, p)
+    assert plain.compaction is None and as_dict(Usage("t", 60.0, rates, rates), plain)["compaction"] is None
+    assert e.memq.s3_storage.quantity == pytest.approx(4.0) and e.memq.s3_storage.usd == pytest.approx(4 * 0.023)
+    assert e.kafka.storage.quantity == pytest.approx(4.0 * 3)          # Kafka compacts too: 3 replicas of it
+    c = e.compaction
+    assert c is not None and c.uncompacted_bytes == pytest.approx(per_s * week)
+    assert c.uncompacted_usd == pytest.approx(plain.memq.s3_storage.usd) and c.kept_usd == e.memq.s3_storage.usd
+    assert c.saving_usd == pytest.approx(per_s * week / GB * 0.023 - 4 * 0.023) and c.saving_usd > 0
+    assert plain.memq_usd - e.memq_usd == pytest.approx(c.saving_usd)   # memq's total moves by the saving
+    shown = as_dict(Usage("t", 60.0, rates, rates, kept), e)["compaction"]
+    assert shown["kept_bytes"] == 4 * GB and shown["tail_bytes"] == GB
+    assert shown["saving_usd_month"] == pytest.approx(c.saving_usd)
+    assert "(compacted parts + plain tail)" in e.memq.s3_storage.item
+    assert c.describe().startswith("compacted: keeps 4,096.0 MiB (parts 3,072.0 + plain tail 1,024.0) where "
+                                   "604,800.0 MiB would be kept") and "saves 13.49" in c.describe()
+    # keys kept longer than the retention the view prices: compaction costs, and says so
+    longer = estimate(Usage("t", 60.0, rates, rates, kept), 3_600, p).compaction
+    assert longer is not None and longer.saving_usd < 0 and "costs" in longer.describe()

@@ -57,7 +57,7 @@ def exposed() -> dict[str, set[str]]:
     metrics = BrokerMetrics("b1", registry)
     JanitorMetrics(registry, StorageMetrics(registry))
     GovernorMetrics(registry)
-    row = SimpleNamespace(topic="t", group="g", produced=1, consumed=1, duplicates=0, mismatches=0, lost=0,
+    row = SimpleNamespace(topic="t", group="g", produced=1, aborted=0, consumed=1, duplicates=0, mismatches=0, lost=0,
                           expired=0, p50_ms=1, p99_ms=2, max_ms=3, lag_messages=0, lag_s=0, status=0)
     auditor = SimpleNamespace(read=lambda _fn: [row], stats=lambda: SimpleNamespace(records=1, bad_payloads=0))
     registry.register(BooksCollector(auditor))   # type: ignore[arg-type]

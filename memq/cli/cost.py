@@ -18,7 +18,9 @@ _TIMEOUT_S = 5.0
 ASSUMPTIONS = """\
 Assumptions (docs/ARCHITECTURE.md, "Cost"): rates measured over the window, extrapolated to a 730-hour
 month; GB = 2^30 bytes. memq: the S3 requests counted on the brokers (every try), plus 1 GET per batch
-object per consumer group; S3 storage = batch bytes/s x retention; producers -> brokers cross zones for
+object per consumer group; S3 storage = batch bytes/s x retention, or for a compacted topic what it keeps
+now (compacted parts + plain tail, from the governor's gauges; Kafka's disks keep the same), shown
+against the plain figure with the S3 storage it saves; producers -> brokers cross zones for
 cross_az_fraction of the bytes; consumers read S3 (no transfer charge in-region); the notifications
 are priced on the Kafka model. Kafka: the same bytes in, kafka_replicas replicas on EBS gp3
 (bytes/s x retention x replicas / kafka_disk_utilization), cross-zone transfer ($ per GB out and again
@@ -90,4 +92,7 @@ def _print(console: Console, urls: list[str], prices: str, retention_days: float
         console.print(table)
         console.print(f"memq {e.memq_usd:,.2f} USD/month vs Kafka {e.kafka_usd:,.2f}: "
                       f"{e.saving:.0%} {'cheaper' if e.saving >= 0 else 'dearer'}")
+        if e.compaction:
+            console.print(e.compaction.describe())
     console.print(f"\n{ASSUMPTIONS}", style="dim")
+

@@ -166,6 +166,7 @@ class Compactor:
         verdict = planning.due(cfg, clean, dirty_notes, now)
         self.metrics.dirty_ratio.labels(topic, str(partition)).set(verdict.dirty_ratio)
         self.metrics.lag.labels(topic, str(partition)).set(verdict.lag_ms / 1000)
+        self.metrics.stored.labels(topic, str(partition)).set(clean)    # a new governor's too, before its first swap
         take = planning.cleanable(dirty_notes, now, cfg.min_compaction_lag_ms)
         if not take or not (verdict.due or force):
             self.metrics.runs.labels(topic, "idle").inc()
@@ -225,6 +226,8 @@ class Compactor:
             return Outcome(topic, partition, "lost_race", old, verdict, read, written)
         self.step("swapped")
         self.metrics.stored.labels(topic, str(partition)).set(manifest.size)
+        self.metrics.dirty_ratio.labels(topic, str(partition)).set(      # as it stands now: the cost view reads both
+            planning.dirty_ratio(manifest.size, sum(r.notification.size for r in rest)))
         self.metrics.runs.labels(topic, "swapped").inc()
         log.info("compaction: %s/%d: notifications [%d, %d) and %d old parts -> %d parts, %d survivors "
                  "(%d tombstones dropped), read %d B, wrote %d B", topic, partition, end, new_end,

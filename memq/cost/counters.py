@@ -9,6 +9,10 @@ A storage group's shared objects serve several topics with one request: requests
 `group:<g>` are split over the group's topics by the bytes each put into the group's objects on
 that broker since it started (`memq_broker_group_bytes`); with no such bytes they are dropped,
 like requests that name no topic.
+
+A compacted topic's storage is no rate: the governor's compactor reports, per partition, the
+bytes of its compacted parts and its dirty ratio (the share of the partition's bytes not
+compacted yet), gauges read as they stand (`Compacted`).
 """
 
 from __future__ import annotations
@@ -60,13 +64,40 @@ class TopicCounters:
 
 
 @dataclass(frozen=True)
+class Compacted:
+    """What a compacted topic keeps in the store now, summed over its partitions: its compacted
+    parts and its plain tail (the bytes written since its last compaction)."""
+
+    parts_bytes: float
+    tail_bytes: float
+
+    @property
+    def kept_bytes(self) -> float:
+        return self.parts_bytes + self.tail_bytes
+
+
+def compacted_of(parts_bytes: dict[str, float], dirty_ratio: dict[str, float]) -> Compacted | None:
+    """A topic's kept bytes from its partitions' gauges (partition -> value): each partition's tail
+    is parts x ratio / (1 - ratio), since ratio = tail / (parts + tail). None until compacted:
+    while a partition with data never was (ratio 1: its tail is unknown and nothing is saved yet)."""
+    ratios = [dirty_ratio.get(p, 0.0) for p in parts_bytes]
+    if not any(parts_bytes.values()) or any(r >= 1.0 for r in ratios):
+        return None
+    return Compacted(sum(parts_bytes.values()),
+                     sum(parts * r / (1.0 - r) for parts, r in zip(parts_bytes.values(), ratios)))
+
+
+@dataclass(frozen=True)
 class Snapshot:
-    """One broker's counters at `taken_s`; `started_s`: when they started counting (Unix times)."""
+    """One broker's counters at `taken_s`; `started_s`: when they started counting (Unix times).
+    `leading`: this broker is the governor, whose compactor reports `compacted` (per topic)."""
 
     broker: str
     taken_s: float
     started_s: float
     topics: dict[str, TopicCounters]
+    leading: bool = False
+    compacted: dict[str, Compacted] = field(default_factory=dict)
 
 
 _SCALARS = {"memq_broker_message_bytes_total": "bytes_in",
@@ -100,6 +131,9 @@ def parse_metrics(broker: str, text: str, taken_s: float) -> Snapshot:
     values: dict[str, dict[str, float]] = {}
     requests: dict[str, dict[str, float]] = {}
     group_bytes: dict[str, dict[str, float]] = {}
+    parts: dict[str, dict[str, float]] = {}
+    ratios: dict[str, dict[str, float]] = {}
+    leading = False
 
     def add(topic: str, name: str, v: float) -> None:
         values.setdefault(topic, {}).setdefault(name, 0.0)
@@ -119,31 +153,42 @@ def parse_metrics(broker: str, text: str, taken_s: float) -> Snapshot:
                 per[request_class(s.labels["op"])] += s.value
             elif s.name == "memq_broker_group_bytes_total" and topic:
                 group_bytes.setdefault(s.labels["group"], {})[topic] = s.value
+            elif s.name == "memq_compaction_stored_bytes" and topic:
+                parts.setdefault(topic, {})[s.labels["partition"]] = s.value
+            elif s.name == "memq_compaction_dirty_ratio" and topic:
+                ratios.setdefault(topic, {})[s.labels["partition"]] = s.value
+            elif s.name == "memq_governor_leader":
+                leading = s.value == 1
     if not started:
         raise InvalidInputError(f"broker {broker}: /metrics has no memq_broker_start_time_seconds "
                                 "(a memq broker older than `memq cost`?)")
     requests = split_groups(requests, group_bytes)
     topics = {t: TopicCounters(**values.get(t, {}), requests=requests.get(t, dict.fromkeys(REQUEST_CLASSES, 0.0)))
               for t in sorted(set(values) | set(requests))}
-    return Snapshot(broker, taken_s, started, topics)
+    kept = {t: c for t in sorted(parts) if (c := compacted_of(parts[t], ratios.get(t, {}))) is not None}
+    return Snapshot(broker, taken_s, started, topics, leading, kept)
 
 
 @dataclass(frozen=True)
 class Usage:
-    """What one topic did across the cluster: counts in the window, and rates per second."""
+    """What one topic did across the cluster: counts in the window, and rates per second; what it
+    keeps now if it is a compacted topic (None: priced as a plain topic)."""
 
     topic: str
     window_s: float
     counts: TopicCounters
     rates: TopicCounters
+    compacted: Compacted | None = None
 
 
 def usage(after: Iterable[Snapshot], before: Iterable[Snapshot] = ()) -> dict[str, Usage]:
     """Per topic: `after` minus `before` (same broker and start, else since its start), summed over brokers.
 
     Each broker's rate is its counts over its own window, so a broker that restarted (its
-    counters reset) or joined later adds what it did since it started.
+    counters reset) or joined later adds what it did since it started. What a compacted topic
+    keeps is read from the governor (`kept`).
     """
+    after = list(after)
     prior = {(b.broker, b.started_s): b for b in before}
     counts: dict[str, TopicCounters] = {}
     rates: dict[str, TopicCounters] = {}
@@ -156,4 +201,19 @@ def usage(after: Iterable[Snapshot], before: Iterable[Snapshot] = ()) -> dict[st
             counts[topic] = counts.get(topic, TopicCounters()) + delta
             rates[topic] = rates.get(topic, TopicCounters()) + delta.scaled(1 / max(since, 1e-9))
             windows[topic] = max(windows.get(topic, 0.0), since)
-    return {t: Usage(t, windows[t], counts[t], rates[t]) for t in sorted(counts)}
+    held = kept(after)
+    return {t: Usage(t, windows[t], counts[t], rates[t], held.get(t)) for t in sorted(counts)}
+
+
+def kept(snaps: Iterable[Snapshot]) -> dict[str, Compacted]:
+    """Per compacted topic, what it keeps as the governor reports it. A former governor keeps
+    serving its last gauges, so the leading broker's win; with none leading among `snaps` (the
+    governor not scraped, or an election under way), each topic's largest report."""
+    snaps = list(snaps)
+    sources = [s for s in snaps if s.leading] or snaps
+    out: dict[str, Compacted] = {}
+    for snap in sources:
+        for topic, c in snap.compacted.items():
+            if topic not in out or c.kept_bytes > out[topic].kept_bytes:
+                out[topic] = c
+    return out

@@ -4,13 +4,16 @@ memq (per topic, from the brokers' counters, rates extrapolated to a 730-hour mo
 - S3 requests: the PUT, GET, LIST and DELETE requests counted on the brokers, plus one GET per
   batch object per consumer group (consumers are not scraped: each reads a batch with one GET);
 - S3 storage: batch bytes written per second x retention (the steady state once retention
-  deletes as fast as producers write);
+  deletes as fast as producers write); for a compacted topic, what it keeps now instead (its
+  compacted parts plus its plain tail, as the governor reports them, for the whole month),
+  next to the plain figure it would keep without compaction (`Compaction`);
 - producer -> broker transfer: `cross_az_fraction` of the bytes in cross a zone (consumers read
   from S3, which charges no transfer inside a region, and S3 replicates across zones itself);
 - the notifications: their bytes on the Kafka model below.
 
 Kafka (the same bytes in, as compressed record batches):
-- EBS storage: bytes in x retention x `kafka_replicas` / `kafka_disk_utilization`;
+- EBS storage: bytes in x retention x `kafka_replicas` / `kafka_disk_utilization` (for a
+  compacted topic, memq's kept bytes instead: Kafka compacts too);
 - transfer: producers to leaders (`cross_az_fraction`), leader to each of `kafka_replicas - 1`
   followers in other zones, and every consumer group from leaders (`cross_az_fraction`, no
   fetch-from-follower); each crossing is charged `cross_az_gb` out and again in.
@@ -27,7 +30,7 @@ from typing import Any
 
 from memq.config import CostConfig
 
-from .counters import Usage
+from .counters import Compacted, Usage
 
 GB = 1024 ** 3
 MONTH_S = 730 * 3600.0
@@ -87,11 +90,36 @@ class KafkaBill(_Bill):
 
 
 @dataclass(frozen=True)
+class Compaction:
+    """A compacted topic's S3 storage per month: what it keeps (`kept`) against what the same
+    writes would keep without compaction (`uncompacted`: batch bytes/s x retention)."""
+
+    kept: Compacted
+    uncompacted_bytes: float
+    kept_usd: float
+    uncompacted_usd: float
+
+    @property
+    def saving_usd(self) -> float:
+        """S3 storage saved per month (negative when compaction keeps keys longer than retention would)."""
+        return self.uncompacted_usd - self.kept_usd
+
+    def describe(self) -> str:
+        """The comparison in words (`memq cost`)."""
+        k, mib = self.kept, 2 ** 20
+        return (f"compacted: keeps {k.kept_bytes / mib:,.1f} MiB (parts {k.parts_bytes / mib:,.1f} + plain tail "
+                f"{k.tail_bytes / mib:,.1f}) where {self.uncompacted_bytes / mib:,.1f} MiB would be kept without "
+                f"compaction: S3 storage {self.kept_usd:,.2f} instead of {self.uncompacted_usd:,.2f} USD/month, "
+                f"{'saves' if self.saving_usd >= 0 else 'costs'} {abs(self.saving_usd):,.2f}")
+
+
+@dataclass(frozen=True)
 class Estimate:
     topic: str
     retention_s: float
     memq: MemqBill
     kafka: KafkaBill
+    compaction: Compaction | None = None      # a compacted topic's storage with and without compaction
 
     @property
     def memq_usd(self) -> float:
@@ -112,11 +140,14 @@ def _requests(item: str, per_s: float, price_per_1000: float) -> Line:
     return Line(item, n, "requests", n / 1000 * price_per_1000)
 
 
-def kafka_lines(bytes_per_s: float, retention_s: float, p: CostConfig, what: str = "") -> KafkaBill:
-    """3-replica Kafka on block storage with cross-zone replication, for `bytes_per_s` in."""
+def kafka_lines(bytes_per_s: float, retention_s: float, p: CostConfig, what: str = "",
+                kept_bytes: float | None = None) -> KafkaBill:
+    """3-replica Kafka on block storage with cross-zone replication, for `bytes_per_s` in; each
+    replica keeps `kept_bytes` (a compacted topic), else the bytes in within `retention_s`."""
     gb_month = bytes_per_s * MONTH_S / GB
     crossing = 2 * p.cross_az_gb
-    stored = bytes_per_s * retention_s * p.kafka_replicas / p.kafka_disk_utilization / GB
+    kept = bytes_per_s * retention_s if kept_bytes is None else kept_bytes
+    stored = kept * p.kafka_replicas / p.kafka_disk_utilization / GB
     produce = gb_month * p.cross_az_fraction
     replicate = gb_month * (p.kafka_replicas - 1)
     consume = gb_month * p.consumer_groups * p.cross_az_fraction
@@ -133,7 +164,8 @@ def kafka_lines(bytes_per_s: float, retention_s: float, p: CostConfig, what: str
 def estimate(u: Usage, retention_s: float, p: CostConfig) -> Estimate:
     """The monthly estimate of topic `u` at its measured rates, kept for `retention_s`."""
     r = u.rates
-    stored = r.stored_bytes * retention_s / GB
+    plain = r.stored_bytes * retention_s
+    stored = (u.compacted.kept_bytes if u.compacted else plain) / GB
     produce = r.bytes_in * MONTH_S / GB * p.cross_az_fraction
     notify = kafka_lines(r.notification_bytes, retention_s, p).usd
     notify_gb = r.notification_bytes * MONTH_S / GB
@@ -144,10 +176,14 @@ def estimate(u: Usage, retention_s: float, p: CostConfig) -> Estimate:
                                    r.objects * p.consumer_groups, p.s3_get_per_1000),
         s3_list=_requests("S3 LIST requests", r.requests["list"], p.s3_list_per_1000),
         s3_delete=_requests("S3 DELETE requests", r.requests["delete"], p.s3_delete_per_1000),
-        s3_storage=Line("S3 Standard storage", stored, "GB-month", stored * p.s3_gb_month),
+        s3_storage=Line("S3 Standard storage" + (" (compacted parts + plain tail)" if u.compacted else ""), stored,
+                        "GB-month", stored * p.s3_gb_month),
         producer_transfer=Line("cross-AZ producers -> brokers", produce, "GB", produce * 2 * p.cross_az_gb),
         notifications=Line("notifications on Kafka (the Kafka model below)", notify_gb, "GB", notify))
-    return Estimate(u.topic, retention_s, memq, kafka_lines(r.bytes_in, retention_s, p))
+    kafka = kafka_lines(r.bytes_in, retention_s, p, kept_bytes=u.compacted.kept_bytes if u.compacted else None)
+    compaction = None if u.compacted is None else Compaction(u.compacted, plain, memq.s3_storage.usd,
+                                                             plain / GB * p.s3_gb_month)
+    return Estimate(u.topic, retention_s, memq, kafka, compaction)
 
 
 def as_dict(u: Usage, e: Estimate) -> dict[str, Any]:
@@ -157,7 +193,16 @@ def as_dict(u: Usage, e: Estimate) -> dict[str, Any]:
             "counts": {"bytes_in": c.bytes_in, "objects": c.objects, "stored_bytes": c.stored_bytes,
                        "notifications": c.notifications, "requests": c.requests},
             "memq_usd_month": e.memq_usd, "kafka_usd_month": e.kafka_usd, "saving": e.saving,
-            "memq": _as_list(e.memq), "kafka": _as_list(e.kafka)}
+            "memq": _as_list(e.memq), "kafka": _as_list(e.kafka), "compaction": _compaction(e.compaction)}
+
+
+def _compaction(c: Compaction | None) -> dict[str, float] | None:
+    """A compacted topic's storage in bytes and USD per month; None for a plain topic."""
+    if c is None:
+        return None
+    return {"parts_bytes": c.kept.parts_bytes, "tail_bytes": c.kept.tail_bytes, "kept_bytes": c.kept.kept_bytes,
+            "uncompacted_bytes": c.uncompacted_bytes, "kept_usd_month": c.kept_usd,
+            "uncompacted_usd_month": c.uncompacted_usd, "saving_usd_month": c.saving_usd}
 
 
 def _as_list(bill: MemqBill | KafkaBill) -> list[dict[str, Any]]:

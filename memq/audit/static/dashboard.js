@@ -174,6 +174,15 @@ async function refresh() {
 // The cost panel: /api/cost (the brokers' counters priced as `memq cost` does), less often.
 const COST_REFRESH_MS = 10000;
 
+// A compacted topic's S3 storage saved per month, its kept vs uncompacted MiB on hover; "" for a plain topic.
+function compactionCell(c) {
+  if (!c) return cell("");
+  const td = cell(fmt(c.saving_usd_month, 2));
+  td.title = `keeps ${fmt(c.kept_bytes / 1048576, 1)} MiB (parts ${fmt(c.parts_bytes / 1048576, 1)} + tail ` +
+    `${fmt(c.tail_bytes / 1048576, 1)}) vs ${fmt(c.uncompacted_bytes / 1048576, 1)} MiB without compaction`;
+  return td;
+}
+
 async function refreshCost() {
   const res = await fetch("/api/cost");
   const body = await res.json();
@@ -186,7 +195,8 @@ async function refreshCost() {
     const r = t.counts.requests;
     tr.append(cell(topic, "name"), cell(fmt(t.counts.bytes_in / 1048576, 1)), cell(fmt(t.counts.objects)),
       cell(fmt(r.put)), cell(fmt(r.get)), cell(fmt(r.list)), cell(fmt(r.delete)),
-      cell(fmt(t.memq_usd_month, 2)), cell(fmt(t.kafka_usd_month, 2)), cell(fmt(100 * t.saving) + "%"));
+      cell(fmt(t.memq_usd_month, 2)), cell(fmt(t.kafka_usd_month, 2)), cell(fmt(100 * t.saving) + "%"),
+      compactionCell(t.compaction));
     return tr;
   }));
 }
