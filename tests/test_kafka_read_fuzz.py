@@ -96,16 +96,9 @@ async def fetch_records(address: str, topic: str, correlation_id: int) -> int:
         writer.close()
 
 
-async def test_fuzzed_read_and_group_frames_get_an_answer_or_a_close_while_another_client_reads(
-        running: Running) -> None:
-    topic = running.add_topic(partitions=1)
-    address = running.broker.kafka_address
-    await asyncio.to_thread(kafka_produce, address, topic, rows(50, "fuzz"), acks="all")
-    valid = {(1, 4): fetch_body(4, [(topic, 0, 0, 1 << 20)], max_wait_ms=500),
-             (1, 11): fetch_body(11, [(topic, 0, 0, 1 << 20)], max_wait_ms=500),
-             (2, 1): list_offsets_body(1, topic, [(0, -2)]),
-             (2, 5): list_offsets_body(5, topic, [(0, -1)]),
-             **group_bodies("fuzzed", topic)}
+async def fuzz_beside_a_reader(address: str, topic: str, valid: dict[tuple[int, int], bytes], seed: int) -> list[str]:
+    """Every valid frame is answered; then FRAMES seeded mutations of them, AT_ONCE at a time, each
+    get an answer or a close while another client keeps reading `topic`; their outcomes."""
     for (key, version), body in valid.items():   # the unfuzzed frames are served
         assert await answer_or_close(address, request(key, version, 1, body)) == "answered", (key, version)
     served: list[int] = []
@@ -117,7 +110,7 @@ async def test_fuzzed_read_and_group_frames_get_an_answer_or_a_close_while_anoth
             served.append(1)
 
     reading = asyncio.ensure_future(bystander())
-    rng = random.Random(27)
+    rng = random.Random(seed)
     frames = [(key, version, mutate(rng, valid[key, version]))
               for key, version in (rng.choice(list(valid)) for _ in range(FRAMES))]
     gate = asyncio.Semaphore(AT_ONCE)
@@ -126,20 +119,34 @@ async def test_fuzzed_read_and_group_frames_get_an_answer_or_a_close_while_anoth
         async with gate:
             return await answer_or_close(address, request(key, version, 7, body))
 
-    t0 = time.monotonic()
     outcomes = await asyncio.gather(*(one(*f) for f in frames))
     stop.set()
     await reading
-    assert len(outcomes) == FRAMES and set(outcomes) == {"answered", "closed"}   # error responses and closes
     assert served, "the other client was not served while the fuzzing went on"
     assert await fetch_records(address, topic, 9999) > 0
+    return list(outcomes)
+
+
+async def test_fuzzed_read_and_group_frames_get_an_answer_or_a_close_while_another_client_reads(
+        running: Running) -> None:
+    topic = running.add_topic(partitions=1)
+    address = running.broker.kafka_address
+    await asyncio.to_thread(kafka_produce, address, topic, rows(50, "fuzz"), acks="all")
+    valid = {(1, 4): fetch_body(4, [(topic, 0, 0, 1 << 20)], max_wait_ms=500),
+             (1, 11): fetch_body(11, [(topic, 0, 0, 1 << 20)], max_wait_ms=500),
+             (2, 1): list_offsets_body(1, topic, [(0, -2)]),
+             (2, 5): list_offsets_body(5, topic, [(0, -1)]),
+             **group_bodies("fuzzed", topic)}
+    t0 = time.monotonic()
+    outcomes = await fuzz_beside_a_reader(address, topic, valid, 27)
+    assert len(outcomes) == FRAMES and set(outcomes) == {"answered", "closed"}   # error responses and closes
     assert time.monotonic() - t0 < 120
 
 
 # --- the admin families ---------------------------------------------------------------------
 
 #: The families whose frames the admin fuzzing sends (the read and group ones are fuzzed above).
-ADMIN_FAMILIES = ("topics", "configs", "acls", "cluster", "records")
+ADMIN_FAMILIES = ("topics", "configs", "acls", "cluster", "records", "transactions")
 
 
 def admin_bodies() -> dict[tuple[int, int], bytes]:
@@ -148,6 +155,7 @@ def admin_bodies() -> dict[tuple[int, int], bytes]:
     import kafka.protocol.admin as admin
     import kafka.protocol.consumer as consumer
     import kafka.protocol.metadata as metadata
+    import kafka.protocol.producer as producer
     from kafka.protocol.api_key import ApiKey as KafkaApiKey
 
     from memq.broker.doors.kafka import FAMILIES
@@ -158,7 +166,7 @@ def admin_bodies() -> dict[tuple[int, int], bytes]:
             continue
         for key, (lo, hi) in family.versions.items():
             name = KafkaApiKey(key).name + "Request"
-            cls = next(getattr(m, name) for m in (admin, consumer, metadata) if hasattr(m, name))
+            cls = next(getattr(m, name) for m in (admin, consumer, metadata, producer) if hasattr(m, name))
             for v in range(lo, hi + 1):
                 out[key, v] = (b"\0" if cls.flexible_version_q(v) else b"") + bytes(cls[v]().encode())
     return out
@@ -170,29 +178,5 @@ async def test_fuzzed_admin_frames_get_an_answer_or_a_close_while_another_client
     await asyncio.to_thread(kafka_produce, address, topic, rows(20, "admin-fuzz"), acks="all")
     valid = admin_bodies()
     assert valid, "no admin family is served"
-    for (key, version), body in valid.items():   # the unfuzzed frames are answered
-        assert await answer_or_close(address, request(key, version, 1, body)) == "answered", (key, version)
-    served: list[int] = []
-    stop = asyncio.Event()
-
-    async def bystander() -> None:
-        while not stop.is_set():
-            assert await fetch_records(address, topic, len(served) + 1) > 0
-            served.append(1)
-
-    reading = asyncio.ensure_future(bystander())
-    rng = random.Random(38)
-    frames = [(key, version, mutate(rng, valid[key, version]))
-              for key, version in (rng.choice(list(valid)) for _ in range(FRAMES))]
-    gate = asyncio.Semaphore(AT_ONCE)
-
-    async def one(key: int, version: int, body: bytes) -> str:
-        async with gate:
-            return await answer_or_close(address, request(key, version, 7, body))
-
-    outcomes = await asyncio.gather(*(one(*f) for f in frames))
-    stop.set()
-    await reading
+    outcomes = await fuzz_beside_a_reader(address, topic, valid, 38)
     assert len(outcomes) == FRAMES and "answered" in outcomes
-    assert served, "the other client was not served while the fuzzing went on"
-    assert await fetch_records(address, topic, 9999) > 0
