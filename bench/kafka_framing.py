@@ -24,7 +24,6 @@ default over the other's), `kafka_python_read_vs_zstd`.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import random
 import tempfile
@@ -35,10 +34,9 @@ import kafka.codec
 from kafka import KafkaConsumer
 from kafka import TopicPartition as KpPartition
 
-from bench.kafka_consume import consume_s
+from bench.kafka_consume import consume_s, memq_produce
 from bench.kafka_produce import PARTITIONS, VALUE_BYTES, _kafka_address, _values
-from memq.client.producer import Producer
-from memq.config import BrokerConfig, ProducerConfig, TopicConfig
+from memq.config import BrokerConfig, TopicConfig
 from memq.devcluster import DevCluster, GovernedCluster
 from memq.format import Codec, Compressors, LogMessage, encode_batch, encode_message, verify_message
 from memq.format.kafka_records import KafkaCodec
@@ -98,16 +96,6 @@ def framing(rounds: int) -> dict[str, dict[str, dict[str, float]]]:
         print(f"framing {PART_RECORDS:,} x {VALUE_BYTES} B {kind}: "
               + ", ".join(f"{c} {v['bytes']:,} B {v['cpu_ms']} ms" for c, v in out[kind].items()), flush=True)
     return out
-
-
-def memq_produce(url: str, topic: str, values: list[bytes]) -> None:
-    async def send() -> None:
-        async with Producer(ProducerConfig(brokers=url, linger_ms=5, ack="all")) as p:
-            futures = [await p.send_many(topic, values[i:i + 10_000]) for i in range(0, len(values), 10_000)]
-            await p.flush()
-            for f in futures:
-                await f
-    asyncio.run(send())
 
 
 def kafka_python_s(address: str, topic: str, n: int) -> float:

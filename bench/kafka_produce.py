@@ -22,6 +22,8 @@ import os
 import tempfile
 import time
 from array import array
+from collections.abc import Iterator
+from contextlib import contextmanager
 from multiprocessing.synchronize import Event
 from pathlib import Path
 
@@ -126,20 +128,28 @@ def _kafka_address(broker_url: str) -> str:
     return address
 
 
-def run(quick: bool, messages: int | None = None, runs: int | None = None,
-        batch_ms: int = TopicConfig.batch_ms) -> dict:
-    n = messages or (200_000 if quick else 1_000_000)
-    runs = runs or (2 if quick else 3)
+@contextmanager
+def listener_and_tansu(topic: str, batch_ms: int) -> Iterator[tuple[DevCluster, GovernedCluster, str, str]]:
+    """A dev cluster with one governed broker whose Kafka listener is on, `topic` on both memq and
+    tansu (the peer): (the servers, the cluster, memq's listener, tansu's bootstrap)."""
     with tempfile.TemporaryDirectory(prefix="memq-bench-") as tmp, \
             DevCluster(Path(tmp) / "servers") as dc, \
             GovernedCluster(tmp, brokers=1, servers=dc, cluster="bench", broker=BrokerConfig(kafka_port=0)) as gc:
-        gc.create_topic(TopicConfig(TOPIC, read_partitions=PARTITIONS, batch_bytes=8 * MiB, ring_slots=4,
+        gc.create_topic(TopicConfig(topic, read_partitions=PARTITIONS, batch_bytes=8 * MiB, ring_slots=4,
                                     batch_ms=batch_ms))
         memq_at = _kafka_address(gc.broker("b1").url)
         tansu_at = dc.kafka_bootstrap or ""
         admin = AdminClient({"bootstrap.servers": tansu_at})   # kept alive until the topic exists
-        admin.create_topics([NewTopic(TOPIC, PARTITIONS, 1)])[TOPIC].result(30)
+        admin.create_topics([NewTopic(topic, PARTITIONS, 1)])[topic].result(30)
         print(f"memq Kafka listener {memq_at}; tansu {tansu_at}", flush=True)
+        yield dc, gc, memq_at, tansu_at
+
+
+def run(quick: bool, messages: int | None = None, runs: int | None = None,
+        batch_ms: int = TopicConfig.batch_ms) -> dict:
+    n = messages or (200_000 if quick else 1_000_000)
+    runs = runs or (2 if quick else 3)
+    with listener_and_tansu(TOPIC, batch_ms) as (dc, gc, memq_at, tansu_at):
         values = _values(n)
         kafka_produce_s(memq_at, TOPIC, values[:20_000])    # warm up both: connections, metadata
         kafka_produce_s(tansu_at, TOPIC, values[:20_000])

@@ -16,21 +16,16 @@ flush) and `ack_p99_s` (a plain chunk's flush: its acks at the topic's `--batch-
 from __future__ import annotations
 
 import argparse
-import tempfile
 import time
 import uuid
 from dataclasses import dataclass
-from pathlib import Path
 
 from confluent_kafka import KafkaException, Producer
-from confluent_kafka.admin import AdminClient, NewTopic
 
 from bench.e2e import quantile
-from bench.kafka_produce import PARTITIONS, VALUE_BYTES, _kafka_address, _values
-from memq.config import BrokerConfig, TopicConfig
-from memq.devcluster import DevCluster, GovernedCluster
+from bench.kafka_produce import VALUE_BYTES, _values, listener_and_tansu
+from memq.config import TopicConfig
 
-MiB = 1024 ** 2
 TOPIC = "bench-txn"
 SIZES = (100, 1000)
 TXN_TIMEOUT_MS = 60_000
@@ -106,16 +101,7 @@ def run(quick: bool, records: int | None = None, runs: int | None = None,
         batch_ms: int = TopicConfig.batch_ms) -> dict:
     n = records or (10_000 if quick else 100_000)
     runs = runs or (1 if quick else 3)
-    with tempfile.TemporaryDirectory(prefix="memq-bench-") as tmp, \
-            DevCluster(Path(tmp) / "servers") as dc, \
-            GovernedCluster(tmp, brokers=1, servers=dc, cluster="bench", broker=BrokerConfig(kafka_port=0)) as gc:
-        gc.create_topic(TopicConfig(TOPIC, read_partitions=PARTITIONS, batch_bytes=8 * MiB, ring_slots=4,
-                                    batch_ms=batch_ms))
-        memq_at = _kafka_address(gc.broker("b1").url)
-        tansu_at = dc.kafka_bootstrap or ""
-        admin = AdminClient({"bootstrap.servers": tansu_at})   # kept alive until the topic exists
-        admin.create_topics([NewTopic(TOPIC, PARTITIONS, 1)])[TOPIC].result(30)
-        print(f"memq Kafka listener {memq_at}; tansu {tansu_at}", flush=True)
+    with listener_and_tansu(TOPIC, batch_ms) as (_, _, memq_at, tansu_at):
         values = _values(n)
         _case(memq_at, TOPIC, values[:1000], 100, True)     # warm up: connections, metadata, coordinator
         tansu_error = ""

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 from urllib.parse import quote, unquote
 
-from kazoo.exceptions import (BadVersionError, KazooException, NodeExistsError, NoNodeError, NotEmptyError,
+from kazoo.exceptions import (BadVersionError, NodeExistsError, NoNodeError, NotEmptyError,
                               RolledBackError)
 
 from memq.errors import CoordinationError, CorruptDataError, TxnConflictError, UnsupportedVersionError
@@ -204,21 +204,11 @@ class ZooKeeperTxnStore:
 
     def __init__(self, registry: Registry) -> None:
         self._zk = registry.client
-        self._timeout_s = registry.timeout_s
+        self._wait = registry._wait   # kazoo calls bounded by the session's timeout, errors as CoordinationError
         self.base = f"{registry.base}/txn"
 
     def _path(self, txn_id: str) -> str:
         return f"{self.base}/{quote(txn_id, safe='')}"
-
-    def _wait(self, async_result: Any, what: str) -> Any:
-        try:
-            return async_result.get(timeout=self._timeout_s)
-        except self._zk.handler.timeout_exception:
-            raise CoordinationError(f"ZooKeeper {what}: no answer within {self._timeout_s:g}s") from None
-        except (NoNodeError, NodeExistsError, BadVersionError, RolledBackError):
-            raise
-        except KazooException as e:
-            raise CoordinationError(f"ZooKeeper {what}: {type(e).__name__} {e}") from None
 
     def read(self, txn_id: str) -> tuple[TxnRecord | None, int]:
         path = self._path(txn_id)
