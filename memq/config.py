@@ -186,13 +186,15 @@ class GovernorConfig:
     rebalance_interval_s: float = setting(10.0, gt=0)
     imbalance_threshold: float = setting(0.2, ge=0)
     drain_timeout_s: float = setting(30.0, ge=0)
-    # The janitor (retention and orphan collection), run by the elected governor only.
+    # The janitor (retention, orphan collection, compaction's release), run by the elected governor only.
     janitor_interval_s: float = setting(300.0, gt=0)
     retention_grace_s: float = setting(600.0, ge=0)   # an object outlives its notification this long
     orphan_grace_s: float = setting(600.0, gt=0)      # an unreferenced object is kept this long
     janitor_timeout_s: float = setting(300.0, gt=0)   # bound on one topic's pass
-    # Compaction (memq.compaction), run in the janitor's loop: the bytes it reads and writes per
-    # second, so that produce and fetch never starve
+    # Compaction (memq.compaction), run by every broker over its share of the partitions: how often
+    # it looks for partitions due, and the bytes each broker's compactor reads and writes per second,
+    # so that produce and fetch never starve
+    compaction_interval_s: float = setting(30.0, gt=0)
     compaction_mbps: float = setting(50.0, gt=0)
 
 

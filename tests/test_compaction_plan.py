@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from memq.compaction.parts import Survivor
-from memq.compaction.plan import DirtyNote, Keep, Write, cleanable, dirty_ratio, due, plan, untouched
+from memq.compaction.plan import DirtyNote, Keep, Write, cleanable, compactor_of, dirty_ratio, due, plan, untouched
 from memq.config import TopicConfig
 from memq.errors import ConfigError
 
@@ -88,3 +88,13 @@ def test_a_compacted_topic_of_several_read_partitions_is_refused_naming_why() ->
     with pytest.raises(ConfigError, match="one read partition, not 3"):
         TopicConfig("t", cleanup_policy="compact", storage_group="")
     assert TopicConfig("t", read_partitions=3, cleanup_policy="delete").read_partitions == 3
+
+
+def test_a_topics_hosts_take_its_partitions_in_turn_and_unassigned_topics_spread_by_hash() -> None:
+    hosts = ["b2", "b1"]                                       # assignment order, not sorted
+    assert [compactor_of("t", p, hosts, ["b1", "b2", "b3"]) for p in range(5)] == ["b2", "b1", "b2", "b1", "b2"]
+    live = ["b3", "b1", "b2"]
+    owners = {compactor_of(f"t{i}", p, [], live) for i in range(20) for p in range(3)}
+    assert owners == {"b1", "b2", "b3"}                        # every live broker gets a share
+    assert compactor_of("t", 1, [], live) == compactor_of("t", 1, [], sorted(live))   # any listing order
+    assert compactor_of("t", 0, [], []) is None

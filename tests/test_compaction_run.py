@@ -22,7 +22,7 @@ from memq.client.consumer import Consumer
 from memq.client.producer import Producer
 from memq.compaction.manifest import ManifestCache, ManifestPointers, compaction_group
 from memq.compaction.read import PartReader
-from memq.compaction.run import Compactor
+from memq.compaction.run import Compactor, Outcome
 from memq.config import GovernorConfig, MemqConfig, ProducerConfig, TopicConfig
 from memq.devcluster.broker_process import config_toml
 from memq.format import LogMessage
@@ -95,9 +95,9 @@ def _compactor(config: MemqConfig, registry: Registry, step: Callable[[str], Non
     return Compactor(config, ManifestPointers(registry), CollectorRegistry(), step=step)
 
 
-@pytest.mark.parametrize("crash_at", ["parts_put", "manifest_put", "swapped"])
-def test_a_crash_at_each_step_then_a_rerun_ends_in_the_same_state(
-        setup: tuple[MemqConfig, Registry], unique_name: Callable[[str], str], crash_at: str) -> None:
+def test_a_crash_then_a_rerun_ends_in_the_same_state_and_the_janitor_releases_what_was_replaced(
+        setup: tuple[MemqConfig, Registry], unique_name: Callable[[str], str]) -> None:
+    """An exception after the manifest's PUT (each step under SIGKILL: test_a_sigkilled_compaction_...)."""
     config, registry = setup
     cfg = _topic(config, unique_name("cp"))
     first = _write(config, cfg.name, rounds=3, keys=50)
@@ -110,14 +110,13 @@ def test_a_crash_at_each_step_then_a_rerun_ends_in_the_same_state(
         await asyncio.sleep(1.1)     # its objects older than the orphan grace: no later notification can name them
 
         def die(step: str) -> None:
-            if step == crash_at:
+            if step == "manifest_put":
                 raise Crash(step)
         with pytest.raises(Crash):
             await _compactor(config, registry, die).partition(cfg, 0, force=True)
         mid, end1 = await _state(config, registry, cfg.name)
-        assert (mid, end1) == ((before, end0) if crash_at != "swapped" else (mid, 5))   # old or new, never a mix
-        if crash_at != "swapped":
-            await _compactor(config, registry).partition(cfg, 0, force=True)   # the rerun
+        assert (mid, end1) == (before, end0)                             # the old manifest stands
+        await _compactor(config, registry).partition(cfg, 0, force=True)   # the rerun
         after, end2 = await _state(config, registry, cfg.name)
         assert end2 == 5
         assert {k: v for k, (_, v) in after.items()} == latest
@@ -160,8 +159,9 @@ def test_nothing_due_changes_nothing_and_metrics_count(setup: tuple[MemqConfig, 
 
 def test_produce_goes_on_during_compaction_and_nothing_acked_is_lost(
         setup: tuple[MemqConfig, Registry], unique_name: Callable[[str], str]) -> None:
-    """memq's Producer writes through a broker while the janitor compacts and releases, pass after
-    pass; a Consumer from earliest then reads every acked key's latest acked value (the checker's rule)."""
+    """memq's Producer writes through a broker while a compactor compacts and the janitor releases,
+    pass after pass; a Consumer from earliest then reads every acked key's latest acked value (the
+    checker's rule)."""
     config, registry = setup
     cfg = _topic(config, unique_name("live"))
     config = dataclasses.replace(config, topics=(cfg,))
@@ -191,17 +191,20 @@ def test_produce_goes_on_during_compaction_and_nothing_acked_is_lost(
     async def go() -> None:
         broker = Broker(config)
         url = await broker.start()
-        janitor = Janitor(config, janitor_metrics, compactor=Compactor(config, ManifestPointers(registry), metrics))
+        compactor = Compactor(config, ManifestPointers(registry), metrics)
+        janitor = Janitor(config, janitor_metrics, compactor=compactor)
         try:
             producing = asyncio.create_task(produce(url))
             passes = 0
             while not producing.done() or passes < 2:
-                await janitor.run_once({cfg.name: cfg})                # compacts when dirty, releases what it may
+                await compactor.run_once({cfg.name: cfg})              # compacts when dirty
+                await janitor.run_once({cfg.name: cfg})                # releases what it may
                 passes += 1
                 await asyncio.sleep(0.1)
             await producing
         finally:
             await janitor.close()
+            await compactor.close()
             await broker.stop()
     asyncio.run(go())
     assert swapped() >= 3                                                # compaction ran during produce
@@ -232,7 +235,7 @@ import asyncio, sys, time
 from pathlib import Path
 from prometheus_client import CollectorRegistry
 from memq.compaction.manifest import ManifestPointers
-from memq.compaction.run import Compactor
+from memq.compaction.run import Compactor, Outcome
 from memq.config import load_config
 from memq.governor.registry import Registry
 
@@ -311,3 +314,27 @@ def test_a_sigkilled_compaction_at_each_step_leaves_old_or_new_then_a_rerun_the_
     assert ptr is not None
     m = asyncio.run(ManifestCache(make_storage(config)).load(ptr))
     assert asyncio.run(homes()) == ({ptr.key, *(p.key for p in m.parts)}, [])  # the killed runs' orphans went
+
+
+def test_a_pass_runs_only_this_compactors_partitions_and_drops_the_gauges_of_those_that_moved() -> None:
+    """Unit: `run_once` asks `mine` per partition; a partition no longer this broker's stops being
+    reported, so the cost view reads it from its new compactor."""
+    cfg = TopicConfig("s", read_partitions=1, cleanup_policy="compact", storage_group="")
+    topics = {"s": cfg, "plain": TopicConfig("plain", storage_group="")}
+    metrics = CollectorRegistry()
+    ran: list[tuple[str, int]] = []
+
+    class Probe(Compactor):
+        async def partition(self, cfg: TopicConfig, partition: int, *, force: bool = False) -> Outcome:
+            ran.append((cfg.name, partition))
+            self.metrics.stored.labels(cfg.name, str(partition)).set(100)
+            return Outcome(cfg.name, partition, "idle", None, None)
+
+    c = Probe(MemqConfig(), pointers=None, registry=metrics, storage=object())  # type: ignore[arg-type]
+
+    def stored() -> float | None:
+        return metrics.get_sample_value("memq_compaction_stored_bytes", {"topic": "s", "partition": "0"})
+    asyncio.run(c.run_once(topics, lambda t, p: True))
+    assert ran == [("s", 0)] and stored() == 100                  # plain topics are never compacted
+    asyncio.run(c.run_once(topics, lambda t, p: False))
+    assert ran == [("s", 0)] and stored() is None                 # moved: not run, no longer reported

@@ -9,7 +9,7 @@ from memq.broker.metrics import BrokerMetrics
 from memq.compaction.run import CompactionMetrics
 from memq.config import CostConfig, build, load_config
 from memq.cost import TopicCounters, as_dict, estimate, kafka_lines, parse_metrics, request_class, usage
-from memq.cost.counters import Compacted, Usage, compacted_of
+from memq.cost.counters import Compacted, Usage, compacted_of, kept
 from memq.cost.model import GB, MONTH_S
 from memq.errors import ConfigError, InvalidInputError
 from memq.governor.governor import GovernorMetrics
@@ -171,14 +171,13 @@ def test_a_storage_groups_requests_are_split_over_its_topics_by_bytes() -> None:
     assert snap.topics["a"].objects == 1                          # a part of an object is read by one GET
 
 
-def governor_text(parts: dict[str, float], ratios: dict[str, float], *, leading: bool = True,
-                  topic: str = "state") -> str:
-    """/metrics of a broker whose governor agent's compactor reports `topic`'s partitions, as
-    memq.governor.agent registers them: the broker's, the governor's and the compactor's on one registry."""
+def compactor_text(parts: dict[str, float], ratios: dict[str, float], *, topic: str = "state") -> str:
+    """/metrics of a broker whose compactor reports `topic`'s partitions, as memq.governor.agent
+    registers them: the broker's, the governor's and the compactor's on one registry."""
     m = BrokerMetrics("gov")
     m.started.set(1000.0)
     m.batch_bytes.labels(topic).observe(1 << 20)
-    GovernorMetrics(m.registry).leader.set(1 if leading else 0)
+    GovernorMetrics(m.registry)
     c = CompactionMetrics(m.registry)
     for p, v in parts.items():
         c.stored.labels(topic, p).set(v)
@@ -189,21 +188,24 @@ def governor_text(parts: dict[str, float], ratios: dict[str, float], *, leading:
 
 def test_a_compacted_topic_keeps_its_parts_and_the_tail_its_dirty_ratio_implies() -> None:
     """ratio = tail / (parts + tail): 30 MiB of parts at ratio 0.25 carry a 10 MiB tail."""
-    snap = parse_metrics("gov", governor_text({"0": 30 << 20}, {"0": 0.25}), taken_s=1100.0)
-    assert snap.leading and snap.compacted == {"state": Compacted(30 << 20, 10 << 20)}
-    assert snap.compacted["state"].kept_bytes == 40 << 20
+    snap = parse_metrics("gov", compactor_text({"0": 30 << 20}, {"0": 0.25}), taken_s=1100.0)
+    assert kept([snap]) == {"state": Compacted(30 << 20, 10 << 20)}
+    assert kept([snap])["state"].kept_bytes == 40 << 20
     assert compacted_of({"0": 8.0, "1": 0.0}, {"0": 0.5, "1": 0.0}) == Compacted(8.0, 8.0)   # an empty partition
     # never compacted yet (no parts, ratio 1: the tail is unknown): priced as a plain topic
-    assert parse_metrics("gov", governor_text({"0": 0.0}, {"0": 1.0}), taken_s=1100.0).compacted == {}
+    assert kept([parse_metrics("gov", compactor_text({"0": 0.0}, {"0": 1.0}), taken_s=1100.0)]) == {}
     assert compacted_of({"0": 8.0, "1": 0.0}, {"0": 0.5, "1": 1.0}) is None
-    assert parse_metrics("b1", broker_text(3), taken_s=1100.0).compacted == {}
+    assert parse_metrics("b1", broker_text(3), taken_s=1100.0).compaction == {}
 
 
-def test_the_governors_report_wins_over_a_former_governors_stale_gauges() -> None:
-    stale = parse_metrics("old", governor_text({"0": 90 << 20}, {"0": 0.0}, leading=False), taken_s=1100.0)
-    now = parse_metrics("gov", governor_text({"0": 30 << 20}, {"0": 0.0}), taken_s=1100.0)
-    assert usage([stale, now])["state"].compacted == Compacted(30 << 20, 0)
-    assert usage([stale])["state"].compacted == Compacted(90 << 20, 0)     # the governor not scraped
+def test_a_topics_partitions_compacted_by_different_brokers_add_up() -> None:
+    """Each broker reports the partitions it compacts; during a move two report one partition,
+    and the larger parts win until the former compactor drops its gauges."""
+    a = parse_metrics("a", compactor_text({"0": 30 << 20}, {"0": 0.0}), taken_s=1100.0)
+    b = parse_metrics("b", compactor_text({"1": 10 << 20, "2": 4 << 20}, {"1": 0.5, "2": 0.0}), taken_s=1100.0)
+    assert usage([a, b])["state"].compacted == Compacted(44 << 20, 10 << 20)
+    stale = parse_metrics("c", compactor_text({"0": 20 << 20}, {"0": 0.0}), taken_s=1100.0)
+    assert usage([stale, a, b])["state"].compacted == Compacted(44 << 20, 10 << 20)
     assert usage([parse_metrics("b1", broker_text(3), taken_s=1100.0)])["orders"].compacted is None
 
 

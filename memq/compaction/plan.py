@@ -1,5 +1,5 @@
 """Compaction planning, pure (no I/O): when a partition is due, how far its compacted prefix
-grows, and what survives. The same functions run in the governor's janitor task or a Spark job.
+grows, what survives, and which broker compacts it (`compactor_of`).
 
 A partition's log is its compacted prefix (notifications [0, end), in compacted parts) and its
 plain tail (notifications from `end`). A run takes the dirty notifications [end, new_end) (those
@@ -11,6 +11,7 @@ record: the others stay as they are, new survivors go into new parts after them.
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar
@@ -23,6 +24,22 @@ P = TypeVar("P")
 
 #: Survivors per new part: a part is rewritten whole when one of its records goes, so parts stay moderate.
 PART_RECORDS = 200_000
+
+
+def compactor_of(topic: str, partition: int, hosts: Sequence[str], live: Sequence[str]) -> str | None:
+    """The broker that compacts `topic`'s `partition`: its hosts (the live brokers the topic is
+    assigned to, in assignment order) take its partitions in turn, so the work is spread as the
+    placement spreads topics, and each broker's byte budget paces its own share; an unassigned
+    topic's partitions are spread over every live broker by a hash. None with no live broker.
+
+    Two brokers with different views may both run a partition for a moment: the manifest's
+    compare-and-set keeps one result, the other's objects become orphans (`memq.compaction.run`)."""
+    if hosts:
+        return hosts[partition % len(hosts)]
+    if not live:
+        return None
+    ranked = sorted(live)
+    return ranked[(zlib.crc32(topic.encode()) + partition) % len(ranked)]
 
 
 @dataclass(frozen=True, slots=True)

@@ -92,6 +92,14 @@ class CompactionMetrics:
         self.runs = Counter("memq_compaction_runs", "Partition runs, by result (swapped, idle, lost_race, failed)",
                             ["topic", "result"], registry=registry)
 
+    def forget(self, topic: str, partition: int) -> None:
+        """Drop a partition's gauges: another broker compacts it now and reports them."""
+        for gauge in (self.dirty_ratio, self.lag, self.stored):
+            try:
+                gauge.remove(topic, str(partition))
+            except KeyError:
+                pass
+
 
 #: A test's fault injection: called with each step's name ("parts_put", "manifest_put", "swapped").
 Step = Callable[[str], None]
@@ -111,7 +119,8 @@ class Outcome:
 
 
 class Compactor:
-    """Compacts the partitions of compacted topics; run by the governor's janitor loop."""
+    """Compacts the partitions of compacted topics; each broker runs one over the partitions
+    `plan.compactor_of` gives it (`memq.governor.agent`)."""
 
     def __init__(self, config: MemqConfig, pointers: ManifestPointers, registry: CollectorRegistry, *,
                  storage: Store | None = None, clock: Clock | None = None, step: Step | None = None,
@@ -131,25 +140,34 @@ class Compactor:
         self._lock = threading.Lock()
         self._comp = Compressors()
         self._requests = 0
+        self._reported: set[tuple[str, int]] = set()   # partitions whose gauges this compactor set
 
     def _now_ms(self) -> int:
         return int(self.clock.time() * 1000)
 
-    async def run_once(self, topics: Mapping[str, TopicConfig], leading: Callable[[], bool] = lambda: True,
+    async def run_once(self, topics: Mapping[str, TopicConfig], mine: Callable[[str, int], bool] = lambda t, p: True,
                        *, force: bool = False) -> list[Outcome]:
-        """One pass over every partition of every compacted topic; a failing partition is logged and counted."""
+        """One pass over the partitions of compacted topics that are `mine(topic, partition)` (asked
+        again before each: the cluster view may change during a pass); a failing partition is logged
+        and counted. The gauges of a partition no longer this compactor's are dropped, so the cost
+        view reads each partition from the broker that compacts it now."""
         out: list[Outcome] = []
+        ran: set[tuple[str, int]] = set()
         for name, cfg in sorted(topics.items()):
             if not cfg.compacted:
                 continue
             for p in range(cfg.read_partitions):
-                if not leading():
-                    return out
+                if not mine(name, p):
+                    continue
+                ran.add((name, p))
                 try:
                     out.append(await self.partition(cfg, p, force=force))
                 except (MemqError, TimeoutError) as e:
                     self.metrics.runs.labels(name, "failed").inc()
                     log.warning("compaction: %s/%d failed, retrying next pass: %s", name, p, e)
+        for name, p in self._reported - ran:
+            self.metrics.forget(name, p)
+        self._reported = ran
         return out
 
     async def partition(self, cfg: TopicConfig, partition: int, *, force: bool = False) -> Outcome:

@@ -10,7 +10,7 @@ A storage group's shared objects serve several topics with one request: requests
 that broker since it started (`memq_broker_group_bytes`); with no such bytes they are dropped,
 like requests that name no topic.
 
-A compacted topic's storage is no rate: the governor's compactor reports, per partition, the
+A compacted topic's storage is no rate: each partition's compactor (a broker) reports, per partition, the
 bytes of its compacted parts and its dirty ratio (the share of the partition's bytes not
 compacted yet), gauges read as they stand (`Compacted`).
 """
@@ -87,17 +87,20 @@ def compacted_of(parts_bytes: dict[str, float], dirty_ratio: dict[str, float]) -
                      sum(parts * r / (1.0 - r) for parts, r in zip(parts_bytes.values(), ratios)))
 
 
+#: A compacted partition's gauges as its compactor reports them: (stored bytes of its parts, dirty ratio).
+PartitionGauges = tuple[float, float]
+
+
 @dataclass(frozen=True)
 class Snapshot:
     """One broker's counters at `taken_s`; `started_s`: when they started counting (Unix times).
-    `leading`: this broker is the governor, whose compactor reports `compacted` (per topic)."""
+    `compaction`: topic -> partition -> gauges, for the compacted partitions this broker compacts."""
 
     broker: str
     taken_s: float
     started_s: float
     topics: dict[str, TopicCounters]
-    leading: bool = False
-    compacted: dict[str, Compacted] = field(default_factory=dict)
+    compaction: dict[str, dict[str, PartitionGauges]] = field(default_factory=dict)
 
 
 _SCALARS = {"memq_broker_message_bytes_total": "bytes_in",
@@ -133,7 +136,6 @@ def parse_metrics(broker: str, text: str, taken_s: float) -> Snapshot:
     group_bytes: dict[str, dict[str, float]] = {}
     parts: dict[str, dict[str, float]] = {}
     ratios: dict[str, dict[str, float]] = {}
-    leading = False
 
     def add(topic: str, name: str, v: float) -> None:
         values.setdefault(topic, {}).setdefault(name, 0.0)
@@ -157,16 +159,14 @@ def parse_metrics(broker: str, text: str, taken_s: float) -> Snapshot:
                 parts.setdefault(topic, {})[s.labels["partition"]] = s.value
             elif s.name == "memq_compaction_dirty_ratio" and topic:
                 ratios.setdefault(topic, {})[s.labels["partition"]] = s.value
-            elif s.name == "memq_governor_leader":
-                leading = s.value == 1
     if not started:
         raise InvalidInputError(f"broker {broker}: /metrics has no memq_broker_start_time_seconds "
                                 "(a memq broker older than `memq cost`?)")
     requests = split_groups(requests, group_bytes)
     topics = {t: TopicCounters(**values.get(t, {}), requests=requests.get(t, dict.fromkeys(REQUEST_CLASSES, 0.0)))
               for t in sorted(set(values) | set(requests))}
-    kept = {t: c for t in sorted(parts) if (c := compacted_of(parts[t], ratios.get(t, {}))) is not None}
-    return Snapshot(broker, taken_s, started, topics, leading, kept)
+    compaction = {t: {p: (v, ratios.get(t, {}).get(p, 0.0)) for p, v in per.items()} for t, per in sorted(parts.items())}
+    return Snapshot(broker, taken_s, started, topics, compaction)
 
 
 @dataclass(frozen=True)
@@ -186,7 +186,7 @@ def usage(after: Iterable[Snapshot], before: Iterable[Snapshot] = ()) -> dict[st
 
     Each broker's rate is its counts over its own window, so a broker that restarted (its
     counters reset) or joined later adds what it did since it started. What a compacted topic
-    keeps is read from the governor (`kept`).
+    keeps is read from the compactors' gauges (`kept`).
     """
     after = list(after)
     prior = {(b.broker, b.started_s): b for b in before}
@@ -206,14 +206,20 @@ def usage(after: Iterable[Snapshot], before: Iterable[Snapshot] = ()) -> dict[st
 
 
 def kept(snaps: Iterable[Snapshot]) -> dict[str, Compacted]:
-    """Per compacted topic, what it keeps as the governor reports it. A former governor keeps
-    serving its last gauges, so the leading broker's win; with none leading among `snaps` (the
-    governor not scraped, or an election under way), each topic's largest report."""
-    snaps = list(snaps)
-    sources = [s for s in snaps if s.leading] or snaps
+    """Per compacted topic, what it keeps: each partition as the broker compacting it reports it
+    (brokers compact different partitions: `compaction.plan.compactor_of`). A broker drops a
+    partition's gauges at its first pass after the partition moved; until then two report it, and
+    the larger parts win."""
+    merged: dict[str, dict[str, PartitionGauges]] = {}
+    for snap in snaps:
+        for topic, per in snap.compaction.items():
+            mine = merged.setdefault(topic, {})
+            for p, g in per.items():
+                if p not in mine or g[0] > mine[p][0]:
+                    mine[p] = g
     out: dict[str, Compacted] = {}
-    for snap in sources:
-        for topic, c in snap.compacted.items():
-            if topic not in out or c.kept_bytes > out[topic].kept_bytes:
-                out[topic] = c
+    for topic, per in sorted(merged.items()):
+        c = compacted_of({p: g[0] for p, g in per.items()}, {p: g[1] for p, g in per.items()})
+        if c is not None:
+            out[topic] = c
     return out

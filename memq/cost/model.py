@@ -5,7 +5,7 @@ memq (per topic, from the brokers' counters, rates extrapolated to a 730-hour mo
   batch object per consumer group (consumers are not scraped: each reads a batch with one GET);
 - S3 storage: batch bytes written per second x retention (the steady state once retention
   deletes as fast as producers write); for a compacted topic, what it keeps now instead (its
-  compacted parts plus its plain tail, as the governor reports them, for the whole month),
+  compacted parts plus its plain tail, as the brokers' compactors report them, for the whole month),
   next to the plain figure it would keep without compaction (`Compaction`);
 - producer -> broker transfer: `cross_az_fraction` of the bytes in cross a zone (consumers read
   from S3, which charges no transfer inside a region, and S3 replicates across zones itself);

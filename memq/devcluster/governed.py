@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 
 RACKS = ("rack-a", "rack-b", "rack-c")
 """Broker i (from 1) runs on RACKS[(i - 1) % 3]: any two consecutive brokers differ."""
-FAST_GOVERNOR = GovernorConfig(interval_s=1.0, reconcile_interval_s=0.5, drain_timeout_s=10.0)
+FAST_GOVERNOR = GovernorConfig(interval_s=1.0, reconcile_interval_s=0.5, drain_timeout_s=10.0, compaction_interval_s=2.0)
 """Faster cycles than production defaults, so placement shows within a second; drains on
 shutdown are bounded so stopping never waits long."""
 BROKER_STOP_S = 10.0

@@ -40,8 +40,9 @@ listed in full until a listing finds it empty, then no more: brokers write its b
 group's objects, and 256 LIST requests per topic and pass cost a thousand small topics ~$10k a
 month at S3 prices. A new janitor lists each once again.
 
-Compacted topics (`cleanup_policy` with compact, `memq.compaction`): before the topics, the
-`Compactor` compacts the partitions that are due. A compact-only topic expires nothing by time;
+Compacted topics (`cleanup_policy` with compact, `memq.compaction`): every broker compacts its
+share of the partitions (`memq.governor.agent`); the janitor releases what compaction replaced,
+through the `Compactor`'s pointers and manifests. A compact-only topic expires nothing by time;
 its plain objects go once a manifest that has stood `retention_grace_s` covers them (wholly
 below its `end`), and its compaction home (`groups/compacted.<topic>`) loses every object older
 than `orphan_grace_s` that no manifest a reader may still hold names (`memq.compaction.release`).
@@ -205,8 +206,6 @@ class Janitor:
         reports: dict[str, TopicReport] = {}
         floors: dict[str, int] = {}     # object home -> oldest object a retained notification names
         self._held_now = None
-        if self.compactor is not None:
-            await self.compactor.run_once(topics, leading)
         for name, cfg in sorted(topics.items()):
             if not leading():
                 log.info("janitor: no longer the governor, pass stopped before topic %s", name)

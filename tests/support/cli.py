@@ -3,6 +3,7 @@ and stopped (leaving no process behind), `memq consume` read until given lines c
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -73,13 +74,18 @@ def start_dev(run_dir: Path, *args: str) -> tuple[subprocess.Popen[bytes], dict[
     proc = subprocess.Popen([MEMQ, "dev", "--duration", "150", "--run-dir", str(run_dir), *args],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
     endpoints: dict[str, str] = {}
+    seen: list[str] = []
     deadline = time.monotonic() + 90
     assert proc.stdout is not None
     while "config" not in endpoints:
         if time.monotonic() > deadline or proc.poll() is not None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            raise AssertionError(f"memq dev did not start: {endpoints}")
-        line = proc.stdout.readline().decode()
+            with contextlib.suppress(ProcessLookupError):   # it may have exited: say why, not that
+                os.killpg(proc.pid, signal.SIGKILL)
+            rest = proc.stdout.read().decode(errors="replace") if proc.wait(10) is not None else ""
+            raise AssertionError(f"memq dev did not start (exit {proc.returncode}): "
+                                 f"{''.join(seen[-20:])}{rest[-4000:]}")
+        line = proc.stdout.readline().decode(errors="replace")
+        seen.append(line)
         if m := re.match(r"^(\w[\w ]*):\s+(\S.*)$", line):
             endpoints[m.group(1)] = m.group(2).strip()
     return proc, endpoints
