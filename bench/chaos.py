@@ -1,7 +1,7 @@
 """Chaos: memq under a seeded nemesis across namespace hosts (see memq/chaos).
 
 `python -m bench chaos [--minutes N] [--seed S] [--kinds K,K] [--fault-s S] [--delay-ms D --jitter-ms J]
-[--reader memq|kafka] [--workload plain|txn] [--quick]`:
+[--reader memq|kafka] [--workload plain|txn|compacted] [--quick]`:
 the default schedule draws every fault kind for 5 minutes (quick: 60 s of faults today's code survives),
 each fault lasting 5-12 s (`--fault-s`: exactly S). Prints the per-fault table, then the JSON line: keys
 `faults`, `acked_lost`, `duplicates`, `dangling_pointers`, `max_write_gap_s`, per fault `failed` and
@@ -17,7 +17,10 @@ committing most and aborting a fifth; after the run a new reader reads the topic
 The JSON adds `transactions`, `committed`, `aborted`, `in_doubt` (records), `aborted_visible`
 (records of aborted transactions reachable or read: must be 0), `torn` (transactions partly
 visible: 0), `read_missed` and `read_duplicates` (the read_committed reader's: 0); `acked_lost`
-counts committed records.
+counts committed records. `--workload compacted`: the topic is compacted by the brokers during the
+run; after it a new reader reads its state from earliest (compacted prefix, then tail). The JSON
+adds `compacted_partitions` (partitions with a manifest at the end), `keys` (keys with an acked write), `keys_lost` (keys whose latest acked value did not survive:
+must be 0) and `keys_unknown` (keys that read a record never written to them: 0).
 """
 
 from __future__ import annotations

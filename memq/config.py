@@ -264,11 +264,6 @@ class TopicConfig:
         if self.min_cleanable_dirty_ratio > 1:
             raise ConfigError(f"topic {self.name}: min_cleanable_dirty_ratio {self.min_cleanable_dirty_ratio} must be "
                               "between 0 and 1 (a share of the log)")
-        if self.compacted and self.read_partitions != 1:
-            # memq picks a batch's notification partition itself, so one key's records would spread over
-            # partitions and compaction (per partition) could not leave one value per key
-            raise ConfigError(f"topic {self.name}: a compacted topic (cleanup_policy {self.cleanup_policy!r}) has one "
-                              f"read partition, not {self.read_partitions}, until memq places records by key")
         if self.max_compaction_lag_ms is not None and self.max_compaction_lag_ms < self.min_compaction_lag_ms:
             raise ConfigError(f"topic {self.name}: max_compaction_lag_ms {self.max_compaction_lag_ms} must be >= "
                               f"min_compaction_lag_ms {self.min_compaction_lag_ms}")
@@ -294,6 +289,23 @@ class TopicConfig:
                 f"topic {self.name}: retention_bytes counts a topic's own objects only, and in storage group "
                 f"{self.storage_group!r} its data is in shared objects, which expire by retention_ms: set "
                 f'storage_group = "" (objects of its own) or use retention_ms alone')
+
+    def check_altered_from(self, current: TopicConfig) -> None:
+        """ConfigError if altering `current` into these settings would leave a key's records in
+        two read partitions: compaction works per partition and would keep a value in each.
+        A compacted topic's partitions do not grow (Kafka allows it and warns: keys move), and a
+        topic of several partitions, whose records memq spread without regard to keys, does not
+        become compacted. Checked where topics are altered (`memq topic alter`, Kafka's calls)."""
+        if current.compacted and self.read_partitions > current.read_partitions:
+            raise ConfigError(f"topic {self.name} is compacted: its read_partitions do not grow ({current.read_partitions} "
+                              f"-> {self.read_partitions}): records are placed by a hash of their key over the "
+                              "partitions, so more partitions would move keys and compaction would keep two values "
+                              "of a key; create a new topic with more partitions and copy the records into it")
+        if self.compacted and not current.compacted and self.read_partitions > 1:
+            raise ConfigError(f"topic {self.name}: cleanup_policy {self.cleanup_policy!r} on a topic of "
+                              f"{self.read_partitions} read partitions written as {current.cleanup_policy!r}: its "
+                              "records are spread over partitions without regard to keys, so compaction would keep "
+                              "a value of a key per partition; create a new compacted topic and copy the records")
 
     @property
     def compacted(self) -> bool:

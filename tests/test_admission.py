@@ -16,6 +16,7 @@ from tests.support.inproc import NullAdmin, NullPublisher
 from tests.support.kafka_frames import produce_body, record_batch, request
 from memq.broker.admission import Admission, Entry, Refusal, Ticket
 from memq.broker.guard import Guard
+from memq.broker.placed import PlacedTopic
 from memq.broker.metrics import BrokerMetrics
 from memq.broker.server import Broker
 from memq.clock import SystemClock
@@ -60,11 +61,28 @@ def test_checks_run_in_order_acl_hosted_size_then_extra_checks() -> None:
     assert isinstance(ticket, Ticket) and ticket.config is small
 
 
+def test_a_compacted_topic_of_several_partitions_admits_a_write_to_the_partition_it_names() -> None:
+    cfg = TopicConfig("c", cleanup_policy="compact", storage_group="")   # 3 read partitions
+    lanes = [SimpleNamespace(config=cfg, partition=p) for p in range(3)]
+    metrics = BrokerMetrics("b1")
+    a = Admission(guard=Guard(SecurityConfig(), metrics.denials), quotas=Throttler(QuotaTable(), burst_s=1.0, max_delay_s=1.0),
+                  metrics=metrics, clock=SystemClock(), processor={"c": PlacedTopic(lanes)}.get,  # type: ignore[arg-type, dict-item]
+                  where_is=lambda t: (AckCode.UNKNOWN_TOPIC, t, ()))
+    ticket = a.admit(None, "c", 10, 1)
+    assert isinstance(ticket, Ticket) and ticket.partition == 1 and ticket.config is cfg
+    for partition in (-1, 3):   # a write that names no partition, or one the topic has not
+        refused = a.admit(None, "c", 10, partition)
+        assert isinstance(refused, Refusal) and refused.code is AckCode.PROTOCOL
+        assert f"compacted over 3 read partitions: a write names its partition (0..2, placed by key), not {partition}" \
+            in refused.why
+
+
 @pytest.fixture
 async def broker(tmp_path) -> AsyncIterator[Broker]:
     config = MemqConfig(storage=StorageConfig(kind="file", root_dir=str(tmp_path)),
                         broker=BrokerConfig(kafka_port=0), audit=AuditConfig(enabled=False),
-                        topics=(TopicConfig("frozen-t", batch_ms=20), TopicConfig("open-t", batch_ms=20)))
+                        topics=(TopicConfig("frozen-t", batch_ms=20), TopicConfig("open-t", batch_ms=20),
+                                TopicConfig("placed-t", batch_ms=20, cleanup_policy="compact", storage_group="")))
     b = Broker(config, publisher=NullPublisher(), admin=NullAdmin(), checks=(frozen,))
     await b.start()
     try:
@@ -73,14 +91,17 @@ async def broker(tmp_path) -> AsyncIterator[Broker]:
         await b.stop()
 
 
-async def ws_produce(broker: Broker, topic: str) -> tuple[bool, str, str]:
-    """(ok, code, error) of one ack=all Message through memq's WebSocket door."""
-    msg = encode_message([LogMessage(b"v")], producer_id=1, epoch=0, sequence=hash(topic) & 0xFFFF, codec=Codec.NONE)
+async def ws_produce(broker: Broker, topic: str, partition: int = -1) -> tuple[bool, str, str]:
+    """(ok, code, error) of one ack=all Message through memq's WebSocket door (to `partition`, if >= 0:
+    the ack must say it went there)."""
+    msg = encode_message([LogMessage(b"v", key=b"k")], producer_id=1, epoch=0, sequence=(hash(topic) + partition) & 0xFFFF,
+                         codec=Codec.NONE)
     async with aiohttp.ClientSession() as s, s.ws_connect(broker.url + "/v1/produce") as ws:
-        await ws.send_bytes(encode_request(5, AckLevel.ALL, topic, bytes(msg)))
+        await ws.send_bytes(encode_request(5, AckLevel.ALL, topic, bytes(msg), partition=partition))
         async with asyncio.timeout(10):
             reply = await ws.receive()
     [ack] = decode_acks(reply.data)
+    assert not ack.ok or partition < 0 or ack.partition == partition
     return ack.ok, str(ack.code), ack.error
 
 
@@ -110,3 +131,6 @@ async def test_a_check_added_to_the_admission_path_applies_to_both_produce_doors
     ok, code, _ = await ws_produce(broker, "open-t")
     assert (ok, code) == (True, "OK")
     assert await kafka_produce(broker, "open-t") == (ErrorCode.NONE, None)
+    assert await ws_produce(broker, "placed-t", 2) == (True, "OK", "")   # a compacted topic's: where it names
+    ok, code, why = await ws_produce(broker, "placed-t")
+    assert (ok, code) == (False, "PROTOCOL") and "names its partition" in why

@@ -14,6 +14,7 @@ import pytest
 
 from tests.support.appending import append
 from memq.broker.group import GroupWriters, layout
+from memq.broker.placed import PlacedTopic
 from memq.broker.metrics import BrokerMetrics
 from memq.broker.processor import SMALL_BATCH_BYTES, SMALL_BATCHES, TopicProcessor
 from memq.config import TopicConfig
@@ -206,3 +207,33 @@ async def test_a_notification_failing_past_the_republish_time_fails_its_batch(
     await g.append("t0", 1, seal=True)
     await g.wait_acks(1)
     assert (g.acks[0].ok, g.acks[0].code) == (False, AckCode.NOTIFY)
+
+
+async def test_a_compacted_topics_partitions_fill_batches_of_their_own_published_to_their_partition(
+        tmp_path: Path) -> None:
+    """A compacted topic of three read partitions: a processor per partition on one writer, so a
+    seal stores one object with a part per partition, each published to its partition."""
+    storage, publisher, metrics = GatedStorage(tmp_path), MemoryPublisher(), BrokerMetrics("b1")
+    writers = GroupWriters(storage=storage, publisher=publisher, broker_id="b1", metrics=metrics)  # type: ignore[arg-type]
+    cfg = TopicConfig(name="c", read_partitions=3, cleanup_policy="compact", storage_group="", batch_ms=10_000,
+                      batch_bytes=1 << 20, max_message_bytes=1 << 20)
+    writer = writers.writer(cfg)
+    placed = PlacedTopic([TopicProcessor(cfg, cluster="test", broker_id="b1", storage=storage,  # type: ignore[arg-type]
+                                         publisher=publisher, metrics=metrics, group=writer, partition=p)
+                          for p in range(3)])
+    assert placed.lane(3) is None and placed.lane(-1) is None and placed.config is cfg
+    acks: list[Ack] = []
+    for seq, partition in enumerate((2, 0, 2)):
+        lane = placed.lane(partition)
+        assert lane is not None and lane.partition == partition
+        await append(lane, message(seq), seq, AckLevel.ALL, acks.append, seal=seq == 2)
+    async with asyncio.timeout(5):
+        while len(acks) < 3:
+            await asyncio.sleep(0.005)
+    assert len(storage.puts) == 1 and writer.members == ["c"]     # one object: a part per partition
+    assert sorted((a.id, a.partition) for a in acks) == [(0, 2), (1, 0), (2, 2)]
+    by_partition = {a.partition: a.offset for a in acks}
+    notes = [n for _, n in publisher.sent]
+    assert sorted(n.logmessage_count for n in notes) == [3, 6] and len(by_partition) == 2
+    await placed.close()
+    assert writer.members == []

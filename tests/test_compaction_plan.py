@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from memq.compaction.parts import Survivor
@@ -84,10 +86,19 @@ def test_due_by_dirty_ratio_or_max_lag_and_never_before_min_lag() -> None:
                      NOW, 1_000) == 1
 
 
-def test_a_compacted_topic_of_several_read_partitions_is_refused_naming_why() -> None:
-    with pytest.raises(ConfigError, match="one read partition, not 3"):
-        TopicConfig("t", cleanup_policy="compact", storage_group="")
-    assert TopicConfig("t", read_partitions=3, cleanup_policy="delete").read_partitions == 3
+def test_a_compacted_topic_has_several_partitions_but_an_alter_never_moves_a_keys_records() -> None:
+    compacted = TopicConfig("t", cleanup_policy="compact", storage_group="")   # records placed by key
+    assert compacted.read_partitions == 3
+    grown = dataclasses.replace(compacted, read_partitions=4)
+    with pytest.raises(ConfigError, match="compacted: its read_partitions do not grow"):
+        grown.check_altered_from(compacted)
+    plain = TopicConfig("t", read_partitions=3, cleanup_policy="delete")
+    with pytest.raises(ConfigError, match="spread over partitions without regard to keys"):
+        dataclasses.replace(plain, cleanup_policy="compact").check_altered_from(plain)
+    one = TopicConfig("t", read_partitions=1, cleanup_policy="delete")
+    dataclasses.replace(one, cleanup_policy="compact").check_altered_from(one)          # one partition: fine
+    dataclasses.replace(compacted, cleanup_policy="delete").check_altered_from(compacted)
+    dataclasses.replace(plain, read_partitions=6).check_altered_from(plain)             # not compacted: grows
 
 
 def test_a_topics_hosts_take_its_partitions_in_turn_and_unassigned_topics_spread_by_hash() -> None:

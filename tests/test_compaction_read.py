@@ -3,7 +3,9 @@ moto S3, tansu): after compaction a confluent-kafka consumer and memq's Consumer
 one record per live key with its latest value, in increasing offsets, no tombstone past
 `delete.retention.ms`; `memq get` and `Consumer.get` answer the latest value, "no such key" or
 deleted; a record without a key is refused at once with a named error, by memq's Producer and by
-the Kafka door (INVALID_RECORD)."""
+the Kafka door (INVALID_RECORD). A compacted topic of three read partitions written by memq's
+Producer and by confluent-kafka (murmur2_random) places each key in one partition, so compaction
+per partition leaves one record per live key, and CreatePartitions on it is refused."""
 
 from __future__ import annotations
 
@@ -17,16 +19,18 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Consumer as KafkaConsumer
 from confluent_kafka import KafkaError, Producer as KafkaProducer, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic
 from prometheus_client import CollectorRegistry
 from tests.support.cli import memq
 
 from memq.client.consumer import Consumer
+from memq.client.placement import key_partition
 from memq.client.producer import Producer
 from memq.compaction.manifest import ManifestPointers
 from memq.compaction.run import Compactor
 from memq.config import BrokerConfig
 from memq.devcluster import DevCluster, GovernedCluster
+from memq.devcluster.governed import FAST_GOVERNOR
 from memq.errors import KeyRequiredError
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
@@ -37,7 +41,10 @@ ROUNDS = 3
 
 @pytest.fixture(scope="module")
 def gc(devcluster: DevCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GovernedCluster]:
-    with GovernedCluster(tmp_path_factory.mktemp("cpread"), brokers=1, servers=devcluster,
+    """The brokers' own compactor is held off (an hour's interval): the tests compact when they mean
+    to, and a tombstone they write stays past delete.retention.ms until they ask for it."""
+    governor = dataclasses.replace(FAST_GOVERNOR, compaction_interval_s=3600.0)
+    with GovernedCluster(tmp_path_factory.mktemp("cpread"), brokers=1, servers=devcluster, governor=governor,
                          cluster=f"cpr-{uuid.uuid4().hex[:6]}", broker=BrokerConfig(kafka_port=0)) as cluster:
         yield cluster
 
@@ -89,13 +96,14 @@ def test_a_kafka_consumer_from_earliest_sees_each_live_key_once_with_its_latest_
     assert _kafka_read(gc, topic, offsets[10]) == got[10:]       # inside the prefix: from there
 
 
-def _kafka_read(gc: GovernedCluster, topic: str, offset: int) -> list[tuple[int, bytes, bytes | None]]:
-    """(offset, key, value) of partition 0 from `offset` to its end, read by confluent-kafka."""
+def _kafka_read(gc: GovernedCluster, topic: str, offset: int,
+                partition: int = 0) -> list[tuple[int, bytes, bytes | None]]:
+    """(offset, key, value) of `partition` from `offset` to its end, read by confluent-kafka."""
     consumer = KafkaConsumer({"bootstrap.servers": _bootstrap(gc), "group.id": f"g-{uuid.uuid4().hex[:6]}",
                               "auto.offset.reset": "error", "enable.partition.eof": True,
                               "max.partition.fetch.bytes": 256})   # a batch larger than it still comes (KIP-74)
     try:
-        consumer.assign([TopicPartition(topic, 0, offset)])
+        consumer.assign([TopicPartition(topic, partition, offset)])
         got: list[tuple[int, bytes, bytes | None]] = []
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
@@ -177,3 +185,74 @@ def test_a_record_without_a_key_is_refused_at_once(
                 await p.send_many(topic, [b"a", b"b"], keys=[b"a", None])
             assert (await (await p.send(topic, b"keyed", key=b"k9"))).count == 1
     asyncio.run(send())
+
+
+PLACED_KEYS = 30
+
+
+@pytest.fixture(scope="module")
+def placed(gc: GovernedCluster) -> tuple[str, dict[bytes, bytes]]:
+    """A compacted topic of 3 read partitions: memq's Producer writes every key, confluent-kafka
+    (murmur2_random, Kafka's Java partitioner) writes every key again and deletes k1, memq's
+    Producer rewrites the even keys; then each partition is compacted: (topic, live values)."""
+    topic = f"cp3-{uuid.uuid4().hex[:6]}"
+    admin = AdminClient({"bootstrap.servers": _bootstrap(gc)})
+    admin.create_topics([NewTopic(topic, 3, config={"cleanup.policy": "compact", "delete.retention.ms": "500",
+                                                    "min.cleanable.dirty.ratio": "0.01"})])[topic].result(30)
+    gc.wait_placed(topic)
+    cfg = gc.registry.topic(topic)
+    assert cfg.compacted and cfg.read_partitions == 3
+    keys = [b"k%d" % k for k in range(PLACED_KEYS)]
+
+    async def memq_round(prefix: bytes, which: list[bytes]) -> None:
+        async with Producer(dataclasses.replace(gc.config().producer, codec="none")) as p:
+            deliveries = await (await p.send_many(topic, [prefix + k for k in which], keys=which))
+            assert sum(d.count for d in deliveries) == len(which)
+            assert {d.partition for d in deliveries} == {0, 1, 2}     # acked where the key was placed
+    asyncio.run(memq_round(b"m0-", keys))
+    producer = KafkaProducer({"bootstrap.servers": _bootstrap(gc), "acks": "all", "linger.ms": 5,
+                              "partitioner": "murmur2_random"})
+    for k in keys:
+        producer.produce(topic, key=k, value=None if k == b"k1" else b"c1-" + k)
+    assert producer.flush(30) == 0
+    asyncio.run(memq_round(b"m2-", keys[::2]))
+    latest = {k: (b"m2-" if i % 2 == 0 else b"c1-") + k for i, k in enumerate(keys) if k != b"k1"}
+    time.sleep(0.6)   # k1's tombstone is past delete.retention.ms when compaction runs
+    pointers = ManifestPointers(gc.registry)
+    compactor = Compactor(gc.base, pointers, CollectorRegistry())
+    for partition in range(3):
+        outcome = asyncio.run(compactor.partition(cfg, partition, force=True))
+        pointer = pointers.read(topic, partition)
+        assert outcome.result == "swapped" and pointer is not None and pointer.end >= 2, outcome
+    asyncio.run(compactor.close())
+    return topic, latest
+
+
+def test_a_compacted_topic_of_three_partitions_keeps_each_key_in_one_partition_with_its_latest_value(
+        gc: GovernedCluster, placed: tuple[str, dict[bytes, bytes]]) -> None:
+    topic, latest = placed
+    seen: dict[bytes, tuple[int, bytes | None]] = {}
+    for partition in range(3):
+        got = _kafka_read(gc, topic, 0, partition)
+        assert [o for o, _, _ in got] == sorted({o for o, _, _ in got})
+        for _, key, value in got:
+            assert key not in seen, f"{key!r} in partitions {seen[key][0]} and {partition}"
+            seen[key] = (partition, value)
+    assert {k: v for k, (_, v) in seen.items()} == latest          # one record per live key, k1 gone
+    assert all(p == key_partition(k, 3) for k, (p, _) in seen.items())   # where Kafka's partitioner puts it
+
+    with Consumer(gc.config(), topic, group_id=f"m-{uuid.uuid4().hex[:6]}",
+                  pointers=ManifestPointers(gc.registry)) as consumer:
+        records = []
+        deadline = time.monotonic() + 60
+        while len(records) < len(latest) and time.monotonic() < deadline:
+            records += consumer.poll(1.0)
+        records += consumer.poll(1.0)
+    got = sorted((r.key, r.partition, r.value) for r in records)
+    want = sorted((k, key_partition(k, 3), v) for k, v in latest.items())
+    assert got == want, (len(got), len(want), sorted(set(got) - set(want)), sorted(set(want) - set(got)))
+
+    admin = AdminClient({"bootstrap.servers": _bootstrap(gc)})
+    with pytest.raises(Exception, match="compacted: its read_partitions do not grow"):
+        admin.create_partitions([NewPartitions(topic, 4)])[topic].result(30)
+    assert gc.registry.topic(topic).read_partitions == 3

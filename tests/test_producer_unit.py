@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import pytest
 
 from memq.client.accumulator import Accumulator, record_size
+from memq.client.placement import key_partition, runs
 from memq.client.producer import Producer
 from memq.config import ProducerConfig
 from memq.errors import ConfigError, MessageTooLargeError, ProduceError, ProducerClosedError, ProducerTimeoutError, UnknownTopicError
@@ -36,16 +37,19 @@ def acc(seal_bytes: int = 100, clock: Callable[[], int] = lambda: 1234) -> Accum
     return Accumulator(seal_bytes=seal_bytes, producer_id=7, epoch=2, codec=Codec.NONE, clock_ms=clock)
 
 
+T, U = ("t", -1), ("u", -1)   # lanes: (topic, partition), -1 where the broker picks
+
+
 def test_accumulator_seals_by_size_and_numbers_messages_per_topic() -> None:
     a = acc(seal_bytes=100)
     a.register("t")
     a.register("u")
     r = rec(b"x" * 30)
     n = record_size(r)
-    assert a.add("t", [r], n, 10, 10, W("a")) == (True, False)           # opened: start linger
-    assert a.add("t", [r, r], 2 * n, 5, 20, W("b")) == (False, True)     # full: seal now
-    assert a.room("t") == 1                                                # full: at least 1
-    m = a.seal("t")
+    assert a.add(T, [r], n, 10, 10, W("a")) == (True, False)           # opened: start linger
+    assert a.add(T, [r, r], 2 * n, 5, 20, W("b")) == (False, True)     # full: seal now
+    assert a.room(T) == 1                                                # full: at least 1
+    m = a.seal(T)
     assert m is not None and m.error is None
     assert (m.topic, m.sequence, m.count, m.nbytes, m.created_ms) == ("t", 0, 3, 3 * n, 1234)
     assert m.waiters == [W("a", 0), W("b", 1)]                           # each knows where its run starts
@@ -53,19 +57,65 @@ def test_accumulator_seals_by_size_and_numbers_messages_per_topic() -> None:
     assert (header.producer_id, header.epoch, header.sequence, header.count) == (7, 2, 0, 3)
     assert (header.min_timestamp_ms, header.max_timestamp_ms) == (5, 20)
     assert [bytes(x.value) for x in logs] == [b"x" * 30] * 3
-    assert a.seal("t") is None and a.room("t") == 100
-    a.add("u", [r], n, 1, 1, W("c"))
-    a.add("t", [r], n, 1, 1, W("d"))
-    assert sorted(a.topics()) == ["t", "u"]
-    assert (a.seal("u").sequence, a.seal("t").sequence) == (0, 1)    # type: ignore[union-attr]
+    assert a.seal(T) is None and a.room(T) == 100
+    a.add(U, [r], n, 1, 1, W("c"))
+    a.add(T, [r], n, 1, 1, W("d"))
+    assert sorted(a.lanes()) == [T, U]
+    assert (a.seal(U).sequence, a.seal(T).sequence) == (0, 1)    # type: ignore[union-attr]
 
 
 def test_accumulator_reports_an_encoding_failure_with_its_waiters() -> None:
     a: Accumulator[W] = Accumulator(seal_bytes=100, producer_id=1, epoch=2 ** 32, codec=Codec.NONE)  # epoch > u32
     a.register("t")
-    a.add("t", [rec(b"v")], 10, 1, 1, W("w"))
-    m = a.seal("t")
+    a.add(T, [rec(b"v")], 10, 1, 1, W("w"))
+    m = a.seal(T)
     assert m is not None and m.error is not None and m.waiters == [W("w", 0)] and not m.frame
+
+
+# Kafka's own murmur2 vectors (clients/src/test/.../UtilsTest.testMurmur2), signed as Java's int
+JAVA_MURMUR2 = {b"21": -973932308, b"foobar": -790332482, b"a-little-bit-long-string": -985981536,
+                b"a-little-bit-longer-string": -1486304829,
+                b"lkjh234lh9fiuh90y23oiuhsafujhadof229phr9h19h89h8": -58897971, b"abc": 479470107}
+
+
+def test_a_key_goes_to_the_partition_kafkas_default_partitioner_picks() -> None:
+    for key, java in JAVA_MURMUR2.items():
+        for n in (1, 3, 7, 100):
+            assert key_partition(key, n) == (java & 0x7FFFFFFF) % n   # Utils.toPositive(murmur2(key)) % n
+    keys = [b"k%d" % i for i in range(40)]
+    got = list(runs(keys, 3))
+    assert got[0][0] == 0 and got[-1][1] == 40 and all(a[1] == b[0] for a, b in zip(got, got[1:]))
+    assert all(key_partition(k, 3) == p for s, e, p in got for k in keys[s:e])
+    assert all(a[2] != b[2] for a, b in zip(got, got[1:]))   # maximal runs
+
+
+async def test_a_compacted_topics_records_go_one_message_per_partition_each_naming_it() -> None:
+    broker = FakeBroker([AckCode.OK])
+    keys = [b"key-%d" % i for i in range(30)]
+    async with producer(broker, key_partitions={"t": 3}) as p:
+        many = await p.send_many("t", [b"v" + k for k in keys], keys=keys)
+        one = await p.send("t", b"one", key=b"foobar")
+        await p.flush()
+        deliveries = await many
+        assert (await one).count == 1
+    placed: dict[bytes, int] = {}
+    for frame in broker.frames:
+        req = decode_request(frame)
+        for r in decode_message(bytes(req.message))[1]:
+            assert r.key is not None
+            placed[r.key] = req.partition
+    assert placed == {k: key_partition(k, 3) for k in [*keys, b"foobar"]}
+    assert len(broker.frames) == len(set(placed.values())) == 3   # one Message per partition, sealed by flush
+    assert sum(d.count for d in deliveries) == 30                 # one Delivery per run, in record order
+    assert [d.count for d in deliveries] == [e - s for s, e, _ in runs(keys, 3)]
+
+
+async def test_a_topic_that_is_not_compacted_sends_no_partition() -> None:
+    broker = FakeBroker([AckCode.OK])
+    async with producer(broker, key_partitions={"other": 3}) as p:
+        await p.send_many("t", [b"a", b"b"], keys=[b"x", b"y"])
+        await p.flush()
+    assert [decode_request(f).partition for f in broker.frames] == [-1]
 
 
 # --- the Sender through its seams --------------------------------------------------------------

@@ -224,6 +224,7 @@ async def test_store_failures_answer_coordinator_not_available() -> None:
 async def test_store_pending_stores_only_when_the_check_passes() -> None:
     class Ticket:
         config = TopicConfig("t")
+        partition = -1
         stored = 0
 
         async def store_apart(self, messages: list[memoryview], headers: list[MessageHeader]) -> Pending:
@@ -236,6 +237,12 @@ async def test_store_pending_stores_only_when_the_check_passes() -> None:
     assert await rig.txns.store_pending("tx", ids, ticket, 0, [], []) is None
     assert await rig.txns.store_pending("tx", ids, ticket, 5, [], []) is TxnRefusal.INVALID_TXN_STATE
     assert ticket.stored == 1 and [n.key for _, n in rig.store.pending("tx")] == ["o1"]
+    placed = Ticket()   # a compacted topic's partition 2: its records placed by key
+    placed.partition = 2
+    assert await rig.txns.store_pending("tx", ids, placed, 0, [], []) is None
+    assert await rig.txns.end("tx", ids, commit=True) is None
+    assert [(n.key, p) for (_, n), p in zip(rig.publisher.published, rig.publisher.partitions)] == [("o1", -1),
+                                                                                                  ("o1", 2)]
 
 
 async def test_the_scan_task_runs_until_closed() -> None:
@@ -268,6 +275,7 @@ class CountingTicket:
     """A Kafka door's ticket: stores a request-partition's Messages as one object of `count` LogMessages each."""
 
     config = TopicConfig("t")
+    partition = -1
 
     def __init__(self) -> None:
         self.stored = 0

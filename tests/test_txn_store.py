@@ -60,14 +60,16 @@ def contract(store: TxnStore, txn: str) -> None:
     store.add_pending(txn, v2, [("memq.c.orders", note("a")), ("memq.c.orders", note("b"))])
     audited = [Audited("orders", 2**64 - 1, 3, 17, 100, 0xFFFFFFFF, 1_800_000_000_000)]
     store.add_pending(txn, v2, [("memq.c.orders", note("c"))], audited)
+    store.add_pending(txn, v2, [("memq.c.orders", note("d"))], partition=2)   # a compacted topic's partition 2
     with pytest.raises(TxnConflictError):
         store.add_pending(txn, v, [("memq.c.orders", note("stale"))])
-    assert [(t, n.key) for t, n in store.pending(txn)] == [("memq.c.orders", k) for k in "abc"]
+    assert [(t, n.key) for t, n in store.pending(txn)] == [("memq.c.orders", k) for k in "abcd"]
     assert store.pending(txn)[0][1] == note("a")
-    assert [e.audited for e in store.entries(txn)] == [[], audited]   # an entry without: the field absent
-    assert {"a", "b", "c"} <= store.pending_objects()
+    assert [e.audited for e in store.entries(txn)] == [[], audited, []]   # an entry without: the field absent
+    assert [e.partition for e in store.entries(txn)] == [-1, -1, 2]       # likewise: Kafka's pick
+    assert {"a", "b", "c", "d"} <= store.pending_objects()
     assert txn in store.ids()
-    assert store.drop_pending(txn) == 2 and store.pending(txn) == [] and store.drop_pending(txn) == 0
+    assert store.drop_pending(txn) == 3 and store.pending(txn) == [] and store.drop_pending(txn) == 0
     assert store.read(txn) == (FULL, v2)
     with pytest.raises(TxnConflictError):
         store.delete(txn, v)

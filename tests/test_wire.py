@@ -62,6 +62,27 @@ def test_seal_flag_round_trips_and_unknown_flags_are_refused() -> None:
         decode_request(bytes(frame))
 
 
+def test_a_partition_round_trips_with_and_without_a_transaction_and_frames_without_one_are_unchanged() -> None:
+    """RequestFlag.PARTITION: a compacted topic's Message names its read partition (placed by key)."""
+    plain = encode_request(5, AckLevel.ALL, "t", b"m", RequestFlag.SEAL)
+    assert encode_request(5, AckLevel.ALL, "t", b"m", RequestFlag.SEAL, partition=-1) == plain
+    assert decode_request(plain).partition == -1
+    for txn in ("", "tx-1"):
+        frame = encode_request(5, AckLevel.ALL, "t", b"m", RequestFlag.SEAL, txn, partition=2**32 - 1)
+        assert len(frame) == len(encode_request(5, AckLevel.ALL, "t", b"m", RequestFlag.SEAL, txn)) + 4
+        req = decode_request(frame)
+        assert (req.partition, req.transactional_id, bytes(req.message)) == (2**32 - 1, txn, b"m")
+        assert req.flags is RequestFlag.SEAL   # the partition is in `partition`, not in the flags
+        assert decode_request(encode_request(5, AckLevel.ALL, "t", b"m", transactional_id=txn, partition=0)) \
+            .flags is RequestFlag.NONE
+    head = bytearray(request_header_size("t", "", 7) + 1)
+    pack_request_header_into(head, 9, AckLevel.LEADER, "t", partition=7)
+    assert decode_request(bytes(head)).partition == 7
+    cut = encode_request(5, AckLevel.ALL, "t", b"", partition=3)[:-1]   # the partition cut short
+    with pytest.raises(ProtocolError, match="partition does not fit"):
+        decode_request(cut)
+
+
 def test_version_1_frames_without_flags_still_parse() -> None:
     """A producer from before the flags byte: same fields, no flags, one byte shorter."""
     v1 = b"MQ\x01\x02" + (77).to_bytes(8, "big") + (3).to_bytes(2, "big") + b"abc" + b"MSG"

@@ -3,9 +3,11 @@
 A door decodes its own framing, then asks `Admission.admit` whether a principal may write
 Messages of a given size to a topic here. The checks run in one order for every door:
 principal's ACL -> the topic is hosted here -> the Message size -> any extra `Check` the broker
-was built with. A door then verifies its format (memq's header CRC, Kafka's RecordBatch CRC),
-charges the bytes it accepted to the quotas (`charge`) and appends through the `Ticket`: the
-only way a door reaches a topic's processor. A check added here applies to every door.
+was built with -> the partition of a compacted topic of several read partitions (`placed`: the
+request must name one it has; any other topic ignores it). A door then verifies its format
+(memq's header CRC, Kafka's RecordBatch CRC), charges the bytes it accepted to the quotas
+(`charge`) and appends through the `Ticket`: the only way a door reaches a topic's processor. A
+check added here applies to every door.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from memq.security.quota import ANONYMOUS, Throttler
 from .batch import Reply
 from .guard import Guard
 from .metrics import BrokerMetrics
+from .placed import PlacedTopic
 from .processor import TopicProcessor
 
 
@@ -64,6 +67,11 @@ class Ticket:
         return self._processor.config
 
     @property
+    def partition(self) -> int:
+        """The notification partition its Messages go to (-1: Kafka's pick)."""
+        return self._processor.partition
+
+    @property
     def ack_stage(self) -> Histogram:
         """Where a door observes how long this topic's acks waited to be written."""
         return self._processor.ack_stage
@@ -91,7 +99,7 @@ class Admission:
     """The checks every produce door runs, in one order, and the quota charge after them."""
 
     def __init__(self, *, guard: Guard, quotas: Throttler, metrics: BrokerMetrics, clock: Clock,
-                 processor: Callable[[str], TopicProcessor | None],
+                 processor: Callable[[str], TopicProcessor | PlacedTopic | None],
                  where_is: Callable[[str], tuple[AckCode, str, tuple[str, ...]]],
                  checks: Sequence[Check] = ()) -> None:
         self._guard = guard
@@ -102,8 +110,9 @@ class Admission:
         self._where_is = where_is
         self._checks = tuple(checks)
 
-    def admit(self, principal: str | None, topic: str, largest: int) -> Ticket | Refusal:
-        """ACL, hosted here, size, extra checks: a Ticket to append, or why not."""
+    def admit(self, principal: str | None, topic: str, largest: int, partition: int = -1) -> Ticket | Refusal:
+        """ACL, hosted here, size, extra checks, `partition` (placed topics only): a Ticket to
+        append, or why not."""
         if not self._guard.allowed(principal, Operation.PRODUCE, topic):
             return Refusal(AckCode.DENIED, f"principal {principal} may not {Operation.PRODUCE} to topic {topic}")
         proc = self._processor(topic)
@@ -119,6 +128,13 @@ class Admission:
                 refusal = check(entry, proc.config)
                 if refusal is not None:
                     return refusal
+        if isinstance(proc, PlacedTopic):
+            lane = proc.lane(partition)
+            if lane is None:
+                n = proc.config.read_partitions
+                return Refusal(AckCode.PROTOCOL, f"topic {topic} is compacted over {n} read partitions: a write "
+                                                 f"names its partition (0..{n - 1}, placed by key), not {partition}")
+            return Ticket(lane)
         return Ticket(proc)
 
     def charge(self, principal: str | None, charges: Iterable[tuple[str, int]]) -> float:

@@ -9,7 +9,10 @@ publishes every part's notification at once (each on its topic's notification to
 each member topic one `Outcome` for its batch; the topic acks its own Messages. The writer
 knows its members only as `Member`s: the dependency runs processor -> group, never back.
 
-A group named "" is a topic's own: one member, objects under the topic's key.
+A group named "" is a topic's own: one member, objects under the topic's key. A compacted topic
+of several read partitions has a member per partition (a `TopicProcessor` each, its records
+placed by key), whose parts are published to their partitions; parts of several partitions may
+share an object, as parts of several topics do.
 """
 
 from __future__ import annotations
@@ -38,7 +41,9 @@ log = logging.getLogger(__name__)
 class Publisher(Protocol):
     """Where a broker publishes notifications (`memq.notify.NotificationPublisher`)."""
 
-    async def publish_many(self, notes: Sequence[tuple[str, Notification]]) -> list[tuple[int, int] | NotifyError]: ...
+    async def publish_many(self, notes: Sequence[tuple[str, Notification]],
+                           partitions: Sequence[int] | None = None) -> list[tuple[int, int] | NotifyError]:
+        """Each note's (partition, offset), or why not; `partitions`: each note's partition (-1: Kafka's pick)."""
 
     def health(self) -> str | None:
         """None while notifications can be published; otherwise why not."""
@@ -55,6 +60,10 @@ class Member(Protocol):
 
     @property
     def notification_topic(self) -> str: ...
+
+    @property
+    def partition(self) -> int:
+        """The notification partition its batches go to; -1: Kafka's partitioner picks."""
 
     def take(self) -> Batch | None:
         """The filling batch, sealed, for the object being stored (None if empty)."""
@@ -143,20 +152,21 @@ class GroupWriter:
         self._publisher = publisher
         self._broker_id = broker_id
         self._clock = clock or SystemClock()
-        self._members: dict[str, Member] = {}
+        self._members: dict[tuple[str, int], Member] = {}   # by (topic, partition)
         self._m_objects = metrics.group_objects.labels(group)
         self._soon: asyncio.Handle | None = None
 
     @property
     def members(self) -> list[str]:
-        return list(self._members)
+        return list(dict.fromkeys(name for name, _ in self._members))
 
     def join(self, member: Member) -> None:
-        self._members[member.name] = member
+        self._members[member.name, member.partition] = member
 
     def leave(self, member: Member) -> None:
-        if self._members.get(member.name) is member:
-            del self._members[member.name]
+        key = (member.name, member.partition)
+        if self._members.get(key) is member:
+            del self._members[key]
 
     def batch_age_s(self, batch_ms: int) -> float:
         """How old a member's batch grows before its time seal: `batch_ms`, stretched while the
@@ -242,7 +252,9 @@ class GroupWriter:
         notes = [notification(m.name, b, loc, part, created_ms=created_ms, attempt=attempt, broker_id=self._broker_id)
                  for (m, b), part in zip(parts, placed)]
         t0 = clock.monotonic()
-        published = await self._publish([(m.notification_topic, note) for (m, _), note in zip(parts, notes)])
+        lanes = [m.partition for m, _ in parts]
+        published = await self._publish([(m.notification_topic, note) for (m, _), note in zip(parts, notes)],
+                                        lanes if max(lanes) >= 0 else None)
         notify_s = clock.monotonic() - t0
         if self._reads is not None:
             for ((m, _), note), result in zip(zip(parts, notes), published):
@@ -250,9 +262,10 @@ class GroupWriter:
                     self._reads.published(m.notification_topic, *result, note)
         return [Stored(note, result, put_s, notify_s) for note, result in zip(notes, published)]
 
-    async def _publish(self, notes: list[tuple[str, Notification]]) -> list[tuple[int, int] | NotifyError]:
-        """Publish `notes`; those that fail are published again, the same notification of the
-        same object, until they land or `republish_s` has passed.
+    async def _publish(self, notes: list[tuple[str, Notification]],
+                       partitions: list[int] | None = None) -> list[tuple[int, int] | NotifyError]:
+        """Publish `notes` (to `partitions`, when given); those that fail are published again, the
+        same notification of the same object, until they land or `republish_s` has passed.
 
         A publish that timed out may have landed (librdkafka's "Message timed out" after a
         Kafka stall): failing its batch made the producer resend the Messages, stored and
@@ -268,7 +281,8 @@ class GroupWriter:
         pause = REPUBLISH_BACKOFF_S[0]
         while True:
             try:
-                got = await self._publisher.publish_many([notes[i] for i in pending])
+                got = await (self._publisher.publish_many([notes[i] for i in pending]) if partitions is None else
+                             self._publisher.publish_many([notes[i] for i in pending], [partitions[i] for i in pending]))
             except Exception as e:   # a publisher bug must fail these batches only, never the broker
                 got = [NotifyError(str(e))] * len(pending)
             for i, result in zip(pending, got):

@@ -29,6 +29,10 @@ A stored batch is announced on Kafka before any ack=all Message in it is acked; 
 the publish fails for good, every ack=all Message of that batch gets an error ack naming why.
 Nothing is deleted on such an ambiguous failure (see `_unannounced`).
 Message bodies are never decoded: the caller has verified header and CRC.
+
+A compacted topic of several read partitions has one processor per partition on its broker
+(`memq.broker.placed.PlacedTopic`), each with `partition` set: its batches' notifications go to
+that partition (the producer placed the records by key), not to one Kafka's partitioner picks.
 """
 
 from __future__ import annotations
@@ -60,10 +64,12 @@ class TopicProcessor:
     def __init__(self, topic: TopicConfig, *, cluster: str, broker_id: str, storage: StorageHandler,
                  publisher: Publisher, metrics: BrokerMetrics, busy_wait_s: float = 5.0,
                  dedup_capacity: int = 50_000, dedup_window_s: float = 300.0,
-                 group: GroupWriter | None = None, clock: Clock | None = None) -> None:
+                 group: GroupWriter | None = None, clock: Clock | None = None, partition: int = -1) -> None:
         """`group`: the writer of the topic's storage group (default: the topic's own objects,
-        published through `publisher`)."""
+        published through `publisher`); `partition`: the notification partition of every batch
+        (-1: Kafka's partitioner picks each)."""
         self.config = topic
+        self.partition = partition
         self.notification_topic = topic.notification_topic_for(cluster)
         self._clock = clock or SystemClock()
         self._group = group or GroupWriter("", storage=storage, publisher=publisher, broker_id=broker_id,
@@ -197,7 +203,7 @@ class TopicProcessor:
                 self._slots.release()
                 continue
             self._busy += 1
-            self._m_busy.set(self._busy)
+            self._m_busy.inc()   # inc/dec: a compacted topic's partitions share the gauge (placed.py)
             batch = Batch(opened=clock.monotonic())
             batch.timer = asyncio.get_running_loop().call_later(self.config.batch_ms / 1000, self._aged, batch)
             self._filling = batch
@@ -294,7 +300,7 @@ class TopicProcessor:
 
     def _release_slot(self) -> None:
         self._busy -= 1
-        self._m_busy.set(self._busy)
+        self._m_busy.dec()
         self._slots.release()
 
     def _announced(self, batch: Batch, note: Notification, published: tuple[int, int] | Exception,

@@ -18,7 +18,9 @@ A compacted topic keeps only the latest record per key, so "every acked record i
 does not hold there by design; its rule is `check_compacted`: reading the topic from earliest
 (the compacted prefix, then the tail), the last record of each key is the key's latest acked
 write, or one that may have been ordered after it (it was not done before that write began);
-a key whose latest acked write is a tombstone may be absent.
+a key whose latest acked write is a tombstone may be absent. With several read partitions the
+rule holds per partition: records are placed by key (memq.client.placement, the Kafka door takes
+the client's partition), so every record of a key is in one partition, whose order is its order.
 """
 
 from __future__ import annotations

@@ -39,7 +39,7 @@ FAULT_PORT_OFFSET = 20000   # the S3 fault proxy listens on S3's port + this
 BROKER_PORT = 8080
 KAFKA_LISTENER_PORT = 9093   # each broker's own host: the same port on every one, kept across restarts
 READY_TIMEOUT_S = 60.0
-GOVERNOR = GovernorConfig(interval_s=1.0, reconcile_interval_s=0.5, drain_timeout_s=10.0)
+GOVERNOR = GovernorConfig(interval_s=1.0, reconcile_interval_s=0.5, drain_timeout_s=10.0, compaction_interval_s=2.0)
 
 
 def host_names(brokers: int) -> list[str]:

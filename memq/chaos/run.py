@@ -4,7 +4,10 @@ Shared by the suite's short seeded run and `python -m bench chaos`. Everything i
 namespaces, the servers, the workload processes) is stopped and removed before it returns;
 what a killed earlier run left behind is swept first. The transactional workload (`workload="txn"`,
 memq.chaos.workload.produce_txn) adds a read_committed read of the whole topic after the run and
-its verdict (`RunResult.txn`, memq.chaos.checker.check_txn).
+its verdict (`RunResult.txn`, memq.chaos.checker.check_txn). The compacted workload
+(`workload="compacted"`) writes the same keyed records to a compacted topic the brokers compact
+during the run (`_topic`), reads its state from earliest afterwards, and checks that each
+key's latest acked value survived (`RunResult.compacted`, memq.chaos.checker.check_compacted).
 """
 
 from __future__ import annotations
@@ -19,14 +22,16 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from memq.chaos.checker import Observations, TxnVerdict, TxnWrite, Verdict, check, check_txn
+from memq.chaos.checker import (CompactedVerdict, KeyedWrite, Observations, TxnVerdict, TxnWrite, Verdict, check,
+                                check_compacted, check_txn)
 from memq.chaos.cluster import ChaosCluster, host_names
 from memq.chaos.linkproxy import LinkShape
 from memq.chaos.nemesis import DEFAULT_LINK, HTTP_FAULTS, Fault, Nemesis, delayed_links, describe, schedule
 from memq.chaos.throughput import FaultThroughput, fault_throughput
 from memq.chaos.topology import Topology, sweep_stale
-from memq.chaos.workload import (load_acks, load_delivered, load_txn_writes, read_committed, read_objects,
-                                 read_pointers)
+from memq.chaos.workload import (load_acks, load_delivered, load_keyed_writes, load_txn_writes, read_committed,
+                                 read_objects, read_pointers, read_state)
+from memq.compaction.manifest import ManifestPointers
 from memq.config import TopicConfig
 from memq.devcluster.broker_process import config_toml
 from memq.devcluster.process import ManagedProcess, spawn
@@ -52,7 +57,8 @@ class RunSpec:
     delay_s: float = DEFAULT_LINK.delay_s     # delay faults: extra one-way latency per chunk ...
     jitter_s: float = DEFAULT_LINK.jitter_s   # ... plus or minus up to this
     reader: str = "memq"         # the group's reader: memq's Consumer, or "kafka" (a Kafka consumer group)
-    workload: str = "plain"      # "txn": producers write in transactions, some aborted (workload.produce_txn)
+    workload: str = "plain"      # "txn": producers write in transactions, some aborted (workload.produce_txn);
+                                 # "compacted": the topic is compacted during the run (`_topic`)
 
 
 @dataclass(frozen=True)
@@ -63,10 +69,13 @@ class RunResult:
     nemesis_errors: tuple[str, ...] = field(default=())
     throughput: tuple[FaultThroughput, ...] = field(default=())
     txn: TxnVerdict | None = None   # the transactional workload's verdict
+    compacted: CompactedVerdict | None = None   # the compacted workload's
+    manifests: int = 0     # ... and how many of the topic's partitions had been compacted by its end
 
     @property
     def passed(self) -> bool:
-        return self.verdict.passed and (self.txn is None or self.txn.passed)
+        return (self.verdict.passed and (self.txn is None or self.txn.passed)
+                and (self.compacted is None or self.compacted.passed))
 
 
 def run(spec: RunSpec, log: Callable[[str], None] = print, work_dir: Path | None = None) -> RunResult:
@@ -84,13 +93,16 @@ def run(spec: RunSpec, log: Callable[[str], None] = print, work_dir: Path | None
                 ChaosCluster(topo, work, spec.brokers, shaped=shaped,
                              s3_faults=any(f.kind in HTTP_FAULTS for f in faults),
                              kafka_listener=spec.reader == "kafka") as cluster:
-            placed = cluster.create_topic(TopicConfig(name=TOPIC, read_partitions=spec.partitions))
+            placed = cluster.create_topic(_topic(spec))
             log(f"cluster up: governor {cluster.governor()}, topic {TOPIC} on {', '.join(placed)}")
             client = work / "client.toml"
             client.write_text(config_toml(cluster.config))
             workers: list[ManagedProcess] = []
             writes: list[TxnWrite] = []   # the transactional workload's
             read: list[str] = []
+            keyed: list[KeyedWrite] = []  # the compacted workload's, and the state read after the run
+            state: dict[str, str] = {}
+            manifests = 0
             consumer_out = work / "consumer.jsonl"
             reader = ["--reader", spec.reader, "--bootstrap", cluster.kafka_bootstrap] if spec.reader == "kafka" else []
             consumer = _Consumer(lambda: _worker(topo, work, "consumer", "consume", client, consumer_out,
@@ -119,6 +131,13 @@ def run(spec: RunSpec, log: Callable[[str], None] = print, work_dir: Path | None
                     writes = load_txn_writes([o for o in outs if o.exists()])
                     read = read_committed(cluster.config, TOPIC, {a.record_id for a in acks if a.ok}, spec.catch_up_s)
                     log(f"read_committed after the run: {len(read)} records")
+                if spec.workload == "compacted":
+                    keyed = load_keyed_writes([o for o in outs if o.exists()])
+                    pointers_zk = ManifestPointers(cluster.brokers.registry)
+                    manifests = sum(pointers_zk.read(TOPIC, p) is not None for p in range(spec.partitions))
+                    state = read_state(cluster.config, TOPIC, pointers_zk, {w.key for w in keyed if w.ok},
+                                       spec.catch_up_s)
+                    log(f"state after the run: {len(state)} keys from earliest, {manifests} partitions compacted")
                 s3_counts = cluster.s3_request_counts()
             finally:
                 for w in [consumer.proc, *workers]:
@@ -126,8 +145,19 @@ def run(spec: RunSpec, log: Callable[[str], None] = print, work_dir: Path | None
             delivered = load_delivered(consumer_out)
     verdict = check(Observations(acks, delivered, pointers, objects, nemesis.windows, t0, produce_end))
     txn = check_txn(writes, pointers, objects, read, [d.record_id for d in delivered]) if spec.workload == "txn" else None
+    compacted = check_compacted(keyed, state) if spec.workload == "compacted" else None
     return RunResult(spec, tuple(faults), verdict, tuple(nemesis.errors),
-                     tuple(fault_throughput(row, acks, s3_counts) for row in verdict.faults), txn)
+                     tuple(fault_throughput(row, acks, s3_counts) for row in verdict.faults), txn, compacted, manifests)
+
+
+def _topic(spec: RunSpec) -> TopicConfig:
+    plain = TopicConfig(name=TOPIC, read_partitions=spec.partitions)
+    if spec.workload != "compacted":
+        return plain
+    # compacted once a fifth of a partition is dirty, records a few seconds old: several runs
+    # while the faults go on
+    return dataclasses.replace(plain, cleanup_policy="compact", min_cleanable_dirty_ratio=0.2,
+                               min_compaction_lag_ms=3_000)
 
 
 class _Consumer:
@@ -195,8 +225,13 @@ def table(result: RunResult) -> str:
         rows.append(f"transactions: {t.transactions} ({t.committed} records committed, {t.aborted} aborted, "
                     f"{t.in_doubt} in doubt), {t.aborted_visible} aborted records visible, {t.torn} torn, "
                     f"read_committed after the run: {t.read_missed} missed, {t.read_duplicates} duplicates")
+    c = result.compacted
+    if c is not None:
+        rows.append(f"compacted: {result.manifests} of {result.spec.partitions} partitions, {c.keys} keys acked, "
+                    f"{len(c.lost)} lost their latest acked value, {len(c.unknown)} read a record never written to them")
     rows += [f"nemesis error: {e}" for e in result.nemesis_errors]
-    rows += [f"FAILED: {p}" for p in v.problems() + (t.problems() if t is not None else [])]
+    rows += [f"FAILED: {p}" for p in v.problems() + (t.problems() if t is not None else [])
+             + (c.problems() if c is not None else [])]
     return "\n".join(rows)
 
 
@@ -231,7 +266,9 @@ def summary(result: RunResult) -> dict[str, object]:
             "fault_write_amplification": [None if f.write_amplification is None else round(f.write_amplification, 4)
                                           for f in v.faults],
             "nemesis_errors": list(result.nemesis_errors), "passed": result.passed,
-            **({"workload": "txn", **{k: getattr(result.txn, k) for k in _TXN_KEYS}} if result.txn is not None else {})}
+            **({"workload": "txn", **{k: getattr(result.txn, k) for k in _TXN_KEYS}} if result.txn is not None else {}),
+            **({"workload": "compacted", "compacted_partitions": result.manifests, "keys": result.compacted.keys, "keys_lost": len(result.compacted.lost),
+                "keys_unknown": len(result.compacted.unknown)} if result.compacted is not None else {})}
 
 
 _TXN_KEYS = ("transactions", "committed", "aborted", "in_doubt", "aborted_visible", "torn", "read_missed",

@@ -18,6 +18,11 @@ ended, with the outcome: `commit` (the commit returned: acked), `abort` (no comm
 or a commit that failed was then aborted: never to be seen), or `doubt` (a commit failed and so did
 the abort: all or none of it may be seen). After any failure the Producer is made again (a new
 epoch fences its late requests). `read_committed` is the read after the run, by a new group.
+
+The compacted workload (`--workload compacted`): the same keyed sends to a compacted topic, which
+the brokers compact while the faults go on; the group consumer reads the plain tail (it has no
+manifest pointers), and `read_state` reads the topic from earliest after the run, compacted
+prefix first, as a new application learning the current state would.
 """
 
 from __future__ import annotations
@@ -34,12 +39,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
-from memq.chaos.checker import ABORT, COMMIT, DOUBT, AckEvent, Delivered, Pointer, StoredObject, TxnWrite
+from memq.chaos.checker import ABORT, COMMIT, DOUBT, AckEvent, Delivered, KeyedWrite, Pointer, StoredObject, TxnWrite
 from memq.config import MemqConfig, load_config
 from memq.errors import ConsumerError, MemqError
 
 if TYPE_CHECKING:
     from memq.client.producer import Producer
+    from memq.compaction.manifest import ManifestPointers
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +53,7 @@ CLOSE_TIMEOUT_S = 90.0
 KEYS = 64
 BURST_PAD = 64 * 1024    # bytes of padding per record while bursting (an overload fault)
 READERS = ("memq", "kafka")
-WORKLOADS = ("plain", "txn")
+WORKLOADS = ("plain", "txn", "compacted")
 TXN_RECORDS = 20         # records per transaction
 ABORT_SHARE = 0.2        # transactions the workload aborts on purpose
 TXN_TIMEOUT_MS = 10_000  # a transaction its producer lost track of is aborted by its coordinator this soon
@@ -69,12 +75,12 @@ async def produce(config: MemqConfig, topic: str, name: str, rate: float, second
     (its max_in_flight_bytes pushes back), instead."""
     from memq.client.producer import Producer
 
-    pending: dict[asyncio.Future[object], tuple[str, float]] = {}
+    pending: dict[asyncio.Future[object], tuple[str, str, float]] = {}
 
     def done(fut: asyncio.Future[object]) -> None:
-        rid, sent = pending.pop(fut)
+        rid, key, sent = pending.pop(fut)
         err = None if fut.cancelled() else fut.exception()
-        _line(out, id=rid, p=name, sent=sent, done=time.time(), ok=not fut.cancelled() and err is None,
+        _line(out, id=rid, p=name, k=key, sent=sent, done=time.time(), ok=not fut.cancelled() and err is None,
               err=None if err is None else f"{type(err).__name__}: {err}")
 
     producer = Producer(dataclasses.replace(config.producer, ack="all"))
@@ -84,9 +90,10 @@ async def produce(config: MemqConfig, topic: str, name: str, rate: float, second
         nonlocal n
         sent = time.time()
         rid = f"{name}-{n}"
+        key = f"k{n % KEYS}"
         value = json.dumps({"id": rid, "p": name, "k": n % KEYS, "t": sent, "pad": pad}).encode()
-        fut = await producer.send(topic, value, key=f"k{n % KEYS}".encode())
-        pending[fut] = (rid, sent)  # type: ignore[index]
+        fut = await producer.send(topic, value, key=key.encode())
+        pending[fut] = (rid, key, sent)  # type: ignore[index]
         fut.add_done_callback(done)  # type: ignore[arg-type]
         n += 1
 
@@ -107,8 +114,8 @@ async def produce(config: MemqConfig, topic: str, name: str, rate: float, second
     except TimeoutError:
         pass
     finally:
-        for rid, sent in list(pending.values()):   # never resolved: counted as failed
-            _line(out, id=rid, p=name, sent=sent, done=time.time(), ok=False, err="unresolved")
+        for rid, key, sent in list(pending.values()):   # never resolved: counted as failed
+            _line(out, id=rid, p=name, k=key, sent=sent, done=time.time(), ok=False, err="unresolved")
 
 
 async def produce_txn(config: MemqConfig, topic: str, name: str, rate: float, seconds: float, out: IO[str]) -> None:
@@ -261,6 +268,29 @@ def read_committed(config: MemqConfig, topic: str, want: set[str], timeout_s: fl
     return got
 
 
+def read_state(config: MemqConfig, topic: str, pointers: ManifestPointers, keys: set[str], timeout_s: float,
+               quiet_s: float = 3.0) -> dict[str, str]:
+    """Key -> id of the last record of that key a new memq Consumer group gets reading the
+    compacted `topic` from earliest through the manifests `pointers` names: until every key of
+    `keys` came and `quiet_s` passed without a record, or `timeout_s`."""
+    from memq.client.consumer import Consumer
+
+    cc = dataclasses.replace(config.consumer, group_id=f"chaos-state-{os.getpid()}-{time.time_ns()}",
+                             auto_offset_reset="earliest", enable_auto_commit=False)
+    state: dict[str, str] = {}
+    deadline = time.time() + timeout_s
+    last = time.time()
+    with Consumer(dataclasses.replace(config, consumer=cc), topic, pointers=pointers) as c:
+        while time.time() < deadline and not (keys <= state.keys() and time.time() - last > quiet_s):
+            recs = c.poll(0.5)
+            if recs:
+                last = time.time()
+            for r in recs:
+                if r.key is not None and r.value:   # a tombstone reads as an empty value
+                    state[bytes(r.key).decode()] = json.loads(r.value)["id"]
+    return state
+
+
 def read_pointers(config: MemqConfig, topic: str, partitions: int) -> list[Pointer]:
     """Every notification of `topic`, from the start of each partition to its end."""
     from memq.client.consumer import notification_topic
@@ -283,9 +313,13 @@ def read_pointers(config: MemqConfig, topic: str, partitions: int) -> list[Point
 def read_objects(config: MemqConfig) -> list[StoredObject]:
     """Every object in the bucket with the record ids it holds (undecodable: no ids). An object
     gone between the listing and its GET was being collected by the janitor (an orphan: the
-    checker finds a referenced object that is missing through its notification instead)."""
+    checker finds a referenced object that is missing through its notification instead).
+    Compacted parts and manifests (a compacted topic's compaction home) are not the checker's:
+    no notification names them, and they copy records the plain objects hold."""
     import boto3
     from botocore.config import Config
+
+    from memq.compaction.manifest import COMPACTION_GROUP_PREFIX
 
     from memq.errors import FormatError
     from memq.format import decode_batch, split_parts
@@ -296,6 +330,8 @@ def read_objects(config: MemqConfig) -> list[StoredObject]:
     out = []
     for page in s3.get_paginator("list_objects_v2").paginate(Bucket=config.s3.bucket):
         for item in page.get("Contents", []):
+            if f"/groups/{COMPACTION_GROUP_PREFIX}" in item["Key"]:
+                continue
             try:
                 body = s3.get_object(Bucket=config.s3.bucket, Key=item["Key"])["Body"].read()
             except s3.exceptions.NoSuchKey:
@@ -316,6 +352,16 @@ def load_acks(paths: Sequence[Path]) -> list[AckEvent]:
         for line in path.read_text().splitlines():
             e = json.loads(line)
             first.setdefault(e["id"], AckEvent(e["p"], e["id"], e["sent"], e["done"], e["ok"]))
+    return list(first.values())
+
+
+def load_keyed_writes(paths: Sequence[Path]) -> list[KeyedWrite]:
+    """The producers' logs as keyed writes (the compacted workload's checker input), first outcome kept."""
+    first: dict[str, KeyedWrite] = {}
+    for path in paths:
+        for line in path.read_text().splitlines():
+            e = json.loads(line)
+            first.setdefault(e["id"], KeyedWrite(e["k"], e["id"], e["sent"], e["done"], e["ok"]))
     return list(first.values())
 
 
@@ -369,7 +415,8 @@ def main(argv: list[str] | None = None) -> int:
                         "consumer group through the brokers' Kafka listeners (--bootstrap)")
     parser.add_argument("--bootstrap", default="", help="consume --reader kafka: the brokers' Kafka listeners")
     parser.add_argument("--workload", choices=WORKLOADS, default="plain",
-                        help="produce: plain sends, or transactions committed or aborted (produce_txn)")
+                        help="produce: plain sends (to a compacted topic too), or transactions committed or aborted "
+                        "(produce_txn)")
     args = parser.parse_args(argv)
     config = load_config(args.config, env={})
     with _open_log(args.out) as out:

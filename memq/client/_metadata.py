@@ -40,7 +40,7 @@ class TopicRouter:
         self._down: dict[str, float] = {}                # url -> monotonic time it may be tried again
         self._frame_limits: dict[str, int] = {}          # url -> the largest frame it reads, as it said
         self._refreshing: SingleFlight[str, list[str]] = SingleFlight()
-        self._keyed: set[str] = set()                    # compacted topics: records need keys
+        self._keyed: dict[str, int] = {}                 # compacted topics (records need keys): read partitions
 
     async def brokers_for(self, topic: str) -> list[str]:
         """The brokers hosting `topic`; asks the cluster on a miss. UnknownTopicError if none does,
@@ -79,9 +79,10 @@ class TopicRouter:
         """The largest produce frame broker `url` said it reads (0: not known)."""
         return self._frame_limits.get(url, 0)
 
-    def keyed(self, topic: str) -> bool:
-        """Whether `topic` is compacted (records need keys), as the last metadata said."""
-        return topic in self._keyed
+    def key_partitions(self, topic: str) -> int:
+        """0 unless `topic` is compacted (records need keys); then its read partitions, which
+        records are placed over by key. As the last metadata said."""
+        return self._keyed.get(topic, 0)
 
     def broker_ok(self, url: str) -> None:
         self._down.pop(url, None)
@@ -131,7 +132,10 @@ class TopicRouter:
                 if b.max_frame_bytes:
                     self._frame_limits[b.url.rstrip("/")] = b.max_frame_bytes
             for name, info in md.topics.items():
-                (self._keyed.add if "compact" in info.cleanup_policy else self._keyed.discard)(name)
+                if "compact" in info.cleanup_policy:
+                    self._keyed[name] = info.read_partitions
+                else:
+                    self._keyed.pop(name, None)
                 if info.brokers:
                     hosting.setdefault(name, {}).update(dict.fromkeys(info.brokers))
         if topic not in hosting:

@@ -1,11 +1,16 @@
 """The Producer's buffering, with no I/O and no event loop (the sans-I/O half of the Producer).
 
-Records wait per topic in an open buffer; the buffer seals into a Message when its records
-reach `seal_bytes` (estimated from their raw sizes), or when the caller's linger timer,
-started as the buffer opened, runs out (time is the caller's: this module keeps no clock
+Records wait per lane, (topic, read partition), in an open buffer; the buffer seals into a
+Message when its records reach `seal_bytes` (estimated from their raw sizes), or when the
+caller's linger timer, started as the buffer opened, runs out (time is the caller's: this module keeps no clock
 but the Message creation time it stamps). Sealing assigns the topic's next sequence and the Message's creation time and encodes it,
 leaving `headroom` bytes in front for the request header the sender writes per attempt.
 Who waits for which records is opaque here (`W`): the Producer's waiters.
+
+A lane's partition is -1 (the broker's notification publish picks) except on a compacted
+topic of several read partitions, whose records the Producer places by key: each partition is
+a lane of its own, its Messages name their partition (memq.format.wire's RequestFlag.PARTITION).
+Sequences stay per topic.
 
 Each open buffer tracks its records' timestamp range, so encoding is one msgpack call plus
 compression, with no per-record pass (`encode_message(timestamps=..., shaped=True)`).
@@ -32,6 +37,8 @@ class Waiting(Protocol):
 W = TypeVar("W", bound=Waiting)
 
 RECORD_OVERHEAD = 16            # msgpack framing of one record, for size estimates
+
+Lane = tuple[str, int]          # (topic, read partition: -1 unless placed by key)
 
 
 def now_ms() -> int:
@@ -61,6 +68,7 @@ class Sealed(Generic[W]):
     `error` is set (and `frame` empty) when encoding failed: its waiters fail."""
 
     topic: str
+    partition: int                       # the read partition it names (-1: the broker picks)
     sequence: int
     frame: bytearray
     message_at: int
@@ -72,7 +80,7 @@ class Sealed(Generic[W]):
 
 
 class Accumulator(Generic[W]):
-    """Open buffers per topic, sealed by size or linger into encoded, sequenced Messages."""
+    """Open buffers per lane, sealed by size or linger into encoded, sequenced Messages."""
 
     def __init__(self, *, seal_bytes: int, producer_id: int, epoch: int, codec: Codec,
                  clock_ms: Callable[[], int] = now_ms, transactional_id: str = "") -> None:
@@ -84,7 +92,7 @@ class Accumulator(Generic[W]):
         self._codec = codec
         self._clock_ms = clock_ms
         self._compressors = Compressors()
-        self._open: dict[str, _Open[W]] = {}
+        self._open: dict[Lane, _Open[W]] = {}
         self._sequences: dict[str, int] = {}
 
     def restamp(self, producer_id: int, epoch: int) -> None:
@@ -101,21 +109,21 @@ class Accumulator(Generic[W]):
         """Start `topic`'s sequence at 0 (once its existence was checked)."""
         self._sequences.setdefault(topic, 0)
 
-    def room(self, topic: str) -> int:
-        """Bytes the topic's open buffer takes before it seals (at least 1)."""
-        p = self._open.get(topic)
+    def room(self, lane: Lane) -> int:
+        """Bytes the lane's open buffer takes before it seals (at least 1)."""
+        p = self._open.get(lane)
         return max(self.seal_bytes - (p.nbytes if p else 0), 1)
 
-    def add(self, topic: str, records: list[tuple], nbytes: int, lo: int, hi: int,
+    def add(self, lane: Lane, records: list[tuple], nbytes: int, lo: int, hi: int,
             waiter: W) -> tuple[bool, bool]:
-        """Append `records` (estimated `nbytes`, timestamps in [lo, hi]) to the topic's open
+        """Append `records` (estimated `nbytes`, timestamps in [lo, hi]) to the lane's open
         buffer; `waiter` waits for them (its `position` is set to the first one's index in the
         Message). Returns (opened: a new buffer was started, so its linger starts now; full:
         it must seal now)."""
-        p = self._open.get(topic)
+        p = self._open.get(lane)
         opened = p is None
         if p is None:
-            p = self._open[topic] = _Open()
+            p = self._open[lane] = _Open()
         waiter.position = len(p.records)
         p.waiters.append(waiter)
         p.records.extend(records)
@@ -126,24 +134,25 @@ class Accumulator(Generic[W]):
             p.hi = hi
         return opened, p.nbytes >= self.seal_bytes
 
-    def topics(self) -> list[str]:
-        """Topics with an open buffer."""
+    def lanes(self) -> list[Lane]:
+        """Lanes with an open buffer."""
         return list(self._open)
 
-    def seal(self, topic: str) -> Sealed[W] | None:
-        """Seal the topic's open buffer into its next Message (None if nothing is open)."""
-        p = self._open.pop(topic, None)
+    def seal(self, lane: Lane) -> Sealed[W] | None:
+        """Seal the lane's open buffer into its topic's next Message (None if nothing is open)."""
+        p = self._open.pop(lane, None)
         if p is None:
             return None
+        topic, partition = lane
         seq = self._sequences[topic]
         self._sequences[topic] = seq + 1
         created = self._clock_ms()
-        headroom = request_header_size(topic, self._transactional_id)
+        headroom = request_header_size(topic, self._transactional_id, partition)
         try:
             frame = encode_message(p.records,   # type: ignore[arg-type]  # 5-tuples in LogMessage's field order
                                    producer_id=self._producer_id, epoch=self._epoch, sequence=seq,
                                    codec=self._codec, created_ms=created, compressors=self._compressors,
                                    timestamps=(p.lo, p.hi), shaped=True, adaptive=True, headroom=headroom)
         except MemqError as e:
-            return Sealed(topic, seq, bytearray(), headroom, len(p.records), p.nbytes, created, p.waiters, e)
-        return Sealed(topic, seq, frame, headroom, len(p.records), p.nbytes, created, p.waiters)
+            return Sealed(topic, partition, seq, bytearray(), headroom, len(p.records), p.nbytes, created, p.waiters, e)
+        return Sealed(topic, partition, seq, frame, headroom, len(p.records), p.nbytes, created, p.waiters)

@@ -7,8 +7,9 @@ keeps up); then, if the key is not there, the compacted parts' key indexes, newe
 the one Message the index names). A tail longer than the bound without the key is refused with
 ConsumerError rather than answered from the older parts (which could be stale).
 
-A key's records may sit in any read partition (the brokers spread batches over them), so the
-record with the newest timestamp over the partitions wins. Kafka offsets as a Kafka reader sees them.
+Every partition is asked: the writers' partitioners place a key (memq's Producer and Java's
+clients hash it alike, librdkafka's default partitioner does not), so a key written by clients that
+disagree sits in two; the record with the newest timestamp over the partitions wins. Kafka offsets as a Kafka reader sees them.
 """
 
 from __future__ import annotations

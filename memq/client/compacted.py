@@ -91,8 +91,9 @@ def _notification(topic: str, p: PartRef) -> Notification:
 def _decoded(topic: str, rec: CompactedRecord, obj: bytes) -> DecodedBatch:
     """Survivors at or after `rec.start` in runs of consecutive Kafka offsets, each run one
     MessageRecords (a record's offset and index are its Kafka offset split). A run's header is
-    its Message's, numbered by the run's first Kafka offset, so de-duplication (by producer id,
-    epoch, sequence) never takes one run for another."""
+    its Message's, numbered by the run's first Kafka offset, its producer id told apart per
+    partition (`_partition_producer`: Kafka offsets repeat across a topic's partitions), so
+    de-duplication (by producer id, epoch, sequence, per topic) never takes one run for another."""
     header = decode_batch_header(obj)
     loc = rec.part.location
     out: DecodedBatch = []
@@ -115,6 +116,16 @@ def _decoded(topic: str, rec: CompactedRecord, obj: bytes) -> DecodedBatch:
 def _run(topic: str, partition: int, mh: MessageHeader, run: list[Survivor], loc: ObjectLocation
          ) -> tuple[MessageHeader, MessageRecords]:
     note, index = split_offset(run[0].offset)
-    header = dataclasses.replace(mh, sequence=run[0].offset, count=len(run))
+    producer_id = _partition_producer(mh.producer_id, partition)
+    header = dataclasses.replace(mh, producer_id=producer_id, sequence=run[0].offset, count=len(run))
     logs = [(s.value, s.key, s.headers, s.timestamp_ms, None) for s in run]
-    return header, MessageRecords(logs, index, (topic, partition, note), (mh.producer_id, mh.epoch, run[0].offset, loc))
+    return header, MessageRecords(logs, index, (topic, partition, note), (producer_id, mh.epoch, run[0].offset, loc))
+
+
+_MIX = 0x9E3779B97F4A7C15   # 2^64 / golden ratio: partitions' ids spread over the u64 space
+
+
+def _partition_producer(producer_id: int, partition: int) -> int:
+    """A compacted run's producer id in `partition`: the Message's in partition 0, told apart in
+    the others (one memq Producer writes every partition of a compacted topic, placed by key)."""
+    return producer_id ^ (partition * _MIX & 0xFFFFFFFFFFFFFFFF)

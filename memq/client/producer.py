@@ -14,6 +14,11 @@ are bounded too.
 Each Message carries the producer id (random u64), epoch and a per-topic sequence, so
 consumers can drop retried duplicates by (producer id, epoch, sequence).
 
+A compacted topic of several read partitions gets its records placed by key, as Kafka's
+default partitioner places them (`placement`): one open Message per partition, each naming its
+partition, so compaction per partition sees every record of a key. A bulk call's Deliveries
+then hold one per run of records placed alike (still in record order).
+
 With a `transactional_id` the Producer writes in transactions (memq.client.transaction):
 `begin()` (the first one also gets the producer id and epoch from the cluster, fencing any older
 Producer of the id), sends, `send_offsets()` for a Consumer group, then `commit()` (flush, then
@@ -43,8 +48,9 @@ from memq.format.message import decode_message_header
 from memq.format.records import LogMessage, check_records, gc_paused, timestamp_range
 from memq.format.wire import MAX_TOPIC_BYTES, Ack, AckLevel
 
-from .accumulator import RECORD_OVERHEAD, Accumulator, Sealed, now_ms, record_size
+from .accumulator import RECORD_OVERHEAD, Accumulator, Lane, Sealed, now_ms, record_size
 from .cluster import broker_urls
+from .placement import key_partition, runs
 from .sender import Connector, Router, Sender
 from .transaction import Transaction
 
@@ -168,7 +174,7 @@ class Producer:
             deadline_s=config.delivery_timeout_ms / 1000, backoff_s=config.retry_backoff_ms / 1000)
         self._txn_audit: list[Sealed[Waiter]] = []   # the open transaction's Messages, reported at commit
         self.metrics = self._sender.metrics   # throttle time reported by brokers (quotas)
-        self._linger: dict[str, asyncio.TimerHandle] = {}
+        self._linger: dict[Lane, asyncio.TimerHandle] = {}
         self._buffered = 0
         self._room = asyncio.Event()
         self._closed = False
@@ -197,7 +203,9 @@ class Producer:
             await self._check_keys(topic, 1)
         await self._admit(topic, size)
         fut: asyncio.Future[Delivery] = asyncio.get_running_loop().create_future()
-        self._add(topic, [record], size, ts, ts, RecordWaiter(fut))
+        partitions = self._sender.key_partitions(topic)
+        lane = (topic, key_partition(key, partitions) if partitions > 1 and key is not None else -1)
+        self._add(lane, [record], size, ts, ts, RecordWaiter(fut))
         return fut
 
     async def send_many(self, topic: str, values: Sequence[bytes], *, keys: Sequence[bytes | None] | None = None,
@@ -254,17 +262,24 @@ class Producer:
         def upto(j: int) -> int:   # estimated bytes of records[:j]
             return cum[j - 1] + j * per_record if j else 0
 
-        # cut the records into runs that fill the topic's open Message, then new ones
-        i, n = 0, len(records)
-        while i < n:
-            base = upto(i)
-            j = min(bisect_left(range(n + 1), base + self._acc.room(topic), lo=i + 1, key=upto), n)
-            run_bytes = upto(j) - base
-            await self._admit(topic, run_bytes)   # may wait while the open Message sealed: room is re-read
-            run = records[i:j]
-            lo, hi = (stamp, stamp) if stamp is not None else timestamp_range(run)   # type: ignore[arg-type]
-            self._add(topic, run, run_bytes, lo, hi, RunWaiter(many, many.add_part(), j - i))
-            i = j
+        await self._learn(topic)
+        n = len(records)
+        partitions = self._sender.key_partitions(topic)
+        # a compacted topic of several partitions: each run of records placed in one partition
+        # goes to that partition's Messages (Deliveries stay in record order, one per run)
+        placed = runs([r[1] for r in records], partitions) if partitions > 1 else ((0, n, -1),)
+        for i, end, partition in placed:
+            lane = (topic, partition)
+            # cut the records into runs that fill the lane's open Message, then new ones
+            while i < end:
+                base = upto(i)
+                j = min(bisect_left(range(n + 1), base + self._acc.room(lane), lo=i + 1, key=upto), end)
+                run_bytes = upto(j) - base
+                await self._admit(topic, run_bytes)   # may wait while the open Message sealed: room is re-read
+                run = records[i:j]
+                lo, hi = (stamp, stamp) if stamp is not None else timestamp_range(run)   # type: ignore[arg-type]
+                self._add(lane, run, run_bytes, lo, hi, RunWaiter(many, many.add_part(), j - i))
+                i = j
         return many.future
 
     async def flush(self, timeout: float | None = None) -> None:
@@ -278,8 +293,8 @@ class Producer:
         before the flush cannot be flagged any more; a broker holding only those still waits
         batch_ms. The cost is a smaller stored object (one more PUT) per flush and broker.
         """
-        for topic in self._acc.topics():
-            self._seal(topic)
+        for lane in self._acc.lanes():
+            self._seal(lane)
         await self._sender.flush(timeout)
 
     async def close(self, timeout: float | None = None) -> None:
@@ -375,7 +390,7 @@ class Producer:
         """KeyRequiredError, before anything is buffered, when `keyless` records without a key
         go to a compacted topic (the broker never decodes records: the producer checks)."""
         await self._learn(topic)
-        if self._sender.keyed(topic):
+        if self._sender.key_partitions(topic):
             raise KeyRequiredError(f"topic {topic} is compacted (cleanup.policy with compact): {keyless} "
                                    "record(s) without a key refused; give every record a key")
 
@@ -387,8 +402,8 @@ class Producer:
         limit = self.config.max_in_flight_bytes
         if self._buffered + size > limit and self._buffered > 0:
             deadline = time.monotonic() + self.config.max_block_ms / 1000
-            for topic_name in self._acc.topics():   # what waits in buffers must move to make room
-                self._seal(topic_name)
+            for lane in self._acc.lanes():   # what waits in buffers must move to make room
+                self._seal(lane)
             while self._buffered + size > limit and self._buffered > 0:
                 self._room.clear()
                 try:
@@ -407,20 +422,20 @@ class Producer:
             raise MessageTooLargeError(f"record of ~{record_size} bytes exceeds producer.max_message_bytes="
                                        f"{self.config.max_message_bytes} (less 1 KiB for framing)")
 
-    def _add(self, topic: str, records: list[tuple], nbytes: int, lo: int, hi: int,
+    def _add(self, lane: Lane, records: list[tuple], nbytes: int, lo: int, hi: int,
              waiter: Waiter) -> None:
-        opened, full = self._acc.add(topic, records, nbytes, lo, hi, waiter)
+        opened, full = self._acc.add(lane, records, nbytes, lo, hi, waiter)
         if full:
-            self._seal(topic)
+            self._seal(lane)
         elif opened:
-            self._linger[topic] = asyncio.get_running_loop().call_later(self.config.linger_ms / 1000,
-                                                                        self._seal, topic)
+            self._linger[lane] = asyncio.get_running_loop().call_later(self.config.linger_ms / 1000,
+                                                                       self._seal, lane)
 
-    def _seal(self, topic: str) -> None:
-        timer = self._linger.pop(topic, None)
+    def _seal(self, lane: Lane) -> None:
+        timer = self._linger.pop(lane, None)
         if timer is not None:
             timer.cancel()
-        sealed = self._acc.seal(topic)
+        sealed = self._acc.seal(lane)
         if sealed is None:
             return
         if sealed.error is not None:

@@ -75,7 +75,7 @@ class Router(Protocol):
     def redirect(self, topic: str, brokers: tuple[str, ...]) -> None: ...
     def forget(self, topic: str) -> None: ...
     def frame_limit(self, url: str) -> int: ...
-    def keyed(self, topic: str) -> bool: ...
+    def key_partitions(self, topic: str) -> int: ...
 
 
 @dataclass(slots=True, eq=False)   # identity semantics: kept in sets
@@ -140,9 +140,10 @@ class Sender(Generic[W]):
         """The brokers hosting `topic` (UnknownTopicError if none does)."""
         return await self._router_for().brokers_for(topic)
 
-    def keyed(self, topic: str) -> bool:
-        """Whether records to `topic` need a key (it is compacted), as the cluster last said."""
-        return self._router_for().keyed(topic)
+    def key_partitions(self, topic: str) -> int:
+        """0 unless records to `topic` need a key (it is compacted); then the read partitions they
+        are placed over by key, as the cluster last said."""
+        return self._router_for().key_partitions(topic)
 
     async def await_topic(self, topic: str, timeout_s: float) -> None:
         """Return once a broker hosts `topic`, asking the cluster again after each backoff;
@@ -255,7 +256,8 @@ class Sender(Generic[W]):
         self._in_flight[request_id] = msg
         if self.ack is not AckLevel.NONE:
             msg.timer = asyncio.get_running_loop().call_later(self._timeout_s, self._timed_out, msg, request_id)
-        pack_request_header_into(msg.sealed.frame, request_id, self.ack, topic, msg.flags, self.transactional_id)
+        pack_request_header_into(msg.sealed.frame, request_id, self.ack, topic, msg.flags, self.transactional_id,
+                                 msg.sealed.partition)
         try:
             await conn.send(msg.sealed.frame)
         except BrokerUnavailableError as e:

@@ -22,6 +22,11 @@ of its own and published only when the transaction commits (memq.broker.txn). Th
 writes it only when it has a transactional id, so brokers before transactions never see one.
 Ack version 3 added `producer_id` and `epoch` (the answer to a transaction's init,
 memq.format.txn_wire).
+
+The flag `RequestFlag.PARTITION` (versions 2 and 4) says a u32 read partition follows the topic
+(and the transactional id): the Message goes to that notification partition, not to one the
+broker picks. The producer sets it only for a compacted topic of several read partitions (it
+places records by key, as Kafka's clients do), which brokers before it never host.
 """
 
 from __future__ import annotations
@@ -50,6 +55,7 @@ BUNDLE_VERSION = 3
 BUNDLE_SUBPROTOCOL = "memq.produce.bundle"   # the WebSocket subprotocol of a broker that reads bundles
 _BUNDLE_HEAD = WIRE_MAGIC + bytes((BUNDLE_VERSION,))
 _LENGTH = struct.Struct(">I")
+_PARTITION = struct.Struct(">I")   # after the topic (and transactional id) with RequestFlag.PARTITION
 BUNDLE_HEAD_BYTES = len(_BUNDLE_HEAD)
 BUNDLE_ENTRY_BYTES = _LENGTH.size   # a bundle's bytes per request beyond the request's own
 ACK_VERSION = 3   # the ack map fields this module knows (documentation: no version travels)
@@ -79,6 +85,10 @@ class RequestFlag(IntFlag):
     #: Seal the filling batch right after appending this Message instead of waiting for
     #: batch_ms: the producer's flush() sets it on its last Messages ("send now", as in Kafka).
     SEAL = 1
+    #: A u32 read partition follows the topic (and transactional id): the notification partition
+    #: the Message must go to (a compacted topic's records placed by key). Not kept in
+    #: `ProduceRequest.flags`: `ProduceRequest.partition` says it.
+    PARTITION = 2
 
 
 class AckCode(StrEnum):
@@ -115,6 +125,7 @@ class ProduceRequest:
     message: memoryview       # the Message bytes (header + body), a slice of the frame
     flags: RequestFlag = RequestFlag.NONE
     transactional_id: str = ""   # version 4: the transaction holding this Message ("" = none)
+    partition: int = -1          # RequestFlag.PARTITION: the read partition it goes to (-1: the broker picks)
 
 
 # not frozen: a frozen dataclass's __init__ (object.__setattr__ per field) costs ~1.2 us more, per Message
@@ -155,43 +166,54 @@ def _transactional_id_bytes(transactional_id: str) -> bytes:
     return xb
 
 
-def request_header_size(topic: str, transactional_id: str = "") -> int:
+def request_header_size(topic: str, transactional_id: str = "", partition: int = -1) -> int:
     """Bytes of the request header in front of a Message for `topic` (in the transaction
-    `transactional_id`, if one is given)."""
+    `transactional_id`, if one is given; to read partition `partition`, if >= 0)."""
+    placed = _PARTITION.size if partition >= 0 else 0
     if transactional_id:
-        return _REQUEST_TXN.size + len(_topic_bytes(topic)) + len(_transactional_id_bytes(transactional_id))
-    return _REQUEST.size + len(_topic_bytes(topic))
+        return (_REQUEST_TXN.size + len(_topic_bytes(topic)) + len(_transactional_id_bytes(transactional_id))
+                + placed)
+    return _REQUEST.size + len(_topic_bytes(topic)) + placed
 
 
 def pack_request_header_into(frame: bytearray, request_id: int, ack: AckLevel, topic: str,
-                             flags: RequestFlag = RequestFlag.NONE, transactional_id: str = "") -> None:
-    """Write the request header into the first `request_header_size(topic, transactional_id)`
-    bytes of `frame`, whose rest holds the Message: the producer encodes each Message with that
-    much headroom and rewrites only this header per attempt, so a 1 MiB frame is never copied to
-    prepend it. A transactional id makes it a version 4 header."""
+                             flags: RequestFlag = RequestFlag.NONE, transactional_id: str = "",
+                             partition: int = -1) -> None:
+    """Write the request header into the first `request_header_size(topic, transactional_id,
+    partition)` bytes of `frame`, whose rest holds the Message: the producer encodes each Message
+    with that much headroom and rewrites only this header per attempt, so a 1 MiB frame is never
+    copied to prepend it. A transactional id makes it a version 4 header; a partition >= 0 sets
+    RequestFlag.PARTITION and follows the rest."""
     tb = _topic_bytes(topic)
+    if partition >= 0:
+        flags |= RequestFlag.PARTITION
     if not transactional_id:
         _REQUEST.pack_into(frame, 0, WIRE_MAGIC, WIRE_VERSION, int(ack), int(flags), request_id, len(tb))
-        frame[_REQUEST.size:_REQUEST.size + len(tb)] = tb
-        return
-    xb = _transactional_id_bytes(transactional_id)
-    at = _REQUEST_TXN.size
-    _REQUEST_TXN.pack_into(frame, 0, WIRE_MAGIC, TXN_VERSION, int(ack), int(flags), request_id, len(tb), len(xb))
-    frame[at:at + len(tb)] = tb
-    frame[at + len(tb):at + len(tb) + len(xb)] = xb
+        at = _REQUEST.size + len(tb)
+        frame[_REQUEST.size:at] = tb
+    else:
+        xb = _transactional_id_bytes(transactional_id)
+        at = _REQUEST_TXN.size
+        _REQUEST_TXN.pack_into(frame, 0, WIRE_MAGIC, TXN_VERSION, int(ack), int(flags), request_id, len(tb), len(xb))
+        frame[at:at + len(tb)] = tb
+        at += len(tb)
+        frame[at:at + len(xb)] = xb
+        at += len(xb)
+    if partition >= 0:
+        _PARTITION.pack_into(frame, at, partition)
 
 
-def encode_request_header(request_id: int, ack: AckLevel, topic: str,
-                          flags: RequestFlag = RequestFlag.NONE, transactional_id: str = "") -> bytes:
+def encode_request_header(request_id: int, ack: AckLevel, topic: str, flags: RequestFlag = RequestFlag.NONE,
+                          transactional_id: str = "", partition: int = -1) -> bytes:
     """The fixed header in front of a Message; send `header + message` as one frame."""
-    head = bytearray(request_header_size(topic, transactional_id))
-    pack_request_header_into(head, request_id, ack, topic, flags, transactional_id)
+    head = bytearray(request_header_size(topic, transactional_id, partition))
+    pack_request_header_into(head, request_id, ack, topic, flags, transactional_id, partition)
     return bytes(head)
 
 
-def encode_request(request_id: int, ack: AckLevel, topic: str, message: bytes,
-                   flags: RequestFlag = RequestFlag.NONE, transactional_id: str = "") -> bytes:
-    return encode_request_header(request_id, ack, topic, flags, transactional_id) + message
+def encode_request(request_id: int, ack: AckLevel, topic: str, message: bytes, flags: RequestFlag = RequestFlag.NONE,
+                   transactional_id: str = "", partition: int = -1) -> bytes:
+    return encode_request_header(request_id, ack, topic, flags, transactional_id, partition) + message
 
 
 def _layout(frame: bytes | memoryview) -> struct.Struct | None:
@@ -248,7 +270,9 @@ def split_bundle(frame: bytes | memoryview) -> list[memoryview]:
 
 
 _ACK_LEVELS = tuple(AckLevel)                           # by value: the enum call costs ~1 us a request
-_FLAGS = {int(f): f for f in (RequestFlag.NONE, RequestFlag.SEAL)}   # every value decode_request lets through
+_FLAGS = {int(f): f for f in (RequestFlag.NONE, RequestFlag.SEAL)}   # every value ProduceRequest.flags holds
+_PLACED = int(RequestFlag.PARTITION)
+_KNOWN_FLAGS = int(RequestFlag.SEAL) | _PLACED
 
 
 def decode_request(frame: bytes | memoryview) -> ProduceRequest:
@@ -275,7 +299,7 @@ def decode_request(frame: bytes | memoryview) -> ProduceRequest:
                             f"{', '.join(map(str, _LAYOUTS))})")
     if ack > AckLevel.ALL:
         raise ProtocolError(f"request {request_id}: ack level {ack} is not 0, 1 or 2 (all)")
-    if flags & ~int(RequestFlag.SEAL):   # int: ~ of an IntFlag drops the unknown bits
+    if flags & ~_KNOWN_FLAGS:
         raise ProtocolError(f"request {request_id}: unknown flags {flags:#04x}")
     end = size + tlen
     if tlen == 0 or end + xlen > n:
@@ -285,13 +309,21 @@ def decode_request(frame: bytes | memoryview) -> ProduceRequest:
         topic = bytes(view[size:end]).decode()
     except UnicodeDecodeError:
         raise ProtocolError(f"request {request_id}: topic is not UTF-8") from None
-    if not xlen:
+    if not xlen and flags < _PLACED:   # the common case: no transaction, no partition
         return ProduceRequest(request_id, _ACK_LEVELS[ack], topic, view[end:], _FLAGS[flags])
     try:
         transactional_id = bytes(view[end:end + xlen]).decode()
     except UnicodeDecodeError:
         raise ProtocolError(f"request {request_id}: transactional id is not UTF-8") from None
-    return ProduceRequest(request_id, _ACK_LEVELS[ack], topic, view[end + xlen:], _FLAGS[flags], transactional_id)
+    end += xlen
+    partition = -1
+    if flags & _PLACED:
+        if end + _PARTITION.size > n:
+            raise ProtocolError(f"request {request_id}: its partition does not fit a {n}-byte frame")
+        (partition,) = _PARTITION.unpack_from(view, end)
+        end += _PARTITION.size
+    return ProduceRequest(request_id, _ACK_LEVELS[ack], topic, view[end:], _FLAGS[flags & ~_PLACED],
+                          transactional_id, partition)
 
 
 def _ack_to_map(a: Ack) -> dict[str, Any]:

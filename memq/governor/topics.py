@@ -92,6 +92,7 @@ class TopicManager:
         values = dataclasses.asdict(current) | changes
         cfg: TopicConfig = build(TopicConfig, values, f"topic {name}")
         cfg.check_byte_retention()
+        cfg.check_altered_from(current)
         fixed = [f for f in FIXED_FIELDS if getattr(cfg, f) != getattr(current, f)]
         if fixed:
             raise InvalidInputError(f"topic {name}: {', '.join(fixed)} cannot be altered")

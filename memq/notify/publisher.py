@@ -138,9 +138,12 @@ class NotificationPublisher:
             raise result
         return result
 
-    async def publish_many(self, notes: Sequence[tuple[str, Notification]]) -> list[tuple[int, int] | NotifyError]:
+    async def publish_many(self, notes: Sequence[tuple[str, Notification]],
+                           partitions: Sequence[int] | None = None) -> list[tuple[int, int] | NotifyError]:
         """Publish every (Kafka topic, notification) at once: each result is its (partition,
-        offset) once Kafka has it, or the NotifyError saying why not.
+        offset) once Kafka has it, or the NotifyError saying why not. `partitions`: each note's
+        Kafka partition (a compacted topic's records placed by key), -1 for the partitioner's
+        choice; None: every note by the partitioner.
 
         One object's parts are handed to librdkafka in one burst under one future and one
         timeout: per-part tasks and timers were a third of a broker's Python with 1000 topics,
@@ -157,7 +160,7 @@ class NotificationPublisher:
         for shard, indices in by_shard.items():
             done = 0
             while done < len(indices):
-                done = shard.produce(round_, notes, indices, done)
+                done = shard.produce(round_, notes, indices, done, partitions)
                 if done < len(indices):   # librdkafka's queue is full: wait for deliveries to drain it
                     if time.monotonic() > deadline:
                         for i in indices[done:]:
@@ -218,10 +221,10 @@ class _Shard:
         return None
 
     def produce(self, round_: _Round, notes: Sequence[tuple[str, Notification]], indices: list[int],
-                start: int) -> int:
-        """Queue the notes at indices[start:] on librdkafka; returns how many of `indices` are
-        queued or failed (len(indices) unless the queue filled up). A note Kafka refuses at once
-        fails alone."""
+                start: int, partitions: Sequence[int] | None = None) -> int:
+        """Queue the notes at indices[start:] on librdkafka (to `partitions[i]` when given and >= 0);
+        returns how many of `indices` are queued or failed (len(indices) unless the queue filled
+        up). A note Kafka refuses at once fails alone."""
         with self._swap:
             producer = self._producer
             for pos in range(start, len(indices)):
@@ -236,7 +239,11 @@ class _Shard:
                 # the read partitions; unkeyed, librdkafka's sticky partitioner puts a burst on
                 # one partition and a consumer group loses its parallelism.
                 try:
-                    producer.produce(kafka_topic, n.to_bytes(), key=n.key.encode(), on_delivery=on_delivery)
+                    if partitions is None or partitions[i] < 0:
+                        producer.produce(kafka_topic, n.to_bytes(), key=n.key.encode(), on_delivery=on_delivery)
+                    else:
+                        producer.produce(kafka_topic, n.to_bytes(), key=n.key.encode(), partition=partitions[i],
+                                         on_delivery=on_delivery)
                 except BufferError:
                     return pos
                 except KafkaException as e:   # not queued: nothing was sent, so it is safe to fail

@@ -16,16 +16,19 @@ from memq.notify import KafkaTopic
 
 class OneByOne:
     """A test publisher (the broker's `Publisher`): `publish_many` from its `publish`, each note
-    in turn, errors as results; always healthy, nothing to close."""
+    in turn, errors as results, a note given a partition published there (as Kafka would); always
+    healthy, nothing to close."""
 
     async def publish(self, kafka_topic: str, n: Notification) -> tuple[int, int]:
         raise NotImplementedError
 
-    async def publish_many(self, notes: Sequence[tuple[str, Notification]]) -> list[tuple[int, int] | NotifyError]:
+    async def publish_many(self, notes: Sequence[tuple[str, Notification]],
+                           partitions: Sequence[int] | None = None) -> list[tuple[int, int] | NotifyError]:
         out: list[tuple[int, int] | NotifyError] = []
-        for kafka_topic, n in notes:
+        for i, (kafka_topic, n) in enumerate(notes):
             try:
-                out.append(await self.publish(kafka_topic, n))
+                partition, offset = await self.publish(kafka_topic, n)
+                out.append((partitions[i], offset) if partitions and partitions[i] >= 0 else (partition, offset))
             except Exception as e:
                 out.append(e if isinstance(e, NotifyError) else NotifyError(str(e)))
         return out

@@ -16,8 +16,11 @@ from memq.format.wire import Ack, AckCode, decode_request
 class FakeRouter:
     """A `Router` over a fixed map of topic -> broker URLs; records the brokers that failed."""
 
-    def __init__(self, topics: dict[str, list[str]], frame_limit: int = 0) -> None:
+    def __init__(self, topics: dict[str, list[str]], frame_limit: int = 0,
+                 key_partitions: dict[str, int] | None = None) -> None:
+        """`key_partitions`: compacted topics and their read partitions (records placed by key)."""
         self.topics = topics
+        self.placed = key_partitions or {}
         self.failed: list[str] = []
         self.limit = frame_limit
 
@@ -47,8 +50,8 @@ class FakeRouter:
     def frame_limit(self, url: str) -> int:
         return self.limit
 
-    def keyed(self, topic: str) -> bool:
-        return False
+    def key_partitions(self, topic: str) -> int:
+        return self.placed.get(topic, 0)
 
 
 class FakeBroker:
@@ -79,7 +82,9 @@ class FakeBroker:
         self.closed = True
 
 
-def producer(broker: FakeBroker, frame_limit: int = 0, **config: Any) -> Producer:
-    """A Producer of topic "t" on `broker` alone, with short linger and backoff; `config`: other settings."""
+def producer(broker: FakeBroker, frame_limit: int = 0, key_partitions: dict[str, int] | None = None,
+             **config: Any) -> Producer:
+    """A Producer of topic "t" on `broker` alone, with short linger and backoff; `key_partitions`:
+    compacted topics' read partitions (FakeRouter); `config`: other settings."""
     pc = ProducerConfig(brokers="http://fake", linger_ms=1, retry_backoff_ms=1, **config)
-    return Producer(pc, router=FakeRouter({"t": [broker.url]}, frame_limit), connector=broker.connect)
+    return Producer(pc, router=FakeRouter({"t": [broker.url]}, frame_limit, key_partitions), connector=broker.connect)

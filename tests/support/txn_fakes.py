@@ -11,12 +11,15 @@ from memq.errors import NotifyError
 class FakePublisher:
     def __init__(self) -> None:
         self.published: list[Pending] = []
+        self.partitions: list[int] = []   # each published note's partition (-1: Kafka's pick)
         self.failing = False
 
-    async def publish_many(self, notes: Sequence[Pending]) -> list[tuple[int, int] | NotifyError]:
+    async def publish_many(self, notes: Sequence[Pending],
+                           partitions: Sequence[int] | None = None) -> list[tuple[int, int] | NotifyError]:
         if self.failing:
             return [NotifyError("kafka down") for _ in notes]
         self.published += notes
+        self.partitions += partitions or [-1] * len(notes)
         return [(0, i) for i in range(len(notes))]
 
     def health(self) -> str | None:

@@ -139,6 +139,7 @@ class ConfigsCall(AdminCall):
             else:
                 changes = topic_configs.replacement(current, [(c.name, c.value) for c in r.configs], self.cluster)
             cfg = topic_configs.altered(current, changes)
+            cfg.check_altered_from(current)   # here too for validate_only: TopicManager.alter checks the rest
         except ConfigError as e:
             raise Refused(ErrorCode.INVALID_CONFIG, str(e)) from None
         changed = {k: v for k, v in changes.items() if getattr(current, k) != v}

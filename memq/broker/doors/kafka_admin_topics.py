@@ -19,7 +19,9 @@ otherwise, before anything is read, so a refusal reveals nothing).
   name starts empty), its objects expire as orphans.
 - CreatePartitions: more read partitions (TopicManager grows the notification topic first); never
   fewer, never the same count (INVALID_PARTITIONS, as Kafka). A notification Kafka without
-  CreatePartitions (tansu 0.6) cannot grow: INVALID_PARTITIONS saying so.
+  CreatePartitions (tansu 0.6) cannot grow: INVALID_PARTITIONS saying so. A compacted topic does
+  not grow (INVALID_PARTITIONS, `TopicConfig.check_altered_from`): its records are placed by key,
+  and more partitions would move keys (Kafka allows it and warns).
 
 Without ZooKeeper each broker serves the topics of its config file: every call is answered
 POLICY_VIOLATION saying so. Each refusal is logged.
@@ -304,7 +306,7 @@ class TopicsCall(AdminCall):
                           f"not to {t.count}")
         try:
             if validate:
-                topic_configs.altered(current, {"read_partitions": t.count})
+                topic_configs.altered(current, {"read_partitions": t.count}).check_altered_from(current)
                 return
             await admin.alter_topic(t.name, read_partitions=t.count)
         except MemqError as e:

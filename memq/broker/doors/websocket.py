@@ -169,7 +169,7 @@ class ProduceConnection:
             return
         topic = req.topic
         size = len(req.message)
-        admitted = self._core.admission.admit(self._principal, topic, size)
+        admitted = self._core.admission.admit(self._principal, topic, size, req.partition)
         if isinstance(admitted, Refusal):
             self._refuse(req, admitted.code, admitted.why, admitted.brokers)
             return

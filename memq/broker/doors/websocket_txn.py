@@ -7,7 +7,8 @@ uses: the same state in the same store, the same checks, and a transactional Mes
 as an object of its own at once and recorded as a pending entry of its transaction, exactly as a
 Kafka transactional produce is, never published before the commit. memq's producer has no
 partitions: its topics join a transaction as partition `MEMQ_PARTITION` (-1), and the
-notification partition is picked at publish as for any Message.
+notification partition is picked at publish as for any Message, except on a compacted topic of
+several read partitions, whose Messages name theirs (placed by key): the commit publishes there.
 
 Every refusal is an ack naming Kafka's reason (`REFUSALS` maps it to memq's code) and a log line.
 A principal needs `produce` on every topic it adds. A Consumer group's offsets (`offsets`) are
@@ -123,7 +124,7 @@ async def store_message(core: BrokerCore, ticket: Ticket, req: ProduceRequest, h
         refusal = await txns.check_produce(txn, ids, req.topic, MEMQ_PARTITION)
         if refusal is None:
             pending = await ticket.store_apart([req.message], [header])
-            refusal = await txns.add_pending(txn, ids, req.topic, MEMQ_PARTITION, [pending])
+            refusal = await txns.add_pending(txn, ids, req.topic, MEMQ_PARTITION, [pending], placed=ticket.partition)
     except MemqError as e:   # a retry stores it again: the first copy, if any, is an orphan or a duplicate
         log.warning("transactional Message %d of %r to %s from %s not stored: %s", header.sequence,
                     req.transactional_id, req.topic, peer, e)

@@ -95,6 +95,10 @@ class Storer(Protocol):
     @property
     def config(self) -> TopicConfig: ...
 
+    @property
+    def partition(self) -> int:
+        """The notification partition its Messages go to at the commit (-1: Kafka's pick)."""
+
     async def store_apart(self, messages: list[memoryview], headers: list[MessageHeader]) -> Pending:
         """Stored, not published: (notification topic, notification) for the pending entry."""
 
@@ -265,23 +269,24 @@ class Transactions:
         return fresh if refused is None else refused
 
     async def add_pending(self, txn_id: str, ids: ProducerIds, topic: str, partition: int,
-                          notes: Sequence[Pending], audited: Sequence[Audited] = ()) -> TxnRefusal | None:
+                          notes: Sequence[Pending], audited: Sequence[Audited] = (), placed: int = -1) -> TxnRefusal | None:
         """Once the records are stored: record their notifications (and `audited`, the Messages
-        to report as produced at the commit) as a pending entry of the transaction (one store
+        to report as produced at the commit; `placed`, the notification partition they go to,
+        -1: Kafka's pick) as a pending entry of the transaction (one store
         create, atomic with the check `check_produce` makes, so no entry can join a transaction
         after its decision). None: the produce may be acked. A refusal (as `check_produce`'s)
         leaves the stored object an orphan; answer the refusal."""
         return await self._answer("Produce", txn_id,
-                                  self._add_pending(txn_id, ids, (topic, partition), notes, audited))
+                                  self._add_pending(txn_id, ids, (topic, partition), notes, audited, placed))
 
-    async def _add_pending(self, txn_id: str, ids: ProducerIds, tp: TopicPartition,
-                           notes: Sequence[Pending], audited: Sequence[Audited]) -> TxnRefusal | None:
+    async def _add_pending(self, txn_id: str, ids: ProducerIds, tp: TopicPartition, notes: Sequence[Pending],
+                           audited: Sequence[Audited], placed: int) -> TxnRefusal | None:
         for _ in range(ATTEMPTS):
             checked = await self._checked(txn_id, ids, tp)
             if isinstance(checked, TxnRefusal):
                 return checked
             try:
-                await asyncio.to_thread(self.store.add_pending, txn_id, checked[1], notes, audited)
+                await asyncio.to_thread(self.store.add_pending, txn_id, checked[1], notes, audited, placed)
             except TxnConflictError:
                 self._cache.pop(txn_id, None)
                 continue
@@ -303,7 +308,7 @@ class Transactions:
         pending = await ticket.store_apart(messages, headers)
         audited = [Audited(topic, h.producer_id, h.epoch, h.sequence, h.count, h.body_crc32c, h.created_ms)
                    for h in headers]
-        return await self.add_pending(txn_id, ids, topic, partition, [pending], audited)
+        return await self.add_pending(txn_id, ids, topic, partition, [pending], audited, ticket.partition)
 
     # --- inspection ----------------------------------------------------------------------------
 
@@ -406,8 +411,11 @@ class Transactions:
         entries = await asyncio.to_thread(self.store.entries, txn_id)
         if commit:
             notes = [n for e in entries for n in e.notes]
+            placed = [e.partition for e in entries for _ in e.notes]
             if notes:
-                failed = [r for r in await self._publisher.publish_many(notes) if isinstance(r, NotifyError)]
+                published = await (self._publisher.publish_many(notes) if max(placed) < 0 else
+                                   self._publisher.publish_many(notes, placed))
+                failed = [r for r in published if isinstance(r, NotifyError)]
                 if failed:
                     log.warning("transaction %r: %d of %d notifications not published, retried later: %s",
                                 txn_id, len(failed), len(notes), failed[0])

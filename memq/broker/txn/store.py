@@ -58,6 +58,7 @@ class PendingEntry:
 
     notes: list[Pending]
     audited: list[Audited]
+    partition: int = -1   # the notification partition its notes go to (a compacted topic's placed records)
 
 
 class TxnStore(Protocol):
@@ -68,9 +69,10 @@ class TxnStore(Protocol):
         """Store `rec` if the stored version is still `version` (-1: create); the new version,
         or TxnConflictError."""
 
-    def add_pending(self, txn_id: str, version: int, notes: Sequence[Pending], audited: Sequence[Audited] = ()) -> None:
-        """Add one pending entry holding `notes` (and `audited`) if the record is still at
-        `version`, else TxnConflictError."""
+    def add_pending(self, txn_id: str, version: int, notes: Sequence[Pending], audited: Sequence[Audited] = (),
+                    partition: int = -1) -> None:
+        """Add one pending entry holding `notes` (and `audited`, to be published to `partition`
+        if >= 0) if the record is still at `version`, else TxnConflictError."""
 
     def entries(self, txn_id: str) -> list[PendingEntry]:
         """Every pending entry, in the order they were added."""
@@ -122,9 +124,12 @@ def decode(raw: bytes, where: str) -> TxnRecord:
         raise CorruptDataError(f"{where}: transaction state does not parse: {e}") from None
 
 
-def encode_pending(notes: Sequence[Pending], audited: Sequence[Audited] = ()) -> bytes:
-    """`audited` is optional (absent when empty): entries written before it read as none."""
+def encode_pending(notes: Sequence[Pending], audited: Sequence[Audited] = (), partition: int = -1) -> bytes:
+    """`audited` and `partition` are optional (absent when empty, -1): entries written before them
+    read as none and as Kafka's pick."""
     d: dict[str, Any] = {"v": VERSION, "notes": [[t, json.loads(n.to_bytes())] for t, n in notes]}
+    if partition >= 0:
+        d["partition"] = partition
     if audited:
         d["audited"] = [[a.topic, a.producer_id, a.epoch, a.sequence, a.count, a.digest, a.created_ms] for a in audited]
     return json.dumps(d, separators=(",", ":")).encode()
@@ -136,7 +141,8 @@ def decode_pending(raw: bytes, where: str) -> PendingEntry:
         if d.get("v") != VERSION:
             raise UnsupportedVersionError(f"{where}: pending entry version {d.get('v')!r}: written by a newer memq")
         return PendingEntry([(str(t), Notification.from_bytes(json.dumps(n).encode())) for t, n in d["notes"]],
-                            [Audited(str(t), *(int(x) for x in rest)) for t, *rest in d.get("audited", ())])
+                            [Audited(str(t), *(int(x) for x in rest)) for t, *rest in d.get("audited", ())],
+                            int(d.get("partition", -1)))
     except (ValueError, KeyError, TypeError) as e:
         raise CorruptDataError(f"{where}: pending entry does not parse: {e}") from None
 
@@ -164,11 +170,12 @@ class MemoryTxnStore:
             self._records[txn_id] = (encode(rec), version + 1)
             return version + 1
 
-    def add_pending(self, txn_id: str, version: int, notes: Sequence[Pending], audited: Sequence[Audited] = ()) -> None:
+    def add_pending(self, txn_id: str, version: int, notes: Sequence[Pending], audited: Sequence[Audited] = (),
+                    partition: int = -1) -> None:
         with self._lock:
             if self._records.get(txn_id, (b"", -1))[1] != version:
                 raise TxnConflictError(f"transaction {txn_id!r}: state changed since version {version}")
-            self._pending.setdefault(txn_id, []).append(encode_pending(notes, audited))
+            self._pending.setdefault(txn_id, []).append(encode_pending(notes, audited, partition))
 
     def entries(self, txn_id: str) -> list[PendingEntry]:
         with self._lock:
@@ -236,11 +243,12 @@ class ZooKeeperTxnStore:
             raise TxnConflictError(f"transaction {txn_id!r}: state changed since version {version}") from None
         return int(stat.version)
 
-    def add_pending(self, txn_id: str, version: int, notes: Sequence[Pending], audited: Sequence[Audited] = ()) -> None:
+    def add_pending(self, txn_id: str, version: int, notes: Sequence[Pending], audited: Sequence[Audited] = (),
+                    partition: int = -1) -> None:
         path = self._path(txn_id)
         t = self._zk.transaction()
         t.check(path, version)
-        t.create(f"{path}/pending/n-", encode_pending(notes, audited), sequence=True)
+        t.create(f"{path}/pending/n-", encode_pending(notes, audited, partition), sequence=True)
         results = self._wait(t.commit_async(), path)
         if any(isinstance(r, (BadVersionError, NoNodeError)) for r in results):
             raise TxnConflictError(f"transaction {txn_id!r}: state changed since version {version}")

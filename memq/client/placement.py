@@ -1,0 +1,29 @@
+"""Which read partition a compacted topic's record goes to: Kafka's default partitioner.
+
+Compaction keeps the latest record per key within each read partition, so every record of a
+key must go to one partition. memq's Producer hashes the key as Kafka's Java clients do
+(murmur2 of the key bytes, sign bit cleared, modulo the partitions; librdkafka's
+`murmur2_random`), so memq Producers and Kafka clients writing one topic place a key alike.
+kafka-python's murmur2 is the Java one (its tests hold Kafka's vectors).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from itertools import groupby
+
+from kafka.partitioner.default import murmur2
+
+
+def key_partition(key: bytes, partitions: int) -> int:
+    """The read partition of `key` among `partitions`, as Kafka's default partitioner picks it."""
+    return (murmur2(key) & 0x7FFFFFFF) % partitions
+
+
+def runs(keys: Sequence[bytes], partitions: int) -> Iterator[tuple[int, int, int]]:
+    """(start, end, partition) of each run of consecutive keys placed in one partition, in order."""
+    start = 0
+    for partition, run in groupby(key_partition(k, partitions) for k in keys):
+        end = start + sum(1 for _ in run)
+        yield start, end, partition
+        start = end
