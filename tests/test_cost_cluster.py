@@ -66,27 +66,32 @@ async def produce_keyed(config: MemqConfig, topic: str, rounds: int, keys: int) 
             await producer.flush()
 
 
-def compacted_all(config: MemqConfig, topic: str, timeout_s: float = 30.0) -> str:
-    """The URL of the broker compacting `topic`, once it reports it compacted with no tail left, confirmed
-    by an idle pass after that (a swap's gauges describe the notifications it read at its start:
-    some written meanwhile may still be dirty)."""
+def compacted_all(config: MemqConfig, topic: str, partitions: int, timeout_s: float = 30.0) -> dict[str, str]:
+    """Partition -> URL of the broker compacting it, once every partition of `topic` is reported
+    compacted with no tail left, each confirmed by an idle pass of its broker after that (a swap's
+    gauges describe the notifications it read at its start: some written meanwhile may be dirty)."""
     deadline = time.monotonic() + timeout_s
-    idle_at: dict[str, float] = {}     # broker -> its idle passes when it first reported no tail
-    while time.monotonic() < deadline:
+    idle_at: dict[tuple[str, str], float] = {}     # (broker, partition) -> its idle passes when first clean
+    done: dict[str, str] = {}
+    while time.monotonic() < deadline and len(done) < partitions:
         for url in config.producer.brokers.split(","):
             with urllib.request.urlopen(url + "/metrics", timeout=5) as r:
                 samples = [s for f in text_string_to_metric_families(r.read().decode()) for s in f.samples
                            if s.labels.get("topic") == topic]
-            gauges = {s.name: s.value for s in samples}
             idle = next((s.value for s in samples if s.name == "memq_compaction_runs_total"
                          and s.labels.get("result") == "idle"), 0.0)
-            if gauges.get("memq_compaction_stored_bytes", 0) > 0 and gauges.get("memq_compaction_dirty_ratio") == 0:
-                if idle > idle_at.setdefault(url, idle):
-                    return url
-            else:
-                idle_at.pop(url, None)
+            stored = {s.labels["partition"]: s.value for s in samples if s.name == "memq_compaction_stored_bytes"}
+            ratio = {s.labels["partition"]: s.value for s in samples if s.name == "memq_compaction_dirty_ratio"}
+            for p, nbytes in stored.items():
+                if nbytes > 0 and ratio.get(p) == 0:
+                    if idle > idle_at.setdefault((url, p), idle):
+                        done[p] = url
+                else:
+                    idle_at.pop((url, p), None)
         time.sleep(0.3)
-    raise AssertionError(f"{topic} was not compacted within {timeout_s} s")
+    if len(done) < partitions:
+        raise AssertionError(f"{topic}: partitions {sorted(done)} of {partitions} compacted within {timeout_s} s")
+    return done
 
 
 @pytest.mark.timeout(240)
@@ -102,16 +107,16 @@ def test_memq_cost_prints_the_requests_s3_served_and_a_trickle_topic_batches_by_
         # with it, one per broker at most (the topic is on both)
         gc.create_topic(TopicConfig(trickle, batch_ms=100, min_batch_bytes=1 << 20, max_batch_ms=5_000,
                                     storage_group=""), brokers=2)
-        # a compacted topic: one of the two brokers compacts it and reports it
-        placed = gc.create_topic(TopicConfig(state, cleanup_policy="compact", read_partitions=1,
+        # a compacted topic of two partitions: each broker compacts one and reports it
+        placed = gc.create_topic(TopicConfig(state, cleanup_policy="compact", read_partitions=2,
                                              min_cleanable_dirty_ratio=0.01, storage_group=""), brokers=2)
         config = gc.config()
         client = gc.write_client_config(tmp_path / "client.toml")
         asyncio.run(produce(config, busy, rounds=6, per_round=50))
         asyncio.run(produce(config, trickle, rounds=5, per_round=1, pause_s=0.2, flush=False))
         asyncio.run(produce_keyed(config, state, rounds=8, keys=10))
-        # its first host compacts it and reports it (`compaction.plan.compactor_of`)
-        assert compacted_all(config, state) == gc.broker(placed[0]).url
+        # its hosts take its partitions in turn, and each reports its own (`compaction.plan.compactor_of`)
+        assert compacted_all(config, state, 2) == {"0": gc.broker(placed[0]).url, "1": gc.broker(placed[1]).url}
 
         one_broker = config.producer.brokers.split(",")[0]     # the other is found through its metadata
         report = json.loads(memq(client, "cost", "--json", "--brokers", one_broker))
