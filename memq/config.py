@@ -307,6 +307,16 @@ class TopicConfig:
                               "records are spread over partitions without regard to keys, so compaction would keep "
                               "a value of a key per partition; create a new compacted topic and copy the records")
 
+    def created(self, chosen: typing.Collection[str]) -> TopicConfig:
+        """These settings as a new topic gets them, `chosen` naming the fields its creator set: a
+        compacted topic whose storage group nobody chose keeps objects of its own. Compaction
+        releases a topic's own plain objects; a shared group's expire only by the group's rule,
+        so a compacted topic there would save no storage (Kafka Connect and Streams create their
+        compacted topics with Kafka's settings alone)."""
+        if self.compacted and self.storage_group and "storage_group" not in chosen:
+            return dataclasses.replace(self, storage_group="")
+        return self
+
     @property
     def compacted(self) -> bool:
         """Whether the topic keeps the latest record per key (records need keys)."""

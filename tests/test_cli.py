@@ -167,6 +167,17 @@ def test_internal_topic_names_are_reserved() -> None:
     assert memq_topic_of("memq.c2.orders", "c1") is None
 
 
+def test_topic_create_settings_give_a_compacted_topic_objects_of_its_own_unless_a_group_is_chosen() -> None:
+    from memq.cli.topic import topic_config
+
+    assert topic_config(MemqConfig(), "s", 1, ("cleanup_policy=compact",)).storage_group == ""
+    chosen = topic_config(MemqConfig(), "s", 1, ("cleanup_policy=compact", "storage_group=state"))
+    assert chosen.storage_group == "state"
+    filed = MemqConfig(topics=(TopicConfig("s", read_partitions=1, storage_group="g"),))
+    assert topic_config(filed, "s", None, ("cleanup_policy=compact",)).storage_group == "g"   # the config file's
+    assert topic_config(MemqConfig(), "p", None, ()).storage_group == TopicConfig("p").storage_group
+
+
 def _governed(config: Path, topic: str) -> tuple[str, dict[str, str]]:
     """The governor named by `memq governor status`, and `topic`'s brokers -> racks from ZooKeeper."""
     r = memq("governor", "status", config=config)

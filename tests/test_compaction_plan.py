@@ -109,3 +109,11 @@ def test_a_topics_hosts_take_its_partitions_in_turn_and_unassigned_topics_spread
     assert owners == {"b1", "b2", "b3"}                        # every live broker gets a share
     assert compactor_of("t", 1, [], live) == compactor_of("t", 1, [], sorted(live))   # any listing order
     assert compactor_of("t", 0, [], []) is None
+
+
+def test_a_new_compacted_topic_keeps_objects_of_its_own_unless_its_creator_chose_a_group() -> None:
+    compacted = TopicConfig("t", read_partitions=1, cleanup_policy="compact")    # the default, shared group
+    assert compacted.storage_group and compacted.created(set()).storage_group == ""
+    assert compacted.created({"storage_group"}) == compacted                     # chosen: kept
+    plain = TopicConfig("t")
+    assert plain.created(set()) == plain                                         # plain topics share as before

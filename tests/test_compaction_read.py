@@ -60,6 +60,7 @@ def compacted(gc: GovernedCluster) -> tuple[str, dict[bytes, bytes]]:
     gc.wait_placed(topic)
     cfg = gc.registry.topic(topic)
     assert cfg.cleanup_policy == "compact" and cfg.delete_retention_ms == 500
+    assert cfg.storage_group == ""          # objects of its own, which compaction can release
     latest: dict[bytes, bytes] = {}
     producer = KafkaProducer({"bootstrap.servers": _bootstrap(gc), "acks": "all", "linger.ms": 5})
     for r in range(ROUNDS):

@@ -51,8 +51,10 @@ def topic_config(config: MemqConfig, name: str, partitions: int | None,
             given = settings.setdefault(field, str(value))
             if given != str(value):
                 raise ConfigError(f"topic {name}: {option} {value} and --set {field}={given} disagree")
-    configured = next((t for t in config.topics if t.name == name), TopicConfig(name=name))
-    return build(TopicConfig, {**dataclasses.asdict(configured), **settings}, f"topic {name}")
+    configured = next((t for t in config.topics if t.name == name), None)
+    cfg: TopicConfig = build(TopicConfig, {**dataclasses.asdict(configured or TopicConfig(name=name)), **settings},
+                             f"topic {name}")
+    return cfg.created(set(settings) | ({"storage_group"} if configured is not None else set()))
 
 
 def create_topic(config: MemqConfig, cfg: TopicConfig) -> str:

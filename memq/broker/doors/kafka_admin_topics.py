@@ -190,7 +190,8 @@ class TopicsCall(AdminCall):
             changes = topic_configs.assigned(base, [(c.name, c.value) for c in t.configs], self.cluster)
             if t.num_partitions > 0:
                 changes["read_partitions"] = t.num_partitions
-            cfg = topic_configs.altered(base, changes)
+            in_file = any(c.name == t.name for c in self.core.config.topics)
+            cfg = topic_configs.altered(base, changes).created(set(changes) | ({"storage_group"} if in_file else set()))
         except ConfigError as e:
             raise Refused(ErrorCode.INVALID_CONFIG, str(e)) from None
         deadline = time.monotonic() + timeout_s
