@@ -5,11 +5,14 @@ straight from tansu, in one run on one dev cluster.
 Both rates are measured from the group assignment to the N-th message in the
 application's hands, so the group join (the same Kafka protocol on both sides) does not
 count; totals with the join are reported too. Each side reads every message in Python. Ratio `vs_kafka` = memq msg/s / Kafka msg/s, higher is better.
+memq reads with its default path (`consumer.read_path = auto`: the parts are young, so through the
+broker's read cache), then again from S3 directly (`read_path = s3`, a fresh group): `vs_kafka_s3`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 import uuid
 
@@ -89,13 +92,17 @@ def run(quick: bool) -> dict:
         memq = read_memq(config, name, n, TIMEOUT_S)
         memq_s, memq_total_s = memq.read_s, memq.total_s
         print(f"memq consumer:  {n / memq_s:,.0f} msg/s ({memq_total_s:.1f} s with group join)", flush=True)
+        direct = dataclasses.replace(config, consumer=dataclasses.replace(config.consumer, read_path="s3"))
+        s3_s = read_memq(direct, name, n, TIMEOUT_S).read_s
+        print(f"memq consumer reading S3 directly: {n / s3_s:,.0f} msg/s", flush=True)
         kafka_s, kafka_total_s = _read_kafka(config.kafka, name + "-kafka", n)
         print(f"kafka consumer: {n / kafka_s:,.0f} msg/s ({kafka_total_s:.1f} s with group join)", flush=True)
     return {
-        "ratios": {"vs_kafka": round(kafka_s / memq_s, 2)},
+        "ratios": {"vs_kafka": round(kafka_s / memq_s, 2), "vs_kafka_s3": round(kafka_s / s3_s, 2)},
         "messages": n,
         "value_bytes": VALUE_BYTES,
         "memq_msgs_per_s": round(n / memq_s),
+        "memq_s3_msgs_per_s": round(n / s3_s),
         "kafka_msgs_per_s": round(n / kafka_s),
         "memq_total_s": round(memq_total_s, 2),
         "kafka_total_s": round(kafka_total_s, 2),

@@ -10,7 +10,8 @@ With `--before`, `trickle` and `hundred` run again with topics storing their own
 (storage_group ""), memq's behaviour before storage groups.
 
 Each case's feeder is one memq Producer (asyncio) in its own process; a consumer process reads a
-few of the case's topics with memq's Consumer (a thread each). Once the feeder has sent to every
+few of the case's topics with memq's Consumer (a thread each; `hundred`: 3 groups each, so that
+what extra groups cost is counted). Once the feeder has sent to every
 topic and `warm` seconds more have passed, the steady window starts; over it (counters: from
 before the warm-up to the window's end, at the same offered rate):
 - `objects_per_s`: objects the broker stored (`memq_broker_group_objects`: one per PUT that
@@ -21,7 +22,13 @@ before the warm-up to the window's end, at the same offered rate):
   Standard) prices; `put_cost_vs_kafka`: that over what 3-replica Kafka pays per GiB for
   cross-zone replication (`memq.cost.kafka_lines`: leader -> 2 followers in other zones, each GB
   charged $0.01 out and $0.01 in: $0.04/GiB). Both pay the producer's own zone crossing, so it
-  is left out of both; consumers' per-part GETs are shown apart (`consumer_get_usd_month`);
+  is left out of both; consumers' per-part GETs are shown apart (`consumer_get_usd_month`: one GET
+  per part per group, as memq's Consumer paid reading S3 directly);
+- S3 GETs counted for reading (`reads`): the consumers' own GETs (each part they read from S3 is one
+  ranged GET: `ConsumerMetrics.parts_via_s3`) and the broker's (`memq_broker_read_gets_total`: its read
+  cache's misses), per part read by the sampled consumers, and per part per broker; priced for every
+  topic read by the case's groups (`consumer_get_vs_put`: that GET cost over the broker's PUT cost;
+  the issue's goal <= 0.5);
 - `s3_usd_per_broker_month`: the PUTs per month (the floor of a trickle: per broker, not per GiB).
 The offered rate is checked: a case whose feeder sent, or whose broker took (its LogMessages
 counter), less than 95% of it, or with sends that failed (unacked 30 s after the window
@@ -38,7 +45,8 @@ parts, on the same Kafka; `kafka_fanout_s` is how long until all are delivered (
 
 Ratios (goal over measured, higher is better; >= 1 meets the issue's goal): objects/s of the
 trickle against 1/batch_ms per group, broker CPU of the trickle against 10% of a core, `hundred`
-CPU against 2x `one`'s, `hundred`'s E2E p99 against `one`'s, `put_cost_vs_kafka` against 0.1;
+CPU against 2x `one`'s, `hundred`'s E2E p99 against `one`'s, `put_cost_vs_kafka` against 0.1,
+`hundred`'s counted GETs per part per broker against 1 and its consumers' GET cost against 0.5x the PUTs;
 with `--before` also own over shared objects/s and CPU of `trickle` and `hundred`.
 """
 
@@ -46,6 +54,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import functools
 import multiprocessing
 import os
@@ -57,7 +66,7 @@ import uuid
 from array import array
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from multiprocessing.synchronize import Event
@@ -70,7 +79,7 @@ from prometheus_client.samples import Sample
 from bench._cluster import bench_cluster
 from bench.e2e import quantile, stage_breakdown, stage_family
 from bench.produce import cpu_s
-from memq.client.consumer import Consumer
+from memq.client.consumer import Consumer, ConsumerMetrics
 from memq.client.producer import Producer
 from memq.config import DEFAULT_STORAGE_GROUP, CostConfig, GovernorConfig, MemqConfig, ProducerConfig, TopicConfig
 from memq.cost import TopicCounters, Usage, estimate, kafka_lines
@@ -86,6 +95,8 @@ FEEDER_BLOCK_S = 90.0          # longer than a send may wait for room (producer 
 TAIL_S = 30.0                  # after its window, how long a feeder waits for its acks
 DRAIN_TIMEOUT_S = 30.0         # after a case's last ack, for the consumers to receive the rest
 _HEAD = struct.Struct("<d")    # send time, seconds since the epoch
+_READ_FIELDS = ("batches", "parts_via_broker", "parts_via_s3", "broker_bytes", "broker_fallbacks", "broker_corrupt")
+_READ_GETS = "memq_broker_read_gets_total "   # the broker's GETs for readers (no labels)
 # The /metrics counters `_Scrape` sums into its fields (attempts: the PUTs only).
 _COUNTERS = {"memq_broker_group_objects_total{": "objects", "memq_storage_attempts_total{": "puts",
              "memq_broker_batch_bytes_count{": "parts", "memq_broker_logmessages_total{": "records",
@@ -99,6 +110,7 @@ class Case:
     msg_s_per_topic: float
     value_bytes: int
     sampled: int               # topics the consumer process reads, for E2E latency
+    groups: int = 1            # consumer groups reading each sampled topic (the first one's latencies count)
     own_objects: bool = False  # storage_group "": one object per topic (before storage groups)
 
     @property
@@ -123,9 +135,9 @@ def all_cases(before: bool) -> list[Case]:
     # request per partition from librdkafka), and the backlog it can leave there would slow the
     # notifications of whatever case came next; the trickle with its own objects after it (it
     # saturates the broker, ~1 PUT per message)
-    shared = [Case("hundred", 100, 100.0, 1024, sampled=4), Case("one", 1, 10_000.0, 1024, sampled=1),
+    shared = [Case("hundred", 100, 100.0, 1024, sampled=4, groups=3), Case("one", 1, 10_000.0, 1024, sampled=1),
               Case("trickle", 1000, 1.0, 100, sampled=20)]
-    own = [Case(f"{c.name}-own", c.topics, c.msg_s_per_topic, c.value_bytes, c.sampled, own_objects=True)
+    own = [Case(f"{c.name}-own", c.topics, c.msg_s_per_topic, c.value_bytes, c.sampled, c.groups, own_objects=True)
            for c in (shared[0], shared[2])]
     return shared + own if before else shared
 
@@ -143,7 +155,7 @@ class Prices:
     put_usd_month: float            # the broker's PUTs
     put_usd_per_gib: float          # the same per GiB produced
     kafka_replication_usd_per_gib: float
-    consumer_get_usd_month: float   # one (ranged) GET per part per consumer group, modelled
+    consumer_get_usd_month: float   # one (ranged) GET per part per consumer group, modelled (consumers reading S3)
 
     @property
     def put_vs_kafka(self) -> float:
@@ -151,8 +163,9 @@ class Prices:
 
 
 def prices(u: Usage, p: CostConfig) -> Prices:
-    """Price the rates `u` (all topics of a case together) with `memq cost`'s model."""
-    memq = estimate(u, 0.0, p).memq
+    """Price the rates `u` (all topics of a case together) with `memq cost`'s model, consumers
+    modelled as reading S3 themselves (what the counted reads are compared with)."""
+    memq = estimate(u, 0.0, dataclasses.replace(p, consumer_read_path="s3")).memq
     put = memq.s3_put.usd
     gib_month = u.rates.bytes_in * MONTH_S / GB
     replication = kafka_lines(GB / MONTH_S, 0.0, p).replication.usd      # 1 GiB in per month
@@ -269,39 +282,48 @@ def _spawn_feeder(case: Case, url: str, warm_s: float, measure_s: float) -> _Fee
 
 # --- consumer process -----------------------------------------------------------------------
 
-def _consume(config: MemqConfig, topics: list[str], ready: Event, conn: Connection) -> None:
-    """One Consumer (own group, own thread) per topic, recording (send time, latency) per record.
-    Asked `(topics, expected)`, answers once that many records of those topics arrived (or after
-    DRAIN_TIMEOUT_S) with their samples as array('d') bytes, and forgets them; None stops it."""
+def _consume(config: MemqConfig, topics: Mapping[str, int], ready: Event, conn: Connection) -> None:
+    """Per topic, one Consumer (own group, own thread) for each of its groups; the first group's
+    record (send time, latency) per record. Asked `(topics, expected)`, answers once that many
+    records of those topics arrived (or after DRAIN_TIMEOUT_S) with their samples as array('d')
+    bytes and the read counters of all their consumers so far (`ConsumerMetrics`: which way parts
+    came), and forgets the samples; None stops it."""
     samples = {t: array("d") for t in topics}
-    assigned: set[str] = set()
+    metrics: dict[str, list[ConsumerMetrics]] = {t: [] for t in topics}
+    assigned: set[tuple[str, int]] = set()
     stop = threading.Event()
 
-    def read(topic: str) -> None:
-        out = samples[topic]
+    def read(topic: str, group: int) -> None:
+        out = samples[topic] if group == 0 else None
         with Consumer(config, topic, group_id=f"bench-mt-{uuid.uuid4().hex[:6]}",
-                      on_assign=lambda _: assigned.add(topic)) as consumer:
+                      on_assign=lambda _: assigned.add((topic, group))) as consumer:
+            metrics[topic].append(consumer.metrics)
             while not stop.is_set():
                 for record in consumer.poll(0.2):
-                    now = time.time()
-                    sent = _HEAD.unpack_from(record.value)[0]
-                    out.append(sent)
-                    out.append(now - sent)
+                    if out is not None:
+                        now = time.time()
+                        sent = _HEAD.unpack_from(record.value)[0]
+                        out.append(sent)
+                        out.append(now - sent)
 
-    threads = [threading.Thread(target=read, args=(t,), name=f"consume-{t}", daemon=True) for t in topics]
+    threads = [threading.Thread(target=read, args=(t, g), name=f"consume-{t}-{g}", daemon=True)
+               for t, groups in topics.items() for g in range(groups)]
     for th in threads:
         th.start()
     deadline = time.monotonic() + JOIN_TIMEOUT_S
-    while len(assigned) < len(topics) and time.monotonic() < deadline:
+    while len(assigned) < len(threads) and time.monotonic() < deadline:
         time.sleep(0.1)
-    if len(assigned) == len(topics):
+    if len(assigned) == len(threads):
         ready.set()
     while (ask := conn.recv()) is not None:
         wanted, expected = ask
         give_up = time.monotonic() + DRAIN_TIMEOUT_S
         while sum(len(samples[t]) // 2 for t in wanted) < expected and time.monotonic() < give_up:
             time.sleep(0.05)
-        conn.send(b"".join(samples[t].tobytes() for t in wanted))
+        time.sleep(1.0)   # the other groups read the same records by now (their counters below)
+        read_by = [m for t in wanted for m in metrics[t]]
+        conn.send((b"".join(samples[t].tobytes() for t in wanted),
+                   {f: sum(getattr(m, f) for m in read_by) for f in _READ_FIELDS}))
         for t in wanted:
             samples[t] = array("d")
     stop.set()
@@ -361,9 +383,31 @@ def _scrape(url: str, case: Case) -> _Scrape:
                    samples, len(text))
 
 
+def _read_gets(url: str) -> float:
+    """The broker's S3 GETs for readers so far."""
+    text = urllib.request.urlopen(url + "/metrics", timeout=30).read().decode()
+    return sum(float(line[len(_READ_GETS):]) for line in text.splitlines() if line.startswith(_READ_GETS))
+
+
+def read_costs(read: Mapping[str, float], broker_gets: float, groups: int, parts_per_s: float,
+               put_usd_month: float, p: CostConfig) -> dict[str, float]:
+    """The S3 GETs the sampled consumers and the broker counted while they read, per part; and
+    their cost for every topic read by `groups` groups (`parts_per_s` of all topics), over the PUTs'."""
+    part_reads = max(read["batches"], 1.0)
+    per_read = (read["parts_via_s3"] + broker_gets) / part_reads
+    get_usd = per_read * groups * parts_per_s * MONTH_S * p.s3_get_per_1000 / 1000
+    return {"part_reads": read["batches"], "via_broker": read["parts_via_broker"], "via_s3": read["parts_via_s3"],
+            "fallbacks": read["broker_fallbacks"], "broker_gets": broker_gets,
+            "gets_per_part_per_broker": round(broker_gets / (part_reads / groups), 4),
+            "s3_gets_per_part_read": round(per_read, 4), "groups": groups,
+            "consumer_get_usd_month": round(get_usd, 2),
+            "consumer_get_vs_put": round(get_usd / put_usd_month, 4) if put_usd_month else float("nan")}
+
+
 def _run_case(case: Case, feeder: _Feeder, url: str, pid: int, consumer: Connection, consumers_ready: Event,
               warm_s: float, measure_s: float, p: CostConfig) -> dict:
     names, signals = case.topic_names, feeder.signals
+    gets0 = _read_gets(url)
     signals.start.set()
     # Rendering /metrics blocks the broker about a second with a thousand topics, so the counters
     # are read before the warm-up ends (s0) and after the consumers got the window's records (s1):
@@ -390,15 +434,18 @@ def _run_case(case: Case, feeder: _Feeder, url: str, pid: int, consumer: Connect
             feeder.process.terminate()
             feeder.process.join(5)
     consumer.send((names[:case.sampled], sent_to_first(fed["sent"], case.topics, case.sampled)))
-    raw = array("d", consumer.recv())
+    got, read = consumer.recv()
+    raw = array("d", got)
     latencies = sorted(lat for sent, lat in zip(raw[::2], raw[1::2]) if wall0 <= sent <= wall1)
     s1 = _scrape(url, case)
+    broker_gets = _read_gets(url) - gets0
     stages = s1.stages_since(s0)
     window = wall1 - s0.taken_s      # the counters' traffic: every record sent by then is counted (acked)
     taken_msg_s = (s1.records - s0.records) / window
     feeder_msg_s = fed["window_sent"] / fed["window_s"]
     reached = min(taken_msg_s, feeder_msg_s) >= OFFERED_MIN * case.offered_msg_s and not fed["failed"]
     cost = prices(s1.since(s0, window), p)
+    reads = read_costs(read, broker_gets, case.groups, (s1.parts - s0.parts) / window, cost.put_usd_month, p)
     out = {"topics": case.topics, "value_bytes": case.value_bytes, "storage_group": case.storage_group,
            "offered_msg_s": case.offered_msg_s, "achieved_msg_s": round(taken_msg_s, 1),
            "feeder_msg_s": round(feeder_msg_s, 1), "offered_reached": reached,
@@ -410,7 +457,7 @@ def _run_case(case: Case, feeder: _Feeder, url: str, pid: int, consumer: Connect
            "send_to_ack_p99_s": round(fed["ack_p99_s"], 3),
            "put_cost_per_gib_usd": round(cost.put_usd_per_gib, 5), "put_cost_vs_kafka": round(cost.put_vs_kafka, 3),
            "s3_usd_per_broker_month": round(cost.put_usd_month, 2),
-           "consumer_get_usd_month": round(cost.consumer_get_usd_month, 2),
+           "consumer_get_usd_month": round(cost.consumer_get_usd_month, 2), "reads": reads,
            "broker_stages": stages, "metrics_page_bytes": s1.page_bytes, "window_s": round(window, 1), "sends_failed": fed["failed"], "feeder_max_round_lag_s": round(fed["max_round_lag_s"], 3)}
     print(f"{case.name}: {case.topics} topics, {case.offered_msg_s:,.0f} msg/s offered, {feeder_msg_s:,.0f} sent, "
           f"{taken_msg_s:,.0f} taken by the broker, {fed['failed']} failed"
@@ -422,6 +469,11 @@ def _run_case(case: Case, feeder: _Feeder, url: str, pid: int, consumer: Connect
           f"PUTs ${out['put_cost_per_gib_usd']}/GiB = {out['put_cost_vs_kafka']}x Kafka's replication, "
           f"${out['s3_usd_per_broker_month']}/broker-month (consumers' GETs ${out['consumer_get_usd_month']}/month); "
           f"/metrics {s1.page_bytes / 1e6:.1f} MB", flush=True)
+    print(f"  reads ({case.groups} group(s) of {case.sampled} topics): {reads['part_reads']:.0f} parts read, "
+          f"{reads['via_broker']:.0f} through the broker, {reads['via_s3']:.0f} from S3 ({reads['fallbacks']:.0f} "
+          f"fallen back); S3 GETs counted: {reads['s3_gets_per_part_read']} per part read, "
+          f"{reads['gets_per_part_per_broker']} per part per broker; all topics read so: "
+          f"${reads['consumer_get_usd_month']}/month = {reads['consumer_get_vs_put']}x the PUTs", flush=True)
     family, labels = stage_family(case.topic_configs()[0])
     whose = f"storage group {labels['group']}" if "group" in labels else names[0]
     print(f"  {whose} at the broker, this case's window: " + "; ".join(
@@ -461,6 +513,9 @@ def case_ratios(out: Mapping[str, Mapping[str, Any]], fanout_s: float | None) ->
                 fanout_s / max(trickle["broker_stages"]["notify"]["mean_s"], 1e-9), 3)
     if hundred is not None:
         ratios["hundred_put_cost_vs_kafka_vs_goal"] = round(0.1 / hundred["put_cost_vs_kafka"], 3)
+        reads = hundred["reads"]   # goals: <= 1 GET per part per broker, consumers' GETs <= 0.5x the PUTs
+        ratios["hundred_gets_per_part_per_broker_vs_goal"] = round(1.0 / max(reads["gets_per_part_per_broker"], 1e-3), 3)
+        ratios["hundred_consumer_get_vs_put_vs_goal"] = round(0.5 / max(reads["consumer_get_vs_put"], 1e-3), 3)
         if one is not None:
             ratios["hundred_cpu_vs_2x_one"] = round(2 * one["broker_cpu_core_frac"] / hundred["broker_cpu_core_frac"], 3)
             ratios["hundred_e2e_p99_vs_one"] = round(one["e2e_p99_s"] / hundred["e2e_p99_s"], 3)
@@ -477,12 +532,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="also run trickle and hundred with topics storing their own objects (storage_group \"\")")
     parser.add_argument("--seconds", type=float, default=None,
                         help="each case's measured window (default 60, --quick 4)")
+    parser.add_argument("--read-path", choices=("auto", "broker", "s3"), default="auto",
+                        help="the consumers' consumer.read_path (default auto; s3: every part GET by each group)")
     parser.add_argument("--cases", default=None,
                         help="comma-separated cases to run (default all), e.g. hundred,one; the "
                              "ratios need trickle, hundred and one")
 
 
-def run(quick: bool, before: bool = False, seconds: float | None = None, cases: str | None = None) -> dict:
+def run(quick: bool, before: bool = False, seconds: float | None = None, cases: str | None = None,
+        read_path: Literal["auto", "broker", "s3"] = "auto") -> dict:
     warm_s, measure_s, idle_s = (2.0, 4.0, 1.0) if quick else (5.0, 60.0, 10.0)
     measure_s = seconds or measure_s
     chosen = all_cases(before)
@@ -502,8 +560,9 @@ def run(quick: bool, before: bool = False, seconds: float | None = None, cases: 
               f"window {measure_s:.0f} s per case", flush=True)
         ready = ctx.Event()
         ours, theirs = ctx.Pipe()
-        sampled = [n for c in chosen for n in c.topic_names[:c.sampled]]
-        reader = ctx.Process(target=_consume, args=(bc.config, sampled, ready, theirs), name="mt-consumers", daemon=True)
+        sampled = {n: c.groups for c in chosen for n in c.topic_names[:c.sampled]}
+        readers = dataclasses.replace(bc.config, consumer=dataclasses.replace(bc.config.consumer, read_path=read_path))
+        reader = ctx.Process(target=_consume, args=(readers, sampled, ready, theirs), name="mt-consumers", daemon=True)
         reader.start()
         feeders = {c.name: _spawn_feeder(c, url, warm_s, measure_s) for c in chosen}
         try:
@@ -534,5 +593,5 @@ def run(quick: bool, before: bool = False, seconds: float | None = None, cases: 
         print(f"WARNING: offered rate not reached in {', '.join(flagged)}: those figures are of a saturated run",
               flush=True)
     return {"ratios": ratios, **out, "idle_cpu_core_frac": round(idle, 3), "kafka_fanout_s": fanout_s, "batch_ms": BATCH_MS, "ack": "1",
-            "warm_s": warm_s, "window_s": measure_s, "below_offered": flagged,
+            "warm_s": warm_s, "window_s": measure_s, "read_path": read_path, "below_offered": flagged,
             "total_s": round(time.monotonic() - t_start, 1)}

@@ -447,7 +447,11 @@ class ConsumerConfig:
     `latest`, or `error` (raise `OffsetOutOfRangeError`). `dedup`: drop retried Messages by
     (producer id, epoch, sequence), remembering the last `dedup_window` sequences (a bitmap:
     `dedup_window` / 8 bytes at most) of each of the `dedup_max_producers` most recent
-    producer instances."""
+    producer instances. `read_path`: where parts are read (`memq.client.read_path`): `auto`
+    through a broker's read cache while a part is younger than `broker_read_max_age_ms`, from
+    storage directly when older (catch-up); `broker` always through a broker; `s3` never. A
+    broker read that does not answer within `broker_read_timeout_ms` goes to storage. `rack`:
+    the consumer's rack, so it reads through a broker there when the metadata names racks."""
 
     group_id: str = "memq-consumer"
     auto_offset_reset: Literal["earliest", "latest", "error"] = "earliest"
@@ -459,9 +463,14 @@ class ConsumerConfig:
     dedup_max_producers: int = setting(4_096, ge=1)
     dedup_window: int = setting(65_536, ge=64)
     on_data_loss: Literal["raise", "skip"] = "raise"
+    read_path: Literal["auto", "broker", "s3"] = "auto"
+    broker_read_max_age_ms: int = setting(30_000, ge=0)
+    broker_read_timeout_ms: int = setting(2_000, ge=1)
+    rack: str = ""
 
     def __post_init__(self) -> None:
         check_ranges(self, "consumer")
+        check_choice(self, "read_path", "consumer")
 
 
 @dataclass(frozen=True)
@@ -520,6 +529,10 @@ class CostConfig:
     kafka_disk_utilization: float = setting(1.0, ge=0.01, le=1)   # < 1 adds free-space headroom
     cross_az_fraction: float = setting(2 / 3, ge=0, le=1)     # clients whose broker is in another zone
     consumer_groups: int = setting(1, ge=0)             # groups reading every byte once
+    # how they read: "broker" through the brokers' read cache (memq's Consumer at the tail, Kafka
+    # readers: their GETs are the brokers' cache misses, counted on the brokers), "s3" one GET per
+    # object per group (Spark, catch-up, consumer.read_path = "s3")
+    consumer_read_path: Literal["broker", "s3"] = "broker"
 
 
 @dataclass(frozen=True)

@@ -80,7 +80,7 @@ def test_usage_since_start_and_over_a_window_sums_brokers() -> None:
 
 
 def test_the_estimate_prices_each_line_as_documented() -> None:
-    p = CostConfig()
+    p = CostConfig(consumer_read_path="s3")                    # the consumer reads S3 itself: a GET an object
     per_s = 10 * 1024 * 1024                                   # 10 MiB/s in, 8 MiB objects
     rates = TopicCounters(bytes_in=per_s, objects=per_s / (8 << 20), stored_bytes=per_s,
                           notifications=per_s / (8 << 20), notification_bytes=300 * per_s / (8 << 20),
@@ -106,12 +106,16 @@ def test_the_estimate_prices_each_line_as_documented() -> None:
 def test_an_estimate_is_named_lines_that_json_and_labels_follow() -> None:
     """Programs (the benches, `--json` readers) pick a line by its field name, so a relabelled line
     cannot break them; people see the lines in field order with their labels."""
-    p = build(CostConfig, {"consumer_groups": 3}, "cost")
+    p = build(CostConfig, {"consumer_groups": 3, "consumer_read_path": "s3"}, "cost")
     rates = TopicCounters(bytes_in=1000.0, objects=2.0, stored_bytes=1000.0,
                           requests={"put": 2.0, "get": 0.5, "list": 0.25, "delete": 0.0})
     u = Usage("t", 60.0, rates, rates)
     e = estimate(u, 86_400, p)
     assert e.memq.s3_get_consumers.quantity == pytest.approx(2.0 * 3 * MONTH_S)      # 3 groups x 2 objects/s
+    # through brokers (the default): the consumers' GETs are the brokers' cache misses, counted on them
+    via = estimate(u, 86_400, build(CostConfig, {"consumer_groups": 3}, "cost"))
+    assert via.memq.s3_get_consumers.quantity == 0 and "through brokers" in via.memq.s3_get_consumers.item
+    assert via.memq.s3_get_brokers.quantity == e.memq.s3_get_brokers.quantity
     assert e.memq.s3_get_brokers.quantity == pytest.approx(0.5 * MONTH_S)
     assert e.memq.lines[0] is e.memq.s3_put and e.kafka.lines[2] is e.kafka.replication
     assert e.memq_usd == pytest.approx(sum(line.usd for line in e.memq.lines))

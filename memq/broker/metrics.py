@@ -106,6 +106,11 @@ class BrokerMetrics:
         self.read_gets = Counter("memq_broker_read_gets", "Ranged GETs of parts for readers (read cache misses)",
                                  registry=r)
         self.read_get_bytes = Counter("memq_broker_read_get_bytes", "Bytes of parts GET for readers", registry=r)
+        # memq's own Consumer reading through this broker (memq.broker.doors.read)
+        self.part_reads = Counter("memq_broker_part_reads", "Part reads of memq Consumers (/v1/read), by result",
+                                  ["result"], registry=r)
+        self.part_read_bytes = Counter("memq_broker_part_read_bytes", "Part bytes served to memq Consumers",
+                                       registry=r)
 
     def stage(self, topic: str, group: str, stage: str) -> Histogram:
         """The histogram child a topic's `stage` is observed in: its own, or its shared group's."""

@@ -430,11 +430,27 @@ class Reads:
         self.cache.discard(("part", note.bucket, note.key, note.offset))   # framed once: the batches are what readers get
         return framed, framed.nbytes
 
-    async def _get(self, note: Notification) -> tuple[bytes, int]:
-        data = await self._storage.get_range(ObjectLocation(note.bucket, note.key), note.offset, note.size)
+    async def part_range(self, loc: ObjectLocation, offset: int, size: int) -> bytes:
+        """Bytes [offset, offset + size) of a part for memq's own Consumer (`doors.read`): the
+        part this broker just stored, else one GET however many ask. Kept under its size too, so
+        a caller naming a wrong size gets (and caches) only its own answer, never what the Kafka
+        path reads as the part; the caller checks the bytes against its notification."""
+        stored = ("part", loc.bucket, loc.key, offset)
+        hit = self.cache.peek(stored)
+        if hit is not None and len(hit) == size:
+            return await self.cache.get(stored, lambda: self._get_range(loc, offset, size))   # a hit: bumped
+        got: bytes = await self.cache.get(("range", loc.bucket, loc.key, offset, size),
+                                          lambda: self._get_range(loc, offset, size))
+        return got
+
+    async def _get_range(self, loc: ObjectLocation, offset: int, size: int) -> tuple[bytes, int]:
+        data = await self._storage.get_range(loc, offset, size)
         self._m.read_gets.inc()
         self._m.read_get_bytes.inc(len(data))
         return data, len(data)
+
+    async def _get(self, note: Notification) -> tuple[bytes, int]:
+        return await self._get_range(ObjectLocation(note.bucket, note.key), note.offset, note.size)
 
     async def close(self) -> None:
         tails = list(self._tails.values())

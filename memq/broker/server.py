@@ -239,11 +239,11 @@ class Broker:
             return
         assert self._storage is not None and self._publisher is not None and self._admin is not None, "start() first"
         if self._groups is None:
-            # Kafka readers want what was just stored: keep it (the read cache's fill on write)
-            fill = self._reads if self.config.broker.kafka_port >= 0 else None
+            # readers at the tail (Kafka's, memq's Consumers through /v1/read) want what was just
+            # stored: keep it (the read cache's fill on write)
             self._groups = GroupWriters(storage=self._storage, publisher=self._publisher, broker_id=self.broker_id,
                                         metrics=self.metrics, clock=self._clock,
-                                        republish_s=self.config.broker.notify_retry_ms / 1000, reads=fill)
+                                        republish_s=self.config.broker.notify_retry_ms / 1000, reads=self._reads)
         cluster = self.config.cluster.name
         failed = await asyncio.to_thread(self._admin.create_topics, [
             KafkaTopic(t.notification_topic_for(cluster), t.read_partitions) for t in new.values()])

@@ -9,7 +9,7 @@ import time
 from collections.abc import Iterator
 from contextlib import closing, contextmanager, nullcontext
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 import click
 from rich.console import Console
@@ -33,11 +33,17 @@ if TYPE_CHECKING:
 @click.option("--idle-timeout", type=click.FloatRange(min=0), default=None,
               help="Stop when no message came for this many seconds.")
 @click.option("--keys", is_flag=True, help="Print 'key<TAB>value'.")
+@click.option("--read-path", type=click.Choice(["auto", "broker", "s3"]), default=None,
+              help="Read parts through a broker's cache near the tail and from S3 far behind (auto), "
+                   "always through a broker, or always from S3 (default: consumer.read_path).")
 @click.pass_context
 def consume(ctx: click.Context, topic: str, group: str | None, from_beginning: bool,
-            max_messages: int | None, count_only: bool, idle_timeout: float | None, keys: bool) -> None:
+            max_messages: int | None, count_only: bool, idle_timeout: float | None, keys: bool,
+            read_path: Literal["auto", "broker", "s3"] | None) -> None:
     """Read TOPIC; commits after each batch (at-least-once) and on exit."""
     config = config_of(ctx)
+    if read_path is not None:
+        config = replace(config, consumer=replace(config.consumer, read_path=read_path))
     from memq.client.cluster import resolve_topic   # after the config: bad settings fail first
     from memq.client.consumer import Consumer
     from memq.notify import TopicAdmin
@@ -96,7 +102,8 @@ def consume(ctx: click.Context, topic: str, group: str | None, from_beginning: b
     m = consumer.metrics
     err.print(f"{seen:,} messages from {topic} in {elapsed:.1f} s ({seen / max(elapsed, 1e-9):,.0f} msg/s); "
               f"{m.duplicates_dropped:,} duplicates dropped ({m.duplicate_messages:,} retried Messages), "
-              f"{m.expired:,} expired")
+              f"{m.expired:,} expired; parts: {m.parts_via_broker:,} through brokers, {m.parts_via_s3:,} from "
+              f"storage ({m.broker_fallbacks:,} fallen back)")
 
 
 @contextmanager

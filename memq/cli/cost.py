@@ -17,11 +17,12 @@ from memq.cost.scrape import cluster_brokers, scrape
 _TIMEOUT_S = 5.0
 ASSUMPTIONS = """\
 Assumptions (docs/ARCHITECTURE.md, "Cost"): rates measured over the window, extrapolated to a 730-hour
-month; GB = 2^30 bytes. memq: the S3 requests counted on the brokers (every try), plus 1 GET per batch
-object per consumer group; S3 storage = batch bytes/s x retention, or for a compacted topic what it keeps
-now (compacted parts + plain tail, from the governor's gauges; Kafka's disks keep the same), shown
+month; GB = 2^30 bytes. memq: the S3 requests counted on the brokers (every try; their GETs include
+the read cache's misses for consumers reading through them, consumer_read_path = broker), or with
+consumer_read_path = s3 plus 1 GET per batch object per consumer group; S3 storage = batch bytes/s x retention, or for a compacted topic what it keeps
+now (compacted parts + plain tail, from the compactors' gauges; Kafka's disks keep the same), shown
 against the plain figure with the S3 storage it saves; producers -> brokers cross zones for
-cross_az_fraction of the bytes; consumers read S3 (no transfer charge in-region); the notifications
+cross_az_fraction of the bytes; consumers read S3 or a broker in their zone (no transfer charge); the notifications
 are priced on the Kafka model. Kafka: the same bytes in, kafka_replicas replicas on EBS gp3
 (bytes/s x retention x replicas / kafka_disk_utilization), cross-zone transfer ($ per GB out and again
 in) for producers -> leaders (cross_az_fraction), leader -> each other replica, and leaders -> each

@@ -33,9 +33,9 @@ class BrokerAuth:
     def headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.token}"} if self.token else {}
 
-    def session(self, timeout: aiohttp.ClientTimeout) -> aiohttp.ClientSession:
+    def session(self, timeout: aiohttp.ClientTimeout, read_bufsize: int = 2 ** 16) -> aiohttp.ClientSession:
         """An aiohttp session sending the token on every request and trusting the configured CA."""
-        return aiohttp.ClientSession(timeout=timeout, headers=self.headers(),
+        return aiohttp.ClientSession(timeout=timeout, headers=self.headers(), read_bufsize=read_bufsize,
                                      connector=aiohttp.TCPConnector(ssl=self.ssl_context or True))
 
     def failure(self, url: str, e: BaseException) -> AuthenticationError | BrokerUnavailableError:

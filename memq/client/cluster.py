@@ -35,7 +35,7 @@ import aiohttp
 
 from memq.config import ClusterConfig, MemqConfig, StorageConfig, TopicConfig
 from memq.errors import AuthorizationError, BrokerUnavailableError, ConfigError, FormatError, UnknownTopicError
-from memq.format.metadata import ClusterMetadata, TopicMetadata
+from memq.format.metadata import BrokerMetadata, ClusterMetadata, TopicMetadata
 
 from ._auth import NO_AUTH, BrokerAuth
 
@@ -121,11 +121,13 @@ def discover(urls: list[str], topic: str, timeout_s: float, auth: BrokerAuth = N
 @dataclass(frozen=True)
 class ResolvedTopic:
     """A topic as a client sees it: its details, and the config to reach its Kafka and storage.
-    `source` says where the notification topic came from (for an override of the cluster name)."""
+    `source` says where the notification topic came from (for an override of the cluster name);
+    `brokers` are the cluster's as the metadata named them (none without metadata)."""
 
     config: MemqConfig
     topic: TopicMetadata
     source: Literal["metadata", "config", "default"]
+    brokers: tuple[BrokerMetadata, ...] = ()
 
 
 def resolve(config: MemqConfig, topic: str, metadata: ClusterMetadata | None) -> ResolvedTopic:
@@ -149,9 +151,9 @@ def resolve(config: MemqConfig, topic: str, metadata: ClusterMetadata | None) ->
                                region=st.region or config.s3.region))
     served = metadata.topics.get(topic)
     if served is not None:
-        return ResolvedTopic(merged, served, "metadata")
+        return ResolvedTopic(merged, served, "metadata", metadata.brokers)
     base = resolve(merged, topic, None)
-    return dataclasses.replace(base, config=merged)
+    return dataclasses.replace(base, config=merged, brokers=metadata.brokers)
 
 
 def resolve_topic(config: MemqConfig, topic: str, *, brokers: str | None = None,

@@ -1,4 +1,5 @@
-"""The polling Consumer: notifications from a Kafka consumer group, batches from storage.
+"""The polling Consumer: notifications from a Kafka consumer group, batches from storage
+(near the tail through a broker's read cache, `broker_source`).
 
 Each notification on a topic's notification topic points at one batch object. `poll()`
 reads pointers, fetches the objects ahead of the application (several at once, bounded in
@@ -21,7 +22,8 @@ The Consumer coordinates its parts, each with one job: `prefetch` (what to fetch
 within the byte budget), `handover` (what `poll()` returns, duplicates dropped),
 `position_policy` (offset-range resets, expiry versus data loss, with `log_start`: where
 DeleteRecords moved a partition's start, as the metadata said when the Consumer was made),
-`commits`, `random_access` (`read()`), `compacted` (a compacted topic's prefix, read where the
+`commits`, `broker_source` (each part through a broker's read cache near the tail, from storage
+far behind it, by `read_path`), `random_access` (`read()`), `compacted` (a compacted topic's prefix, read where the
 position is below its compacted end: the latest record per key, original offsets) and `by_key`
 (`get()`: one key's latest value); `positions` keeps the offsets.
 """
@@ -37,6 +39,8 @@ from functools import partial
 from typing import Protocol
 
 from memq.client.cluster import resolve, resolve_topic
+from memq.client._auth import BrokerAuth
+from memq.client.broker_source import BrokerParts
 from memq.client.by_key import KeyLookup, KeyValue
 from memq.client.commits import Committer
 from memq.client.compacted import CompactedRecord, Prefix
@@ -48,6 +52,7 @@ from memq.client.position_policy import PositionPolicy, RangeCheck
 from memq.client.positions import Offsets, SequenceTracker
 from memq.client.prefetch import Fetch, Prefetch, PrefetchBudget
 from memq.client.random_access import RandomAccess
+from memq.client.read_path import PathRule
 from memq.client.reader import BatchReader, DataLossPolicy
 from memq.clock import SystemClock
 from memq.compaction.manifest import ManifestPointers
@@ -129,7 +134,10 @@ class Consumer:
         self._notify: NotificationSource = notifications or NotificationConsumer(
             config.kafka, kafka_topic, group_id=cc.group_id, auto_offset_reset=cc.auto_offset_reset)
         try:
-            self._reader = reader or BatchReader(config, cc.fetch_concurrency, decode=decode_batch_rows)
+            self._reader = reader or BatchReader(config, cc.fetch_concurrency, decode=decode_batch_rows, parts=BrokerParts(
+                resolved.brokers, PathRule(cc.read_path, cc.broker_read_max_age_ms), BrokerAuth.of(config.producer),
+                self.metrics, clock, rack=cc.rack, timeout_s=cc.broker_read_timeout_ms / 1000,
+                concurrency=cc.fetch_concurrency))
         except BaseException:
             self._notify.close()
             raise

@@ -81,7 +81,7 @@ def batch_pointer(topic: str, rec: NotificationRecord) -> BatchPointer:
     """Where the batch `rec` notifies is, and the size and CRC32C it must have."""
     n = rec.notification
     return BatchPointer(topic, ObjectLocation(n.bucket, n.key), n.size, n.crc32c, rec.partition, rec.offset,
-                        n.offset)
+                        n.offset, n.created_ms, n.broker_id)
 
 
 def build_records(topic: str, rec: NotificationRecord, decoded: Decoded) -> DecodedBatch:

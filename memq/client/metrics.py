@@ -36,3 +36,9 @@ class ConsumerMetrics:
     expired: int = 0                   # notifications and objects past retention, skipped (never "lost")
     offset_resets: int = 0             # positions outside the retained notifications, reset
     commits: int = 0
+    # which way parts came (memq.client.read_path): counted on the fetch loop's thread alone
+    parts_via_broker: int = 0          # parts a broker served (from its read cache or one GET of its own)
+    parts_via_s3: int = 0              # parts GET from storage by this consumer (far behind, or fallen back)
+    broker_bytes: int = 0              # part bytes brokers served
+    broker_fallbacks: int = 0          # broker reads that went to storage: no broker answered in time, or damaged
+    broker_corrupt: int = 0            # parts a broker served that did not match their notification

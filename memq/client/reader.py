@@ -19,7 +19,7 @@ import concurrent.futures
 import logging
 import threading
 from collections import deque
-from collections.abc import Callable, Coroutine, Iterable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
@@ -42,7 +42,8 @@ BatchDecoder = Callable[..., tuple[BatchHeader, list[tuple[MessageHeader, Any]]]
 class BatchPointer:
     """Where a batch is and what it must look like: bytes [start, start + size) of the object.
     `size`/`crc32c` are None when unknown (a listing has no checksum; the batch is then the
-    whole object); `partition`/`offset` (of its notification) are None when no notification names it."""
+    whole object); `partition`/`offset` (of its notification) are None when no notification names it;
+    `created_ms` and `writer` (the broker that stored it) are 0 and "" then too."""
 
     topic: str
     location: ObjectLocation
@@ -51,6 +52,8 @@ class BatchPointer:
     partition: int | None = None
     offset: int | None = None
     start: int = 0
+    created_ms: int = 0
+    writer: str = ""
 
     def describe(self) -> str:
         obj = f"{self.location.bucket}/{self.location.key}" if self.location.bucket else self.location.key
@@ -89,6 +92,15 @@ class ObjectSource(Protocol):
 
     async def get(self, loc: ObjectLocation) -> bytes: ...
     async def get_range(self, loc: ObjectLocation, start: int, length: int) -> bytes: ...
+    async def close(self) -> None: ...
+
+
+class PartSource(Protocol):
+    """Which way a notified part is read (the Consumer's: `broker_source.BrokerParts`, through a
+    broker's read cache near the tail); `storage()` reads it from storage directly. Whatever it
+    returns is verified against the pointer as a storage read is."""
+
+    async def part(self, ptr: BatchPointer, storage: Callable[[], Awaitable[bytes]]) -> bytes: ...
     async def close(self) -> None: ...
 
 
@@ -186,10 +198,12 @@ class BatchReader:
     """Reads whole batches ahead (`submit`) or one LogMessage by ranged GETs (`read_one`)."""
 
     def __init__(self, config: MemqConfig, concurrency: int, *,
-                 source: Callable[[], ObjectSource] | None = None, decode: BatchDecoder = decode_batch) -> None:
+                 source: Callable[[], ObjectSource] | None = None, decode: BatchDecoder = decode_batch,
+                 parts: PartSource | None = None) -> None:
         self._fetch = FetchLoop(source or (lambda: make_storage(config)), concurrency)
         self._compressors = Compressors()   # used only in the CPU worker
         self._decode = decode
+        self._parts = parts
 
     @property
     def fetch_loop(self) -> FetchLoop:
@@ -208,7 +222,11 @@ class BatchReader:
             elif ptr.size == 0:
                 obj = b""   # corrupt (no batch is empty); verify says so, no request needed
             else:
-                obj = await self._fetch.get_range(ptr.location, ptr.start, ptr.size)
+                size = ptr.size
+
+                async def stored() -> bytes:
+                    return await self._fetch.get_range(ptr.location, ptr.start, size)
+                obj = await (stored() if self._parts is None else self._parts.part(ptr, stored))
         except ObjectNotFoundError as e:
             raise ptr.lost(f"is missing: {e}") from e
         except StorageError as e:   # not data loss: the store failed; never skipped
@@ -240,7 +258,11 @@ class BatchReader:
         raise ptr.lost(f"is corrupt: its header counts {first} LogMessages, none at index {index}")
 
     def close(self, timeout_s: float = 10) -> None:
-        self._fetch.close(timeout_s)
+        try:
+            if self._parts is not None:
+                self._fetch.run(self._parts.close(), timeout_s=timeout_s)
+        finally:
+            self._fetch.close(timeout_s)
 
 
 def read_in_order(reader: BatchReader, batches: Iterable[tuple[BatchPointer, Callable[[Any], T]]],

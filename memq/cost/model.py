@@ -1,8 +1,10 @@
 """The monthly cost of a topic on memq, next to the same workload on replicated Kafka. Pure.
 
 memq (per topic, from the brokers' counters, rates extrapolated to a 730-hour month):
-- S3 requests: the PUT, GET, LIST and DELETE requests counted on the brokers, plus one GET per
-  batch object per consumer group (consumers are not scraped: each reads a batch with one GET);
+- S3 requests: the PUT, GET, LIST and DELETE requests counted on the brokers (their GETs include
+  the read cache's misses for readers at the tail), plus, when consumers read storage themselves
+  (`consumer_read_path = "s3"`: Spark, catch-up), one GET per batch object per consumer group
+  (consumers are not scraped);
 - S3 storage: batch bytes written per second x retention (the steady state once retention
   deletes as fast as producers write); for a compacted topic, what it keeps now instead (its
   compacted parts plus its plain tail, as the brokers' compactors report them, for the whole month),
@@ -172,8 +174,11 @@ def estimate(u: Usage, retention_s: float, p: CostConfig) -> Estimate:
     memq = MemqBill(
         s3_put=_requests("S3 PUT requests", r.requests["put"], p.s3_put_per_1000),
         s3_get_brokers=_requests("S3 GET requests (brokers)", r.requests["get"], p.s3_get_per_1000),
-        s3_get_consumers=_requests(f"S3 GET requests ({p.consumer_groups} consumer group(s), 1 per object)",
-                                   r.objects * p.consumer_groups, p.s3_get_per_1000),
+        s3_get_consumers=(_requests(f"S3 GET requests ({p.consumer_groups} consumer group(s), 1 per object)",
+                                    r.objects * p.consumer_groups, p.s3_get_per_1000)
+                          if p.consumer_read_path == "s3" else
+                          _requests(f"S3 GET requests ({p.consumer_groups} consumer group(s) through brokers: "
+                                    "the brokers' GETs)", 0.0, p.s3_get_per_1000)),
         s3_list=_requests("S3 LIST requests", r.requests["list"], p.s3_list_per_1000),
         s3_delete=_requests("S3 DELETE requests", r.requests["delete"], p.s3_delete_per_1000),
         s3_storage=Line("S3 Standard storage" + (" (compacted parts + plain tail)" if u.compacted else ""), stored,

@@ -1,0 +1,230 @@
+"""Which way the Consumer reads a part (`memq.client.read_path`, pure) and `BrokerParts` against a
+fake broker on loopback (aiohttp): damaged bytes from a broker are caught and read from storage,
+a refusal is raised, a broker that does not answer falls back. The real cluster:
+`test_consumer_broker_reads.py`."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+
+import pytest
+from aiohttp import web
+from crc32c import crc32c
+from tests.support.clock import FakeClock
+from tests.support.consumer_fakes import MemorySource
+
+from memq.broker.metrics import BrokerMetrics
+from memq.broker.read_cache import ReadCache
+from memq.broker.reads import Reads
+from memq.client._auth import NO_AUTH
+from memq.client.broker_source import BrokerParts
+from memq.client.metrics import ConsumerMetrics
+from memq.client.read_path import PathRule, broker_order
+from memq.client.reader import BatchPointer, BatchReader
+from memq.config import KafkaConfig, MemqConfig
+from memq.errors import AuthorizationError, DataLossError
+from memq.format.metadata import BrokerMetadata
+from memq.storage import ObjectLocation
+
+NOW_MS = 1_800_000_000_000
+PART = b"the part's bytes, as stored"
+KEY = "ab/c/groups/shared/0000000000001-b1-ff-a0"
+
+
+def brokers(*specs: tuple[str, str]) -> list[BrokerMetadata]:
+    return [BrokerMetadata(id=i, url=f"http://{i}", rack=rack) for i, rack in specs]
+
+
+# --- the path rule (pure) ----------------------------------------------------------------------
+
+
+def test_auto_reads_through_a_broker_near_the_tail_and_from_storage_far_behind() -> None:
+    rule = PathRule("auto", max_age_ms=30_000)
+    assert rule.way(NOW_MS - 30_000, NOW_MS) == "broker"
+    assert rule.way(NOW_MS - 30_001, NOW_MS) == "s3"
+    assert rule.way(NOW_MS + 5, NOW_MS) == "broker"   # a writer's clock ahead of ours
+    assert PathRule("broker", 0).way(0, NOW_MS) == "broker"
+    assert PathRule("s3", 10**12).way(NOW_MS, NOW_MS) == "s3"
+
+
+def test_brokers_are_ordered_writer_first_then_alike_for_every_reader() -> None:
+    cluster = brokers(("b1", "r1"), ("b2", "r2"), ("b3", "r3"))
+    assert broker_order(cluster, KEY, "b2", "")[0].id == "b2"
+    # no writer among them: the same order from every reader, whatever order the metadata listed
+    first = broker_order(cluster, KEY, "gone", "")
+    assert broker_order(list(reversed(cluster)), KEY, "gone", "") == first
+    # and different parts spread over the brokers
+    assert {broker_order(cluster, f"{KEY}{i}", "gone", "")[0].id for i in range(60)} == {"b1", "b2", "b3"}
+
+
+def test_a_broker_in_the_readers_rack_comes_before_the_writer_elsewhere() -> None:
+    cluster = brokers(("b1", "r1"), ("b2", "r2"), ("b3", "r2"))
+    assert broker_order(cluster, KEY, "b1", "r2")[0].id in {"b2", "b3"}
+    assert [b.id for b in broker_order(cluster, KEY, "b3", "r2")][:2] == ["b3", "b2"]
+    assert broker_order(cluster, KEY, "b1", "r9")[0].id == "b1"   # no broker in our rack: as without one
+
+
+# --- BrokerParts against a fake broker ---------------------------------------------------------
+
+
+@dataclass
+class FakeBroker:
+    """Answers /v1/read with `status` and `body`; counts the requests."""
+
+    status: int = 200
+    body: bytes = PART
+    asked: int = 0
+
+    async def handle(self, request: web.Request) -> web.Response:
+        self.asked += 1
+        return web.Response(status=self.status, body=self.body)
+
+
+@pytest.fixture
+async def fake() -> AsyncIterator[tuple[FakeBroker, str]]:
+    broker = FakeBroker()
+    app = web.Application()
+    app.add_routes([web.get("/v1/read", broker.handle)])
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]   # type: ignore[union-attr]
+    yield broker, f"http://127.0.0.1:{port}"
+    await runner.cleanup()
+
+
+def pointer(data: bytes = PART, created_ms: int = NOW_MS) -> BatchPointer:
+    return BatchPointer("t", ObjectLocation("bucket", KEY), len(data), crc32c(data), 0, 0, 0, created_ms, "b1")
+
+
+def parts(url: str, metrics: ConsumerMetrics, mode: str = "auto") -> BrokerParts:
+    return BrokerParts([BrokerMetadata(id="b1", url=url)], PathRule(mode, 30_000), NO_AUTH,  # type: ignore[arg-type]
+                       metrics, FakeClock(NOW_MS / 1000), timeout_s=2.0, concurrency=2)
+
+
+def storage(data: bytes = PART) -> tuple[list[int], Callable[[], object]]:
+    calls: list[int] = []
+
+    async def read() -> bytes:
+        calls.append(1)
+        return data
+    return calls, read
+
+
+async def test_a_part_near_the_tail_comes_from_the_broker(fake: tuple[FakeBroker, str]) -> None:
+    broker, url = fake
+    m = ConsumerMetrics()
+    calls, read = storage()
+    src = parts(url, m)
+    try:
+        assert await src.part(pointer(), read) == PART   # type: ignore[arg-type]
+    finally:
+        await src.close()
+    assert broker.asked == 1 and not calls
+    assert (m.parts_via_broker, m.parts_via_s3, m.broker_bytes) == (1, 0, len(PART))
+
+
+async def test_damaged_bytes_from_a_broker_are_caught_and_read_from_storage(fake: tuple[FakeBroker, str]) -> None:
+    broker, url = fake
+    broker.body = PART[:-1] + b"?"   # same size, another CRC32C
+    m = ConsumerMetrics()
+    calls, read = storage()
+    src = parts(url, m)
+    try:
+        assert await src.part(pointer(), read) == PART   # type: ignore[arg-type]
+        broker.body = PART[:-3]   # short
+        assert await src.part(pointer(), read) == PART   # type: ignore[arg-type]
+    finally:
+        await src.close()
+    assert (m.broker_corrupt, m.broker_fallbacks, m.parts_via_s3, m.parts_via_broker) == (2, 2, 2, 0)
+    assert len(calls) == 2
+
+
+async def test_a_refusal_is_raised_never_read_from_storage(fake: tuple[FakeBroker, str]) -> None:
+    broker, url = fake
+    broker.status, broker.body = 403, b"principal bob may not consume topic t"
+    m = ConsumerMetrics()
+    calls, read = storage()
+    src = parts(url, m)
+    try:
+        with pytest.raises(AuthorizationError, match="may not consume topic t"):
+            await src.part(pointer(), read)   # type: ignore[arg-type]
+    finally:
+        await src.close()
+    assert not calls and m.parts_via_s3 == 0
+
+
+async def test_no_broker_answering_or_a_busy_one_or_an_old_part_goes_to_storage(fake: tuple[FakeBroker, str]) -> None:
+    broker, url = fake
+    m = ConsumerMetrics()
+    calls, read = storage()
+    dead = parts("http://127.0.0.1:9", m)          # nothing listens there
+    busy = parts(url, m)
+    broker.status = 503
+    try:
+        assert await dead.part(pointer(), read) == PART   # type: ignore[arg-type]
+        assert await busy.part(pointer(), read) == PART   # type: ignore[arg-type]
+        assert await busy.part(pointer(), read) == PART   # type: ignore[arg-type]  # marked down: not asked
+        assert broker.asked == 1
+        broker.status = 200
+        assert await parts(url, m).part(pointer(created_ms=NOW_MS - 60_000), read) == PART   # type: ignore[arg-type]
+        assert await parts(url, m, "s3").part(pointer(), read) == PART   # type: ignore[arg-type]
+    finally:
+        await dead.close()
+        await busy.close()
+    assert broker.asked == 1   # far behind, or read_path s3: no broker asked
+    assert (m.broker_fallbacks, m.parts_via_s3, m.parts_via_broker) == (3, 5, 0) and len(calls) == 5
+
+
+class DamagedParts:
+    """A PartSource whose every answer is damaged (a broker and storage both wrong)."""
+
+    async def part(self, ptr: BatchPointer, storage: Callable[[], object]) -> bytes:
+        return b"\x00" * (ptr.size or 0)
+
+    async def close(self) -> None:
+        pass
+
+
+def test_the_reader_verifies_whatever_way_a_part_came() -> None:
+    reader = BatchReader(MemqConfig(), 2, source=lambda: MemorySource({}), parts=DamagedParts())
+    try:
+        fut = reader.submit(pointer(), lambda decoded: decoded)
+        with pytest.raises(DataLossError, match="CRC32C"):
+            fut.result(10)
+    finally:
+        reader.close()
+
+
+# --- the broker's side: Reads.part_range -------------------------------------------------------
+
+
+class CountingStorage(MemorySource):
+    def __init__(self, objects: dict[str, bytes]) -> None:
+        super().__init__(objects)
+        self.gets = 0
+
+    async def get_range(self, loc: ObjectLocation, start: int, length: int) -> bytes:
+        self.gets += 1
+        await asyncio.sleep(0.01)   # long enough for every reader below to join the load
+        return await super().get_range(loc, start, length)
+
+
+async def test_a_broker_gets_a_part_once_for_every_reader_and_a_wrong_size_poisons_nothing() -> None:
+    obj = b"head" + PART + b"tail"
+    storage = CountingStorage({KEY: obj})
+    metrics = BrokerMetrics("b1")
+    reads = Reads(KafkaConfig(), storage, ReadCache(1 << 20, metrics), metrics, broker_id="b1")  # type: ignore[arg-type]
+    loc = ObjectLocation("", KEY)
+    try:
+        got = await asyncio.gather(*[reads.part_range(loc, 4, len(PART)) for _ in range(3)])   # three groups at once
+        assert got == [PART] * 3 and storage.gets == 1
+        assert await reads.part_range(loc, 4, 3) == PART[:3]           # a wrong size: its own answer, its own entry
+        assert await reads.part_range(loc, 4, len(PART)) == PART and storage.gets == 2
+        reads.stored(ObjectLocation("", "stored"), 0, b"hot")          # what this broker just wrote: no GET at all
+        assert await reads.part_range(ObjectLocation("", "stored"), 0, 3) == b"hot" and storage.gets == 2
+    finally:
+        await reads.close()
