@@ -83,7 +83,8 @@ async def test_slow_storage_keeps_broker_memory_bounded(devcluster: DevCluster, 
     with FaultProxy(devcluster.s3_endpoint or "", FaultPlan(mode="stall", fraction=1.0, methods=frozenset({"PUT"}),
                                                          stall_s=1.0)) as proxy:
         config = dataclasses.replace(base, s3=dataclasses.replace(base.s3, endpoint_url=proxy.url),
-                                     broker=dataclasses.replace(base.broker, broker_id="slow1", busy_wait_ms=500))
+                                     broker=dataclasses.replace(base.broker, broker_id="slow1", busy_wait_ms=500,
+                                                                read_cache_bytes=8 * mib))
         with BrokerProcess(config, tmp_path) as broker:
             rss0 = rss_mib(broker.pid)
             peak = rss0
@@ -119,5 +120,6 @@ async def test_slow_storage_keeps_broker_memory_bounded(devcluster: DevCluster, 
     print(f"broker RSS {rss0:.0f} MiB -> peak {peak:.0f} MiB; outcomes {sorted(set(outcomes))}")
     assert "ok" in outcomes                              # storage still took some
     assert set(outcomes) - {"ok"}                        # and producers were pushed back clearly
-    # 3 producers offered 60 MiB; the ring holds 2 x (2 + 1) MiB plus socket buffers
-    assert peak - rss0 < 40, f"broker RSS grew {peak - rss0:.0f} MiB"
+    # 3 producers offered 60 MiB; the ring holds 2 x (2 + 1) MiB plus socket buffers, and the read
+    # cache keeps at most its 8 MiB of what was stored
+    assert peak - rss0 < 40 + 8, f"broker RSS grew {peak - rss0:.0f} MiB"
