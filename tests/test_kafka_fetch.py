@@ -140,15 +140,23 @@ def test_a_fetch_at_the_end_waits_for_the_next_record_then_answers(running: Runn
 
 
 def test_the_read_cache_serves_parts_the_broker_just_wrote(running: Running) -> None:
+    """Once a topic is read through the broker, the parts it stores are kept (fill on write)."""
     topic = running.add_topic(partitions=1)
     m = running.broker.metrics
+    kafka_produce(running.broker.kafka_address, topic, rows(10, "warm"), acks="all")
+    c = kafka_consumer(running)
+    try:
+        assign_all(c, topic, 1)
+        assert len(read(c, 10)) == 10   # the topic's first read: a GET, and the broker now keeps its parts
+    finally:
+        c.close()
     gets = m.read_gets._value.get()
     kafka_produce(running.broker.kafka_address, topic, rows(500, "hot"), acks="all")
-    for _ in range(3):   # three readers, one part: no GET at all, it was filled on write
+    for _ in range(3):   # three readers: no GET at all, the new part was filled on write
         c = kafka_consumer(running)
         try:
             assign_all(c, topic, 1)
-            assert len(read(c, 500)) == 500
+            assert len(read(c, 510)) == 510
         finally:
             c.close()
     assert m.read_gets._value.get() == gets

@@ -220,11 +220,12 @@ async def test_a_broker_gets_a_part_once_for_every_reader_and_a_wrong_size_poiso
     reads = Reads(KafkaConfig(), storage, ReadCache(1 << 20, metrics), metrics, broker_id="b1")  # type: ignore[arg-type]
     loc = ObjectLocation("", KEY)
     try:
-        got = await asyncio.gather(*[reads.part_range(loc, 4, len(PART)) for _ in range(3)])   # three groups at once
+        got = await asyncio.gather(*[reads.part_range("t", loc, 4, len(PART)) for _ in range(3)])   # three groups at once
         assert got == [PART] * 3 and storage.gets == 1
-        assert await reads.part_range(loc, 4, 3) == PART[:3]           # a wrong size: its own answer, its own entry
-        assert await reads.part_range(loc, 4, len(PART)) == PART and storage.gets == 2
+        assert await reads.part_range("t", loc, 4, 3) == PART[:3]           # a wrong size: its own answer, its own entry
+        assert await reads.part_range("t", loc, 4, len(PART)) == PART and storage.gets == 2
+        assert reads.wants("t") and not reads.wants("unread")          # only topics read here keep their parts
         reads.stored(ObjectLocation("", "stored"), 0, b"hot")          # what this broker just wrote: no GET at all
-        assert await reads.part_range(ObjectLocation("", "stored"), 0, 3) == b"hot" and storage.gets == 2
+        assert await reads.part_range("t", ObjectLocation("", "stored"), 0, 3) == b"hot" and storage.gets == 2
     finally:
         await reads.close()

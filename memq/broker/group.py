@@ -114,6 +114,9 @@ REPUBLISH_BACKOFF_S = (0.25, 5.0)
 class ReadFill(Protocol):
     """What the read path is told of each part this broker writes (`memq.broker.reads.Reads`)."""
 
+    def wants(self, topic: str) -> bool:
+        """Whether readers at the tail read `topic` through this broker: then its parts are kept."""
+
     def stored(self, loc: ObjectLocation, offset: int, part: bytes) -> None:
         """A part just stored (its object, offset and bytes): the read cache's fill on write."""
 
@@ -186,7 +189,7 @@ class GroupWriter:
         loc = await self._storage.put_batch(topic, chunks, first_request_id=first.producer_id ^ first.sequence,
                                             timestamp_ms=created_ms, broker_id=self._broker_id, group="")
         (part,) = layout([chunks])
-        if self._reads is not None:
+        if self._reads is not None and self._reads.wants(topic):
             self._reads.stored(loc, part.offset, b"".join(chunks))
         return notification(topic, batch, loc, part, created_ms=created_ms, attempt=parse_key(loc.key).attempt,
                             broker_id=self._broker_id)
@@ -247,8 +250,9 @@ class GroupWriter:
         attempt = parse_key(loc.key).attempt
         placed = layout(encoded)
         if self._reads is not None:
-            for chunks, part in zip(encoded, placed):
-                self._reads.stored(loc, part.offset, b"".join(chunks))
+            for chunks, part, (m, _) in zip(encoded, placed, parts):
+                if self._reads.wants(m.name):
+                    self._reads.stored(loc, part.offset, b"".join(chunks))
         notes = [notification(m.name, b, loc, part, created_ms=created_ms, attempt=attempt, broker_id=self._broker_id)
                  for (m, b), part in zip(parts, placed)]
         t0 = clock.monotonic()

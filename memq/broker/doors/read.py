@@ -68,7 +68,7 @@ class ReadDoor:
         self._in_flight += 1
         try:
             async with asyncio.timeout(READ_TIMEOUT_S):
-                data = await core.reads.part_range(loc, offset, size)
+                data = await core.reads.part_range(topic, loc, offset, size)
         except ObjectNotFoundError as e:
             return self._answer("missing", 404, str(e))
         except (StorageError, TimeoutError) as e:
