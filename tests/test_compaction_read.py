@@ -28,10 +28,10 @@ from memq.client.placement import key_partition
 from memq.client.producer import Producer
 from memq.compaction.manifest import ManifestPointers
 from memq.compaction.run import Compactor
-from memq.config import BrokerConfig
+from memq.config import BrokerConfig, TopicConfig
 from memq.devcluster import DevCluster, GovernedCluster
 from memq.devcluster.governed import FAST_GOVERNOR
-from memq.errors import KeyRequiredError
+from memq.errors import InvalidInputError, KeyRequiredError
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
@@ -257,3 +257,34 @@ def test_a_compacted_topic_of_three_partitions_keeps_each_key_in_one_partition_w
     with pytest.raises(Exception, match="compacted: its read_partitions do not grow"):
         admin.create_partitions([NewPartitions(topic, 4)])[topic].result(30)
     assert gc.registry.topic(topic).read_partitions == 3
+
+
+def test_memq_producer_deletes_a_key_a_kafka_reader_sees_null_and_compaction_drops_it(
+        gc: GovernedCluster, placed: tuple[str, dict[bytes, bytes]]) -> None:
+    """A tombstone from memq's Producer (`delete`): read as deleted by key, as a null value by
+    a Kafka consumer and memq's Consumer, and gone after compaction past delete.retention.ms."""
+    topic, latest = placed
+    key = b"k4"
+    partition = key_partition(key, 3)
+    end = _kafka_read(gc, topic, 0, partition)[-1][0] + 1
+
+    async def delete() -> None:
+        async with Producer(dataclasses.replace(gc.config().producer, codec="zstd")) as p:
+            d = await (await p.delete(topic, key))
+            assert d.partition == partition                              # placed by key, as its values
+            with pytest.raises(InvalidInputError, match="not compacted"):
+                await p.delete(plain, key)
+    plain = f"plain-{uuid.uuid4().hex[:6]}"
+    gc.create_topic(TopicConfig(plain, read_partitions=1))
+    asyncio.run(delete())
+    assert [(k, v) for _, k, v in _kafka_read(gc, topic, end, partition)] == [(key, None)]
+    pointers = ManifestPointers(gc.registry)
+    with Consumer(gc.config(), topic, subscribe=False, pointers=pointers) as consumer:
+        got = consumer.get(key)
+        assert got is not None and got.deleted
+    time.sleep(0.6)                                                      # past delete.retention.ms (500)
+    compactor = Compactor(gc.base, pointers, CollectorRegistry())
+    assert asyncio.run(compactor.partition(gc.registry.topic(topic), partition, force=True)).result == "swapped"
+    asyncio.run(compactor.close())
+    survivors = {k for _, k, _ in _kafka_read(gc, topic, 0, partition)}
+    assert key not in survivors and survivors == {k for k in latest if key_partition(k, 3) == partition} - {key}

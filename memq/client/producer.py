@@ -208,6 +208,34 @@ class Producer:
         self._add(lane, [record], size, ts, ts, RecordWaiter(fut))
         return fut
 
+    async def delete(self, topic: str, key: bytes, headers: Sequence[tuple[str, bytes]] | None = None,
+                     timestamp: int | None = None) -> asyncio.Future[Delivery]:
+        """Queue a tombstone of `key` (its record with no value) on compacted `topic`: readers see
+        the key deleted, and compaction drops it once `delete_retention_ms` passed, as Kafka does
+        with a null value. Only on a compacted topic (InvalidInputError elsewhere: a plain topic's
+        readers expect a value), and not in Arrow bodies, which hold no null value."""
+        if not isinstance(key, bytes):
+            raise InvalidInputError(f"delete: the key must be bytes, not {type(key).__name__}")
+        if self.config.codec == "arrow":
+            raise InvalidInputError("delete: producer.codec 'arrow' holds no null value; use zstd, gzip or none "
+                                    "for a producer that deletes keys")
+        await self._learn(topic)
+        partitions = self._sender.key_partitions(topic)
+        if not partitions:
+            raise InvalidInputError(f"delete: topic {topic} is not compacted (cleanup.policy): a tombstone deletes "
+                                    "a key only where compaction keeps the latest record per key")
+        if headers and not all(isinstance(k, str) and isinstance(v, bytes) for k, v in headers):
+            raise InvalidInputError("headers must be (str, bytes) pairs")
+        ts = timestamp or now_ms()
+        record = (None, key, tuple(headers) if headers else (), ts, None)
+        size = record_size((b"", *record[1:]))   # record_size, the hot path's, takes bytes values only
+        self._check_size(size)
+        await self._admit(topic, size)
+        fut: asyncio.Future[Delivery] = asyncio.get_running_loop().create_future()
+        self._add((topic, key_partition(key, partitions) if partitions > 1 else -1), [record], size, ts, ts,
+                  RecordWaiter(fut))
+        return fut
+
     async def send_many(self, topic: str, values: Sequence[bytes], *, keys: Sequence[bytes | None] | None = None,
                         headers: Sequence[tuple[str, bytes]] | None = None,
                         timestamp: int | None = None) -> asyncio.Future[list[Delivery]]:

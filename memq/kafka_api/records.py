@@ -102,7 +102,7 @@ def frame_part(part: bytes | memoryview, drop: frozenset[int] = frozenset(),
                 if not run:
                     run_start, run_bytes = index + i, 0
                 run.append(rec)
-                run_bytes += len(rec.value) + len(rec.key or b"") + RECORD_OVERHEAD
+                run_bytes += len(rec.value or b"") + len(rec.key or b"") + RECORD_OVERHEAD   # None: a tombstone
                 if run_bytes >= FRAMED_BATCH_BYTES:
                     out.append(FramedBatch(run_start, len(run), batch(run)))
                     run = []
