@@ -113,9 +113,10 @@ def _kafka_read(gc: GovernedCluster, topic: str, offset: int,
                 continue
             if m.error():
                 assert m.error().code() == KafkaError._PARTITION_EOF, m.error()
-                break
+                return got
             got.append((m.offset(), m.key(), m.value()))
-        return got
+        raise AssertionError(f"{topic}[{partition}]: no end of partition after {got[-3:]}: the high watermark "
+                             "is past the last record a reader gets")
     finally:
         consumer.close()
 

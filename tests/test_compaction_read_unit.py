@@ -13,7 +13,7 @@ from memq.errors import ConfigError
 from memq.format.kafka_records import KafkaCodec, decode_kafka_entries, encode_kafka_batch, peek_kafka_batch
 from memq.format.metadata import ClusterMetadata, StorageMetadata, TopicMetadata
 from memq.kafka_api import topic_configs as tc
-from memq.kafka_api.compacted import compacted_log_start, keyless_records, place_batch
+from memq.kafka_api.compacted import compacted_high_watermark, compacted_log_start, keyless_records, place_batch
 from memq.kafka_api.offsets import first_offset
 from memq.kafka_api.topic_configs import AlterOp
 
@@ -96,3 +96,11 @@ def test_checker_wants_the_latest_acked_value_per_key() -> None:
     assert v.lost == ("a",) and v.unknown == ("x",) and not v.passed and v.keys == 3
     assert check_compacted(writes, {"c": "c2"}).lost == ("a",)                  # a's value is gone
     assert check_compacted(writes, {"a": "a2", "c": "c1", "b": "b1"}).lost == ()   # b1 overlapped the tombstone
+
+
+def test_a_compacted_partition_with_an_empty_tail_ends_after_its_last_survivor() -> None:
+    """Tombstones dropped at the prefix's end leave no record: the end is after the last survivor,
+    so a reader that read everything is at the end; with a tail, the plain high watermark."""
+    assert compacted_high_watermark(5, 5, 100, 5 << 24, plain=(5 << 24)) == 101
+    assert compacted_high_watermark(5, 5, None, 5 << 24, plain=(5 << 24)) == 5 << 24     # nothing survived
+    assert compacted_high_watermark(7, 5, 100, 5 << 24, plain=(6 << 24) + 3) == (6 << 24) + 3

@@ -45,6 +45,17 @@ def place_batch(batch: Buffer, out: bytearray, limit: int, *, at_least_one: bool
     return header.base_offset + header.last_offset_delta + 1
 
 
+def compacted_high_watermark(high_note: int, end: int, last_survivor: int | None, tail_offset: int, plain: int) -> int:
+    """A compacted partition's high watermark: `plain` (as its notifications give it) while its
+    plain tail holds a notification (`high_note` > the prefix's `end`), else just after the
+    prefix's last survivor (its tail offset without one). A prefix ending in dropped records
+    (tombstones past delete.retention.ms) leaves no record to move a reader's position past
+    them: without this a reader that read everything kept a lag and never reached the end."""
+    if high_note > end:
+        return plain
+    return tail_offset if last_survivor is None else last_survivor + 1
+
+
 def compacted_log_start(low_note: int, moved: int, first_survivor: int | None) -> int:
     """A compacted partition's log start: its first survivor when its prefix starts before the
     first retained notification (notifications below the prefix's end may have expired), never

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from memq.compaction.manifest import Manifest
 from memq.errors import FormatError, MemqError, OffsetOutOfRangeError
 from memq.format.metadata import ClusterMetadata
-from memq.kafka_api.compacted import compacted_log_start, place_batch
+from memq.kafka_api.compacted import compacted_high_watermark, compacted_log_start, place_batch
 from memq.kafka_api.log_start import log_start, moved_start
 from memq.kafka_api.mapping import node_id
 from memq.kafka_api.offsets import end_offset, first_offset, kafka_offset, split_offset
@@ -130,9 +130,9 @@ async def fetch(core: BrokerCore, principal: str | None, req: FetchRequest, peer
             else:
                 low, high = marks if marks is not None else (-1, r.note)
                 high = max(high, r.note + (1 if r.index else 0), 0)
-                r.out.high_watermark = await _high_watermark(
+                r.out.high_watermark = _prefix_high(r.manifest, high, await _high_watermark(
                     core, r.notification_topic, r.want.index, high, core.reads.last_seen(r.notification_topic,
-                                                                                         r.want.index))
+                                                                                         r.want.index)))
                 r.out.log_start = (compacted_log_start(low, r.moved, _first_survivor(r.manifest))
                                    if low >= 0 or r.moved or r.manifest is not None else -1)
             r.out.records = r.buf
@@ -143,7 +143,8 @@ async def _read_marks(core: BrokerCore, r: _Reading, peer: object) -> None:
     """High watermark and log start of a compacted partition a Fetch read in its prefix alone."""
     try:
         low, high = await core.reads.watermarks(r.notification_topic, r.want.index)
-        r.out.high_watermark = await high_watermark(core, r.notification_topic, r.want.index, low, high)
+        r.out.high_watermark = _prefix_high(r.manifest, high, await high_watermark(core, r.notification_topic,
+                                                                                   r.want.index, low, high))
     except MemqError as e:
         log.warning("Kafka fetch of %s[%d] from %s: watermarks: %s", r.topic, r.want.index, peer, e)
         low, r.out.high_watermark = -1, first_offset(r.note)
@@ -161,6 +162,14 @@ async def _manifest(core: BrokerCore, meta: ClusterMetadata, topic: str, partiti
     except MemqError as e:
         log.warning("Kafka read of %s[%d] from %s: no compacted prefix: %s", topic, partition, peer, e)
         return None
+
+
+def _prefix_high(m: Manifest | None, high_note: int, plain: int) -> int:
+    """The high watermark `plain`, or the compacted prefix's end when the plain tail is empty."""
+    if m is None:
+        return plain
+    return compacted_high_watermark(high_note, m.end, m.parts[-1].last_offset if m.parts else None, m.tail_offset,
+                                    plain)
 
 
 def _first_survivor(m: Manifest | None) -> int | None:
@@ -290,9 +299,8 @@ async def list_offsets(core: BrokerCore, principal: str | None, req: ListOffsets
                 continue
             t = meta.topics[topic]
             try:
-                first = _first_survivor(await _manifest(core, meta, topic, partition, "ListOffsets"))
-                outs.append(await _listed(core, t.notification_topic, partition, ts,
-                                          moved_start(t.log_start, partition), first))
+                outs.append(await _listed(core, t.notification_topic, partition, ts, moved_start(t.log_start, partition),
+                                          await _manifest(core, meta, topic, partition, "ListOffsets")))
             except MemqError as e:
                 log.warning("Kafka ListOffsets of %s[%d] at %d: %s", topic, partition, ts, e)
                 outs.append(ListedOffset(partition, ErrorCode.KAFKA_STORAGE_ERROR))
@@ -311,12 +319,13 @@ async def high_watermark(core: BrokerCore, ntopic: str, partition: int, low: int
 
 
 async def _listed(core: BrokerCore, ntopic: str, partition: int, ts: int, moved: int,
-                  first_survivor: int | None) -> ListedOffset:
+                  manifest: Manifest | None) -> ListedOffset:
     low, high = await core.reads.watermarks(ntopic, partition)
     if ts == LATEST:   # as the high watermark of a Fetch says it, so lag reads 0 at the end
-        return ListedOffset(partition, offset=await high_watermark(core, ntopic, partition, low, high))
+        return ListedOffset(partition, offset=_prefix_high(manifest, high, await high_watermark(
+            core, ntopic, partition, low, high)))
     if ts == EARLIEST:
-        return ListedOffset(partition, offset=compacted_log_start(low, moved, first_survivor))
+        return ListedOffset(partition, offset=compacted_log_start(low, moved, _first_survivor(manifest)))
     if ts < 0:
         return ListedOffset(partition, ErrorCode.INVALID_REQUEST)
     # The first notification published at or after ts: its part may start a little before ts
