@@ -49,16 +49,21 @@ def gc(devcluster: DevCluster, tmp_path_factory: pytest.TempPathFactory) -> Iter
         yield cluster
 
 
+def _created(gc: GovernedCluster, prefix: str, partitions: int) -> tuple[str, TopicConfig]:
+    """A compacted topic made by Kafka's CreateTopics under Kafka's names, once placed: its name and settings."""
+    topic = f"{prefix}-{uuid.uuid4().hex[:6]}"
+    admin = AdminClient({"bootstrap.servers": _bootstrap(gc)})
+    admin.create_topics([NewTopic(topic, partitions, config={"cleanup.policy": "compact", "delete.retention.ms": "500",
+                                                             "min.cleanable.dirty.ratio": "0.01"})])[topic].result(30)
+    gc.wait_placed(topic)
+    return topic, gc.registry.topic(topic)
+
+
 @pytest.fixture(scope="module")
 def compacted(gc: GovernedCluster) -> tuple[str, dict[bytes, bytes]]:
     """A compacted topic (made by Kafka's CreateTopics under Kafka's names) written by a Kafka
     producer, key k0 deleted long enough ago to be dropped, then compacted: (topic, live values)."""
-    topic = f"cp-{uuid.uuid4().hex[:6]}"
-    admin = AdminClient({"bootstrap.servers": _bootstrap(gc)})
-    admin.create_topics([NewTopic(topic, 1, config={"cleanup.policy": "compact", "delete.retention.ms": "500",
-                                                    "min.cleanable.dirty.ratio": "0.01"})])[topic].result(30)
-    gc.wait_placed(topic)
-    cfg = gc.registry.topic(topic)
+    topic, cfg = _created(gc, "cp", 1)
     assert cfg.cleanup_policy == "compact" and cfg.delete_retention_ms == 500
     assert cfg.storage_group == ""          # objects of its own, which compaction can release
     latest: dict[bytes, bytes] = {}
@@ -197,12 +202,7 @@ def placed(gc: GovernedCluster) -> tuple[str, dict[bytes, bytes]]:
     """A compacted topic of 3 read partitions: memq's Producer writes every key, confluent-kafka
     (murmur2_random, Kafka's Java partitioner) writes every key again and deletes k1, memq's
     Producer rewrites the even keys; then each partition is compacted: (topic, live values)."""
-    topic = f"cp3-{uuid.uuid4().hex[:6]}"
-    admin = AdminClient({"bootstrap.servers": _bootstrap(gc)})
-    admin.create_topics([NewTopic(topic, 3, config={"cleanup.policy": "compact", "delete.retention.ms": "500",
-                                                    "min.cleanable.dirty.ratio": "0.01"})])[topic].result(30)
-    gc.wait_placed(topic)
-    cfg = gc.registry.topic(topic)
+    topic, cfg = _created(gc, "cp3", 3)
     assert cfg.compacted and cfg.read_partitions == 3
     keys = [b"k%d" % k for k in range(PLACED_KEYS)]
 

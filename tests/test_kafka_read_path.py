@@ -16,10 +16,9 @@ from memq.broker.metrics import BrokerMetrics
 from memq.broker.read_cache import ReadCache
 from memq.broker.reads import Reads
 from memq.config import KafkaConfig
-from memq.storage import ObjectLocation
 from memq.broker.group_audit import GroupAudit
 from tests.support.clock import FakeClock
-from tests.support.consumer_fakes import MemorySource, SinkRecorder, batch
+from tests.support.consumer_fakes import CountingSource, SinkRecorder, batch
 from tests.support.consumer_fakes import recs as recs_of
 from memq.format import LogMessage
 from memq.format.kafka_records import (KafkaCodec, decode_kafka_records, encode_kafka_batch, split_kafka_batches,
@@ -179,15 +178,6 @@ async def test_the_cache_stays_within_its_bytes_evicting_the_least_recently_used
 # --- the read path's dedup window (memq.broker.reads.Reads) ---------------------------------
 
 
-
-class CountingSource(MemorySource):
-    def __init__(self, objects: dict[str, bytes]) -> None:
-        super().__init__(objects)
-        self.gets = 0
-
-    async def get_range(self, loc: ObjectLocation, start: int, length: int) -> bytes:
-        self.gets += 1
-        return await super().get_range(loc, start, length)
 
 
 async def test_every_starting_point_drops_the_same_copies_and_a_gone_part_stops_nothing() -> None:

@@ -13,7 +13,7 @@ import pytest
 from aiohttp import web
 from crc32c import crc32c
 from tests.support.clock import FakeClock
-from tests.support.consumer_fakes import MemorySource
+from tests.support.consumer_fakes import CountingSource, MemorySource
 
 from memq.broker.metrics import BrokerMetrics
 from memq.broker.read_cache import ReadCache
@@ -202,20 +202,10 @@ def test_the_reader_verifies_whatever_way_a_part_came() -> None:
 # --- the broker's side: Reads.part_range -------------------------------------------------------
 
 
-class CountingStorage(MemorySource):
-    def __init__(self, objects: dict[str, bytes]) -> None:
-        super().__init__(objects)
-        self.gets = 0
-
-    async def get_range(self, loc: ObjectLocation, start: int, length: int) -> bytes:
-        self.gets += 1
-        await asyncio.sleep(0.01)   # long enough for every reader below to join the load
-        return await super().get_range(loc, start, length)
-
 
 async def test_a_broker_gets_a_part_once_for_every_reader_and_a_wrong_size_poisons_nothing() -> None:
     obj = b"head" + PART + b"tail"
-    storage = CountingStorage({KEY: obj})
+    storage = CountingSource({KEY: obj}, delay_s=0.01)   # every reader below joins the load
     metrics = BrokerMetrics("b1")
     reads = Reads(KafkaConfig(), storage, ReadCache(1 << 20, metrics), metrics, broker_id="b1")  # type: ignore[arg-type]
     loc = ObjectLocation("", KEY)

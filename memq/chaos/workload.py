@@ -37,7 +37,7 @@ import random
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import IO, TYPE_CHECKING
+from typing import IO, TYPE_CHECKING, Any
 
 from memq.chaos.checker import ABORT, COMMIT, DOUBT, AckEvent, Delivered, KeyedWrite, Pointer, StoredObject, TxnWrite
 from memq.config import MemqConfig, load_config
@@ -345,24 +345,25 @@ def read_objects(config: MemqConfig) -> list[StoredObject]:
     return out
 
 
-def load_acks(paths: Sequence[Path]) -> list[AckEvent]:
-    """The producers' logs; a record logged twice (resolved, then 'unresolved') keeps the first."""
-    first: dict[str, AckEvent] = {}
+def _first_outcomes(paths: Sequence[Path]) -> list[dict[str, Any]]:
+    """The producers' log lines, one per record: a record logged twice (resolved, then
+    'unresolved') keeps the first."""
+    first: dict[str, dict[str, Any]] = {}
     for path in paths:
         for line in path.read_text().splitlines():
             e = json.loads(line)
-            first.setdefault(e["id"], AckEvent(e["p"], e["id"], e["sent"], e["done"], e["ok"]))
+            first.setdefault(e["id"], e)
     return list(first.values())
+
+
+def load_acks(paths: Sequence[Path]) -> list[AckEvent]:
+    """The producers' logs as the checker's acks."""
+    return [AckEvent(e["p"], e["id"], e["sent"], e["done"], e["ok"]) for e in _first_outcomes(paths)]
 
 
 def load_keyed_writes(paths: Sequence[Path]) -> list[KeyedWrite]:
-    """The producers' logs as keyed writes (the compacted workload's checker input), first outcome kept."""
-    first: dict[str, KeyedWrite] = {}
-    for path in paths:
-        for line in path.read_text().splitlines():
-            e = json.loads(line)
-            first.setdefault(e["id"], KeyedWrite(e["k"], e["id"], e["sent"], e["done"], e["ok"]))
-    return list(first.values())
+    """The producers' logs as keyed writes (the compacted workload's checker input)."""
+    return [KeyedWrite(e["k"], e["id"], e["sent"], e["done"], e["ok"]) for e in _first_outcomes(paths)]
 
 
 def load_txn_writes(paths: Sequence[Path]) -> list[TxnWrite]:

@@ -3,6 +3,7 @@ list, a clock stepped by hand, recorders for commits and audit. No server, no pr
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -32,6 +33,22 @@ class MemorySource:
 
     async def close(self) -> None:
         pass
+
+
+class CountingSource(MemorySource):
+    """A MemorySource counting its ranged GETs; each waits `delay_s` (so concurrent readers
+    can join one load in flight)."""
+
+    def __init__(self, objects: dict[str, bytes], delay_s: float = 0.0) -> None:
+        super().__init__(objects)
+        self.gets = 0
+        self.delay_s = delay_s
+
+    async def get_range(self, loc: ObjectLocation, start: int, length: int) -> bytes:
+        self.gets += 1
+        if self.delay_s:
+            await asyncio.sleep(self.delay_s)
+        return await super().get_range(loc, start, length)
 
 
 class FakeNotifications:
