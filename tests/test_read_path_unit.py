@@ -19,13 +19,13 @@ from memq.broker.metrics import BrokerMetrics
 from memq.broker.read_cache import ReadCache
 from memq.broker.reads import Reads
 from memq.client._auth import NO_AUTH
-from memq.client.broker_source import BrokerParts
+from memq.client.broker_source import RELIST_S, BrokerParts
 from memq.client.metrics import ConsumerMetrics
 from memq.client.read_path import PathRule, broker_order
 from memq.client.reader import BatchPointer, BatchReader
 from memq.config import KafkaConfig, MemqConfig
 from memq.errors import AuthorizationError, DataLossError
-from memq.format.metadata import BrokerMetadata
+from memq.format.metadata import BrokerMetadata, ClusterMetadata, StorageMetadata
 from memq.storage import ObjectLocation
 
 NOW_MS = 1_800_000_000_000
@@ -177,6 +177,47 @@ async def test_no_broker_answering_or_a_busy_one_or_an_old_part_goes_to_storage(
         await busy.close()
     assert broker.asked == 1   # far behind, or read_path s3: no broker asked
     assert (m.broker_fallbacks, m.parts_via_s3, m.parts_via_broker) == (3, 5, 0) and len(calls) == 5
+
+
+async def serve(app: web.Application) -> tuple[web.AppRunner, str]:
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    return runner, f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"   # type: ignore[union-attr]
+
+
+async def test_the_broker_list_is_asked_again_so_a_broker_added_later_serves(fake: tuple[FakeBroker, str]) -> None:
+    """Started knowing b1 only; b1 lists b1 and b2 when asked again (RELIST_S later): once b1
+    is busy, b2 serves instead of storage."""
+    first, url1 = fake
+    second = FakeBroker()
+    app = web.Application()
+    app.add_routes([web.get("/v1/read", second.handle)])
+    runner, url2 = await serve(app)
+    listed = ClusterMetadata("c", "b1", "", StorageMetadata(), brokers=(BrokerMetadata(id="b1", url=url1),
+                                                                          BrokerMetadata(id="b2", url=url2)))
+    meta = web.Application()
+    meta.add_routes([web.get("/v1/metadata", lambda _: web.json_response(listed.to_dict()))])
+    meta.add_routes([web.get("/v1/read", first.handle)])
+    meta_runner, meta_url = await serve(meta)
+    m = ConsumerMetrics()
+    clock = FakeClock(NOW_MS / 1000)
+    src = BrokerParts([BrokerMetadata(id="b1", url=meta_url)], PathRule("auto", 10**12), NO_AUTH, m, clock,
+                      timeout_s=2.0, concurrency=2)
+    calls, read = storage()
+    try:
+        assert await src.part(pointer(), read) == PART   # type: ignore[arg-type]   # b1, as listed at the start
+        clock.advance(RELIST_S)
+        assert await src.part(pointer(), read) == PART   # type: ignore[arg-type]   # and the list is asked again
+        await asyncio.sleep(0.2)
+        first.status = 503                                # b1 busy: b2, learnt from the new list, serves
+        assert await src.part(pointer(), read) == PART   # type: ignore[arg-type]
+    finally:
+        await src.close()
+        await runner.cleanup()
+        await meta_runner.cleanup()
+    assert second.asked == 1 and not calls and m.parts_via_broker == 3
 
 
 class DamagedParts:

@@ -9,6 +9,8 @@ same broker for every group), each within `timeout_s`, a broker that failed skip
 that does not answer, answers busy or dies mid-read, so a broker can slow a reader down but
 never hand it wrong bytes. A refusal (401, 403) is raised: reading through a broker needs the
 `consume` right, and a principal without it is told so rather than served from storage.
+The brokers are the metadata's at the Consumer's start, asked again every `RELIST_S` in the
+background (a broker added or replaced since then is used, one gone is dropped).
 Runs on the reader's `FetchLoop` (one event loop thread): its counters need no lock.
 """
 
@@ -22,10 +24,11 @@ from collections.abc import Awaitable, Callable, Sequence
 import aiohttp
 
 from memq.clock import Clock
-from memq.errors import AuthenticationError, AuthorizationError, DataLossError
+from memq.errors import AuthenticationError, AuthorizationError, DataLossError, MemqError
 from memq.format.metadata import BrokerMetadata
 
 from ._auth import BrokerAuth
+from .cluster import fetch_metadata_async
 from .metrics import ConsumerMetrics
 from .read_path import PathRule, broker_order
 from .reader import BatchPointer, verify
@@ -36,6 +39,7 @@ READ_PATH = "/v1/read"    # memq.broker.doors.read
 TRIES = 2                 # brokers asked for one part before storage is
 DOWN_S = 10.0             # a broker that failed is not asked again for this long
 READ_BUFSIZE = 1 << 20    # a part arrives in few reads (aiohttp's 64 KiB: a loop turn each, under the GIL)
+RELIST_S = 60.0           # how often the broker list is asked again of a broker
 
 
 class BrokerParts:
@@ -53,6 +57,8 @@ class BrokerParts:
         self._sem = asyncio.Semaphore(concurrency)             # binds to the loop that first waits on it
         self._session: aiohttp.ClientSession | None = None   # made on the fetch loop, at first use
         self._down: dict[str, float] = {}                     # url -> monotonic time to ask again
+        self._listed = clock.monotonic()                      # when the broker list was last asked for
+        self._relisting: asyncio.Task[None] | None = None
 
     async def part(self, ptr: BatchPointer, storage: Callable[[], Awaitable[bytes]]) -> bytes:
         """The part `ptr` names: through a broker when the rule says so and one serves it intact,
@@ -71,6 +77,9 @@ class BrokerParts:
 
     async def _through_brokers(self, ptr: BatchPointer) -> bytes | None:
         now = self._clock.monotonic()
+        if now - self._listed >= RELIST_S and self._relisting is None:
+            self._listed = now
+            self._relisting = asyncio.get_running_loop().create_task(self._relist())
         ordered = broker_order(self._brokers, ptr.location.key, ptr.writer, self._rack)
         up = [b for b in ordered if self._down.get(b.url, 0.0) <= now]
         for b in up[:TRIES]:
@@ -110,7 +119,28 @@ class BrokerParts:
             self._down[url] = self._clock.monotonic() + DOWN_S
             return None
 
+    async def _relist(self) -> None:
+        """The brokers as a live one lists them now (kept as they were if none answers)."""
+        try:
+            if self._session is None:
+                self._session = self._auth.session(self._timeout, read_bufsize=READ_BUFSIZE)
+            now = self._clock.monotonic()
+            for b in sorted(self._brokers, key=lambda b: self._down.get(b.url, 0.0) > now):
+                try:
+                    md = await fetch_metadata_async(self._session, b.url, self._timeout.total or 5.0, self._auth)
+                except MemqError as e:
+                    log.debug("broker list from %s: %s", b.url, e)
+                    continue
+                listed = tuple(x for x in md.brokers if x.url)
+                if listed:
+                    self._brokers = listed
+                return
+        finally:
+            self._relisting = None
+
     async def close(self) -> None:
+        if self._relisting is not None:
+            self._relisting.cancel()
         if self._session is not None:
             await self._session.close()
 
