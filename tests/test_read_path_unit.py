@@ -13,7 +13,7 @@ import pytest
 from aiohttp import web
 from crc32c import crc32c
 from tests.support.clock import FakeClock
-from tests.support.consumer_fakes import CountingSource, MemorySource
+from tests.support.consumer_fakes import CountingSource, MemorySource, batch
 
 from memq.broker.metrics import BrokerMetrics
 from memq.broker.read_cache import ReadCache
@@ -25,6 +25,7 @@ from memq.client.read_path import PathRule, broker_order
 from memq.client.reader import BatchPointer, BatchReader
 from memq.config import KafkaConfig, MemqConfig
 from memq.errors import AuthorizationError, DataLossError
+from memq.format import LogMessage
 from memq.format.metadata import BrokerMetadata, ClusterMetadata, StorageMetadata
 from memq.storage import ObjectLocation
 
@@ -258,5 +259,24 @@ async def test_a_broker_gets_a_part_once_for_every_reader_and_a_wrong_size_poiso
         assert reads.wants("t") and not reads.wants("unread")          # only topics read here keep their parts
         reads.stored(ObjectLocation("", "stored"), 0, b"hot")          # what this broker just wrote: no GET at all
         assert await reads.part_range("t", ObjectLocation("", "stored"), 0, 3) == b"hot" and storage.gets == 2
+    finally:
+        await reads.close()
+
+
+async def test_a_part_both_kinds_of_reader_want_costs_no_second_get() -> None:
+    """A topic memq Consumers read through the broker: a part framed for a Kafka reader keeps its
+    stored bytes, so the Consumers still read it from memory."""
+    objects: dict[str, bytes] = {}
+    n = batch("k0", [(7, 0, [LogMessage(b"v", b"k")])], 0, objects).notification
+    loc = ObjectLocation(n.bucket, n.key)
+    storage = CountingSource(objects)
+    metrics = BrokerMetrics("b1")
+    reads = Reads(KafkaConfig(), storage, ReadCache(1 << 20, metrics), metrics, broker_id="b1")  # type: ignore[arg-type]
+    try:
+        reads.stored(loc, 0, objects["k0"])                                        # kept on write
+        assert await reads.part_range(n.topic, loc, 0, n.size) == objects["k0"]   # a memq Consumer's group
+        await reads.part(n)                                                        # a Kafka reader frames it
+        assert await reads.part_range(n.topic, loc, 0, n.size) == objects["k0"]   # another group
+        assert storage.gets == 0
     finally:
         await reads.close()

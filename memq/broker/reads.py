@@ -232,6 +232,7 @@ class Reads:
         self._manifests = ManifestCache(storage)
         self._parts = PartReader(_CachedRanges(storage, cache))
         self._read_at: dict[str, float] = {}   # topic -> when a reader last asked this broker for its parts
+        self._raw_read_at: dict[str, float] = {}   # ... a memq Consumer, which reads parts as stored
 
     async def _run(self, fn: Callable[..., T], *args: Any) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
@@ -335,6 +336,12 @@ class Reads:
 
     def _reading(self, topic: str) -> None:
         self._read_at[topic] = time.monotonic()
+
+    def _raw_wanted(self, topic: str) -> bool:
+        """Whether memq Consumers read `topic`'s parts as stored through this broker lately: then
+        a part framed for Kafka readers keeps its stored bytes too (else a second GET for them)."""
+        at = self._raw_read_at.get(topic)
+        return at is not None and time.monotonic() - at < READ_INTEREST_S
 
     def stored(self, loc: ObjectLocation, offset: int, part: bytes) -> None:
         """A part this broker just stored, for readers at the tail (`wants`)."""
@@ -442,7 +449,8 @@ class Reads:
         raw = await self._raw(note)
         framed = (await asyncio.to_thread(frame_part, raw, drop, codec) if len(raw) > 64 * 1024
                   else frame_part(raw, drop, codec))
-        self.cache.discard(("part", note.bucket, note.key, note.offset))   # framed once: the batches are what readers get
+        if not self._raw_wanted(note.topic):   # framed once: the batches are what Kafka readers get
+            self.cache.discard(("part", note.bucket, note.key, note.offset))
         return framed, framed.nbytes
 
     async def part_range(self, topic: str, loc: ObjectLocation, offset: int, size: int) -> bytes:
@@ -452,6 +460,7 @@ class Reads:
         answer, never what the Kafka path reads as the part; the caller checks the bytes against
         its notification."""
         self._reading(topic)
+        self._raw_read_at[topic] = time.monotonic()
         stored = ("part", loc.bucket, loc.key, offset)
         hit = self.cache.peek(stored)
         if hit is not None and len(hit) == size:
