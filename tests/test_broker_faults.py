@@ -108,8 +108,9 @@ class DeliveredButTimedOut:
         self.inner = NotificationPublisher(kafka, client_id="delivered-but-timed-out")
         self.published = 0
 
-    async def publish_many(self, notes: Sequence[tuple[str, Notification]]) -> list[tuple[int, int] | NotifyError]:
-        for result in await self.inner.publish_many(notes):
+    async def publish_many(self, notes: Sequence[tuple[str, Notification]],
+                           partitions: Sequence[int] | None = None) -> list[tuple[int, int] | NotifyError]:
+        for result in await self.inner.publish_many(notes, partitions):
             assert not isinstance(result, NotifyError), result
         self.published += len(notes)
         return [NotifyError(f"publishing to Kafka topic {t!r} failed: Local: Message timed out") for t, _ in notes]

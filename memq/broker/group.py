@@ -285,8 +285,8 @@ class GroupWriter:
         pause = REPUBLISH_BACKOFF_S[0]
         while True:
             try:
-                got = await (self._publisher.publish_many([notes[i] for i in pending]) if partitions is None else
-                             self._publisher.publish_many([notes[i] for i in pending], [partitions[i] for i in pending]))
+                got = await self._publisher.publish_many([notes[i] for i in pending],
+                                                         None if partitions is None else [partitions[i] for i in pending])
             except Exception as e:   # a publisher bug must fail these batches only, never the broker
                 got = [NotifyError(str(e))] * len(pending)
             for i, result in zip(pending, got):
