@@ -242,6 +242,9 @@ class TopicConfig:
     max_compaction_lag_ms: int | None = setting(None, ge=1)  # ... and at most this long (None: no bound)
     delete_retention_ms: int = setting(86_400_000, ge=0)     # a tombstone stays readable this long past its timestamp
     min_cleanable_dirty_ratio: float = setting(0.5, ge=0)   # compact once this share of the log is dirty (<= 1)
+    # Kafka settings that have no effect on memq (segment.ms, min.insync.replicas, ...), kept as
+    # (name, value) so Kafka's tools read back what they set (memq.kafka_api.topic_configs.INERT)
+    kafka_inert: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
         check_choice(self, "kafka_compression", f"topic {self.name}")
@@ -627,7 +630,7 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
     origin = typing.get_origin(tp)
     if origin is tuple:   # tuple[str, ...]: a TOML array, or a comma-separated environment value
         items = [v.strip() for v in value.split(",") if v.strip()] if isinstance(value, str) else value
-        if not isinstance(items, list):
+        if not isinstance(items, (list, tuple)):
             raise ConfigError(f"{where}: {value!r} is not a list")
         return tuple(_coerce(v, typing.get_args(tp)[0], f"{where}[{i}]") for i, v in enumerate(items))
     if origin in (typing.Union, types.UnionType):

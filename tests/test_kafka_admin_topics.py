@@ -114,16 +114,21 @@ def test_confluent_admin_creates_describes_alters_grows_and_deletes(gc: Governed
     cfg = stored(gc, topic)
     assert cfg is not None and (cfg.retention_ms, cfg.batch_ms) == (7_200_000, TopicConfig(name="x").batch_ms)
 
-    for entry, words in [(ConfigEntry("segment.bytes", "1", incremental_operation=AlterConfigOpType.SET),
-                          "segment.bytes"),
+    inert = ConfigResource(ConfigResource.Type.TOPIC, topic, incremental_configs=[   # Kafka's, no effect here
+        ConfigEntry("segment.bytes", "1048576", incremental_operation=AlterConfigOpType.SET)])
+    assert kafka_error(admin.incremental_alter_configs([inert])[inert]) is None
+    described = admin.describe_configs([resource])[resource].result(20)["segment.bytes"]
+    assert described.value == "1048576" and described.source == ConfigSource.DYNAMIC_TOPIC_CONFIG.value
+    for entry, words in [(ConfigEntry("segment.byte", "1", incremental_operation=AlterConfigOpType.SET),
+                          "did you mean segment.bytes?"),
                          (ConfigEntry("cleanup.policy", "shred", incremental_operation=AlterConfigOpType.SET),
                           "want delete, compact or compact,delete")]:
         bad = ConfigResource(ConfigResource.Type.TOPIC, topic, incremental_configs=[entry])
         err = kafka_error(admin.incremental_alter_configs([bad])[bad])
         assert err is not None and err.code() == KafkaError.INVALID_CONFIG and words in err.str()
     bad_topic = name("bad")
-    refused = kafka_error(admin.create_topics([NewTopic(bad_topic, 1, config={"min.insync.replicas": "2"})])[bad_topic])
-    assert refused is not None and refused.code() == KafkaError.INVALID_CONFIG and "min.insync.replicas" in refused.str()
+    refused = kafka_error(admin.create_topics([NewTopic(bad_topic, 1, config={"min.insync.replica": "2"})])[bad_topic])
+    assert refused is not None and refused.code() == KafkaError.INVALID_CONFIG and "min.insync.replicas?" in refused.str()
     assert stored(gc, bad_topic) is None
 
     # more read partitions: tansu cannot grow its notification topic, and says so; never fewer

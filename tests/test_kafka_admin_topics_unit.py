@@ -17,6 +17,7 @@ from memq.broker.guard import Guard
 from memq.broker.metrics import BrokerMetrics
 from memq.config import MemqConfig, SecurityConfig, TopicConfig
 from memq.errors import ConfigError, InvalidInputError
+from memq.governor.registry import topic_from_json, topic_to_json
 from memq.governor.topics import TopicManager
 from memq.format.metadata import ClusterMetadata, StorageMetadata
 from memq.kafka_api import topic_configs as tc
@@ -27,7 +28,7 @@ CLUSTER = "c1"
 
 
 def test_every_topic_setting_has_one_kafka_name() -> None:
-    fields = [f.name for f in dataclasses.fields(TopicConfig) if f.name != "name"]
+    fields = [f.name for f in dataclasses.fields(TopicConfig) if f.name not in ("name", "kafka_inert")]
     mapped = [s.field for s in tc.SETTINGS if s.field]
     assert sorted(mapped) == sorted(fields)
     assert len({s.name for s in tc.SETTINGS}) == len(tc.SETTINGS)
@@ -46,7 +47,7 @@ def test_describe_reports_values_sources_and_read_only_as_kafka() -> None:
     assert got["cleanup.policy"].value == "delete" and got["message.timestamp.type"].value == "CreateTime"
     assert {n for n, e in got.items() if e.read_only} == {"message.timestamp.type", "memq.notification.topic",
                                                           "memq.read.partitions"}
-    assert [e.name for e in tc.describe(cfg, CLUSTER, ["retention.ms", "segment.bytes", "retention.ms"])] == \
+    assert [e.name for e in tc.describe(cfg, CLUSTER, ["retention.ms", "segment.byte", "retention.ms"])] == \
         ["retention.ms"]                                       # unknown names left out, as Kafka does
 
 
@@ -59,7 +60,9 @@ def test_incremental_sets_and_deletes_and_refuses_what_memq_lacks() -> None:
     assert changes == {"retention_ms": 1000, "batch_ms": 250, "retention_bytes": 5000, "expected_mbps": 2.5,
                        "cleanup_policy": "delete"}
     assert tc.incremental(cur, [("retention.bytes", AlterOp.SET, "-1")], CLUSTER) == {"retention_bytes": None}
-    for ops, words in [([("segment.bytes", AlterOp.SET, "1")], "segment.bytes: memq has no such topic setting"),
+    for ops, words in [([("segment.byte", AlterOp.SET, "1")], "segment.byte: memq has no such topic setting "
+                                                               r"\(did you mean segment.bytes\?"),
+                       ([("retention.msec", AlterOp.SET, "1")], "did you mean retention.ms"),
                        ([("cleanup.policy", AlterOp.SET, "shred")], "want delete, compact or compact,delete"),
                        ([("cleanup.policy", AlterOp.SUBTRACT, "delete")], "cleanup.policy=: want delete"),
                        ([("retention.ms", AlterOp.APPEND, "1")], "APPEND"),
@@ -69,6 +72,34 @@ def test_incremental_sets_and_deletes_and_refuses_what_memq_lacks() -> None:
                        ([("retention.ms", AlterOp.SET, "soon")], "retention.ms='soon': not a number")]:
         with pytest.raises(ConfigError, match=words):
             tc.incremental(cur, ops, CLUSTER)
+
+
+def test_kafka_settings_without_effect_are_kept_and_described_as_such() -> None:
+    cur = TopicConfig(name="t", cleanup_policy="compact")
+    created = tc.altered(cur, tc.assigned(cur, [("segment.ms", "100"), ("min.insync.replicas", "2"),
+                                                ("unclean.leader.election.enable", "TRUE")], CLUSTER))
+    assert created.cleanup_policy == "compact"
+    assert dict(created.kafka_inert) == {"segment.ms": "100", "min.insync.replicas": "2",
+                                         "unclean.leader.election.enable": "true"}
+    got = {e.name: e for e in tc.describe(created, CLUSTER)}
+    assert got["segment.ms"].value == "100" and got["segment.ms"].source is ConfigSource.DYNAMIC_TOPIC_CONFIG
+    assert got["segment.ms"].doc.startswith("no effect on memq") and not got["segment.ms"].read_only
+    assert got["segment.bytes"].value == "1073741824" and got["segment.bytes"].is_default   # Kafka's default
+    assert [e.name for e in tc.describe(created, CLUSTER, ["flush.ms"])] == ["flush.ms"]
+    # stored where every topic setting is (ZooKeeper's JSON): a round trip keeps them
+    assert topic_from_json(topic_to_json(created), "t") == created
+    # DELETE drops one, SET changes one, APPEND extends a list one; replacement keeps only the listed ones
+    ops = [("segment.ms", AlterOp.DELETE, None), ("min.insync.replicas", AlterOp.SET, "3"),
+           ("leader.replication.throttled.replicas", AlterOp.APPEND, "0:1")]
+    after = tc.altered(created, tc.incremental(created, ops, CLUSTER))
+    assert dict(after.kafka_inert) == {"min.insync.replicas": "3", "unclean.leader.election.enable": "true",
+                                       "leader.replication.throttled.replicas": "0:1"}
+    assert tc.altered(after, tc.replacement(after, [("preallocate", "false")], CLUSTER)).kafka_inert == \
+        (("preallocate", "false"),)
+    for configs, words in [([("segment.ms", "soon")], "segment.ms='soon': not a number"),
+                           ([("preallocate", "maybe")], "want true or false")]:
+        with pytest.raises(ConfigError, match=words):
+            tc.assigned(cur, configs, CLUSTER)
 
 
 def test_replacement_returns_unlisted_settings_to_defaults() -> None:
@@ -197,7 +228,7 @@ def test_acls_decide_and_without_zookeeper_changes_are_refused_with_a_reason() -
         ErrorCode.TOPIC_AUTHORIZATION_FAILED
     reader = Conn(secured("allow alice describe literal:t"), "alice")
     got = answer(reader, describe, kp.DescribeConfigsResponse, 4).results
-    assert got[0].error_code == 0 and {c.name for c in got[0].configs} == {s.name for s in tc.SETTINGS}
+    assert got[0].error_code == 0 and {c.name for c in got[0].configs} == {s.name for s in (*tc.SETTINGS, *tc.INERT)}
     assert got[1].error_code == ErrorCode.INVALID_REQUEST          # a broker logger: not served
     assert answer(reader, alter, kp.IncrementalAlterConfigsResponse, 1).responses[0].error_code == \
         ErrorCode.TOPIC_AUTHORIZATION_FAILED

@@ -11,6 +11,12 @@ Long.MAX_VALUE = no bound), `delete.retention.ms`, `min.cleanable.dirty.ratio`. 
 has one value memq serves: `message.timestamp.type` (`CreateTime`, read-only). `memq.read.partitions`
 (grown by CreatePartitions) and `memq.notification.topic` are read-only, as in `memq topic alter`.
 
+Kafka defines settings that mean nothing on memq (`segment.*`, `flush.*`, `min.insync.replicas`,
+...: `INERT`). Tools and applications pass them when they create topics (Kafka Streams and Quix
+set `segment.ms` on changelogs), so they are accepted with a value of their type, stored
+(`TopicConfig.kafka_inert`) and described back, Kafka's default when unset, each with a
+documentation line saying why it has no effect.
+
 As Kafka reports them: a setting whose value differs from memq's default is
 DYNAMIC_TOPIC_CONFIG, any other DEFAULT_CONFIG; only the read-only ones say read_only. Setting
 a read-only one to the value it has is accepted (a tool writing back what it read), any other
@@ -22,6 +28,7 @@ alter` check it (`altered`).
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -43,6 +50,7 @@ class ConfigSource(IntEnum):
 class ConfigType(IntEnum):
     """Kafka's DescribeConfigs config_type (v3+)."""
 
+    BOOLEAN = 1
     STRING = 2
     INT = 3
     LONG = 5
@@ -131,10 +139,58 @@ SETTINGS: tuple[Setting, ...] = (
             "storage group whose shared objects hold this topic's batches (empty: objects of its own)"),
 )
 BY_NAME: Mapping[str, Setting] = {s.name: s for s in SETTINGS}
+
+
+@dataclass(frozen=True)
+class Inert:
+    """A Kafka topic setting with no effect on memq: its type, Kafka's default and why it has none."""
+
+    name: str
+    type: ConfigType
+    default: str
+    why: str
+
+    @property
+    def doc(self) -> str:
+        return f"no effect on memq: {self.why}"
+
+
+_NO_SEGMENTS = "memq has no log segments: a batch is one object (memq.batch.bytes, memq.batch.ms)"
+_NO_FLUSH = "no local log to flush: an ack=all waits for the batch to be in object storage and notified"
+_NO_REPLICAS = "object storage replicates every batch; memq has no follower replicas"
+_NOT_ENFORCED = "not enforced: records keep their producers' timestamps (CreateTime)"
+_LONG_MAX = str(NO_LAG_BOUND)
+INERT: tuple[Inert, ...] = (
+    Inert("file.delete.delay.ms", ConfigType.LONG, "60000",
+          "objects are deleted by the janitor a grace period after they expire (governor.retention_grace_s)"),
+    Inert("flush.messages", ConfigType.LONG, _LONG_MAX, _NO_FLUSH),
+    Inert("flush.ms", ConfigType.LONG, _LONG_MAX, _NO_FLUSH),
+    Inert("follower.replication.throttled.replicas", ConfigType.LIST, "", _NO_REPLICAS),
+    Inert("index.interval.bytes", ConfigType.INT, "4096", "a part's index is in its object, one entry per Message"),
+    Inert("leader.replication.throttled.replicas", ConfigType.LIST, "", _NO_REPLICAS),
+    Inert("local.retention.bytes", ConfigType.LONG, "-2", "every record is in object storage (retention.bytes)"),
+    Inert("local.retention.ms", ConfigType.LONG, "-2", "every record is in object storage (retention.ms)"),
+    Inert("message.downconversion.enable", ConfigType.BOOLEAN, "true",
+          "Fetch serves RecordBatch v2 (Fetch v4 and later), never down-converted"),
+    Inert("message.format.version", ConfigType.STRING, "3.0-IV1", "batches are RecordBatch v2"),
+    Inert("message.timestamp.after.max.ms", ConfigType.LONG, _LONG_MAX, _NOT_ENFORCED),
+    Inert("message.timestamp.before.max.ms", ConfigType.LONG, _LONG_MAX, _NOT_ENFORCED),
+    Inert("message.timestamp.difference.max.ms", ConfigType.LONG, _LONG_MAX, _NOT_ENFORCED),
+    Inert("min.insync.replicas", ConfigType.INT, "1", _NO_REPLICAS),
+    Inert("preallocate", ConfigType.BOOLEAN, "false", "no log files to preallocate"),
+    Inert("remote.storage.enable", ConfigType.BOOLEAN, "false", "every topic is in object storage"),
+    Inert("segment.bytes", ConfigType.INT, "1073741824", _NO_SEGMENTS),
+    Inert("segment.index.bytes", ConfigType.INT, "10485760", _NO_SEGMENTS),
+    Inert("segment.jitter.ms", ConfigType.LONG, "0", _NO_SEGMENTS),
+    Inert("segment.ms", ConfigType.LONG, "604800000", _NO_SEGMENTS),
+    Inert("unclean.leader.election.enable", ConfigType.BOOLEAN, "false", _NO_REPLICAS),
+)
+INERT_BY_NAME: Mapping[str, Inert] = {i.name: i for i in INERT}
 FIXED: Mapping[str, str] = {"message.timestamp.type": "CreateTime"}
 """The settings memq has one value of."""
 
 _DEFAULTS: Mapping[str, Any] = {f.name: f.default for f in dataclasses.fields(TopicConfig) if f.name != "name"}
+_INERT_FIELD = "kafka_inert"
 
 
 def value_of(cfg: TopicConfig, s: Setting, cluster: str) -> str | None:
@@ -150,24 +206,59 @@ def value_of(cfg: TopicConfig, s: Setting, cluster: str) -> str | None:
 
 
 def describe(cfg: TopicConfig, cluster: str, names: Iterable[str] | None = None) -> list[ConfigEntry]:
-    """Topic `cfg`'s settings (only `names` if given: names memq does not have are left out, as Kafka does)."""
-    wanted = SETTINGS if names is None else [BY_NAME[n] for n in dict.fromkeys(names) if n in BY_NAME]
+    """Topic `cfg`'s settings, then Kafka's inert ones (only `names` if given: names memq does not
+    have are left out, as Kafka does)."""
+    wanted = list(SETTINGS) + list(INERT) if names is None else [
+        s for n in dict.fromkeys(names) if (s := BY_NAME.get(n) or INERT_BY_NAME.get(n)) is not None]
+    stored = dict(cfg.kafka_inert)
     out = []
     for s in wanted:
+        if isinstance(s, Inert):
+            out.append(ConfigEntry(s.name, stored.get(s.name, s.default),
+                                   _source(s.name in stored), False, s.type, s.doc))
+            continue
         changed = bool(s.field) and getattr(cfg, s.field) != _DEFAULTS[s.field]
-        out.append(ConfigEntry(s.name, value_of(cfg, s, cluster),
-                               ConfigSource.DYNAMIC_TOPIC_CONFIG if changed else ConfigSource.DEFAULT_CONFIG,
-                               s.read_only, s.type, s.doc))
+        out.append(ConfigEntry(s.name, value_of(cfg, s, cluster), _source(changed), s.read_only, s.type, s.doc))
     return out
 
 
-def _setting(name: str) -> Setting:
-    s = BY_NAME.get(name)
+def _source(changed: bool) -> ConfigSource:
+    return ConfigSource.DYNAMIC_TOPIC_CONFIG if changed else ConfigSource.DEFAULT_CONFIG
+
+
+def _setting(name: str) -> Setting | Inert:
+    s = BY_NAME.get(name) or INERT_BY_NAME.get(name)
     if s is None:
-        raise ConfigError(f"{name}: memq has no such topic setting (DescribeConfigs lists the ones it has: "
-                          "Kafka's retention.ms, retention.bytes, max.message.bytes, cleanup.policy and its "
-                          "companions, and memq.*)")
+        close = difflib.get_close_matches(name, [*BY_NAME, *INERT_BY_NAME], n=1, cutoff=0.6)
+        hint = f"did you mean {close[0]}? " if close else ""
+        raise ConfigError(f"{name}: memq has no such topic setting ({hint}DescribeConfigs lists the ones it "
+                          "has: Kafka's topic settings and memq.*)")
     return s
+
+
+def _inert_value(s: Inert, value: str | None) -> str | None:
+    """`value` checked against `s`'s type (None: back to Kafka's default, nothing stored)."""
+    if value is None:
+        return None
+    if s.type in (ConfigType.INT, ConfigType.LONG):
+        try:
+            int(value)
+        except ValueError:
+            raise ConfigError(f"{s.name}={value!r}: not a number") from None
+    elif s.type is ConfigType.BOOLEAN and value.lower() not in ("true", "false"):
+        raise ConfigError(f"{s.name}={value!r}: want true or false")
+    return value.lower() if s.type is ConfigType.BOOLEAN else value
+
+
+def _set_inert(current: TopicConfig, s: Inert, value: str | None, out: dict[str, Any]) -> None:
+    """Store (or, with None, drop) inert setting `s` in the changes `out`."""
+    kept = dict(out.get(_INERT_FIELD, current.kafka_inert))
+    checked = _inert_value(s, value)
+    if checked is None:
+        kept.pop(s.name, None)
+    else:
+        kept[s.name] = checked
+    out[_INERT_FIELD] = tuple(sorted(kept.items()))
 
 
 def _parse(s: Setting, value: str | None) -> Any:
@@ -185,12 +276,12 @@ def _parse(s: Setting, value: str | None) -> Any:
     except ValueError:
         raise ConfigError(f"{s.name}={value!r}: not a number") from None
     if s.field == "cleanup_policy":
-        return cleanup_policy(policy_set(value), s.name)
+        return cleanup_policy(list_items(value), s.name)
     return value
 
 
-def policy_set(value: str) -> frozenset[str]:
-    """The policies a `cleanup.policy` string names (Kafka's list: comma-separated, any order)."""
+def list_items(value: str) -> frozenset[str]:
+    """The items of a list setting's string (Kafka's list: comma-separated, any order)."""
     return frozenset(p.strip() for p in value.split(",") if p.strip())
 
 
@@ -213,7 +304,9 @@ def _check_fixed(s: Setting, value: str | None, current: TopicConfig, cluster: s
 
 def _assign(current: TopicConfig, name: str, value: str | None, cluster: str, out: dict[str, Any]) -> None:
     s = _setting(name)
-    if s.read_only or not s.field:
+    if isinstance(s, Inert):
+        _set_inert(current, s, value, out)
+    elif s.read_only or not s.field:
         _check_fixed(s, value, current, cluster)
     else:
         out[s.field] = _parse(s, value)
@@ -237,14 +330,22 @@ def incremental(current: TopicConfig, ops: Iterable[tuple[str, int, str | None]]
         if op == AlterOp.SET:
             _assign(current, name, value, cluster, out)
         elif op == AlterOp.DELETE:
-            if s.field and not s.read_only:
+            if isinstance(s, Inert):
+                _set_inert(current, s, None, out)
+            elif s.field and not s.read_only:
                 out[s.field] = _DEFAULTS[s.field]
         elif op in (AlterOp.APPEND, AlterOp.SUBTRACT):
             if s.type is not ConfigType.LIST:
                 raise ConfigError(f"{name}: {AlterOp(op).name} is for list settings (memq's one is "
                                   "cleanup.policy): use SET or DELETE")
-            have = policy_set(out.get(s.field, getattr(current, s.field)))
-            items = policy_set(value or "")
+            if isinstance(s, Inert):
+                kept = dict(out.get(_INERT_FIELD, current.kafka_inert)).get(s.name, s.default)
+                have_items, items = list_items(kept), list_items(value or "")
+                joined = ",".join(sorted(have_items | items if op == AlterOp.APPEND else have_items - items))
+                _set_inert(current, s, joined, out)
+                continue
+            have = list_items(out.get(s.field, getattr(current, s.field)))
+            items = list_items(value or "")
             out[s.field] = cleanup_policy(have | items if op == AlterOp.APPEND else have - items, name)
         else:
             raise ConfigError(f"{name}: unknown config operation {op}")
@@ -254,7 +355,7 @@ def incremental(current: TopicConfig, ops: Iterable[tuple[str, int, str | None]]
 def replacement(current: TopicConfig, configs: Iterable[tuple[str, str | None]], cluster: str) -> dict[str, Any]:
     """The field changes of AlterConfigs' full replacement: the settings listed take their
     values, every other writable one returns to memq's default (as in Kafka)."""
-    out = {s.field: _DEFAULTS[s.field] for s in SETTINGS if s.field and not s.read_only}
+    out = {s.field: _DEFAULTS[s.field] for s in SETTINGS if s.field and not s.read_only} | {_INERT_FIELD: ()}
     for name, value in configs:
         _assign(current, name, value, cluster, out)
     return out

@@ -25,7 +25,7 @@ async function main() {
     let refused = null;
     try {
       await admin.alterConfigs({ validateOnly: false, resources: [{ type: ConfigResourceTypes.TOPIC, name: args.topic,
-                                                                  configEntries: [{ name: "segment.bytes", value: "1" }] }] });
+                                                                  configEntries: [{ name: "segment.byte", value: "1" }] }] });
     } catch (e) {
       refused = `${e.type || e.name}: ${e.message}`;
     }
