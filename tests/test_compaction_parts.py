@@ -9,11 +9,13 @@ import pytest
 
 from memq.compaction.manifest import Manifest, ManifestPointer
 from memq.compaction.parts import (Survivor, decode_index, encode_part, kafka_batch, message_survivors,
-                                   part_survivors)
+                                   part_survivors, plain_survivors)
 from memq.compaction.read import PartReader
 from memq.errors import CorruptDataError, CoordinationError, InvalidInputError
-from memq.format.batch import decode_batch, decode_batch_header
-from memq.format.kafka_records import decode_kafka_entries, peek_kafka_batch
+from memq.format import LogMessage
+from memq.format.batch import decode_batch, decode_batch_header, encode_batch
+from memq.format.kafka_records import KafkaCodec, decode_kafka_entries, encode_kafka_batch, peek_kafka_batch
+from memq.format.message import encode_kafka_message, encode_message, verify_message
 from memq.kafka_api.offsets import kafka_offset
 from memq.storage.base import ObjectLocation
 
@@ -148,3 +150,25 @@ def test_survivors_keep_every_header_and_null_and_a_bad_record_framing_is_corrup
     bad = encode_kafka_message(bytes(batch), verify_kafka_batch(bytes(batch)), producer_id=0, epoch=0, sequence=0)[0]
     with pytest.raises(CorruptDataError):
         message_survivors(bad)
+
+
+def test_survivors_keep_the_codec_they_arrived_in() -> None:
+    """A Kafka producer's records keep their batch's codec through compaction, memq's own take the
+    topic's framing codec, and a RecordBatch of a part never mixes two: a reader is never handed
+    a codec it did not ask for (an aiokafka reader without zstd crashed on rewritten zstd parts)."""
+    kafka_records = [LogMessage(b"kv%d" % i * 20, b"kk%d" % i, (), 1_000 + i) for i in range(40)]
+    gz = encode_kafka_batch(kafka_records, KafkaCodec.GZIP)
+    kafka_msg, kafka_header = encode_kafka_message(gz, peek_kafka_batch(gz), producer_id=1, epoch=0, sequence=0)
+    own = [LogMessage(b"mv%d" % i * 20, None if i == 3 else b"mk%d" % i, (), 2_000 + i) for i in range(10)]
+    own_msg = encode_message(own, producer_id=2, epoch=0, sequence=0)
+    plain = b"".join(bytes(c) for c in encode_batch([kafka_msg, own_msg],
+                                                     [kafka_header, verify_message(own_msg)], broker_id="b"))
+    got = plain_survivors(7, plain, own_codec=KafkaCodec.LZ4)
+    assert [s.codec for s in got] == [KafkaCodec.GZIP] * 40 + [KafkaCodec.LZ4] * 9      # the keyless one skipped
+    assert got[40].offset == kafka_offset(7, 40) and got[-1].offset == kafka_offset(7, 49)
+    data, _ = obj(got, records_per_batch=1_000)
+    header = decode_batch_header(data)
+    codecs = [peek_kafka_batch(kafka_batch(data[lo:hi])).codec for lo, hi in header.message_ranges]
+    assert codecs == [KafkaCodec.GZIP, KafkaCodec.LZ4]                   # one RecordBatch per codec
+    assert [s.codec for s in part_survivors(data)] == [s.codec for s in got]   # and read back as stored
+    assert [(s.key, s.value) for s in part_survivors(data)] == [(s.key, s.value) for s in got]

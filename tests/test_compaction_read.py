@@ -32,6 +32,7 @@ from memq.config import BrokerConfig, TopicConfig
 from memq.devcluster import DevCluster, GovernedCluster
 from memq.devcluster.governed import FAST_GOVERNOR
 from memq.errors import InvalidInputError, KeyRequiredError
+from memq.format.kafka_records import KafkaCodec, peek_kafka_batch
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
@@ -73,7 +74,8 @@ def compacted(gc: GovernedCluster) -> tuple[str, dict[bytes, bytes]]:
     assert cfg.cleanup_policy == "compact" and cfg.delete_retention_ms == 500
     assert cfg.storage_group == ""          # objects of its own, which compaction can release
     latest: dict[bytes, bytes] = {}
-    producer = KafkaProducer({"bootstrap.servers": _bootstrap(gc), "acks": "all", "linger.ms": 5})
+    producer = KafkaProducer({"bootstrap.servers": _bootstrap(gc), "acks": "all", "linger.ms": 5,
+                              "compression.type": "lz4"})
     for r in range(ROUNDS):
         for k in range(KEYS):
             key, value = b"k%d" % k, b"v%d-%d" % (r, k)
@@ -87,6 +89,10 @@ def compacted(gc: GovernedCluster) -> tuple[str, dict[bytes, bytes]]:
     compactor = Compactor(gc.base, ManifestPointers(gc.registry), CollectorRegistry())
     outcome = asyncio.run(compactor.partition(cfg, 0, force=True))
     assert outcome.manifest is not None and outcome.manifest.end == ROUNDS
+
+    async def codecs() -> set[KafkaCodec]:   # compaction keeps the codec the producer chose
+        return {peek_kafka_batch(b).codec for p in outcome.manifest.parts async for b in compactor.parts.batches_from(p, 0)}
+    assert asyncio.run(codecs()) == {KafkaCodec.LZ4}
     asyncio.run(compactor.close())
     return topic, latest
 

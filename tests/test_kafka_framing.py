@@ -19,7 +19,7 @@ from memq.errors import ConfigError
 from memq.format import LogMessage
 from memq.format.kafka_records import (KAFKA_BATCH_HEADER_SIZE, KafkaCodec, decode_kafka_records, encode_kafka_batch,
                                        split_kafka_batches, verify_kafka_batch)
-from memq.broker.reads import framing_codec
+from memq.kafka_api.records import framing_codec
 from memq.kafka_api.offsets import kafka_offset
 from memq.kafka_api.records import frame_part, place
 

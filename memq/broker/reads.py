@@ -36,13 +36,13 @@ from crc32c import crc32c
 from memq.compaction.manifest import Manifest, ManifestCache, ManifestPointers
 from memq.compaction.parts import PartRef
 from memq.compaction.read import PartReader
-from memq.config import BrokerConfig, KafkaConfig, TopicConfig
+from memq.config import BrokerConfig, KafkaConfig
 from memq.errors import CorruptDataError, FormatError, ObjectNotFoundError, OffsetOutOfRangeError
 from memq.format import Notification
 from memq.format.kafka_records import KafkaCodec
 from memq.kafka_api.dedup import WINDOW_NOTES, PartMessage, duplicates, part_messages
 from memq.kafka_api.offsets import first_offset, kafka_offset
-from memq.kafka_api.records import FramedPart, frame_part
+from memq.kafka_api.records import FramedPart, frame_part, framing_codec
 from memq.notify.consumer import NotificationConsumer, NotificationRecord
 from memq.storage import ObjectLocation, StorageHandler
 
@@ -63,13 +63,6 @@ WINDOW_WAIT_S = 5.0        # reading a dedup window's notifications (they exist:
 
 ConsumerFactory = Callable[[str], NotificationConsumer]   # for a notification topic
 Compression = Callable[[str], KafkaCodec]                # a memq topic's framing codec
-
-
-def framing_codec(topic: TopicConfig | None, broker: BrokerConfig) -> KafkaCodec:
-    """The codec memq frames a topic's own records in: the topic's `kafka_compression`, the
-    broker's for "auto" or a topic this broker has no settings of."""
-    name = topic.kafka_compression if topic is not None and topic.kafka_compression != "auto" else None
-    return KafkaCodec[(name or broker.kafka_compression).upper()]
 
 
 class PartitionTail:

@@ -27,6 +27,7 @@ from memq.config import MemqConfig, TopicConfig
 from memq.errors import NotifyError
 from memq.format.kafka_records import KafkaCodec
 from memq.format.metadata import BrokerMetadata, ClusterMetadata, ClusterView, StorageMetadata, TopicMetadata
+from memq.kafka_api.records import framing_codec
 from memq.format.wire import AckCode
 from memq.governor.registry import Registry
 from memq.notify import KafkaTopic, NotificationPublisher, TopicAdmin, TopicCreator
@@ -45,7 +46,7 @@ from .group import GroupWriter, GroupWriters, Publisher
 from .placed import PlacedTopic
 from .processor import TopicProcessor
 from .read_cache import ReadCache
-from .reads import Reads, framing_codec
+from .reads import Reads
 from .share.metrics import register as register_share_metrics
 from .share.service import Shares
 from .share.store import MemoryStateStore, ShareStateStore, ZooKeeperStateStore

@@ -5,6 +5,9 @@ holding survivors in offset order with their ORIGINAL Kafka offsets (base offset
 a new RecordBatch wherever a delta would not fit an int32, or a RecordBatch is full), their
 timestamps, keys, values (None: a tombstone) and headers. So a Kafka reader is served the
 RecordBatches as stored, and memq's decoders read the Messages as they read any Codec.KAFKA one.
+A survivor keeps the codec its record arrived in (a Kafka producer's batch codec; for memq's own
+records the topic's framing codec, `kafka_compression`): a RecordBatch holds survivors of one
+codec, so a reader never gets a codec it did not ask for (Kafka keeps a batch's codec too).
 
 After the Batch, in the same object, a trailer (`PartIndex`) found by the manifest
 (`PartRef.index_offset`, `index_size`): per Message its first Kafka offset (to seek by offset
@@ -60,6 +63,7 @@ class Survivor(NamedTuple):
     key: bytes
     value: bytes | None          # None: a tombstone
     headers: tuple[tuple[str, bytes], ...] = ()
+    codec: KafkaCodec = KafkaCodec.NONE   # the codec it arrived in, which its part's RecordBatch keeps
 
     @property
     def tombstone(self) -> bool:
@@ -157,14 +161,15 @@ class PartIndex:
         return len(self._hashes)
 
 
-def encode_part(survivors: Sequence[Survivor], *, broker_id: str, codec: KafkaCodec = KafkaCodec.ZSTD,
-                created_ms: int | None = None, records_per_batch: int = RECORDS_PER_BATCH) -> EncodedPart:
-    """Survivors (at least one, increasing offsets) as a part: Batch of Codec.KAFKA Messages + trailer.
+def encode_part(survivors: Sequence[Survivor], *, broker_id: str, created_ms: int | None = None,
+                records_per_batch: int = RECORDS_PER_BATCH) -> EncodedPart:
+    """Survivors (at least one, increasing offsets) as a part: Batch of Codec.KAFKA Messages + trailer,
+    each Message one RecordBatch in its survivors' codec.
 
     Deterministic for the same survivors and `created_ms`, so re-running a plan writes the same bytes."""
     if not survivors:
         raise InvalidInputError("a compacted part needs at least one survivor")
-    zstd = zstandard.ZstdCompressor(level=3) if codec is KafkaCodec.ZSTD else None
+    zstd = zstandard.ZstdCompressor(level=3) if any(s.codec is KafkaCodec.ZSTD for s in survivors) else None
     messages: list[Buffer] = []
     headers: list[MessageHeader] = []
     first_offsets: list[int] = []
@@ -172,7 +177,7 @@ def encode_part(survivors: Sequence[Survivor], *, broker_id: str, codec: KafkaCo
     prev = -1
     for n, run in enumerate(_runs(survivors, records_per_batch)):
         base = run[0].offset
-        batch = encode_kafka_batch(run, codec, zstd=zstd, base_offset=base,   # type: ignore[arg-type]
+        batch = encode_kafka_batch(run, run[0].codec, zstd=zstd, base_offset=base,   # type: ignore[arg-type]
                                    deltas=[s.offset - base for s in run])
         msg, mh = encode_kafka_message(batch, peek_kafka_batch(batch), producer_id=COMPACTOR_PRODUCER_ID,
                                        epoch=0, sequence=n, created_ms=created_ms)
@@ -199,10 +204,11 @@ def encode_part(survivors: Sequence[Survivor], *, broker_id: str, codec: KafkaCo
 
 
 def _runs(survivors: Sequence[Survivor], limit: int) -> Iterator[Sequence[Survivor]]:
-    """Survivors cut into RecordBatches: at most `limit` each, every offset delta an int32."""
+    """Survivors cut into RecordBatches: at most `limit` each, every offset delta an int32, one codec."""
     start = 0
     for i in range(1, len(survivors) + 1):
-        if i == len(survivors) or i - start >= limit or survivors[i].offset - survivors[start].offset > _I32_MAX:
+        if (i == len(survivors) or i - start >= limit or survivors[i].offset - survivors[start].offset > _I32_MAX
+                or survivors[i].codec is not survivors[start].codec):
             yield survivors[start:i]
             start = i
 
@@ -275,7 +281,8 @@ def message_survivors(message: Buffer) -> list[Survivor]:
     ks, kl, vs, vl = (rec[c].tolist() for c in (kw.KEY_START, kw.KEY_LEN, kw.VALUE_START, kw.VALUE_LEN))
     make = Survivor._make     # tuple.__new__: a NamedTuple's keyword-taking __new__ costs a call more a survivor
     with gc_paused():
-        out = [make((o, t, raw[a:a + b] if b > 0 else b"", raw[c:c + d] if d >= 0 else None, ()))
+        codec = h.codec
+        out = [make((o, t, raw[a:a + b] if b > 0 else b"", raw[c:c + d] if d >= 0 else None, (), codec))
                for o, t, a, b, c, d in zip(offsets, stamps, ks, kl, vs, vl)]
     if found:
         hks, hkl, hvs, hvl = (hdr[c, :found].tolist() for c in (kw.HKEY_START, kw.HKEY_LEN, kw.HVALUE_START,
@@ -303,10 +310,12 @@ def part_survivors(obj: Buffer, start: int = 0) -> list[Survivor]:
     return out
 
 
-def plain_survivors(notification_offset: int, part: Buffer, compressors: Compressors | None = None) -> list[Survivor]:
+def plain_survivors(notification_offset: int, part: Buffer, compressors: Compressors | None = None, *,
+                    own_codec: KafkaCodec = KafkaCodec.NONE) -> list[Survivor]:
     """The keyed records of a plain part (the batch a notification names) with their Kafka offsets
-    (`kafka_offset(notification_offset, index)`) and null values kept; keyless records are skipped
-    (they still take their index)."""
+    (`kafka_offset(notification_offset, index)`), null values and the codec they arrived in kept (a
+    Kafka producer's batch's; `own_codec`, the topic's framing codec, for memq's own records);
+    keyless records are skipped (they still take their index)."""
     header = decode_batch_header(part)
     view = memoryview(part)[:header.object_size]
     comp = compressors or Compressors()
@@ -315,16 +324,18 @@ def plain_survivors(notification_offset: int, part: Buffer, compressors: Compres
     for lo, hi in header.message_ranges:
         msg = view[lo:hi]
         if verify_message(msg).codec is Codec.KAFKA:
-            for e in decode_kafka_entries(msg[MESSAGE_HEADER_SIZE:]):
+            body = msg[MESSAGE_HEADER_SIZE:]
+            codec = peek_kafka_batch(body).codec
+            for e in decode_kafka_entries(body):
                 if e.key is not None:
                     out.append(Survivor(kafka_offset(notification_offset, index), e.timestamp_ms, e.key, e.value,
-                                        e.headers))
+                                        e.headers, codec))
                 index += 1
         else:
             for m in decode_message(msg, compressors=comp)[1]:
                 if m.key is not None:
                     out.append(Survivor(kafka_offset(notification_offset, index), m.timestamp_ms, m.key, m.value,
-                                        tuple(m.headers)))
+                                        tuple(m.headers), own_codec))
                 index += 1
     return out
 

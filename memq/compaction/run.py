@@ -29,6 +29,7 @@ from memq.clock import Clock, SystemClock
 from memq.config import MemqConfig, TopicConfig
 from memq.errors import MemqError, NotifyError
 from memq.format.codec import Compressors
+from memq.kafka_api.records import framing_codec
 from memq.notify.consumer import NotificationConsumer, NotificationRecord
 from memq.storage import make_storage
 from memq.storage.base import Chunks, ObjectLocation
@@ -193,7 +194,7 @@ class Compactor:
         read = 0
         dirty: list[Survivor] = []
         for r in taken:
-            got, size = await self._dirty_records(r)
+            got, size = await self._dirty_records(cfg, r)
             dirty.extend(got)
             read += size
         hashes = {key_hash(s.key) for s in dirty}
@@ -258,12 +259,14 @@ class Compactor:
                                             timestamp_ms=now_ms, broker_id=self.broker_id,
                                             group=compaction_group(topic))
 
-    async def _dirty_records(self, r: NotificationRecord) -> tuple[list[Survivor], int]:
-        """The records of the part notification `r` names, with their Kafka offsets (null values kept)."""
+    async def _dirty_records(self, cfg: TopicConfig, r: NotificationRecord) -> tuple[list[Survivor], int]:
+        """The records of the part notification `r` names, with their Kafka offsets, null values
+        and codecs kept (memq's own records in the topic's framing codec, as Kafka readers get them)."""
         n = r.notification
         await self.budget.take(n.size)
         obj = await self.storage.get_range(ObjectLocation(n.bucket, n.key), n.offset, n.size)
-        return await asyncio.to_thread(plain_survivors, r.offset, obj, self._comp), len(obj)
+        own = framing_codec(cfg, self.config.broker)
+        return await asyncio.to_thread(plain_survivors, r.offset, obj, self._comp, own_codec=own), len(obj)
 
     def _notes(self, cfg: TopicConfig, partition: int, start: int) -> list[NotificationRecord]:
         """Notifications [start, high watermark) of the partition (blocking: run in a thread)."""

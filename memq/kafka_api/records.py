@@ -3,8 +3,8 @@
 `frame_part` turns a part (one topic's Batch) into batches once: a Kafka-produced Message
 (Codec.KAFKA) is its producer's RecordBatch, served as stored; each run of memq-produced
 Messages (any other codec) is decoded and framed as batches of about `FRAMED_BATCH_BYTES` of
-records, compressed in the codec the broker passes (the topic's `kafka_compression`, see
-`memq.broker.reads.framing_codec`). Each batch keeps the index of its first record in the part,
+records, compressed in the codec the broker passes (the topic's `kafka_compression`:
+`framing_codec`; compaction writes memq's own records in it too). Each batch keeps the index of its first record in the part,
 so `place` writes a Kafka offset into its base offset field (outside the batch CRC) as it is
 copied into a Fetch response, and the partition leader epoch as -1 (unknown, as memq's
 Metadata says); a reader whose Fetch version predates zstd (KIP-110: v10) gets zstd batches
@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import zstandard
 
+from memq.config import BrokerConfig, TopicConfig
 from memq.errors import CorruptDataError
 from memq.format import Codec, LogMessage, decode_batch_header, decode_message, decode_message_header
 from memq.format.kafka_records import (ZSTD_LEVEL, KafkaCodec, encode_kafka_batch, peek_kafka_batch,
@@ -37,6 +38,14 @@ from .offsets import kafka_offset
 FRAMED_BATCH_BYTES = 128 * 1024
 RECORD_OVERHEAD = 16   # a record's framing beside its key and value, roughly (headers add theirs)
 _BASE = struct.Struct(">q")
+
+
+def framing_codec(topic: TopicConfig | None, broker: BrokerConfig) -> KafkaCodec:
+    """The codec memq frames a topic's own records in: the topic's `kafka_compression`, the
+    broker's for "auto" or a topic this broker has no settings of."""
+    name = topic.kafka_compression if topic is not None and topic.kafka_compression != "auto" else None
+    return KafkaCodec[(name or broker.kafka_compression).upper()]
+
 _EPOCH_AT = 12
 _EPOCH_END = 16
 _NO_EPOCH = struct.pack(">i", -1)
