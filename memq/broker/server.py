@@ -41,9 +41,10 @@ from .doors.kafka import KafkaListener
 from .groups import Groups
 from .guard import Guard
 from .metrics import BrokerMetrics
-from .group import GroupWriter, GroupWriters, Publisher
+from .group import GroupWriter, GroupWriters
 from .placed import PlacedTopic
 from .processor import TopicProcessor
+from .publish import Publisher, PublishPath
 from .read_cache import ReadCache
 from .reads import Reads, framing_codec
 from .share.metrics import register as register_share_metrics
@@ -82,6 +83,7 @@ class Broker:
         self._shares: Shares | None = None   # made on start: share groups on the Kafka listener
         self._share_registry: Registry | None = None   # ZooKeeper for share groups and transactions
         self._txns: Transactions | None = None   # made on start, with the publisher
+        self._path: PublishPath | None = None   # made on start: every notification goes through it
         self.groups = Groups(config.kafka.bootstrap_servers, config.cluster.name, self.broker_id)
         self.cluster_view: Callable[[], ClusterView | None] | None = None   # governed: from ZooKeeper
         self.cluster_admin: ClusterAdmin | None = None   # governed: topics and ACLs through ZooKeeper
@@ -114,6 +116,9 @@ class Broker:
             self._admin = TopicAdmin(self.config.kafka)
         self._reads = Reads(self.config.kafka, self._storage, ReadCache(bc.read_cache_bytes, self.metrics),
                             self.metrics, broker_id=self.broker_id, compression=self._framing_codec)
+        # every notification, a storage group's parts and a transaction's at its commit alike
+        self._path = PublishPath(self._publisher, self.metrics, clock=self._clock,
+                                 republish_s=bc.notify_retry_ms / 1000, reads=self._reads)
         if bc.kafka_port >= 0:
             # Kafka clients carry no memq audit emitter: the broker reports their Messages.
             self._kafka_audit = make_audit_sink(self.config, client_id=f"memq-broker-{self.broker_id}-audit")
@@ -204,10 +209,10 @@ class Broker:
                 self._share_registry = await asyncio.to_thread(
                     Registry(self.config.zookeeper, self.config.cluster.name).start)
             store = ZooKeeperTxnStore(self._share_registry)
-        assert self._publisher is not None
+        assert self._path is not None
         relay = GroupOffsetRelay(self.groups, lambda: self.metadata().topics, f"memq-broker-{self.broker_id}-txn")
         bc = self.config.broker
-        return Transactions(store, self._publisher, relay, self._clock, registry=self.metrics.registry,
+        return Transactions(store, self._path, relay, self._clock, registry=self.metrics.registry,
                             max_timeout_ms=bc.txn_max_timeout_ms, scan_s=bc.txn_scan_ms / 1000,
                             full_scan_s=30 * bc.txn_scan_ms / 1000, id_expiration_ms=bc.txn_id_expiration_ms,
                             audit=self._kafka_audit)
@@ -237,13 +242,12 @@ class Broker:
         new = {t.name: t for t in topics if t.name not in self._processors}
         if not new:
             return
-        assert self._storage is not None and self._publisher is not None and self._admin is not None, "start() first"
+        assert self._storage is not None and self._path is not None and self._admin is not None, "start() first"
         if self._groups is None:
             # readers at the tail (Kafka's, memq's Consumers through /v1/read) want what was just
             # stored: keep it (the read cache's fill on write)
-            self._groups = GroupWriters(storage=self._storage, publisher=self._publisher, broker_id=self.broker_id,
-                                        metrics=self.metrics, clock=self._clock,
-                                        republish_s=self.config.broker.notify_retry_ms / 1000, reads=self._reads)
+            self._groups = GroupWriters(storage=self._storage, path=self._path, broker_id=self.broker_id,
+                                        metrics=self.metrics, clock=self._clock, reads=self._reads)
         cluster = self.config.cluster.name
         failed = await asyncio.to_thread(self._admin.create_topics, [
             KafkaTopic(t.notification_topic_for(cluster), t.read_partitions) for t in new.values()])
