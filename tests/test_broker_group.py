@@ -17,6 +17,7 @@ from memq.broker.group import GroupWriters, layout
 from memq.broker.placed import PlacedTopic
 from memq.broker.metrics import BrokerMetrics
 from memq.broker.processor import SMALL_BATCH_BYTES, SMALL_BATCHES, TopicProcessor
+from memq.broker.publish import PublishPath
 from memq.config import TopicConfig
 from memq.errors import ConfigError, NotifyError
 from memq.format import Notification, decode_batch, object_crc32c
@@ -40,8 +41,9 @@ class Group:
         self.publisher = MemoryPublisher()
         self.acks: list[Ack] = []
         metrics = BrokerMetrics("b1")
-        self.writers = writers = GroupWriters(storage=self.storage, publisher=self.publisher,  # type: ignore[arg-type]
-                                              broker_id="b1", metrics=metrics, republish_s=republish_s)
+        path = PublishPath(self.publisher, metrics, republish_s=republish_s)
+        self.writers = writers = GroupWriters(storage=self.storage, path=path,  # type: ignore[arg-type]
+                                              broker_id="b1", metrics=metrics)
         self.procs: dict[str, TopicProcessor] = {}
         for i in range(n):
             name = f"t{i}"
@@ -176,7 +178,7 @@ async def test_a_failed_notification_is_published_again_and_a_resend_meanwhile_w
     """A publish that timed out may land later: the batch is not failed (its producer would
     resend, and the resend be stored again); the same notification goes again while the
     Messages stay held, so a resend gets the original's outcome and nothing is stored twice."""
-    monkeypatch.setattr("memq.broker.group.REPUBLISH_BACKOFF_S", (0.05, 0.05))
+    monkeypatch.setattr("memq.broker.publish.REPUBLISH_BACKOFF_S", (0.05, 0.05))
     g = Group(tmp_path, 1, republish_s=5.0)
     real = g.publisher.publish
     failures = 3
@@ -201,7 +203,7 @@ async def test_a_failed_notification_is_published_again_and_a_resend_meanwhile_w
 
 async def test_a_notification_failing_past_the_republish_time_fails_its_batch(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("memq.broker.group.REPUBLISH_BACKOFF_S", (0.05, 0.05))
+    monkeypatch.setattr("memq.broker.publish.REPUBLISH_BACKOFF_S", (0.05, 0.05))
     g = Group(tmp_path, 1, republish_s=0.3)
     g.publisher.fail = True
     await g.append("t0", 1, seal=True)
@@ -214,7 +216,8 @@ async def test_a_compacted_topics_partitions_fill_batches_of_their_own_published
     """A compacted topic of three read partitions: a processor per partition on one writer, so a
     seal stores one object with a part per partition, each published to its partition."""
     storage, publisher, metrics = GatedStorage(tmp_path), MemoryPublisher(), BrokerMetrics("b1")
-    writers = GroupWriters(storage=storage, publisher=publisher, broker_id="b1", metrics=metrics)  # type: ignore[arg-type]
+    writers = GroupWriters(storage=storage, path=PublishPath(publisher, metrics),  # type: ignore[arg-type]
+                           broker_id="b1", metrics=metrics)
     cfg = TopicConfig(name="c", read_partitions=3, cleanup_policy="compact", storage_group="", batch_ms=10_000,
                       batch_bytes=1 << 20, max_message_bytes=1 << 20)
     writer = writers.writer(cfg)

@@ -30,6 +30,7 @@ from memq.governor.janitor import Janitor
 from memq.governor.registry import Registry
 from memq.notify import TopicAdmin
 from memq.storage import make_storage
+from memq.storage.metrics import group_label
 from tests.support.cluster import write_batches
 
 
@@ -124,7 +125,7 @@ def test_a_crash_then_a_rerun_ends_in_the_same_state_and_the_janitor_releases_wh
         assert after[b"k40"] == before[b"k40"]                           # untouched keys keep their offsets
 
         await asyncio.sleep(1.2)                                         # past both graces
-        janitor = Janitor(config, CollectorRegistry(), compactor=_compactor(config, registry))
+        janitor = Janitor(config, CollectorRegistry(), manifests=ManifestPointers(registry))
         try:
             await janitor.run_once({cfg.name: cfg})
             storage = make_storage(config)
@@ -192,7 +193,7 @@ def test_produce_goes_on_during_compaction_and_nothing_acked_is_lost(
         broker = Broker(config)
         url = await broker.start()
         compactor = Compactor(config, ManifestPointers(registry), metrics)
-        janitor = Janitor(config, janitor_metrics, compactor=compactor)
+        janitor = Janitor(config, janitor_metrics, manifests=ManifestPointers(registry))
         try:
             producing = asyncio.create_task(produce(url))
             passes = 0
@@ -226,6 +227,54 @@ def test_produce_goes_on_during_compaction_and_nothing_acked_is_lost(
     assert verdict.passed and verdict.keys == keys, verdict.problems()
     ptr = ManifestPointers(registry).read(cfg.name, 0)
     assert ptr is not None and ptr.end > 0                               # the reader went through a prefix
+
+
+def test_the_brokers_compactor_runs_the_share_it_is_told_and_counts_its_s3_requests_in_the_brokers_metrics(
+        setup: tuple[MemqConfig, Registry], unique_name: Callable[[str], str]) -> None:
+    """The broker builds the compactor on its own storage handler and read path; told its share
+    (as the governor's agent tells it), it compacts, and every S3 request of the run is in the
+    broker's `memq_storage_*` counters: the PUTs of the parts and the manifest under the topic's
+    compaction home, the GET of each dirty part (through the read path: counted there too)."""
+    config, registry = setup
+    cfg = _topic(config, unique_name("metered"))
+    rounds = 3
+    _write(config, cfg.name, rounds=rounds, keys=20)
+    config = dataclasses.replace(config, zookeeper=dataclasses.replace(config.zookeeper, enabled=True),
+                                 governor=dataclasses.replace(config.governor, compaction_interval_s=0.2))
+
+    async def go() -> tuple[float, ...]:
+        broker = Broker(config)
+        await broker.start()
+        metric = broker.metrics.registry.get_sample_value
+
+        def s3(op: str, topic: str) -> float:
+            return metric("memq_storage_attempts_total", {"backend": "s3", "op": op, "topic": topic}) or 0.0
+
+        try:
+            before = (s3("put", group_label(compaction_group(cfg.name))), s3("get_range", cfg.name))
+            asked: set[str] = set()
+
+            def mine(topic: str, partition: int) -> bool:
+                asked.add(topic)
+                return topic == cfg.name
+
+            broker.compact_share(lambda: {cfg.name: cfg, "other": dataclasses.replace(cfg, name="other")}, mine)
+            deadline = time.monotonic() + 60
+            while not metric("memq_compaction_runs_total", {"topic": cfg.name, "result": "swapped"}):
+                assert time.monotonic() < deadline, "the broker's compactor never swapped a manifest"
+                await asyncio.sleep(0.1)
+            assert asked == {cfg.name, "other"}                      # the share is asked per partition
+            assert metric("memq_compaction_runs_total", {"topic": "other", "result": "idle"}) is None
+            return (s3("put", group_label(compaction_group(cfg.name))) - before[0],
+                    s3("get_range", cfg.name) - before[1],
+                    metric("memq_compaction_objects_total", {"topic": cfg.name}) or 0.0,
+                    metric("memq_broker_read_gets_total") or 0.0)
+        finally:
+            await broker.stop()
+
+    puts, gets, parts, read_gets = asyncio.run(go())
+    assert parts >= 1 and puts >= parts + 1                 # the parts, then the manifest
+    assert gets >= rounds and read_gets >= rounds          # each dirty part, read through the broker's read path
 
 
 #: A compaction in its own process that stops at one step (argv: config, step, marker file) and
@@ -294,7 +343,7 @@ def test_a_sigkilled_compaction_at_each_step_leaves_old_or_new_then_a_rerun_the_
     async def rerun_and_release() -> str:
         out = await _compactor(config, registry).partition(cfg, 0, force=True)
         await asyncio.sleep(1.2)                                                # past both graces
-        janitor = Janitor(config, CollectorRegistry(), compactor=_compactor(config, registry))
+        janitor = Janitor(config, CollectorRegistry(), manifests=ManifestPointers(registry))
         try:
             await janitor.run_once({cfg.name: cfg})
         finally:

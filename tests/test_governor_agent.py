@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 
 import pytest
 from kazoo.client import KazooClient
@@ -31,6 +31,11 @@ class RecordingBroker:
         self.topics: dict[str, TopicConfig] = {}
         self.removed: list[tuple[str, tuple[str, ...]]] = []
         self.unhealthy: str | None = None
+        self.share: tuple[Callable[[], Mapping[str, TopicConfig]], Callable[[str, int], bool]] | None = None
+
+    def compact_share(self, topics: Callable[[], Mapping[str, TopicConfig]],
+                      mine: Callable[[str, int], bool]) -> None:
+        self.share = (topics, mine)
 
     def health(self) -> str | None:
         return self.unhealthy
@@ -130,3 +135,25 @@ async def test_a_broker_that_reports_itself_unhealthy_loses_its_topics_until_it_
     assert admin.snapshot().unhealthy == {sick.broker_id: sick.unhealthy}
     sick.unhealthy = None
     await async_wait_for(lambda: not admin.snapshot().unhealthy, 10, "health reported again")
+
+
+async def test_the_agent_tells_its_broker_which_compacted_partitions_are_its_share(setup) -> None:
+    """The broker compacts (its own compactor); the agent only says which partitions are its
+    share: every partition of a compacted topic is exactly one broker's, among those hosting it."""
+    config, admin, agents = setup
+    pairs = [await start(config, agents, f"b{i}", f"r{i}") for i in range(1, 4)]
+    admin.create_topic(TopicConfig("c", expected_mbps=5, read_partitions=4, cleanup_policy="compact"))
+    await async_wait_for(lambda: sum("c" in b.topics for _, b in pairs) == 2, 10, "c on two brokers")
+    shares = [b.share for _, b in pairs]
+    assert all(s is not None for s in shares)
+
+    def owners(p: int) -> list[str]:
+        return [b.broker_id for (_, b), s in zip(pairs, shares) if s is not None and "c" in s[0]() and s[1]("c", p)]
+
+    await async_wait_for(lambda: all(len(owners(p)) == 1 for p in range(4)), 10, "each partition one broker's")
+    assert {o for p in range(4) for o in owners(p)} == {b.broker_id for _, b in pairs if "c" in b.topics}
+    agent, broker = pairs[0]
+    await agent.stop()
+    agents.remove(agent)
+    topics, mine = shares[0]   # type: ignore[misc]
+    assert topics() == {} and not any(mine("c", p) for p in range(4))   # a stopped agent gives no share

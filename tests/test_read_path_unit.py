@@ -24,7 +24,7 @@ from memq.client.metrics import ConsumerMetrics
 from memq.client.read_path import PathRule, broker_order
 from memq.client.reader import BatchPointer, BatchReader
 from memq.config import KafkaConfig, MemqConfig
-from memq.errors import AuthorizationError, DataLossError
+from memq.errors import AuthorizationError, CorruptDataError, DataLossError
 from memq.format import LogMessage
 from memq.format.metadata import BrokerMetadata, ClusterMetadata, StorageMetadata
 from memq.storage import ObjectLocation
@@ -278,5 +278,27 @@ async def test_a_part_both_kinds_of_reader_want_costs_no_second_get() -> None:
         await reads.part(n)                                                        # a Kafka reader frames it
         assert await reads.part_range(n.topic, loc, 0, n.size) == objects["k0"]   # another group
         assert storage.gets == 0
+    finally:
+        await reads.close()
+
+
+async def test_the_compactors_dirty_part_comes_from_the_cache_when_hot_and_is_not_kept_when_not() -> None:
+    """`Reads.part_bytes` (the broker's compactor): a part this broker just stored costs no GET; an
+    old one is one GET whose bytes do not stay (read once: hot parts keep their room); damage is caught."""
+    objects: dict[str, bytes] = {}
+    hot = batch("hot", [(7, 0, [LogMessage(b"v", b"k")])], 0, objects).notification
+    old = batch("old", [(7, 1, [LogMessage(b"w", b"k")])], 1, objects).notification
+    storage = CountingSource(objects)
+    metrics = BrokerMetrics("b1")
+    reads = Reads(KafkaConfig(), storage, ReadCache(1 << 20, metrics), metrics, broker_id="b1")  # type: ignore[arg-type]
+    try:
+        reads.stored(ObjectLocation(hot.bucket, hot.key), 0, objects["hot"])
+        assert await reads.part_bytes(hot) == objects["hot"] and storage.gets == 0
+        assert reads.cache.peek(("part", hot.bucket, hot.key, 0)) is not None    # still there for readers
+        assert await reads.part_bytes(old) == objects["old"] and storage.gets == 1
+        assert reads.cache.peek(("part", old.bucket, old.key, 0)) is None         # not kept
+        objects["old"] = b"x" * len(objects["old"])
+        with pytest.raises(CorruptDataError):
+            await reads.part_bytes(old)
     finally:
         await reads.close()

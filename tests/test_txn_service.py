@@ -27,7 +27,7 @@ from memq.errors import CoordinationError
 from memq.format.message import Codec, MessageHeader
 from memq.format.notification import Notification
 from tests.support.clock import FakeClock
-from tests.support.txn_fakes import FakeAudit, FakePublisher, FakeRelay
+from tests.support.txn_fakes import FakeAudit, FakePublisher, FakeRelay, publish_path
 
 
 def note(key: str) -> Notification:
@@ -35,14 +35,15 @@ def note(key: str) -> Notification:
 
 
 class Rig:
-    def __init__(self, store: MemoryTxnStore | None = None) -> None:
+    def __init__(self, store: MemoryTxnStore | None = None, republish_s: float = 0.0) -> None:
         self.store = store or MemoryTxnStore()
         self.publisher = FakePublisher()
         self.relay = FakeRelay()
         self.audit = FakeAudit()
         self.clock = FakeClock()
         self.registry = CollectorRegistry()
-        self.txns = Transactions(self.store, self.publisher, self.relay, self.clock, registry=self.registry,
+        path = publish_path(self.publisher, self.registry, self.clock, republish_s)   # the broker's, as its notes take
+        self.txns = Transactions(self.store, path, self.relay, self.clock, registry=self.registry,
                                  scan_s=0.01, audit=self.audit)
 
     def metric(self, name: str) -> float:
@@ -156,6 +157,27 @@ async def test_a_failed_publish_keeps_the_decision_and_recovery_finishes_it() ->
     assert [n.key for _, n in other.publisher.published] == ["k"]
     rec = await rig.txns.describe("tx")
     assert rec is not None and rec.state is TxnState.COMPLETE_COMMIT
+
+
+async def test_a_commits_failed_publish_is_published_again_on_the_publish_path_not_left_to_the_scan(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The commit's notifications take the broker's publish path: a first publish that fails is
+    published again there (counted), so EndTxn answers with the transaction complete (no scan
+    ran), each note published once and counted in the notification bytes of its topic."""
+    monkeypatch.setattr("memq.broker.publish.REPUBLISH_BACKOFF_S", (0.01, 0.01))
+    rig = Rig(republish_s=5.0)
+    ids = await begun(rig)
+    assert await rig.produce("tx", ids, "k1") is None
+    assert await rig.produce("tx", ids, "k2") is None
+    rig.publisher.fail_next = 1
+    assert await rig.txns.end("tx", ids, commit=True) is None
+    rec = await rig.txns.describe("tx")
+    assert rec is not None and rec.state is TxnState.COMPLETE_COMMIT and rig.txns.open == set()
+    assert rig.publisher.calls == 2 and [n.key for _, n in rig.publisher.published] == ["k1", "k2"]
+    assert rig.metric("memq_broker_republished_notifications_total") == 2
+    assert rig.metric("memq_txn_commits_total") == 1
+    size = len(note("k1").to_bytes())
+    assert rig.registry.get_sample_value("memq_broker_notification_bytes_total", {"topic": "t"}) == 2 * size
 
 
 async def test_recovery_skips_ids_another_broker_coordinates() -> None:

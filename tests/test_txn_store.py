@@ -26,7 +26,7 @@ from memq.errors import CorruptDataError, TxnConflictError, UnsupportedVersionEr
 from memq.format.notification import Notification
 from memq.governor.registry import Registry
 from tests.support.clock import FakeClock
-from tests.support.txn_fakes import FakePublisher, FakeRelay
+from tests.support.txn_fakes import FakePublisher, FakeRelay, publish_path
 
 FULL = TxnRecord(123, 4, TxnState.PREPARE_COMMIT, 30_000, 1_800_000_000_000, 3, 1_800_000_000_001,
                  frozenset({("orders", 0), ("orders", 2)}), frozenset({"g", "native"}),
@@ -105,7 +105,7 @@ async def test_a_transaction_over_zookeeper_commits_what_two_brokers_stored(regi
     """The coordinator and a partition leader (two services, one ZooKeeper): the leader's entries,
     checked against its cached state, are published at the coordinator's commit, once."""
     published = FakePublisher()
-    coordinator, leader = (Transactions(ZooKeeperTxnStore(registry), pub, FakeRelay(), FakeClock(),
+    coordinator, leader = (Transactions(ZooKeeperTxnStore(registry), publish_path(pub), FakeRelay(), FakeClock(),
                                         registry=CollectorRegistry()) for pub in (published, FakePublisher()))
     txn = f"zk-{uuid.uuid4().hex[:6]}"
     ids = await coordinator.init_producer_id(txn, 10_000)

@@ -5,7 +5,8 @@ count, age, latency-budget or flush seal, decided by its `TopicProcessor`), the 
 the filling batch of every member topic with it and stores them as one object, each batch a
 self-contained part at its own byte range. One PUT then serves every topic of the group, so a
 broker's objects (and PUTs, and their CPU) follow its groups, not its topics. The writer then
-publishes every part's notification at once (each on its topic's notification topic), and hands
+publishes every part's notification at once (each on its topic's notification topic) through
+the broker's publish path (`memq.broker.publish`: its retries, its metrics), and hands
 each member topic one `Outcome` for its batch; the topic acks its own Messages. The writer
 knows its members only as `Member`s: the dependency runs processor -> group, never back.
 
@@ -25,7 +26,6 @@ from typing import Protocol
 
 from memq.clock import Clock, SystemClock
 from memq.config import TopicConfig
-from memq.errors import NotifyError
 from memq.format import NOTIFICATION_VERSION, Notification, encode_batch, object_crc32c
 from memq.format.message import Buffer, MessageHeader
 from memq.format.wire import AckCode
@@ -34,22 +34,9 @@ from memq.storage.naming import parse_key
 
 from .batch import Batch, Failed, Outcome, Stored
 from .metrics import BrokerMetrics
+from .publish import PublishPath
 
 log = logging.getLogger(__name__)
-
-
-class Publisher(Protocol):
-    """Where a broker publishes notifications (`memq.notify.NotificationPublisher`)."""
-
-    async def publish_many(self, notes: Sequence[tuple[str, Notification]],
-                           partitions: Sequence[int] | None = None) -> list[tuple[int, int] | NotifyError]:
-        """Each note's (partition, offset), or why not; `partitions`: each note's partition (-1: Kafka's pick)."""
-
-    def health(self) -> str | None:
-        """None while notifications can be published; otherwise why not."""
-
-    def close(self) -> None:
-        """Deliver what is queued (bounded), then release the Kafka clients."""
 
 
 class Member(Protocol):
@@ -108,9 +95,6 @@ def notification(topic: str, batch: Batch, loc: ObjectLocation, part: Part, *, c
         crc32c=part.crc32c, broker_id=broker_id, attempt=attempt, created_ms=created_ms, offset=part.offset)
 
 
-REPUBLISH_BACKOFF_S = (0.25, 5.0)
-"""First and largest pause between publishes of notifications that failed (doubling)."""
-
 class ReadFill(Protocol):
     """What the read path is told of each part this broker writes (`memq.broker.reads.Reads`)."""
 
@@ -119,9 +103,6 @@ class ReadFill(Protocol):
 
     def stored(self, loc: ObjectLocation, offset: int, part: bytes) -> None:
         """A part just stored (its object, offset and bytes): the read cache's fill on write."""
-
-    def published(self, notification_topic: str, partition: int, offset: int, note: Notification) -> None:
-        """The part's notification just published: readers waiting at that partition get it now."""
 
 FLUSH_GATHER_S = 0.002
 """How long a flush's seal waits for the same flush's Messages to other topics of the group."""
@@ -143,16 +124,14 @@ def throttled_age_s(batch_ms: int, pressure: float) -> float:
 class GroupWriter:
     """Seals and stores the objects of one storage group (or of one topic, group "")."""
 
-    def __init__(self, group: str, *, storage: StorageHandler, publisher: Publisher, broker_id: str,
-                 metrics: BrokerMetrics, clock: Clock | None = None, republish_s: float = 0.0,
-                 reads: ReadFill | None = None) -> None:
-        """`republish_s`: how long a notification that failed is published again (see `_publish`);
-        `reads`: told of each part just stored and published (Kafka readers want it next)."""
+    def __init__(self, group: str, *, storage: StorageHandler, path: PublishPath, broker_id: str,
+                 metrics: BrokerMetrics, clock: Clock | None = None, reads: ReadFill | None = None) -> None:
+        """`path`: the broker's publish path; `reads`: told of each part just stored (Kafka
+        readers want it next)."""
         self.group = group
-        self._republish_s = republish_s
         self._reads = reads
         self._storage = storage
-        self._publisher = publisher
+        self._path = path
         self._broker_id = broker_id
         self._clock = clock or SystemClock()
         self._members: dict[tuple[str, int], Member] = {}   # by (topic, partition)
@@ -257,59 +236,24 @@ class GroupWriter:
                  for (m, b), part in zip(parts, placed)]
         t0 = clock.monotonic()
         lanes = [m.partition for m, _ in parts]
-        published = await self._publish([(m.notification_topic, note) for (m, _), note in zip(parts, notes)],
-                                        lanes if max(lanes) >= 0 else None)
+        # A publish that timed out may have landed: failing its batch would make the producer resend
+        # the Messages, stored and announced a second time. The path publishes the same pointer again
+        # (for `broker.notify_retry_ms`) while the Messages stay held: a resend waits for this outcome
+        # instead of being stored again, and the busy slot pushes back on producers while Kafka is away.
+        published = await self._path.publish([(m.notification_topic, note) for (m, _), note in zip(parts, notes)],
+                                             lanes if max(lanes) >= 0 else None)
         notify_s = clock.monotonic() - t0
-        if self._reads is not None:
-            for ((m, _), note), result in zip(zip(parts, notes), published):
-                if not isinstance(result, NotifyError):
-                    self._reads.published(m.notification_topic, *result, note)
         return [Stored(note, result, put_s, notify_s) for note, result in zip(notes, published)]
-
-    async def _publish(self, notes: list[tuple[str, Notification]],
-                       partitions: list[int] | None = None) -> list[tuple[int, int] | NotifyError]:
-        """Publish `notes` (to `partitions`, when given); those that fail are published again, the
-        same notification of the same object, until they land or `republish_s` has passed.
-
-        A publish that timed out may have landed (librdkafka's "Message timed out" after a
-        Kafka stall): failing its batch made the producer resend the Messages, stored and
-        announced a second time. Publishing the pointer again costs at most a second
-        notification of the same object (readers drop its Messages by identity), and the
-        Messages stay held meanwhile: a resend waits for this outcome instead of being stored
-        again, and the busy slot pushes back on producers while Kafka is away.
-        """
-        clock = self._clock
-        deadline = clock.monotonic() + self._republish_s
-        results: list[tuple[int, int] | NotifyError] = [NotifyError("not published")] * len(notes)
-        pending = list(range(len(notes)))
-        pause = REPUBLISH_BACKOFF_S[0]
-        while True:
-            try:
-                got = await self._publisher.publish_many([notes[i] for i in pending],
-                                                         None if partitions is None else [partitions[i] for i in pending])
-            except Exception as e:   # a publisher bug must fail these batches only, never the broker
-                got = [NotifyError(str(e))] * len(pending)
-            for i, result in zip(pending, got):
-                results[i] = result
-            pending = [i for i in pending if isinstance(results[i], NotifyError)]
-            if not pending or clock.monotonic() + pause > deadline:
-                return results
-            log.warning("publishing %d notifications of object %s failed (%s): publishing them again in %.2gs",
-                        len(pending), notes[pending[0]][1].key, results[pending[0]], pause)
-            await asyncio.sleep(pause)
-            pause = min(2 * pause, REPUBLISH_BACKOFF_S[1])
 
 
 class GroupWriters:
     """A broker's writers, one per storage group, made on first use."""
 
-    def __init__(self, *, storage: StorageHandler, publisher: Publisher, broker_id: str,
-                 metrics: BrokerMetrics, clock: Clock | None = None, republish_s: float = 0.0,
-                 reads: ReadFill | None = None) -> None:
-        self._republish_s = republish_s
+    def __init__(self, *, storage: StorageHandler, path: PublishPath, broker_id: str,
+                 metrics: BrokerMetrics, clock: Clock | None = None, reads: ReadFill | None = None) -> None:
         self._reads = reads
         self._storage = storage
-        self._publisher = publisher
+        self._path = path
         self._broker_id = broker_id
         self._metrics = metrics
         self._clock = clock
@@ -325,6 +269,5 @@ class GroupWriters:
         return w
 
     def _new(self, group: str) -> GroupWriter:
-        return GroupWriter(group, storage=self._storage, publisher=self._publisher, broker_id=self._broker_id,
-                           metrics=self._metrics, clock=self._clock, republish_s=self._republish_s,
-                           reads=self._reads)
+        return GroupWriter(group, storage=self._storage, path=self._path, broker_id=self._broker_id,
+                           metrics=self._metrics, clock=self._clock, reads=self._reads)

@@ -52,6 +52,9 @@ class BrokerMetrics:
         self.notification_bytes = Counter("memq_broker_notification_bytes",
                                           "Bytes of notifications published (batches ok count them)",
                                           ["topic"], registry=r)
+        self.republished_notifications = Counter(
+            "memq_broker_republished_notifications",
+            "Notifications published again after a failed publish (the publish path's retries)", registry=r)
         self.started = Gauge("memq_broker_start_time_seconds", "Unix time this broker's counters started from",
                              registry=r)
         self.started.set_to_current_time()

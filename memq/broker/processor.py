@@ -51,8 +51,9 @@ from memq.storage import ObjectLocation, StorageHandler
 
 from .batch import Batch, Failed, Outcome, Reply
 from .dedup import Held, RecentMessages, message_id
-from .group import GroupWriter, Publisher
+from .group import GroupWriter
 from .metrics import BrokerMetrics
+from .publish import Publisher, PublishPath
 
 log = logging.getLogger(__name__)
 
@@ -72,8 +73,8 @@ class TopicProcessor:
         self.partition = partition
         self.notification_topic = topic.notification_topic_for(cluster)
         self._clock = clock or SystemClock()
-        self._group = group or GroupWriter("", storage=storage, publisher=publisher, broker_id=broker_id,
-                                           metrics=metrics, clock=self._clock)
+        self._group = group or GroupWriter("", storage=storage, path=PublishPath(publisher, metrics, clock=self._clock),
+                                           broker_id=broker_id, metrics=metrics, clock=self._clock)
         self._group.join(self)
         self._busy_wait_s = busy_wait_s
         self._slots = asyncio.Semaphore(topic.ring_slots)
@@ -97,7 +98,6 @@ class TopicProcessor:
         self._m_flush_seals = metrics.flush_seals.labels(name)
         self._m_held = metrics.held_batches.labels(name)
         self._m_throttled = metrics.throttled_batches.labels(name)
-        self._m_notification_bytes = metrics.notification_bytes.labels(name)
         self._m_unannounced = metrics.unannounced_batches.labels(name)
         self._m_duplicates = metrics.duplicate_messages.labels(name)
         self._m_ok = metrics.batches.labels(name, "ok")
@@ -316,7 +316,6 @@ class TopicProcessor:
         partition, offset = published
         self._m_stage["notify"].observe(notify_s)
         self._m_ok.inc()
-        self._m_notification_bytes.inc(len(note.to_bytes()))
         for request_id, index, record, reply in batch.waiters:
             reply(Ack(request_id, True, AckCode.OK, "", note.bucket, note.key, index, partition, offset, record=record))
         self._recent.stored(map(message_id, batch.headers), note.bucket, note.key, partition, offset,

@@ -16,6 +16,10 @@ offsets; `manifest` names it (the ZooKeeper pointer, given by `use_manifests`, t
 object), `compacted_batches` reads a part's batches from an offset, by ranged GETs through the
 same cache (the part's header and key index once, then a Message a GET).
 
+The broker's compactor reads through here too (`memq.compaction.run.CompactionReads`): a
+partition's notifications from the compacted end (`notes_from`, on a consumer of their own, so
+the tails stay where their readers are) and the dirty parts through the cache (`part_bytes`).
+
 Blocking Kafka calls run on this object's own threads, so a long poll at the tail never
 starves the event loop's default executor; a tail's consumer is used by one call at a time.
 """
@@ -37,7 +41,7 @@ from memq.compaction.manifest import Manifest, ManifestCache, ManifestPointers
 from memq.compaction.parts import PartRef
 from memq.compaction.read import PartReader
 from memq.config import BrokerConfig, KafkaConfig
-from memq.errors import CorruptDataError, FormatError, ObjectNotFoundError, OffsetOutOfRangeError
+from memq.errors import CorruptDataError, FormatError, NotifyError, ObjectNotFoundError, OffsetOutOfRangeError
 from memq.format import Notification
 from memq.format.kafka_records import KafkaCodec
 from memq.kafka_api.dedup import WINDOW_NOTES, PartMessage, duplicates, part_messages
@@ -221,6 +225,8 @@ class Reads:
         self._opening: dict[tuple[str, int], asyncio.Task[PartitionTail]] = {}
         self._lookup: NotificationConsumer | None = None   # ListOffsets: watermarks, offsets for times
         self._lookup_lock = asyncio.Lock()
+        self._history: NotificationConsumer | None = None   # notifications far behind the tails (compaction)
+        self._history_lock = asyncio.Lock()
         self._pointers: ManifestPointers | None = None    # compacted prefixes: none without ZooKeeper
         self._manifests = ManifestCache(storage)
         self._parts = PartReader(_CachedRanges(storage, cache))
@@ -266,6 +272,15 @@ class Reads:
         async with self._lookup_lock:
             lookup = await self._lookup_of(notification_topic)
             return await self._run(lookup.offsets_for_times, ts_ms)
+
+    async def notes_from(self, notification_topic: str, partition: int, start: int, timeout_s: float
+                         ) -> list[NotificationRecord]:
+        """The partition's notifications [start, high watermark), from the first retained one if
+        `start` is gone (the compactor's dirty log); NotifyError past `timeout_s`."""
+        async with self._history_lock:
+            if self._history is None:
+                self._history = await self._run(self._consumers, notification_topic)
+            return await self._run(_read_range, self._history, notification_topic, partition, start, timeout_s)
 
     async def _lookup_of(self, topic: str) -> NotificationConsumer:
         if self._lookup is None:
@@ -438,6 +453,17 @@ class Reads:
                                    "differs from its notification")
         return raw
 
+    async def part_bytes(self, note: Notification) -> bytes:
+        """The part `note` names as stored (checked against it), for the compactor: from the cache
+        when a reader or this broker's write put it there, else one GET (shared with readers asking
+        meanwhile) that is not kept: an old part read once must not push hot ones out."""
+        key = ("part", note.bucket, note.key, note.offset)
+        loaded = self.cache.peek(key) is None
+        raw = await self._raw(note)
+        if loaded:
+            self.cache.discard(key)
+        return raw
+
     async def _frame(self, note: Notification, drop: frozenset[int], codec: KafkaCodec) -> tuple[FramedPart, int]:
         raw = await self._raw(note)
         framed = (await asyncio.to_thread(frame_part, raw, drop, codec) if len(raw) > 64 * 1024
@@ -478,7 +504,35 @@ class Reads:
             await self._run(t.close)
         if self._lookup is not None:
             await self._run(self._lookup.close)
+        if self._history is not None:
+            await self._run(self._history.close)
         self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _read_range(consumer: NotificationConsumer, topic: str, partition: int, start: int, timeout_s: float
+                ) -> list[NotificationRecord]:
+    """Blocking: notifications [start, high watermark) of `topic`'s `partition` (`Reads.notes_from`)."""
+    if consumer.topic != topic:
+        consumer.read_topic(topic)
+    low, high = consumer.watermarks(partition)
+    at = max(start, low)
+    out: list[NotificationRecord] = []
+    if at >= high:
+        return out
+    consumer.assign({partition: at})
+    deadline = time.monotonic() + timeout_s
+    try:
+        # done at `high`, or once the position passed it (offsets a notification topic skips)
+        while at < high and (consumer.position([partition]).get(partition) or at) < high:
+            if time.monotonic() > deadline:
+                raise NotifyError(f"reading {topic}[{partition}] [{start}, {high}) took over {timeout_s:g} s")
+            for r in consumer.poll(0.5):
+                if r.partition == partition and at <= r.offset < high:
+                    out.append(r)
+                    at = r.offset + 1
+    finally:
+        consumer.unassign()
+    return out
 
 
 class _CachedRanges:

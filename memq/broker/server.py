@@ -4,7 +4,10 @@
 its doors (`doors.http`, `doors.websocket`, the Kafka listener) are given.
 
 `Broker` owns the hosted topics (`add_topics` / `remove_topic`, which the governor drives;
-until then the topics of the config), the storage handler and the notification publisher.
+until then the topics of the config), the storage handler, the notification publisher and its
+publish path (`publish.PublishPath`), and, with ZooKeeper, the compactor of its share of the
+compacted partitions (`compact_share`, which the governor's agent calls), built on the same
+storage handler and read path.
 Ready means ready: `/healthz` answers 200 only once the broker hosts what it must (the
 config's topics; governed, also its assignment: `start(ready=False)`, then `set_ready()`).
 `stop()` is the graceful shutdown: refuse new connections, answer CLOSING to new writes,
@@ -16,13 +19,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from aiohttp import web
 
 from memq.audit.emitter import AuditEmitter, make_audit_sink
 from memq.clock import Clock, SystemClock
 from memq.compaction.manifest import ManifestPointers
+from memq.compaction.run import Compactor
 from memq.config import MemqConfig, TopicConfig
 from memq.errors import NotifyError
 from memq.format.kafka_records import KafkaCodec
@@ -42,9 +46,10 @@ from .doors.kafka import KafkaListener
 from .groups import Groups
 from .guard import Guard
 from .metrics import BrokerMetrics
-from .group import GroupWriter, GroupWriters, Publisher
+from .group import GroupWriter, GroupWriters
 from .placed import PlacedTopic
 from .processor import TopicProcessor
+from .publish import Publisher, PublishPath
 from .read_cache import ReadCache
 from .reads import Reads
 from .share.metrics import register as register_share_metrics
@@ -83,6 +88,9 @@ class Broker:
         self._shares: Shares | None = None   # made on start: share groups on the Kafka listener
         self._share_registry: Registry | None = None   # ZooKeeper for share groups and transactions
         self._txns: Transactions | None = None   # made on start, with the publisher
+        self._path: PublishPath | None = None   # made on start: every notification goes through it
+        self._pointers: ManifestPointers | None = None   # compacted topics' manifests (with ZooKeeper)
+        self.compactor: Compactor | None = None   # made on start with ZooKeeper; runs once told its share
         self.groups = Groups(config.kafka.bootstrap_servers, config.cluster.name, self.broker_id)
         self.cluster_view: Callable[[], ClusterView | None] | None = None   # governed: from ZooKeeper
         self.cluster_admin: ClusterAdmin | None = None   # governed: topics and ACLs through ZooKeeper
@@ -115,10 +123,17 @@ class Broker:
             self._admin = TopicAdmin(self.config.kafka)
         self._reads = Reads(self.config.kafka, self._storage, ReadCache(bc.read_cache_bytes, self.metrics),
                             self.metrics, broker_id=self.broker_id, compression=self._framing_codec)
+        # every notification, a storage group's parts and a transaction's at its commit alike
+        self._path = PublishPath(self._publisher, self.metrics, clock=self._clock,
+                                 republish_s=bc.notify_retry_ms / 1000, reads=self._reads)
         if bc.kafka_port >= 0:
             # Kafka clients carry no memq audit emitter: the broker reports their Messages.
             self._kafka_audit = make_audit_sink(self.config, client_id=f"memq-broker-{self.broker_id}-audit")
         self._txns = await self._make_txns()
+        if self._share_registry is not None:   # ZooKeeper: compacted topics' manifests are there
+            self.compactor = Compactor(self.config, self._manifest_pointers(), self.metrics.registry,
+                                       storage=self._storage, reads=self._reads, clock=self._clock,
+                                       broker_id=self.broker_id)
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((bc.host, bc.port))
@@ -161,6 +176,8 @@ class Broker:
             await self._kafka.stop()
         if self._kafka_audit is not None:
             await asyncio.to_thread(self._kafka_audit.close)
+        if self.compactor is not None:
+            await self.compactor.close()
         if self._shares is not None:
             await self._shares.close()
         if self._txns is not None:
@@ -191,7 +208,7 @@ class Broker:
                 self._share_registry = await asyncio.to_thread(
                     Registry(self.config.zookeeper, self.config.cluster.name).start)
             store = ZooKeeperStateStore(self._share_registry)
-            self.reads.use_manifests(ManifestPointers(self._share_registry))   # compacted topics' prefixes
+            self.reads.use_manifests(self._manifest_pointers())   # compacted topics' prefixes
         shares = Shares(self.config.share, store, self._clock, self.broker_id)
         register_share_metrics(shares, self.metrics.registry)
         return shares
@@ -205,13 +222,30 @@ class Broker:
                 self._share_registry = await asyncio.to_thread(
                     Registry(self.config.zookeeper, self.config.cluster.name).start)
             store = ZooKeeperTxnStore(self._share_registry)
-        assert self._publisher is not None
+        assert self._path is not None
         relay = GroupOffsetRelay(self.groups, lambda: self.metadata().topics, f"memq-broker-{self.broker_id}-txn")
         bc = self.config.broker
-        return Transactions(store, self._publisher, relay, self._clock, registry=self.metrics.registry,
+        return Transactions(store, self._path, relay, self._clock, registry=self.metrics.registry,
                             max_timeout_ms=bc.txn_max_timeout_ms, scan_s=bc.txn_scan_ms / 1000,
                             full_scan_s=30 * bc.txn_scan_ms / 1000, id_expiration_ms=bc.txn_id_expiration_ms,
                             audit=self._kafka_audit)
+
+    def _manifest_pointers(self) -> ManifestPointers:
+        """The compacted topics' manifest pointers on the broker's ZooKeeper session (one watch set)."""
+        assert self._share_registry is not None
+        if self._pointers is None:
+            self._pointers = ManifestPointers(self._share_registry)
+        return self._pointers
+
+    def compact_share(self, topics: Callable[[], Mapping[str, TopicConfig]],
+                      mine: Callable[[str, int], bool]) -> None:
+        """Compact the partitions of `topics()` that are `mine` (this broker's share, as the
+        governor's agent sees it), a pass every `governor.compaction_interval_s` until `stop`.
+        Without ZooKeeper (no manifests) there is nothing to compact: logged, ignored."""
+        if self.compactor is None:
+            log.warning("broker %s: told to compact, but it has no ZooKeeper for manifests", self.broker_id)
+            return
+        self.compactor.start(topics, mine)
 
     def _coordinates(self, txn_id: str) -> bool:
         """This broker coordinates `txn_id` (or no broker has a Kafka listener: any may)."""
@@ -238,13 +272,12 @@ class Broker:
         new = {t.name: t for t in topics if t.name not in self._processors}
         if not new:
             return
-        assert self._storage is not None and self._publisher is not None and self._admin is not None, "start() first"
+        assert self._storage is not None and self._path is not None and self._admin is not None, "start() first"
         if self._groups is None:
             # readers at the tail (Kafka's, memq's Consumers through /v1/read) want what was just
             # stored: keep it (the read cache's fill on write)
-            self._groups = GroupWriters(storage=self._storage, publisher=self._publisher, broker_id=self.broker_id,
-                                        metrics=self.metrics, clock=self._clock,
-                                        republish_s=self.config.broker.notify_retry_ms / 1000, reads=self._reads)
+            self._groups = GroupWriters(storage=self._storage, path=self._path, broker_id=self.broker_id,
+                                        metrics=self.metrics, clock=self._clock, reads=self._reads)
         cluster = self.config.cluster.name
         failed = await asyncio.to_thread(self._admin.create_topics, [
             KafkaTopic(t.notification_topic_for(cluster), t.read_partitions) for t in new.values()])

@@ -11,6 +11,12 @@ Steps of one partition's run, and what a crash at each leaves (`memq.compaction.
 Re-running after a crash at any step plans from whatever manifest stands, so it ends in the same
 state. Every byte read or written first takes its share of a byte-rate budget
 (`governor.compaction_mbps`), so compaction never starves produce and fetch of the store.
+
+A broker builds its compactor (`memq.broker.server`) with its own storage handler (the requests
+counted in its `memq_storage_*` metrics) and its read path (`CompactionReads`: the
+notifications, and the dirty parts through its read cache); `start` runs a pass every
+`governor.compaction_interval_s` over the partitions the governor's agent says are its share.
+Without them (tests, benches, tools) it reads Kafka and the store directly (`DirectReads`).
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from memq.clock import Clock, SystemClock
 from memq.config import MemqConfig, TopicConfig
 from memq.errors import MemqError, NotifyError
 from memq.format.codec import Compressors
+from memq.format.notification import Notification
 from memq.kafka_api.records import framing_codec
 from memq.notify.consumer import NotificationConsumer, NotificationRecord
 from memq.storage import make_storage
@@ -52,6 +59,72 @@ class Store(Protocol):
 
     async def put_batch(self, topic: str, data: Chunks, *, first_request_id: int,
                         timestamp_ms: int, broker_id: str, group: str = "") -> ObjectLocation: ...
+
+
+class CompactionReads(Protocol):
+    """Where a compactor reads the plain log it compacts (`memq.broker.reads.Reads`, `DirectReads`)."""
+
+    async def notes_from(self, notification_topic: str, partition: int, start: int,
+                         timeout_s: float) -> list[NotificationRecord]:
+        """The partition's notifications [start, high watermark) (from the first retained one if
+        `start` is gone); NotifyError if they take over `timeout_s` to read."""
+
+    async def part_bytes(self, note: Notification) -> bytes:
+        """The plain part `note` names, as stored."""
+
+
+class DirectReads:
+    """`CompactionReads` of a compactor on its own: a Kafka consumer of its own and ranged GETs."""
+
+    def __init__(self, config: MemqConfig, storage: Store) -> None:
+        self.config = config
+        self.storage = storage
+        self._reader: NotificationConsumer | None = None
+        self._lock = threading.Lock()
+
+    async def notes_from(self, notification_topic: str, partition: int, start: int,
+                         timeout_s: float) -> list[NotificationRecord]:
+        return await asyncio.to_thread(self._notes, notification_topic, partition, start, timeout_s)
+
+    async def part_bytes(self, note: Notification) -> bytes:
+        return await self.storage.get_range(ObjectLocation(note.bucket, note.key), note.offset, note.size)
+
+    def _notes(self, kafka_topic: str, partition: int, start: int, timeout_s: float) -> list[NotificationRecord]:
+        """Blocking: run in a thread."""
+        with self._lock:
+            if self._reader is None:
+                self._reader = NotificationConsumer(self.config.kafka, kafka_topic, fetch_wait_ms=10, partition_eof=True,
+                                                    group_id=f"memq-compactor-{self.config.cluster.name}")
+            c = self._reader
+            try:
+                c.read_topic(kafka_topic)
+                high = c.watermarks(partition)[1]
+                if start >= high:
+                    return []
+                c.assign({partition: start})
+                out: list[NotificationRecord] = []
+                deadline = time.monotonic() + timeout_s
+                at = start
+                while at < high and c.ends_reached().get(partition, -1) < high:
+                    if time.monotonic() > deadline:
+                        raise NotifyError(f"compaction: reading {kafka_topic}[{partition}] [{start}, {high}) "
+                                          f"took over {timeout_s:g} s")
+                    for r in c.poll(0.5):
+                        if r.partition == partition and at <= r.offset < high:
+                            out.append(r)
+                            at = r.offset + 1
+                c.unassign()
+                return out
+            except BaseException:
+                c.close()
+                self._reader = None
+                raise
+
+    def close(self) -> None:
+        with self._lock:
+            if self._reader is not None:
+                self._reader.close()
+                self._reader = None
 
 
 class ByteBudget:
@@ -121,14 +194,19 @@ class Outcome:
 
 class Compactor:
     """Compacts the partitions of compacted topics; each broker runs one over the partitions
-    `plan.compactor_of` gives it (`memq.governor.agent`)."""
+    `plan.compactor_of` gives it (its share, told by `memq.governor.agent`). `storage` and
+    `reads`: the broker's (default: a storage handler and `DirectReads` of its own)."""
 
     def __init__(self, config: MemqConfig, pointers: ManifestPointers, registry: CollectorRegistry, *,
-                 storage: Store | None = None, clock: Clock | None = None, step: Step | None = None,
-                 broker_id: str = "compactor") -> None:
+                 storage: Store | None = None, reads: CompactionReads | None = None, clock: Clock | None = None,
+                 step: Step | None = None, broker_id: str = "compactor") -> None:
         self.config = config
         self.pointers = pointers
         self.storage: Store = storage or make_storage(config)
+        self._own_reads: DirectReads | None = None   # closed by `close`; the broker closes its own
+        if reads is None:
+            reads = self._own_reads = DirectReads(config, self.storage)
+        self.reads: CompactionReads = reads
         self.clock = clock or SystemClock()
         self.metrics = CompactionMetrics(registry)
         self.budget = ByteBudget(config.governor.compaction_mbps * 1e6, self.clock)
@@ -137,14 +215,34 @@ class Compactor:
         self.step = step or (lambda _: None)
         self.broker_id = broker_id
         self.timeout_s = config.governor.janitor_timeout_s
-        self._reader: NotificationConsumer | None = None
-        self._lock = threading.Lock()
         self._comp = Compressors()
         self._requests = 0
         self._reported: set[tuple[str, int]] = set()   # partitions whose gauges this compactor set
+        self._stop = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
 
     def _now_ms(self) -> int:
         return int(self.clock.time() * 1000)
+
+    def start(self, topics: Callable[[], Mapping[str, TopicConfig]], mine: Callable[[str, int], bool]) -> None:
+        """Every `governor.compaction_interval_s` until `close`, a pass (`run_once`) over the
+        partitions of `topics()` that are `mine` (the share the governor's agent gives it)."""
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._passes(topics, mine), name="memq-compactor")
+
+    async def _passes(self, topics: Callable[[], Mapping[str, TopicConfig]], mine: Callable[[str, int], bool]) -> None:
+        while not self._stop.is_set():
+            try:
+                await asyncio.wait_for(self._stop.wait(), self.config.governor.compaction_interval_s)
+                return
+            except TimeoutError:
+                pass
+            try:
+                await self.run_once(topics(), mine)
+            except MemqError as e:
+                log.warning("compaction pass of broker %s failed, retrying next pass: %s", self.broker_id, e)
+            except Exception:   # the loop must outlive any one failure: compaction depends on it
+                log.exception("compaction pass of broker %s failed, retrying next pass", self.broker_id)
 
     async def run_once(self, topics: Mapping[str, TopicConfig], mine: Callable[[str, int], bool] = lambda t, p: True,
                        *, force: bool = False) -> list[Outcome]:
@@ -177,7 +275,8 @@ class Compactor:
         pointer = await asyncio.to_thread(self.pointers.read, topic, partition)
         old = await self.manifests.load(pointer) if pointer else None
         end = pointer.end if pointer else 0
-        notes = await asyncio.to_thread(self._notes, cfg, partition, end)
+        notes = await self.reads.notes_from(cfg.notification_topic_for(self.config.cluster.name), partition, end,
+                                            self.timeout_s)
         now = self._now_ms()
         dirty_notes = [planning.DirtyNote(r.offset, r.notification.max_timestamp_ms, r.notification.size)
                        for r in notes]
@@ -264,47 +363,21 @@ class Compactor:
         and codecs kept (memq's own records in the topic's framing codec, as Kafka readers get them)."""
         n = r.notification
         await self.budget.take(n.size)
-        obj = await self.storage.get_range(ObjectLocation(n.bucket, n.key), n.offset, n.size)
+        obj = await self.reads.part_bytes(n)
         own = framing_codec(cfg, self.config.broker)
         return await asyncio.to_thread(plain_survivors, r.offset, obj, self._comp, own_codec=own), len(obj)
 
-    def _notes(self, cfg: TopicConfig, partition: int, start: int) -> list[NotificationRecord]:
-        """Notifications [start, high watermark) of the partition (blocking: run in a thread)."""
-        with self._lock:
-            kafka_topic = cfg.notification_topic_for(self.config.cluster.name)
-            if self._reader is None:
-                self._reader = NotificationConsumer(self.config.kafka, kafka_topic, fetch_wait_ms=10, partition_eof=True,
-                                                    group_id=f"memq-compactor-{self.config.cluster.name}")
-            c = self._reader
-            try:
-                c.read_topic(kafka_topic)
-                high = c.watermarks(partition)[1]
-                if start >= high:
-                    return []
-                c.assign({partition: start})
-                out: list[NotificationRecord] = []
-                deadline = self.clock.monotonic() + self.timeout_s
-                at = start
-                while at < high and c.ends_reached().get(partition, -1) < high:
-                    if self.clock.monotonic() > deadline:
-                        raise NotifyError(f"compaction: reading {kafka_topic}[{partition}] [{start}, {high}) "
-                                          f"took over {self.timeout_s:g} s")
-                    for r in c.poll(0.5):
-                        if r.partition == partition and at <= r.offset < high:
-                            out.append(r)
-                            at = r.offset + 1
-                c.unassign()
-                return out
-            except BaseException:
-                c.close()
-                self._reader = None
-                raise
-
     async def close(self) -> None:
-        with self._lock:
-            if self._reader is not None:
-                self._reader.close()
-                self._reader = None
+        """Stop the passes (`start`; one under way is waited for, bounded) and release what it owns."""
+        self._stop.set()
+        if self._task is not None:
+            # a flag, not cancel(): wait_for() in 3.11 can swallow a cancel racing a wake-up
+            _, pending = await asyncio.wait({self._task}, timeout=10)
+            for task in pending:   # a pass stopped mid-way leaves what a crash would: old or new
+                task.cancel()
+            self._task = None
+        if self._own_reads is not None:
+            await asyncio.to_thread(self._own_reads.close)
 
 
 def _object_ms(r: NotificationRecord) -> int:

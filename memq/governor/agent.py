@@ -4,9 +4,10 @@ Runs inside a broker process when `zookeeper.enabled` is set. Kazoo calls run in
 watch callbacks only wake the asyncio reconcile loop, which reads the registry, re-registers
 the broker if its session expired (no restart needed), and starts or stops TopicProcessors
 to match the broker's assignment. It also runs a `Governor` (one broker wins the election),
-the `Janitor`, which works only while this broker is the governor, and a `Compactor` over this
-broker's share of the compacted topics' partitions (`compaction.plan.compactor_of`): every broker
-compacts, each paced by its own byte budget.
+the `Janitor`, which works only while this broker is the governor. It tells the broker which
+partitions of the compacted topics are its share to compact (`compaction.plan.compactor_of`, in
+its view of the cluster): every broker compacts, each with its own compactor (built by the
+broker on its storage handler and read path), paced by its own byte budget.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import contextlib
 import logging
 import signal
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Protocol
 
 from kazoo.protocol.states import KazooState
@@ -24,7 +25,6 @@ from prometheus_client import CollectorRegistry
 
 from memq.compaction.manifest import ManifestPointers
 from memq.compaction.plan import compactor_of
-from memq.compaction.run import Compactor
 from memq.config import MemqConfig, TopicConfig
 from memq.errors import CoordinationError, MemqError
 from memq.format.metadata import BrokerMetadata, ClusterView, TopicMetadata
@@ -51,6 +51,10 @@ class HostingBroker(Protocol):
     async def remove_topic(self, name: str, *, moved_to: tuple[str, ...] = ()) -> None: ...
     def health(self) -> str | None: ...
 
+    def compact_share(self, topics: Callable[[], Mapping[str, TopicConfig]],
+                      mine: Callable[[str, int], bool]) -> None:
+        """Compact the partitions of `topics()` that are `mine` (asked again before each)."""
+
 
 class BrokerAgent:
     """One broker's membership: keeps it registered, in the election, and hosting its assignment."""
@@ -67,13 +71,10 @@ class BrokerAgent:
                                         max_rebalance_moves=gc.max_rebalance_moves,
                                         imbalance_threshold=gc.imbalance_threshold),
             interval_s=gc.interval_s, rebalance_interval_s=gc.rebalance_interval_s, metrics=metrics)
-        self.compactor = Compactor(config, ManifestPointers(self.registry), self.governor.metrics.registry,
-                                   broker_id=broker.broker_id)
         self.janitor = Janitor(config, self.governor.metrics.registry, storage_metrics=storage_metrics,
-                               compactor=self.compactor)
+                               manifests=ManifestPointers(self.registry))
         self._janitor_stop = asyncio.Event()
         self._janitor_task: asyncio.Task[None] | None = None
-        self._compact_task: asyncio.Task[None] | None = None
         self.view: ClusterState | None = None
         self.hosted: dict[str, TopicConfig] = {}
         self.registrations = 0
@@ -113,21 +114,20 @@ class BrokerAgent:
         self._janitor_task = asyncio.create_task(
             self.janitor.run(self.registry.topics, self.governor.leading.is_set, self._janitor_stop),
             name=f"memq-janitor-{self.broker.broker_id}")
-        self._compact_task = asyncio.create_task(self._compact(), name=f"memq-compactor-{self.broker.broker_id}")
+        self.broker.compact_share(self._topics, self.compacts)
 
     async def stop(self) -> None:
         """Leave the election and the registry; hosted topics stay with the broker."""
         self._closing = True
         self._poke.set()
         self._janitor_stop.set()
-        tasks = {t for t in (self._task, self._janitor_task, self._compact_task) if t is not None}
+        tasks = {t for t in (self._task, self._janitor_task) if t is not None}
         if tasks:
             # a flag, not cancel(): wait_for() in 3.11 can swallow a cancel racing a wake-up
             _, pending = await asyncio.wait(tasks, timeout=10)
             for task in pending:
                 task.cancel()
         await self.janitor.close()
-        await self.compactor.close()
         await asyncio.to_thread(self.governor.stop)
         await asyncio.to_thread(self.registry.close)
 
@@ -183,8 +183,14 @@ class BrokerAgent:
                                         cfg.cleanup_policy)
                     for name, cfg in view.topics.items()})
 
+    def _topics(self) -> Mapping[str, TopicConfig]:
+        """Every topic, as the last view read them (none before it, or once the agent stops)."""
+        view = self.view
+        return {} if view is None or self._closing else view.topics
+
     def compacts(self, topic: str, partition: int) -> bool:
-        """Whether this broker compacts `topic`'s `partition` now, in its view of the cluster."""
+        """Whether this broker compacts `topic`'s `partition` now, in its view of the cluster
+        (the share the broker's compactor asks about before each partition)."""
         view = self.view
         if view is None or self._closing:
             return False
@@ -192,21 +198,6 @@ class BrokerAgent:
         return compactor_of(topic, partition, hosts, list(view.brokers)) == self.broker.broker_id
 
     # --- internals -------------------------------------------------------------------------
-    async def _compact(self) -> None:
-        """Every `governor.compaction_interval_s`, a pass over this broker's compacted partitions."""
-        while not self._janitor_stop.is_set():
-            try:
-                await asyncio.wait_for(self._janitor_stop.wait(), self.config.governor.compaction_interval_s)
-                return
-            except TimeoutError:
-                pass
-            view = self.view
-            if view is not None:
-                try:
-                    await self.compactor.run_once(view.topics, self.compacts)
-                except MemqError as e:
-                    log.warning("compaction pass of broker %s failed, retrying next pass: %s", self.broker.broker_id, e)
-
     def _wake(self, *_: object) -> None:
         """Called from kazoo threads: wake the reconcile loop."""
         loop = self._loop

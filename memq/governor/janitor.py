@@ -42,7 +42,7 @@ month at S3 prices. A new janitor lists each once again.
 
 Compacted topics (`cleanup_policy` with compact, `memq.compaction`): every broker compacts its
 share of the partitions (`memq.governor.agent`); the janitor releases what compaction replaced,
-through the `Compactor`'s pointers and manifests. A compact-only topic expires nothing by time;
+through the manifests' ZooKeeper pointers (`manifests`) and the manifests they name. A compact-only topic expires nothing by time;
 its plain objects go once a manifest that has stood `retention_grace_s` covers them (wholly
 below its `end`), and its compaction home (`groups/compacted.<topic>`) loses every object older
 than `orphan_grace_s` that no manifest a reader may still hold names (`memq.compaction.release`).
@@ -60,9 +60,8 @@ from typing import Any, Protocol
 from prometheus_client import CollectorRegistry, Counter
 
 from memq.audit.emitter import make_audit_sink
-from memq.compaction.manifest import compaction_group
+from memq.compaction.manifest import ManifestCache, ManifestPointers, compaction_group
 from memq.compaction.release import Release, chain, release
-from memq.compaction.run import Compactor
 from memq.clock import Clock, SystemClock
 from memq.config import MemqConfig, TopicConfig
 from memq.errors import MemqError
@@ -134,6 +133,9 @@ class ObjectStore(Protocol):
 
     async def delete_many(self, locs: Sequence[ObjectLocation]) -> list[DeleteFailure]: ...
 
+    async def get(self, loc: ObjectLocation) -> bytes:
+        """A whole object (compacted topics' manifests)."""
+
     async def close(self) -> None: ...
 
 
@@ -161,7 +163,7 @@ class Janitor:
     def __init__(self, config: MemqConfig, registry: CollectorRegistry, *,
                  storage: ObjectStore | None = None, notifications: NotificationLog | None = None,
                  audit: ExpiryAudit | None = None, storage_metrics: StorageMetrics | None = None,
-                 clock: Clock | None = None, compactor: Compactor | None = None) -> None:
+                 clock: Clock | None = None, manifests: ManifestPointers | None = None) -> None:
         gc = config.governor
         self.config = config
         self.interval_s = gc.janitor_interval_s
@@ -179,7 +181,8 @@ class Janitor:
         # the object keys open transactions' pending entries name (a blocking read; the broker sets it)
         self.held: Callable[[], set[str]] | None = None
         self._held_now: set[str] | None = None   # read once per pass, at its first orphan sweep
-        self.compactor = compactor
+        self.pointers = manifests   # compacted topics' manifests (None: nothing of theirs released)
+        self.manifests = ManifestCache(self.storage)
 
     async def run(self, topics: Callable[[], Mapping[str, TopicConfig]], leading: Callable[[], bool],
                   stopping: asyncio.Event) -> None:
@@ -287,11 +290,11 @@ class Janitor:
         return await self._collect(scope, listed, window, pointer_ms, object_ms, leading)
 
     async def _release(self, cfg: TopicConfig, now: int) -> Release | None:
-        """The compacted topic's release rule this pass (None without a compactor: nothing released)."""
-        if self.compactor is None:
+        """The compacted topic's release rule this pass (None without manifest pointers: nothing released)."""
+        if self.pointers is None:
             return None
-        pointers = await asyncio.to_thread(self.compactor.pointers.of_topic, cfg.name)
-        chains = [(ptr, await chain(self.compactor.manifests, ptr, now, self.grace_ms)) for ptr in pointers.values()]
+        pointers = await asyncio.to_thread(self.pointers.of_topic, cfg.name)
+        chains = [(ptr, await chain(self.manifests, ptr, now, self.grace_ms)) for ptr in pointers.values()]
         return release(chains, cfg.read_partitions, now, self.grace_ms)
 
     async def _sweep_compacted(self, topic: str, rel: Release, now: int, leading: Callable[[], bool]) -> None:

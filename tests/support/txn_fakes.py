@@ -4,7 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from prometheus_client import CollectorRegistry
+
+from memq.broker.metrics import BrokerMetrics
+from memq.broker.publish import PublishPath
 from memq.broker.txn.service import GroupOffsets, Pending
+from memq.clock import Clock
 from memq.errors import NotifyError
 
 
@@ -13,9 +18,15 @@ class FakePublisher:
         self.published: list[Pending] = []
         self.partitions: list[int] = []   # each published note's partition (-1: Kafka's pick)
         self.failing = False
+        self.fail_next = 0   # calls to fail before `failing` is looked at
+        self.calls = 0
 
     async def publish_many(self, notes: Sequence[Pending],
                            partitions: Sequence[int] | None = None) -> list[tuple[int, int] | NotifyError]:
+        self.calls += 1
+        if self.fail_next:
+            self.fail_next -= 1
+            return [NotifyError("kafka down") for _ in notes]
         if self.failing:
             return [NotifyError("kafka down") for _ in notes]
         self.published += notes
@@ -56,3 +67,10 @@ class FakeAudit:
 
     def aborted(self, *, topic: str, count: int) -> None:
         self.aborted_rows.append((topic, count))
+
+
+def publish_path(publisher: FakePublisher, registry: CollectorRegistry | None = None, clock: Clock | None = None,
+                 republish_s: float = 0.0) -> PublishPath:
+    """The broker's publish path over `publisher` (its metrics in `registry`)."""
+    return PublishPath(publisher, BrokerMetrics("b1", registry or CollectorRegistry()), clock=clock,
+                       republish_s=republish_s)

@@ -3,8 +3,11 @@
 Nothing uncommitted is ever published. A transactional produce stores its records as an object
 at once (as any produce), but its notification is kept as a *pending* entry of the transaction
 in the store (`add_pending`), not published. EndTxn(commit) makes the durable decision
-(Ongoing -> PrepareCommit), publishes every pending notification, commits the stashed group
-offsets through the group relay, drops the pending entries and writes CompleteCommit; an abort
+(Ongoing -> PrepareCommit), publishes every pending notification through the broker's publish
+path (`memq.broker.publish`: the one every notification takes, with its retries and metrics; a
+commit's failed publish is published again there for up to `COMMIT_PUBLISH_S`), commits the
+stashed group offsets through the group relay, drops the pending entries and writes
+CompleteCommit; an abort
 drops the pending entries (the objects are then orphans the janitor collects). Readers see only
 published notifications, so read_committed holds by construction (LSO = high watermark).
 
@@ -44,7 +47,7 @@ from memq.format.message import MessageHeader
 from memq.format.metadata import ClusterMetadata
 from memq.kafka_api.mapping import PRODUCER_ID_BITS
 
-from ..group import Publisher
+from ..publish import PublishPath
 from . import state
 from .metrics import TxnMetrics
 from .state import (DEFAULT_ID_EXPIRATION_MS, DEFAULT_MAX_TIMEOUT_MS, GroupOffsets, ProducerIds, Step, TopicPartition, TxnRecord, TxnRefusal,
@@ -59,6 +62,8 @@ T = TypeVar("T")
 ATTEMPTS = 10        # compare-and-set retries before a call gives up (conflicts are rare: brokers race briefly)
 CACHED_IDS = 10_000  # transactional ids whose state a broker keeps for its produce checks
 SCAN_BATCH = 500     # ids a scan pass reads at most (the next pass carries on)
+COMMIT_PUBLISH_S = 10.0   # an EndTxn's failed publish is published again this long (within the path's own
+                          # notify_retry_ms), then left to the scan: the call holds the id's lock, a client waits
 
 
 def coordinator_of(meta: ClusterMetadata, txn_id: str) -> str | None:
@@ -105,17 +110,17 @@ class Storer(Protocol):
 
 class Transactions:
     """One broker's transactions (see the module doc). `store` is a `TxnStore` (ZooKeeper, or
-    memory without it), `publisher` the broker's NotificationPublisher, `offsets` the group relay;
+    memory without it), `path` the broker's publish path, `offsets` the group relay;
     `scan_s` the period of the scan over the transactions begun here, `full_scan_s` that of the
     scan over every id in the store (recovery of other coordinators' transactions, and ids unused
     for `id_expiration_ms` deleted); `audit` the broker's audit sink (None: audit disabled)."""
 
-    def __init__(self, store: TxnStore, publisher: Publisher, offsets: OffsetRelay, clock: Clock, *,
+    def __init__(self, store: TxnStore, path: PublishPath, offsets: OffsetRelay, clock: Clock, *,
                  registry: CollectorRegistry | None = None, max_timeout_ms: int = DEFAULT_MAX_TIMEOUT_MS,
                  scan_s: float = 1.0, full_scan_s: float = 30.0,
                  id_expiration_ms: int = DEFAULT_ID_EXPIRATION_MS, audit: TxnAudit | None = None) -> None:
         self.store = store
-        self._publisher = publisher
+        self._path = path
         self._offsets = offsets
         self._audit = audit
         self._clock = clock
@@ -240,7 +245,7 @@ class Transactions:
                 except TxnConflictError:
                     continue
                 self.open.add(txn_id)   # until complete: this broker's scan retries it
-                if await self._finish(txn_id, step, version):
+                if await self._finish(txn_id, step, version, publish_s=COMMIT_PUBLISH_S):
                     self.metrics.end_seconds.labels("commit" if commit else "abort").observe(
                         self._clock.monotonic() - started)
                 return None
@@ -403,18 +408,18 @@ class Transactions:
                 log.info("transaction %r: finishing %s (recovery)", txn_id, rec.state.value)
             return await self._finish(txn_id, rec, version)
 
-    async def _finish(self, txn_id: str, rec: TxnRecord, version: int) -> bool:
-        """Carry out a Prepare* decision: publish the pending notifications and commit the group
-        offsets (commit), drop the pending entries, write Complete*. False (logged) when Kafka
-        failed: the decision stays, the scan finishes it later. Idempotent (recovery may repeat it)."""
+    async def _finish(self, txn_id: str, rec: TxnRecord, version: int, *, publish_s: float = 0.0) -> bool:
+        """Carry out a Prepare* decision: publish the pending notifications (through the publish
+        path, publishing failed ones again for up to `publish_s`) and commit the group offsets
+        (commit), drop the pending entries, write Complete*. False (logged) when Kafka failed: the
+        decision stays, the scan finishes it later. Idempotent (recovery may repeat it)."""
         commit = rec.state is TxnState.PREPARE_COMMIT
         entries = await asyncio.to_thread(self.store.entries, txn_id)
         if commit:
             notes = [n for e in entries for n in e.notes]
             placed = [e.partition for e in entries for _ in e.notes]
             if notes:
-                published = await (self._publisher.publish_many(notes) if max(placed) < 0 else
-                                   self._publisher.publish_many(notes, placed))
+                published = await self._path.publish(notes, None if max(placed) < 0 else placed, within_s=publish_s)
                 failed = [r for r in published if isinstance(r, NotifyError)]
                 if failed:
                     log.warning("transaction %r: %d of %d notifications not published, retried later: %s",
