@@ -33,8 +33,8 @@ query = (spark.readStream.format("memq")
          .option("maxOffsetsPerTrigger", "100")   # batch objects per micro-batch
          .load()
          .writeStream.format("parquet")
-         .option("path", f"/tmp/memq-{topic}/data")
-         .option("checkpointLocation", f"/tmp/memq-{topic}/checkpoint")
+         .option("path", f"memq-{topic}-stream/data")                  # under the working directory
+         .option("checkpointLocation", f"memq-{topic}-stream/checkpoint")
          .trigger(availableNow=True)
          .start())
 query.awaitTermination()
