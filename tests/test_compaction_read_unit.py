@@ -1,5 +1,5 @@
 """The pure parts of reading compacted topics: compaction's Kafka settings, compacted batches
-placed in a Fetch, the log start, the keyless check, the metadata's cleanup policy, and the chaos
+placed in a Fetch, the keyless check, the metadata's cleanup policy, and the chaos
 checker's rule for compacted topics (the latest value per acked key survives)."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from memq.errors import ConfigError
 from memq.format.kafka_records import KafkaCodec, decode_kafka_entries, encode_kafka_batch, peek_kafka_batch
 from memq.format.metadata import ClusterMetadata, StorageMetadata, TopicMetadata
 from memq.kafka_api import topic_configs as tc
-from memq.kafka_api.compacted import compacted_high_watermark, compacted_log_start, keyless_records, place_batch
+from memq.kafka_api.compacted import keyless_records, place_batch
 from memq.kafka_api.offsets import first_offset
 from memq.kafka_api.topic_configs import AlterOp
 
@@ -61,13 +61,6 @@ def test_a_compacted_batch_is_placed_as_stored_with_its_offsets() -> None:
     assert place_batch(batch, bytearray(), 10, at_least_one=True, zstd=True) is not None   # KIP-74
 
 
-def test_log_start_of_a_compacted_partition_is_its_first_survivor() -> None:
-    assert compacted_log_start(5, 0, None) == first_offset(5)                 # no prefix
-    assert compacted_log_start(5, 0, first_offset(1) + 3) == first_offset(1) + 3
-    assert compacted_log_start(0, 0, first_offset(1)) == 0
-    assert compacted_log_start(5, first_offset(4), first_offset(1)) == first_offset(4)   # DeleteRecords wins
-
-
 def test_keyless_records_are_counted() -> None:
     keyed = _batch([0, 1], [b"a", b"b"])
     records = [Survivor(0, 1, None, b"x"), Survivor(1, 1, b"k", b"y")]   # type: ignore[arg-type]
@@ -96,11 +89,3 @@ def test_checker_wants_the_latest_acked_value_per_key() -> None:
     assert v.lost == ("a",) and v.unknown == ("x",) and not v.passed and v.keys == 3
     assert check_compacted(writes, {"c": "c2"}).lost == ("a",)                  # a's value is gone
     assert check_compacted(writes, {"a": "a2", "c": "c1", "b": "b1"}).lost == ()   # b1 overlapped the tombstone
-
-
-def test_a_compacted_partition_with_an_empty_tail_ends_after_its_last_survivor() -> None:
-    """Tombstones dropped at the prefix's end leave no record: the end is after the last survivor,
-    so a reader that read everything is at the end; with a tail, the plain high watermark."""
-    assert compacted_high_watermark(5, 5, 100, 5 << 24, plain=(5 << 24)) == 101
-    assert compacted_high_watermark(5, 5, None, 5 << 24, plain=(5 << 24)) == 5 << 24     # nothing survived
-    assert compacted_high_watermark(7, 5, 100, 5 << 24, plain=(6 << 24) + 3) == (6 << 24) + 3

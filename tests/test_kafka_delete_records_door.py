@@ -11,6 +11,7 @@ from tests.support.kafka_read import note, part_of, read_placed, recs
 
 from memq.broker.doors import kafka_admin_records, kafka_fetch
 from memq.broker.guard import Guard
+from memq.broker.logs import Logs
 from memq.broker.metrics import BrokerMetrics
 from memq.config import SecurityConfig
 from memq.format import Notification
@@ -82,6 +83,10 @@ class Core:
     @property
     def cluster_admin(self) -> Admin | None:
         return Admin(Registry(self)) if self.zookeeper else None
+
+    @property
+    def logs(self) -> Logs:
+        return Logs(self.reads)  # type: ignore[arg-type]
 
     def metadata(self) -> ClusterMetadata:
         t = TopicMetadata("t", "memq.c.t", 1, log_start=tuple(sorted(self.starts.items())))

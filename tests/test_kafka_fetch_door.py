@@ -11,6 +11,7 @@ import pytest
 from tests.support.kafka_read import note
 
 from memq.broker.guard import Guard
+from memq.broker.logs import Logs
 from memq.broker.metrics import BrokerMetrics
 from memq.broker.doors import kafka_fetch
 from memq.config import SecurityConfig
@@ -89,6 +90,10 @@ class FakeCore:
     guard: Guard
     broker_id: str = "b1"
     brokers: tuple[BrokerMetadata, ...] = ()
+
+    @property
+    def logs(self) -> Logs:
+        return Logs(self.reads)  # type: ignore[arg-type]
 
     def metadata(self) -> ClusterMetadata:
         return ClusterMetadata(cluster="c", broker_id="b1", kafka_bootstrap_servers="", storage=StorageMetadata(),

@@ -226,3 +226,20 @@ class PartitionLog:
     def segments_from_note(self, note: int, stop_note: int | None = None) -> Segments:
         """`segments` from the first record of notification `note` (memq's Consumer, Spark)."""
         return self.segments(self.scheme.start_of(note), stop_note)
+
+
+class TopicLogs:
+    """A topic's partition logs as the cluster metadata gives them to a reader that follows the
+    notifications itself (memq's Consumer): each partition's DeleteRecords start, from the
+    metadata's (partition, offset) pairs; a partition not named starts where its notifications do."""
+
+    def __init__(self, log_start: Iterable[tuple[int, int]] = (), scheme: OffsetScheme = SPARSE) -> None:
+        self._moved = dict(log_start)
+        self._scheme = scheme
+        self._logs: dict[int, PartitionLog] = {}
+
+    def partition(self, partition: int) -> PartitionLog:
+        plog = self._logs.get(partition)
+        if plog is None:
+            plog = self._logs[partition] = PartitionLog(moved=self._moved.get(partition, 0), scheme=self._scheme)
+        return plog
