@@ -116,3 +116,10 @@ def test_delete_records_moves_forward_within_the_log_or_is_out_of_range() -> Non
     assert log.deletion_point(high + 1) is None
     assert log.deletion_point(-2) is None
     assert log.first_offset_at(1) == start and log.first_offset_at(7) == first_offset(7)
+
+
+def test_the_plain_tail_starts_at_the_prefix_end_never_before_the_first_retained_notification() -> None:
+    """`Consumer.get` reads the tail from here before the compacted parts."""
+    assert PartitionLog(M, low=2).tail_note == 6
+    assert PartitionLog(M, low=8).tail_note == 8                  # retention overtook compaction
+    assert PartitionLog(low=3).tail_note == 3 and PartitionLog(low=0).tail_note == 0

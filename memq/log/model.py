@@ -164,6 +164,12 @@ class PartitionLog:
         holds what came before the first retained notification), else `first_note`."""
         return 0 if self.manifest is not None else self.first_note
 
+    @property
+    def tail_note(self) -> int:
+        """The first plain notification a reader of the whole log reads: the compacted prefix's
+        end (0 without one), never before `first_note`."""
+        return max(self.first_note, self.manifest.end if self.manifest is not None else 0)
+
     def deleted(self, note: int) -> bool:
         """Whether the plain notification at `note` lies wholly before DeleteRecords' start."""
         return self.moved > 0 and note < self.scheme.position_of(self.moved)[0]
