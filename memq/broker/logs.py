@@ -51,6 +51,8 @@ class Logs:
 
     async def opened(self, plog: PartitionLog, topic: TopicMetadata, partition: int, peer: object) -> PartitionLog:
         """`plog` with its compacted prefix (the topic's current manifest), no Kafka call."""
+        if "compact" not in topic.cleanup_policy:
+            return plog
         return dataclasses.replace(plog, manifest=await self._manifest(topic, partition, peer))
 
     async def read_to(self, plog: PartitionLog, topic: TopicMetadata, partition: int, note: int, index: int,
@@ -70,8 +72,8 @@ class Logs:
                 return dataclasses.replace(plog, high=note)
         low, high = marks if marks is not None else (-1, note)
         high = max(high, note + (1 if index else 0), 0)
-        return dataclasses.replace(plog, low=low, high=high, last_end=await self._end(
-            plog, ntopic, partition, high, self._reads.last_seen(ntopic, partition)))
+        last_end = await self._end(plog, ntopic, partition, high, self._reads.last_seen(ntopic, partition))
+        return PartitionLog(plog.manifest, plog.moved, low, high, last_end, plog.scheme)   # per Fetch: no replace()
 
     async def current(self, topic: TopicMetadata, partition: int, peer: object, *, end: bool = True) -> PartitionLog:
         """The log as the notification Kafka has it now (ListOffsets, DeleteRecords,
