@@ -16,6 +16,9 @@ offsets; `manifest` names it (the ZooKeeper pointer, given by `use_manifests`, t
 object), `compacted_batches` reads a part's batches from an offset, by ranged GETs through the
 same cache (the part's header and key index once, then a Message a GET).
 
+What these reads say of a partition's log (its start, its end, the segments to read) is worked
+out by the partition log model (`memq.log.model`), fed from here by `logs.Logs`.
+
 Blocking Kafka calls run on this object's own threads, so a long poll at the tail never
 starves the event loop's default executor; a tail's consumer is used by one call at a time.
 """

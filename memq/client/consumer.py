@@ -35,7 +35,7 @@ import asyncio
 import concurrent.futures
 import dataclasses
 import logging
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from functools import partial
 from typing import Protocol
@@ -228,11 +228,10 @@ class Consumer:
             return
         # librdkafka's batch consume waits its whole timeout unless it fills up: wait for one
         # notification, then take what else is already there without waiting.
-        records = self._notify.poll(wait_s, max_records=1)
-        if records:
-            records += self._notify.poll(0.0, max_records=2 * self._fetch_concurrency)
-        if self._prefix is not None:
-            records = self._enter_prefixes(self._prefix, records)
+        polled = self._notify.poll(wait_s, max_records=1)
+        if polled:
+            polled += self._notify.poll(0.0, max_records=2 * self._fetch_concurrency)
+        records: Sequence[Queued] = polled if self._prefix is None else self._enter_prefixes(self._prefix, polled)
         for r in records:
             self._offsets.fetched(r.partition, r.offset)
         self._prefetch.add(records)
