@@ -83,6 +83,9 @@ class FakeReads:
     async def readable(self, topic: str, partition: int, n: NotificationRecord) -> FramedPart:
         return self.parts[n.notification.key]
 
+    async def manifest(self, topic: str, partition: int) -> None:
+        return None   # no compacted prefix: the partition log's plain tail alone
+
 
 @dataclasses.dataclass
 class FakeCore:
@@ -93,7 +96,7 @@ class FakeCore:
 
     @property
     def logs(self) -> Logs:
-        return Logs(self.reads)  # type: ignore[arg-type]
+        return Logs(self.reads)
 
     def metadata(self) -> ClusterMetadata:
         return ClusterMetadata(cluster="c", broker_id="b1", kafka_bootstrap_servers="", storage=StorageMetadata(),
