@@ -1,21 +1,25 @@
 """The pure parts of reading compacted topics: compaction's Kafka settings, compacted batches
-placed in a Fetch, the keyless check, the metadata's cleanup policy, and the chaos
-checker's rule for compacted topics (the latest value per acked key survives)."""
+placed in a Fetch, memq's Consumer's runs of a part's survivors, the keyless check, the
+metadata's cleanup policy, and the chaos checker's rule for compacted topics (the latest value
+per acked key survives)."""
 
 from __future__ import annotations
 
 import pytest
 
 from memq.chaos.checker import KeyedWrite, check_compacted
-from memq.compaction.parts import Survivor
+from memq.client.compacted import PartRead, _decoded
+from memq.compaction.parts import Survivor, encode_part
 from memq.config import TopicConfig
 from memq.errors import ConfigError
 from memq.format.kafka_records import KafkaCodec, decode_kafka_entries, encode_kafka_batch, peek_kafka_batch
 from memq.format.metadata import ClusterMetadata, StorageMetadata, TopicMetadata
 from memq.kafka_api import topic_configs as tc
 from memq.kafka_api.compacted import keyless_records, place_batch
-from memq.kafka_api.offsets import first_offset
+from memq.kafka_api.offsets import first_offset, kafka_offset
 from memq.kafka_api.topic_configs import AlterOp
+from memq.log.model import SPARSE, PartSegment
+from memq.storage import ObjectLocation
 
 CLUSTER = "c1"
 
@@ -89,3 +93,21 @@ def test_checker_wants_the_latest_acked_value_per_key() -> None:
     assert v.lost == ("a",) and v.unknown == ("x",) and not v.passed and v.keys == 3
     assert check_compacted(writes, {"c": "c2"}).lost == ("a",)                  # a's value is gone
     assert check_compacted(writes, {"a": "a2", "c": "c1", "b": "b1"}).lost == ()   # b1 overlapped the tombstone
+
+
+def test_the_consumer_hands_a_parts_survivors_over_in_runs_of_one_notification_from_its_segment_start() -> None:
+    """memq's Consumer reads a compacted part as the partition log's segment names it: survivors
+    from the segment's start, one run per stretch of consecutive offsets of one notification, each
+    at its (notification, index) position, its producer id told apart per partition."""
+    offsets = [kafka_offset(2, 0), kafka_offset(2, 1), kafka_offset(2, 3), kafka_offset(3, 0), kafka_offset(3, 1)]
+    enc = encode_part([Survivor(o, 7, b"k%d" % i, b"v%d" % i) for i, o in enumerate(offsets)], broker_id="t",
+                      created_ms=1)
+    obj = b"".join(bytes(c) for c in enc.chunks)[:enc.size]
+    part = enc.ref(ObjectLocation("b", "p"))
+    read = PartRead(1, PartSegment(part, kafka_offset(2, 1), first_offset(4), 2, 3))
+    assert (read.offset, read.size, read.timestamp_ms) == (3, enc.size, 7)
+    runs = _decoded("t", read, SPARSE, obj)
+    assert [(r.head, r.first, [v for v, *_ in r.logs]) for _, r in runs] == [
+        (("t", 1, 2), 1, [b"v1"]), (("t", 1, 2), 3, [b"v2"]), (("t", 1, 3), 0, [b"v3", b"v4"])]
+    assert [h.sequence for h, _ in runs] == [kafka_offset(2, 1), kafka_offset(2, 3), kafka_offset(3, 0)]
+    assert len({h.producer_id for h, _ in runs}) == 1 and runs[0][0].producer_id != 0   # partition 1's id
