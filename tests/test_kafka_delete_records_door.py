@@ -46,8 +46,8 @@ class Reads:
     async def notes(self, topic: str, partition: int, offset: int, wait_s: float) -> list[NotificationRecord]:
         return [n for n in self.announced if n.offset >= offset]
 
-    async def end(self, topic: str, partition: int, last: NotificationRecord) -> int:
-        return end_offset(last.offset, last.notification.logmessage_count)
+    async def end(self, topic: str, partition: int, last: NotificationRecord) -> tuple[int, int]:
+        return last.offset, last.notification.logmessage_count
 
     async def readable(self, topic: str, partition: int, n: NotificationRecord) -> FramedPart:
         return self.parts[n.notification.key]

@@ -18,7 +18,7 @@ from memq.config import SecurityConfig
 from memq.format import LogMessage, Notification
 from memq.format.metadata import BrokerMetadata, ClusterMetadata, StorageMetadata, TopicMetadata
 from memq.kafka_api.mapping import node_id
-from memq.kafka_api.offsets import end_offset, first_offset, kafka_offset
+from memq.kafka_api.offsets import first_offset, kafka_offset
 from memq.errors import OffsetOutOfRangeError
 from memq.kafka_api.protocol import EARLIEST, LATEST, ErrorCode, FetchPartition, FetchRequest, ListOffsetsRequest
 from memq.kafka_api.records import FramedPart, frame_part
@@ -74,8 +74,8 @@ class FakeReads:
     def last_seen(self, topic: str, partition: int) -> NotificationRecord | None:
         return self.announced[-1] if self.announced else None
 
-    async def end(self, topic: str, partition: int, last: NotificationRecord) -> int:
-        return end_offset(last.offset, last.notification.logmessage_count)   # no dropped copies here
+    async def end(self, topic: str, partition: int, last: NotificationRecord) -> tuple[int, int]:
+        return last.offset, last.notification.logmessage_count   # no dropped copies here
 
     async def part(self, n: Notification) -> FramedPart:
         return self.parts[n.key]

@@ -4,8 +4,9 @@ partition's log start, high watermark and segments from.
 A `PartitionLog` is pure; what it is built from is read here, over the core's read path
 (`Reads`): the compacted prefix's manifest (`Reads.manifest`), the DeleteRecords start (the
 cluster metadata's `TopicMetadata.log_start`), the notification watermarks (as the partition's
-tail last saw them, or asked of Kafka) and the end of the last notification's part (`Reads.end`:
-without the copies a reader does not get). The Kafka door's Fetch, ListOffsets,
+tail last saw them, or asked of Kafka) and where the last record a reader gets is (`Reads.end`:
+a notification and a record count, without the copies a reader does not get; the model's offset
+scheme makes it an offset). The Kafka door's Fetch, ListOffsets,
 OffsetForLeaderEpoch and DeleteRecords ask `BrokerCore.logs`, so no family reaches into another.
 """
 
@@ -36,7 +37,7 @@ class LogReads(Protocol):
     async def watermarks(self, notification_topic: str, partition: int) -> tuple[int, int]: ...
     async def notes(self, notification_topic: str, partition: int, offset: int, wait_s: float
                     ) -> list[NotificationRecord]: ...
-    async def end(self, notification_topic: str, partition: int, last: NotificationRecord) -> int: ...
+    async def end(self, notification_topic: str, partition: int, last: NotificationRecord) -> tuple[int, int]: ...
 
 
 class Logs:
@@ -105,10 +106,11 @@ class Logs:
         if last is None or last.offset != high - 1 or (plog.manifest is not None and high <= plog.manifest.end):
             return None
         try:
-            return await self._reads.end(ntopic, partition, last)
+            note, count = await self._reads.end(ntopic, partition, last)
         except MemqError as e:   # its part unreadable now: the end as its notification counts it
             log.info("Kafka high watermark of %s[%d]: %s", ntopic, partition, e)
-            return plog.scheme.end_of(last.offset, last.notification.logmessage_count)
+            note, count = last.offset, last.notification.logmessage_count
+        return plog.scheme.end_of(note, count)
 
     async def _manifest(self, topic: TopicMetadata, partition: int, peer: object) -> Manifest | None:
         """The current manifest of a compacted topic's partition (None: not compacted, or not yet, or

@@ -44,7 +44,6 @@ from memq.errors import CorruptDataError, FormatError, ObjectNotFoundError, Offs
 from memq.format import Notification
 from memq.format.kafka_records import KafkaCodec
 from memq.kafka_api.dedup import WINDOW_NOTES, PartMessage, duplicates, part_messages
-from memq.kafka_api.offsets import first_offset, kafka_offset
 from memq.kafka_api.records import FramedPart, frame_part
 from memq.notify.consumer import NotificationConsumer, NotificationRecord
 from memq.storage import ObjectLocation, StorageHandler
@@ -363,22 +362,23 @@ class Reads:
         firsts = accumulate((m.records for m in messages), initial=0)
         return [(first, m) for i, (first, m) in enumerate(zip(firsts, messages)) if i not in drop]
 
-    async def end(self, notification_topic: str, partition: int, last: NotificationRecord) -> int:
-        """The Kafka offset just after the last record a reader gets up to `last`'s part: copies
-        dropped at the end lie past it, as no reader's position ever moves there. Looks back over
-        parts that are copies alone (at most a window's worth)."""
+    async def end(self, notification_topic: str, partition: int, last: NotificationRecord) -> tuple[int, int]:
+        """Where the last record a reader gets up to `last`'s part is: (its notification, the
+        records of that part up to and with it), the partition log's end (`logs.Logs` makes it
+        an offset). Copies dropped at the end lie past it, as no reader's position ever moves
+        there. Looks back over parts that are copies alone (at most a window's worth)."""
         n = last
         for _ in range(WINDOW_NOTES):
             messages = await self._messages(n.notification, keep_raw=True)   # readers frame it next: keep it
             drop = await self._drops(notification_topic, partition, n)
             kept = [i for i in range(len(messages)) if i not in drop]
             if kept:
-                return kafka_offset(n.offset, sum(m.records for m in messages[:kept[-1] + 1]))
+                return n.offset, sum(m.records for m in messages[:kept[-1] + 1])
             earlier = await self.notes_between(notification_topic, partition, n.offset - 1, n.offset)
             if not earlier:
                 break
             n = earlier[0]
-        return first_offset(n.offset)
+        return n.offset, 0
 
     async def _drops(self, notification_topic: str, partition: int, n: NotificationRecord) -> frozenset[int]:
         drop: frozenset[int] = await self.cache.get(
