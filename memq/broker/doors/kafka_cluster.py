@@ -22,14 +22,14 @@ from kafka.protocol.admin import (DescribeClusterRequest,
                                   DescribeLogDirsRequest, DescribeProducersRequest)
 from kafka.protocol.consumer import OffsetForLeaderEpochRequest
 
+from memq.errors import MemqError
+from memq.format.metadata import TopicMetadata
 from memq.kafka_api.cluster import (EpochAnswer, cluster_operations, controller, describe_cluster,
                                     describe_log_dirs, describe_producers, epoch_end, led_here,
                                     offset_for_leader_epoch)
 from memq.kafka_api.flexible import flex_body
 from memq.kafka_api.mapping import metadata_view, node_id
 from memq.kafka_api.messages import decode_request, encode_response
-from memq.errors import MemqError
-from memq.format.metadata import TopicMetadata
 from memq.kafka_api.protocol import ApiKey, ErrorCode, Reader, RequestHeader, decode_metadata, encode_metadata
 from memq.security.acl import CLUSTER_RESOURCE, Operation
 
@@ -138,7 +138,11 @@ def _describe_producers(conn: Conn, h: RequestHeader, req: Any) -> bytes:
         meta = topics.get(t.name)
         parts = []
         for p in t.partition_indexes:
-            error = _consume_refusal(conn, t.name, meta, p)
+            error = ErrorCode.NONE
+            if not core.guard.allowed(conn.principal, Operation.CONSUME, t.name):
+                error = ErrorCode.TOPIC_AUTHORIZATION_FAILED
+            elif meta is None or not 0 <= p < meta.read_partitions:
+                error = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
             if error:
                 log.info("Kafka DescribeProducers of %s[%d] from %s: %s", t.name, p, conn.peer, error.name)
             parts.append((p, int(error)))
