@@ -123,3 +123,8 @@ def test_the_plain_tail_starts_at_the_prefix_end_never_before_the_first_retained
     assert PartitionLog(M, low=2).tail_note == 6
     assert PartitionLog(M, low=8).tail_note == 8                  # retention overtook compaction
     assert PartitionLog(low=3).tail_note == 3 and PartitionLog(low=0).tail_note == 0
+
+
+def test_a_notification_is_in_the_prefix_below_its_end() -> None:
+    assert PartitionLog(M).in_prefix(0) and PartitionLog(M).in_prefix(5)
+    assert not PartitionLog(M).in_prefix(6) and not PartitionLog().in_prefix(0)

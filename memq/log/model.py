@@ -210,6 +210,10 @@ class PartitionLog:
 
     # --- what to read --------------------------------------------------------------------------
 
+    def in_prefix(self, note: int) -> bool:
+        """Whether notification `note` lies in the compacted prefix (a reader there reads its parts)."""
+        return self.manifest is not None and note < self.manifest.end
+
     def segments(self, offset: int, stop_note: int | None = None) -> Segments:
         """What a reader at `offset` reads, in order, up to notification `stop_note` (None: on):
         below the compacted prefix's end, its parts from the one holding the first survivor at or
@@ -217,7 +221,7 @@ class PartitionLog:
         prefix's end; past it (or without a prefix), the plain notifications from `offset`'s."""
         note, index = self.scheme.position_of(offset)
         m = self.manifest
-        if m is None or note >= m.end:
+        if m is None or not self.in_prefix(note):
             return Segments((), Tail(note, index, stop_note))
         end = m.end if stop_note is None else min(stop_note, m.end)
         hi = self.scheme.start_of(end)

@@ -161,7 +161,7 @@ async def _long_poll(core: BrokerCore, readings: list[_Reading], wait_s: float, 
 async def _read(core: BrokerCore, r: _Reading, wait_s: float, budget: list[int], peer: object) -> None:
     """Read `r`'s partition from its place, within its and the response's byte limits."""
     try:
-        if r.log.manifest is not None and r.note < r.log.manifest.end and (
+        if r.log.in_prefix(r.note) and (
                 not await _place_compacted(core, r, budget) or budget[0] <= 0 or len(r.buf) >= r.want.max_bytes):
             return
         notes = await core.reads.notes(r.notification_topic, r.want.index, r.note, wait_s)
