@@ -121,6 +121,7 @@ async def fetch(core: BrokerCore, principal: str | None, req: FetchRequest, peer
         if not r.out.error:
             ended = await core.logs.read_to(r.log, r.topic, r.want.index, r.note, r.index, peer)
             r.out.high_watermark, r.out.log_start = ended.high_watermark, ended.log_start
+            r.out.last_stable_offset = ended.last_stable_offset
             r.out.records = r.buf
     return answer
 
