@@ -100,18 +100,19 @@ def part_refs(m: Manifest, partition: int, start: int, stop: int) -> list[BatchR
 
 def read_ranges(nlog: NotificationLog, ranges: Mapping[int, tuple[int, int | None]], lows: Mapping[int, int],
                 manifests: Mapping[int, Manifest], *, exact: bool = False) -> dict[int, list[BatchRef]]:
-    """The batches of notifications [start, stop) of each partition (stop None: the end): a
-    compacted prefix's parts below its `end`, then the plain notifications, whose start is
-    checked against the first one Kafka keeps (`lows`; `NotificationLog.check_start`)."""
+    """The batches of notifications [start, stop) of each partition (stop None: the end), as the
+    partition log's segments: a compacted prefix's parts below its `end`, then the plain
+    notifications, whose start is checked against the log's first notification (the first one
+    Kafka keeps, `lows`; `NotificationLog.check_start`)."""
     prefix: dict[int, list[BatchRef]] = {}
     plain: dict[int, tuple[int, int | None]] = {}
     for p, (start, stop) in ranges.items():
-        plog = PartitionLog(manifests.get(p))
+        plog = PartitionLog(manifests.get(p), low=lows[p])
         segments = plog.segments_from_note(start, stop)
         if segments.in_prefix:
             prefix[p] = _refs(plog, segments, p, start)
         if segments.tail is not None:
-            plain[p] = (nlog.check_start(p, segments.tail.note, lows[p]), stop)
+            plain[p] = (nlog.check_start(p, segments.tail.note, plog.first_note), stop)
     groups = nlog.read(plain, exact=exact)
     return {p: prefix.get(p, []) + groups.get(p, []) for p in ranges}
 
