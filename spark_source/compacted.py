@@ -2,10 +2,13 @@
 
 A read partition of a compacted topic is its compacted prefix (notifications [0, end), held by
 the parts its manifest lists) and the plain tail from notification `end`. The driver reads each
-partition's manifest pointer in ZooKeeper (uncached: once per plan) and the manifest it names;
-a range of notifications [start, stop) then becomes the parts holding survivors of Kafka offsets
-[first_offset(start), first_offset(min(stop, end))) and, past `end`, the plain notifications.
-Reading from earliest so gives each key's latest value plus the tail. A survivor's row keeps
+partition's manifest pointer in ZooKeeper (uncached: once per plan) and the manifest it names
+(this is Spark's feed of the partition log model, `memq.log.model`); the model then turns a range
+of notifications [start, stop) into its segments: the parts holding survivors of offsets
+[start's first, min(stop, end)'s first) and, past `end`, the plain notifications. Reading from
+earliest (the model's `start_note`) so gives each key's latest value plus the tail. A part is
+decoded by compaction's one decoder (`memq.compaction.parts.decode_part`), as memq's Consumer
+decodes it, and its survivors made columns here. A survivor's row keeps
 the columns a plain read gives it: `offset` its notification offset, `index` its place in that
 notification's part (both from its original Kafka offset), a tombstone's `value` null.
 
@@ -23,11 +26,12 @@ import numpy as np
 import pyarrow as pa
 
 from memq.compaction.manifest import Manifest, ManifestCache, ManifestPointer, ManifestPointers
-from memq.compaction.parts import Survivor, message_survivors
-from memq.format import BatchHeader, MessageHeader, decode_batch_header, decode_message_header
+from memq.compaction import parts
+from memq.compaction.parts import Survivor
+from memq.format import BatchHeader, MessageHeader
 from memq.format.codec import Compressors
 from memq.governor.registry import Registry
-from memq.kafka_api.offsets import first_offset, split_offset
+from memq.log.model import PartitionLog, Segments
 from memq.storage import make_storage
 from spark_source.options import SourceOptions
 from spark_source.plan import BatchRef, NotificationLog
@@ -76,34 +80,39 @@ class Prefixes:
 
 
 def earliest(lows: Mapping[int, int], manifests: Mapping[int, Manifest]) -> dict[int, int]:
-    """Where each partition's log starts: 0 where a compacted prefix holds what came before
-    the first notification Kafka still keeps."""
-    return {p: 0 if p in manifests else low for p, low in lows.items()}
+    """Where each partition's log starts, in notifications (the model's `start_note`): 0 where a
+    compacted prefix holds what came before the first notification Kafka still keeps."""
+    return {p: PartitionLog(manifests.get(p), low=low).start_note for p, low in lows.items()}
+
+
+def _refs(plog: PartitionLog, segments: Segments, partition: int, start: int) -> list[BatchRef]:
+    lo = plog.scheme.start_of(start)
+    return [BatchRef(partition, seg.first_note, seg.part.location, seg.part.size, seg.part.min_timestamp_ms,
+                     seg.part.max_timestamp_ms, seg.part.crc32c, kafka_range=(lo, seg.stop))
+            for seg in segments.parts]
 
 
 def part_refs(m: Manifest, partition: int, start: int, stop: int) -> list[BatchRef]:
     """The parts of `m` holding survivors of notifications [start, stop) (stop <= m.end), in order."""
-    lo, hi = first_offset(start), first_offset(min(stop, m.end))
-    return [BatchRef(partition, split_offset(max(lo, part.first_offset))[0], part.location, part.size,
-                     part.min_timestamp_ms, part.max_timestamp_ms, part.crc32c, kafka_range=(lo, hi))
-            for part in m.parts_from(lo) if part.first_offset < hi]
+    plog = PartitionLog(m)
+    return _refs(plog, plog.segments_from_note(start, stop), partition, start)
 
 
 def read_ranges(nlog: NotificationLog, ranges: Mapping[int, tuple[int, int | None]], lows: Mapping[int, int],
                 manifests: Mapping[int, Manifest], *, exact: bool = False) -> dict[int, list[BatchRef]]:
-    """The batches of notifications [start, stop) of each partition (stop None: the end): a
-    compacted prefix's parts below its `end`, then the plain notifications, whose start is
-    checked against the first one Kafka keeps (`lows`; `NotificationLog.check_start`)."""
+    """The batches of notifications [start, stop) of each partition (stop None: the end), as the
+    partition log's segments: a compacted prefix's parts below its `end`, then the plain
+    notifications, whose start is checked against the log's first notification (the first one
+    Kafka keeps, `lows`; `NotificationLog.check_start`)."""
     prefix: dict[int, list[BatchRef]] = {}
     plain: dict[int, tuple[int, int | None]] = {}
     for p, (start, stop) in ranges.items():
-        m = manifests.get(p)
-        if m is not None and start < m.end:
-            prefix[p] = part_refs(m, p, start, m.end if stop is None else stop)
-            if stop is not None and stop <= m.end:
-                continue
-            start = m.end
-        plain[p] = (nlog.check_start(p, start, lows[p]), stop)
+        plog = PartitionLog(manifests.get(p), low=lows[p])
+        segments = plog.segments_from_note(start, stop)
+        if segments.in_prefix:
+            prefix[p] = _refs(plog, segments, p, start)
+        if segments.tail is not None:
+            plain[p] = (nlog.check_start(p, segments.tail.note, plog.first_note), stop)
     groups = nlog.read(plain, exact=exact)
     return {p: prefix.get(p, []) + groups.get(p, []) for p in ranges}
 
@@ -135,16 +144,13 @@ class SurvivorColumns:
 
 def decode_part(obj: bytes, *, compressors: Compressors | None = None
                 ) -> tuple[BatchHeader, list[tuple[MessageHeader, SurvivorColumns]]]:
-    """A compacted part's Batch (verified by the reader) as columns per Message. Each Message's
-    header takes its first survivor's Kafka offset as sequence: with the compactor's producer
-    id, rows' MESSAGE_ID_COLUMNS then tell every survivor apart."""
-    header = decode_batch_header(obj)
-    view = memoryview(obj)
+    """A compacted part's Batch (verified by the reader) as columns per Message (`parts.decode_part`).
+    Each Message's header takes its first survivor's Kafka offset as sequence: with the
+    compactor's producer id, rows' MESSAGE_ID_COLUMNS then tell every survivor apart."""
+    header, messages = parts.decode_part(obj)
     out = []
-    for lo, hi in header.message_ranges:
-        msg = view[lo:hi]
-        columns = SurvivorColumns(message_survivors(msg))
-        mh = decode_message_header(msg)
+    for mh, survivors in messages:
+        columns = SurvivorColumns(survivors)
         if len(columns):
             mh = dataclasses.replace(mh, sequence=int(columns.offsets[0]))
         out.append((mh, columns))

@@ -8,7 +8,7 @@ import struct
 import pytest
 
 from memq.compaction.manifest import Manifest, ManifestPointer
-from memq.compaction.parts import (Survivor, decode_index, encode_part, kafka_batch, message_survivors,
+from memq.compaction.parts import (Survivor, decode_index, decode_part, encode_part, kafka_batch, message_survivors,
                                    part_survivors, plain_survivors)
 from memq.compaction.read import PartReader
 from memq.errors import CorruptDataError, CoordinationError, InvalidInputError
@@ -38,6 +38,19 @@ def test_round_trip_keeps_offsets_timestamps_headers_and_tombstones() -> None:
     assert (e.records, e.tombstones, e.first_offset, e.last_offset) == (300, 30, sv[0].offset, sv[-1].offset)
     header, msgs = decode_batch(data[:e.size])        # memq's own decoder reads a part as any object
     assert sum(len(r) for _, r in msgs) == 300 and header.message_count >= 6
+
+
+def test_one_decoder_gives_each_messages_header_and_its_survivors_from_an_offset() -> None:
+    """The decoder memq's Consumer and Spark share: a Message whose survivors all lie before the
+    start keeps its place with none."""
+    sv = survivors(120)
+    data, e = obj(sv, records_per_batch=50)
+    header, messages = decode_part(data)
+    assert header.message_count == len(messages) == 3
+    assert [len(s) for _, s in messages] == [50, 50, 20] and [x for _, s in messages for x in s] == sv
+    assert all(h.producer_id == 0 for h, _ in messages)                  # the compactor's Messages
+    _, later = decode_part(data, sv[60].offset)
+    assert [len(s) for _, s in later] == [0, 40, 20] and later[1][1][0] == sv[60]
 
 
 def test_each_message_is_one_kafka_batch_with_original_offsets() -> None:

@@ -1,21 +1,25 @@
 """The pure parts of reading compacted topics: compaction's Kafka settings, compacted batches
-placed in a Fetch, the log start, the keyless check, the metadata's cleanup policy, and the chaos
-checker's rule for compacted topics (the latest value per acked key survives)."""
+placed in a Fetch, memq's Consumer's runs of a part's survivors, the keyless check, the
+metadata's cleanup policy, and the chaos checker's rule for compacted topics (the latest value
+per acked key survives)."""
 
 from __future__ import annotations
 
 import pytest
 
 from memq.chaos.checker import KeyedWrite, check_compacted
-from memq.compaction.parts import Survivor
+from memq.client.compacted import PartRead, _decoded
+from memq.compaction.parts import Survivor, encode_part
 from memq.config import TopicConfig
 from memq.errors import ConfigError
 from memq.format.kafka_records import KafkaCodec, decode_kafka_entries, encode_kafka_batch, peek_kafka_batch
 from memq.format.metadata import ClusterMetadata, StorageMetadata, TopicMetadata
 from memq.kafka_api import topic_configs as tc
-from memq.kafka_api.compacted import compacted_high_watermark, compacted_log_start, keyless_records, place_batch
-from memq.kafka_api.offsets import first_offset
+from memq.kafka_api.compacted import keyless_records, place_batch
+from memq.kafka_api.offsets import first_offset, kafka_offset
 from memq.kafka_api.topic_configs import AlterOp
+from memq.log.model import SPARSE, PartSegment
+from memq.storage import ObjectLocation
 
 CLUSTER = "c1"
 
@@ -61,13 +65,6 @@ def test_a_compacted_batch_is_placed_as_stored_with_its_offsets() -> None:
     assert place_batch(batch, bytearray(), 10, at_least_one=True, zstd=True) is not None   # KIP-74
 
 
-def test_log_start_of_a_compacted_partition_is_its_first_survivor() -> None:
-    assert compacted_log_start(5, 0, None) == first_offset(5)                 # no prefix
-    assert compacted_log_start(5, 0, first_offset(1) + 3) == first_offset(1) + 3
-    assert compacted_log_start(0, 0, first_offset(1)) == 0
-    assert compacted_log_start(5, first_offset(4), first_offset(1)) == first_offset(4)   # DeleteRecords wins
-
-
 def test_keyless_records_are_counted() -> None:
     keyed = _batch([0, 1], [b"a", b"b"])
     records = [Survivor(0, 1, None, b"x"), Survivor(1, 1, b"k", b"y")]   # type: ignore[arg-type]
@@ -98,9 +95,19 @@ def test_checker_wants_the_latest_acked_value_per_key() -> None:
     assert check_compacted(writes, {"a": "a2", "c": "c1", "b": "b1"}).lost == ()   # b1 overlapped the tombstone
 
 
-def test_a_compacted_partition_with_an_empty_tail_ends_after_its_last_survivor() -> None:
-    """Tombstones dropped at the prefix's end leave no record: the end is after the last survivor,
-    so a reader that read everything is at the end; with a tail, the plain high watermark."""
-    assert compacted_high_watermark(5, 5, 100, 5 << 24, plain=(5 << 24)) == 101
-    assert compacted_high_watermark(5, 5, None, 5 << 24, plain=(5 << 24)) == 5 << 24     # nothing survived
-    assert compacted_high_watermark(7, 5, 100, 5 << 24, plain=(6 << 24) + 3) == (6 << 24) + 3
+def test_the_consumer_hands_a_parts_survivors_over_in_runs_of_one_notification_from_its_segment_start() -> None:
+    """memq's Consumer reads a compacted part as the partition log's segment names it: survivors
+    from the segment's start, one run per stretch of consecutive offsets of one notification, each
+    at its (notification, index) position, its producer id told apart per partition."""
+    offsets = [kafka_offset(2, 0), kafka_offset(2, 1), kafka_offset(2, 3), kafka_offset(3, 0), kafka_offset(3, 1)]
+    enc = encode_part([Survivor(o, 7, b"k%d" % i, b"v%d" % i) for i, o in enumerate(offsets)], broker_id="t",
+                      created_ms=1)
+    obj = b"".join(bytes(c) for c in enc.chunks)[:enc.size]
+    part = enc.ref(ObjectLocation("b", "p"))
+    read = PartRead(1, PartSegment(part, kafka_offset(2, 1), first_offset(4), 2, 3))
+    assert (read.offset, read.size, read.timestamp_ms) == (3, enc.size, 7)
+    runs = _decoded("t", read, SPARSE, obj)
+    assert [(r.head, r.first, [v for v, *_ in r.logs]) for _, r in runs] == [
+        (("t", 1, 2), 1, [b"v1"]), (("t", 1, 2), 3, [b"v2"]), (("t", 1, 3), 0, [b"v3", b"v4"])]
+    assert [h.sequence for h, _ in runs] == [kafka_offset(2, 1), kafka_offset(2, 3), kafka_offset(3, 0)]
+    assert len({h.producer_id for h, _ in runs}) == 1 and runs[0][0].producer_id != 0   # partition 1's id

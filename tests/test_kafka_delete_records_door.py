@@ -11,6 +11,7 @@ from tests.support.kafka_read import note, part_of, read_placed, recs
 
 from memq.broker.doors import kafka_admin_records, kafka_fetch
 from memq.broker.guard import Guard
+from memq.broker.logs import Logs
 from memq.broker.metrics import BrokerMetrics
 from memq.config import SecurityConfig
 from memq.format import Notification
@@ -45,14 +46,17 @@ class Reads:
     async def notes(self, topic: str, partition: int, offset: int, wait_s: float) -> list[NotificationRecord]:
         return [n for n in self.announced if n.offset >= offset]
 
-    async def end(self, topic: str, partition: int, last: NotificationRecord) -> int:
-        return end_offset(last.offset, last.notification.logmessage_count)
+    async def end(self, topic: str, partition: int, last: NotificationRecord) -> tuple[int, int]:
+        return last.offset, last.notification.logmessage_count
 
     async def readable(self, topic: str, partition: int, n: NotificationRecord) -> FramedPart:
         return self.parts[n.notification.key]
 
     async def part(self, n: Notification) -> FramedPart:
         return self.parts[n.key]
+
+    async def manifest(self, topic: str, partition: int) -> None:
+        return None   # no compacted prefix: the partition log's plain tail alone
 
 
 class Registry:
@@ -82,6 +86,10 @@ class Core:
     @property
     def cluster_admin(self) -> Admin | None:
         return Admin(Registry(self)) if self.zookeeper else None
+
+    @property
+    def logs(self) -> Logs:
+        return Logs(self.reads)
 
     def metadata(self) -> ClusterMetadata:
         t = TopicMetadata("t", "memq.c.t", 1, log_start=tuple(sorted(self.starts.items())))

@@ -11,13 +11,14 @@ import pytest
 from tests.support.kafka_read import note
 
 from memq.broker.guard import Guard
+from memq.broker.logs import Logs
 from memq.broker.metrics import BrokerMetrics
 from memq.broker.doors import kafka_fetch
 from memq.config import SecurityConfig
 from memq.format import LogMessage, Notification
 from memq.format.metadata import BrokerMetadata, ClusterMetadata, StorageMetadata, TopicMetadata
 from memq.kafka_api.mapping import node_id
-from memq.kafka_api.offsets import end_offset, first_offset, kafka_offset
+from memq.kafka_api.offsets import first_offset, kafka_offset
 from memq.errors import OffsetOutOfRangeError
 from memq.kafka_api.protocol import EARLIEST, LATEST, ErrorCode, FetchPartition, FetchRequest, ListOffsetsRequest
 from memq.kafka_api.records import FramedPart, frame_part
@@ -73,14 +74,17 @@ class FakeReads:
     def last_seen(self, topic: str, partition: int) -> NotificationRecord | None:
         return self.announced[-1] if self.announced else None
 
-    async def end(self, topic: str, partition: int, last: NotificationRecord) -> int:
-        return end_offset(last.offset, last.notification.logmessage_count)   # no dropped copies here
+    async def end(self, topic: str, partition: int, last: NotificationRecord) -> tuple[int, int]:
+        return last.offset, last.notification.logmessage_count   # no dropped copies here
 
     async def part(self, n: Notification) -> FramedPart:
         return self.parts[n.key]
 
     async def readable(self, topic: str, partition: int, n: NotificationRecord) -> FramedPart:
         return self.parts[n.notification.key]
+
+    async def manifest(self, topic: str, partition: int) -> None:
+        return None   # no compacted prefix: the partition log's plain tail alone
 
 
 @dataclasses.dataclass
@@ -89,6 +93,10 @@ class FakeCore:
     guard: Guard
     broker_id: str = "b1"
     brokers: tuple[BrokerMetadata, ...] = ()
+
+    @property
+    def logs(self) -> Logs:
+        return Logs(self.reads)
 
     def metadata(self) -> ClusterMetadata:
         return ClusterMetadata(cluster="c", broker_id="b1", kafka_bootstrap_servers="", storage=StorageMetadata(),

@@ -1,5 +1,6 @@
-"""DeleteRecords' log start without I/O: where it moves (`kafka_api.log_start`), how memq's Consumer
-applies it (`client.log_start`, `position_policy`), and how the registry and the metadata carry it."""
+"""DeleteRecords' log start without I/O: how memq's Consumer applies it (the partition logs of
+`memq.log.model.TopicLogs`, `position_policy`, `consumer_record.trim`), and how the registry and
+the metadata carry it. (Where it moves: `tests/test_partition_log_unit.py`.)"""
 
 from __future__ import annotations
 
@@ -10,49 +11,29 @@ from collections.abc import Iterable
 import pytest
 from tests.support.consumer_fakes import batch, recs
 
-from memq.client.consumer_record import build_records
-from memq.client.log_start import LogStarts, trim
+from memq.client.consumer_record import build_records, trim
 from memq.client.position_policy import PositionPolicy, RangeCheck, Reset
 from memq.client.reader import DataLossPolicy
 from memq.errors import CoordinationError, CorruptDataError, DataLossError, OffsetOutOfRangeError
 from memq.format.batch import decode_batch_rows
 from memq.format.metadata import ClusterMetadata, StorageMetadata, TopicMetadata
 from memq.governor.registry import log_starts_from_json, log_starts_to_json
-from memq.kafka_api.log_start import deletion_point, log_start, moved_start
 from memq.kafka_api.offsets import first_offset, kafka_offset
+from memq.log.model import TopicLogs
 
 log = logging.getLogger("test.log_start")
 
 
-# --- kafka_api.log_start -----------------------------------------------------------------------
-
-
-def test_the_log_start_is_the_later_of_retention_and_delete_records() -> None:
-    assert moved_start(((0, 5), (2, 9)), 2) == 9 and moved_start(((0, 5),), 1) == 0
-    assert log_start(3, 0) == first_offset(3)
-    assert log_start(3, kafka_offset(4, 7)) == kafka_offset(4, 7)
-    assert log_start(5, kafka_offset(4, 7)) == first_offset(5)     # retention went further
-    assert log_start(-1, 0) == 0
-
-
-def test_delete_records_moves_forward_within_the_log_or_is_out_of_range() -> None:
-    start, high = kafka_offset(2, 3), kafka_offset(9, 40)
-    assert deletion_point(kafka_offset(5, 1), start, high) == kafka_offset(5, 1)
-    assert deletion_point(-1, start, high) == high                  # -1: the high watermark
-    assert deletion_point(high, start, high) == high
-    assert deletion_point(first_offset(1), start, high) == start   # never backwards
-    assert deletion_point(high + 1, start, high) is None
-    assert deletion_point(-2, start, high) is None
-
-
-# --- client.log_start and the position policy --------------------------------------------------
+# --- the Consumer's partition logs and the position policy --------------------------------------------------
 
 
 def test_log_starts_split_kafka_offsets_into_notification_and_index() -> None:
-    starts = LogStarts.of([(0, kafka_offset(4, 2)), (1, first_offset(7))])
-    assert (starts.first_note(0), starts.first_note(1), starts.first_note(2)) == (4, 7, 0)
-    assert starts.deleted(0, 3) and not starts.deleted(0, 4) and not starts.deleted(2, 0)
-    assert (starts.skip(0, 4), starts.skip(0, 5), starts.skip(1, 7)) == (2, 0, 0)
+    logs = TopicLogs([(0, kafka_offset(4, 2)), (1, first_offset(7))])
+    p0, p1, p2 = logs.partition(0), logs.partition(1), logs.partition(2)
+    assert (p0.first_note, p1.first_note, p2.first_note) == (4, 7, 0)
+    assert p0.deleted(3) and not p0.deleted(4) and not p2.deleted(0)
+    assert (p0.skip(4), p0.skip(5), p1.skip(7)) == (2, 0, 0)
+    assert logs.partition(0) is p0                                      # one per partition
 
 
 def test_trim_drops_the_records_before_the_start_and_keeps_the_later_ones_at_their_indexes() -> None:
@@ -67,16 +48,16 @@ def test_trim_drops_the_records_before_the_start_and_keeps_the_later_ones_at_the
     assert [h.producer_id for h, _ in trim(built, 3)] == [8, 9]     # a Message wholly before the start goes
 
 
-def policy(reset: str = "earliest", starts: LogStarts = LogStarts()) -> PositionPolicy:
+def policy(reset: str = "earliest", starts: TopicLogs | None = None) -> PositionPolicy:
     return PositionPolicy("t", "memq.t", "g", reset, None, DataLossPolicy(skip=False, logger=log, hint=""),  # type: ignore[arg-type]
-                          starts)
+                          starts or TopicLogs())
 
 
 def test_a_batch_before_the_log_start_is_expired_not_lost() -> None:
     objects: dict[str, bytes] = {}
     rec = batch("k", [(1, 0, recs("a"))], 3, objects)
     gone = DataLossError("before the log start")
-    starts = LogStarts.of([(0, kafka_offset(5, 1))])
+    starts = TopicLogs([(0, kafka_offset(5, 1))])
     assert policy(starts=starts).lost(rec, gone, 0) == "expired"
     with pytest.raises(OffsetOutOfRangeError, match="log start") as e:
         policy("error", starts).lost(rec, gone, 0)
@@ -97,7 +78,7 @@ class Log:
 
 
 def test_a_committed_position_before_the_log_start_resets_as_behind_retention() -> None:
-    check = RangeCheck(policy(starts=LogStarts.of([(0, kafka_offset(6, 3)), (1, first_offset(2))])))
+    check = RangeCheck(policy(starts=TopicLogs([(0, kafka_offset(6, 3)), (1, first_offset(2))])))
     check.add([0, 1, 2])
     assert list(check.resets(Log({0: 4, 1: 2, 2: 1}, low=1, high=9))) == [Reset(0, 6, expired=2)]
 

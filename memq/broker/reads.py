@@ -20,6 +20,9 @@ The broker's compactor reads through here too (`memq.compaction.run.CompactionRe
 partition's notifications from the compacted end (`notes_from`, on a consumer of their own, so
 the tails stay where their readers are) and the dirty parts through the cache (`part_bytes`).
 
+What these reads say of a partition's log (its start, its end, the segments to read) is worked
+out by the partition log model (`memq.log.model`), fed from here by `logs.Logs`.
+
 Blocking Kafka calls run on this object's own threads, so a long poll at the tail never
 starves the event loop's default executor; a tail's consumer is used by one call at a time.
 """
@@ -45,7 +48,6 @@ from memq.errors import CorruptDataError, FormatError, NotifyError, ObjectNotFou
 from memq.format import Notification
 from memq.format.kafka_records import KafkaCodec
 from memq.kafka_api.dedup import WINDOW_NOTES, PartMessage, duplicates, part_messages
-from memq.kafka_api.offsets import first_offset, kafka_offset
 from memq.kafka_api.records import FramedPart, frame_part, framing_codec
 from memq.notify.consumer import NotificationConsumer, NotificationRecord
 from memq.storage import ObjectLocation, StorageHandler
@@ -368,22 +370,23 @@ class Reads:
         firsts = accumulate((m.records for m in messages), initial=0)
         return [(first, m) for i, (first, m) in enumerate(zip(firsts, messages)) if i not in drop]
 
-    async def end(self, notification_topic: str, partition: int, last: NotificationRecord) -> int:
-        """The Kafka offset just after the last record a reader gets up to `last`'s part: copies
-        dropped at the end lie past it, as no reader's position ever moves there. Looks back over
-        parts that are copies alone (at most a window's worth)."""
+    async def end(self, notification_topic: str, partition: int, last: NotificationRecord) -> tuple[int, int]:
+        """Where the last record a reader gets up to `last`'s part is: (its notification, the
+        records of that part up to and with it), the partition log's end (`logs.Logs` makes it
+        an offset). Copies dropped at the end lie past it, as no reader's position ever moves
+        there. Looks back over parts that are copies alone (at most a window's worth)."""
         n = last
         for _ in range(WINDOW_NOTES):
             messages = await self._messages(n.notification, keep_raw=True)   # readers frame it next: keep it
             drop = await self._drops(notification_topic, partition, n)
             kept = [i for i in range(len(messages)) if i not in drop]
             if kept:
-                return kafka_offset(n.offset, sum(m.records for m in messages[:kept[-1] + 1]))
+                return n.offset, sum(m.records for m in messages[:kept[-1] + 1])
             earlier = await self.notes_between(notification_topic, partition, n.offset - 1, n.offset)
             if not earlier:
                 break
             n = earlier[0]
-        return first_offset(n.offset)
+        return n.offset, 0
 
     async def _drops(self, notification_topic: str, partition: int, n: NotificationRecord) -> frozenset[int]:
         drop: frozenset[int] = await self.cache.get(

@@ -16,6 +16,7 @@ from .admission import Admission
 from .cluster_admin import ClusterAdmin
 from .groups import Groups
 from .guard import Guard
+from .logs import Logs
 from .metrics import BrokerMetrics
 from .reads import Reads
 from .share.service import Shares
@@ -43,6 +44,10 @@ class BrokerCore(Protocol):
     @property
     def reads(self) -> Reads:
         """The read path: notifications by partition and parts as Kafka batches, through the read cache."""
+
+    @property
+    def logs(self) -> Logs:
+        """Partition logs: their log start, high watermark and segments (`memq.log.model`), fed from `reads`."""
 
     @property
     def groups(self) -> Groups:

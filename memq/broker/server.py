@@ -51,6 +51,7 @@ from .placed import PlacedTopic
 from .processor import TopicProcessor
 from .publish import Publisher, PublishPath
 from .read_cache import ReadCache
+from .logs import Logs
 from .reads import Reads
 from .share.metrics import register as register_share_metrics
 from .share.service import Shares
@@ -85,6 +86,7 @@ class Broker:
         self._kafka: KafkaListener | None = None   # broker.kafka_port >= 0: the Kafka wire protocol
         self._kafka_audit: AuditEmitter | None = None
         self._reads: Reads | None = None   # made on start, with the storage
+        self._logs: Logs | None = None     # ... over the reads
         self._shares: Shares | None = None   # made on start: share groups on the Kafka listener
         self._share_registry: Registry | None = None   # ZooKeeper for share groups and transactions
         self._txns: Transactions | None = None   # made on start, with the publisher
@@ -126,6 +128,7 @@ class Broker:
         # every notification, a storage group's parts and a transaction's at its commit alike
         self._path = PublishPath(self._publisher, self.metrics, clock=self._clock,
                                  republish_s=bc.notify_retry_ms / 1000, reads=self._reads)
+        self._logs = Logs(self._reads)
         if bc.kafka_port >= 0:
             # Kafka clients carry no memq audit emitter: the broker reports their Messages.
             self._kafka_audit = make_audit_sink(self.config, client_id=f"memq-broker-{self.broker_id}-audit")
@@ -349,6 +352,11 @@ class Broker:
     def reads(self) -> Reads:
         assert self._reads is not None, "start() first"
         return self._reads
+
+    @property
+    def logs(self) -> Logs:
+        assert self._logs is not None, "start() first"
+        return self._logs
 
     def hosted(self) -> list[str]:
         return sorted(self._processors)

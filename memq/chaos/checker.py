@@ -16,7 +16,8 @@ read_committed reader reading from the start gets every committed record exactly
 
 A compacted topic keeps only the latest record per key, so "every acked record is reachable"
 does not hold there by design; its rule is `check_compacted`: reading the topic from earliest
-(the compacted prefix, then the tail), the last record of each key is the key's latest acked
+(the compacted prefix, then the tail: the partition log model's segments, `memq.log.model`, as
+memq's Consumer reads them in the workload), the last record of each key is the key's latest acked
 write, or one that may have been ordered after it (it was not done before that write began);
 a key whose latest acked write is a tombstone may be absent. With several read partitions the
 rule holds per partition: records are placed by key (memq.client.placement, the Kafka door takes

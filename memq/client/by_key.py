@@ -1,6 +1,7 @@
 """One key's latest value in a compacted topic, without scanning it (`memq get`, `Consumer.get`).
 
-Per read partition: the plain tail (notifications from the manifest's `end`) newest first, at most
+Per read partition: the plain tail (the partition log model's `tail_note` on: notifications from
+the manifest's `end`, `memq.log.model`) newest first, at most
 `max_tail_notes` of them (the tail is what compaction has not reached: short while compaction
 keeps up); then, if the key is not there, the compacted parts' key indexes, newest part first
 (`memq.compaction.read.PartReader`: one ranged GET for a part's header and index, kept, then
@@ -17,10 +18,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from memq.compaction.manifest import Manifest, ManifestCache, ManifestPointer, ManifestPointers
+from memq.compaction.manifest import Manifest, ManifestCache, ManifestPointers
 from memq.compaction.parts import Survivor, plain_survivors
 from memq.compaction.read import PartReader
 from memq.errors import ConsumerError
+from memq.log.model import PartitionLog
 from memq.notify import NotificationConsumer, NotificationRecord
 from memq.storage import ObjectLocation
 
@@ -49,11 +51,11 @@ class KeyValue:
 
 @dataclass(frozen=True, slots=True)
 class _Partition:
-    """What a lookup reads of one partition: its manifest pointer and tail notifications (newest
-    last), `whole` unless the tail is longer than the bound."""
+    """What a lookup reads of one partition: its manifest and tail notifications (newest last),
+    `whole` unless the tail is longer than the bound."""
 
     partition: int
-    pointer: ManifestPointer | None
+    manifest: Manifest | None
     tail: Sequence[NotificationRecord]
     whole: bool
 
@@ -84,10 +86,11 @@ class KeyLookup:
 
     def _partition(self, partition: int, timeout_s: float) -> _Partition:
         pointer = None if self._pointers is None else self._pointers.get(self.topic, partition)
+        manifest = None if pointer is None else self._fetch.run(self._manifests.load(pointer), timeout_s)
         low, high = self._notes.watermarks(partition)
-        end = max(low, pointer.end if pointer is not None else 0)
+        end = PartitionLog(manifest, low=low, high=high).tail_note
         start = max(end, high - self._max_tail)
-        return _Partition(partition, pointer, self._read_notes(partition, start, high, timeout_s)
+        return _Partition(partition, manifest, self._read_notes(partition, start, high, timeout_s)
                           if start < high else [], start == end)
 
     def _read_notes(self, partition: int, start: int, high: int, timeout_s: float) -> list[NotificationRecord]:
@@ -116,10 +119,9 @@ class KeyLookup:
             raise ConsumerError(f"topic {self.topic} read partition {p.partition}: key not in the newest "
                                 f"{len(p.tail)} notifications of its plain tail, which is longer (compaction is "
                                 "behind): not answered from older data")
-        if p.pointer is None:
+        if p.manifest is None:
             return None
-        manifest: Manifest = await self._manifests.load(p.pointer)
-        hit = await self._parts.get(manifest, key)
+        hit = await self._parts.get(p.manifest, key)
         return None if hit is None else _value(p.partition, hit)
 
     async def _in_plain(self, rec: NotificationRecord, key: bytes) -> Survivor | None:

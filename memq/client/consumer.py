@@ -20,11 +20,12 @@ commit metadata to carry the state in).
 
 The Consumer coordinates its parts, each with one job: `prefetch` (what to fetch ahead
 within the byte budget), `handover` (what `poll()` returns, duplicates dropped),
-`position_policy` (offset-range resets, expiry versus data loss, with `log_start`: where
-DeleteRecords moved a partition's start, as the metadata said when the Consumer was made),
+`position_policy` (offset-range resets, expiry versus data loss, with the partition logs'
+DeleteRecords starts, `memq.log.model.TopicLogs`, as the metadata said when the Consumer was made),
 `commits`, `broker_source` (each part through a broker's read cache near the tail, from storage
 far behind it, by `read_path`), `random_access` (`read()`), `compacted` (a compacted topic's prefix, read where the
-position is below its compacted end: the latest record per key, original offsets) and `by_key`
+position is below its compacted end, by the partition log model's segments: the latest record per
+key, original offsets) and `by_key`
 (`get()`: one key's latest value); `positions` keeps the offsets.
 """
 
@@ -32,8 +33,9 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import dataclasses
 import logging
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from functools import partial
 from typing import Protocol
@@ -43,14 +45,13 @@ from memq.client._auth import BrokerAuth
 from memq.client.broker_source import BrokerParts
 from memq.client.by_key import KeyLookup, KeyValue
 from memq.client.commits import Committer
-from memq.client.compacted import CompactedRecord, Prefix
-from memq.client.consumer_record import ConsumerRecord, DecodedBatch, batch_pointer, build_records
+from memq.client.compacted import PartRead, Prefix
+from memq.client.consumer_record import ConsumerRecord, DecodedBatch, batch_pointer, build_records, trim
 from memq.client.handover import ConsumedSink, Handover
-from memq.client.log_start import LogStarts, trim
 from memq.client.metrics import ConsumerMetrics
 from memq.client.position_policy import PositionPolicy, RangeCheck
 from memq.client.positions import Offsets, SequenceTracker
-from memq.client.prefetch import Fetch, Prefetch, PrefetchBudget
+from memq.client.prefetch import Fetch, Prefetch, PrefetchBudget, Queued, object_size
 from memq.client.random_access import RandomAccess
 from memq.client.read_path import PathRule
 from memq.client.reader import BatchReader, DataLossPolicy
@@ -59,6 +60,7 @@ from memq.compaction.manifest import ManifestPointers
 from memq.config import MemqConfig
 from memq.errors import ConsumerError, DataLossError
 from memq.format.batch import decode_batch_rows
+from memq.log.model import TopicLogs
 from memq.notify import NotificationConsumer, NotificationRecord
 
 __all__ = ["ConsumedSink", "Consumer", "ConsumerMetrics", "ConsumerRecord", "NotificationSource",
@@ -120,11 +122,11 @@ class Consumer:
         config = resolved.config
         kafka_topic = resolved.topic.notification_topic
         self._offsets = Offsets()
-        self._starts = LogStarts.of(resolved.topic.log_start)
+        self._logs = TopicLogs(resolved.topic.log_start)
         self._policy = PositionPolicy(topic, kafka_topic, cc.group_id, cc.auto_offset_reset,
                                       resolved.topic.retention_ms,
                                       DataLossPolicy(skip=cc.on_data_loss == "skip", logger=log, hint=""),
-                                      self._starts)
+                                      self._logs)
         self._ranges = RangeCheck(self._policy)
         self._prefetch = Prefetch(PrefetchBudget(cc.prefetch_bytes), self._submit)
         self._handover = Handover(
@@ -152,7 +154,7 @@ class Consumer:
         self._fresh: set[int] = set()        # assigned, nothing read yet: where does it start?
         self._begin: set[int] = set()        # sought to the beginning: a compacted prefix's, if any
         self._pointers = pointers
-        self._prefix = (Prefix(topic, pointers, self._reader.fetch_loop)
+        self._prefix = (Prefix(topic, pointers, self._reader.fetch_loop, self._logs)
                         if pointers is not None and "compact" in resolved.topic.cleanup_policy else None)
         self._lookup: KeyLookup | None = None
         if subscribe:
@@ -226,21 +228,20 @@ class Consumer:
             return
         # librdkafka's batch consume waits its whole timeout unless it fills up: wait for one
         # notification, then take what else is already there without waiting.
-        records = self._notify.poll(wait_s, max_records=1)
-        if records:
-            records += self._notify.poll(0.0, max_records=2 * self._fetch_concurrency)
-        if self._prefix is not None:
-            records = self._enter_prefixes(self._prefix, records)
+        polled = self._notify.poll(wait_s, max_records=1)
+        if polled:
+            polled += self._notify.poll(0.0, max_records=2 * self._fetch_concurrency)
+        records: Sequence[Queued] = polled if self._prefix is None else self._enter_prefixes(self._prefix, polled)
         for r in records:
             self._offsets.fetched(r.partition, r.offset)
         self._prefetch.add(records)
 
-    def _enter_prefixes(self, prefix: Prefix, records: list[NotificationRecord]) -> list[NotificationRecord]:
+    def _enter_prefixes(self, prefix: Prefix, records: list[NotificationRecord]) -> list[Queued]:
         """A partition whose next notification lies below its compacted end reads its compacted
         parts from there instead, then the plain tail at `end` (its Kafka position moves there).
         A partition new to this consumer with no committed position starts at the prefix's
         beginning under auto_offset_reset = earliest (the notifications below `end` may be gone)."""
-        out: list[NotificationRecord] = []
+        out: list[Queued] = []
         moved: set[int] = set()
         for r in records:
             if r.partition in moved:
@@ -263,25 +264,27 @@ class Consumer:
             self._notify.seek(r.partition, max(end, r.offset))
         return out
 
-    def _lost(self, rec: NotificationRecord, e: DataLossError) -> None:
+    def _lost(self, rec: Queued, e: DataLossError) -> None:
         """Count a lost batch as expired or skipped, or raise by the position policy."""
         if self._policy.lost(rec, e, int(self._clock.time() * 1000)) == "expired":
             self.metrics.expired += 1
         else:
             self.metrics.data_loss_skipped += 1
 
-    def _submit(self, rec: NotificationRecord) -> concurrent.futures.Future[DecodedBatch]:
-        if isinstance(rec, CompactedRecord) and self._prefix is not None:
+    def _submit(self, rec: Queued) -> concurrent.futures.Future[DecodedBatch]:
+        if isinstance(rec, PartRead):
+            assert self._prefix is not None   # only a prefix queues parts
             return self._reader.fetch_loop.submit(self._prefix.load(rec))
-        if self._starts.deleted(rec.partition, rec.offset):   # not fetched: lost as expired (position_policy)
+        plog = self._logs.partition(rec.partition)
+        if plog.deleted(rec.offset):   # not fetched: lost as expired (position_policy)
             gone: concurrent.futures.Future[DecodedBatch] = concurrent.futures.Future()
             gone.set_exception(DataLossError(
                 f"batch of topic {self.topic} at notification {rec.offset} of read partition {rec.partition} is "
-                f"before the partition's log start {self._starts.first_note(rec.partition)}",
+                f"before the partition's log start {plog.first_note}",
                 topic=self.topic, partition=rec.partition, offset=rec.offset))
             return gone
         build = partial(build_records, self.topic, rec)
-        skip = self._starts.skip(rec.partition, rec.offset)
+        skip = plog.skip(rec.offset)
         return self._reader.submit(batch_pointer(self.topic, rec),
                                    (lambda decoded: trim(build(decoded), skip)) if skip else build)
 
@@ -290,7 +293,7 @@ class Consumer:
         self._offsets.finished(f.rec.partition, f.rec.offset)
         self._prefetch.done(f)
         self.metrics.batches += 1
-        self.metrics.bytes += f.rec.notification.size
+        self.metrics.bytes += object_size(f.rec)
 
     # --- offsets -------------------------------------------------------------------------
 
@@ -333,7 +336,7 @@ class Consumer:
 
     def seek_to_beginning(self, partitions: Iterable[int] | None = None) -> None:
         for p in self.assignment() if partitions is None else partitions:
-            self.seek(p, max(self._notify.watermarks(p)[0], self._starts.first_note(p)))
+            self.seek(p, dataclasses.replace(self._logs.partition(p), low=self._notify.watermarks(p)[0]).first_note)
             if self._prefix is not None:
                 self._begin.add(p)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from itertools import chain, repeat
@@ -102,3 +103,19 @@ def record_at(ptr: BatchPointer, partition: int, offset: int, index: int, header
     """The ConsumerRecord of one LogMessage read by position (random access)."""
     return ConsumerRecord(*log_message, ptr.topic, partition, offset, index,
                           header.producer_id, header.epoch, header.sequence, ptr.location)
+
+
+def trim(batch: DecodedBatch, skip: int) -> DecodedBatch:
+    """`batch` without its first `skip` records (those before a log start inside the part, the
+    partition log's `skip`): Messages wholly before it go, the one it cuts keeps its later
+    records at their indexes."""
+    out: DecodedBatch = []
+    for header, records in batch:
+        end = records.first + len(records)
+        if end <= skip:
+            continue
+        if records.first < skip:
+            cut = skip - records.first
+            records = dataclasses.replace(records, logs=records.logs[cut:], first=skip)
+        out.append((header, records))
+    return out

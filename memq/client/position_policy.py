@@ -5,20 +5,22 @@ A committed position outside the retained notifications follows `consumer.auto_o
 (Kafka's OffsetOutOfRange; checked by the Consumer, since not every Kafka reports it: tansu
 reads nothing), and a missing object older than the topic's retention expired (counted, never
 data loss); any other missing or corrupt batch follows `consumer.on_data_loss`. A log start
-DeleteRecords moved (`log_start`) counts as retention: a position before it is out of range, a
+DeleteRecords moved (the partition log model's, `memq.log.model`) counts as retention: a position before it is out of range, a
 batch before it expired.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
-from memq.client.log_start import LogStarts
+from memq.client.compacted import PartRead
 from memq.client.positions import is_expired, out_of_range
 from memq.client.reader import DataLossPolicy
 from memq.errors import DataLossError, ObjectNotFoundError, OffsetOutOfRangeError
+from memq.log.model import TopicLogs
 from memq.notify import NotificationRecord
 
 LossOutcome = Literal["expired", "skipped"]
@@ -44,7 +46,7 @@ class PositionPolicy:
     auto_offset_reset: Literal["earliest", "latest", "error"]
     retention_ms: int | None               # None: no missing object counts as expired
     loss: DataLossPolicy
-    log_starts: LogStarts = LogStarts()    # where DeleteRecords moved each partition's start
+    logs: TopicLogs = field(default_factory=TopicLogs)   # where DeleteRecords moved each partition's start
 
     def reset(self, partition: int, committed: int, low: int, high: int) -> Reset | None:
         """Where a committed position outside the retained notifications [low, high) goes;
@@ -63,12 +65,13 @@ class PositionPolicy:
                                  self.auto_offset_reset, target)
         return Reset(partition, target, max(0, low - committed))
 
-    def lost(self, rec: NotificationRecord, e: DataLossError, now_ms: int) -> LossOutcome:
+    def lost(self, rec: NotificationRecord | PartRead, e: DataLossError, now_ms: int) -> LossOutcome:
         """What the batch `rec` names, lost with `e`, counts as: "expired" (a missing object
         older than the topic's retention) or "skipped" (data loss, consumer.on_data_loss =
         skip). Raises `e` for data loss to raise, OffsetOutOfRangeError for an expired batch
         when auto_offset_reset = error."""
-        deleted = self.log_starts.deleted(rec.partition, rec.offset)
+        plog = self.logs.partition(rec.partition)
+        deleted = plog.deleted(rec.offset)
         missing = isinstance(e.__cause__, ObjectNotFoundError)
         if not deleted and not is_expired(missing, rec.timestamp_ms, now_ms, self.retention_ms):
             self.loss.handle(e)
@@ -80,7 +83,7 @@ class PositionPolicy:
             raise OffsetOutOfRangeError(
                 f"topic {self.topic}: {e}: {why}; consumer.auto_offset_reset = error", topic=self.topic,
                 partition=rec.partition, offset=rec.offset,
-                oldest=max(rec.offset + 1, self.log_starts.first_note(rec.partition))) from e
+                oldest=max(rec.offset + 1, plog.first_note)) from e
         return "expired"
 
 
@@ -117,7 +120,7 @@ class RangeCheck:
             if committed is None:           # nothing committed: Kafka's reset policy applies anyway
                 continue
             low, high = log.watermarks(p)
-            low = max(low, self.policy.log_starts.first_note(p))   # DeleteRecords cuts like retention
+            low = dataclasses.replace(self.policy.logs.partition(p), low=low).first_note   # DeleteRecords cuts like retention
             try:
                 reset = self.policy.reset(p, committed, low, max(high, low))
             except OffsetOutOfRangeError:

@@ -13,12 +13,22 @@ from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
+from memq.client.compacted import PartRead
 from memq.client.consumer_record import DecodedBatch
 from memq.errors import DataLossError
 from memq.format import MessageHeader
 from memq.notify import NotificationRecord
 
 RECORD_OVERHEAD = 200      # bytes of Python objects per record beyond its raw bytes (tuples, bytes headers)
+
+#: What the Consumer's queue holds: a polled notification, or a compacted part of a partition's
+#: log standing where the notifications it replaced were (`memq.client.compacted`).
+Queued = NotificationRecord | PartRead
+
+
+def object_size(rec: Queued) -> int:
+    """Bytes of the part `rec` names."""
+    return rec.size if isinstance(rec, PartRead) else rec.notification.size
 
 
 class PrefetchBudget:
@@ -57,14 +67,14 @@ class PrefetchBudget:
 
 @dataclass(slots=True, eq=False)
 class Fetch:
-    """One polled notification and the fetch of its batch (None until started)."""
+    """One polled notification (or compacted part) and the fetch of its batch (None until started)."""
 
-    rec: NotificationRecord
+    rec: Queued
     future: concurrent.futures.Future[DecodedBatch] | None = None
     cost: int = 0                                   # bytes reserved in the budget
 
 
-Submit = Callable[[NotificationRecord], concurrent.futures.Future[DecodedBatch]]
+Submit = Callable[[Queued], concurrent.futures.Future[DecodedBatch]]
 
 
 class Prefetch:
@@ -82,7 +92,7 @@ class Prefetch:
         """Whether to poll more notifications: every queued one started, and room left."""
         return not self.budget.full and all(f.future is not None for f in self._queue)
 
-    def add(self, records: Iterable[NotificationRecord]) -> None:
+    def add(self, records: Iterable[Queued]) -> None:
         self._queue.extend(Fetch(r) for r in records)
         self.start()
 
@@ -91,7 +101,7 @@ class Prefetch:
         for f in self._queue:
             if f.future is not None:
                 continue
-            cost = self.budget.reserve(f.rec.notification.size)
+            cost = self.budget.reserve(object_size(f.rec))
             if cost is None:
                 break
             f.cost, f.future = cost, self._submit(f.rec)
@@ -117,7 +127,7 @@ class Prefetch:
             head.future = self._submit(head.rec)   # transient: retry on the next take
             raise
         self._queue.popleft()
-        self.budget.measure(head.rec.notification.size, (h for h, _ in messages))
+        self.budget.measure(object_size(head.rec), (h for h, _ in messages))
         return head, messages
 
     def skip(self) -> Fetch:

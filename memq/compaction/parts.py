@@ -37,8 +37,8 @@ from memq.format.codec import Codec, Compressors
 from memq.format.kafka_columns import split_kafka_records
 from memq.format.kafka_records import (KafkaCodec, decode_kafka_entries, decode_raw_records, encode_kafka_batch,
                                        peek_kafka_batch)
-from memq.format.message import (MESSAGE_HEADER_SIZE, Buffer, MessageHeader, decode_message, encode_kafka_message,
-                                 verify_message)
+from memq.format.message import (MESSAGE_HEADER_SIZE, Buffer, MessageHeader, decode_message, decode_message_header,
+                                 encode_kafka_message, verify_message)
 from memq.format.records import gc_paused
 from memq.kafka_api.offsets import kafka_offset
 from memq.storage.base import ObjectLocation
@@ -300,14 +300,26 @@ def message_survivors(message: Buffer) -> list[Survivor]:
     return out
 
 
-def part_survivors(obj: Buffer, start: int = 0) -> list[Survivor]:
-    """Every survivor at or after Kafka offset `start` of a part's Batch bytes (or its whole object)."""
+def decode_part(obj: Buffer, start: int = 0) -> tuple[BatchHeader, list[tuple[MessageHeader, list[Survivor]]]]:
+    """A compacted part's Batch (its bytes, or its whole object) as its readers take it: per
+    Message, its header and its survivors at or after Kafka offset `start` (a Message with none
+    left keeps an empty list). The one decoder of parts: memq's Consumer cuts the survivors into
+    runs of its positions (`memq.client.compacted`), Spark into columns (`spark_source.compacted`)."""
     header = decode_batch_header(obj)
     view = memoryview(obj)[:header.object_size]
-    out: list[Survivor] = []
+    out: list[tuple[MessageHeader, list[Survivor]]] = []
     for lo, hi in header.message_ranges:
-        out.extend(s for s in message_survivors(view[lo:hi]) if s.offset >= start)
-    return out
+        msg = view[lo:hi]
+        survivors = message_survivors(msg)
+        if start and survivors and survivors[0].offset < start:
+            survivors = [s for s in survivors if s.offset >= start]
+        out.append((decode_message_header(msg), survivors))
+    return header, out
+
+
+def part_survivors(obj: Buffer, start: int = 0) -> list[Survivor]:
+    """Every survivor at or after Kafka offset `start` of a part's Batch bytes (or its whole object)."""
+    return [s for _, survivors in decode_part(obj, start)[1] for s in survivors]
 
 
 def plain_survivors(notification_offset: int, part: Buffer, compressors: Compressors | None = None, *,

@@ -1,5 +1,6 @@
-"""Kafka's view of a compacted topic (pure): its compacted batches placed in a Fetch, its log
-start, and which records a producer may not write to one.
+"""Kafka's view of a compacted topic (pure): its compacted batches placed in a Fetch, and which
+records a producer may not write to one. (Its log start and end are the partition log's answers:
+`memq.log.model`.)
 
 A compacted part's RecordBatches carry their records' original offsets (`memq.compaction.parts`),
 so a Fetch copies them as stored (the partition leader epoch set to -1, unknown, as memq's
@@ -17,8 +18,6 @@ from collections.abc import Iterable
 
 from memq.format.kafka_records import (Buffer, KafkaCodec, decode_kafka_records, peek_kafka_batch,
                                        without_compression)
-
-from .log_start import log_start
 
 _EPOCH_AT = 12
 _EPOCH_END = 16
@@ -43,22 +42,3 @@ def place_batch(batch: Buffer, out: bytearray, limit: int, *, at_least_one: bool
     out += _NO_EPOCH
     out += view[_EPOCH_END:]
     return header.base_offset + header.last_offset_delta + 1
-
-
-def compacted_high_watermark(high_note: int, end: int, last_survivor: int | None, tail_offset: int, plain: int) -> int:
-    """A compacted partition's high watermark: `plain` (as its notifications give it) while its
-    plain tail holds a notification (`high_note` > the prefix's `end`), else just after the
-    prefix's last survivor (its tail offset without one). A prefix ending in dropped records
-    (tombstones past delete.retention.ms) leaves no record to move a reader's position past
-    them: without this a reader that read everything kept a lag and never reached the end."""
-    if high_note > end:
-        return plain
-    return tail_offset if last_survivor is None else last_survivor + 1
-
-
-def compacted_log_start(low_note: int, moved: int, first_survivor: int | None) -> int:
-    """A compacted partition's log start: its first survivor when its prefix starts before the
-    first retained notification (notifications below the prefix's end may have expired), never
-    before where DeleteRecords moved it; `first_survivor` None: no compacted prefix."""
-    plain = log_start(low_note, moved)
-    return plain if first_survivor is None else max(min(plain, first_survivor), moved)

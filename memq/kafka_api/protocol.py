@@ -504,6 +504,7 @@ class FetchedPartition:
     log_start: int = -1
     records: bytes | bytearray = b""
     preferred_replica: int = -1   # v11+: the node the client should fetch this partition from (KIP-392)
+    last_stable_offset: int | None = None   # None: the high watermark
 
 
 def encode_fetch(h: RequestHeader, topics: list[tuple[str, list[FetchedPartition]]], throttle_ms: int = 0) -> bytes:
@@ -515,7 +516,8 @@ def encode_fetch(h: RequestHeader, topics: list[tuple[str, list[FetchedPartition
     for name, parts in topics:
         w.nullable_string(name).i32(len(parts))
         for p in parts:
-            w.i32(p.index).i16(p.error).i64(p.high_watermark).i64(p.high_watermark)   # last stable = high
+            w.i32(p.index).i16(p.error).i64(p.high_watermark)
+            w.i64(p.high_watermark if p.last_stable_offset is None else p.last_stable_offset)
             if v >= 5:
                 w.i64(p.log_start)
             w.i32(-1)   # aborted transactions: none is ever published (memq.broker.txn)

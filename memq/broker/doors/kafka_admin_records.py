@@ -4,9 +4,9 @@ Kafka offsets of memq records are a pure function of where a record is (`kafka_a
 and the notification Kafka cannot cut inside a part (nor at all: tansu has no DeleteRecords),
 so the log start lives in ZooKeeper (`Registry.move_log_starts`: a Kafka offset per partition,
 only ever forward, deleted with the topic). Every broker watches it and carries it in its
-cluster metadata, so every door reads the same start: Kafka's Fetch answers OFFSET_OUT_OF_RANGE
-before it and ListOffsets(earliest) answers it (`doors.kafka_fetch`), memq's Consumer counts
-what lies before it as expired (`memq.client.log_start`).
+cluster metadata, so every door reads the same start, as the partition log model answers it
+(`memq.log.model`, fed by `BrokerCore.logs`): Kafka's Fetch answers OFFSET_OUT_OF_RANGE before it
+and ListOffsets(earliest) answers it, memq's Consumer counts what lies before it as expired.
 
 As Kafka: -1 is the high watermark, an offset past the high watermark (or another negative
 one) is OFFSET_OUT_OF_RANGE, an offset before the current start changes nothing, and each
@@ -18,6 +18,7 @@ until retention takes them (the janitor does not collect by log start).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from dataclasses import dataclass
 from typing import Any
@@ -25,14 +26,13 @@ from typing import Any
 from kafka.protocol.admin import DeleteRecordsRequest, DeleteRecordsResponse
 
 from memq.errors import MemqError
-from memq.kafka_api.log_start import deletion_point, log_start, moved_start
 from memq.kafka_api.messages import decode_request, encode_response
 from memq.kafka_api.protocol import ApiKey, ErrorCode, Reader, RequestHeader
+from memq.log.model import PartitionLog, moved_start
 from memq.security.acl import Operation
 
 from ..seam import BrokerCore
 from .kafka_family import Conn, Family, Response
-from .kafka_fetch import high_watermark
 
 log = logging.getLogger(__name__)
 
@@ -69,26 +69,24 @@ async def delete_records(core: BrokerCore, principal: str | None, topic: str, as
         return [Deleted(p, error=why) for p, _ in asked]
     answers: dict[int, Deleted] = {}
     wanted: dict[int, int] = {}
-    lows: dict[int, int] = {}
+    logs: dict[int, PartitionLog] = {}
     for p, offset in asked:
         if not 0 <= p < t.read_partitions:
             answers[p] = Deleted(p, error=ErrorCode.UNKNOWN_TOPIC_OR_PARTITION)
             continue
         try:
-            low, high = await core.reads.watermarks(t.notification_topic, p)
-            hw = await high_watermark(core, t.notification_topic, p, low, high)
+            plog = await core.logs.current(t, p, peer)
         except MemqError as e:   # the notification Kafka failing: retriable
             log.warning("Kafka DeleteRecords of %s[%d] from %s: %s", topic, p, peer, e)
             answers[p] = Deleted(p, error=ErrorCode.KAFKA_STORAGE_ERROR)
             continue
-        start = log_start(low, moved_start(t.log_start, p))
-        target = deletion_point(offset, start, hw)
+        target = plog.deletion_point(offset)
         if target is None:
             log.info("Kafka DeleteRecords of %s[%d] to %d from %s: out of range (log start %d, high watermark %d)",
-                     topic, p, offset, peer, start, hw)
+                     topic, p, offset, peer, plog.log_start, plog.high_watermark)
             answers[p] = Deleted(p, error=ErrorCode.OFFSET_OUT_OF_RANGE)
             continue
-        wanted[p], lows[p] = target, low
+        wanted[p], logs[p] = target, plog
     if wanted:
         try:
             moved = await asyncio.to_thread(admin.registry.move_log_starts, topic, wanted)
@@ -98,7 +96,7 @@ async def delete_records(core: BrokerCore, principal: str | None, topic: str, as
         else:
             log.info("Kafka DeleteRecords of %s from %s: log starts %s", topic, peer,
                      {p: moved[p] for p in wanted})
-            answers |= {p: Deleted(p, log_start(lows[p], moved[p])) for p in wanted}
+            answers |= {p: Deleted(p, dataclasses.replace(logs[p], moved=moved[p]).log_start) for p in wanted}
             await _visible(core, topic, {p: moved[p] for p in wanted})
     return [answers[p] for p, _ in asked]
 

@@ -22,17 +22,18 @@ from kafka.protocol.admin import (DescribeClusterRequest,
                                   DescribeLogDirsRequest, DescribeProducersRequest)
 from kafka.protocol.consumer import OffsetForLeaderEpochRequest
 
+from memq.errors import MemqError
+from memq.format.metadata import TopicMetadata
 from memq.kafka_api.cluster import (EpochAnswer, cluster_operations, controller, describe_cluster,
                                     describe_log_dirs, describe_producers, epoch_end, led_here,
                                     offset_for_leader_epoch)
 from memq.kafka_api.flexible import flex_body
 from memq.kafka_api.mapping import metadata_view, node_id
 from memq.kafka_api.messages import decode_request, encode_response
-from memq.kafka_api.protocol import (LATEST, ApiKey, ErrorCode, ListOffsetsRequest, Reader, RequestHeader,
-                                     decode_metadata, encode_metadata)
+from memq.kafka_api.protocol import ApiKey, ErrorCode, Reader, RequestHeader, decode_metadata, encode_metadata
 from memq.security.acl import CLUSTER_RESOURCE, Operation
 
-from . import kafka_fetch, kafka_share
+from . import kafka_share
 from .kafka_family import Conn, Family, Response
 
 log = logging.getLogger(__name__)
@@ -95,22 +96,38 @@ def _describe_log_dirs(conn: Conn, h: RequestHeader, req: Any) -> bytes:
 
 
 async def _offset_for_leader_epoch(conn: Conn, h: RequestHeader, req: Any) -> bytes:
-    """Each partition's end for its asked epoch (`cluster.epoch_end`): ListOffsets' latest."""
-    asked = [(t.topic, [(p.partition, p.leader_epoch) for p in t.partitions]) for t in req.topics]
-    latest = ListOffsetsRequest(tuple((t, tuple((p, LATEST) for p, _ in parts)) for t, parts in asked))
-    listed = await kafka_fetch.list_offsets(conn.core, conn.principal, latest)
+    """Each partition's end for its asked epoch (`cluster.epoch_end`): the partition log's high
+    watermark, as ListOffsets' latest answers it, with ListOffsets' checks."""
+    core = conn.core
+    topics = core.metadata().topics
     answer: list[EpochAnswer] = []
-    for (topic, parts), (_, offsets) in zip(asked, listed):
+    for t in req.topics:
+        meta = topics.get(t.topic)
         out = []
-        for (partition, epoch), o in zip(parts, offsets):
-            if o.error:
-                log.info("Kafka OffsetForLeaderEpoch of %s[%d] from %s: %s", topic, partition, conn.peer,
-                         ErrorCode(o.error).name)
-                out.append((partition, int(o.error), -1, -1))
-            else:
-                out.append((partition, int(ErrorCode.NONE), *epoch_end(epoch, o.offset)))
-        answer.append((topic, out))
+        for p in t.partitions:
+            error = _consume_refusal(conn, t.topic, meta, p.partition)
+            if meta is not None and not error:
+                try:
+                    plog = await core.logs.current(meta, p.partition, conn.peer)
+                except MemqError as e:
+                    log.warning("Kafka OffsetForLeaderEpoch of %s[%d]: %s", t.topic, p.partition, e)
+                    error = ErrorCode.KAFKA_STORAGE_ERROR
+                else:
+                    out.append((p.partition, int(ErrorCode.NONE), *epoch_end(p.leader_epoch, plog.high_watermark)))
+                    continue
+            log.info("Kafka OffsetForLeaderEpoch of %s[%d] from %s: %s", t.topic, p.partition, conn.peer, error.name)
+            out.append((p.partition, int(error), -1, -1))
+        answer.append((t.topic, out))
     return encode_response(h, offset_for_leader_epoch(answer))
+
+
+def _consume_refusal(conn: Conn, topic: str, meta: TopicMetadata | None, partition: int) -> ErrorCode:
+    """Why a partition's consume-side call is refused (NONE: it is not): the ACL, then the partition."""
+    if not conn.core.guard.allowed(conn.principal, Operation.CONSUME, topic):
+        return ErrorCode.TOPIC_AUTHORIZATION_FAILED
+    if meta is None or not 0 <= partition < meta.read_partitions:
+        return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+    return ErrorCode.NONE
 
 
 def _describe_producers(conn: Conn, h: RequestHeader, req: Any) -> bytes:

@@ -1,17 +1,13 @@
 """The Kafka door's read side: Fetch and ListOffsets over the core's read path (`BrokerCore.reads`).
 
-Kafka partition p of a memq topic is its notification partition p, and a record's offset is
-`notification offset << 24 | index in its part` (`memq.kafka_api.offsets`), so the log start
-and high watermark are the notification partition's, mapped: retention shows as the log start
-moving, and so does DeleteRecords (`doors.kafka_admin_records`: a Kafka offset per partition in
-the cluster metadata, possibly inside a part, `kafka_api.log_start`); a reader behind it (or
-past the end) gets OFFSET_OUT_OF_RANGE and applies its `auto.offset.reset`, and one at it reads
-its part from there. Any broker serves any topic's reads: the data is in S3.
-
-A compacted topic's partition (`memq.compaction`) starts with its compacted prefix: a reader at
-an offset below the manifest's tail reads the compacted parts' batches from the first survivor at
-or after it (original offsets: gaps are normal), then continues at notification `end`; its log
-start is the first survivor (notifications below `end` may have expired).
+Kafka partition p of a memq topic is its notification partition p. Its log start, high
+watermark and what to read from an offset are the partition log's answers (`memq.log.model`,
+fed by `BrokerCore.logs`): retention and DeleteRecords move the log start (a reader behind it, or
+past the end, gets OFFSET_OUT_OF_RANGE and applies its `auto.offset.reset`; one at a start inside
+a part reads its part from there), and a compacted topic's partition starts with its compacted
+prefix: a reader at an offset in it gets the compacted parts' batches from the first survivor at
+or after it (original offsets: gaps are normal), then the plain tail. Any broker serves any
+topic's reads: the data is in S3.
 
 A Fetch reads each partition from its offset as far as the byte limits allow; when nothing is there it waits
 up to `max_wait_ms` for the next notification of any of its partitions (a long poll on the
@@ -31,17 +27,15 @@ import asyncio
 import logging
 from dataclasses import dataclass
 
-from memq.compaction.manifest import Manifest
 from memq.errors import FormatError, MemqError, OffsetOutOfRangeError
-from memq.format.metadata import ClusterMetadata
-from memq.kafka_api.compacted import compacted_high_watermark, compacted_log_start, place_batch
-from memq.kafka_api.log_start import log_start, moved_start
+from memq.format.metadata import ClusterMetadata, TopicMetadata
+from memq.kafka_api.compacted import place_batch
 from memq.kafka_api.mapping import node_id
-from memq.kafka_api.offsets import end_offset, first_offset, kafka_offset, split_offset
 from memq.kafka_api.protocol import (EARLIEST, LATEST, ApiKey, ErrorCode, FetchedPartition, FetchPartition,
                                      FetchRequest, ListedOffset, ListOffsetsRequest, Reader, RequestHeader, decode_fetch,
                                      decode_list_offsets, encode_fetch, encode_list_offsets)
 from memq.kafka_api.records import place
+from memq.log.model import PartitionLog
 from memq.notify.consumer import NotificationRecord
 from memq.security.acl import Operation
 
@@ -52,24 +46,24 @@ log = logging.getLogger(__name__)
 
 #: A Fetch never waits longer than this, whatever it asks (librdkafka's default is 500 ms).
 MAX_WAIT_S = 30.0
-#: How long ListOffsets(latest) waits to read the partition's last notification (its record count).
-LATEST_WAIT_S = 2.0
 
 
 @dataclass(slots=True)
 class _Reading:
     """One partition of a Fetch being answered."""
 
-    topic: str
-    notification_topic: str
+    topic: TopicMetadata
     want: FetchPartition
     out: FetchedPartition
     note: int          # the notification offset to read from
     index: int         # the first record wanted in that notification's part
     buf: bytearray
     zstd: bool         # the client takes zstd batches (Fetch v10+)
-    moved: int         # where DeleteRecords moved the partition's log start (0: never)
-    manifest: Manifest | None = None   # a compacted partition's current manifest
+    log: PartitionLog  # the partition's log as opened (its compacted prefix, DeleteRecords' start)
+
+    @property
+    def notification_topic(self) -> str:
+        return self.topic.notification_topic
 
     @property
     def got(self) -> bool:
@@ -98,23 +92,24 @@ async def fetch(core: BrokerCore, principal: str | None, req: FetchRequest, peer
             out = FetchedPartition(p.index)
             outs.append(out)
             refused = _refusal(core, principal, meta, topic, p.index)
-            moved = 0 if refused is not None else moved_start(meta.topics[topic].log_start, p.index)
             if refused is not None:
                 out.error = refused
-            elif p.offset < 0:
+                continue
+            t = meta.topics[topic]
+            plog = core.logs.started(t, p.index)
+            if p.offset < 0:
                 out.error = ErrorCode.OFFSET_OUT_OF_RANGE
-            elif p.offset < moved:
-                out.error, out.log_start = ErrorCode.OFFSET_OUT_OF_RANGE, moved
+            elif plog.before_start(p.offset):
+                out.error, out.log_start = ErrorCode.OFFSET_OUT_OF_RANGE, plog.moved
                 log.info("Kafka fetch of %s[%d] at %d from %s: before the log start %d (DeleteRecords)",
-                         topic, p.index, p.offset, peer, moved)
+                         topic, p.index, p.offset, peer, plog.moved)
             elif (replica := _preferred_replica(meta, core.broker_id, req.rack, p.index)) >= 0:
                 out.preferred_replica = replica   # read nothing here: the client goes there
                 out.high_watermark = p.offset
             else:
-                note, index = split_offset(p.offset)
-                readings.append(_Reading(topic, meta.topics[topic].notification_topic, p, out, note, index,
-                                         bytearray(), req.zstd, moved,
-                                         await _manifest(core, meta, topic, p.index, peer)))
+                note, index = plog.scheme.position_of(p.offset)
+                readings.append(_Reading(t, p, out, note, index, bytearray(), req.zstd,
+                                         await core.logs.opened(plog, t, p.index, peer)))
         answer.append((topic, outs))
     budget = [max(req.max_bytes, 1)]   # bytes the response may still take
     for r in readings:   # what is there now
@@ -124,57 +119,11 @@ async def fetch(core: BrokerCore, principal: str | None, req: FetchRequest, peer
         await _long_poll(core, readings, wait_s, budget, peer)
     for r in readings:
         if not r.out.error:
-            marks = core.reads.watermarks_seen(r.notification_topic, r.want.index)
-            if marks is None and r.manifest is not None:
-                await _read_marks(core, r, peer)   # read in the prefix alone: its end is not known here
-            else:
-                low, high = marks if marks is not None else (-1, r.note)
-                high = max(high, r.note + (1 if r.index else 0), 0)
-                r.out.high_watermark = _prefix_high(r.manifest, high, await _high_watermark(
-                    core, r.notification_topic, r.want.index, high, core.reads.last_seen(r.notification_topic,
-                                                                                         r.want.index)))
-                r.out.log_start = (compacted_log_start(low, r.moved, _first_survivor(r.manifest))
-                                   if low >= 0 or r.moved or r.manifest is not None else -1)
+            ended = await core.logs.read_to(r.log, r.topic, r.want.index, r.note, r.index, peer)
+            r.out.high_watermark, r.out.log_start = ended.high_watermark, ended.log_start
+            r.out.last_stable_offset = ended.last_stable_offset
             r.out.records = r.buf
     return answer
-
-
-async def _read_marks(core: BrokerCore, r: _Reading, peer: object) -> None:
-    """High watermark and log start of a compacted partition a Fetch read in its prefix alone."""
-    try:
-        low, high = await core.reads.watermarks(r.notification_topic, r.want.index)
-        r.out.high_watermark = _prefix_high(r.manifest, high, await high_watermark(core, r.notification_topic,
-                                                                                   r.want.index, low, high))
-    except MemqError as e:
-        log.warning("Kafka fetch of %s[%d] from %s: watermarks: %s", r.topic, r.want.index, peer, e)
-        low, r.out.high_watermark = -1, first_offset(r.note)
-    r.out.log_start = compacted_log_start(low, r.moved, _first_survivor(r.manifest))
-
-
-async def _manifest(core: BrokerCore, meta: ClusterMetadata, topic: str, partition: int,
-                    peer: object) -> Manifest | None:
-    """The current manifest of a compacted topic's partition (None: not compacted, or not yet, or
-    its manifest unreadable now: then the plain tail alone is read, as before any compaction)."""
-    if "compact" not in meta.topics[topic].cleanup_policy:
-        return None
-    try:
-        return await core.reads.manifest(topic, partition)
-    except MemqError as e:
-        log.warning("Kafka read of %s[%d] from %s: no compacted prefix: %s", topic, partition, peer, e)
-        return None
-
-
-def _prefix_high(m: Manifest | None, high_note: int, plain: int) -> int:
-    """The high watermark `plain`, or the compacted prefix's end when the plain tail is empty."""
-    if m is None:
-        return plain
-    return compacted_high_watermark(high_note, m.end, m.parts[-1].last_offset if m.parts else None, m.tail_offset,
-                                    plain)
-
-
-def _first_survivor(m: Manifest | None) -> int | None:
-    """The Kafka offset of a compacted prefix's first record (None: no prefix)."""
-    return None if m is None else m.parts[0].first_offset if m.parts else m.tail_offset
 
 
 def _preferred_replica(meta: ClusterMetadata, me: str, rack: str, partition: int) -> int:
@@ -186,20 +135,6 @@ def _preferred_replica(meta: ClusterMetadata, me: str, rack: str, partition: int
     if not near or me in near:
         return -1
     return node_id(near[partition % len(near)])
-
-
-async def _high_watermark(core: BrokerCore, ntopic: str, partition: int, high: int,
-                          last: NotificationRecord | None) -> int:
-    """Just after the last record a reader gets when the partition's last notification is known
-    (so a reader that read everything has no lag and is at the end, even when the last part
-    ends in dropped copies), else where the next notification's records will start."""
-    if last is not None and last.offset == high - 1:
-        try:
-            return await core.reads.end(ntopic, partition, last)
-        except MemqError as e:   # its part unreadable now: the end as its notification counts it
-            log.info("Kafka high watermark of %s[%d]: %s", ntopic, partition, e)
-            return end_offset(last.offset, last.notification.logmessage_count)
-    return first_offset(high)
 
 
 async def _long_poll(core: BrokerCore, readings: list[_Reading], wait_s: float, budget: list[int],
@@ -227,7 +162,7 @@ async def _long_poll(core: BrokerCore, readings: list[_Reading], wait_s: float, 
 async def _read(core: BrokerCore, r: _Reading, wait_s: float, budget: list[int], peer: object) -> None:
     """Read `r`'s partition from its place, within its and the response's byte limits."""
     try:
-        if r.manifest is not None and r.note < r.manifest.end and (
+        if r.log.in_prefix(r.note) and (
                 not await _place_compacted(core, r, budget) or budget[0] <= 0 or len(r.buf) >= r.want.max_bytes):
             return
         notes = await core.reads.notes(r.notification_topic, r.want.index, r.note, wait_s)
@@ -236,31 +171,34 @@ async def _read(core: BrokerCore, r: _Reading, wait_s: float, budget: list[int],
                 break
     except OffsetOutOfRangeError as e:
         r.out.error = ErrorCode.OFFSET_OUT_OF_RANGE
-        log.info("Kafka fetch of %s[%d] at %d from %s: %s", r.topic, r.want.index, r.want.offset, peer, e)
+        log.info("Kafka fetch of %s[%d] at %d from %s: %s", r.topic.name, r.want.index, r.want.offset, peer, e)
     except FormatError as e:
         r.out.error = ErrorCode.CORRUPT_MESSAGE
-        log.warning("Kafka fetch of %s[%d] at %d from %s: %s", r.topic, r.want.index, r.want.offset, peer, e)
+        log.warning("Kafka fetch of %s[%d] at %d from %s: %s", r.topic.name, r.want.index, r.want.offset, peer, e)
     except MemqError as e:   # the notification Kafka or storage failing: the client retries
         r.out.error = ErrorCode.KAFKA_STORAGE_ERROR
-        log.warning("Kafka fetch of %s[%d] at %d from %s: %s", r.topic, r.want.index, r.want.offset, peer, e)
+        log.warning("Kafka fetch of %s[%d] at %d from %s: %s", r.topic.name, r.want.index, r.want.offset, peer, e)
 
 
 async def _place_compacted(core: BrokerCore, r: _Reading, budget: list[int]) -> bool:
-    """Add the compacted prefix's batches from the reading's offset on and move the reading to
-    notification `end`; False when a limit stopped it inside the prefix."""
-    assert r.manifest is not None
-    offset = kafka_offset(r.note, r.index)
-    for part in r.manifest.parts_from(offset):
-        async for batch in core.reads.compacted_batches(part, offset):
+    """Add the compacted prefix's batches from the reading's offset on (the log's segments) and
+    move the reading to the plain tail; False when a limit stopped it inside the prefix."""
+    scheme = r.log.scheme
+    offset = scheme.offset_of(r.note, r.index)
+    segments = r.log.segments(offset)
+    for seg in segments.parts:
+        offset = max(offset, seg.start)
+        async for batch in core.reads.compacted_batches(seg.part, offset):
             before = len(r.buf)
             after = place_batch(batch, r.buf, min(r.want.max_bytes, len(r.buf) + budget[0]),
                                 at_least_one=not r.buf and budget[0] > 0, zstd=r.zstd)
             if after is None:
-                r.note, r.index = split_offset(offset)
+                r.note, r.index = scheme.position_of(offset)
                 return False
             budget[0] -= len(r.buf) - before
             offset = max(offset, after)
-    r.note, r.index = r.manifest.end, 0
+    assert segments.tail is not None
+    r.note, r.index = segments.tail.note, segments.tail.index
     return True
 
 
@@ -297,10 +235,8 @@ async def list_offsets(core: BrokerCore, principal: str | None, req: ListOffsets
             if refused is not None:
                 outs.append(ListedOffset(partition, refused))
                 continue
-            t = meta.topics[topic]
             try:
-                outs.append(await _listed(core, t.notification_topic, partition, ts, moved_start(t.log_start, partition),
-                                          await _manifest(core, meta, topic, partition, "ListOffsets")))
+                outs.append(await _listed(core, meta.topics[topic], partition, ts))
             except MemqError as e:
                 log.warning("Kafka ListOffsets of %s[%d] at %d: %s", topic, partition, ts, e)
                 outs.append(ListedOffset(partition, ErrorCode.KAFKA_STORAGE_ERROR))
@@ -308,32 +244,20 @@ async def list_offsets(core: BrokerCore, principal: str | None, req: ListOffsets
     return answer
 
 
-async def high_watermark(core: BrokerCore, ntopic: str, partition: int, low: int, high: int) -> int:
-    """The partition's high watermark as a Fetch says it (just after its last record), from its
-    notification watermarks (`low`, `high`), reading its last notification if need be."""
-    last = None
-    if high > low:
-        notes = await core.reads.notes(ntopic, partition, high - 1, LATEST_WAIT_S)
-        last = notes[0] if notes else None
-    return await _high_watermark(core, ntopic, partition, high, last)
-
-
-async def _listed(core: BrokerCore, ntopic: str, partition: int, ts: int, moved: int,
-                  manifest: Manifest | None) -> ListedOffset:
-    low, high = await core.reads.watermarks(ntopic, partition)
+async def _listed(core: BrokerCore, t: TopicMetadata, partition: int, ts: int) -> ListedOffset:
+    plog = await core.logs.current(t, partition, "ListOffsets", end=ts == LATEST)
     if ts == LATEST:   # as the high watermark of a Fetch says it, so lag reads 0 at the end
-        return ListedOffset(partition, offset=_prefix_high(manifest, high, await high_watermark(
-            core, ntopic, partition, low, high)))
+        return ListedOffset(partition, offset=plog.high_watermark)
     if ts == EARLIEST:
-        return ListedOffset(partition, offset=compacted_log_start(low, moved, _first_survivor(manifest)))
+        return ListedOffset(partition, offset=plog.log_start)
     if ts < 0:
         return ListedOffset(partition, ErrorCode.INVALID_REQUEST)
     # The first notification published at or after ts: its part may start a little before ts
     # (records are stamped before they are stored), never after a record stamped ts or later.
-    found = (await core.reads.offsets_for_time(ntopic, ts)).get(partition, high)
-    if found >= high:
+    found = (await core.reads.offsets_for_time(t.notification_topic, ts)).get(partition, plog.high)
+    if found >= plog.high:
         return ListedOffset(partition)   # none at or after ts: offset -1, as Kafka answers
-    return ListedOffset(partition, timestamp=ts, offset=log_start(found, moved))
+    return ListedOffset(partition, timestamp=ts, offset=plog.first_offset_at(found))
 
 
 async def serve(conn: Conn, h: RequestHeader, body: Reader) -> Response:
