@@ -295,19 +295,21 @@ class Transactions:
         return TxnRefusal.COORDINATOR_NOT_AVAILABLE   # retriable for a producer: it sends again
 
     async def store_pending(self, txn_id: str, ids: ProducerIds, ticket: Storer, partition: int,
-                            messages: list[memoryview], headers: list[MessageHeader]) -> TxnRefusal | None:
-        """The whole transactional produce of one request-partition (the Kafka door's):
+                            messages: list[memoryview], headers: list[MessageHeader], *,
+                            audit: bool = True) -> TxnRefusal | None:
+        """The whole transactional produce of one request-partition (every door's):
         `check_produce`, the Messages stored as one object (`ticket.store_apart`: one PUT),
-        `add_pending` naming them for the audit (a Kafka client has no audit emitter: the
-        coordinator reports them at the commit). None: ack it (its offset unknown until the
-        commit). A StorageError from the PUT propagates (the door answers it as any failed store)."""
+        `add_pending` naming them for the audit with `audit` (a Kafka client has no audit emitter:
+        the coordinator reports them at the commit; memq's Producer reports its own). None: ack it
+        (its offset unknown until the commit). A StorageError from the PUT propagates (the door
+        answers it as any failed store)."""
         topic = ticket.config.name
         refused = await self.check_produce(txn_id, ids, topic, partition)
         if refused is not None:
             return refused
         pending = await ticket.store_apart(messages, headers)
         audited = [Audited(topic, h.producer_id, h.epoch, h.sequence, h.count, h.body_crc32c, h.created_ms)
-                   for h in headers]
+                   for h in headers if audit]
         return await self.add_pending(txn_id, ids, topic, partition, [pending], audited, ticket.partition)
 
     # --- inspection ----------------------------------------------------------------------------
