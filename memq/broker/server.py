@@ -36,6 +36,7 @@ from memq.storage import StorageHandler, StorageMetrics, make_storage
 
 from .cluster_admin import ClusterAdmin
 from .admission import Admission, Check
+from .coordinator import coordinator_of
 from .doors.http import HttpDoor
 from .doors.kafka import KafkaListener
 from .groups import Groups
@@ -50,7 +51,7 @@ from .share.metrics import register as register_share_metrics
 from .share.service import Shares
 from .share.store import MemoryStateStore, ShareStateStore, ZooKeeperStateStore
 from .txn.relay import GroupOffsetRelay
-from .txn.service import Transactions, coordinator_of
+from .txn.service import Transactions
 from .txn.store import MemoryTxnStore, TxnStore, ZooKeeperTxnStore
 
 log = logging.getLogger(__name__)

@@ -35,9 +35,9 @@ from memq.kafka_api.mapping import node_id, split_address
 from memq.kafka_api.protocol import ApiKey, ErrorCode, Reader, RequestHeader, Writer
 from memq.security.acl import Operation
 
+from ..coordinator import coordinator_of
 from ..group_audit import GroupAudit
 from ..groups import GroupLink
-from ..txn.service import coordinator_of as txn_coordinator_of
 from . import kafka_share
 from .kafka_family import Conn, Family, Response
 
@@ -180,13 +180,13 @@ _COMMIT_V2 = RequestHeader(ApiKey.OFFSET_COMMIT, 2, 0, None)
 
 def _find_coordinator(st: GroupState, h: RequestHeader, body: Reader) -> bytes:
     """Any broker coordinates any group: it relays to the notification Kafka's coordinator. A
-    transactional id (key_type 1) has one coordinator: `txn.service.coordinator_of`."""
+    transactional id (key_type 1) and a share group have one coordinator: `coordinator.coordinator_of`."""
     key, key_type = decode_find_coordinator(h, body)
     if key_type == 0 and not st.may(Operation.DESCRIBE, key):   # as Kafka: DESCRIBE on the group
         return encode_find_coordinator(h, ErrorCode.GROUP_AUTHORIZATION_FAILED, -1, "", -1,
                                        f"principal {st.conn.principal} may not describe group {key!r}")
     meta = st.conn.core.metadata()   # a share group needs one coordinator: a hash picks it
-    coordinator = (txn_coordinator_of if key_type == 1 else kafka_share.coordinator_of)(meta, key)
+    coordinator = coordinator_of(meta, key)
     me = [b for b in meta.brokers if b.id == coordinator and b.kafka_address]
     if key_type not in (0, 1) or not me:
         log.info("Kafka FindCoordinator of %r (key type %d) from %s: COORDINATOR_NOT_AVAILABLE", key, key_type,

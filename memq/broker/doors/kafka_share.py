@@ -2,7 +2,7 @@
 
 Who does what, so that every broker agrees without talking to the others:
 - a share group's coordinator (FindCoordinator, ShareGroupHeartbeat, ShareGroupDescribe) is
-  the broker with a Kafka listener picked by a hash of the group id (`coordinator_of`);
+  the broker with a Kafka listener picked by a hash of the group id (`memq.broker.coordinator`);
 - a share-partition's state (which records are acquired, acknowledged, archived) is kept by the
   partition's leader in Metadata, the broker a share consumer sends its ShareFetch and
   ShareAcknowledge to; it is claimed from the store (`memq.broker.share.store`), which fences
@@ -19,8 +19,6 @@ import asyncio
 import logging
 import uuid
 from collections.abc import Sequence
-
-from crc32c import crc32c
 
 from memq.errors import FormatError, MemqError, OffsetOutOfRangeError, ProtocolError
 from memq.format import Codec, LogMessage, encode_message, verify_message
@@ -43,6 +41,7 @@ from memq.kafka_api.share import (SHARE_ACKNOWLEDGE, SHARE_FETCH, SHARE_GROUP_DE
 from memq.security.acl import Operation
 
 from ..admission import Refusal
+from ..coordinator import coordinator_of
 from ..share.partition import AckOutcome, Archived, SharePartition
 from ..share.service import Session
 from ..seam import BrokerCore
@@ -75,12 +74,6 @@ def metadata(core: BrokerCore, principal: str | None, h: RequestHeader, body: Fl
     nodes, topics = metadata_view(meta, names)
     return encode_metadata_flex(h.api_version, h.correlation_id, nodes, meta.cluster,
                                 node_id(core.broker_id), topics, unknown)
-
-
-def coordinator_of(meta: ClusterMetadata, group: str) -> str | None:
-    """The broker id coordinating `group`: a hash of its id over the brokers with a Kafka listener."""
-    ids = sorted(b.id for b in meta.brokers if b.kafka_address)
-    return ids[crc32c(group.encode()) % len(ids)] if ids else None
 
 
 def described_groups(core: BrokerCore) -> dict[str, Described]:

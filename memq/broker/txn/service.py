@@ -14,7 +14,7 @@ harmless (readers drop a retried Message by producer id, epoch and sequence). Th
 aborts, with the epoch bumped, an Ongoing transaction older than its `transaction.timeout.ms`.
 
 Every method is safe to call on any broker: state changes are compare-and-set writes, retried
-on a conflict. Which broker coordinates a transactional id is `coordinator_of`; the doors answer
+on a conflict. Which broker coordinates a transactional id is `memq.broker.coordinator`'s; the doors answer
 NOT_COORDINATOR elsewhere (the service does not check it). Refusals are `TxnRefusal`s, Kafka's
 errors; a store that cannot be reached is COORDINATOR_NOT_AVAILABLE (the client retries).
 
@@ -34,14 +34,12 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Protocol, TypeVar
 
-from crc32c import crc32c
 from prometheus_client import CollectorRegistry
 
 from memq.clock import Clock
 from memq.config import TopicConfig
 from memq.errors import MemqError, NotifyError, TxnConflictError
 from memq.format.message import MessageHeader
-from memq.format.metadata import ClusterMetadata
 from memq.kafka_api.mapping import PRODUCER_ID_BITS
 
 from ..group import Publisher
@@ -52,20 +50,13 @@ from .state import (DEFAULT_ID_EXPIRATION_MS, DEFAULT_MAX_TIMEOUT_MS, GroupOffse
 from .store import Audited, Pending, PendingEntry, TxnStore
 
 __all__ = ["Audited", "GroupOffsets", "OffsetRelay", "Pending", "TxnAudit", "ProducerIds", "TopicPartition", "Transactions", "TxnRecord",
-           "TxnRefusal", "TxnState", "coordinator_of"]
+           "TxnRefusal", "TxnState"]
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 ATTEMPTS = 10        # compare-and-set retries before a call gives up (conflicts are rare: brokers race briefly)
 CACHED_IDS = 10_000  # transactional ids whose state a broker keeps for its produce checks
 SCAN_BATCH = 500     # ids a scan pass reads at most (the next pass carries on)
-
-
-def coordinator_of(meta: ClusterMetadata, txn_id: str) -> str | None:
-    """The broker id coordinating `txn_id`: a hash of it over the brokers with a Kafka listener
-    (share groups' rule), None when no broker has one."""
-    ids = sorted(b.id for b in meta.brokers if b.kafka_address)
-    return ids[crc32c(txn_id.encode()) % len(ids)] if ids else None
 
 
 class OffsetRelay(Protocol):
