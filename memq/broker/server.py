@@ -192,7 +192,7 @@ class Broker:
                     Registry(self.config.zookeeper, self.config.cluster.name).start)
             store = ZooKeeperStateStore(self._share_registry)
             self.reads.use_manifests(ManifestPointers(self._share_registry))   # compacted topics' prefixes
-        shares = Shares(self.config.share, store, self._clock, self.broker_id)
+        shares = Shares(self.config.share, store, self._clock, self.broker_id, self)
         register_share_metrics(shares, self.metrics.registry)
         return shares
 

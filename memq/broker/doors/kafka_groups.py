@@ -38,7 +38,6 @@ from memq.security.acl import Operation
 from ..coordinator import coordinator_of
 from ..group_audit import GroupAudit
 from ..groups import GroupLink
-from . import kafka_share
 from .kafka_family import Conn, Family, Response
 
 log = logging.getLogger(__name__)
@@ -101,7 +100,7 @@ async def serve(conn: Conn, h: RequestHeader, body: Reader) -> Response:
         else:
             asked = describe_groups_of(body)
             allowed = [g for g in asked if st.may(Operation.DESCRIBE, g)]
-            shared = kafka_share.described_groups(core)
+            shared = core.shares.described()
             local = [Described(g, ErrorCode.GROUP_AUTHORIZATION_FAILED) for g in asked if g not in allowed]
             local += [shared[g] for g in allowed if g in shared]
             relayed = [g for g in allowed if g not in shared]
@@ -246,7 +245,7 @@ async def _relay(st: GroupState, h: RequestHeader, group: str, request: bytes, n
                 return conn.core.guard.may_group(conn.principal, Operation.DESCRIBE, g)
             states, types = filters
             shared = [(g, d.protocol_type, d.state, "share") for g, d in
-                      kafka_share.described_groups(conn.core).items()
+                      conn.core.shares.described().items()
                       if visible(g) and (not states or d.state.lower() in states)
                       and (not types or "share" in types)]
             if h.api_version >= 3:
