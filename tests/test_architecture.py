@@ -198,9 +198,9 @@ def test_the_broker_core_never_imports_a_door() -> None:
 #: (what a family declares, `Conn`, `AdminCall`), `doors/kafka.py` the listener registering them.
 KAFKA_DOORS = "memq.broker.doors.kafka_"
 KAFKA_FAMILY_BASE = "memq.broker.doors.kafka_family"
-#: Pairs still to go: DescribeLogDirs, ListOffsets (cluster) and DeleteRecords (records) ask the
-#: Fetch family for a partition's log start and end until those come from the core's one read
-#: model of a partition's log. Work under way on the fetch side removes both, and this exemption.
+#: The two imports left: the cluster family (OffsetForLeaderEpoch's end, through ListOffsets) and
+#: DeleteRecords (the high watermark) ask the Fetch family for a partition's log end until the
+#: core's one read model of a partition's log answers it (issue 45). Each pair goes with its import.
 FAMILY_IMPORTS_TO_GO = {
     ("memq.broker.doors.kafka_cluster", "memq.broker.doors.kafka_fetch"),
     ("memq.broker.doors.kafka_admin_records", "memq.broker.doors.kafka_fetch"),
