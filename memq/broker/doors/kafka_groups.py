@@ -71,11 +71,7 @@ class GroupState:
     def may(self, operation: Operation, group: str) -> bool:
         """Whether the principal may do `operation` on Kafka client group `group` (a refusal
         counted as a `group` denial)."""
-        guard = self.conn.core.guard
-        ok = guard.may_group(self.conn.principal, operation, group)
-        if not ok:
-            guard.count_denial("group")
-        return ok
+        return self.conn.core.guard.allowed_group(self.conn.principal, operation, group)
 
 
 async def serve(conn: Conn, h: RequestHeader, body: Reader) -> Response:

@@ -73,11 +73,7 @@ class ShareDoor:
         """Whether the principal may do `operation` on `group` (ACL resource `group:NAME`), a
         refusal counted as a `group` denial: `consume` to be a member, fetch and acknowledge,
         `describe` to describe it."""
-        guard = self._core.guard
-        ok = guard.may_group(self._principal, operation, group)
-        if not ok:
-            guard.count_denial("group")
-        return ok
+        return self._core.guard.allowed_group(self._principal, operation, group)
 
     # --- topics ----------------------------------------------------------------------------
 

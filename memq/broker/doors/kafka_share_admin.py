@@ -51,15 +51,8 @@ class ShareAdminDoor:
                 return encode_describe_offsets(h.correlation_id, [("", [], ShareError.INVALID_REQUEST, str(e))])
             return encode_changed_offsets(h.correlation_id, ShareError.INVALID_REQUEST, str(e), [])
 
-    def _may_group(self, operation: Operation, group: str) -> bool:
-        guard = self._core.guard
-        ok = guard.may_group(self._principal, operation, group)
-        if not ok:
-            guard.count_denial("group")
-        return ok
-
     def _group_error(self, group: str, operation: Operation) -> tuple[ShareError, str | None]:
-        if not self._may_group(operation, group):
+        if not self._core.guard.allowed_group(self._principal, operation, group):
             return ShareError.GROUP_AUTHORIZATION_FAILED, f"principal {self._principal} may not {operation} group {group!r}"
         if coordinator_of(self._core.metadata(), group) != self._core.broker_id:
             return ShareError.NOT_COORDINATOR, "not this group's coordinator"

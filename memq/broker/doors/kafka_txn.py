@@ -144,8 +144,7 @@ async def _add_partitions(conn: Conn, h: RequestHeader, req: Any) -> bytes:
 
 
 async def _add_offsets(conn: Conn, h: RequestHeader, req: Any) -> bytes:
-    if not conn.core.guard.may_group(conn.principal, Operation.CONSUME, req.group_id):
-        conn.core.guard.count_denial("group")
+    if not conn.core.guard.allowed_group(conn.principal, Operation.CONSUME, req.group_id):
         code = refused(conn, "AddOffsetsToTxn", req.transactional_id, ErrorCode.GROUP_AUTHORIZATION_FAILED,
                        f"principal {conn.principal} may not consume as group {req.group_id!r}")
     else:
@@ -159,8 +158,7 @@ async def _txn_offset_commit(conn: Conn, h: RequestHeader, req: Any) -> bytes:
                            getattr(req, "group_instance_id", None),
                            {(t.name, p.partition_index): (p.committed_offset, p.committed_metadata or "")
                             for t in req.topics for p in t.partitions})
-    if not conn.core.guard.may_group(conn.principal, Operation.CONSUME, req.group_id):
-        conn.core.guard.count_denial("group")
+    if not conn.core.guard.allowed_group(conn.principal, Operation.CONSUME, req.group_id):
         code = refused(conn, "TxnOffsetCommit", req.transactional_id, ErrorCode.GROUP_AUTHORIZATION_FAILED,
                        f"principal {conn.principal} may not consume as group {req.group_id!r}")
     else:

@@ -86,8 +86,7 @@ async def _answer(core: BrokerCore, principal: str | None, peer: str, call: TxnC
     elif call.op is TxnOp.OFFSETS:
         # memq's Consumer commits notification offsets under its own group id (`native`), not
         # under the mapped group Kafka clients' groups use
-        if not core.guard.may_group(principal, Operation.CONSUME, call.group):
-            core.guard.count_denial("group")
+        if not core.guard.allowed_group(principal, Operation.CONSUME, call.group):
             log.info("transaction offsets of %r for group %r from %s refused: principal %s may not consume it",
                      txn, call.group, peer, principal)
             return Ack(call.request_id, False, AckCode.DENIED,
