@@ -194,6 +194,26 @@ def test_the_broker_core_never_imports_a_door() -> None:
     assert not problems, "the broker core imports its assembly or a door:\n" + "\n".join(problems)
 
 
+#: The Kafka door's API families (`doors/kafka_*.py`); `kafka_family` is the base they share
+#: (what a family declares, `Conn`, `AdminCall`), `doors/kafka.py` the listener registering them.
+KAFKA_DOORS = "memq.broker.doors.kafka_"
+KAFKA_FAMILY_BASE = "memq.broker.doors.kafka_family"
+
+
+def _family_imports() -> set[tuple[str, str]]:
+    """(family, family it imports) for every Kafka family module, from each one's `ast`."""
+    modules = _modules()
+    families = {n for n in modules if n.startswith(KAFKA_DOORS) and n != KAFKA_FAMILY_BASE}
+    return {(name, m) for name in families for m in _imported(modules[name], modules) if m in families}
+
+
+def test_no_kafka_family_imports_another() -> None:
+    """A family maps its requests to the core and back: what two families share is the core's
+    (`BrokerCore`) or `memq.kafka_api`'s, never one family's reached from another."""
+    problems = sorted(_family_imports())
+    assert not problems, "Kafka families importing each other:\n" + "\n".join(f"{a} imports {b}" for a, b in problems)
+
+
 def test_tests_share_helpers_only_through_tests_support() -> None:
     """A test module imports no other test module, and support modules by their full name
     (`tests.support.x`): a bare `import waiting` works only from some working directories."""

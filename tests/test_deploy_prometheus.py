@@ -31,6 +31,7 @@ from memq.devcluster.process import free_port, spawn, wait_ready
 from memq.governor.governor import GovernorMetrics
 from memq.governor.janitor import JanitorMetrics
 from memq.storage.metrics import StorageMetrics
+from tests.support.share_fakes import FakeShareBroker
 
 DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
 RULES = DEPLOY / "prometheus" / "memq-rules.yml"
@@ -61,7 +62,7 @@ def exposed() -> dict[str, set[str]]:
                           expired=0, p50_ms=1, p99_ms=2, max_ms=3, lag_messages=0, lag_s=0, status=0)
     auditor = SimpleNamespace(read=lambda _fn: [row], stats=lambda: SimpleNamespace(records=1, bad_payloads=0))
     registry.register(BooksCollector(auditor))   # type: ignore[arg-type]
-    shares = Shares(ShareConfig(), MemoryStateStore(), SystemClock(), "b1")   # one share group's partition
+    shares = Shares(ShareConfig(), MemoryStateStore(), SystemClock(), "b1", FakeShareBroker({}))   # one share group's partition
     shares.partitions[("g", "t", 0)] = SharePartition(SystemClock())
     shares.dead_letters["g"] = 0
     register_share_metrics(shares, registry)

@@ -10,7 +10,9 @@ from pathlib import Path
 import pytest
 import trustme
 
-from memq.config import load_config
+from memq.broker.guard import Guard
+from memq.broker.metrics import BrokerMetrics
+from memq.config import SecurityConfig, load_config
 from memq.errors import ConfigError
 from memq.security.acl import IMPLIES, Operation, ResourceType, is_allowed, parse_rule, parse_rules
 from memq.security.stored import SecurityLists, StoredSecurity
@@ -119,6 +121,15 @@ def test_group_rules_are_about_groups_only(principal: str, op: Operation, group:
     assert is_allowed(GROUPS, principal, op, group, ResourceType.GROUP) is expected
     if principal == "alice":   # ... and group rules never cover topics
         assert not is_allowed(GROUPS, principal, op, group)
+
+
+def test_a_group_a_door_refuses_counts_one_group_denial_and_asking_alone_counts_none() -> None:
+    metrics = BrokerMetrics("b1")
+    guard = Guard(SecurityConfig(enabled=True, acls=("allow alice consume group:g",)), metrics.denials)
+    assert guard.allowed_group("alice", Operation.CONSUME, "g")
+    assert not guard.may_group("bob", Operation.CONSUME, "g")
+    assert not guard.allowed_group("bob", Operation.CONSUME, "g")
+    assert metrics.registry.get_sample_value("memq_broker_denials_total", {"operation": "group"}) == 1
 
 
 def test_tokens_are_random_stored_hashed_and_matched() -> None:

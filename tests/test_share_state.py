@@ -17,6 +17,7 @@ from memq.broker.share.service import Shares
 from memq.config import ShareConfig
 from memq.broker.share.store import MemoryStateStore, decode, encode
 from tests.support.clock import FakeClock
+from tests.support.share_fakes import FakeShareBroker
 
 N = 1 << 24   # offsets of the next part start here: memq's offsets are sparse
 
@@ -194,7 +195,8 @@ def test_store_claim_fences_the_previous_owner() -> None:
 async def test_an_admin_reset_goes_through_the_fenced_store_and_the_old_owner_reloads_it() -> None:
     store, clock = MemoryStateStore(), FakeClock()
     config = ShareConfig(flush_ms=0)
-    leader, admin = Shares(config, store, clock, "leader"), Shares(config, store, clock, "admin")
+    broker = FakeShareBroker({"t": 1})
+    leader, admin = Shares(config, store, clock, "leader", broker), Shares(config, store, clock, "admin", broker)
     key = ("g", "t", 0)
     sp = await leader.partition(key)
     sp.begin(0)

@@ -165,6 +165,14 @@ class Guard:
             self.count_denial(str(operation))
         return ok
 
+    def allowed_group(self, principal: str | None, operation: Operation, group: str) -> bool:
+        """`may_group`, counting a refusal as a `group` denial: every door's check of a group
+        (Kafka's consumer and share groups, a transaction's offsets)."""
+        ok = self.may_group(principal, operation, group)
+        if not ok:
+            self.count_denial("group")
+        return ok
+
     def visible(self, principal: str | None, md: ClusterMetadata, requested: Iterable[str]) -> ClusterMetadata:
         """`md` as `principal` may see it: only the topics it may describe, and each topic it asked
         for by name and may not describe in `refused` (Kafka's Metadata answer), whether or not

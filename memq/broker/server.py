@@ -41,6 +41,7 @@ from memq.storage import StorageHandler, StorageMetrics, make_storage
 
 from .cluster_admin import ClusterAdmin
 from .admission import Admission, Check
+from .coordinator import coordinator_of
 from .doors.http import HttpDoor
 from .doors.kafka import KafkaListener
 from .groups import Groups
@@ -57,7 +58,7 @@ from .share.metrics import register as register_share_metrics
 from .share.service import Shares
 from .share.store import MemoryStateStore, ShareStateStore, ZooKeeperStateStore
 from .txn.relay import GroupOffsetRelay
-from .txn.service import Transactions, coordinator_of
+from .txn.service import Transactions
 from .txn.store import MemoryTxnStore, TxnStore, ZooKeeperTxnStore
 
 log = logging.getLogger(__name__)
@@ -212,7 +213,7 @@ class Broker:
                     Registry(self.config.zookeeper, self.config.cluster.name).start)
             store = ZooKeeperStateStore(self._share_registry)
             self.reads.use_manifests(self._manifest_pointers())   # compacted topics' prefixes
-        shares = Shares(self.config.share, store, self._clock, self.broker_id)
+        shares = Shares(self.config.share, store, self._clock, self.broker_id, self)
         register_share_metrics(shares, self.metrics.registry)
         return shares
 

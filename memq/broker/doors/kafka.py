@@ -2,9 +2,10 @@
 task per client connection, dispatching by a table of API families (`FAMILIES`).
 
 Each family is one module (`kafka_produce`, `kafka_fetch`, `kafka_cluster`, `kafka_groups`,
-`kafka_share`, `kafka_share_admin`, and SASL here) declaring its API keys, their versions, the
-ACL operation its calls need and one `serve` coroutine (`kafka_family.Family`). ApiVersions is
-derived from the table (`SERVED`): it advertises exactly what is served.
+`kafka_share`, `kafka_share_admin`, `kafka_txn`, `kafka_admin_*`, and SASL here) declaring its API
+keys, their versions, the ACL operation its calls need and one `serve` coroutine
+(`kafka_family.Family`); no family imports another. ApiVersions is derived from the table
+(`SERVED`): it advertises exactly what is served.
 
 Requests are read and handled one at a time, in order (so a full batch ring stops the
 reading and TCP pushes back, as on `/v1/produce`); responses are futures queued in request

@@ -27,14 +27,14 @@ from kafka.protocol.admin import (
 from memq.config import TopicConfig
 from memq.errors import ConfigError, MemqError, UnknownTopicError
 from memq.kafka_api import topic_configs
+from memq.kafka_api.admin import Outcome, Refused, refusal
 from memq.kafka_api.mapping import node_id
 from memq.kafka_api.messages import decode_request, encode_response
 from memq.kafka_api.protocol import ApiKey, ErrorCode, Reader, RequestHeader
 from memq.kafka_api.topic_configs import ConfigEntry
 from memq.security.acl import CLUSTER_RESOURCE, Operation
 
-from .kafka_admin_topics import AdminCall, Outcome, Refused, refusal
-from .kafka_family import Conn, Family, Response
+from .kafka_family import AdminCall, Conn, Family, Response
 
 TOPIC, BROKER = 2, 4     # Kafka's ConfigResource types served
 

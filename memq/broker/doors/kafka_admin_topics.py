@@ -33,7 +33,6 @@ import asyncio
 import logging
 import time
 import uuid
-from dataclasses import dataclass
 from typing import Any
 
 from kafka.protocol.admin import (
@@ -41,52 +40,22 @@ from kafka.protocol.admin import (
     DeleteTopicsResponse)
 
 from memq.config import TopicConfig
-from memq.errors import (ConfigError, CoordinationError, InvalidInputError, MemqError, NotifyError,
-                         UnknownTopicError)
+from memq.errors import ConfigError, CoordinationError, MemqError, UnknownTopicError
 from memq.kafka_api import topic_configs
+from memq.kafka_api.admin import Outcome, Refused, refusal
 from memq.kafka_api.messages import decode_request, encode_response
 from memq.kafka_api.metadata_flex import NO_TOPIC_ID, topic_id
-from memq.kafka_api.protocol import ApiKey, ErrorCode, Reader, RequestHeader, api_name
+from memq.kafka_api.protocol import ApiKey, ErrorCode, Reader, RequestHeader
 from memq.security.acl import Operation
 
 from ..cluster_admin import PLACEMENT_TIMEOUT_S, ClusterAdmin
-from ..seam import BrokerCore
-from .kafka_family import Conn, Family, Response
+from .kafka_family import AdminCall, Conn, Family, Response
 
 log = logging.getLogger(__name__)
 
-NO_ZOOKEEPER = ("this memq cluster has no ZooKeeper: each broker serves the topics of its config file, so "
-                "Kafka's admin calls cannot create, change or delete topics (set zookeeper.enabled = true)")
 MAX_NAME_LENGTH = 249          # Kafka's limit on a topic name
 REPLICATION_FACTOR = 1         # what Metadata says of every partition: its leader is its only replica
 SEEN_POLL_S = 0.1
-
-
-@dataclass(frozen=True)
-class Outcome:
-    """One resource's answer: Kafka's error code and message (NONE, None: done)."""
-
-    error: ErrorCode = ErrorCode.NONE
-    message: str | None = None
-
-
-class Refused(Exception):
-    """A resource's refusal on the way (not a memq error: it carries the answer)."""
-
-    def __init__(self, error: ErrorCode, message: str) -> None:
-        super().__init__(message)
-        self.outcome = Outcome(error, message)
-
-
-def refusal(e: MemqError, invalid: ErrorCode) -> Refused:
-    """Kafka's answer to memq error `e` from a topic's admin path (`invalid`: for a value memq refuses)."""
-    if isinstance(e, UnknownTopicError):
-        return Refused(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, str(e))
-    if isinstance(e, (ConfigError, InvalidInputError)):
-        return Refused(invalid, str(e))
-    if isinstance(e, NotifyError):   # the notification Kafka failing: retriable, as on the read path
-        return Refused(ErrorCode.KAFKA_STORAGE_ERROR, str(e))
-    return Refused(ErrorCode.UNKNOWN_SERVER_ERROR, f"{type(e).__name__}: {e}")
 
 
 def timeout_of(timeout_ms: int) -> float:
@@ -94,38 +63,8 @@ def timeout_of(timeout_ms: int) -> float:
     return min(max(timeout_ms, 0) / 1000, PLACEMENT_TIMEOUT_S)
 
 
-class AdminCall:
-    """What the admin families share: who asks, the cluster admin, refusals and the wait for this
-    broker's metadata."""
-
-    def __init__(self, conn: Conn, h: RequestHeader) -> None:
-        self.h = h
-        self.core: BrokerCore = conn.core
-        self.principal = conn.principal
-        self.peer = conn.peer
-        self.cluster = self.core.metadata().cluster
-
-    def authorize(self, operation: Operation, resource: str, error: ErrorCode = ErrorCode.TOPIC_AUTHORIZATION_FAILED,
-                  what: str = "topic") -> None:
-        """Refused unless the principal may `operation` `resource` (counted as a denial)."""
-        if not self.core.guard.allowed(self.principal, operation, resource):
-            raise Refused(error, f"principal {self.principal} may not {operation} {what} {resource}")
-
-    def admin(self) -> ClusterAdmin:
-        admin = self.core.cluster_admin
-        if admin is None:
-            raise Refused(ErrorCode.POLICY_VIOLATION, NO_ZOOKEEPER)
-        return admin
-
-    def logged(self, name: str | None, outcome: Outcome, validate: bool = False) -> Outcome:
-        """`outcome`, logged: a refusal with its code and reason, or what was done."""
-        api = f"{api_name(self.h.api_key)} v{self.h.api_version}" + (" (validate only)" if validate else "")
-        if outcome.error:
-            log.info("Kafka %s of %s by %s (%s): %s: %s", api, name, self.principal, self.peer,
-                     outcome.error.name, outcome.message)
-        else:
-            log.info("Kafka %s of %s by %s (%s): done", api, name, self.principal, self.peer)
-        return outcome
+class TopicsCall(AdminCall):
+    """Answers one CreateTopics, DeleteTopics or CreatePartitions request."""
 
     async def until_seen(self, name: str, partitions: int | None, deadline: float) -> bool:
         """Whether this broker's metadata lists `name` placed with `partitions` read partitions
@@ -137,10 +76,6 @@ class AdminCall:
             if time.monotonic() >= deadline:
                 return False
             await asyncio.sleep(SEEN_POLL_S)
-
-
-class TopicsCall(AdminCall):
-    """Answers one CreateTopics, DeleteTopics or CreatePartitions request."""
 
     # --- CreateTopics ---------------------------------------------------------------------------
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import uuid
 from typing import Any
 
 from kafka.protocol.admin import (DescribeClusterRequest,
@@ -27,13 +28,14 @@ from memq.format.metadata import TopicMetadata
 from memq.kafka_api.cluster import (EpochAnswer, cluster_operations, controller, describe_cluster,
                                     describe_log_dirs, describe_producers, epoch_end, led_here,
                                     offset_for_leader_epoch)
-from memq.kafka_api.flexible import flex_body
+from memq.kafka_api.flexible import FlexReader, flex_body
 from memq.kafka_api.mapping import metadata_view, node_id
 from memq.kafka_api.messages import decode_request, encode_response
+from memq.kafka_api.metadata_flex import FlexMetadataRequest, decode_metadata_flex, encode_metadata_flex
 from memq.kafka_api.protocol import ApiKey, ErrorCode, Reader, RequestHeader, decode_metadata, encode_metadata
 from memq.security.acl import CLUSTER_RESOURCE, Operation
 
-from . import kafka_share
+from ..seam import BrokerCore
 from .kafka_family import Conn, Family, Response
 
 log = logging.getLogger(__name__)
@@ -51,11 +53,27 @@ async def serve(conn: Conn, h: RequestHeader, body: Reader) -> Response:
     if h.api_key == ApiKey.DESCRIBE_PRODUCERS:
         return _describe_producers(conn, h, decode_request(DescribeProducersRequest, h, body))
     if h.api_version >= 9:   # flexible, with topic ids (share consumers)
-        return kafka_share.metadata(core, conn.principal, h, flex_body(body))
+        return _metadata_flex(core, conn.principal, h, flex_body(body))
     req = decode_metadata(h, body)
     meta = core.guard.visible(conn.principal, core.metadata(), req.topics or ())
     nodes, topics = metadata_view(meta, req.topics)
     return encode_metadata(h, nodes, meta.cluster, node_id(core.broker_id), topics)
+
+
+def _metadata_flex(core: BrokerCore, principal: str | None, h: RequestHeader, body: FlexReader) -> bytes:
+    """Metadata with topic ids (v10+), by name or by id."""
+    req: FlexMetadataRequest = decode_metadata_flex(h.api_version, body)
+    meta = core.metadata()
+    names = req.names
+    unknown: tuple[uuid.UUID, ...] = ()
+    if req.ids:
+        by_id = core.shares.topic_names(meta.cluster, meta.topics)
+        names = tuple(names or ()) + tuple(by_id[i] for i in req.ids if i in by_id)
+        unknown = tuple(i for i in req.ids if i not in by_id)
+    meta = core.guard.visible(principal, meta, names or ())
+    nodes, topics = metadata_view(meta, names)
+    return encode_metadata_flex(h.api_version, h.correlation_id, nodes, meta.cluster,
+                                node_id(core.broker_id), topics, unknown)
 
 
 def _may_cluster(conn: Conn, operation: str) -> bool:

@@ -8,18 +8,24 @@ family is one module and one line in the table.
 
 `serve` runs in the connection's read loop, in request order: a family that waits (a long
 poll, a relay, ZooKeeper) returns a future and the loop reads on; its answers still go out in
-request order.
+request order. What the admin families share (who asks, the cluster admin, refusals and their
+log lines) is `AdminCall`, here; what any two families share of the broker is the core's
+(`BrokerCore`), of Kafka's protocol `memq.kafka_api`'s: a family module imports no other.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, TypeVar
 
-from memq.kafka_api.protocol import RequestHeader, Reader
+from memq.kafka_api.admin import NO_ZOOKEEPER, Outcome, Refused
+from memq.kafka_api.protocol import ErrorCode, Reader, RequestHeader, api_name
+from memq.security.acl import Operation
 
+from ..cluster_admin import ClusterAdmin
 from ..seam import BrokerCore
 
 if TYPE_CHECKING:
@@ -32,6 +38,8 @@ if TYPE_CHECKING:
 Response = asyncio.Future[bytes] | bytes | str | None
 
 S = TypeVar("S")
+
+log = logging.getLogger(__name__)
 
 
 class Conn(Protocol):
@@ -74,3 +82,36 @@ class Family:
     serve: Serve
     before_auth: bool = False                 # served before SASL authentication (SASL itself)
 
+
+
+class AdminCall:
+    """What the admin families share: who asks, the cluster admin, refusals and their log lines."""
+
+    def __init__(self, conn: Conn, h: RequestHeader) -> None:
+        self.h = h
+        self.core: BrokerCore = conn.core
+        self.principal = conn.principal
+        self.peer = conn.peer
+        self.cluster = self.core.metadata().cluster
+
+    def authorize(self, operation: Operation, resource: str, error: ErrorCode = ErrorCode.TOPIC_AUTHORIZATION_FAILED,
+                  what: str = "topic") -> None:
+        """Refused unless the principal may `operation` `resource` (counted as a denial)."""
+        if not self.core.guard.allowed(self.principal, operation, resource):
+            raise Refused(error, f"principal {self.principal} may not {operation} {what} {resource}")
+
+    def admin(self) -> ClusterAdmin:
+        admin = self.core.cluster_admin
+        if admin is None:
+            raise Refused(ErrorCode.POLICY_VIOLATION, NO_ZOOKEEPER)
+        return admin
+
+    def logged(self, name: str | None, outcome: Outcome, validate: bool = False) -> Outcome:
+        """`outcome`, logged: a refusal with its code and reason, or what was done."""
+        api = f"{api_name(self.h.api_key)} v{self.h.api_version}" + (" (validate only)" if validate else "")
+        if outcome.error:
+            log.info("Kafka %s of %s by %s (%s): %s: %s", api, name, self.principal, self.peer,
+                     outcome.error.name, outcome.message)
+        else:
+            log.info("Kafka %s of %s by %s (%s): done", api, name, self.principal, self.peer)
+        return outcome

@@ -35,10 +35,9 @@ from memq.kafka_api.mapping import node_id, split_address
 from memq.kafka_api.protocol import ApiKey, ErrorCode, Reader, RequestHeader, Writer
 from memq.security.acl import Operation
 
+from ..coordinator import coordinator_of
 from ..group_audit import GroupAudit
 from ..groups import GroupLink
-from ..txn.service import coordinator_of as txn_coordinator_of
-from . import kafka_share
 from .kafka_family import Conn, Family, Response
 
 log = logging.getLogger(__name__)
@@ -72,11 +71,7 @@ class GroupState:
     def may(self, operation: Operation, group: str) -> bool:
         """Whether the principal may do `operation` on Kafka client group `group` (a refusal
         counted as a `group` denial)."""
-        guard = self.conn.core.guard
-        ok = guard.may_group(self.conn.principal, operation, group)
-        if not ok:
-            guard.count_denial("group")
-        return ok
+        return self.conn.core.guard.allowed_group(self.conn.principal, operation, group)
 
 
 async def serve(conn: Conn, h: RequestHeader, body: Reader) -> Response:
@@ -101,7 +96,7 @@ async def serve(conn: Conn, h: RequestHeader, body: Reader) -> Response:
         else:
             asked = describe_groups_of(body)
             allowed = [g for g in asked if st.may(Operation.DESCRIBE, g)]
-            shared = kafka_share.described_groups(core)
+            shared = core.shares.described()
             local = [Described(g, ErrorCode.GROUP_AUTHORIZATION_FAILED) for g in asked if g not in allowed]
             local += [shared[g] for g in allowed if g in shared]
             relayed = [g for g in allowed if g not in shared]
@@ -180,13 +175,13 @@ _COMMIT_V2 = RequestHeader(ApiKey.OFFSET_COMMIT, 2, 0, None)
 
 def _find_coordinator(st: GroupState, h: RequestHeader, body: Reader) -> bytes:
     """Any broker coordinates any group: it relays to the notification Kafka's coordinator. A
-    transactional id (key_type 1) has one coordinator: `txn.service.coordinator_of`."""
+    transactional id (key_type 1) and a share group have one coordinator: `coordinator.coordinator_of`."""
     key, key_type = decode_find_coordinator(h, body)
     if key_type == 0 and not st.may(Operation.DESCRIBE, key):   # as Kafka: DESCRIBE on the group
         return encode_find_coordinator(h, ErrorCode.GROUP_AUTHORIZATION_FAILED, -1, "", -1,
                                        f"principal {st.conn.principal} may not describe group {key!r}")
     meta = st.conn.core.metadata()   # a share group needs one coordinator: a hash picks it
-    coordinator = (txn_coordinator_of if key_type == 1 else kafka_share.coordinator_of)(meta, key)
+    coordinator = coordinator_of(meta, key)
     me = [b for b in meta.brokers if b.id == coordinator and b.kafka_address]
     if key_type not in (0, 1) or not me:
         log.info("Kafka FindCoordinator of %r (key type %d) from %s: COORDINATOR_NOT_AVAILABLE", key, key_type,
@@ -246,7 +241,7 @@ async def _relay(st: GroupState, h: RequestHeader, group: str, request: bytes, n
                 return conn.core.guard.may_group(conn.principal, Operation.DESCRIBE, g)
             states, types = filters
             shared = [(g, d.protocol_type, d.state, "share") for g, d in
-                      kafka_share.described_groups(conn.core).items()
+                      conn.core.shares.described().items()
                       if visible(g) and (not states or d.state.lower() in states)
                       and (not types or "share" in types)]
             if h.api_version >= 3:

@@ -1,4 +1,4 @@
-"""The Kafka door's produce family: Produce and InitProducerId.
+"""The Kafka door's produce family: Produce (InitProducerId is the transactions family's, `kafka_txn`).
 
 Each RecordBatch of a Produce request has its header and CRC32C checked and goes, unchanged,
 as one Codec.KAFKA Message through the broker's one admission path (`memq.broker.admission`,
@@ -34,15 +34,13 @@ from memq.format.message import MESSAGE_HEADER_SIZE, MessageHeader, encode_kafka
 from memq.format.wire import Ack, AckCode, AckLevel
 from memq.kafka_api.compacted import keyless_records
 from memq.kafka_api.idle_seal import SealCredit
-from memq.kafka_api.mapping import PRODUCER_ID_BITS, ack_level, error_code, memq_producer_id
+from memq.kafka_api.mapping import ack_level, error_code, memq_producer_id
 from memq.kafka_api.offsets import produce_base_offset
 from memq.kafka_api.protocol import (ApiKey, ErrorCode, PartitionData, PartitionResult, ProduceRequest, ProduceResult,
-                                     Reader, RequestHeader, decode_init_producer_id, decode_produce,
-                                     encode_init_producer_id, encode_produce)
+                                     Reader, RequestHeader, decode_produce, encode_produce)
 
 from ..admission import Refusal, Ticket
 from ..txn.service import ProducerIds
-from . import kafka_txn
 from .kafka_family import Conn, Family, Response
 
 log = logging.getLogger(__name__)
@@ -87,30 +85,7 @@ class ProduceState:
 
 
 async def serve(conn: Conn, h: RequestHeader, body: Reader) -> Response:
-    if h.api_key == ApiKey.INIT_PRODUCER_ID:
-        return _init_producer_id(conn, h, body)
     return await _produce(conn, conn.state(ProduceState), h, decode_produce(body))
-
-
-def _init_producer_id(conn: Conn, h: RequestHeader, body: Reader) -> Response:
-    transactional_id, timeout_ms = decode_init_producer_id(body)
-    if transactional_id is not None:
-        return asyncio.ensure_future(_init_transactional(conn, h, transactional_id, timeout_ms))
-    # Random, so brokers hand out ids without coordinating (see mapping.PRODUCER_ID_BITS).
-    return encode_init_producer_id(h, ErrorCode.NONE, secrets.randbits(PRODUCER_ID_BITS), 0)
-
-
-async def _init_transactional(conn: Conn, h: RequestHeader, txn_id: str, timeout_ms: int) -> bytes:
-    """The coordinator's producer id and a bumped epoch for `txn_id` (the previous producer is
-    fenced, its open transaction aborted: `Transactions.init_producer_id`)."""
-    other = kafka_txn.not_coordinator(conn, txn_id)
-    if other is not None:
-        kafka_txn.refused(conn, "InitProducerId", txn_id, other, "coordinated by another broker")
-        return encode_init_producer_id(h, other, -1, -1)
-    ids = await conn.core.txns.init_producer_id(txn_id, timeout_ms)
-    if not isinstance(ids, ProducerIds):
-        return encode_init_producer_id(h, kafka_txn.refusal(conn, h, "InitProducerId", txn_id, ids), -1, -1)
-    return encode_init_producer_id(h, ErrorCode.NONE, ids.producer_id, ids.epoch)
 
 
 async def _produce(conn: Conn, st: ProduceState, h: RequestHeader, req: ProduceRequest) -> Response:
@@ -128,9 +103,7 @@ async def _produce(conn: Conn, st: ProduceState, h: RequestHeader, req: ProduceR
                 outcome = await _append(conn, st, topic, part, level, req.transactional_id)
             if isinstance(outcome, PartitionResult):
                 if outcome.error:
-                    core.metrics.rejected.labels(f"kafka:{outcome.error.name}").inc()
-                    log.info("Kafka produce to %s[%d] from %s: %s (%s)", topic, part.index, conn.peer,
-                             outcome.error.name, outcome.message)
+                    _rejected(conn, topic, outcome)
             else:
                 accepted.append((topic, len(part.records or b"")))
             appended.append((topic, part.index, outcome))
@@ -254,9 +227,17 @@ async def _txn_stored(conn: Conn, txn_id: str, ids: ProducerIds, admitted: Ticke
                     txn_id, conn.peer, e)
         return PartitionResult(index, ErrorCode.KAFKA_STORAGE_ERROR, message=str(e))
     if why is not None:   # Produce v3+ knows neither PRODUCER_FENCED nor its own: Kafka's INVALID_PRODUCER_EPOCH
-        return PartitionResult(index, kafka_txn.refused(conn, "Produce", txn_id, why.code_for(False), why.name),
-                               message=f"transactional id {txn_id!r}: {why.name}")
+        return _rejected(conn, admitted.config.name, PartitionResult(
+            index, why.code_for(False), message=f"transactional id {txn_id!r}: {why.name}"))
     return PartitionResult(index, base_offset=-max(count, 1))
+
+
+def _rejected(conn: Conn, topic: str, result: PartitionResult) -> PartitionResult:
+    """A refused partition's `result`, counted (`kafka:<ERROR>`) and logged."""
+    conn.core.metrics.rejected.labels(f"kafka:{result.error.name}").inc()
+    log.info("Kafka produce to %s[%d] from %s: %s (%s)", topic, result.index, conn.peer, result.error.name,
+             result.message)
+    return result
 
 
 def _refused(conn: Conn, topic: str, index: int, refusal: Refusal) -> PartitionResult:
@@ -282,5 +263,5 @@ def _partition_result(index: int, appended: list[Appended], timeout_s: float) ->
     return PartitionResult(index, base_offset=produce_base_offset(placed))
 
 
-FAMILY = Family("produce", {ApiKey.PRODUCE: (3, 8), ApiKey.INIT_PRODUCER_ID: (0, 1)},
+FAMILY = Family("produce", {ApiKey.PRODUCE: (3, 8)},
                 "produce on the topic", serve)

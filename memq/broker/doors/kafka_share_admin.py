@@ -1,6 +1,6 @@
 """The Kafka door's share-group offset admin calls: Describe-, Alter- and DeleteShareGroupOffsets.
 
-They go to the group's coordinator (`kafka_share.coordinator_of`), as in Kafka. Describing reads
+They go to the group's coordinator (`memq.broker.coordinator`), as in Kafka. Describing reads
 each share-partition's start offset (this broker's copy when it holds one, else the store's); altering
 or deleting goes through the same fenced store as acknowledgements (`Shares.reset`), and only
 while the group has no active member (NON_EMPTY_GROUP otherwise). Group ACLs as Kafka's: `describe`
@@ -24,9 +24,9 @@ from memq.kafka_api.share_admin import (APIS, ALTER_SHARE_GROUP_OFFSETS, DESCRIB
                                         decode_describe_offsets, encode_changed_offsets, encode_describe_offsets)
 from memq.security.acl import Operation
 
+from ..coordinator import coordinator_of
 from ..seam import BrokerCore
 from .kafka_family import Conn, Family, Response
-from .kafka_share import coordinator_of
 
 log = logging.getLogger(__name__)
 
@@ -51,15 +51,8 @@ class ShareAdminDoor:
                 return encode_describe_offsets(h.correlation_id, [("", [], ShareError.INVALID_REQUEST, str(e))])
             return encode_changed_offsets(h.correlation_id, ShareError.INVALID_REQUEST, str(e), [])
 
-    def _may_group(self, operation: Operation, group: str) -> bool:
-        guard = self._core.guard
-        ok = guard.may_group(self._principal, operation, group)
-        if not ok:
-            guard.count_denial("group")
-        return ok
-
     def _group_error(self, group: str, operation: Operation) -> tuple[ShareError, str | None]:
-        if not self._may_group(operation, group):
+        if not self._core.guard.allowed_group(self._principal, operation, group):
             return ShareError.GROUP_AUTHORIZATION_FAILED, f"principal {self._principal} may not {operation} group {group!r}"
         if coordinator_of(self._core.metadata(), group) != self._core.broker_id:
             return ShareError.NOT_COORDINATOR, "not this group's coordinator"

@@ -1,6 +1,9 @@
-"""The Kafka door's transaction family: AddPartitionsToTxn, AddOffsetsToTxn, TxnOffsetCommit, EndTxn.
+"""The Kafka door's transaction family: InitProducerId, AddPartitionsToTxn, AddOffsetsToTxn,
+TxnOffsetCommit, EndTxn.
 
-Each call but TxnOffsetCommit is the coordinator's (`txn.service.coordinator_of`, a hash of the
+InitProducerId without a transactional id (an idempotent producer) is answered by any broker: a
+random producer id, epoch 0 (see `mapping.PRODUCER_ID_BITS`). Each call with a transactional id
+but TxnOffsetCommit is the coordinator's (`memq.broker.coordinator`, a hash of the
 transactional id over the brokers with a Kafka listener; FindCoordinator key_type 1 names it,
 `kafka_groups`): another broker answers NOT_COORDINATOR and the client finds it again.
 TxnOffsetCommit goes to the group's coordinator, which any broker is: every broker serves it. The state (producer id,
@@ -8,8 +11,8 @@ epoch, partitions, stashed offsets) is the broker's `Transactions` service
 (`memq.broker.txn.service`); this module only maps Kafka's messages onto it, through
 kafka-python's codec of Kafka's schemas (`memq.kafka_api.messages`), and the service's
 refusals onto Kafka's codes (PRODUCER_FENCED, INVALID_PRODUCER_EPOCH, INVALID_TXN_STATE,
-CONCURRENT_TRANSACTIONS, ...), each with a log line. InitProducerId with a transactional id
-and transactional Produce are the produce family's (`kafka_produce`).
+CONCURRENT_TRANSACTIONS, ...), each with a log line. Transactional Produce is the produce
+family's (`kafka_produce`, through `Transactions.store_pending`).
 
 ACLs: memq has no `transactional_id` resource, so a transactional id is protected by what it
 touches, as memq's own rights name them: AddPartitionsToTxn needs `produce` on each topic
@@ -18,7 +21,7 @@ AddOffsetsToTxn and TxnOffsetCommit need `consume` on the group (Kafka's READ;
 GROUP_AUTHORIZATION_FAILED). InitProducerId and EndTxn need an authenticated principal only:
 any principal may fence a transactional id, so give each application its own id prefix.
 
-Versions: v0-3, what librdkafka (AddPartitionsToTxn and AddOffsetsToTxn v0, TxnOffsetCommit
+Versions: InitProducerId v0-1; the others v0-3, what librdkafka (AddPartitionsToTxn and AddOffsetsToTxn v0, TxnOffsetCommit
 v0-3, EndTxn v0-1), kafka-python 3, aiokafka (v0) and kafkajs (v0-1) send; v3 is flexible.
 AddPartitionsToTxn v4+ is Kafka's broker-to-broker batch form, which no client sends.
 """
@@ -27,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import secrets
 from collections.abc import Awaitable
 from typing import Any
 
@@ -34,11 +38,14 @@ from kafka.protocol.producer.transaction import (AddOffsetsToTxnRequest, AddOffs
                                                  AddPartitionsToTxnRequest, AddPartitionsToTxnResponse, EndTxnRequest,
                                                  EndTxnResponse, TxnOffsetCommitRequest, TxnOffsetCommitResponse)
 
+from memq.kafka_api.mapping import PRODUCER_ID_BITS
 from memq.kafka_api.messages import decode_request, encode_response
-from memq.kafka_api.protocol import ApiKey, ErrorCode, Reader, RequestHeader
+from memq.kafka_api.protocol import (ApiKey, ErrorCode, Reader, RequestHeader, decode_init_producer_id,
+                                     encode_init_producer_id)
 from memq.security.acl import Operation
 
-from ..txn.service import GroupOffsets, ProducerIds, TxnRefusal, coordinator_of
+from ..coordinator import not_coordinator
+from ..txn.service import GroupOffsets, ProducerIds, TxnRefusal
 from .kafka_family import Conn, Family, Response
 
 log = logging.getLogger(__name__)
@@ -49,13 +56,10 @@ _OffsetTopic = TxnOffsetCommitResponse.TxnOffsetCommitResponseTopic
 _OffsetPart = _OffsetTopic.TxnOffsetCommitResponsePartition
 
 
-def not_coordinator(conn: Conn, txn_id: str) -> ErrorCode | None:
+def _elsewhere(conn: Conn, txn_id: str) -> ErrorCode | None:
     """NOT_COORDINATOR if another broker coordinates `txn_id` (COORDINATOR_NOT_AVAILABLE if none
     does), else None: this broker serves its transaction calls."""
-    coordinator = coordinator_of(conn.core.metadata(), txn_id)
-    if coordinator == conn.core.broker_id:
-        return None
-    return ErrorCode.COORDINATOR_NOT_AVAILABLE if coordinator is None else ErrorCode.NOT_COORDINATOR
+    return not_coordinator(conn.core.metadata(), txn_id, conn.core.broker_id)
 
 
 def refused(conn: Conn, what: str, txn_id: str, code: ErrorCode, why: str) -> ErrorCode:
@@ -80,12 +84,33 @@ async def _call(conn: Conn, h: RequestHeader, what: str, txn_id: str,
                 work: Awaitable[TxnRefusal | None]) -> ErrorCode:
     """Run the coordinator call `work` (a coroutine) here if this broker coordinates `txn_id`:
     NONE, or Kafka's code for why not."""
-    other = not_coordinator(conn, txn_id)
+    other = _elsewhere(conn, txn_id)
     if other is not None:
         getattr(work, "close", lambda: None)()   # not awaited: the coroutine is dropped unstarted
         return refused(conn, what, txn_id, other, "coordinated by another broker")
     why = await work
     return ErrorCode.NONE if why is None else refusal(conn, h, what, txn_id, why)
+
+
+def _init_producer_id(conn: Conn, h: RequestHeader, body: Reader) -> Response:
+    transactional_id, timeout_ms = decode_init_producer_id(body)
+    if transactional_id is not None:
+        return asyncio.ensure_future(_init_transactional(conn, h, transactional_id, timeout_ms))
+    # Random, so brokers hand out ids without coordinating (see mapping.PRODUCER_ID_BITS).
+    return encode_init_producer_id(h, ErrorCode.NONE, secrets.randbits(PRODUCER_ID_BITS), 0)
+
+
+async def _init_transactional(conn: Conn, h: RequestHeader, txn_id: str, timeout_ms: int) -> bytes:
+    """The coordinator's producer id and a bumped epoch for `txn_id` (the previous producer is
+    fenced, its open transaction aborted: `Transactions.init_producer_id`)."""
+    other = _elsewhere(conn, txn_id)
+    if other is not None:
+        refused(conn, "InitProducerId", txn_id, other, "coordinated by another broker")
+        return encode_init_producer_id(h, other, -1, -1)
+    ids = await conn.core.txns.init_producer_id(txn_id, timeout_ms)
+    if not isinstance(ids, ProducerIds):
+        return encode_init_producer_id(h, refusal(conn, h, "InitProducerId", txn_id, ids), -1, -1)
+    return encode_init_producer_id(h, ErrorCode.NONE, ids.producer_id, ids.epoch)
 
 
 async def _add_partitions(conn: Conn, h: RequestHeader, req: Any) -> bytes:
@@ -119,8 +144,7 @@ async def _add_partitions(conn: Conn, h: RequestHeader, req: Any) -> bytes:
 
 
 async def _add_offsets(conn: Conn, h: RequestHeader, req: Any) -> bytes:
-    if not conn.core.guard.may_group(conn.principal, Operation.CONSUME, req.group_id):
-        conn.core.guard.count_denial("group")
+    if not conn.core.guard.allowed_group(conn.principal, Operation.CONSUME, req.group_id):
         code = refused(conn, "AddOffsetsToTxn", req.transactional_id, ErrorCode.GROUP_AUTHORIZATION_FAILED,
                        f"principal {conn.principal} may not consume as group {req.group_id!r}")
     else:
@@ -134,8 +158,7 @@ async def _txn_offset_commit(conn: Conn, h: RequestHeader, req: Any) -> bytes:
                            getattr(req, "group_instance_id", None),
                            {(t.name, p.partition_index): (p.committed_offset, p.committed_metadata or "")
                             for t in req.topics for p in t.partitions})
-    if not conn.core.guard.may_group(conn.principal, Operation.CONSUME, req.group_id):
-        conn.core.guard.count_denial("group")
+    if not conn.core.guard.allowed_group(conn.principal, Operation.CONSUME, req.group_id):
         code = refused(conn, "TxnOffsetCommit", req.transactional_id, ErrorCode.GROUP_AUTHORIZATION_FAILED,
                        f"principal {conn.principal} may not consume as group {req.group_id!r}")
     else:
@@ -167,13 +190,16 @@ _SERVED = {
 
 async def serve(conn: Conn, h: RequestHeader, body: Reader) -> Response:
     """Answered in turn; the connection reads on while ZooKeeper answers."""
+    if h.api_key == ApiKey.INIT_PRODUCER_ID:
+        return _init_producer_id(conn, h, body)
     cls, answer = _SERVED[ApiKey(h.api_key)]
     return asyncio.ensure_future(answer(conn, h, decode_request(cls, h, body)))
 
 
 FAMILY = Family(
     "transactions",
-    {ApiKey.ADD_PARTITIONS_TO_TXN: (0, 3), ApiKey.ADD_OFFSETS_TO_TXN: (0, 3), ApiKey.TXN_OFFSET_COMMIT: (0, 3),
+    {ApiKey.INIT_PRODUCER_ID: (0, 1), ApiKey.ADD_PARTITIONS_TO_TXN: (0, 3), ApiKey.ADD_OFFSETS_TO_TXN: (0, 3), ApiKey.TXN_OFFSET_COMMIT: (0, 3),
      ApiKey.END_TXN: (0, 3)},
-    "produce on each topic added; consume on the group whose offsets are committed",
+    "produce on each topic added; consume on the group whose offsets are committed (InitProducerId, EndTxn: "
+    "an authenticated principal)",
     serve)

@@ -86,8 +86,7 @@ async def _answer(core: BrokerCore, principal: str | None, peer: str, call: TxnC
     elif call.op is TxnOp.OFFSETS:
         # memq's Consumer commits notification offsets under its own group id (`native`), not
         # under the mapped group Kafka clients' groups use
-        if not core.guard.may_group(principal, Operation.CONSUME, call.group):
-            core.guard.count_denial("group")
+        if not core.guard.allowed_group(principal, Operation.CONSUME, call.group):
             log.info("transaction offsets of %r for group %r from %s refused: principal %s may not consume it",
                      txn, call.group, peer, principal)
             return Ack(call.request_id, False, AckCode.DENIED,
@@ -112,19 +111,17 @@ def _denied(call: TxnCall, principal: str | None, op: Operation, topic: str, pee
 async def store_message(core: BrokerCore, ticket: Ticket, req: ProduceRequest, header: MessageHeader,
                         peer: str) -> Ack:
     """Store one transactional Message as an object of its own and record it as pending in its
-    transaction (the Kafka door's steps: check, store apart, add pending); the ack once both are
+    transaction (`Transactions.store_pending`, the Kafka door's call: check, store apart, add
+    pending; not audited there: memq's Producer reports its own Messages); the ack once both are
     durable (before that, nothing of it is visible). Refused after the store: the object is an
     orphan the janitor collects."""
     if req.ack is not AckLevel.ALL:
         return Ack(req.request_id, False, AckCode.PROTOCOL,
                    f"request {req.request_id}: a transactional Message must ask for ack=all")
     ids = ProducerIds(header.producer_id, header.epoch)
-    txn, txns = req.transactional_id, core.txns
     try:
-        refusal = await txns.check_produce(txn, ids, req.topic, MEMQ_PARTITION)
-        if refusal is None:
-            pending = await ticket.store_apart([req.message], [header])
-            refusal = await txns.add_pending(txn, ids, req.topic, MEMQ_PARTITION, [pending], placed=ticket.partition)
+        refusal = await core.txns.store_pending(req.transactional_id, ids, ticket, MEMQ_PARTITION, [req.message],
+                                                [header], audit=False)
     except MemqError as e:   # a retry stores it again: the first copy, if any, is an orphan or a duplicate
         log.warning("transactional Message %d of %r to %s from %s not stored: %s", header.sequence,
                     req.transactional_id, req.topic, peer, e)

@@ -17,7 +17,7 @@ harmless (readers drop a retried Message by producer id, epoch and sequence). Th
 aborts, with the epoch bumped, an Ongoing transaction older than its `transaction.timeout.ms`.
 
 Every method is safe to call on any broker: state changes are compare-and-set writes, retried
-on a conflict. Which broker coordinates a transactional id is `coordinator_of`; the doors answer
+on a conflict. Which broker coordinates a transactional id is `memq.broker.coordinator`'s; the doors answer
 NOT_COORDINATOR elsewhere (the service does not check it). Refusals are `TxnRefusal`s, Kafka's
 errors; a store that cannot be reached is COORDINATOR_NOT_AVAILABLE (the client retries).
 
@@ -37,14 +37,12 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Protocol, TypeVar
 
-from crc32c import crc32c
 from prometheus_client import CollectorRegistry
 
 from memq.clock import Clock
 from memq.config import TopicConfig
 from memq.errors import MemqError, NotifyError, TxnConflictError
 from memq.format.message import MessageHeader
-from memq.format.metadata import ClusterMetadata
 from memq.kafka_api.mapping import PRODUCER_ID_BITS
 
 from ..publish import PublishPath
@@ -55,7 +53,7 @@ from .state import (DEFAULT_ID_EXPIRATION_MS, DEFAULT_MAX_TIMEOUT_MS, GroupOffse
 from .store import Audited, Pending, PendingEntry, TxnStore
 
 __all__ = ["Audited", "GroupOffsets", "OffsetRelay", "Pending", "TxnAudit", "ProducerIds", "TopicPartition", "Transactions", "TxnRecord",
-           "TxnRefusal", "TxnState", "coordinator_of"]
+           "TxnRefusal", "TxnState"]
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -64,13 +62,6 @@ CACHED_IDS = 10_000  # transactional ids whose state a broker keeps for its prod
 SCAN_BATCH = 500     # ids a scan pass reads at most (the next pass carries on)
 COMMIT_PUBLISH_S = 10.0   # an EndTxn's failed publish is published again this long (within the path's own
                           # notify_retry_ms), then left to the scan: the call holds the id's lock, a client waits
-
-
-def coordinator_of(meta: ClusterMetadata, txn_id: str) -> str | None:
-    """The broker id coordinating `txn_id`: a hash of it over the brokers with a Kafka listener
-    (share groups' rule), None when no broker has one."""
-    ids = sorted(b.id for b in meta.brokers if b.kafka_address)
-    return ids[crc32c(txn_id.encode()) % len(ids)] if ids else None
 
 
 class OffsetRelay(Protocol):
@@ -300,19 +291,21 @@ class Transactions:
         return TxnRefusal.COORDINATOR_NOT_AVAILABLE   # retriable for a producer: it sends again
 
     async def store_pending(self, txn_id: str, ids: ProducerIds, ticket: Storer, partition: int,
-                            messages: list[memoryview], headers: list[MessageHeader]) -> TxnRefusal | None:
-        """The whole transactional produce of one request-partition (the Kafka door's):
+                            messages: list[memoryview], headers: list[MessageHeader], *,
+                            audit: bool = True) -> TxnRefusal | None:
+        """The whole transactional produce of one request-partition (every door's):
         `check_produce`, the Messages stored as one object (`ticket.store_apart`: one PUT),
-        `add_pending` naming them for the audit (a Kafka client has no audit emitter: the
-        coordinator reports them at the commit). None: ack it (its offset unknown until the
-        commit). A StorageError from the PUT propagates (the door answers it as any failed store)."""
+        `add_pending` naming them for the audit with `audit` (a Kafka client has no audit emitter:
+        the coordinator reports them at the commit; memq's Producer reports its own). None: ack it
+        (its offset unknown until the commit). A StorageError from the PUT propagates (the door
+        answers it as any failed store)."""
         topic = ticket.config.name
         refused = await self.check_produce(txn_id, ids, topic, partition)
         if refused is not None:
             return refused
         pending = await ticket.store_apart(messages, headers)
         audited = [Audited(topic, h.producer_id, h.epoch, h.sequence, h.count, h.body_crc32c, h.created_ms)
-                   for h in headers]
+                   for h in headers if audit]
         return await self.add_pending(txn_id, ids, topic, partition, [pending], audited, ticket.partition)
 
     # --- inspection ----------------------------------------------------------------------------
