@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from memq.config import TopicConfig
+
 STAGES = ("queue_wait", "batch_fill", "upload", "notify", "ack")
 _BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
@@ -52,6 +54,12 @@ class BrokerMetrics:
         self.notification_bytes = Counter("memq_broker_notification_bytes",
                                           "Bytes of notifications published (batches ok count them)",
                                           ["topic"], registry=r)
+        # what `memq cost` models a topic's objects from (memq.cost.breakeven): its seal settings
+        # as this broker applies them, one line each, labelled with its storage group ("": its own objects)
+        self.topic_settings = Gauge("memq_broker_topic_settings",
+                                    "A hosted topic's seal settings (batch_bytes, batch_ms, min_batch_bytes, "
+                                    "max_batch_ms: the age a small batch may reach)",
+                                    ["topic", "storage_group", "setting"], registry=r)
         self.started = Gauge("memq_broker_start_time_seconds", "Unix time this broker's counters started from",
                              registry=r)
         self.started.set_to_current_time()
@@ -111,6 +119,20 @@ class BrokerMetrics:
                                   ["result"], registry=r)
         self.part_read_bytes = Counter("memq_broker_part_read_bytes", "Part bytes served to memq Consumers",
                                        registry=r)
+
+    def hosted(self, topic: TopicConfig) -> None:
+        """Report `topic`'s seal settings (it is hosted here now, with these)."""
+        for name, value in (("batch_bytes", topic.batch_bytes), ("batch_ms", topic.batch_ms),
+                            ("min_batch_bytes", topic.min_batch_bytes), ("max_batch_ms", topic.hold_until_ms)):
+            self.topic_settings.labels(topic.name, topic.storage_group, name).set(value)
+
+    def unhosted(self, topic: TopicConfig) -> None:
+        """Stop reporting `topic`'s settings (it left this broker, or is re-added with new ones)."""
+        for name in ("batch_bytes", "batch_ms", "min_batch_bytes", "max_batch_ms"):
+            try:
+                self.topic_settings.remove(topic.name, topic.storage_group, name)
+            except KeyError:
+                pass
 
     def stage(self, topic: str, group: str, stage: str) -> Histogram:
         """The histogram child a topic's `stage` is observed in: its own, or its shared group's."""
