@@ -154,12 +154,17 @@ memq_broker_topic_settings{setting="batch_ms",storage_group="shared",topic="demo
 memq_broker_topic_settings{setting="min_batch_bytes",storage_group="shared",topic="demo"} 0
 memq_broker_topic_settings{setting="max_batch_ms",storage_group="shared",topic="demo"} 250
 memq_broker_topic_settings{setting="a_later_one",storage_group="shared",topic="demo"} 1
+memq_broker_topic_settings{setting="batch_ms",storage_group="",topic="idle"} 1000
 """
     snaps = [parse_metrics(b, text, 1060.0) for b in ("b0", "b1")]
-    assert snaps[0].settings == {"demo": Seal(8 * MiB, 250, 0, 250, "shared")}
-    (u,) = usage(snaps).values()
+    assert snaps[0].settings["demo"] == Seal(8 * MiB, 250, 0, 250, "shared")
+    used = usage(snaps)
+    u, idle = used["demo"], used["idle"]         # hosted, nothing sealed yet: listed, with its settings
+    assert idle.counts == TopicCounters() and idle.seal == Seal(batch_ms=1000) and idle.hosts == ("b0", "b1")
     assert u.seal == Seal(8 * MiB, 250, 0, 250, "shared") and u.hosts == ("b0", "b1")
     assert u.per_broker == {"b0": 1000.0, "b1": 1000.0} and u.counts.messages == 1200
-    body = report(["b0"], {"demo": u}, WEEK, P)["topics"]["demo"]["break_even"]
+    shown = report(["b0"], used, WEEK, P)["topics"]
+    assert shown["idle"]["break_even"]["now_mib_s"] == 0 and shown["idle"]["break_even"]["break_even_mib_s"] > 0
+    body = shown["demo"]["break_even"]
     assert body["now_mib_s"] == pytest.approx(2000 / MiB) and body["break_even_mib_s"] > body["now_mib_s"]
     assert body["method"] == "closed form" and body["suggestions"][0]["setting"].startswith("batch_ms=")

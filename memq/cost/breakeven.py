@@ -303,16 +303,19 @@ def suggest(u: Usage, used: Mapping[str, Usage], retention_s: float, p: CostConf
             return dataclasses.replace(s, seal=dataclasses.replace(s.seal, batch_ms=ms,
                                                                     max_batch_ms=max(s.seal.max_batch_ms, ms)))
         ms = _cheapest(shape, now, retention_s, p, seal.batch_ms, budget, longer)
+        limit = (f"within its latency budget, max_batch_ms {budget:.0f}" if seal.min_batch_bytes > 0 else
+                 f"it sets no latency budget: {DEFAULT_BUDGET_MS} ms at most")
         out.append(_suggestion(f"batch_ms={ms:.0f}", cost_at(longer(shape, ms), now, retention_s, p),
-                               f"each record waits up to {ms / 1000:g} s at the broker (latency budget "
-                               f"{budget / 1000:g} s)"))
+                               f"each record waits up to {ms / 1000:g} s at the broker ({limit})"))
     groups = {v.seal.group for v in used.values() if v.seal is not None and v.seal.group and v.topic != u.topic}
     joined = [(g, shape_of(u, used, g)) for g in sorted(groups - {seal.group})]
     priced = [(g, s, cost_at(s, now, retention_s, p)) for g, s in joined if s.peers.bytes_per_s > 0]
     if priced:
         g, s, e = min(priced, key=lambda t: t[2].memq_usd)
+        pace = (", which would then seal at this topic's pace: their share of the PUTs grows"
+                if batches_per_s(s.seal, now / s.brokers, s.message_bytes) > s.peers.batches_per_s else "")
         out.append(_suggestion(f"storage_group={g}", e, f"its objects shared with the group's other topics "
-                                                        f"({s.peers.bytes_per_s / MiB:,.3f} MiB/s per broker)"))
+                                                        f"({s.peers.bytes_per_s / MiB:,.3f} MiB/s per broker){pace}"))
     if shape.brokers > MIN_BROKERS:
         def fewer(s: Shape, k: float) -> Shape:
             return dataclasses.replace(s, brokers=shape.brokers - int(k))

@@ -212,7 +212,8 @@ def usage(after: Iterable[Snapshot], before: Iterable[Snapshot] = ()) -> dict[st
 
     Each broker's rate is its counts over its own window, so a broker that restarted (its
     counters reset) or joined later adds what it did since it started. What a compacted topic
-    keeps is read from the compactors' gauges (`kept`).
+    keeps is read from the compactors' gauges (`kept`). A topic a broker hosts and has sealed
+    nothing of yet is listed with zero counts (its settings are known).
     """
     after = list(after)
     prior = {(b.broker, b.started_s): b for b in before}
@@ -223,7 +224,9 @@ def usage(after: Iterable[Snapshot], before: Iterable[Snapshot] = ()) -> dict[st
     for snap in after:
         base = prior.get((snap.broker, snap.started_s))
         since = snap.taken_s - (snap.started_s if base is None else base.taken_s)
-        for topic, c in snap.topics.items():
+        # a topic hosted here with nothing sealed yet has settings and no counters: it is listed too
+        hosted = {**dict.fromkeys(snap.settings, TopicCounters()), **snap.topics}
+        for topic, c in hosted.items():
             delta = c - base.topics.get(topic, TopicCounters()) if base is not None else c
             counts[topic] = counts.get(topic, TopicCounters()) + delta
             rate = delta.scaled(1 / max(since, 1e-9))
