@@ -149,12 +149,8 @@ memq_broker_message_bytes_total{topic="demo"} 60000
 # TYPE memq_broker_messages_total counter
 memq_broker_messages_total{topic="demo"} 600
 # TYPE memq_broker_topic_settings gauge
-memq_broker_topic_settings{setting="batch_bytes",storage_group="shared",topic="demo"} 8388608
-memq_broker_topic_settings{setting="batch_ms",storage_group="shared",topic="demo"} 250
-memq_broker_topic_settings{setting="min_batch_bytes",storage_group="shared",topic="demo"} 0
-memq_broker_topic_settings{setting="max_batch_ms",storage_group="shared",topic="demo"} 250
-memq_broker_topic_settings{setting="a_later_one",storage_group="shared",topic="demo"} 1
-memq_broker_topic_settings{setting="batch_ms",storage_group="",topic="idle"} 1000
+memq_broker_topic_settings{topic="demo",storage_group="shared",batch_bytes="8388608",batch_ms="250",min_batch_bytes="0",max_batch_ms="250",later="x"} 1
+memq_broker_topic_settings{topic="idle",storage_group="",batch_ms="1000",batch_bytes="?"} 1
 """
     snaps = [parse_metrics(b, text, 1060.0) for b in ("b0", "b1")]
     assert snaps[0].settings["demo"] == Seal(8 * MiB, 250, 0, 250, "shared")

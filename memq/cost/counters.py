@@ -90,7 +90,8 @@ def compacted_of(parts_bytes: dict[str, float], dirty_ratio: dict[str, float]) -
 
 @dataclass(frozen=True)
 class Seal:
-    """How a broker seals a topic's batches, as it reports them (`memq_broker_topic_settings`): at
+    """How a broker seals a topic's batches, as it reports them (`memq_broker_topic_settings`, one
+    line per topic with its settings as labels): at
     `batch_bytes`, or at `batch_ms` of age, or, under `min_batch_bytes`, at `max_batch_ms`; and the
     storage group its batches are stored in ("": objects of its own)."""
 
@@ -99,6 +100,18 @@ class Seal:
     min_batch_bytes: float = 0.0
     max_batch_ms: float = 250.0
     group: str = ""
+
+
+def seal_of(labels: dict[str, str]) -> Seal:
+    """A topic's Seal from the labels of its `memq_broker_topic_settings` line (a label missing or
+    not a number: the default)."""
+    values: dict[str, float] = {}
+    for name in ("batch_bytes", "batch_ms", "min_batch_bytes", "max_batch_ms"):
+        try:
+            values[name] = float(labels[name])
+        except (KeyError, ValueError):
+            pass
+    return Seal(**values, group=labels.get("storage_group", ""))
 
 
 #: A compacted partition's gauges as its compactor reports them: (stored bytes of its parts, dirty ratio).
@@ -152,7 +165,7 @@ def parse_metrics(broker: str, text: str, taken_s: float) -> Snapshot:
     group_bytes: dict[str, dict[str, float]] = {}
     parts: dict[str, dict[str, float]] = {}
     ratios: dict[str, dict[str, float]] = {}
-    seals: dict[str, dict[str, float | str]] = {}
+    seals: dict[str, Seal] = {}
 
     def add(topic: str, name: str, v: float) -> None:
         values.setdefault(topic, {}).setdefault(name, 0.0)
@@ -176,8 +189,8 @@ def parse_metrics(broker: str, text: str, taken_s: float) -> Snapshot:
                 parts.setdefault(topic, {})[s.labels["partition"]] = s.value
             elif s.name == "memq_compaction_dirty_ratio" and topic:
                 ratios.setdefault(topic, {})[s.labels["partition"]] = s.value
-            elif s.name == "memq_broker_topic_settings" and topic:
-                seals.setdefault(topic, {"group": s.labels.get("storage_group", "")})[s.labels["setting"]] = s.value
+            elif s.name == "memq_broker_topic_settings" and topic and s.value:
+                seals[topic] = seal_of(s.labels)
     if not started:
         raise InvalidInputError(f"broker {broker}: /metrics has no memq_broker_start_time_seconds "
                                 "(a memq broker older than `memq cost`?)")
@@ -185,9 +198,7 @@ def parse_metrics(broker: str, text: str, taken_s: float) -> Snapshot:
     topics = {t: TopicCounters(**values.get(t, {}), requests=requests.get(t, dict.fromkeys(REQUEST_CLASSES, 0.0)))
               for t in sorted(set(values) | set(requests))}
     compaction = {t: {p: (v, ratios.get(t, {}).get(p, 0.0)) for p, v in per.items()} for t, per in sorted(parts.items())}
-    known = {f.name for f in dataclasses.fields(Seal)}
-    settings = {t: Seal(**{k: v for k, v in per.items() if k in known}) for t, per in sorted(seals.items())}  # type: ignore[arg-type]
-    return Snapshot(broker, taken_s, started, topics, compaction, settings)
+    return Snapshot(broker, taken_s, started, topics, compaction, dict(sorted(seals.items())))
 
 
 @dataclass(frozen=True)
