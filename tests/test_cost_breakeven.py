@@ -164,3 +164,20 @@ memq_broker_topic_settings{topic="idle",storage_group="",batch_ms="1000",batch_b
     body = shown["demo"]["break_even"]
     assert body["now_mib_s"] == pytest.approx(2000 / MiB) and body["break_even_mib_s"] > body["now_mib_s"]
     assert body["method"] == "closed form" and body["suggestions"][0]["setting"].startswith("batch_ms=")
+
+
+def test_a_broker_reports_the_settings_of_the_topics_it_hosts_and_withdraws_them() -> None:
+    from prometheus_client import generate_latest
+
+    from memq.broker.metrics import BrokerMetrics
+    from memq.config import TopicConfig
+
+    m = BrokerMetrics("b1")
+    budget = TopicConfig("sensors", min_batch_bytes=MiB, max_batch_ms=10_000, storage_group="")
+    m.hosted(budget)
+    m.hosted(TopicConfig("demo"))
+    seen = parse_metrics("b1", generate_latest(m.registry).decode(), 1.0).settings
+    assert seen == {"demo": Seal(group="shared"), "sensors": Seal(min_batch_bytes=MiB, max_batch_ms=10_000)}
+    m.unhosted(budget)
+    m.unhosted(budget)                              # twice: nothing left to remove, no error
+    assert list(parse_metrics("b1", generate_latest(m.registry).decode(), 1.0).settings) == ["demo"]
