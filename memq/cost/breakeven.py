@@ -352,16 +352,21 @@ def as_dict(v: Verdict) -> dict[str, Any]:
                              "cheaper": s.cheaper, "note": s.note} for s in v.suggestions]}
 
 
+def mib_s(bytes_per_s: float) -> str:
+    """A rate in MiB/s to three significant digits, never in exponent form: 0.403, 0.0043, 12300."""
+    return format(float(f"{bytes_per_s / MiB:.3g}"), "f").rstrip("0").rstrip(".") or "0"
+
+
 def describe(v: Verdict) -> list[str]:
     """The verdict in words, one line each (`memq cost`)."""
     be = v.break_even_bps
-    now = f"now {v.now_bps / MiB:,.4f} MiB/s"
+    now = f"now {mib_s(v.now_bps)} MiB/s"
     if be is None:
         lines = [f"break-even: none: with these settings and prices memq is dearer at any rate ({now})"]
     elif be == 0:
         lines = [f"break-even: 0 MiB/s: with these settings memq is the cheaper at any rate ({now})"]
     else:
-        lines = [f"break-even: {be / MiB:,.4f} MiB/s ({now}, {v.now_bps / be:.0%} of it): "
+        lines = [f"break-even: {mib_s(be)} MiB/s ({now}, {v.now_bps / be:.0%} of it): "
                  f"memq is the cheaper {'now' if v.above else 'above it'}"]
     s = v.seal
     budget = f", min_batch_bytes {s.min_batch_bytes:,.0f} until {s.max_batch_ms:,.0f} ms" if s.min_batch_bytes else ""
