@@ -39,14 +39,20 @@ pytestmark = [
 
 async def test_dashboard_shows_injected_loss(memq_config: MemqConfig, unique_name: Callable[[str], str],
                                              tmp_path: Path) -> None:
-    # the cost panel's counters: one broker, a busy topic (above its break-even) and a trickle (below)
+    # the cost panel's counters: one broker, a busy topic (above its break-even) and a trickle of
+    # small Messages (below it: 4 objects a second, which a longer batch_ms would cut), each with
+    # objects of its own
     busy_topic, trickle_topic = unique_name("busy"), unique_name("trickle")
     served = MemqConfig(storage=StorageConfig(kind="file", root_dir=str(tmp_path / "objects")),
-                        broker=BrokerConfig(port=0), topics=(TopicConfig(busy_topic), TopicConfig(trickle_topic)))
+                        broker=BrokerConfig(port=0),
+                        topics=(TopicConfig(busy_topic, storage_group=""), TopicConfig(trickle_topic, storage_group="")))
     with broker_in_thread(served) as broker_url:
         async with Producer(ProducerConfig(brokers=broker_url)) as producer:
-            await asyncio.gather(*[await producer.send(busy_topic, os.urandom(64 * 1024)) for _ in range(256)],
-                                 *[await producer.send(trickle_topic, b"tick") for _ in range(3)])
+            acks = [await producer.send(busy_topic, os.urandom(64 * 1024)) for _ in range(256)]
+            for _ in range(100):                    # one Message each (linger_ms 5)
+                acks.append(await producer.send(trickle_topic, b"tick"))
+                await asyncio.sleep(0.02)
+            await asyncio.gather(*acks)
         cfg = dataclasses.replace(audit_config(memq_config, unique_name), producer=ProducerConfig(brokers=broker_url))
         await _show_loss_and_cost(cfg, tmp_path, unique_name, busy_topic, trickle_topic)
 
