@@ -210,6 +210,12 @@ def test_memq_dev_serves_a_round_trip_and_stops_clean(tmp_path: Path) -> None:
         assert r.returncode == 0, r.stderr.decode()
         values = consume_until(config, "demo", {f"{marker} one", f"{marker} two"})
         assert any(v.startswith("demo message") for v in values)     # the demo producer runs
+        # the cost view: the demo topic and its batched twin, each against its break-even
+        cost = memq("cost", config=config)
+        assert cost.returncode == 0, cost.stderr.decode()
+        shown = cost.stdout.decode()
+        assert "demo-batched" in endpoints["placement"] and re.search(r"(?m)^demo-batched: ", shown), shown
+        assert shown.count("break-even: ") == len(re.findall(r"(?m)^[\w.-]+: in [\d,]+ s", shown)) >= 2, shown
         assert processes_under(run_dir)                              # (the check below can see them)
     finally:
         tail = stop_dev(proc, run_dir)

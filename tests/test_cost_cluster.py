@@ -143,7 +143,18 @@ def test_memq_cost_prints_the_requests_s3_served_and_a_trickle_topic_batches_by_
         s3 = next(x for x in shown["memq"] if x["name"] == "s3_storage")
         assert s3["quantity"] == pytest.approx(kept["kept_bytes"] / GB) and kept["saving_usd_month"] > 0
 
+        # every topic against its break-even, from the settings its brokers report: the trickle
+        # holds its batches to 5 s, so its break-even is lower than the busy topic's (250 ms)
+        for topic in (busy, trickle, state):
+            be = report["topics"][topic]["break_even"]
+            assert be["break_even_mib_s"] is not None and be["settings"]["brokers"] == 2, (topic, be)
+            assert be["now_mib_s"] == pytest.approx(report["topics"][topic]["counts"]["bytes_in"] / 2**20
+                                                    / report["topics"][topic]["window_s"], rel=0.5)
+        assert report["topics"][trickle]["break_even"]["settings"]["max_batch_ms"] == 5_000
+        assert report["topics"][trickle]["break_even"]["break_even_mib_s"] < report["topics"][busy]["break_even"]["break_even_mib_s"]
+
         text = memq(client, "cost", "--topic", busy, "--topic", state, "--brokers", one_broker, "--retention-days", "1")
         assert "S3 Standard" in text and f"{stored:,} PUT" in text and "cross-AZ replication" in text
         assert trickle not in text and "retention 1 days" in text
         assert text.count("compacted: keeps") == 1 and "(compacted parts + plain tail)" in text
+        assert text.count("break-even: ") == 2 and "objects of its own, on 2 broker(s)" in text

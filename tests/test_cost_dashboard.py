@@ -57,6 +57,12 @@ async def test_api_cost_prices_what_the_broker_stored(tmp_path: Path) -> None:
     stored = len([p for p in (tmp_path / "objects").rglob("*") if p.is_file()])
     assert orders["counts"]["objects"] == orders["counts"]["requests"]["put"] == stored == 3
     assert orders["memq_usd_month"] > 0 and orders["compaction"] is None     # a plain topic
+    # its break-even, from the settings the broker reports for it (memq_broker_topic_settings)
+    be = orders["break_even"]
+    assert be["settings"] == {"batch_bytes": 8 * 2**20, "batch_ms": 250, "min_batch_bytes": 0, "max_batch_ms": 250,
+                              "group": "shared", "brokers": 1}
+    assert be["now_mib_s"] > 0 and be["break_even_mib_s"] > be["now_mib_s"] and not be["above"]
+    assert be["suggestions"] and all(s["memq_usd_month"] < be["memq_usd_month"] for s in be["suggestions"])
 
 
 async def test_api_cost_says_when_no_broker_answers(tmp_path: Path) -> None:

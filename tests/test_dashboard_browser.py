@@ -1,23 +1,29 @@
 """The audit dashboard in a real headless chromium (Debian's, driven by Playwright).
 
-Injected loss must be visible on the page, the charts must hold data points, and the page
-must log no console errors. The screenshot is kept in test-artifacts/ for people to look at.
+Injected loss must be visible on the page, the charts must hold data points, the cost panel
+must show each topic against its break-even (an in-process broker on file storage serves the
+counters), and the page must log no console errors. The screenshot is kept in test-artifacts/
+for people to look at.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from tests.support.audit import GRACE_S, audit_config, emit_traffic
+from tests.support.inproc import broker_in_thread
 from tests.support.waiting import async_wait_for
 
 from memq.audit.dashboard import AuditService
 from memq.audit.emitter import make_audit_sink
-from memq.config import MemqConfig
+from memq.client.producer import Producer
+from memq.config import BrokerConfig, MemqConfig, ProducerConfig, StorageConfig, TopicConfig
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 ARTIFACTS = Path(__file__).resolve().parents[1] / "test-artifacts"
@@ -33,9 +39,28 @@ pytestmark = [
 
 async def test_dashboard_shows_injected_loss(memq_config: MemqConfig, unique_name: Callable[[str], str],
                                              tmp_path: Path) -> None:
+    # the cost panel's counters: one broker, a busy topic (above its break-even) and a trickle of
+    # small Messages (below it: 4 objects a second, which a longer batch_ms would cut), each with
+    # objects of its own
+    busy_topic, trickle_topic = unique_name("busy"), unique_name("trickle")
+    served = MemqConfig(storage=StorageConfig(kind="file", root_dir=str(tmp_path / "objects")),
+                        broker=BrokerConfig(port=0),
+                        topics=(TopicConfig(busy_topic, storage_group=""), TopicConfig(trickle_topic, storage_group="")))
+    with broker_in_thread(served) as broker_url:
+        async with Producer(ProducerConfig(brokers=broker_url)) as producer:
+            acks = [await producer.send(busy_topic, os.urandom(64 * 1024)) for _ in range(256)]
+            for _ in range(100):                    # one Message each (linger_ms 5)
+                acks.append(await producer.send(trickle_topic, b"tick"))
+                await asyncio.sleep(0.02)
+            await asyncio.gather(*acks)
+        cfg = dataclasses.replace(audit_config(memq_config, unique_name), producer=ProducerConfig(brokers=broker_url))
+        await _show_loss_and_cost(cfg, tmp_path, unique_name, busy_topic, trickle_topic)
+
+
+async def _show_loss_and_cost(cfg: MemqConfig, tmp_path: Path, unique_name: Callable[[str], str],
+                              busy_topic: str, trickle_topic: str) -> None:
     from playwright.async_api import async_playwright
 
-    cfg = audit_config(memq_config, unique_name)
     em = make_audit_sink(cfg)
     assert em is not None
     healthy, lossy = unique_name("healthy"), unique_name("lossy")
@@ -103,6 +128,18 @@ async def test_dashboard_shows_injected_loss(memq_config: MemqConfig, unique_nam
                 # The legend shows the latest figures without hovering: p50 matches the table.
                 p50 = await page.locator(f'#summary tr[data-topic="{lossy}"] td').nth(10).inner_text()
                 assert drawn["legend"][1] == p50, drawn      # [0] is the time of the latest window
+
+                # the cost panel: each topic's rate now, its break-even (green above it, red below),
+                # and below it the changes that would cut its cost with their monthly figures
+                await page.wait_for_selector(f'#cost tr[data-topic="{trickle_topic}"]', timeout=15_000)
+                busy, trickle = (page.locator(f'#cost tr[data-topic="{t}"] td') for t in (busy_topic, trickle_topic))
+                assert await busy.nth(12).get_attribute("class") == "above"
+                assert await trickle.nth(12).get_attribute("class") == "below"
+                assert float(await trickle.nth(12).inner_text()) > float(await trickle.nth(11).inner_text()) > 0
+                assert await busy.nth(13).inner_text() == ""
+                ideas = await trickle.nth(13).inner_text()
+                assert ideas.startswith("batch_ms=") and ": $" in ideas, ideas
+                assert "at the broker" in (await trickle.nth(13).locator("div").first.get_attribute("title") or "")
 
                 ARTIFACTS.mkdir(exist_ok=True)
                 await page.screenshot(path=str(ARTIFACTS / "audit-dashboard.png"), full_page=True)

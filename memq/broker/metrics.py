@@ -17,6 +17,10 @@ from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from memq.config import TopicConfig
+
+#: the labels of `memq_broker_topic_settings` besides the topic (memq.cost.counters.Seal reads them)
+SEAL_LABELS = ("storage_group", "batch_bytes", "batch_ms", "min_batch_bytes", "max_batch_ms")
 STAGES = ("queue_wait", "batch_fill", "upload", "notify", "ack")
 _BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
@@ -55,6 +59,12 @@ class BrokerMetrics:
         self.republished_notifications = Counter(
             "memq_broker_republished_notifications",
             "Notifications published again after a failed publish (the publish path's retries)", registry=r)
+        # what `memq cost` models a topic's objects from (memq.cost.breakeven): its seal settings as
+        # this broker applies them and its storage group ("": its own objects), one line per topic (1)
+        self.topic_settings = Gauge("memq_broker_topic_settings",
+                                    "1 per hosted topic, its seal settings as labels (max_batch_ms: the age a "
+                                    "batch under min_batch_bytes may reach)",
+                                    ["topic", *SEAL_LABELS], registry=r)
         self.started = Gauge("memq_broker_start_time_seconds", "Unix time this broker's counters started from",
                              registry=r)
         self.started.set_to_current_time()
@@ -115,8 +125,24 @@ class BrokerMetrics:
         self.part_read_bytes = Counter("memq_broker_part_read_bytes", "Part bytes served to memq Consumers",
                                        registry=r)
 
+    def hosted(self, topic: TopicConfig) -> None:
+        """Report `topic`'s settings (it is hosted here now, with these)."""
+        self.topic_settings.labels(topic.name, *_seal_labels(topic)).set(1)
+
+    def unhosted(self, topic: TopicConfig) -> None:
+        """Stop reporting `topic`'s settings (it left this broker, or is re-added with new ones)."""
+        try:
+            self.topic_settings.remove(topic.name, *_seal_labels(topic))
+        except KeyError:
+            pass
+
     def stage(self, topic: str, group: str, stage: str) -> Histogram:
         """The histogram child a topic's `stage` is observed in: its own, or its shared group's."""
         if group:
             return self.group_stage_seconds.labels(group, stage)
         return self.stage_seconds.labels(topic, stage)
+
+
+def _seal_labels(topic: TopicConfig) -> tuple[str, ...]:
+    return (topic.storage_group, str(topic.batch_bytes), str(topic.batch_ms), str(topic.min_batch_bytes),
+            str(topic.hold_until_ms))

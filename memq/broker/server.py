@@ -293,6 +293,7 @@ class Broker:
             self._processors[topic.name] = (
                 PlacedTopic([self._new_processor(topic, writer, p) for p in range(topic.read_partitions)])
                 if topic.compacted and topic.read_partitions > 1 else self._new_processor(topic, writer, -1))
+            self.metrics.hosted(topic)
             self._moved.pop(topic.name, None)
         if failed:
             more = f" (and {len(failed) - 3} more)" if len(failed) > 3 else ""
@@ -313,6 +314,7 @@ class Broker:
         if proc is None:
             return
         self._moved[name] = tuple(moved_to)
+        self.metrics.unhosted(proc.config)
         await proc.close()
 
     @property

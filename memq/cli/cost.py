@@ -10,8 +10,9 @@ from rich.console import Console
 from rich.table import Table
 
 from memq.cli._common import config_of, require
-from memq.cost import Estimate, Usage, estimate, price_source, report, usage
 from memq.client._auth import BrokerAuth
+from memq.cost import Estimate, Usage, Verdict, estimate, price_source, report, usage, verdict
+from memq.cost.breakeven import describe
 from memq.cost.scrape import cluster_brokers, scrape
 
 _TIMEOUT_S = 5.0
@@ -27,7 +28,11 @@ are priced on the Kafka model. Kafka: the same bytes in, kafka_replicas replicas
 (bytes/s x retention x replicas / kafka_disk_utilization), cross-zone transfer ($ per GB out and again
 in) for producers -> leaders (cross_az_fraction), leader -> each other replica, and leaders -> each
 consumer group (cross_az_fraction, no fetch-from-follower). Not modelled: broker instances and compute,
-free tiers, volume discounts."""
+free tiers, volume discounts. Break-even: the rate above which the topic costs less on memq, from the
+same prices on steady traffic with its settings (batches sealed by size, batch_ms, its latency budget
+and its producers' Messages, on the brokers its bytes reach; in a storage group, its share by bytes of
+the group's objects), in closed form; below it, the changes that would cut its cost, each priced the
+same way at the rate now."""
 
 
 @click.command(epilog=ASSUMPTIONS)
@@ -57,19 +62,19 @@ def cost(ctx: click.Context, brokers: str | None, window: float, retention_days:
     before = scrape(urls, _TIMEOUT_S, auth) if window else []
     if window:
         time.sleep(window)
-    used = usage(scrape(urls, _TIMEOUT_S, auth), before)
-    if topics:
-        used = {t: u for t, u in used.items() if t in topics}
+    every = usage(scrape(urls, _TIMEOUT_S, auth), before)     # a storage group's other topics count
+    used = {t: u for t, u in every.items() if t in topics} if topics else every
     retention_s = retention_days * 86_400
     if as_json:
-        click.echo(json.dumps(report(urls, used, retention_s, config.cost)))
+        click.echo(json.dumps(report(urls, every, retention_s, config.cost, only=topics)))
         return
     estimates = {t: estimate(u, retention_s, config.cost) for t, u in used.items()}
-    _print(Console(), urls, price_source(config.cost), retention_days, used, estimates)
+    verdicts = {t: verdict(u, every, retention_s, config.cost, estimates[t]) for t, u in used.items()}
+    _print(Console(), urls, price_source(config.cost), retention_days, used, estimates, verdicts)
 
 
 def _print(console: Console, urls: list[str], prices: str, retention_days: float, used: dict[str, Usage],
-           estimates: dict[str, Estimate]) -> None:
+           estimates: dict[str, Estimate], verdicts: dict[str, Verdict]) -> None:
     console.print(f"memq cost: {len(urls)} broker(s); prices: {prices}; retention {retention_days:g} days")
     if not estimates:
         console.print("no topic has counters yet")
@@ -95,5 +100,7 @@ def _print(console: Console, urls: list[str], prices: str, retention_days: float
                       f"{e.saving:.0%} {'cheaper' if e.saving >= 0 else 'dearer'}")
         if e.compaction:
             console.print(e.compaction.describe())
+        for said in describe(verdicts[topic]):
+            console.print(said, highlight=False, markup=False)
     console.print(f"\n{ASSUMPTIONS}", style="dim")
 

@@ -3,20 +3,26 @@
 Starts the dev cluster (moto S3, tansu Kafka, ZooKeeper) and N broker processes that register
 in ZooKeeper, on racks assigned round-robin; one of them is elected governor. The demo topic is
 created through the governor's topic admin (ZooKeeper topic + Kafka notification topic), so
-the governor places it (on 2 brokers of different racks when there are 2 or more). Then it
+the governor places it (on 2 brokers of different racks when there are 2 or more). With demo
+traffic, a second topic, `<topic>-batched`, gets as many records, larger (~60 bytes each once
+compressed, against ~5), with a latency budget and objects of its own (`batched_topic`): the cost
+panel then shows one topic dearer than Kafka (a trickle sealed every 250 ms on two brokers) and
+one cheaper, each against its break-even. Then it
 writes a client config file and runs a demo producer (which follows the brokers' metadata) and
-consumer showing live counts. Ctrl-C or SIGTERM (or `--duration`) stops everything, children
+consumers showing live counts. Ctrl-C or SIGTERM (or `--duration`) stops everything, children
 first; every server also dies with this process if it is killed outright.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import shlex
 import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from contextlib import ExitStack
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -35,6 +41,23 @@ if TYPE_CHECKING:
 
 _DEMO_GROUP = "memq-dev-demo"
 READY_TIMEOUT_S = 30.0
+
+
+def batched_topic(name: str, partitions: int) -> TopicConfig:
+    """The demo's second topic: a batch waits for 1 MiB up to 10 s, in objects of its own (in the
+    shared group the demo topic's 250 ms seals would carry its batches off early); kept 30 minutes,
+    so that the dev S3 (in memory) holds a bounded amount of it."""
+    return TopicConfig(name=name, read_partitions=partitions, min_batch_bytes=1 << 20, max_batch_ms=10_000,
+                       storage_group="", retention_ms=30 * 60_000)
+
+
+def demo_value(i: int) -> bytes:
+    return b"demo message %d" % i
+
+
+def reading_value(i: int) -> bytes:
+    """A value of the batched topic: ~110 bytes, about half of them random (zstd leaves ~60)."""
+    return b"reading %d %s" % (i, os.urandom(48).hex().encode())
 
 
 @click.command()
@@ -73,6 +96,10 @@ def dev(broker_count: int, topic_name: str, partitions: int, rate: float, durati
                 broker=BrokerConfig(kafka_port=0)))
             governor = cluster.governor()
             placed = cluster.create_topic(TopicConfig(name=topic_name, read_partitions=partitions))
+            topics: dict[str, Callable[[int], bytes]] = {topic_name: demo_value}
+            if rate > 0:
+                topics[f"{topic_name}-batched"] = reading_value
+                batched = cluster.create_topic(batched_topic(f"{topic_name}-batched", partitions))
             config, client = cluster.base, cluster.config()
             config_path = cluster.write_client_config(run_dir / "memq.toml")
             endpoints = {
@@ -84,6 +111,9 @@ def dev(broker_count: int, topic_name: str, partitions: int, rate: float, durati
                 "Kafka API": _kafka_listeners(cluster.broker(governor).url, client),
                 "placement": _placement_line(topic_name, placed, cluster),
             }
+            if rate > 0:
+                endpoints["placement"] += "; " + _placement_line(f"{topic_name}-batched", batched,
+                                                                 cluster).split("  --")[0]
             if security is not None:
                 endpoints["security"] = (f"TLS (CA {security.ca_file}), token of principal {security.principal} "
                                          "in the client config, ACLs allow it everything")
@@ -97,7 +127,7 @@ def dev(broker_count: int, topic_name: str, partitions: int, rate: float, durati
             endpoints["config"] = str(config_path)
             endpoints["logs"] = str(run_dir)
             _print_endpoints(endpoints, config_path, topic_name)
-            demo = stack.enter_context(DemoTraffic(client, topic_name, rate)) if rate > 0 else None
+            demo = stack.enter_context(DemoTraffic(client, topics, rate)) if rate > 0 else None
             _watch(console, demo, duration)
     except KeyboardInterrupt:
         pass
@@ -165,8 +195,9 @@ def _watch(console: Console, demo: DemoTraffic | None, duration: float | None) -
                 if demo is not None:
                     elapsed = max(time.monotonic() - start, 1e-9)
                     demo.check()
-                    live.update(f"demo: produced {demo.acked:,} ({demo.acked / elapsed:,.0f}/s)  "
-                                f"consumed {demo.consumed:,} ({demo.consumed / elapsed:,.0f}/s)")
+                    live.update(f"demo ({len(demo.topics)} topics): produced {demo.acked:,} "
+                                f"({demo.acked / elapsed:,.0f}/s)  consumed {demo.consumed:,} "
+                                f"({demo.consumed / elapsed:,.0f}/s)")
                 time.sleep(min(0.25, max(0.0, end - time.monotonic())))
     finally:
         if not console.is_terminal:
@@ -175,19 +206,21 @@ def _watch(console: Console, demo: DemoTraffic | None, duration: float | None) -
 
 
 class DemoTraffic:
-    """A producer at `rate` msg/s and a consumer of the demo topic, each in its own thread."""
+    """A producer at `rate` msg/s to each demo topic (topic -> its values by number) and a
+    consumer of each, each in its own thread."""
 
-    def __init__(self, config: MemqConfig, topic: str, rate: float) -> None:
+    def __init__(self, config: MemqConfig, topics: dict[str, Callable[[int], bytes]], rate: float) -> None:
         self.acked = 0
         self.consumed = 0
+        self.topics = dict(topics)
         self._config = config
-        self._topic = topic
         self._rate = rate
         self._stop = threading.Event()
         self._errors: list[BaseException] = []
         self._audit = make_audit_sink(config, client_id="memq-dev-demo")
-        self._threads = [threading.Thread(target=self._guard, args=(fn,), name=f"memq-dev-{fn.__name__}")
-                         for fn in (self._produce, self._consume)]
+        self._threads = [threading.Thread(target=self._guard, args=(self._produce,), name="memq-dev-produce")]
+        self._threads += [threading.Thread(target=self._guard, args=(self._consume, t), name=f"memq-dev-consume-{t}")
+                          for t in self.topics]
 
     def __enter__(self) -> DemoTraffic:
         for t in self._threads:
@@ -206,9 +239,9 @@ class DemoTraffic:
         if self._errors:
             raise self._errors[0]
 
-    def _guard(self, fn: object) -> None:
+    def _guard(self, fn: object, *args: object) -> None:
         try:
-            fn()  # type: ignore[operator]
+            fn(*args)  # type: ignore[operator]
         except BaseException as e:  # surfaced by check() in the main thread
             self._errors.append(e)
 
@@ -223,8 +256,8 @@ class DemoTraffic:
                 while not self._stop.is_set():
                     due = int((time.monotonic() - start) * self._rate) - sent
                     if due > 0:
-                        values = [b"demo message %d" % i for i in range(sent, sent + due)]
-                        pending.append(await producer.send_many(self._topic, values))
+                        for topic, value in self.topics.items():
+                            pending.append(await producer.send_many(topic, [value(i) for i in range(sent, sent + due)]))
                         sent += due
                     for fut in [f for f in pending if f.done()]:
                         pending.remove(fut)
@@ -233,10 +266,10 @@ class DemoTraffic:
 
         asyncio.run(run())
 
-    def _consume(self) -> None:
+    def _consume(self, topic: str) -> None:
         from memq.client.consumer import Consumer
 
-        with Consumer(self._config, self._topic, group_id=_DEMO_GROUP, audit=self._audit) as consumer:
+        with Consumer(self._config, topic, group_id=_DEMO_GROUP, audit=self._audit) as consumer:
             while not self._stop.is_set():
                 got = sum(1 for _ in consumer.poll(0.25))
                 if got:

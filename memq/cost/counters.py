@@ -40,6 +40,7 @@ class TopicCounters:
     """Counts (or, scaled, rates) of one topic. `stored_bytes` is bytes of batch objects written."""
 
     bytes_in: float = 0.0
+    messages: float = 0.0           # producers' Messages (their upload units), to model a trickle's batches
     objects: float = 0.0
     stored_bytes: float = 0.0
     notifications: float = 0.0
@@ -87,6 +88,32 @@ def compacted_of(parts_bytes: dict[str, float], dirty_ratio: dict[str, float]) -
                      sum(parts * r / (1.0 - r) for parts, r in zip(parts_bytes.values(), ratios)))
 
 
+@dataclass(frozen=True)
+class Seal:
+    """How a broker seals a topic's batches, as it reports them (`memq_broker_topic_settings`, one
+    line per topic with its settings as labels): at
+    `batch_bytes`, or at `batch_ms` of age, or, under `min_batch_bytes`, at `max_batch_ms`; and the
+    storage group its batches are stored in ("": objects of its own)."""
+
+    batch_bytes: float = 8 * 2 ** 20
+    batch_ms: float = 250.0
+    min_batch_bytes: float = 0.0
+    max_batch_ms: float = 250.0
+    group: str = ""
+
+
+def seal_of(labels: dict[str, str]) -> Seal:
+    """A topic's Seal from the labels of its `memq_broker_topic_settings` line (a label missing or
+    not a number: the default)."""
+    values: dict[str, float] = {}
+    for name in ("batch_bytes", "batch_ms", "min_batch_bytes", "max_batch_ms"):
+        try:
+            values[name] = float(labels[name])
+        except (KeyError, ValueError):
+            pass
+    return Seal(**values, group=labels.get("storage_group", ""))
+
+
 #: A compacted partition's gauges as its compactor reports them: (stored bytes of its parts, dirty ratio).
 PartitionGauges = tuple[float, float]
 
@@ -101,9 +128,11 @@ class Snapshot:
     started_s: float
     topics: dict[str, TopicCounters]
     compaction: dict[str, dict[str, PartitionGauges]] = field(default_factory=dict)
+    settings: dict[str, Seal] = field(default_factory=dict)     # the topics it hosts, and how it seals them
 
 
 _SCALARS = {"memq_broker_message_bytes_total": "bytes_in",
+            "memq_broker_messages_total": "messages",
             "memq_broker_batch_bytes_count": "objects",
             "memq_broker_batch_bytes_sum": "stored_bytes",
             "memq_broker_notification_bytes_total": "notification_bytes"}
@@ -136,6 +165,7 @@ def parse_metrics(broker: str, text: str, taken_s: float) -> Snapshot:
     group_bytes: dict[str, dict[str, float]] = {}
     parts: dict[str, dict[str, float]] = {}
     ratios: dict[str, dict[str, float]] = {}
+    seals: dict[str, Seal] = {}
 
     def add(topic: str, name: str, v: float) -> None:
         values.setdefault(topic, {}).setdefault(name, 0.0)
@@ -159,6 +189,8 @@ def parse_metrics(broker: str, text: str, taken_s: float) -> Snapshot:
                 parts.setdefault(topic, {})[s.labels["partition"]] = s.value
             elif s.name == "memq_compaction_dirty_ratio" and topic:
                 ratios.setdefault(topic, {})[s.labels["partition"]] = s.value
+            elif s.name == "memq_broker_topic_settings" and topic and s.value:
+                seals[topic] = seal_of(s.labels)
     if not started:
         raise InvalidInputError(f"broker {broker}: /metrics has no memq_broker_start_time_seconds "
                                 "(a memq broker older than `memq cost`?)")
@@ -166,19 +198,24 @@ def parse_metrics(broker: str, text: str, taken_s: float) -> Snapshot:
     topics = {t: TopicCounters(**values.get(t, {}), requests=requests.get(t, dict.fromkeys(REQUEST_CLASSES, 0.0)))
               for t in sorted(set(values) | set(requests))}
     compaction = {t: {p: (v, ratios.get(t, {}).get(p, 0.0)) for p, v in per.items()} for t, per in sorted(parts.items())}
-    return Snapshot(broker, taken_s, started, topics, compaction)
+    return Snapshot(broker, taken_s, started, topics, compaction, dict(sorted(seals.items())))
 
 
 @dataclass(frozen=True)
 class Usage:
     """What one topic did across the cluster: counts in the window, and rates per second; what it
-    keeps now if it is a compacted topic (None: priced as a plain topic)."""
+    keeps now if it is a compacted topic (None: priced as a plain topic); its bytes in per second
+    on each broker (`per_broker`), and how the brokers hosting it seal its batches (`seal`, None
+    from brokers that do not report it; `hosts`: the brokers that do)."""
 
     topic: str
     window_s: float
     counts: TopicCounters
     rates: TopicCounters
     compacted: Compacted | None = None
+    per_broker: dict[str, float] = field(default_factory=dict)
+    seal: Seal | None = None
+    hosts: tuple[str, ...] = ()
 
 
 def usage(after: Iterable[Snapshot], before: Iterable[Snapshot] = ()) -> dict[str, Usage]:
@@ -186,23 +223,31 @@ def usage(after: Iterable[Snapshot], before: Iterable[Snapshot] = ()) -> dict[st
 
     Each broker's rate is its counts over its own window, so a broker that restarted (its
     counters reset) or joined later adds what it did since it started. What a compacted topic
-    keeps is read from the compactors' gauges (`kept`).
+    keeps is read from the compactors' gauges (`kept`). A topic a broker hosts and has sealed
+    nothing of yet is listed with zero counts (its settings are known).
     """
     after = list(after)
     prior = {(b.broker, b.started_s): b for b in before}
     counts: dict[str, TopicCounters] = {}
     rates: dict[str, TopicCounters] = {}
     windows: dict[str, float] = {}
+    per_broker: dict[str, dict[str, float]] = {}
     for snap in after:
         base = prior.get((snap.broker, snap.started_s))
         since = snap.taken_s - (snap.started_s if base is None else base.taken_s)
-        for topic, c in snap.topics.items():
+        # a topic hosted here with nothing sealed yet has settings and no counters: it is listed too
+        hosted = {**dict.fromkeys(snap.settings, TopicCounters()), **snap.topics}
+        for topic, c in hosted.items():
             delta = c - base.topics.get(topic, TopicCounters()) if base is not None else c
             counts[topic] = counts.get(topic, TopicCounters()) + delta
-            rates[topic] = rates.get(topic, TopicCounters()) + delta.scaled(1 / max(since, 1e-9))
+            rate = delta.scaled(1 / max(since, 1e-9))
+            rates[topic] = rates.get(topic, TopicCounters()) + rate
             windows[topic] = max(windows.get(topic, 0.0), since)
+            per_broker.setdefault(topic, {})[snap.broker] = rate.bytes_in
     held = kept(after)
-    return {t: Usage(t, windows[t], counts[t], rates[t], held.get(t)) for t in sorted(counts)}
+    seals = {t: [(s.broker, s.settings[t]) for s in after if t in s.settings] for t in counts}
+    return {t: Usage(t, windows[t], counts[t], rates[t], held.get(t), per_broker[t],
+                     seals[t][0][1] if seals[t] else None, tuple(b for b, _ in seals[t])) for t in sorted(counts)}
 
 
 def kept(snaps: Iterable[Snapshot]) -> dict[str, Compacted]:

@@ -220,10 +220,3 @@ def price_source(p: CostConfig) -> str:
     if p == CostConfig():
         return "S3 Standard, EBS gp3 and inter-AZ public list prices (AWS us-east-1)"
     return "the [cost] price table of the config"
-
-
-def report(brokers: list[str], used: dict[str, Usage], retention_s: float, p: CostConfig) -> dict[str, Any]:
-    """The whole estimate as JSON-ready data (`memq cost --json`, the dashboard's /api/cost)."""
-    return {"brokers": brokers, "prices": price_source(p), "price_table": dataclasses.asdict(p),
-            "retention_days": retention_s / 86_400,
-            "topics": {t: as_dict(u, estimate(u, retention_s, p)) for t, u in used.items()}}

@@ -183,6 +183,29 @@ function compactionCell(c) {
   return td;
 }
 
+// A rate in MiB/s: two significant digits below 1; "never" (null) or "any" (0) for a break-even.
+function mibs(v) {
+  if (v === null) return "never";
+  if (v === 0) return "any";
+  return v < 1 ? Number(v).toPrecision(2) : Number(v).toFixed(2);
+}
+
+// The topic's break-even against its rate now, and below it the changes that would cut its cost.
+function breakEvenCells(b) {
+  const be = cell(mibs(b.break_even_mib_s), b.above ? "above" : "below");
+  be.title = `steady at the rate now: memq $${fmt(b.memq_usd_month, 2)} vs Kafka $${fmt(b.kafka_usd_month, 2)} ` +
+    `a month (${b.method})`;
+  const ideas = cell("", "suggestions");
+  for (const s of b.suggestions) {
+    const div = document.createElement("div");
+    div.className = s.cheaper ? "cheaper" : "dearer";
+    div.textContent = `${s.setting}: $${fmt(s.memq_usd_month, 2)}`;
+    div.title = s.note;
+    ideas.append(div);
+  }
+  return [cell(mibs(b.now_mib_s)), be, ideas];
+}
+
 async function refreshCost() {
   const res = await fetch("/api/cost");
   const body = await res.json();
@@ -196,7 +219,7 @@ async function refreshCost() {
     tr.append(cell(topic, "name"), cell(fmt(t.counts.bytes_in / 1048576, 1)), cell(fmt(t.counts.objects)),
       cell(fmt(r.put)), cell(fmt(r.get)), cell(fmt(r.list)), cell(fmt(r.delete)),
       cell(fmt(t.memq_usd_month, 2)), cell(fmt(t.kafka_usd_month, 2)), cell(fmt(100 * t.saving) + "%"),
-      compactionCell(t.compaction));
+      compactionCell(t.compaction), ...breakEvenCells(t.break_even));
     return tr;
   }));
 }
