@@ -16,7 +16,7 @@ from memq.broker.metrics import BrokerMetrics
 from memq.broker.read_cache import ReadCache
 from memq.broker.reads import Reads
 from memq.config import KafkaConfig
-from memq.broker.group_audit import GroupAudit
+from memq.broker.consumer_group_audit import GroupAudit
 from tests.support.clock import FakeClock
 from tests.support.consumer_fakes import CountingSource, SinkRecorder, batch
 from tests.support.consumer_fakes import recs as recs_of

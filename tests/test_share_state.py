@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from memq.errors import StateFencedError
 from memq.broker.share.assignment import assign
-from memq.broker.share.group import ShareGroups
+from memq.broker.share.membership import ShareGroups
 from memq.broker.share.partition import AckOutcome, RecordState, SharePartition, Snapshot
 from memq.broker.share.service import Shares
 from memq.config import ShareConfig

@@ -20,7 +20,7 @@ from tests.support.clock import FakeClock
 from tests.support.processor import Harness, MemoryPublisher, message
 from tests.support.appending import append
 
-from memq.broker.group import MAX_THROTTLED_AGE_S, throttled_age_s
+from memq.broker.storage_group import MAX_THROTTLED_AGE_S, throttled_age_s
 from memq.broker.metrics import BrokerMetrics
 from memq.broker.processor import TopicProcessor
 from memq.chaos.s3faults import slowdown_body

@@ -22,7 +22,7 @@ until `max_batch_ms` (a trickle topic otherwise writes an object, a PUT and a no
 SlowDown, every batch's age limit is stretched the same way (`GroupWriter.batch_age_s`).
 
 Storing is the group's: a sealed batch goes to S3 as a part of its storage group's next object,
-with the filling batches of the group's other topics (`memq.broker.group.GroupWriter`), which
+with the filling batches of the group's other topics (`memq.broker.storage_group.GroupWriter`), which
 hands back one `Outcome` per batch (`settle`); the batch's slot is released then.
 
 A stored batch is announced on Kafka before any ack=all Message in it is acked; if the PUT or
@@ -51,7 +51,7 @@ from memq.storage import ObjectLocation, StorageHandler
 
 from .batch import Batch, Failed, Outcome, Reply
 from .dedup import Held, RecentMessages, message_id
-from .group import GroupWriter
+from .storage_group import GroupWriter
 from .metrics import BrokerMetrics
 from .publish import Publisher, PublishPath
 

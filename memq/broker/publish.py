@@ -1,7 +1,7 @@
 """The publish path: the one way a broker's notifications go to Kafka.
 
 Every notification a broker publishes goes through one `PublishPath`: a storage group's parts
-once their object is stored (`memq.broker.group.GroupWriter`), and a transaction's pending
+once their object is stored (`memq.broker.storage_group.GroupWriter`), and a transaction's pending
 notifications at its commit (`memq.broker.txn.service.Transactions`). The path
 
 - publishes a call's notes in one `Publisher.publish_many` burst, and publishes those that

@@ -14,7 +14,7 @@ from memq.format.metadata import ClusterMetadata
 
 from .admission import Admission
 from .cluster_admin import ClusterAdmin
-from .groups import Groups
+from .consumer_groups import Groups
 from .guard import Guard
 from .logs import Logs
 from .metrics import BrokerMetrics

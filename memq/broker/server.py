@@ -44,10 +44,10 @@ from .admission import Admission, Check
 from .coordinator import coordinator_of
 from .doors.http import HttpDoor
 from .doors.kafka import KafkaListener
-from .groups import Groups
+from .consumer_groups import Groups
 from .guard import Guard
 from .metrics import BrokerMetrics
-from .group import GroupWriter, GroupWriters
+from .storage_group import GroupWriter, GroupWriters
 from .placed import PlacedTopic
 from .processor import TopicProcessor
 from .publish import Publisher, PublishPath

@@ -2,7 +2,7 @@
 
 A notification names one *part* of an object: the batch at bytes [offset, offset + size) of
 the object `key`, whose CRC32C is `crc32c`. An object of one topic is the one-part case at
-offset 0; a storage group's object holds one part per topic (see `memq.broker.group`).
+offset 0; a storage group's object holds one part per topic (see `memq.broker.storage_group`).
 Versions: 1 had no `offset` (always 0, read as such); 2 added it.
 """
 

@@ -3,7 +3,7 @@
 The per-prefix throttle (`memq.storage.throttle`) spaces out a refused request's retries, but
 it cannot lower the rate of requests a broker offers: one PUT per sealed batch, one GET per
 batch a reader fetches. Only the writer can do that, by sealing fewer, larger batches while the
-store throttles (`memq.broker.group.GroupWriter.batch_age_s`). This is the figure it reads.
+store throttles (`memq.broker.storage_group.GroupWriter.batch_age_s`). This is the figure it reads.
 
 Throttles are counted with half the half-life of all answers, and the share scaled back by
 that factor: while a storm lasts the figure is the share of throttles, and once it stops it

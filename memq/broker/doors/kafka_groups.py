@@ -9,7 +9,7 @@ OffsetDelete is an OffsetCommit of -1 ("no committed offset") by no member: ever
 takes it (tansu serves no OffsetDelete), only while the group has no members.
 
 What each OffsetCommit of a Kafka group covers is reported to the audit as that group's
-consumption (`memq.broker.group_audit`). Group ACLs as Kafka's: `consume` on the group to be a
+consumption (`memq.broker.consumer_group_audit`). Group ACLs as Kafka's: `consume` on the group to be a
 member and commit, `describe` to find its coordinator, fetch its offsets or describe it,
 `admin` to delete it or its offsets (OffsetDelete: Kafka's DELETE on the group, and READ, memq's
 `consume`, on each topic).
@@ -36,8 +36,8 @@ from memq.kafka_api.protocol import ApiKey, ErrorCode, Reader, RequestHeader, Wr
 from memq.security.acl import Operation
 
 from ..coordinator import coordinator_of
-from ..group_audit import GroupAudit
-from ..groups import GroupLink
+from ..consumer_group_audit import GroupAudit
+from ..consumer_groups import GroupLink
 from .kafka_family import Conn, Family, Response
 
 log = logging.getLogger(__name__)
@@ -196,7 +196,7 @@ def _find_coordinator(st: GroupState, h: RequestHeader, body: Reader) -> bytes:
 async def _audited_commit(st: GroupState, h: RequestHeader, asked_group: str, request: bytes, names: dict[str, str],
                           commits: list[tuple[str, int, int]]) -> bytes:
     """Relay an OffsetCommit, then report to the audit what each committed partition's
-    group consumed since its previous commit (`group_audit`), asked of the coordinator
+    group consumed since its previous commit (`consumer_group_audit`), asked of the coordinator
     once per partition and connection, before the commit moves it."""
     group = st.conn.core.groups.mapped(asked_group)
     unknown: dict[str, list[int]] = {}

@@ -41,7 +41,7 @@ from memq.notify.consumer import NotificationRecord
 
 from ..admission import Refusal
 from .delivery import Budget, acknowledge, by_note, dead_letter, record_at, take_again, take_new
-from .group import ShareGroups
+from .membership import ShareGroups
 from .partition import Archived, SharePartition, Snapshot
 from .session import Key, Session, ShareSessions
 from .store import ShareStateStore, StateKey

@@ -15,7 +15,7 @@ from memq.format.metadata import TopicMetadata
 from memq.kafka_api.groups import commit_errors, offset_commit_request
 from memq.kafka_api.protocol import ApiKey, ErrorCode, RequestHeader
 
-from ..groups import Groups
+from ..consumer_groups import Groups
 from .state import GroupOffsets, TopicPartition
 
 _COMMIT_V2 = RequestHeader(ApiKey.OFFSET_COMMIT, 2, 0, None)

@@ -66,7 +66,7 @@ COMMIT_PUBLISH_S = 10.0   # an EndTxn's failed publish is published again this l
 
 class OffsetRelay(Protocol):
     """Where a committed transaction's group offsets go: an OffsetCommit relayed to the
-    notification Kafka's coordinator of the mapped group (memq.broker.groups)."""
+    notification Kafka's coordinator of the mapped group (memq.broker.consumer_groups)."""
 
     async def commit(self, group: str, offsets: GroupOffsets) -> dict[TopicPartition, int]:
         """Commit `offsets` (memq topic names) for `group`; the Kafka error code of each partition

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from tests.support.appending import append
-from memq.broker.group import GroupWriters, layout
+from memq.broker.storage_group import GroupWriters, layout
 from memq.broker.placed import PlacedTopic
 from memq.broker.metrics import BrokerMetrics
 from memq.broker.processor import SMALL_BATCH_BYTES, SMALL_BATCHES, TopicProcessor
