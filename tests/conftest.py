@@ -42,10 +42,11 @@ def unique_name(request: pytest.FixtureRequest) -> Callable[[str], str]:
 #: left the one-test Spark and `memq dev` files (1-2 min each) to run alone at the end. Longest
 #: first (with `--no-loadscope-reorder`) ends the run on short files. A file not named keeps
 #: its place; name a new file here when it takes a minute or more.
-LONGEST_FIRST = ("test_spark_source.py", "test_spark_example.py", "test_spark_write.py", "test_kafka_produce.py",
-                 "test_cli.py", "test_table_sync.py", "test_cli_first_hour.py", "test_dev_tls.py",
-                 "test_governor_cluster.py", "test_long_stall.py", "test_cli_topic_create.py", "test_lint.py",
-                 "test_dedup_cluster.py", "test_shared_objects.py", "test_storage.py", "test_security_describe.py")
+LONGEST_FIRST = ("test_spark_source.py", "test_spark_example.py", "test_table_sync.py", "test_dev_tls.py",
+                 "test_chaos.py", "test_spark_write.py", "test_cli.py", "test_kafka_produce.py", "test_long_stall.py",
+                 "test_dedup_cluster.py", "test_shared_objects.py", "test_governor_cluster.py",
+                 "test_security_describe.py", "test_cli_first_hour.py", "test_cli_topic_create.py", "test_consumer.py",
+                 "test_spark_kafka_read.py", "test_lint.py", "test_many_topics_startup.py")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
