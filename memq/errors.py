@@ -177,6 +177,20 @@ class OffsetOutOfRangeError(ConsumerError):
         self.oldest = oldest
 
 
+# --- schemas ---------------------------------------------------------------------------------
+
+
+class SchemaError(MemqError):
+    """A schema registry request memq cannot serve as asked: `.code` is Confluent's error code
+    (40401 subject not found, 409 incompatible, 42201 invalid schema, ...), `.status` the HTTP
+    status it goes out with (the code's first three digits)."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.status = code // 100 if code >= 10000 else code
+
+
 # --- local dev infrastructure ---------------------------------------------------------------
 
 
