@@ -191,6 +191,11 @@ class SchemaError(MemqError):
         self.status = code // 100 if code >= 10000 else code
 
 
+class SchemaConflictError(MemqError):
+    """The schema store changed between a read and a write that depended on it (another broker
+    registered or deleted meanwhile): read again, decide again."""
+
+
 # --- local dev infrastructure ---------------------------------------------------------------
 
 

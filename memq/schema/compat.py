@@ -33,11 +33,12 @@ class Format:
     name: str
     parse: Callable[[str, Sequence[Any]], Any]     # (text, parsed references) -> Parsed, or SchemaError 42201
     compatibility: Callable[..., list[str]]        # (reader, writer, *, reader_is, writer_is) -> reasons
+    named: Callable[[Any, str], Any] = lambda parsed, name: parsed   # a parsed schema as a reference `name`
 
 
 FORMATS: dict[str, Format] = {
     "AVRO": Format("AVRO", avro.parse, avro.compatibility),
-    "JSON": Format("JSON", jsonschema_rules.parse, jsonschema_rules.compatibility),
+    "JSON": Format("JSON", jsonschema_rules.parse, jsonschema_rules.compatibility, jsonschema_rules.named),
 }
 
 

@@ -155,8 +155,13 @@ class SubjectRecord:
             return pool[-1] if pool else None
         return next((v for v in pool if v.version == version), None)
 
-    def added(self, schema_id: int) -> SubjectRecord:
-        return SubjectRecord(self.versions + (SubjectVersion(self.next_version, schema_id),), self.next_version + 1)
+    def added(self, schema_id: int, version: int | None = None) -> SubjectRecord:
+        """A version naming `schema_id` appended: the next number, or `version` (IMPORT mode keeps
+        a given one; it must be above every number used)."""
+        number = self.next_version if version is None else version
+        if number < self.next_version:
+            raise SchemaError(INVALID_VERSION, f"version {number} is not above the subject's versions")
+        return SubjectRecord(self.versions + (SubjectVersion(number, schema_id),), number + 1)
 
     def soft_deleted(self, version: int | None) -> SubjectRecord:
         """Version `version` (None: every one) soft-deleted."""
