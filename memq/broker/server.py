@@ -30,6 +30,8 @@ from memq.format.metadata import BrokerMetadata, ClusterMetadata, ClusterView, S
 from memq.format.wire import AckCode
 from memq.governor.registry import Registry
 from memq.notify import KafkaTopic, NotificationPublisher, TopicAdmin, TopicCreator
+from memq.schema.service import SchemaRegistry
+from memq.schema.store import MemorySchemaStore, SchemaStore, ZooKeeperSchemaStore
 from memq.security.quota import Throttler
 from memq.security.tls import server_context
 from memq.storage import StorageHandler, StorageMetrics, make_storage
@@ -38,6 +40,7 @@ from .cluster_admin import ClusterAdmin
 from .admission import Admission, Check
 from .doors.http import HttpDoor
 from .doors.kafka import KafkaListener
+from .doors.schema_registry import SchemaRegistryDoor
 from .groups import Groups
 from .guard import Guard
 from .metrics import BrokerMetrics
@@ -82,6 +85,7 @@ class Broker:
         self._shares: Shares | None = None   # made on start: share groups on the Kafka listener
         self._share_registry: Registry | None = None   # ZooKeeper for share groups and transactions
         self._txns: Transactions | None = None   # made on start, with the publisher
+        self._schemas: SchemaRegistry | None = None   # made on start: the registry over the cluster's store
         self.groups = Groups(config.kafka.bootstrap_servers, config.cluster.name, self.broker_id)
         self.cluster_view: Callable[[], ClusterView | None] | None = None   # governed: from ZooKeeper
         self.cluster_admin: ClusterAdmin | None = None   # governed: topics and ACLs through ZooKeeper
@@ -93,6 +97,7 @@ class Broker:
                                    processor=self._processors.get, where_is=self.where_is, checks=checks)
         self.app = web.Application(middlewares=[self.guard.middleware])
         self._http = HttpDoor(self, self.app)
+        SchemaRegistryDoor(self, self.app)
 
     # --- lifecycle ---------------------------------------------------------------------------
 
@@ -118,6 +123,7 @@ class Broker:
             # Kafka clients carry no memq audit emitter: the broker reports their Messages.
             self._kafka_audit = make_audit_sink(self.config, client_id=f"memq-broker-{self.broker_id}-audit")
         self._txns = await self._make_txns()
+        self._schemas = await self._make_schemas()
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((bc.host, bc.port))
@@ -211,6 +217,20 @@ class Broker:
                             max_timeout_ms=bc.txn_max_timeout_ms, scan_s=bc.txn_scan_ms / 1000,
                             full_scan_s=30 * bc.txn_scan_ms / 1000, id_expiration_ms=bc.txn_id_expiration_ms,
                             audit=self._kafka_audit)
+
+    async def _make_schemas(self) -> SchemaRegistry:
+        """The registry over the cluster's store in ZooKeeper (the session share groups and
+        transactions use), else over this broker's memory (a broker without ZooKeeper)."""
+        store: SchemaStore = MemorySchemaStore()
+        if self.config.zookeeper.enabled:
+            assert self._share_registry is not None, "the transactions' store opened the session"
+            store = await asyncio.to_thread(ZooKeeperSchemaStore, self._share_registry)
+        return SchemaRegistry(store)
+
+    @property
+    def schemas(self) -> SchemaRegistry:
+        assert self._schemas is not None, "start() first"
+        return self._schemas
 
     def _coordinates(self, txn_id: str) -> bool:
         """This broker coordinates `txn_id` (or no broker has a Kafka listener: any may)."""

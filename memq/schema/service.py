@@ -109,6 +109,15 @@ class SchemaRegistry:
                     out.append(name)
         return out
 
+    def schemas(self, prefix: str = "", deleted: bool = False, latest_only: bool = False) -> list[dict[str, Any]]:
+        """GET /schemas: every version of the subjects under `prefix` (or each one's latest)."""
+        out = []
+        for name in self.subjects(prefix, deleted):
+            rec, _ = self.store.subject(name)
+            versions = rec.visible(deleted) if rec is not None else []
+            out += [self._answer(name, v) for v in (versions[-1:] if latest_only else versions)]
+        return out
+
     def _record(self, subject: str, deleted: bool = False) -> tuple[SubjectRecord, int]:
         rec, zv = self.store.subject(subject)
         if rec is None or not rec.visible(deleted):
