@@ -20,6 +20,7 @@ from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 from confluent_kafka.schema_registry.avro import AvroDeserializer, AvroSerializer
 from confluent_kafka.schema_registry.error import SchemaRegistryError
 from confluent_kafka.schema_registry.json_schema import JSONDeserializer, JSONSerializer
+from confluent_kafka.schema_registry.protobuf import ProtobufDeserializer, ProtobufSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 
 from memq.client.cluster import fetch_metadata
@@ -34,6 +35,21 @@ AVRO = json.dumps({"type": "record", "name": "Order", "namespace": "shop", "fiel
 JSON_SCHEMA = json.dumps({"type": "object", "properties": {"id": {"type": "integer"}, "item": {"type": "string"}},
                           "required": ["id", "item"]})
 RECORDS = 300
+
+
+def order_class() -> Any:
+    """A Protobuf message class built at run time (no protoc here): shop.Order {id, item}."""
+    from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+
+    fdp = descriptor_pb2.FileDescriptorProto(name=f"order_{uuid.uuid4().hex[:6]}.proto", package="shop",
+                                             syntax="proto3")
+    m = fdp.message_type.add(name="Order")
+    F = descriptor_pb2.FieldDescriptorProto
+    m.field.add(name="id", number=1, type=F.TYPE_INT64, label=F.LABEL_OPTIONAL)
+    m.field.add(name="item", number=2, type=F.TYPE_STRING, label=F.LABEL_OPTIONAL)
+    pool = descriptor_pool.DescriptorPool()
+    pool.Add(fdp)
+    return message_factory.GetMessageClass(pool.FindMessageTypeByName("shop.Order"))
 
 
 class Cluster:
@@ -78,7 +94,7 @@ def read_back(address: str, topic: str, n: int, partitions: int) -> list[tuple[b
         c.close()
 
 
-@pytest.mark.parametrize("fmt", ["avro", "json"])
+@pytest.mark.parametrize("fmt", ["avro", "json", "protobuf"])
 def test_confluent_serializers_through_memq_with_either_broker_as_registry(cluster: Cluster, fmt: str) -> None:
     topic = f"orders-{fmt}-{uuid.uuid4().hex[:6]}"
     cluster.gc.create_topic(TopicConfig(topic, read_partitions=2, batch_ms=50), brokers=2)
@@ -88,9 +104,16 @@ def test_confluent_serializers_through_memq_with_either_broker_as_registry(clust
         ser = AvroSerializer(writer_registry, AVRO)
         de = AvroDeserializer(reader_registry)
         values = [{"id": i, "item": f"item-{i}", "qty": i if i % 3 else None} for i in range(RECORDS)]
-    else:
+    elif fmt == "json":
         ser = JSONSerializer(JSON_SCHEMA, writer_registry)
         de = JSONDeserializer(None, schema_registry_client=reader_registry)
+        values = [{"id": i, "item": f"item-{i}"} for i in range(RECORDS)]
+    else:
+        order = order_class()
+        protobuf_ser = ProtobufSerializer(order, writer_registry)
+        protobuf_de = ProtobufDeserializer(order, {"use.latest.version": False}, reader_registry)
+        ser = lambda v, c: protobuf_ser(order(**v), c)   # noqa: E731
+        de = lambda raw, c: (lambda m: {"id": m.id, "item": m.item})(protobuf_de(raw, c))   # noqa: E731
         values = [{"id": i, "item": f"item-{i}"} for i in range(RECORDS)]
     producer = Producer({"bootstrap.servers": cluster.kafka["b1"], "linger.ms": 5})
     ctx = SerializationContext(topic, MessageField.VALUE)

@@ -163,3 +163,16 @@ def test_brokers_registering_at_once_never_share_an_id(store: SchemaStore, reque
         by_text.setdefault(text, set()).add(i)
     assert all(len(ids) == 1 for ids in by_text.values()), by_text
     assert len({i for ids in by_text.values() for i in ids}) == 20
+
+
+def test_protobuf_registered_as_text_is_served_as_a_descriptor_too(store: SchemaStore) -> None:
+    reg = SchemaRegistry(store)
+    s = f"pb-{uuid.uuid4().hex[:6]}"
+    text = 'syntax = "proto3";\npackage shop;\nmessage Order { int64 id = 1; string item = 2; }\n'
+    sid = reg.register(s, {"schema": text, "schemaType": "PROTOBUF"})["id"]
+    assert reg.schema_by_id(sid) == {"schemaType": "PROTOBUF", "schema": text.strip()}
+    serialized = reg.version(s, 1, fmt="serialized")["schema"]
+    assert reg.register(f"{s}-b", {"schema": serialized, "schemaType": "PROTOBUF"})["id"] != sid   # another text
+    changed = text.replace("string item = 2", "double item = 2")
+    e = pytest.raises(SchemaError, reg.register, s, {"schema": changed, "schemaType": "PROTOBUF"}).value
+    assert e.code == 409 and "FIELD_SCALAR_KIND_CHANGED" in str(e)

@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 from memq.errors import SchemaError
 
-from . import avro, jsonschema_rules
+from . import avro, jsonschema_rules, protobuf_rules
 from .model import INVALID_COMPATIBILITY, INVALID_SCHEMA, MODES
 
 
@@ -39,6 +39,7 @@ class Format:
 FORMATS: dict[str, Format] = {
     "AVRO": Format("AVRO", avro.parse, avro.compatibility),
     "JSON": Format("JSON", jsonschema_rules.parse, jsonschema_rules.compatibility, jsonschema_rules.named),
+    "PROTOBUF": Format("PROTOBUF", protobuf_rules.parse, protobuf_rules.compatibility, protobuf_rules.named),
 }
 
 

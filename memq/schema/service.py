@@ -79,8 +79,16 @@ class SchemaRegistry:
             refs.append(fmt.named(self._parse(self.schema(v.id), depth + 1), r.name))
         return fmt.parse(schema.text, refs)
 
-    def schema_by_id(self, schema_id: int) -> dict[str, Any]:
-        return self.schema(schema_id).to_json()
+    def schema_by_id(self, schema_id: int, fmt: str | None = None) -> dict[str, Any]:
+        return self._formatted(schema_id, fmt).to_json()
+
+    def _formatted(self, schema_id: int, fmt: str | None) -> Schema:
+        """The schema as `format=` asks: `serialized` gives a Protobuf schema as a base64
+        FileDescriptorProto (what confluent-kafka's Python client reads); else as stored."""
+        s = self.schema(schema_id)
+        if fmt == "serialized" and s.schema_type == "PROTOBUF":
+            return s.with_text(self.parsed(schema_id).serialized())
+        return s
 
     def _uses(self, schema_id: int, deleted: bool) -> list[dict[str, Any]]:
         self.schema(schema_id)   # 40403 for an unknown id
@@ -131,15 +139,15 @@ class SchemaRegistry:
             raise SchemaError(VERSION_NOT_FOUND, f"Version {version} not found.")
         return v
 
-    def _answer(self, subject: str, v: SubjectVersion) -> dict[str, Any]:
-        return {"subject": subject, "version": v.version, "id": v.id, **self.schema(v.id).to_json()}
+    def _answer(self, subject: str, v: SubjectVersion, fmt: str | None = None) -> dict[str, Any]:
+        return {"subject": subject, "version": v.version, "id": v.id, **self._formatted(v.id, fmt).to_json()}
 
     def versions(self, subject: str, deleted: bool = False) -> list[int]:
         rec, _ = self._record(subject, deleted)
         return [v.version for v in rec.visible(deleted)]
 
-    def version(self, subject: str, version: int, deleted: bool = False) -> dict[str, Any]:
-        return self._answer(subject, self._version(subject, version, deleted))
+    def version(self, subject: str, version: int, deleted: bool = False, fmt: str | None = None) -> dict[str, Any]:
+        return self._answer(subject, self._version(subject, version, deleted), fmt)
 
     def referenced_by(self, subject: str, version: int) -> list[int]:
         """The ids of live versions whose schemas reference this version."""
