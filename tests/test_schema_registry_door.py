@@ -158,6 +158,45 @@ def test_rest_contract_error_codes_and_content_type(cluster: Cluster) -> None:
     assert e.value.http_status_code == 409 and e.value.error_code == 409
 
 
+def produce_each(address: str, topic: str, values: list[bytes], flush_each: bool) -> list[str | None]:
+    """Each value's delivery error (None: stored); `flush_each`: one Produce request per value."""
+    outcome: list[str | None] = [None] * len(values)
+    producer = Producer({"bootstrap.servers": address, "linger.ms": 5, "retries": 0})
+    for i, v in enumerate(values):
+        producer.produce(topic, value=v, on_delivery=lambda err, _m, i=i: outcome.__setitem__(
+            i, None if err is None else err.name()))
+        if flush_each:
+            producer.flush(30)
+    assert producer.flush(60) == 0
+    return outcome
+
+
+@pytest.mark.parametrize("action", ["reject", "warn"])
+def test_a_topic_with_value_checks_refuses_or_counts_what_does_not_decode(cluster: Cluster, action: str) -> None:
+    topic = f"checked-{action}-{uuid.uuid4().hex[:6]}"
+    cluster.gc.create_topic(TopicConfig(topic, read_partitions=1, batch_ms=50, value_schema_validation=True,
+                                        schema_validation_action=action), brokers=2)
+    registry = SchemaRegistryClient({"url": cluster.url["b2"]})
+    ser = AvroSerializer(registry, AVRO)
+    ctx = SerializationContext(topic, MessageField.VALUE)
+    good = [ser({"id": i, "item": f"item-{i}", "qty": None}, ctx) for i in range(200)]
+    other = registry.register_schema(f"other-{topic}-value", Schema(json.dumps({"type": "string"}), "AVRO"))
+    bad = [b"no magic byte", good[0][:3], b"\0\0\x0f\x42\x40" + good[0][5:],        # unknown id 1000000
+           b"\0" + other.to_bytes(4, "big") + good[0][5:],                                 # another subject's id
+           good[0][:-2], good[0] + b"\x01"]                                               # truncated, trailing
+    address = cluster.kafka["b1"]
+    assert produce_each(address, topic, good, flush_each=False) == [None] * len(good)
+    outcome = produce_each(address, topic, bad, flush_each=True)
+    expected = "INVALID_RECORD" if action == "reject" else None
+    assert outcome == [expected] * len(bad), outcome
+    last = ser({"id": -1, "item": "last", "qty": 1}, ctx)
+    assert produce_each(address, topic, [last], flush_each=True) == [None]
+    stored = len(good) + (len(bad) if action == "warn" else 0) + 1
+    values = [v for _, v in read_back(cluster.kafka["b2"], topic, stored, 1)]
+    # one partition, in order: every valid record, then the bad ones only if warned, then the last
+    assert values == good + (bad if action == "warn" else []) + [last]
+
+
 def test_ids_stay_unique_and_served_after_a_broker_is_killed(cluster: Cluster) -> None:
     """Registered through both brokers, one is SIGKILLed: the survivor serves every id, and what it
     registers next gets new ids. (Last in this module: it leaves one broker.)"""

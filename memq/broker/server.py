@@ -30,6 +30,7 @@ from memq.format.metadata import BrokerMetadata, ClusterMetadata, ClusterView, S
 from memq.format.wire import AckCode
 from memq.governor.registry import Registry
 from memq.notify import KafkaTopic, NotificationPublisher, TopicAdmin, TopicCreator
+from memq.schema.check import Checker
 from memq.schema.service import SchemaRegistry
 from memq.schema.store import MemorySchemaStore, SchemaStore, ZooKeeperSchemaStore
 from memq.security.quota import Throttler
@@ -225,7 +226,9 @@ class Broker:
         if self.config.zookeeper.enabled:
             assert self._share_registry is not None, "the transactions' store opened the session"
             store = await asyncio.to_thread(ZooKeeperSchemaStore, self._share_registry)
-        return SchemaRegistry(store)
+        registry = SchemaRegistry(store)
+        self.admission.payloads = Checker(registry)
+        return registry
 
     @property
     def schemas(self) -> SchemaRegistry:

@@ -73,6 +73,7 @@ class AvroSchema:
     raw: Any                       # the JSON as given
     root: AvroType
     names: dict[str, Named]        # every named type it defines or references, by full name
+    deps: list[Any] = field(default_factory=list)   # the JSON of its references, those they reference first
 
     def canonical(self) -> str:
         """The text stored for a plain registration: the JSON as given, without whitespace."""
@@ -96,7 +97,10 @@ def parse(text: str, refs: Sequence[AvroSchema] = ()) -> AvroSchema:
         known.update(r.names)
     parser = _Parser(known)
     root = parser.type(raw, "", "")
-    return AvroSchema(raw, root, parser.names)
+    deps: list[Any] = []
+    for r in refs:
+        deps += [*r.deps, r.raw]
+    return AvroSchema(raw, root, parser.names, deps)
 
 
 def _bad(why: str, path: str) -> SchemaError:

@@ -146,6 +146,11 @@ class SchemaRegistry:
         rec, _ = self._record(subject, deleted)
         return [v.version for v in rec.visible(deleted)]
 
+    def ids_of(self, subject: str) -> list[int]:
+        """The ids of the subject's live versions (40401 if it has none)."""
+        rec, _ = self._record(subject)
+        return [v.id for v in rec.live()]
+
     def version(self, subject: str, version: int, deleted: bool = False, fmt: str | None = None) -> dict[str, Any]:
         return self._answer(subject, self._version(subject, version, deleted), fmt)
 

@@ -11,8 +11,10 @@ as on `/v1/produce` (memq.security.quota): a Produce over quota is accepted, its
 carries `throttle_time_ms`, and the connection is not read for that long (KIP-219).
 
 A record without a key to a compacted topic is refused (INVALID_RECORD, the whole partition's
-records): the one place the door decodes records, bounded to compacted topics
-(`kafka_api.compacted.keyless_records`). A compacted topic's records go to the partition the
+records): one of the two places the door decodes records, bounded to compacted topics
+(`kafka_api.compacted.keyless_records`). The other: a topic with schema checks has its records
+checked by the admission path (`Admission.check_records`); with `reject`, a failing record
+refuses the partition's records (INVALID_RECORD with each failing record's index and reason). A compacted topic's records go to the partition the
 client asked for (its partitioner hashed the key, Kafka's semantics: `memq.broker.placed`), so
 compaction per partition sees every record of a key; any other topic's go where memq picks.
 
@@ -29,7 +31,8 @@ import secrets
 from typing import Any
 
 from memq.errors import FormatError, MemqError, UnsupportedCodecError, UnsupportedVersionError
-from memq.format.kafka_records import KafkaBatchHeader, split_kafka_batches, verify_kafka_batch
+from memq.format.kafka_records import (KafkaBatchHeader, decode_kafka_records, split_kafka_batches,
+                                       verify_kafka_batch)
 from memq.format.message import MESSAGE_HEADER_SIZE, MessageHeader, encode_kafka_message
 from memq.format.wire import Ack, AckCode, AckLevel
 from memq.kafka_api.compacted import keyless_records
@@ -39,6 +42,8 @@ from memq.kafka_api.offsets import produce_base_offset
 from memq.kafka_api.protocol import (ApiKey, ErrorCode, PartitionData, PartitionResult, ProduceRequest, ProduceResult,
                                      Reader, RequestHeader, decode_init_producer_id, decode_produce,
                                      encode_init_producer_id, encode_produce)
+
+from memq.schema.check import checked
 
 from ..admission import Refusal, Ticket
 from ..txn.service import ProducerIds
@@ -59,6 +64,8 @@ MIN_ACK_WAIT_S = 1.0
 MAX_ACK_WAIT_S = 300.0
 #: A connection banks idle-seal credit (`idle_seal`) up to this many `broker.kafka_idle_seal_bytes`.
 IDLE_SEAL_BANK = 4
+#: A refused Produce lists at most this many records' errors (the message counts them all).
+MAX_RECORD_ERRORS = 100
 
 
 class ProduceState:
@@ -195,6 +202,10 @@ async def _append(conn: Conn, st: ProduceState, topic: str, part: PartitionData,
     if "compact" in admitted.config.cleanup_policy and (keyless := keyless_records(b for b, _ in batches)):
         return PartitionResult(part.index, ErrorCode.INVALID_RECORD,
                                message=f"topic {topic} is compacted: {keyless} record(s) without a key refused")
+    if checked(admitted.config):
+        refused = await _schema_check(conn, topic, part.index, admitted, batches)
+        if refused is not None:
+            return refused
     if txn_id is not None:
         return _txn_store(conn, txn_id, topic, part.index, admitted, batches)
     loop = asyncio.get_running_loop()
@@ -223,6 +234,21 @@ async def _append(conn: Conn, st: ProduceState, topic: str, part: PartitionData,
             st.awaiting[topic, admitted.partition] = admitted
         futures.append((fut, kh.count))
     return futures
+
+
+async def _schema_check(conn: Conn, topic: str, index: int, ticket: Ticket,
+                        batches: list[tuple[memoryview, KafkaBatchHeader]]) -> PartitionResult | None:
+    """A topic with schema checks: its records decoded and checked (memq.schema.check); with
+    `reject`, any failure refuses the partition's records (INVALID_RECORD, each failing record's
+    index in the request's batch and why), nothing of them stored."""
+    records = [r for b, _ in batches for r in decode_kafka_records(b)]
+    failures = await conn.core.admission.check_records(ticket, records)
+    if not failures or ticket.config.schema_validation_action != "reject":
+        return None
+    return PartitionResult(index, ErrorCode.INVALID_RECORD, record_errors=tuple(
+        (f.index, str(f)) for f in failures[:MAX_RECORD_ERRORS]),
+        message=f"topic {topic}: {len(failures)} of {len(records)} records fail the schema checks; "
+                f"first: {failures[0]}")
 
 
 def _txn_store(conn: Conn, txn_id: str, topic: str, index: int, admitted: Ticket,
