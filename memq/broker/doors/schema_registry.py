@@ -7,7 +7,9 @@ same registry. Bodies go out as `application/vnd.schemaregistry.v1+json`; a refu
 Confluent's `{"error_code": n, "message": "..."}` with the code's HTTP status (40401 -> 404,
 409, 42201 -> 422, 50001 -> 500 when the store cannot answer). Each call runs in a thread
 (the store blocks on ZooKeeper). Behind the broker's Guard: with security on, every call needs
-an authenticated principal.
+an authenticated principal, and a change (register, delete, config, mode) `admin` on the subject
+(`subject:NAME` or `subject-prefix:P` rules) or, for the global config and mode, on the cluster:
+else Confluent's 403 `{"error_code": 40301}`, counted in the denials metric.
 
   GET    /schemas/types | /schemas | /schemas/ids/{id}[/schema|/subjects|/versions]
   GET    /subjects[?subjectPrefix&deleted] | /subjects/{s}/versions[/{v}[/schema|/referencedby]]
@@ -33,6 +35,9 @@ from memq.errors import MemqError, SchemaError
 from memq.schema.model import STORE_ERROR, parse_version
 from memq.schema.service import SchemaRegistry
 
+from memq.security.acl import CLUSTER_RESOURCE, Operation
+
+from ..guard import PRINCIPAL_KEY
 from ..seam import BrokerCore
 
 log = logging.getLogger(__name__)
@@ -65,47 +70,57 @@ def _version(request: web.Request) -> int:
     return parse_version(request.match_info["version"])
 
 
-# (method, path, call, reads a body) -- the table GET /schemas etc. are served from
-ROUTES: list[tuple[str, str, Call, bool]] = [
-    ("GET", "/", lambda r, q, b: {}, False),
-    ("GET", "/contexts", lambda r, q, b: ["."], False),
-    ("GET", "/schemas/types", lambda r, q, b: r.types(), False),
+# Who may call a route, with security on: any authenticated principal (READ), `admin` on the
+# route's subject (SUBJECT: `subject:NAME` / `subject-prefix:P` rules), `admin` on the cluster (CLUSTER)
+READ, SUBJECT, CLUSTER = "read", "subject", "cluster"
+
+# (method, path, call, reads a body, who may call it) -- the table the door serves
+ROUTES: list[tuple[str, str, Call, bool, str]] = [
+    ("GET", "/", lambda r, q, b: {}, False, READ),
+    ("GET", "/contexts", lambda r, q, b: ["."], False, READ),
+    ("GET", "/schemas/types", lambda r, q, b: r.types(), False, READ),
     ("GET", "/schemas", lambda r, q, b: r.schemas(q.query.get("subjectPrefix", ""), _flag(q, "deleted"),
-                                                  _flag(q, "latestOnly")), False),
-    ("GET", f"/schemas/ids/{ID}", lambda r, q, b: r.schema_by_id(_id(q), q.query.get("format")), False),
-    ("GET", f"/schemas/ids/{ID}/schema", lambda r, q, b: _raw(r, _id(q)), False),
-    ("GET", f"/schemas/ids/{ID}/subjects", lambda r, q, b: r.subjects_of_id(_id(q), _flag(q, "deleted")), False),
-    ("GET", f"/schemas/ids/{ID}/versions", lambda r, q, b: r.versions_of_id(_id(q), _flag(q, "deleted")), False),
-    ("GET", "/subjects", lambda r, q, b: r.subjects(q.query.get("subjectPrefix", ""), _flag(q, "deleted")), False),
+                                                  _flag(q, "latestOnly")), False, READ),
+    ("GET", f"/schemas/ids/{ID}", lambda r, q, b: r.schema_by_id(_id(q), q.query.get("format")), False, READ),
+    ("GET", f"/schemas/ids/{ID}/schema", lambda r, q, b: _raw(r, _id(q)), False, READ),
+    ("GET", f"/schemas/ids/{ID}/subjects",
+     lambda r, q, b: r.subjects_of_id(_id(q), _flag(q, "deleted")), False, READ),
+    ("GET", f"/schemas/ids/{ID}/versions",
+     lambda r, q, b: r.versions_of_id(_id(q), _flag(q, "deleted")), False, READ),
+    ("GET", "/subjects",
+     lambda r, q, b: r.subjects(q.query.get("subjectPrefix", ""), _flag(q, "deleted")), False, READ),
     ("POST", "/subjects/{subject}", lambda r, q, b: r.lookup(_subject(q), b, _flag(q, "normalize"),
-                                                             _flag(q, "deleted")), True),
-    ("DELETE", "/subjects/{subject}", lambda r, q, b: r.delete_subject(_subject(q), _flag(q, "permanent")), False),
-    ("GET", "/subjects/{subject}/versions", lambda r, q, b: r.versions(_subject(q), _flag(q, "deleted")), False),
-    ("POST", "/subjects/{subject}/versions", lambda r, q, b: r.register(_subject(q), b, _flag(q, "normalize")), True),
+                                                             _flag(q, "deleted")), True, READ),
+    ("DELETE", "/subjects/{subject}",
+     lambda r, q, b: r.delete_subject(_subject(q), _flag(q, "permanent")), False, SUBJECT),
+    ("GET", "/subjects/{subject}/versions", lambda r, q, b: r.versions(_subject(q), _flag(q, "deleted")), False, READ),
+    ("POST", "/subjects/{subject}/versions",
+     lambda r, q, b: r.register(_subject(q), b, _flag(q, "normalize")), True, SUBJECT),
     ("GET", "/subjects/{subject}/versions/{version}", lambda r, q, b: r.version(
-        _subject(q), _version(q), _flag(q, "deleted"), q.query.get("format")), False),
+        _subject(q), _version(q), _flag(q, "deleted"), q.query.get("format")), False, READ),
     ("GET", "/subjects/{subject}/versions/{version}/schema",
-     lambda r, q, b: _raw(r, r.version(_subject(q), _version(q), _flag(q, "deleted"))["id"]), False),
+     lambda r, q, b: _raw(r, r.version(_subject(q), _version(q), _flag(q, "deleted"))["id"]), False, READ),
     ("GET", "/subjects/{subject}/versions/{version}/referencedby",
-     lambda r, q, b: r.referenced_by(_subject(q), _version(q)), False),
+     lambda r, q, b: r.referenced_by(_subject(q), _version(q)), False, READ),
     ("DELETE", "/subjects/{subject}/versions/{version}",
-     lambda r, q, b: r.delete_version(_subject(q), _version(q), _flag(q, "permanent")), False),
+     lambda r, q, b: r.delete_version(_subject(q), _version(q), _flag(q, "permanent")), False, SUBJECT),
     ("POST", "/compatibility/subjects/{subject}/versions",
-     lambda r, q, b: r.check(_subject(q), None, b, _flag(q, "verbose"), _flag(q, "normalize")), True),
+     lambda r, q, b: r.check(_subject(q), None, b, _flag(q, "verbose"), _flag(q, "normalize")), True, READ),
     ("POST", "/compatibility/subjects/{subject}/versions/{version}",
-     lambda r, q, b: r.check(_subject(q), _version(q), b, _flag(q, "verbose"), _flag(q, "normalize")), True),
-    ("GET", "/config", lambda r, q, b: r.get_config(None), False),
-    ("PUT", "/config", lambda r, q, b: r.set_config(None, b), True),
-    ("DELETE", "/config", lambda r, q, b: r.delete_config(None), False),
-    ("GET", "/config/{subject}", lambda r, q, b: r.get_config(_subject(q), _flag(q, "defaultToGlobal")), False),
-    ("PUT", "/config/{subject}", lambda r, q, b: r.set_config(_subject(q), b), True),
-    ("DELETE", "/config/{subject}", lambda r, q, b: r.delete_config(_subject(q)), False),
-    ("GET", "/mode", lambda r, q, b: r.get_mode(None), False),
-    ("PUT", "/mode", lambda r, q, b: r.set_mode(None, b, _flag(q, "force")), True),
-    ("DELETE", "/mode", lambda r, q, b: r.delete_mode(None), False),
-    ("GET", "/mode/{subject}", lambda r, q, b: r.get_mode(_subject(q), _flag(q, "defaultToGlobal")), False),
-    ("PUT", "/mode/{subject}", lambda r, q, b: r.set_mode(_subject(q), b, _flag(q, "force")), True),
-    ("DELETE", "/mode/{subject}", lambda r, q, b: r.delete_mode(_subject(q)), False),
+     lambda r, q, b: r.check(_subject(q), _version(q), b, _flag(q, "verbose"), _flag(q, "normalize")), True, READ),
+    ("GET", "/config", lambda r, q, b: r.get_config(None), False, READ),
+    ("PUT", "/config", lambda r, q, b: r.set_config(None, b), True, CLUSTER),
+    ("DELETE", "/config", lambda r, q, b: r.delete_config(None), False, CLUSTER),
+    ("GET", "/config/{subject}",
+     lambda r, q, b: r.get_config(_subject(q), _flag(q, "defaultToGlobal")), False, READ),
+    ("PUT", "/config/{subject}", lambda r, q, b: r.set_config(_subject(q), b), True, SUBJECT),
+    ("DELETE", "/config/{subject}", lambda r, q, b: r.delete_config(_subject(q)), False, SUBJECT),
+    ("GET", "/mode", lambda r, q, b: r.get_mode(None), False, READ),
+    ("PUT", "/mode", lambda r, q, b: r.set_mode(None, b, _flag(q, "force")), True, CLUSTER),
+    ("DELETE", "/mode", lambda r, q, b: r.delete_mode(None), False, CLUSTER),
+    ("GET", "/mode/{subject}", lambda r, q, b: r.get_mode(_subject(q), _flag(q, "defaultToGlobal")), False, READ),
+    ("PUT", "/mode/{subject}", lambda r, q, b: r.set_mode(_subject(q), b, _flag(q, "force")), True, SUBJECT),
+    ("DELETE", "/mode/{subject}", lambda r, q, b: r.delete_mode(_subject(q)), False, SUBJECT),
 ]
 
 
@@ -114,16 +129,34 @@ class SchemaRegistryDoor:
         self._core = core
         self._calls = Counter("memq_schema_requests", "Schema registry calls by route and answer",
                               ["method", "route", "status"], registry=core.metrics.registry)
-        app.add_routes([web.route(method, path, self._handler(method, path, call, body))
-                        for method, path, call, body in ROUTES])
+        app.add_routes([web.route(method, path, self._handler(method, path, call, body, needs))
+                        for method, path, call, body, needs in ROUTES])
 
-    def _handler(self, method: str, path: str, call: Call, reads_body: bool
+    def _handler(self, method: str, path: str, call: Call, reads_body: bool, needs: str
                  ) -> Callable[[web.Request], Awaitable[web.Response]]:
         async def handle(request: web.Request) -> web.Response:
-            status, answer = await self._answer(request, call, reads_body)
+            denied = self._denied(request, needs)
+            status, answer = denied if denied is not None else await self._answer(request, call, reads_body)
             self._calls.labels(method, path, str(status)).inc()
             return web.Response(body=json.dumps(answer).encode(), status=status, headers={"Content-Type": CONTENT_TYPE})
         return handle
+
+    def _denied(self, request: web.Request, needs: str) -> tuple[int, Any] | None:
+        """Confluent's 403 (40301) when the principal may not make this change (security on)."""
+        if needs == READ:
+            return None
+        guard, principal = self._core.guard, request.get(PRINCIPAL_KEY)
+        if needs == SUBJECT:
+            subject = request.match_info["subject"]
+            if guard.may_subject(principal, Operation.ADMIN, subject):
+                return None
+            what = f"subject {subject}"
+        else:
+            if guard.may(principal, Operation.ADMIN, CLUSTER_RESOURCE):
+                return None
+            what = f"the cluster ({CLUSTER_RESOURCE}: the registry's global config and mode)"
+        guard.count_denial(str(Operation.ADMIN))
+        return 403, {"error_code": 40301, "message": f"principal {principal} may not {Operation.ADMIN} {what}"}
 
     async def _answer(self, request: web.Request, call: Call, reads_body: bool) -> tuple[int, Any]:
         try:
