@@ -112,6 +112,12 @@ class KeyRequiredError(InvalidInputError):
     keeps the latest record per key, so a record must have one (Kafka refuses such records too)."""
 
 
+class InvalidRecordError(ProduceError):
+    """A record fails its topic's schema checks (no schema id, an id not of the topic's subject, a
+    payload that does not decode): the message names the record and why; nothing of its Message
+    was stored. Not retried."""
+
+
 class ProducerTimeoutError(ProduceError):
     """`send` waited longer than `max_block_ms`, or a Message got no ack within its timeout."""
 

@@ -35,11 +35,12 @@ from aiohttp import WebSocketError, WSCloseCode, WSMsgType, web
 from prometheus_client import Histogram
 
 from memq.errors import FormatError, ProtocolError
-from memq.format import verify_message
+from memq.format import decode_message, verify_message
 from memq.format.message import MessageHeader
 from memq.format.txn_wire import decode_txn_call, is_txn_call, peek_call_id
 from memq.format.wire import (NO_REQUEST_ID, Ack, AckCode, AckLevel, ProduceRequest, RequestFlag, decode_request,
                               encode_acks, is_bundle, peek_request_id, split_bundle)
+from memq.schema.check import checked
 
 from ..admission import Refusal, Ticket
 from ..guard import Session
@@ -180,6 +181,8 @@ class ProduceConnection:
         except FormatError as e:
             self._refuse(req, AckCode.CORRUPT, f"request {req.request_id}: {e}")
             return
+        if checked(admitted.config) and not await self._records_pass(req, admitted):
+            return
         throttle_s = self._core.admission.charge(self._principal, ((topic, size),))
         throttle_ms = round(throttle_s * 1000)
         if req.transactional_id:
@@ -190,6 +193,22 @@ class ProduceConnection:
             await self._append(admitted, req, header, throttle_ms)
         if throttle_s:
             await asyncio.sleep(throttle_s)   # read nothing more from this client meanwhile
+
+    async def _records_pass(self, req: ProduceRequest, ticket: Ticket) -> bool:
+        """A topic with schema checks: the Message's records decoded and checked by the admission
+        path; with `reject`, a failing record refuses the Message (INVALID_RECORD naming it)."""
+        try:
+            _, records = decode_message(req.message)
+        except FormatError as e:
+            self._refuse(req, AckCode.CORRUPT, f"request {req.request_id}: {e}")
+            return False
+        failures = await self._core.admission.check_records(ticket, records)
+        if failures and ticket.config.schema_validation_action == "reject":
+            more = f" (and {len(failures) - 1} more)" if len(failures) > 1 else ""
+            self._refuse(req, AckCode.INVALID_RECORD, f"request {req.request_id}: {len(failures)} of {len(records)} "
+                                                      f"records fail the schema checks: {failures[0]}{more}")
+            return False
+        return True
 
     async def _txn_call(self, data: bytes | memoryview) -> None:
         try:
