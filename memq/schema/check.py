@@ -23,13 +23,11 @@ import json
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import fastavro
-import jsonschema.validators
-import referencing
-import referencing.jsonschema
+import jsonschema_rs
 from google.protobuf import message_factory
 
 from memq.config import TopicConfig
@@ -38,6 +36,7 @@ from memq.format import LogMessage
 
 from .avro import AvroSchema, Named
 from .jsonschema_rules import JsonSchema
+from .model import INVALID_SCHEMA
 from .protobuf_rules import ProtobufSchema
 from .service import SchemaRegistry
 
@@ -133,23 +132,22 @@ def _avro_decoder(parsed: AvroSchema) -> Decoder:
 
 
 def _json_decoder(parsed: JsonSchema) -> Decoder:
-    spec = referencing.jsonschema.specification_with(
-        parsed.raw.get("$schema", "http://json-schema.org/draft-07/schema#") if isinstance(parsed.raw, dict)
-        else "http://json-schema.org/draft-07/schema#", default=referencing.jsonschema.DRAFT7)
-    registry: referencing.Registry[Any] = referencing.Registry().with_resources(
-        (name, spec.create_resource(doc)) for name, doc in parsed.docs.items())
-    validator = jsonschema.validators.validator_for(parsed.raw, default=jsonschema.Draft7Validator)(
-        parsed.raw, registry=registry)
+    """jsonschema-rs (compiled) decides; a failing document's first error names the field."""
+    registry = jsonschema_rs.Registry(list(parsed.docs.items())) if parsed.docs else None
+    try:
+        validator = jsonschema_rs.validator_for(parsed.raw, registry=registry)
+    except (ValueError, jsonschema_rs.ReferencingError) as e:
+        raise SchemaError(INVALID_SCHEMA, f"Invalid schema: {e}") from None
 
     def decode(payload: memoryview, _: tuple[int, ...]) -> str | None:
         try:
-            doc = json.loads(bytes(payload))
+            doc = json.loads(payload.tobytes())
         except ValueError as e:
             return f"not JSON: {e}"
-        error = next(iter(validator.iter_errors(doc)), None)
-        if error is None:
+        if validator.is_valid(doc):
             return None
-        where = "/".join(str(p) for p in error.absolute_path)
+        error = next(iter(validator.iter_errors(doc)))
+        where = "/".join(str(p) for p in error.instance_path)
         return f"field /{where}: {error.message}" if where else error.message
     return decode
 
@@ -202,6 +200,17 @@ class _Known:
     decode: Decoder
 
 
+@dataclass
+class _Batch:
+    """What one check of one batch looked up once: decoders by id, subject verdicts by (id, indexes)."""
+
+    topic: str
+    part: str
+    strategy: str
+    decoders: dict[int, _Known | str] = field(default_factory=dict)
+    refusals: dict[tuple[int, tuple[int, ...]], str | None] = field(default_factory=dict)
+
+
 class Checker:
     """The payload check over one broker's registry (thread-safe; blocking: call it in a thread)."""
 
@@ -219,21 +228,24 @@ class Checker:
         parts = [(p, strategy) for p, on, strategy in (
             ("key", cfg.key_schema_validation, cfg.key_subject_name_strategy),
             ("value", cfg.value_schema_validation, cfg.value_subject_name_strategy)) if on]
-        out = []
-        for i, r in enumerate(records):
-            for part, strategy in parts:
-                why = self._one(topic, part, strategy, r.key if part == "key" else r.value)
-                if why is not None:
-                    out.append(Failure(i, part, *why))
-                    break
-        return out
+        failures: dict[int, Failure] = {}
+        for part, strategy in parts:
+            batch = _Batch(topic, part, strategy)
+            for i, r in enumerate(records):
+                if i not in failures:
+                    why = self._one(batch, r.key if part == "key" else r.value)
+                    if why is not None:
+                        failures[i] = Failure(i, part, *why)
+        return [failures[i] for i in sorted(failures)]
 
-    def _one(self, topic: str, part: str, strategy: str, data: bytes | None) -> tuple[str, int | None] | None:
+    def _one(self, batch: _Batch, data: bytes | None) -> tuple[str, int | None] | None:
         framed = frame(data)
         if isinstance(framed, str):
             return framed, None
         schema_id, rest = framed
-        known = self._decoder(schema_id)
+        known = batch.decoders.get(schema_id)
+        if known is None:
+            known = batch.decoders[schema_id] = self._decoder(schema_id)
         if isinstance(known, str):
             return known, schema_id
         indexes: tuple[int, ...] = ()
@@ -242,13 +254,23 @@ class Checker:
                 indexes, rest = message_indexes(rest)
             except ValueError as e:
                 return f"bad Protobuf message indexes: {e}", schema_id
-        subject = subject_for(strategy, topic, part, _record_name(known.parsed, indexes))
-        if subject is None:
-            return f"the schema gives no record name for {strategy}", schema_id
-        if schema_id not in self._ids_of(subject):
-            return f"schema id {schema_id} is not registered under subject {subject}", schema_id
+        key = (schema_id, indexes)
+        if key not in batch.refusals:
+            batch.refusals[key] = self._subject_refusal(batch, schema_id, known, indexes)
+        refusal = batch.refusals[key]
+        if refusal is not None:
+            return refusal, schema_id
         why = known.decode(rest, indexes)
         return None if why is None else (why, schema_id)
+
+    def _subject_refusal(self, batch: _Batch, schema_id: int, known: _Known, indexes: tuple[int, ...]) -> str | None:
+        """Why `schema_id` may not be used on this topic (None: it is a version of its subject)."""
+        subject = subject_for(batch.strategy, batch.topic, batch.part, _record_name(known.parsed, indexes))
+        if subject is None:
+            return f"the schema gives no record name for {batch.strategy}"
+        if schema_id not in self._ids_of(subject):
+            return f"schema id {schema_id} is not registered under subject {subject}"
+        return None
 
     def _decoder(self, schema_id: int) -> _Known | str:
         with self._lock:
