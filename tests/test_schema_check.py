@@ -9,13 +9,13 @@ import json
 
 import fastavro
 import pytest
-from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
 from memq.config import TopicConfig
 from memq.format import LogMessage
 from memq.schema.check import Checker, frame, message_indexes, subject_for
 from memq.schema.service import SchemaRegistry
 from memq.schema.store import MemorySchemaStore
+from tests.support.schemas import order_message_class
 
 AVRO = {"type": "record", "name": "Order", "namespace": "shop",
         "fields": [{"name": "id", "type": "long"}, {"name": "item", "type": "string"}]}
@@ -32,17 +32,6 @@ def avro_bytes(value: dict) -> bytes:
     buf = io.BytesIO()
     fastavro.schemaless_writer(buf, fastavro.parse_schema(AVRO), value)
     return buf.getvalue()
-
-
-def order_message() -> type:
-    fdp = descriptor_pb2.FileDescriptorProto(name="check_order.proto", package="shop", syntax="proto3")
-    m = fdp.message_type.add(name="Order")
-    F = descriptor_pb2.FieldDescriptorProto
-    m.field.add(name="id", number=1, type=F.TYPE_INT64, label=F.LABEL_OPTIONAL)
-    m.field.add(name="item", number=2, type=F.TYPE_STRING, label=F.LABEL_OPTIONAL)
-    pool = descriptor_pool.DescriptorPool()
-    pool.Add(fdp)
-    return message_factory.GetMessageClass(pool.FindMessageTypeByName("shop.Order"))
 
 
 @pytest.fixture
@@ -78,7 +67,7 @@ def test_a_mixed_batch_fails_exactly_its_bad_records(registry: SchemaRegistry, f
     elif fmt == "JSON":
         good, wrong = json.dumps({"id": 1, "item": "tea"}).encode(), json.dumps({"id": "one"}).encode()
     else:
-        good = order_message()(id=1, item="tea").SerializeToString()
+        good = order_message_class()(id=1, item="tea").SerializeToString()
         wrong = b"\x0a\xff"   # field 1 as a length-delimited field running past the end
     batch = [framed(sid, good), framed(sid, good + b"\0" if fmt == "AVRO" else wrong), framed(999, good),
              framed(other, good), good, framed(sid, good)[:3], None, framed(sid, wrong)]

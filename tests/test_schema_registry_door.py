@@ -26,6 +26,7 @@ from confluent_kafka.serialization import MessageField, SerializationContext
 from memq.client.cluster import fetch_metadata
 from memq.config import BrokerConfig, TopicConfig
 from memq.devcluster import DevCluster, GovernedCluster
+from tests.support.schemas import order_message_class
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
@@ -35,21 +36,6 @@ AVRO = json.dumps({"type": "record", "name": "Order", "namespace": "shop", "fiel
 JSON_SCHEMA = json.dumps({"type": "object", "properties": {"id": {"type": "integer"}, "item": {"type": "string"}},
                           "required": ["id", "item"]})
 RECORDS = 300
-
-
-def order_class() -> Any:
-    """A Protobuf message class built at run time (no protoc here): shop.Order {id, item}."""
-    from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
-
-    fdp = descriptor_pb2.FileDescriptorProto(name=f"order_{uuid.uuid4().hex[:6]}.proto", package="shop",
-                                             syntax="proto3")
-    m = fdp.message_type.add(name="Order")
-    F = descriptor_pb2.FieldDescriptorProto
-    m.field.add(name="id", number=1, type=F.TYPE_INT64, label=F.LABEL_OPTIONAL)
-    m.field.add(name="item", number=2, type=F.TYPE_STRING, label=F.LABEL_OPTIONAL)
-    pool = descriptor_pool.DescriptorPool()
-    pool.Add(fdp)
-    return message_factory.GetMessageClass(pool.FindMessageTypeByName("shop.Order"))
 
 
 class Cluster:
@@ -109,7 +95,7 @@ def test_confluent_serializers_through_memq_with_either_broker_as_registry(clust
         de = JSONDeserializer(None, schema_registry_client=reader_registry)
         values = [{"id": i, "item": f"item-{i}"} for i in range(RECORDS)]
     else:
-        order = order_class()
+        order = order_message_class()
         protobuf_ser = ProtobufSerializer(order, writer_registry)
         protobuf_de = ProtobufDeserializer(order, {"use.latest.version": False}, reader_registry)
         ser = lambda v, c: protobuf_ser(order(**v), c)   # noqa: E731

@@ -6,6 +6,7 @@ value_schema_validation=true` (and `schema_validation_action`, the subject name 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import click
@@ -44,12 +45,19 @@ def schema() -> None:
     """Register, list, show, check and delete schemas in the brokers' registry."""
 
 
+def _schema_file(command: Callable[..., None]) -> Callable[..., None]:
+    """SUBJECT FILE [--type] [--reference ...]: a schema as register and check take it."""
+    for decorator in reversed((
+            click.argument("subject"), click.argument("file", type=click.Path(exists=True, dir_okay=False)),
+            click.option("--type", "schema_type", type=click.Choice(TYPES, case_sensitive=False), default="AVRO",
+                         show_default=True),
+            click.option("--reference", "references", multiple=True, help="NAME=SUBJECT:VERSION (repeatable)."))):
+        command = decorator(command)
+    return command
+
+
 @schema.command()
-@click.argument("subject")
-@click.argument("file", type=click.Path(exists=True, dir_okay=False))
-@click.option("--type", "schema_type", type=click.Choice(TYPES, case_sensitive=False), default="AVRO",
-              show_default=True)
-@click.option("--reference", "references", multiple=True, help="NAME=SUBJECT:VERSION (repeatable).")
+@_schema_file
 @click.option("--normalize", is_flag=True, help="Store the normalised text.")
 @click.pass_context
 def register(ctx: click.Context, subject: str, file: str, schema_type: str, references: tuple[str, ...],
@@ -88,11 +96,7 @@ def show(ctx: click.Context, subject: str | None, version: str, schema_id: int |
 
 
 @schema.command()
-@click.argument("subject")
-@click.argument("file", type=click.Path(exists=True, dir_okay=False))
-@click.option("--type", "schema_type", type=click.Choice(TYPES, case_sensitive=False), default="AVRO",
-              show_default=True)
-@click.option("--reference", "references", multiple=True, help="NAME=SUBJECT:VERSION (repeatable).")
+@_schema_file
 @click.pass_context
 def check(ctx: click.Context, subject: str, file: str, schema_type: str, references: tuple[str, ...]) -> None:
     """Whether FILE's schema may be registered under SUBJECT (exit code 1 if not, with the reasons)."""
