@@ -157,25 +157,44 @@ def produce_each(address: str, topic: str, values: list[bytes], flush_each: bool
     return outcome
 
 
-@pytest.mark.parametrize("action", ["reject", "warn"])
-def test_a_topic_with_value_checks_refuses_or_counts_what_does_not_decode(cluster: Cluster, action: str) -> None:
-    topic = f"checked-{action}-{uuid.uuid4().hex[:6]}"
+def checked_serializer(fmt: str, registry: SchemaRegistryClient) -> tuple[Any, list[bytes]]:
+    """A value serializer of `fmt` (dict -> framed bytes) and payloads of `fmt` that do not decode,
+    framed with the id it registers (the framing added on first use)."""
+    if fmt == "avro":
+        avro = AvroSerializer(registry, AVRO)
+        return (lambda v, c: avro({"qty": None, **v}, c)), [b"\x04"]      # a long, then nothing
+    if fmt == "json":
+        js = JSONSerializer(JSON_SCHEMA, registry)
+        return js, [b'{"id": "one", "item": 1}', b"not json"]
+    order = order_message_class()
+    pb = ProtobufSerializer(order, registry)
+    return (lambda v, c: pb(order(**v), c)), [b"\x0a\xff"]               # a string running past the end
+
+
+@pytest.mark.parametrize(("fmt", "action"), [("avro", "reject"), ("json", "reject"), ("protobuf", "reject"),
+                                             ("avro", "warn")])
+def test_a_topic_with_value_checks_refuses_or_counts_what_does_not_decode(cluster: Cluster, fmt: str,
+                                                                           action: str) -> None:
+    """Thousands of valid records and every kind of bad one: under reject none reaches a reader and
+    each refusal is INVALID_RECORD; under warn all are stored; no valid record is lost."""
+    topic = f"checked-{fmt}-{action}-{uuid.uuid4().hex[:6]}"
     cluster.gc.create_topic(TopicConfig(topic, read_partitions=1, batch_ms=50, value_schema_validation=True,
                                         schema_validation_action=action), brokers=2)
     registry = SchemaRegistryClient({"url": cluster.url["b2"]})
-    ser = AvroSerializer(registry, AVRO)
+    ser, undecodable = checked_serializer(fmt, registry)
     ctx = SerializationContext(topic, MessageField.VALUE)
-    good = [ser({"id": i, "item": f"item-{i}", "qty": None}, ctx) for i in range(200)]
+    good = [ser({"id": i, "item": f"item-{i}"}, ctx) for i in range(2000)]
+    head = good[0][:6] if fmt == "protobuf" else good[0][:5]                 # magic, id (and message index)
     other = registry.register_schema(f"other-{topic}-value", Schema(json.dumps({"type": "string"}), "AVRO"))
-    bad = [b"no magic byte", good[0][:3], b"\0\0\x0f\x42\x40" + good[0][5:],        # unknown id 1000000
-           b"\0" + other.to_bytes(4, "big") + good[0][5:],                                 # another subject's id
-           good[0][:-2], good[0] + b"\x01"]                                               # truncated, trailing
+    bad = [b"no magic byte", good[0][:3], b"\0\0\x0f\x42\x40" + good[0][5:],  # unknown id 1000000
+           b"\0" + other.to_bytes(4, "big") + good[0][5:],                      # another subject's id
+           *(head + u for u in undecodable)]
     address = cluster.kafka["b1"]
     assert produce_each(address, topic, good, flush_each=False) == [None] * len(good)
     outcome = produce_each(address, topic, bad, flush_each=True)
     expected = "INVALID_RECORD" if action == "reject" else None
     assert outcome == [expected] * len(bad), outcome
-    last = ser({"id": -1, "item": "last", "qty": 1}, ctx)
+    last = ser({"id": -1, "item": "last"}, ctx)
     assert produce_each(address, topic, [last], flush_each=True) == [None]
     stored = len(good) + (len(bad) if action == "warn" else 0) + 1
     values = [v for _, v in read_back(cluster.kafka["b2"], topic, stored, 1)]
