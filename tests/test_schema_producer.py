@@ -1,9 +1,12 @@
 """memq's own Producer on a topic with schema checks (its WebSocket door): a Message holding a
 record that fails is refused with InvalidRecordError naming the record, nothing of it stored; a
-valid one is stored; `warn` stores both. One in-process broker (registry in memory)."""
+valid one is stored; `warn` stores both. memq's Serde frames values with registered schemas as
+Confluent's serializers do, and decodes them back. One in-process broker (registry in memory)."""
 
 from __future__ import annotations
 
+import asyncio
+import base64
 import dataclasses
 import io
 import json
@@ -13,10 +16,12 @@ import fastavro
 import pytest
 
 from memq.client.producer import Producer
+from memq.client.serde import Serde
 from memq.config import AuditConfig
 from memq.devcluster import DevCluster
 from memq.errors import InvalidRecordError
 from tests.support.cluster import producer_config, read_stored, running_broker, topic_config
+from tests.support.schemas import order_message_class
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -50,3 +55,23 @@ async def test_memq_producer_is_refused_a_record_that_fails(devcluster: DevClust
     stored_warned = sorted(v for _, v, _ in (await read_stored(config, warned))[0].values())
     assert stored_rejected == [framed(ids[rejected], {"id": 1})]
     assert stored_warned == sorted([framed(ids[warned], {"id": 1}), b"not framed"])
+
+
+async def test_serde_frames_with_registered_schemas_and_decodes_them(devcluster: DevCluster, unique_name) -> None:  # type: ignore[no-untyped-def]
+    topic = unique_name("serde")
+    config = dataclasses.replace(devcluster.config(topics=[
+        topic_config(topic, read_partitions=1, value_schema_validation=True)]), audit=AuditConfig(enabled=False))
+    order = order_message_class()
+    proto = base64.standard_b64encode(order.DESCRIPTOR.file.serialized_pb).decode()
+    async with running_broker(config) as broker:
+        pc = producer_config(broker.url, linger_ms=1)
+        serde = Serde(pc)
+        avro = await asyncio.to_thread(serde.serializer, f"{topic}-value", json.dumps(AVRO))
+        as_json = await asyncio.to_thread(serde.serializer, "json-value", json.dumps({"type": "object"}), "JSON")
+        as_proto = await asyncio.to_thread(serde.serializer, "proto-value", proto, "PROTOBUF")
+        async with Producer(pc) as p:
+            assert (await (await p.send(topic, avro({"id": 7})))).key   # the topic's checks take it
+        (value,) = [v for _, v, _ in (await read_stored(config, topic))[0].values()]
+        assert await asyncio.to_thread(serde.decode, value) == {"id": 7}
+        assert await asyncio.to_thread(serde.decode, as_json({"a": [1]})) == {"a": [1]}
+        assert await asyncio.to_thread(serde.decode, as_proto(order(id=3, item="tea"))) == {"id": "3", "item": "tea"}
