@@ -283,9 +283,9 @@ class Checker:
                     _protobuf_decoder if isinstance(parsed, ProtobufSchema) else _json_decoder)
             known = _Known(parsed, make(parsed))
         except SchemaError as e:
-            if e.code != 40403:
-                raise
-            return f"unknown schema id {schema_id}"   # not kept: it may be registered in a moment
+            if e.code == 40403:
+                return f"unknown schema id {schema_id}"   # not kept: it may be registered in a moment
+            return f"schema id {schema_id} cannot be used: {e}"   # e.g. a reference since deleted
         with self._lock:
             self._known[schema_id] = known
         return known

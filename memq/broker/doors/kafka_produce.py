@@ -241,8 +241,14 @@ async def _schema_check(conn: Conn, topic: str, index: int, ticket: Ticket,
     """A topic with schema checks: its records decoded and checked (memq.schema.check); with
     `reject`, any failure refuses the partition's records (INVALID_RECORD, each failing record's
     index in the request's batch and why), nothing of them stored."""
-    records = [r for b, _ in batches for r in decode_kafka_records(b)]
-    failures = await conn.core.admission.check_records(ticket, records)
+    try:
+        records = [r for b, _ in batches for r in decode_kafka_records(b)]
+    except FormatError as e:
+        return PartitionResult(index, ErrorCode.CORRUPT_MESSAGE, message=str(e))
+    try:
+        failures = await conn.core.admission.check_records(ticket, records)
+    except MemqError as e:   # the registry's store cannot answer (ZooKeeper away): retriable, nothing stored
+        return PartitionResult(index, ErrorCode.REQUEST_TIMED_OUT, message=f"topic {topic}: schema checks: {e}")
     if not failures or ticket.config.schema_validation_action != "reject":
         return None
     return PartitionResult(index, ErrorCode.INVALID_RECORD, record_errors=tuple(

@@ -34,7 +34,7 @@ from functools import partial
 from aiohttp import WebSocketError, WSCloseCode, WSMsgType, web
 from prometheus_client import Histogram
 
-from memq.errors import FormatError, ProtocolError
+from memq.errors import FormatError, MemqError, ProtocolError
 from memq.format import decode_message, verify_message
 from memq.format.message import MessageHeader
 from memq.format.txn_wire import decode_txn_call, is_txn_call, peek_call_id
@@ -202,7 +202,11 @@ class ProduceConnection:
         except FormatError as e:
             self._refuse(req, AckCode.CORRUPT, f"request {req.request_id}: {e}")
             return False
-        failures = await self._core.admission.check_records(ticket, records)
+        try:
+            failures = await self._core.admission.check_records(ticket, records)
+        except MemqError as e:   # the registry's store cannot answer (ZooKeeper away): retriable
+            self._refuse(req, AckCode.STORAGE, f"request {req.request_id}: schema checks: {e}")
+            return False
         if failures and ticket.config.schema_validation_action == "reject":
             more = f" (and {len(failures) - 1} more)" if len(failures) > 1 else ""
             self._refuse(req, AckCode.INVALID_RECORD, f"request {req.request_id}: {len(failures)} of {len(records)} "
