@@ -25,6 +25,11 @@ from .model import (DEFAULT_COMPATIBILITY, DEFAULT_MODE, INCOMPATIBLE, INVALID_M
 from .store import SchemaStore
 
 T = TypeVar("T")
+#: kind -> (its value when nothing is set, the code of a subject without one of its own, its name in that message)
+SETTING_DEFAULTS: dict[str, tuple[dict[str, Any], int, str]] = {
+    "config": ({"compatibilityLevel": DEFAULT_COMPATIBILITY}, SUBJECT_COMPATIBILITY_NOT_CONFIGURED, "compatibility"),
+    "mode": ({"mode": DEFAULT_MODE}, SUBJECT_MODE_NOT_CONFIGURED, "mode"),
+}
 RETRIES = 20   # conflicting writes by other brokers before giving up (each one made progress)
 
 
@@ -295,22 +300,25 @@ class SchemaRegistry:
     def _setting(self, kind: str, subject: str | None) -> dict[str, Any] | None:
         return self.store.setting(kind, subject)
 
+    def _effective(self, kind: str, subject: str | None, default_to_global: bool = True) -> dict[str, Any]:
+        """The `config` or `mode` in force for `subject`: its own, else (when `default_to_global`)
+        the global one, else the default; 40408 / 40409 for a subject with none of its own."""
+        default, code, what = SETTING_DEFAULTS[kind]
+        got = self._setting(kind, subject)
+        if got is None and subject is not None and not default_to_global:
+            raise SchemaError(code, f"Subject '{subject}' does not have subject-level {what} configured")
+        if got is None and subject is not None:
+            got = self._setting(kind, None)
+        return dict(got or default)
+
     def compatibility_of(self, subject: str) -> str:
-        cfg = self._setting("config", subject) or self._setting("config", None) or {}
-        return str(cfg.get("compatibilityLevel", DEFAULT_COMPATIBILITY))
+        return str(self._effective("config", subject).get("compatibilityLevel", DEFAULT_COMPATIBILITY))
 
     def mode_of(self, subject: str) -> str:
-        m = self._setting("mode", subject) or self._setting("mode", None) or {}
-        return str(m.get("mode", DEFAULT_MODE))
+        return str(self._effective("mode", subject).get("mode", DEFAULT_MODE))
 
     def get_config(self, subject: str | None, default_to_global: bool = False) -> dict[str, Any]:
-        cfg = self._setting("config", subject)
-        if cfg is None and subject is not None and not default_to_global:
-            raise SchemaError(SUBJECT_COMPATIBILITY_NOT_CONFIGURED, f"Subject '{subject}' does not have "
-                                                                    "subject-level compatibility configured")
-        if cfg is None:
-            cfg = self._setting("config", None) or {"compatibilityLevel": DEFAULT_COMPATIBILITY}
-        return dict(cfg)
+        return self._effective("config", subject, default_to_global)
 
     def set_config(self, subject: str | None, body: Any) -> dict[str, Any]:
         """PUT /config[/{subject}] {"compatibility": MODE, ...}: kept as given (the level upper-cased)."""
@@ -336,13 +344,7 @@ class SchemaRegistry:
         return before
 
     def get_mode(self, subject: str | None, default_to_global: bool = False) -> dict[str, Any]:
-        m = self._setting("mode", subject)
-        if m is None and subject is not None and not default_to_global:
-            raise SchemaError(SUBJECT_MODE_NOT_CONFIGURED, f"Subject '{subject}' does not have subject-level "
-                                                           "mode configured")
-        if m is None:
-            m = self._setting("mode", None) or {"mode": DEFAULT_MODE}
-        return dict(m)
+        return self._effective("mode", subject, default_to_global)
 
     def set_mode(self, subject: str | None, body: Any, force: bool = False) -> dict[str, Any]:
         """PUT /mode[/{subject}] {"mode": M}: IMPORT only where nothing is registered, unless forced."""
