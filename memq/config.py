@@ -251,7 +251,7 @@ class TopicConfig:
     key_schema_validation: bool = False                     # confluent.key.schema.validation
     value_subject_name_strategy: str = "TopicNameStrategy"   # or RecordNameStrategy, TopicRecordNameStrategy
     key_subject_name_strategy: str = "TopicNameStrategy"
-    schema_validation_action: Literal["reject", "warn"] = "reject"   # memq.schema.validation.action
+    schema_validation_action: Literal["reject", "warn", "dlq"] = "reject"   # memq.schema.validation.action
 
     def __post_init__(self) -> None:
         check_choice(self, "kafka_compression", f"topic {self.name}")

@@ -202,6 +202,37 @@ def test_a_topic_with_value_checks_refuses_or_counts_what_does_not_decode(cluste
     assert values == good + (bad if action == "warn" else []) + [last]
 
 
+def test_dlq_stores_the_valid_records_and_dead_letters_the_rest(cluster: Cluster) -> None:
+    """One request mixing valid and invalid records under dlq: the valid ones are stored in order,
+    every invalid one is in <topic>.dlq with its reason, schema id and place; the producer sees
+    success for all."""
+    topic = f"checked-dlq-{uuid.uuid4().hex[:6]}"
+    for name in (topic, f"{topic}.dlq"):
+        cluster.gc.create_topic(TopicConfig(name, read_partitions=1, batch_ms=50, value_schema_validation=name == topic,
+                                            schema_validation_action="dlq"), brokers=2)
+    registry = SchemaRegistryClient({"url": cluster.url["b1"]})
+    ser, _ = checked_serializer("avro", registry)
+    ctx = SerializationContext(topic, MessageField.VALUE)
+    good = [ser({"id": i, "item": f"item-{i}"}, ctx) for i in range(1000)]
+    bad = {i: b"not framed %d" % i for i in range(5, 1000, 100)}
+    mixed = [bad.get(i, v) for i, v in enumerate(good)]
+    assert produce_each(cluster.kafka["b1"], topic, mixed, flush_each=False) == [None] * len(mixed)
+    stored = [v for _, v in read_back(cluster.kafka["b2"], topic, len(good) - len(bad), 1)]
+    assert stored == [v for i, v in enumerate(good) if i not in bad]
+    c = Consumer({"bootstrap.servers": cluster.kafka["b2"], "group.id": f"dlq-{uuid.uuid4().hex[:6]}"})
+    try:
+        c.assign([TopicPartition(f"{topic}.dlq", 0, OFFSET_BEGINNING)])
+        letters = []
+        deadline = time.monotonic() + 60
+        while len(letters) < len(bad) and time.monotonic() < deadline:
+            letters += [m for m in c.consume(100, 0.5) if m.error() is None]
+    finally:
+        c.close()
+    assert [m.value() for m in letters] == list(bad.values())
+    headers = dict(letters[0].headers() or [])
+    assert headers["memq.dlq.reason"].startswith(b"no magic byte") and headers["memq.dlq.topic"] == topic.encode()
+
+
 def test_ids_stay_unique_and_served_after_a_broker_is_killed(cluster: Cluster) -> None:
     """Registered through both brokers, one is SIGKILLed: the survivor serves every id, and what it
     registers next gets new ids. (Last in this module: it leaves one broker.)"""

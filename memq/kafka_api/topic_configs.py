@@ -138,7 +138,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("memq.notification.topic", "notification_topic", ConfigType.STRING,
             "the Kafka topic carrying this topic's notifications", read_only=True),
     Setting("memq.schema.validation.action", "schema_validation_action", ConfigType.STRING,
-            "a record failing the schema checks: reject (the request, INVALID_RECORD) or warn (stored, counted)"),
+            "a record failing the schema checks: reject (the request, INVALID_RECORD), warn (stored, counted) or "
+            "dlq (to <topic>.dlq, the rest stored)"),
     Setting("memq.read.partitions", "read_partitions", ConfigType.INT,
             "read partitions (the Kafka partitions): grown with CreatePartitions", read_only=True),
     Setting("memq.ring.slots", "ring_slots", ConfigType.INT, "batch slots per broker: one filling, others uploading"),

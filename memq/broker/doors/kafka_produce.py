@@ -13,8 +13,8 @@ carries `throttle_time_ms`, and the connection is not read for that long (KIP-21
 A record without a key to a compacted topic is refused (INVALID_RECORD, the whole partition's
 records): one of the two places the door decodes records, bounded to compacted topics
 (`kafka_api.compacted.keyless_records`). The other: a topic with schema checks has its records
-checked by the admission path (`Admission.check_records`); with `reject`, a failing record
-refuses the partition's records (INVALID_RECORD with each failing record's index and reason). A compacted topic's records go to the partition the
+checked by the admission path (`kafka_schema_check`): refused (INVALID_RECORD with each failing
+record's index and reason), stored counted (warn), or its failing records dead-lettered (dlq). A compacted topic's records go to the partition the
 client asked for (its partitioner hashed the key, Kafka's semantics: `memq.broker.placed`), so
 compaction per partition sees every record of a key; any other topic's go where memq picks.
 
@@ -31,8 +31,7 @@ import secrets
 from typing import Any
 
 from memq.errors import FormatError, MemqError, UnsupportedCodecError, UnsupportedVersionError
-from memq.format.kafka_records import (KafkaBatchHeader, decode_kafka_records, split_kafka_batches,
-                                       verify_kafka_batch)
+from memq.format.kafka_records import KafkaBatchHeader, split_kafka_batches, verify_kafka_batch
 from memq.format.message import MESSAGE_HEADER_SIZE, MessageHeader, encode_kafka_message
 from memq.format.wire import Ack, AckCode, AckLevel
 from memq.kafka_api.compacted import keyless_records
@@ -49,6 +48,7 @@ from ..admission import Refusal, Ticket
 from ..txn.service import ProducerIds
 from . import kafka_txn
 from .kafka_family import Conn, Family, Response
+from .kafka_schema_check import check_partition
 
 log = logging.getLogger(__name__)
 
@@ -64,8 +64,6 @@ MIN_ACK_WAIT_S = 1.0
 MAX_ACK_WAIT_S = 300.0
 #: A connection banks idle-seal credit (`idle_seal`) up to this many `broker.kafka_idle_seal_bytes`.
 IDLE_SEAL_BANK = 4
-#: A refused Produce lists at most this many records' errors (the message counts them all).
-MAX_RECORD_ERRORS = 100
 
 
 class ProduceState:
@@ -203,9 +201,13 @@ async def _append(conn: Conn, st: ProduceState, topic: str, part: PartitionData,
         return PartitionResult(part.index, ErrorCode.INVALID_RECORD,
                                message=f"topic {topic} is compacted: {keyless} record(s) without a key refused")
     if checked(admitted.config):
-        refused = await _schema_check(conn, topic, part.index, admitted, batches)
-        if refused is not None:
-            return refused
+        kept = await check_partition(conn, topic, part.index, admitted, batches,
+                                     (st.producer_id, next(st.sequence), next(st.request_ids)))
+        if isinstance(kept, PartitionResult):
+            return kept
+        if not kept:   # every record went to the dead-letter topic
+            return PartitionResult(part.index)
+        batches = kept
     if txn_id is not None:
         return _txn_store(conn, txn_id, topic, part.index, admitted, batches)
     loop = asyncio.get_running_loop()
@@ -234,27 +236,6 @@ async def _append(conn: Conn, st: ProduceState, topic: str, part: PartitionData,
             st.awaiting[topic, admitted.partition] = admitted
         futures.append((fut, kh.count))
     return futures
-
-
-async def _schema_check(conn: Conn, topic: str, index: int, ticket: Ticket,
-                        batches: list[tuple[memoryview, KafkaBatchHeader]]) -> PartitionResult | None:
-    """A topic with schema checks: its records decoded and checked (memq.schema.check); with
-    `reject`, any failure refuses the partition's records (INVALID_RECORD, each failing record's
-    index in the request's batch and why), nothing of them stored."""
-    try:
-        records = [r for b, _ in batches for r in decode_kafka_records(b)]
-    except FormatError as e:
-        return PartitionResult(index, ErrorCode.CORRUPT_MESSAGE, message=str(e))
-    try:
-        failures = await conn.core.admission.check_records(ticket, records)
-    except MemqError as e:   # the registry's store cannot answer (ZooKeeper away): retriable, nothing stored
-        return PartitionResult(index, ErrorCode.REQUEST_TIMED_OUT, message=f"topic {topic}: schema checks: {e}")
-    if not failures or ticket.config.schema_validation_action != "reject":
-        return None
-    return PartitionResult(index, ErrorCode.INVALID_RECORD, record_errors=tuple(
-        (f.index, str(f)) for f in failures[:MAX_RECORD_ERRORS]),
-        message=f"topic {topic}: {len(failures)} of {len(records)} records fail the schema checks; "
-                f"first: {failures[0]}")
 
 
 def _txn_store(conn: Conn, txn_id: str, topic: str, index: int, admitted: Ticket,

@@ -207,7 +207,7 @@ class ProduceConnection:
         except MemqError as e:   # the registry's store cannot answer (ZooKeeper away): retriable
             self._refuse(req, AckCode.STORAGE, f"request {req.request_id}: schema checks: {e}")
             return False
-        if failures and ticket.config.schema_validation_action == "reject":
+        if failures and ticket.config.schema_validation_action != "warn":   # dlq: memq's door refuses too
             more = f" (and {len(failures) - 1} more)" if len(failures) > 1 else ""
             self._refuse(req, AckCode.INVALID_RECORD, f"request {req.request_id}: {len(failures)} of {len(records)} "
                                                       f"records fail the schema checks: {failures[0]}{more}")
