@@ -12,6 +12,7 @@ import urllib.error
 import urllib.request
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
@@ -234,19 +235,28 @@ def test_dlq_stores_the_valid_records_and_dead_letters_the_rest(cluster: Cluster
 
 
 def test_ids_stay_unique_and_served_after_a_broker_is_killed(cluster: Cluster) -> None:
-    """Registered through both brokers, one is SIGKILLed: the survivor serves every id, and what it
-    registers next gets new ids. (Last in this module: it leaves one broker.)"""
+    """Registrations go to both brokers from several threads while one is SIGKILLed: every id a
+    client was given is unique and served by the survivor, and what it registers next gets new
+    ids. (Last in this module: it leaves one broker.)"""
     tag = uuid.uuid4().hex[:6]
-    clients = {b: SchemaRegistryClient({"url": u}) for b, u in cluster.url.items()}
-    ids = {}
-    for i in range(10):
+    clients = {b: SchemaRegistryClient({"url": u, "max.retries": 0}) for b, u in cluster.url.items()}
+
+    def register(i: int) -> tuple[str, int] | None:
         text = json.dumps({"type": "record", "name": f"K{tag}{i}", "fields": [{"name": "a", "type": "int"}]})
-        ids[text] = clients["b1" if i % 2 else "b2"].register_schema(f"kill-{tag}-{i}", Schema(text, "AVRO"))
-    cluster.gc.kill_broker("b1")
+        if i == 20:
+            cluster.gc.kill_broker("b1")   # mid-way, while the other threads register
+        try:
+            return text, clients["b1" if i % 2 else "b2"].register_schema(f"kill-{tag}-{i}", Schema(text, "AVRO"))
+        except Exception:   # b1 gone: the call fails (it may or may not have been stored)
+            return None
+
+    with ThreadPoolExecutor(4) as pool:
+        given = [g for g in pool.map(register, range(60)) if g is not None]
+    assert len(given) >= 30 and len({i for _, i in given}) == len(given)
     survivor = SchemaRegistryClient({"url": cluster.url["b2"]})
-    for text, schema_id in ids.items():
+    for text, schema_id in given:
         assert json.loads(survivor.get_schema(schema_id).schema_str) == json.loads(text)
     more = [survivor.register_schema(f"kill-{tag}-after-{i}", Schema(json.dumps(
         {"type": "record", "name": f"A{tag}{i}", "fields": [{"name": "a", "type": "int"}]}), "AVRO"))
         for i in range(5)]
-    assert len(set(ids.values()) | set(more)) == 15 and min(more) > max(ids.values())
+    assert len({i for _, i in given} | set(more)) == len(given) + 5 and min(more) > max(i for _, i in given)
