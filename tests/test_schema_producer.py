@@ -75,3 +75,22 @@ async def test_serde_frames_with_registered_schemas_and_decodes_them(devcluster:
         assert await asyncio.to_thread(serde.decode, value) == {"id": 7}
         assert await asyncio.to_thread(serde.decode, as_json({"a": [1]})) == {"a": [1]}
         assert await asyncio.to_thread(serde.decode, as_proto(order(id=3, item="tea"))) == {"id": "3", "item": "tea"}
+
+
+async def test_dlq_takes_the_failing_records_of_a_memq_message(devcluster: DevCluster, unique_name) -> None:  # type: ignore[no-untyped-def]
+    topic = unique_name("dlq")
+    config = dataclasses.replace(devcluster.config(topics=[
+        topic_config(topic, read_partitions=1, value_schema_validation=True, schema_validation_action="dlq"),
+        topic_config(f"{topic}.dlq", read_partitions=1)]), audit=AuditConfig(enabled=False))
+    async with running_broker(config) as broker, aiohttp.ClientSession() as http:
+        async with http.post(f"{broker.url}/subjects/{topic}-value/versions", json={"schema": json.dumps(AVRO)}) as r:
+            sid = (await r.json())["id"]
+        values = [framed(sid, {"id": i}) if i % 3 else b"bad %d" % i for i in range(30)]
+        async with Producer(producer_config(broker.url, linger_ms=50)) as p:
+            assert await (await p.send_many(topic, values))   # one Message, good and bad together: acked
+    stored = (await read_stored(config, topic))[0]
+    assert sorted(v for _, v, _ in stored.values()) == sorted(v for i, v in enumerate(values) if i % 3)
+    letters = (await read_stored(config, f"{topic}.dlq"))[0]
+    assert sorted(v for _, v, _ in letters.values()) == sorted(v for i, v in enumerate(values) if not i % 3)
+    headers = dict(next(iter(letters.values()))[2])
+    assert headers["memq.dlq.reason"].startswith(b"no magic byte") and headers["memq.dlq.topic"] == topic.encode()

@@ -27,9 +27,9 @@ from prometheus_client import Histogram
 from memq.clock import Clock
 from memq.config import TopicConfig
 from memq.format import LogMessage, MessageHeader, Notification
-from memq.format.wire import AckCode, AckLevel
+from memq.format.wire import Ack, AckCode, AckLevel
 from memq.security.acl import Operation
-from memq.schema.check import Checker, Failure
+from memq.schema.check import Checker, Failure, dlq_topic
 from memq.security.quota import ANONYMOUS, Throttler
 
 from .batch import Reply
@@ -39,6 +39,8 @@ from .placed import PlacedTopic
 from .processor import TopicProcessor
 
 log = logging.getLogger(__name__)
+#: How long a dead-letter topic's ack may take (acks=all, sealed at once) before the write is refused.
+DLQ_ACK_TIMEOUT_S = 30.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,6 +122,22 @@ class Admission:
         self._where_is = where_is
         self._checks = tuple(checks)
         self.payloads: Checker | None = None   # the schema checks, once the broker's registry is made
+
+    async def dead_letter(self, principal: str | None, topic: str, message: memoryview, header: MessageHeader,
+                          request_id: int, timeout_s: float = DLQ_ACK_TIMEOUT_S) -> str | None:
+        """Store one Message of dead letters in `topic`'s dead-letter topic (admitted like any
+        write, acks=all, sealed at once): None once stored, else why not."""
+        target = self.admit(principal, dlq_topic(topic), len(message))
+        if isinstance(target, Refusal):
+            return target.why
+        fut: asyncio.Future[Ack] = asyncio.get_running_loop().create_future()
+        await target.append(message, header, request_id, AckLevel.ALL,
+                            lambda a: None if fut.done() else fut.set_result(a), seal=True)
+        try:
+            ack = await asyncio.wait_for(fut, timeout_s)
+        except TimeoutError:
+            return f"not stored within {timeout_s:g}s"
+        return None if ack.ok else f"{ack.code}: {ack.error}"
 
     async def check_records(self, ticket: Ticket, records: Sequence[LogMessage]) -> list[Failure]:
         """The records failing the topic's schema checks (call only for a topic that asks:

@@ -59,6 +59,23 @@ class Failure:
         return f"record {self.index}: {self.part}{at}: {self.reason}"
 
 
+def dlq_topic(topic: str) -> str:
+    """Where a topic's failing records go under `schema_validation_action = dlq`."""
+    return f"{topic}.dlq"
+
+
+def dead_letters(records: Sequence[LogMessage], failures: Sequence[Failure], topic: str,
+                 partition: int) -> list[LogMessage]:
+    """The failing records as dead letters: each with headers naming why (`memq.dlq.reason`), its
+    schema id, its topic, partition and index among the request's records (a refused record has
+    no offset)."""
+    return [r._replace(headers=(*r.headers, ("memq.dlq.reason", f.reason.encode()),
+                                ("memq.dlq.schema.id", b"" if f.schema_id is None else str(f.schema_id).encode()),
+                                ("memq.dlq.topic", topic.encode()), ("memq.dlq.partition", str(partition).encode()),
+                                ("memq.dlq.index", str(f.index).encode())))
+            for f in failures for r in (records[f.index],)]
+
+
 def checked(cfg: TopicConfig) -> bool:
     """Whether the topic asks for any check (the only topics that pay for one)."""
     return cfg.value_schema_validation or cfg.key_schema_validation

@@ -18,31 +18,23 @@ and by the topic's `schema_validation_action`:
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 
 from memq.errors import FormatError, MemqError
 from memq.format import LogMessage
 from memq.format.kafka_records import KafkaBatchHeader, decode_kafka_records, encode_kafka_batch, verify_kafka_batch
-from memq.format.message import MESSAGE_HEADER_SIZE, encode_kafka_message
-from memq.format.wire import Ack, AckLevel
+from memq.format.message import encode_kafka_message
 from memq.kafka_api.mapping import memq_producer_id
 from memq.kafka_api.protocol import ErrorCode, PartitionResult
-from memq.schema.check import Failure
+from memq.schema.check import Failure, dead_letters
 
-from ..admission import Refusal, Ticket
+from ..admission import Ticket
 from .kafka_family import Conn
 
 #: A refused Produce lists at most this many records' errors (the message counts them all).
 MAX_RECORD_ERRORS = 100
-#: How long the dead-letter topic's ack may take before the partition is refused (acks=all: a batch seal).
-DLQ_ACK_TIMEOUT_S = 30.0
 
 Batches = list[tuple[memoryview, KafkaBatchHeader]]
-
-
-def dlq_topic(topic: str) -> str:
-    return f"{topic}.dlq"
 
 
 async def check_partition(conn: Conn, topic: str, index: int, ticket: Ticket, batches: Batches,
@@ -77,16 +69,8 @@ async def check_partition(conn: Conn, topic: str, index: int, ticket: Ticket, ba
 
 async def _dead_letters(conn: Conn, topic: str, index: int, batches: Batches, records: list[LogMessage],
                         failures: list[Failure], ids: tuple[int, int, int]) -> str | None:
-    """Store the failing records in the dead-letter topic (acks=all); None once stored, else why not."""
-    letters = [r._replace(headers=(*r.headers, ("memq.dlq.reason", f.reason.encode()),
-                                   ("memq.dlq.schema.id", b"" if f.schema_id is None else str(f.schema_id).encode()),
-                                   ("memq.dlq.topic", topic.encode()), ("memq.dlq.partition", str(index).encode()),
-                                   ("memq.dlq.index", str(f.index).encode())))
-               for f in failures for r in (records[f.index],)]
-    batch = encode_kafka_batch(letters)
-    target = conn.core.admission.admit(conn.principal, dlq_topic(topic), len(batch) + MESSAGE_HEADER_SIZE)
-    if isinstance(target, Refusal):
-        return target.why
+    """Store the failing records in the dead-letter topic; None once stored, else why not."""
+    batch = encode_kafka_batch(dead_letters(records, failures, topic, index))
     kh = verify_kafka_batch(batch)
     first = batches[0][1]
     producer_id, epoch, sequence = ids[0], 0, ids[1]
@@ -94,14 +78,7 @@ async def _dead_letters(conn: Conn, topic: str, index: int, batches: Batches, re
         producer_id, epoch = memq_producer_id(first.producer_id, index), max(first.producer_epoch, 0)
         sequence = first.base_sequence
     msg, header = encode_kafka_message(batch, kh, producer_id=producer_id, epoch=epoch, sequence=sequence)
-    fut: asyncio.Future[Ack] = asyncio.get_running_loop().create_future()
-    await target.append(memoryview(msg), header, ids[2], AckLevel.ALL,
-                        lambda a: None if fut.done() else fut.set_result(a), seal=True)
-    try:
-        ack = await asyncio.wait_for(fut, DLQ_ACK_TIMEOUT_S)
-    except TimeoutError:
-        return f"not stored within {DLQ_ACK_TIMEOUT_S:g}s"
-    return None if ack.ok else f"{ack.code}: {ack.error}"
+    return await conn.core.admission.dead_letter(conn.principal, topic, memoryview(msg), header, ids[2])
 
 
 def _without(batches: Batches, per_batch: list[list[LogMessage]], failed: set[int]) -> Batches:
