@@ -203,6 +203,9 @@ class ClusterConfig:
     name: str = "dev"
 
 
+SUBJECT_NAME_STRATEGIES = ("TopicNameStrategy", "RecordNameStrategy", "TopicRecordNameStrategy")
+
+
 @dataclass(frozen=True)
 class TopicConfig:
     """A topic's settings. Batches seal at `batch_bytes`, `batch_messages` or `batch_ms` age.
@@ -242,6 +245,13 @@ class TopicConfig:
     max_compaction_lag_ms: int | None = setting(None, ge=1)  # ... and at most this long (None: no bound)
     delete_retention_ms: int = setting(86_400_000, ge=0)     # a tombstone stays readable this long past its timestamp
     min_cleanable_dirty_ratio: float = setting(0.5, ge=0)   # compact once this share of the log is dirty (<= 1)
+    # produce-time schema checks (memq.schema.check, docs/guides/schemas.md): each record's key / value must
+    # carry a schema id registered under the topic's subject and decode with that schema
+    value_schema_validation: bool = False                   # confluent.value.schema.validation
+    key_schema_validation: bool = False                     # confluent.key.schema.validation
+    value_subject_name_strategy: str = "TopicNameStrategy"   # or RecordNameStrategy, TopicRecordNameStrategy
+    key_subject_name_strategy: str = "TopicNameStrategy"
+    schema_validation_action: Literal["reject", "warn", "dlq"] = "reject"   # memq.schema.validation.action
     # Kafka settings that have no effect on memq (segment.ms, min.insync.replicas, ...), kept as
     # (name, value) so Kafka's tools read back what they set (memq.kafka_api.topic_configs.INERT)
     kafka_inert: tuple[tuple[str, str], ...] = ()
@@ -249,6 +259,11 @@ class TopicConfig:
     def __post_init__(self) -> None:
         check_choice(self, "kafka_compression", f"topic {self.name}")
         check_choice(self, "cleanup_policy", f"topic {self.name}")
+        check_choice(self, "schema_validation_action", f"topic {self.name}")
+        for strategy in ("value_subject_name_strategy", "key_subject_name_strategy"):
+            if getattr(self, strategy) not in SUBJECT_NAME_STRATEGIES:
+                raise ConfigError(f"topic {self.name}.{strategy} = {getattr(self, strategy)!r} is not one of "
+                                  f"{', '.join(SUBJECT_NAME_STRATEGIES)}")
         if not self.name or not all(c.isalnum() or c in "._-" for c in self.name):
             raise ConfigError(f"topic name {self.name!r}: use letters, digits, '.', '_', '-'")
         if self.storage_group and not _KEY_SEGMENT.fullmatch(self.storage_group):

@@ -112,6 +112,12 @@ class KeyRequiredError(InvalidInputError):
     keeps the latest record per key, so a record must have one (Kafka refuses such records too)."""
 
 
+class InvalidRecordError(ProduceError):
+    """A record fails its topic's schema checks (no schema id, an id not of the topic's subject, a
+    payload that does not decode): the message names the record and why; nothing of its Message
+    was stored. Not retried."""
+
+
 class ProducerTimeoutError(ProduceError):
     """`send` waited longer than `max_block_ms`, or a Message got no ack within its timeout."""
 
@@ -175,6 +181,25 @@ class OffsetOutOfRangeError(ConsumerError):
         self.partition = partition
         self.offset = offset
         self.oldest = oldest
+
+
+# --- schemas ---------------------------------------------------------------------------------
+
+
+class SchemaError(MemqError):
+    """A schema registry request memq cannot serve as asked: `.code` is Confluent's error code
+    (40401 subject not found, 409 incompatible, 42201 invalid schema, ...), `.status` the HTTP
+    status it goes out with (the code's first three digits)."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.status = code // 100 if code >= 10000 else code
+
+
+class SchemaConflictError(MemqError):
+    """The schema store changed between a read and a write that depended on it (another broker
+    registered or deleted meanwhile): read again, decide again."""
 
 
 # --- local dev infrastructure ---------------------------------------------------------------

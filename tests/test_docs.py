@@ -55,3 +55,13 @@ def test_the_kafka_guide_lists_every_api_served_with_its_versions() -> None:
     assert listed == dict(SERVED), "the guide's API table and the door's SERVED differ"
     names = {int(key): name for name, key, _, _ in rows}
     assert all(ApiKey(k).name.replace("_", "").lower() == names[k].lower() for k in listed), names
+
+
+def test_the_schemas_guide_lists_every_registry_route() -> None:
+    """docs/guides/schemas.md's API table is the registry door's table (`ROUTES`), row for row."""
+    from memq.broker.doors.schema_registry import ROUTES
+
+    text = (ROOT / "docs" / "guides" / "schemas.md").read_text()
+    rows = re.findall(r"^\| (GET|POST|PUT|DELETE) \| `([^`]+)` \|", text, re.M)
+    served = [(method, path.replace("{id:-?[0-9]+}", "{id}")) for method, path, *_ in ROUTES]
+    assert rows == served, "the guide's API table and the door's ROUTES differ"

@@ -8,10 +8,17 @@ request must name one it has; any other topic ignores it). A door then verifies 
 (memq's header CRC, Kafka's RecordBatch CRC), charges the bytes it accepted to the quotas
 (`charge`) and appends through the `Ticket`: the only way a door reaches a topic's processor. A
 check added here applies to every door.
+
+A topic with schema checks (`memq.schema.check.checked`: `value_schema_validation` or
+`key_schema_validation`) is the one case a door decodes records: it passes them to
+`check_records` before appending, and refuses the request (`schema_validation_action = reject`)
+or stores it counted (`warn`). Every other topic's records are never decoded.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
@@ -19,9 +26,10 @@ from prometheus_client import Histogram
 
 from memq.clock import Clock
 from memq.config import TopicConfig
-from memq.format import MessageHeader, Notification
-from memq.format.wire import AckCode, AckLevel
+from memq.format import LogMessage, MessageHeader, Notification
+from memq.format.wire import Ack, AckCode, AckLevel
 from memq.security.acl import Operation
+from memq.schema.check import Checker, Failure, dlq_topic
 from memq.security.quota import ANONYMOUS, Throttler
 
 from .batch import Reply
@@ -29,6 +37,10 @@ from .guard import Guard
 from .metrics import BrokerMetrics
 from .placed import PlacedTopic
 from .processor import TopicProcessor
+
+log = logging.getLogger(__name__)
+#: How long a dead-letter topic's ack may take (acks=all, sealed at once) before the write is refused.
+DLQ_ACK_TIMEOUT_S = 30.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,6 +121,36 @@ class Admission:
         self._processor = processor
         self._where_is = where_is
         self._checks = tuple(checks)
+        self.payloads: Checker | None = None   # the schema checks, once the broker's registry is made
+
+    async def dead_letter(self, principal: str | None, topic: str, message: memoryview, header: MessageHeader,
+                          request_id: int, timeout_s: float = DLQ_ACK_TIMEOUT_S) -> str | None:
+        """Store one Message of dead letters in `topic`'s dead-letter topic (admitted like any
+        write, acks=all, sealed at once): None once stored, else why not."""
+        target = self.admit(principal, dlq_topic(topic), len(message))
+        if isinstance(target, Refusal):
+            return target.why
+        fut: asyncio.Future[Ack] = asyncio.get_running_loop().create_future()
+        await target.append(message, header, request_id, AckLevel.ALL,
+                            lambda a: None if fut.done() else fut.set_result(a), seal=True)
+        try:
+            ack = await asyncio.wait_for(fut, timeout_s)
+        except TimeoutError:
+            return f"not stored within {timeout_s:g}s"
+        return None if ack.ok else f"{ack.code}: {ack.error}"
+
+    async def check_records(self, ticket: Ticket, records: Sequence[LogMessage]) -> list[Failure]:
+        """The records failing the topic's schema checks (call only for a topic that asks:
+        `memq.schema.check.checked`), counted by the action the topic takes."""
+        if self.payloads is None:
+            raise RuntimeError("schema checks before the broker started")
+        cfg = ticket.config
+        failures = await asyncio.to_thread(self.payloads.check, cfg.name, cfg, records)
+        if failures:
+            self._metrics.schema_invalid.labels(cfg.name, cfg.schema_validation_action).inc(len(failures))
+            log.info("topic %s: %d of %d records fail the schema checks (%s), first: %s", cfg.name, len(failures),
+                     len(records), cfg.schema_validation_action, failures[0])
+        return failures
 
     def admit(self, principal: str | None, topic: str, largest: int, partition: int = -1) -> Ticket | Refusal:
         """ACL, hosted here, size, extra checks, `partition` (placed topics only): a Ticket to

@@ -158,6 +158,11 @@ class Guard:
         return not self.enabled or (principal is not None
                                     and is_allowed(self._rules, principal, operation, group, ResourceType.GROUP))
 
+    def may_subject(self, principal: str | None, operation: Operation, subject: str) -> bool:
+        """Whether the ACLs let `principal` do `operation` on the schema registry subject `subject`."""
+        return not self.enabled or (principal is not None
+                                    and is_allowed(self._rules, principal, operation, subject, ResourceType.SUBJECT))
+
     def allowed(self, principal: str | None, operation: Operation, topic: str) -> bool:
         """`may`, counting a denial: for requests refused, not for topics left out of a listing."""
         ok = self.may(principal, operation, topic)

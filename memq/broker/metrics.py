@@ -97,6 +97,9 @@ class BrokerMetrics:
         self.slow_clients = Counter("memq_broker_slow_client_closes",
                                     "Connections closed because the client did not read its acks", registry=r)
         # security (memq.broker.guard)
+        self.schema_invalid = Counter("memq_broker_schema_invalid_records",
+                                      "Records failing their topic's schema checks, by what was done (reject, warn)",
+                                      ["topic", "action"], registry=r)
         self.denials = Counter("memq_broker_denials",
                                "Requests refused: no valid credentials (operation=authenticate) or denied by an ACL",
                                ["operation"], registry=r)

@@ -11,6 +11,7 @@ from typing import Protocol
 
 from memq.config import MemqConfig
 from memq.format.metadata import ClusterMetadata
+from memq.schema.service import SchemaRegistry
 
 from .admission import Admission
 from .cluster_admin import ClusterAdmin
@@ -60,6 +61,10 @@ class BrokerCore(Protocol):
     @property
     def txns(self) -> Transactions:
         """Kafka transactions: the coordinator's calls and the transactional produce checks (memq.broker.txn)."""
+
+    @property
+    def schemas(self) -> SchemaRegistry:
+        """The schema registry (memq.schema): the cluster's in ZooKeeper, this broker's alone without."""
 
     @property
     def cluster_admin(self) -> ClusterAdmin | None:

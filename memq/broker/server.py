@@ -35,6 +35,9 @@ from memq.kafka_api.records import framing_codec
 from memq.format.wire import AckCode
 from memq.governor.registry import Registry
 from memq.notify import KafkaTopic, NotificationPublisher, TopicAdmin, TopicCreator
+from memq.schema.check import Checker
+from memq.schema.service import SchemaRegistry
+from memq.schema.store import MemorySchemaStore, SchemaStore, ZooKeeperSchemaStore
 from memq.security.quota import Throttler
 from memq.security.tls import server_context
 from memq.storage import StorageHandler, StorageMetrics, make_storage
@@ -45,6 +48,7 @@ from .coordinator import coordinator_of
 from .doors.http import HttpDoor
 from .doors.kafka import KafkaListener
 from .consumer_groups import Groups
+from .doors.schema_registry import SchemaRegistryDoor
 from .guard import Guard
 from .metrics import BrokerMetrics
 from .storage_group import GroupWriter, GroupWriters
@@ -94,6 +98,7 @@ class Broker:
         self._path: PublishPath | None = None   # made on start: every notification goes through it
         self._pointers: ManifestPointers | None = None   # compacted topics' manifests (with ZooKeeper)
         self.compactor: Compactor | None = None   # made on start with ZooKeeper; runs once told its share
+        self._schemas: SchemaRegistry | None = None   # made on start: the registry over the cluster's store
         self.groups = Groups(config.kafka.bootstrap_servers, config.cluster.name, self.broker_id)
         self.cluster_view: Callable[[], ClusterView | None] | None = None   # governed: from ZooKeeper
         self.cluster_admin: ClusterAdmin | None = None   # governed: topics and ACLs through ZooKeeper
@@ -105,6 +110,7 @@ class Broker:
                                    processor=self._processors.get, where_is=self.where_is, checks=checks)
         self.app = web.Application(middlewares=[self.guard.middleware])
         self._http = HttpDoor(self, self.app)
+        SchemaRegistryDoor(self, self.app)
 
     # --- lifecycle ---------------------------------------------------------------------------
 
@@ -138,6 +144,7 @@ class Broker:
             self.compactor = Compactor(self.config, self._manifest_pointers(), self.metrics.registry,
                                        storage=self._storage, reads=self._reads, clock=self._clock,
                                        broker_id=self.broker_id)
+        self._schemas = await self._make_schemas()
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((bc.host, bc.port))
@@ -250,6 +257,21 @@ class Broker:
             log.warning("broker %s: told to compact, but it has no ZooKeeper for manifests", self.broker_id)
             return
         self.compactor.start(topics, mine)
+    async def _make_schemas(self) -> SchemaRegistry:
+        """The registry over the cluster's store in ZooKeeper (the session share groups and
+        transactions use), else over this broker's memory (a broker without ZooKeeper)."""
+        store: SchemaStore = MemorySchemaStore()
+        if self.config.zookeeper.enabled:
+            assert self._share_registry is not None, "the transactions' store opened the session"
+            store = await asyncio.to_thread(ZooKeeperSchemaStore, self._share_registry)
+        registry = SchemaRegistry(store)
+        self.admission.payloads = Checker(registry)
+        return registry
+
+    @property
+    def schemas(self) -> SchemaRegistry:
+        assert self._schemas is not None, "start() first"
+        return self._schemas
 
     def _coordinates(self, txn_id: str) -> bool:
         """This broker coordinates `txn_id` (or no broker has a Kafka listener: any may)."""

@@ -14,6 +14,7 @@ from memq.cli.dev import dev
 from memq.cli.get import get
 from memq.cli.governor import governor
 from memq.cli.produce import produce
+from memq.cli.schema import schema
 from memq.cli.security import acl, token
 from memq.cli.status import status
 from memq.cli.table import table
@@ -34,6 +35,7 @@ main.add_command(dev)
 main.add_command(topic)
 main.add_command(produce)
 main.add_command(consume)
+main.add_command(schema)
 main.add_command(get)
 main.add_command(broker)
 main.add_command(status)

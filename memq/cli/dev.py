@@ -109,6 +109,8 @@ def dev(broker_count: int, topic_name: str, partitions: int, rate: float, durati
                 "brokers": "  ".join(f"{b.url} ({bid}, {cluster.rack(bid)})" for bid, b in cluster.brokers.items()),
                 "governor": f"{governor} ({cluster.broker(governor).url})",
                 "Kafka API": _kafka_listeners(cluster.broker(governor).url, client),
+                # every broker serves Confluent's registry API on its HTTP port; any takes writes
+                "schema registry": "  ".join(b.url for b in cluster.brokers.values()),
                 "placement": _placement_line(topic_name, placed, cluster),
             }
             if rate > 0:

@@ -15,6 +15,7 @@ import json
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Callable
 from typing import Any
 
 from memq.config import ProducerConfig, TopicConfig, build
@@ -34,6 +35,28 @@ def through_brokers(pc: ProducerConfig) -> bool:
     return bool(pc.brokers and (pc.token or pc.tls_cert_file))
 
 
+def call_brokers(urls: list[str], auth: BrokerAuth, timeout_s: float, method: str, path: str, body: Any,
+                 refusal: Callable[[str, urllib.error.HTTPError], MemqError]) -> Any:
+    """One JSON call to the first of `urls` that answers, with the client's credentials; an HTTP
+    error answer is `refusal(url, error)`, raised; BrokerUnavailableError if none answers."""
+    unavailable: list[str] = []
+    for url in urls:
+        request = urllib.request.Request(url + path, method=method, headers={
+            **auth.headers(), "Content-Type": "application/json"},
+            data=json.dumps(body).encode() if body is not None else None)
+        try:
+            with urllib.request.urlopen(request, timeout=timeout_s, context=auth.ssl_context) as resp:
+                return json.loads(resp.read() or b"null")
+        except urllib.error.HTTPError as e:
+            raise refusal(url, e) from None
+        except (urllib.error.URLError, OSError, http.client.HTTPException) as e:
+            failure = auth.failure(url, e)
+            if not isinstance(failure, BrokerUnavailableError):
+                raise failure from None
+            unavailable.append(str(failure))
+    raise BrokerUnavailableError(f"no broker answered {method} {path}: {'; '.join(unavailable) or 'none named'}")
+
+
 class BrokerAdmin:
     """Topic, token and ACL administration; each call goes to the first broker that answers."""
 
@@ -44,22 +67,7 @@ class BrokerAdmin:
         self.where = f"the brokers' admin API ({', '.join(self._urls)})"
 
     def _call(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
-        unavailable: list[str] = []
-        for url in self._urls:
-            request = urllib.request.Request(url + path, method=method, headers={
-                **self._auth.headers(), "Content-Type": "application/json"},
-                data=json.dumps(body).encode() if body is not None else None)
-            try:
-                with urllib.request.urlopen(request, timeout=self._timeout_s, context=self._auth.ssl_context) as resp:
-                    return json.loads(resp.read() or b"null")
-            except urllib.error.HTTPError as e:
-                raise self._refusal(url, e) from None
-            except (urllib.error.URLError, OSError, http.client.HTTPException) as e:
-                failure = self._auth.failure(url, e)
-                if not isinstance(failure, BrokerUnavailableError):
-                    raise failure from None
-                unavailable.append(str(failure))
-        raise BrokerUnavailableError(f"no broker answered {method} {path}: {'; '.join(unavailable) or 'none named'}")
+        return call_brokers(self._urls, self._auth, self._timeout_s, method, path, body, self._refusal)
 
     def _refusal(self, url: str, e: urllib.error.HTTPError) -> MemqError:
         if e.code == 401:

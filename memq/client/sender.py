@@ -29,7 +29,8 @@ from typing import Any, Generic, Protocol, TypeVar
 import aiohttp
 
 from memq.config import ProducerConfig
-from memq.errors import AuthenticationError, AuthorizationError, BrokerUnavailableError, ConfigError, MemqError, MessageTooLargeError, ProduceError, \
+from memq.errors import AuthenticationError, AuthorizationError, BrokerUnavailableError, ConfigError, InvalidRecordError, \
+    MemqError, MessageTooLargeError, ProduceError, \
     ProducerClosedError, ProducerFencedError, ProducerTimeoutError, TransactionError, UnknownTopicError
 from memq.format.wire import RETRIABLE_CODES, REQUEST_HEADER_SIZE, Ack, AckCode, AckLevel, RequestFlag, \
     pack_request_header_into
@@ -300,6 +301,8 @@ class Sender(Generic[W]):
             self._finish(msg, MessageTooLargeError(why))
         elif ack.code == AckCode.DENIED:
             self._finish(msg, AuthorizationError(why))
+        elif ack.code == AckCode.INVALID_RECORD:
+            self._finish(msg, InvalidRecordError(why))
         elif ack.code == AckCode.FENCED:
             self._finish(msg, ProducerFencedError(why))
         elif ack.code == AckCode.TXN_STATE:

@@ -106,6 +106,7 @@ class AckCode(StrEnum):
     FENCED = "FENCED"         # a newer producer of the same transactional id took over (terminal)
     TXN_STATE = "TXN_STATE"   # the call does not fit the transaction's state (e.g. commit with none open)
     TXN_BUSY = "TXN_BUSY"     # the transaction is still completing (Kafka's CONCURRENT_TRANSACTIONS): retry
+    INVALID_RECORD = "INVALID_RECORD"   # a record fails the topic's schema checks (terminal; the error names it)
 
 
 #: Codes after which sending the same Message again (same producer id/epoch/sequence) may work.

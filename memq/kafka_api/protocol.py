@@ -419,6 +419,7 @@ class PartitionResult:
     error: ErrorCode = ErrorCode.NONE
     base_offset: int = -1
     message: str | None = None
+    record_errors: tuple[tuple[int, str], ...] = ()   # v8+: (batch index, why) of each refused record
 
 
 @dataclass(slots=True)
@@ -437,7 +438,10 @@ def encode_produce(h: RequestHeader, result: ProduceResult) -> bytes:
             if v >= 5:
                 w.i64(-1)   # log_start_offset
             if v >= 8:
-                w.i32(0).nullable_string(p.message)   # record_errors, error_message
+                w.i32(len(p.record_errors))
+                for index, why in p.record_errors:
+                    w.i32(index).nullable_string(why)
+                w.nullable_string(p.message)
     w.i32(result.throttle_ms)
     return w.frame()
 

@@ -100,9 +100,21 @@ NO_LAG_BOUND = (1 << 63) - 1
 POLICIES: Mapping[frozenset[str], str] = {frozenset({"delete"}): "delete", frozenset({"compact"}): "compact",
                                          frozenset({"compact", "delete"}): "compact,delete"}
 
+#: How Confluent's settings name a subject name strategy (memq keeps the class's short name).
+STRATEGY_PACKAGE = "io.confluent.kafka.serializers.subject."
+
 SETTINGS: tuple[Setting, ...] = (
     Setting("cleanup.policy", "cleanup_policy", ConfigType.LIST,
             "delete (retention.ms/bytes), compact (the latest record per key) or both"),
+    Setting("confluent.key.schema.validation", "key_schema_validation", ConfigType.BOOLEAN,
+            "each record's key must carry a schema id registered under the topic's key subject and decode with it"),
+    Setting("confluent.key.subject.name.strategy", "key_subject_name_strategy", ConfigType.STRING,
+            "the key subject: TopicNameStrategy (<topic>-key), RecordNameStrategy, TopicRecordNameStrategy"),
+    Setting("confluent.value.schema.validation", "value_schema_validation", ConfigType.BOOLEAN,
+            "each record's value must carry a schema id registered under the topic's value subject and decode "
+            "with it"),
+    Setting("confluent.value.subject.name.strategy", "value_subject_name_strategy", ConfigType.STRING,
+            "the value subject: TopicNameStrategy (<topic>-value), RecordNameStrategy, TopicRecordNameStrategy"),
     Setting("delete.retention.ms", "delete_retention_ms", ConfigType.LONG,
             "a compacted topic keeps a tombstone (null value) this long past its timestamp"),
     Setting("max.message.bytes", "max_message_bytes", ConfigType.INT,
@@ -132,6 +144,9 @@ SETTINGS: tuple[Setting, ...] = (
             "latency budget: a batch under this size keeps filling until memq.max.batch.ms (0: off)"),
     Setting("memq.notification.topic", "notification_topic", ConfigType.STRING,
             "the Kafka topic carrying this topic's notifications", read_only=True),
+    Setting("memq.schema.validation.action", "schema_validation_action", ConfigType.STRING,
+            "a record failing the schema checks: reject (the request, INVALID_RECORD), warn (stored, counted) or "
+            "dlq (to <topic>.dlq, the rest stored)"),
     Setting("memq.read.partitions", "read_partitions", ConfigType.INT,
             "read partitions (the Kafka partitions): grown with CreatePartitions", read_only=True),
     Setting("memq.ring.slots", "ring_slots", ConfigType.INT, "batch slots per broker: one filling, others uploading"),
@@ -200,6 +215,8 @@ def value_of(cfg: TopicConfig, s: Setting, cluster: str) -> str | None:
     if s.field == "notification_topic":
         return cfg.notification_topic_for(cluster)
     v = getattr(cfg, s.field)
+    if isinstance(v, bool):
+        return "true" if v else "false"
     if v is None:
         return {"retention_bytes": "-1", "max_compaction_lag_ms": str(NO_LAG_BOUND)}.get(s.field)
     return str(v)
@@ -275,9 +292,13 @@ def _parse(s: Setting, value: str | None) -> Any:
             return n
     except ValueError:
         raise ConfigError(f"{s.name}={value!r}: not a number") from None
+    if s.type is ConfigType.BOOLEAN:
+        if value.lower() not in ("true", "false"):
+            raise ConfigError(f"{s.name}={value!r}: true or false")
+        return value.lower() == "true"
     if s.field == "cleanup_policy":
         return cleanup_policy(list_items(value), s.name)
-    return value
+    return value.removeprefix(STRATEGY_PACKAGE) if s.field.endswith("_subject_name_strategy") else value
 
 
 def list_items(value: str) -> frozenset[str]:

@@ -6,6 +6,9 @@ A Kafka client's consumer group is a resource of its own, named `group:GROUP` or
 `group-prefix:PREFIX` (so a topic rule never covers a group of the same name): `consume` on a
 group is Kafka's READ (join, sync, heartbeat, leave, commit and fetch its offsets), `describe`
 its DESCRIBE (DescribeGroups, ListGroups), `admin` its DELETE (DeleteGroups).
+A schema registry subject is a resource too, `subject:SUBJECT` or `subject-prefix:PREFIX`:
+`admin` on it registers, deletes and sets its config and mode (reading the registry needs only an
+authenticated principal). Kafka's ACL calls neither list nor change subject rules.
 Deny wins over allow; with security on, a request no allow rule matches is denied.
 As in Kafka, some operations imply others (`IMPLIES`): `produce`, `consume` and `admin` on a
 topic imply `describe` on it (Kafka's WRITE, READ, DELETE and ALTER imply DESCRIBE), so a
@@ -55,12 +58,15 @@ class PatternType(StrEnum):
 class ResourceType(StrEnum):
     TOPIC = "topic"
     GROUP = "group"    # a Kafka client's consumer group
+    SUBJECT = "subject"   # a schema registry subject (memq.schema)
 
 
 #: A rule's `KIND:` prefix -> (resource, pattern type).
 _KINDS: Mapping[str, tuple[ResourceType, PatternType]] = {
     "literal": (ResourceType.TOPIC, PatternType.LITERAL), "prefix": (ResourceType.TOPIC, PatternType.PREFIX),
     "group": (ResourceType.GROUP, PatternType.LITERAL), "group-prefix": (ResourceType.GROUP, PatternType.PREFIX),
+    "subject": (ResourceType.SUBJECT, PatternType.LITERAL),
+    "subject-prefix": (ResourceType.SUBJECT, PatternType.PREFIX),
 }
 _KIND_OF = {v: k for k, v in _KINDS.items()}
 
@@ -97,7 +103,8 @@ def parse_rule(line: str, where: str = "security.acls") -> AclRule:
     parts = line.split()
     if len(parts) != 4 or ":" not in parts[3]:
         raise ConfigError(f"{where}: {line!r} is not 'allow|deny PRINCIPAL produce|consume|describe|admin "
-                          "literal:TOPIC|prefix:PREFIX|group:GROUP|group-prefix:PREFIX'")
+                          "literal:TOPIC|prefix:PREFIX|group:GROUP|group-prefix:PREFIX|subject:SUBJECT|"
+                          "subject-prefix:PREFIX'")
     permission, principal, operation, target = parts
     kind, _, pattern = target.partition(":")
     if kind.lower() not in _KINDS:

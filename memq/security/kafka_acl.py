@@ -272,6 +272,8 @@ def _target(rule: AclRule) -> str:
 
 def bindings_of(rule: AclRule) -> tuple[Binding, ...]:
     """Every Kafka binding `rule` grants (or denies), in Kafka's operation order."""
+    if rule.resource not in _RESOURCE:
+        return ()                         # a schema subject: no Kafka resource names it
     principal = USER + rule.principal     # `*` is User:*
     permission = _PERMISSION[rule.permission]
     out: list[Binding] = []

@@ -11,8 +11,10 @@ as on `/v1/produce` (memq.security.quota): a Produce over quota is accepted, its
 carries `throttle_time_ms`, and the connection is not read for that long (KIP-219).
 
 A record without a key to a compacted topic is refused (INVALID_RECORD, the whole partition's
-records): the one place the door decodes records, bounded to compacted topics
-(`kafka_api.compacted.keyless_records`). A compacted topic's records go to the partition the
+records): one of the two places the door decodes records, bounded to compacted topics
+(`kafka_api.compacted.keyless_records`). The other: a topic with schema checks has its records
+checked by the admission path (`kafka_schema_check`): refused (INVALID_RECORD with each failing
+record's index and reason), stored counted (warn), or its failing records dead-lettered (dlq). A compacted topic's records go to the partition the
 client asked for (its partitioner hashed the key, Kafka's semantics: `memq.broker.placed`), so
 compaction per partition sees every record of a key; any other topic's go where memq picks.
 
@@ -39,9 +41,12 @@ from memq.kafka_api.offsets import produce_base_offset
 from memq.kafka_api.protocol import (ApiKey, ErrorCode, PartitionData, PartitionResult, ProduceRequest, ProduceResult,
                                      Reader, RequestHeader, decode_produce, encode_produce)
 
+from memq.schema.check import checked
+
 from ..admission import Refusal, Ticket
 from ..txn.service import ProducerIds
 from .kafka_family import Conn, Family, Response
+from .kafka_schema_check import check_partition
 
 log = logging.getLogger(__name__)
 
@@ -168,6 +173,14 @@ async def _append(conn: Conn, st: ProduceState, topic: str, part: PartitionData,
     if "compact" in admitted.config.cleanup_policy and (keyless := keyless_records(b for b, _ in batches)):
         return PartitionResult(part.index, ErrorCode.INVALID_RECORD,
                                message=f"topic {topic} is compacted: {keyless} record(s) without a key refused")
+    if checked(admitted.config):
+        kept = await check_partition(conn, topic, part.index, admitted, batches,
+                                     (st.producer_id, next(st.sequence), next(st.request_ids)))
+        if isinstance(kept, PartitionResult):
+            return kept
+        if not kept:   # every record went to the dead-letter topic
+            return PartitionResult(part.index)
+        batches = kept
     if txn_id is not None:
         return _txn_store(conn, txn_id, topic, part.index, admitted, batches)
     loop = asyncio.get_running_loop()

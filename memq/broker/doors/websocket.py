@@ -34,12 +34,13 @@ from functools import partial
 from aiohttp import WebSocketError, WSCloseCode, WSMsgType, web
 from prometheus_client import Histogram
 
-from memq.errors import FormatError, ProtocolError
-from memq.format import verify_message
+from memq.errors import FormatError, MemqError, ProtocolError
+from memq.format import decode_message, encode_message, verify_message
 from memq.format.message import MessageHeader
 from memq.format.txn_wire import decode_txn_call, is_txn_call, peek_call_id
 from memq.format.wire import (NO_REQUEST_ID, Ack, AckCode, AckLevel, ProduceRequest, RequestFlag, decode_request,
                               encode_acks, is_bundle, peek_request_id, split_bundle)
+from memq.schema.check import checked, dead_letters
 
 from ..admission import Refusal, Ticket
 from ..guard import Session
@@ -180,6 +181,11 @@ class ProduceConnection:
         except FormatError as e:
             self._refuse(req, AckCode.CORRUPT, f"request {req.request_id}: {e}")
             return
+        if checked(admitted.config):
+            passed = await self._records_pass(req, admitted, header)
+            if passed is None:
+                return
+            req, header = passed
         throttle_s = self._core.admission.charge(self._principal, ((topic, size),))
         throttle_ms = round(throttle_s * 1000)
         if req.transactional_id:
@@ -190,6 +196,48 @@ class ProduceConnection:
             await self._append(admitted, req, header, throttle_ms)
         if throttle_s:
             await asyncio.sleep(throttle_s)   # read nothing more from this client meanwhile
+
+    async def _records_pass(self, req: ProduceRequest, ticket: Ticket,
+                            header: MessageHeader) -> tuple[ProduceRequest, MessageHeader] | None:
+        """A topic with schema checks: the Message's records decoded and checked by the admission
+        path. The request to store (under `dlq`, its failing records taken out once they are in
+        the dead-letter topic), or None when it was answered: refused (`reject`, or a dead-letter
+        topic that cannot take them: INVALID_RECORD naming the record) or all dead-lettered (OK)."""
+        try:
+            _, records = decode_message(req.message)
+        except FormatError as e:
+            self._refuse(req, AckCode.CORRUPT, f"request {req.request_id}: {e}")
+            return None
+        try:
+            failures = await self._core.admission.check_records(ticket, records)
+        except MemqError as e:   # the registry's store cannot answer (ZooKeeper away): retriable
+            self._refuse(req, AckCode.STORAGE, f"request {req.request_id}: schema checks: {e}")
+            return None
+        action = ticket.config.schema_validation_action
+        if not failures or action == "warn":
+            return req, header
+        extra = ""
+        if action == "dlq":
+            # the Message's own ids: a retry is framed the same, so dedup drops it in both topics
+            letters = encode_message(dead_letters(records, failures, req.topic, req.partition),
+                                     producer_id=header.producer_id, epoch=header.epoch, sequence=header.sequence)
+            why = await self._core.admission.dead_letter(self._principal, req.topic, memoryview(letters),
+                                                         verify_message(letters), req.request_id)
+            if why is None:
+                failed = {f.index for f in failures}
+                keep = [r for i, r in enumerate(records) if i not in failed]
+                if not keep:
+                    if req.ack is not AckLevel.NONE:
+                        self._reply(Ack(req.request_id, True), None)
+                    return None
+                rest = memoryview(encode_message(keep, producer_id=header.producer_id, epoch=header.epoch,
+                                                 sequence=header.sequence))
+                return dataclasses.replace(req, message=rest), verify_message(rest)
+            extra = f"; the dead-letter topic cannot take them: {why}"
+        more = f" (and {len(failures) - 1} more)" if len(failures) > 1 else ""
+        self._refuse(req, AckCode.INVALID_RECORD, f"request {req.request_id}: {len(failures)} of {len(records)} "
+                                                  f"records fail the schema checks: {failures[0]}{more}{extra}")
+        return None
 
     async def _txn_call(self, data: bytes | memoryview) -> None:
         try:
