@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import asyncio
 import os
+import random
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import pytest
+from kafka.partitioner.default import murmur2 as kafka_murmur2
 
 from memq.client.accumulator import Accumulator, record_size
-from memq.client.placement import key_partition, runs
+from memq.client.placement import key_partition, murmur2, runs
 from memq.client.producer import Producer
 from memq.config import ProducerConfig
 from memq.errors import ConfigError, MessageTooLargeError, ProduceError, ProducerClosedError, ProducerTimeoutError, UnknownTopicError
@@ -80,8 +82,12 @@ JAVA_MURMUR2 = {b"21": -973932308, b"foobar": -790332482, b"a-little-bit-long-st
 
 def test_a_key_goes_to_the_partition_kafkas_default_partitioner_picks() -> None:
     for key, java in JAVA_MURMUR2.items():
+        assert murmur2(key) == java & 0xFFFFFFFF
         for n in (1, 3, 7, 100):
             assert key_partition(key, n) == (java & 0x7FFFFFFF) % n   # Utils.toPositive(murmur2(key)) % n
+    rng = random.Random(46)   # memq's murmur2 against kafka-python's, every length up to 64 bytes
+    for key in [rng.randbytes(n % 65) for n in range(2_000)]:
+        assert murmur2(key) == kafka_murmur2(key)
     keys = [b"k%d" % i for i in range(40)]
     got = list(runs(keys, 3))
     assert got[0][0] == 0 and got[-1][1] == 40 and all(a[1] == b[0] for a, b in zip(got, got[1:]))
