@@ -16,7 +16,6 @@ from tests.support.inproc import NullAdmin, NullPublisher
 from tests.support.kafka_frames import produce_body, record_batch, request
 from memq.broker.admission import Admission, Entry, Refusal, Ticket
 from memq.broker.guard import Guard
-from memq.broker.placed import PlacedTopic
 from memq.broker.metrics import BrokerMetrics
 from memq.broker.server import Broker
 from memq.clock import SystemClock
@@ -61,20 +60,21 @@ def test_checks_run_in_order_acl_hosted_size_then_extra_checks() -> None:
     assert isinstance(ticket, Ticket) and ticket.config is small
 
 
-def test_a_compacted_topic_of_several_partitions_admits_a_write_to_the_partition_it_names() -> None:
-    cfg = TopicConfig("c", cleanup_policy="compact", storage_group="")   # 3 read partitions
-    lanes = [SimpleNamespace(config=cfg, partition=p) for p in range(3)]
-    metrics = BrokerMetrics("b1")
-    a = Admission(guard=Guard(SecurityConfig(), metrics.denials), quotas=Throttler(QuotaTable(), burst_s=1.0, max_delay_s=1.0),
-                  metrics=metrics, clock=SystemClock(), processor={"c": PlacedTopic(lanes)}.get,  # type: ignore[arg-type, dict-item]
-                  where_is=lambda t: (AckCode.UNKNOWN_TOPIC, t, ()))
-    ticket = a.admit(None, "c", 10, 1)
-    assert isinstance(ticket, Ticket) and ticket.partition == 1 and ticket.config is cfg
-    for partition in (-1, 3):   # a write that names no partition, or one the topic has not
-        refused = a.admit(None, "c", 10, partition)
-        assert isinstance(refused, Refusal) and refused.code is AckCode.PROTOCOL
-        assert f"compacted over 3 read partitions: a write names its partition (0..2, placed by key), not {partition}" \
-            in refused.why
+def test_a_write_goes_to_the_partition_it_names_and_a_compacted_topics_must_name_one() -> None:
+    compacted = TopicConfig("c", cleanup_policy="compact", storage_group="")   # 3 read partitions
+    a = admission(hosted={"c": compacted, "p": TopicConfig("p")})
+    for topic in ("c", "p"):
+        ticket = a.admit("alice", topic, 10, 1)
+        assert isinstance(ticket, Ticket) and ticket.partition == 1
+    ticket = a.admit("alice", "p", 10)   # names none: the processor puts it in its batch's partition
+    assert isinstance(ticket, Ticket) and ticket.partition == -1
+    refused = a.admit("alice", "c", 10)
+    assert isinstance(refused, Refusal) and refused.code is AckCode.PROTOCOL and not refused.no_partition
+    assert "compacted over 3 read partitions: a write names its partition (0..2, placed by key)" in refused.why
+    for topic in ("c", "p"):   # one the topic has not: Kafka's UNKNOWN_TOPIC_OR_PARTITION
+        refused = a.admit("alice", topic, 10, 3)
+        assert refused == Refusal(AckCode.PROTOCOL, f"topic {topic} has 3 read partitions (0..2), not 3",
+                                  no_partition=True)
 
 
 @pytest.fixture
@@ -105,13 +105,13 @@ async def ws_produce(broker: Broker, topic: str, partition: int = -1) -> tuple[b
     return ack.ok, str(ack.code), ack.error
 
 
-async def kafka_produce(broker: Broker, topic: str) -> tuple[int, str | None]:
+async def kafka_produce(broker: Broker, topic: str, partition: int = 0) -> tuple[int, str | None]:
     """(error code, error message) of one acks=all Produce v8 through the Kafka door."""
     host, port = broker.kafka_address.rsplit(":", 1)
     reader, writer = await asyncio.open_connection(host, int(port))
     try:
         batch = record_batch([LogMessage(b"v", timestamp_ms=1)])
-        writer.write(request(0, 8, 1, produce_body(topic, 0, batch)))
+        writer.write(request(0, 8, 1, produce_body(topic, partition, batch)))
         async with asyncio.timeout(10):
             (size,) = struct.unpack(">i", await reader.readexactly(4))
             r = Reader(await reader.readexactly(size))
@@ -131,6 +131,10 @@ async def test_a_check_added_to_the_admission_path_applies_to_both_produce_doors
     ok, code, _ = await ws_produce(broker, "open-t")
     assert (ok, code) == (True, "OK")
     assert await kafka_produce(broker, "open-t") == (ErrorCode.NONE, None)
+    assert await ws_produce(broker, "open-t", 1) == (True, "OK", "")     # stored where it names, any topic
+    assert await kafka_produce(broker, "open-t", 2) == (ErrorCode.NONE, None)
+    assert await kafka_produce(broker, "open-t", 3) == (ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+                                                        "topic open-t has 3 read partitions (0..2), not 3")
     assert await ws_produce(broker, "placed-t", 2) == (True, "OK", "")   # a compacted topic's: where it names
     ok, code, why = await ws_produce(broker, "placed-t")
     assert (ok, code) == (False, "PROTOCOL") and "names its partition" in why

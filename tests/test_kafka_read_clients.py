@@ -6,7 +6,9 @@ headers and timestamps (assigned, from the earliest offset), reads only what com
 latest offset, and reads in a group whose commit a later member of that group resumes from.
 Kafka producers' batches of each codec (none, gzip, snappy, lz4, zstd) read back identical too,
 and so do memq's own records framed in each (`kafka_compression`); kafkajs with no codec plug-in
-reads what memq's Producer wrote (the broker default, gzip).
+reads what memq's Producer wrote (the broker default, gzip). Every client, and memq's Consumer,
+reads each record from the partition its producer chose: a Kafka producer's explicit partition,
+memq's Producer's key placement (Kafka's default partitioner), in the order they were sent.
 (The Java client cannot be installed here: no Maven registry; librdkafka's tests are in
 tests/test_kafka_fetch.py.)"""
 
@@ -25,14 +27,17 @@ from pathlib import Path
 import pytest
 from aiokafka import AIOKafkaConsumer
 from aiokafka.structs import TopicPartition as AioPartition
-from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 from kafka import KafkaConsumer
 from kafka import TopicPartition as KpPartition
 from tests.support.kafka_clients import (Row, Running, as_rows, broker_thread, kafka_produce, memq_produce,
                                          rows)
 
+from memq.client.consumer import Consumer as MemqConsumer
+from memq.client.placement import key_partition
 from memq.config import BrokerConfig
 from memq.devcluster import DevCluster
+from memq.format import LogMessage
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
@@ -180,6 +185,13 @@ KAFKAJS_SCRIPT = Path(__file__).with_name("support") / "kafkajs_read.js"
 
 def kafkajs_run(modules: Path, when_ready: Callable[[], None] | None = None, **args: object) -> list[Row]:
     """Rows the script read; `when_ready` runs once it says "ready" (mode latest)."""
+    return [(bytes.fromhex(v), None if k is None else bytes.fromhex(k),
+             tuple((name, bytes.fromhex(h)) for name, h in hs), ts)
+            for v, k, hs, ts, _ in kafkajs_out(modules, when_ready, **args)]
+
+
+def kafkajs_out(modules: Path, when_ready: Callable[[], None] | None = None, **args: object) -> list[list]:
+    """What the script printed: [value hex, key hex, headers, timestamp, partition] per record."""
     proc = subprocess.Popen(["node", str(KAFKAJS_SCRIPT), json.dumps(args)], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env={**os.environ, "NODE_PATH": str(modules)})
     try:
@@ -195,9 +207,8 @@ def kafkajs_run(modules: Path, when_ready: Callable[[], None] | None = None, **a
             proc.kill()
             proc.wait()
     assert proc.returncode == 0, err[-3000:]
-    return [(bytes.fromhex(v), None if k is None else bytes.fromhex(k),
-             tuple((name, bytes.fromhex(h)) for name, h in hs), ts)
-            for v, k, hs, ts in json.loads(line + out)]
+    out_rows: list[list] = json.loads(line + out)
+    return out_rows
 
 
 def test_kafkajs_reads_assigned_latest_and_in_a_group(running: Running, kafkajs: Path) -> None:
@@ -304,3 +315,112 @@ def test_memq_records_framed_in_each_codec_read_back_identical(running: Running)
             await ac.stop()
 
     assert asyncio.run(aio()) == expected
+
+
+# --- partitions as the producer chose them -----------------------------------------------------
+
+CHOSEN_PARTITIONS = 3
+
+
+@dataclasses.dataclass
+class Chosen:
+    topic: str
+    where: dict[bytes, int]     # value -> the partition its producer chose
+    order: list[bytes]          # values in the order they were sent
+
+
+@pytest.fixture(scope="module")
+def chosen(running: Running) -> Chosen:
+    """A topic of 3 read partitions (not compacted): a Kafka producer sends records to the
+    partitions it names (0, 1, 2 in turn, and only 1 for a stretch), memq's Producer sends keyed
+    records (placed by key) and a few without a key."""
+    topic = running.add_topic(partitions=CHOSEN_PARTITIONS)
+    where: dict[bytes, int] = {}
+    order: list[bytes] = []
+    p = Producer({"bootstrap.servers": running.broker.kafka_address, "linger.ms": 5, "acks": "all"})
+    for i in range(240):
+        partition = 1 if 100 <= i < 160 else i % CHOSEN_PARTITIONS
+        value = b"kafka-%d" % i
+        p.produce(topic, value, key=b"k%d" % (i % 11), partition=partition)
+        where[value] = partition
+        order.append(value)
+    assert p.flush(30) == 0
+    keyed = [LogMessage(b"memq-%d" % i, b"key-%d" % (i % 23), (), 1_700_000_000_000 + i) for i in range(120)]
+    memq_produce(running, topic, keyed)
+    where.update((r.value, key_partition(r.key or b"", CHOSEN_PARTITIONS)) for r in keyed)
+    order += [r.value for r in keyed]
+    memq_produce(running, topic, [LogMessage(b"memq-nokey-%d" % i, None, (), 1_700_000_000_000) for i in range(5)])
+    return Chosen(topic, where, order)
+
+
+def check_chosen(c: Chosen, got: list[tuple[int, bytes]]) -> None:
+    """`got` (partition, value) in the order read holds every record once, each from the
+    partition its producer chose and in the order sent within it (records without a key: anywhere)."""
+    placed = [(p, v) for p, v in got if v in c.where]
+    assert sorted(v for _, v in placed) == sorted(c.where)
+    assert {v: p for p, v in placed} == c.where
+    rank = {v: i for i, v in enumerate(c.order)}
+    for partition in range(CHOSEN_PARTITIONS):
+        mine = [rank[v] for p, v in placed if p == partition]
+        assert mine == sorted(mine), f"partition {partition} out of order"
+    assert sorted(v for _, v in got if v not in c.where) == sorted(b"memq-nokey-%d" % i for i in range(5))
+
+
+def test_librdkafka_kafka_python_aiokafka_and_memqs_consumer_read_each_record_from_its_chosen_partition(
+        running: Running, chosen: Chosen) -> None:
+    address, n = running.broker.kafka_address, len(chosen.where) + 5
+    c = Consumer({"bootstrap.servers": address, "group.id": "unused", "enable.auto.commit": False,
+                  "fetch.wait.max.ms": 200})
+    got: list[tuple[int, bytes]] = []
+    try:
+        c.assign([TopicPartition(chosen.topic, p, OFFSET_BEGINNING) for p in range(CHOSEN_PARTITIONS)])
+        deadline = time.monotonic() + READ_TIMEOUT_S
+        while len(got) < n and time.monotonic() < deadline:
+            for m in c.consume(1000, 0.5):
+                assert m.error() is None, m.error()
+                got.append((m.partition(), m.value()))
+    finally:
+        c.close()
+    check_chosen(chosen, got)
+
+    kp = KafkaConsumer(bootstrap_servers=address, enable_auto_commit=False, fetch_max_wait_ms=200)
+    try:
+        kp.assign([KpPartition(chosen.topic, p) for p in range(CHOSEN_PARTITIONS)])
+        kp.seek_to_beginning()
+        got = []
+        deadline = time.monotonic() + READ_TIMEOUT_S
+        while len(got) < n and time.monotonic() < deadline:
+            for tp, msgs in kp.poll(timeout_ms=500).items():
+                got += [(tp.partition, m.value) for m in msgs]
+    finally:
+        kp.close()
+    check_chosen(chosen, got)
+
+    async def aio() -> list[tuple[int, bytes]]:
+        ac = AIOKafkaConsumer(bootstrap_servers=address, enable_auto_commit=False, fetch_max_wait_ms=200)
+        await ac.start()
+        try:
+            ac.assign([AioPartition(chosen.topic, p) for p in range(CHOSEN_PARTITIONS)])
+            await ac.seek_to_beginning()
+            out: list[tuple[int, bytes]] = []
+            deadline = time.monotonic() + READ_TIMEOUT_S
+            while len(out) < n and time.monotonic() < deadline:
+                for tp, msgs in (await ac.getmany(timeout_ms=500)).items():
+                    out += [(tp.partition, m.value) for m in msgs]
+            return out
+        finally:
+            await ac.stop()
+    check_chosen(chosen, asyncio.run(aio()))
+
+    with MemqConsumer(running.config, chosen.topic, group_id=group()) as mc:
+        got = []
+        deadline = time.monotonic() + READ_TIMEOUT_S
+        while len(got) < n and time.monotonic() < deadline:
+            got += [(r.partition, r.value) for r in mc.poll(0.5)]
+    check_chosen(chosen, got)
+
+
+def test_kafkajs_reads_each_record_from_its_chosen_partition(running: Running, chosen: Chosen, kafkajs: Path) -> None:
+    out = kafkajs_out(kafkajs, broker=running.broker.kafka_address, topic=chosen.topic, mode="earliest",
+                      count=len(chosen.where) + 5)
+    check_chosen(chosen, [(p, bytes.fromhex(v)) for v, _, _, _, p in out])

@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import asyncio
 import os
+import random
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import pytest
+from kafka.partitioner.default import murmur2 as kafka_murmur2
 
 from memq.client.accumulator import Accumulator, record_size
-from memq.client.placement import key_partition, runs
+from memq.client.placement import key_partition, murmur2, runs
 from memq.client.producer import Producer
 from memq.config import ProducerConfig
 from memq.errors import ConfigError, MessageTooLargeError, ProduceError, ProducerClosedError, ProducerTimeoutError, UnknownTopicError
@@ -80,8 +82,12 @@ JAVA_MURMUR2 = {b"21": -973932308, b"foobar": -790332482, b"a-little-bit-long-st
 
 def test_a_key_goes_to_the_partition_kafkas_default_partitioner_picks() -> None:
     for key, java in JAVA_MURMUR2.items():
+        assert murmur2(key) == java & 0xFFFFFFFF
         for n in (1, 3, 7, 100):
             assert key_partition(key, n) == (java & 0x7FFFFFFF) % n   # Utils.toPositive(murmur2(key)) % n
+    rng = random.Random(46)   # memq's murmur2 against kafka-python's, every length up to 64 bytes
+    for key in [rng.randbytes(n % 65) for n in range(2_000)]:
+        assert murmur2(key) == kafka_murmur2(key)
     keys = [b"k%d" % i for i in range(40)]
     got = list(runs(keys, 3))
     assert got[0][0] == 0 and got[-1][1] == 40 and all(a[1] == b[0] for a, b in zip(got, got[1:]))
@@ -89,10 +95,12 @@ def test_a_key_goes_to_the_partition_kafkas_default_partitioner_picks() -> None:
     assert all(a[2] != b[2] for a, b in zip(got, got[1:]))   # maximal runs
 
 
-async def test_a_compacted_topics_records_go_one_message_per_partition_each_naming_it() -> None:
+@pytest.mark.parametrize("compacted", [frozenset({"t"}), frozenset()])
+async def test_keyed_records_go_one_message_per_partition_each_naming_it(compacted: frozenset[str]) -> None:
+    """Compacted or not, a topic of several partitions gets its keyed records placed by key."""
     broker = FakeBroker([AckCode.OK])
     keys = [b"key-%d" % i for i in range(30)]
-    async with producer(broker, key_partitions={"t": 3}) as p:
+    async with producer(broker, partitions={"t": 3}, compacted=compacted) as p:
         many = await p.send_many("t", [b"v" + k for k in keys], keys=keys)
         one = await p.send("t", b"one", key=b"foobar")
         await p.flush()
@@ -110,9 +118,21 @@ async def test_a_compacted_topics_records_go_one_message_per_partition_each_nami
     assert [d.count for d in deliveries] == [e - s for s, e, _ in runs(keys, 3)]
 
 
-async def test_a_topic_that_is_not_compacted_sends_no_partition() -> None:
+async def test_records_without_a_key_name_no_partition_and_keyed_ones_of_one_partition_topics_neither() -> None:
+    """Records without a key go where the broker puts its batch (one Message, no per-record
+    work), beside keyed ones placed by key; a topic of one partition names none at all."""
     broker = FakeBroker([AckCode.OK])
-    async with producer(broker, key_partitions={"other": 3}) as p:
+    async with producer(broker, partitions={"t": 3}) as p:
+        deliveries = await p.send_many("t", [b"a", b"b", b"c", b"d"], keys=[None, None, b"x", None])
+        await p.send_many("t", [b"e"] * 10)
+        await p.flush()
+        assert [(d.count, d.position) for d in await deliveries] == [(2, 0), (1, 0), (1, 2)]   # in record order
+    requests = [decode_request(f) for f in broker.frames]
+    assert sorted(r.partition for r in requests) == [-1, key_partition(b"x", 3)]
+    unkeyed = next(r for r in requests if r.partition < 0)
+    assert [r.value for r in decode_message(bytes(unkeyed.message))[1]] == [b"a", b"b", b"d", *[b"e"] * 10]
+    broker = FakeBroker([AckCode.OK])
+    async with producer(broker, partitions={"other": 3}) as p:
         await p.send_many("t", [b"a", b"b"], keys=[b"x", b"y"])
         await p.flush()
     assert [decode_request(f).partition for f in broker.frames] == [-1]

@@ -14,13 +14,12 @@ import pytest
 
 from tests.support.appending import append
 from memq.broker.storage_group import GroupWriters, layout
-from memq.broker.placed import PlacedTopic
 from memq.broker.metrics import BrokerMetrics
 from memq.broker.processor import SMALL_BATCH_BYTES, SMALL_BATCHES, TopicProcessor
 from memq.broker.publish import PublishPath
 from memq.config import TopicConfig
 from memq.errors import ConfigError, NotifyError
-from memq.format import Notification, decode_batch, object_crc32c
+from memq.format import Notification, decode_batch, object_crc32c, verify_message
 from memq.format.wire import Ack, AckCode, AckLevel
 from memq.storage.naming import parse_key
 from tests.support.processor import GatedStorage, MemoryPublisher, message
@@ -211,32 +210,39 @@ async def test_a_notification_failing_past_the_republish_time_fails_its_batch(
     assert (g.acks[0].ok, g.acks[0].code) == (False, AckCode.NOTIFY)
 
 
-async def test_a_compacted_topics_partitions_fill_batches_of_their_own_published_to_their_partition(
-        tmp_path: Path) -> None:
-    """A compacted topic of three read partitions: a processor per partition on one writer, so a
-    seal stores one object with a part per partition, each published to its partition."""
+@pytest.mark.parametrize("storage_group", ["", "g"])
+async def test_a_topics_partitions_fill_batches_of_their_own_in_one_object_published_to_their_partition(
+        tmp_path: Path, storage_group: str) -> None:
+    """A topic of three read partitions, with objects of its own or in a group: a seal stores one
+    object with a part per partition written, each published to its partition; the fill's size
+    counts every partition's bytes; a Message naming no partition joins a partition the fill has."""
     storage, publisher, metrics = GatedStorage(tmp_path), MemoryPublisher(), BrokerMetrics("b1")
     writers = GroupWriters(storage=storage, path=PublishPath(publisher, metrics),  # type: ignore[arg-type]
                            broker_id="b1", metrics=metrics)
-    cfg = TopicConfig(name="c", read_partitions=3, cleanup_policy="compact", storage_group="", batch_ms=10_000,
-                      batch_bytes=1 << 20, max_message_bytes=1 << 20)
+    size = len(message(0))
+    cfg = TopicConfig(name="c", read_partitions=3, storage_group=storage_group, batch_ms=10_000,
+                      batch_bytes=4 * size, max_message_bytes=size)
     writer = writers.writer(cfg)
-    placed = PlacedTopic([TopicProcessor(cfg, cluster="test", broker_id="b1", storage=storage,  # type: ignore[arg-type]
-                                         publisher=publisher, metrics=metrics, group=writer, partition=p)
-                          for p in range(3)])
-    assert placed.lane(3) is None and placed.lane(-1) is None and placed.config is cfg
+    proc = TopicProcessor(cfg, cluster="test", broker_id="b1", storage=storage,  # type: ignore[arg-type]
+                          publisher=publisher, metrics=metrics, group=writer)
     acks: list[Ack] = []
-    for seq, partition in enumerate((2, 0, 2)):
-        lane = placed.lane(partition)
-        assert lane is not None and lane.partition == partition
-        await append(lane, message(seq), seq, AckLevel.ALL, acks.append, seal=seq == 2)
+    for seq, partition in enumerate((2, 0, -1, 2)):   # the fourth reaches batch_bytes: one seal
+        data = message(seq)
+        await proc.append(memoryview(data), verify_message(data), seq, AckLevel.ALL, acks.append, partition=partition)
     async with asyncio.timeout(5):
-        while len(acks) < 3:
+        while len(acks) < 4:
             await asyncio.sleep(0.005)
     assert len(storage.puts) == 1 and writer.members == ["c"]     # one object: a part per partition
-    assert sorted((a.id, a.partition) for a in acks) == [(0, 2), (1, 0), (2, 2)]
-    by_partition = {a.partition: a.offset for a in acks}
+    assert sorted((a.id, a.partition, a.index) for a in acks) == [(0, 2, 0), (1, 0, 0), (2, 2, 1), (3, 2, 2)]
     notes = [n for _, n in publisher.sent]
-    assert sorted(n.logmessage_count for n in notes) == [3, 6] and len(by_partition) == 2
-    await placed.close()
+    assert sorted(n.logmessage_count for n in notes) == [3, 9] and len({n.key for n in notes}) == 1
+    assert {a.partition: a.offset for a in acks if a.partition == 2}.keys() == {2}
+    for seq in (4, 5, 6, 7):   # the next fill: Messages naming none stick to one partition, a part
+        data = message(seq)
+        await proc.append(memoryview(data), verify_message(data), seq, AckLevel.ALL, acks.append)
+    async with asyncio.timeout(5):
+        while len(acks) < 8:
+            await asyncio.sleep(0.005)
+    assert len(storage.puts) == 2 and len({a.partition for a in acks[4:]}) == 1
+    await proc.close()
     assert writer.members == []

@@ -3,8 +3,10 @@
 A door decodes its own framing, then asks `Admission.admit` whether a principal may write
 Messages of a given size to a topic here. The checks run in one order for every door:
 principal's ACL -> the topic is hosted here -> the Message size -> any extra `Check` the broker
-was built with -> the partition of a compacted topic of several read partitions (`placed`: the
-request must name one it has; any other topic ignores it). A door then verifies its format
+was built with -> the read partition the request names: one the topic has, the one its records
+are read from (a Kafka producer's, or memq's Producer's key placement); a request naming none
+goes where the topic's processor puts it, except on a compacted topic of several partitions,
+where a key's records must all land in one (the producer places them by key). A door then verifies its format
 (memq's header CRC, Kafka's RecordBatch CRC), charges the bytes it accepted to the quotas
 (`charge`) and appends through the `Ticket`: the only way a door reaches a topic's processor. A
 check added here applies to every door.
@@ -35,7 +37,6 @@ from memq.security.quota import ANONYMOUS, Throttler
 from .batch import Reply
 from .guard import Guard
 from .metrics import BrokerMetrics
-from .placed import PlacedTopic
 from .processor import TopicProcessor
 
 log = logging.getLogger(__name__)
@@ -51,6 +52,7 @@ class Refusal:
     code: AckCode
     why: str
     brokers: tuple[str, ...] = ()
+    no_partition: bool = False   # the topic has no such read partition (Kafka: UNKNOWN_TOPIC_OR_PARTITION)
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,21 +69,19 @@ Check = Callable[[Entry, TopicConfig], "Refusal | None"]
 
 
 class Ticket:
-    """An admitted write to one hosted topic: what a door may do with its processor."""
+    """An admitted write to one read partition of a hosted topic: what a door may do with its processor."""
 
-    __slots__ = ("_processor",)
+    __slots__ = ("_processor", "partition")
 
-    def __init__(self, processor: TopicProcessor) -> None:
+    def __init__(self, processor: TopicProcessor, partition: int) -> None:
         self._processor = processor
+        #: The read partition its Messages go to (-1: the processor's pick for a batch, Kafka's for
+        #: a transaction's object)
+        self.partition = partition
 
     @property
     def config(self) -> TopicConfig:
         return self._processor.config
-
-    @property
-    def partition(self) -> int:
-        """The notification partition its Messages go to (-1: Kafka's pick)."""
-        return self._processor.partition
 
     @property
     def ack_stage(self) -> Histogram:
@@ -95,7 +95,7 @@ class Ticket:
     async def append(self, message: memoryview, header: MessageHeader, request_id: int, level: AckLevel,
                      reply: Reply, *, seal: bool = False) -> None:
         """`TopicProcessor.append`: `reply` gets the Message's ack exactly once."""
-        await self._processor.append(message, header, request_id, level, reply, seal=seal)
+        await self._processor.append(message, header, request_id, level, reply, seal=seal, partition=self.partition)
 
     async def store_apart(self, messages: list[memoryview], headers: list[MessageHeader]) -> tuple[str, Notification]:
         """A transaction's Messages stored as their own object, not published: (notification topic,
@@ -103,7 +103,7 @@ class Ticket:
         return await self._processor.store_apart(messages, headers)
 
     def seal_if_at_least(self, nbytes: int) -> bool:
-        """Seal the topic's filling batch if it holds `nbytes` or more; True if it did."""
+        """Seal the topic's filling batches (every partition's) if they hold `nbytes` or more; True if it did."""
         return self._processor.seal_if_at_least(nbytes)
 
 
@@ -111,7 +111,7 @@ class Admission:
     """The checks every produce door runs, in one order, and the quota charge after them."""
 
     def __init__(self, *, guard: Guard, quotas: Throttler, metrics: BrokerMetrics, clock: Clock,
-                 processor: Callable[[str], TopicProcessor | PlacedTopic | None],
+                 processor: Callable[[str], TopicProcessor | None],
                  where_is: Callable[[str], tuple[AckCode, str, tuple[str, ...]]],
                  checks: Sequence[Check] = ()) -> None:
         self._guard = guard
@@ -153,8 +153,8 @@ class Admission:
         return failures
 
     def admit(self, principal: str | None, topic: str, largest: int, partition: int = -1) -> Ticket | Refusal:
-        """ACL, hosted here, size, extra checks, `partition` (placed topics only): a Ticket to
-        append, or why not."""
+        """ACL, hosted here, size, extra checks, `partition` (-1: none named): a Ticket to append,
+        or why not."""
         if not self._guard.allowed(principal, Operation.PRODUCE, topic):
             return Refusal(AckCode.DENIED, f"principal {principal} may not {Operation.PRODUCE} to topic {topic}")
         proc = self._processor(topic)
@@ -170,14 +170,14 @@ class Admission:
                 refusal = check(entry, proc.config)
                 if refusal is not None:
                     return refusal
-        if isinstance(proc, PlacedTopic):
-            lane = proc.lane(partition)
-            if lane is None:
-                n = proc.config.read_partitions
-                return Refusal(AckCode.PROTOCOL, f"topic {topic} is compacted over {n} read partitions: a write "
-                                                 f"names its partition (0..{n - 1}, placed by key), not {partition}")
-            return Ticket(lane)
-        return Ticket(proc)
+        n = proc.config.read_partitions
+        if partition >= n or partition < -1:
+            return Refusal(AckCode.PROTOCOL, f"topic {topic} has {n} read partitions (0..{n - 1}), not {partition}",
+                           no_partition=True)
+        if partition < 0 and n > 1 and proc.config.compacted:
+            return Refusal(AckCode.PROTOCOL, f"topic {topic} is compacted over {n} read partitions: a write "
+                                             f"names its partition (0..{n - 1}, placed by key)")
+        return Ticket(proc, partition)
 
     def charge(self, principal: str | None, charges: Iterable[tuple[str, int]]) -> float:
         """Charge each (topic, bytes accepted) to the quotas; the seconds the door must stop

@@ -1,8 +1,10 @@
-"""A batch being filled by a TopicProcessor and stored by its GroupWriter, and what became of it.
+"""A topic's fill being filled by a TopicProcessor and stored by its GroupWriter, and what became of it.
 
 The public types that cross from the processor (which fills batches and acks their Messages)
 to the group writer (which stores and announces them): the writer never sees a processor's
-internals, only a `Batch`, and answers each with one `Outcome`.
+internals, only a `Fill` (what one batch slot of a topic holds: a `Batch` per read partition
+written, each stored as a part and published to its partition), and answers each batch with one
+`Outcome`.
 """
 
 from __future__ import annotations
@@ -21,18 +23,32 @@ Reply = Callable[[Ack], None]
 
 @dataclass(slots=True)
 class Batch:
-    """One topic's batch: verified Message frames, their headers, and who waits for the acks."""
+    """One read partition's batch of a topic: verified Message frames, their headers, and who
+    waits for the acks; stored as one part, its notification published to `partition`."""
 
-    opened: float                # clock.monotonic() when the batch was opened
+    partition: int
     messages: list[memoryview] = field(default_factory=list)
     headers: list[MessageHeader] = field(default_factory=list)
     # ack=all: (request id, Message index, index of its first LogMessage, reply)
     waiters: list[tuple[int, int, int, Reply]] = field(default_factory=list)
     nbytes: int = 0
     logcount: int = 0
+
+
+@dataclass(slots=True)
+class Fill:
+    """What one batch slot of a topic holds: a batch per read partition written to since it
+    opened, sealed together (its limits, `batch_bytes`, `batch_messages`, `batch_ms`, count
+    the fill, so objects and PUTs do not grow with partitions)."""
+
+    opened: float                # clock.monotonic() when the fill was opened
+    batches: dict[int, Batch] = field(default_factory=dict)   # by read partition, in the order opened
+    nbytes: int = 0
+    logcount: int = 0
+    sticky: int = -1             # where Messages naming no partition go in this fill (-1: not chosen yet)
     timer: asyncio.TimerHandle | None = None
     held: bool = False           # past batch_ms, under min_batch_bytes: filling until max_batch_ms
-    slot_returned: bool = False  # a small shared-group batch: its slot was given back when taken
+    slot_returned: bool = False  # a small shared-group fill: its slot was given back when taken
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,6 +1,13 @@
 """TopicProcessor: one topic's bounded ring of batch slots on a broker.
 
-One slot fills while the others upload concurrently. A batch seals when it holds at least
+One slot fills while the others upload concurrently. What a slot holds is a `Fill`: a batch per
+read partition written to, each stored as a part of the same object and published to its
+partition, so a record is read from the partition its producer chose (a Kafka producer's, or
+memq's Producer's key placement) while the fill's limits below count the fill as a whole: objects,
+PUTs and memory per GiB do not grow with partitions (notifications do: one per part). A Message
+that names no partition (memq's Producer's records without a key, older producers) goes to the
+fill's `sticky` partition: one it already has, else the next in a rotation, so such traffic keeps
+one part per fill. A fill seals when it holds at least
 `batch_bytes` or `batch_messages` LogMessages, or when it is `batch_ms` old, before a Message
 would take it past `MAX_PART_LOGMESSAGES` (record indexes fit Kafka offsets), or at once when a
 Message asks for it (`seal=True`: the producer flushed and wants its acks now, not in
@@ -10,7 +17,7 @@ permit of a semaphore, so at most `ring_slots` batches exist at once: when every
 busy, `append` waits up to `busy_wait_s` (the connection sets the request aside and goes on
 with other topics, `can_append_now`), then answers BUSY. Memory is therefore bounded by
 `ring_slots * (batch_bytes + max_message_bytes)`.
-A small batch of a shared group (at most `SMALL_BATCH_BYTES`) gives its slot back as soon as
+A small fill of a shared group (at most `SMALL_BATCH_BYTES`) gives its slot back as soon as
 its group's object takes it, up to `SMALL_BATCHES` of them and `batch_bytes` in all per topic
 (bounding memory by bytes, not by a count meant for full batches): a trickle topic has a part
 in most of its group's objects, and while each waits seconds for its notification (tansu with
@@ -23,16 +30,12 @@ SlowDown, every batch's age limit is stretched the same way (`GroupWriter.batch_
 
 Storing is the group's: a sealed batch goes to S3 as a part of its storage group's next object,
 with the filling batches of the group's other topics (`memq.broker.storage_group.GroupWriter`), which
-hands back one `Outcome` per batch (`settle`); the batch's slot is released then.
+hands back one `Outcome` per batch (`settle`); the fill's slot is released then.
 
 A stored batch is announced on Kafka before any ack=all Message in it is acked; if the PUT or
 the publish fails for good, every ack=all Message of that batch gets an error ack naming why.
 Nothing is deleted on such an ambiguous failure (see `_unannounced`).
 Message bodies are never decoded: the caller has verified header and CRC.
-
-A compacted topic of several read partitions has one processor per partition on its broker
-(`memq.broker.placed.PlacedTopic`), each with `partition` set: its batches' notifications go to
-that partition (the producer placed the records by key), not to one Kafka's partitioner picks.
 """
 
 from __future__ import annotations
@@ -40,6 +43,8 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import random
+from collections.abc import Sequence
 from operator import attrgetter
 
 from memq.clock import Clock, SystemClock
@@ -49,7 +54,7 @@ from memq.format.batch import MAX_PART_LOGMESSAGES
 from memq.format.wire import Ack, AckCode, AckLevel
 from memq.storage import ObjectLocation, StorageHandler
 
-from .batch import Batch, Failed, Outcome, Reply
+from .batch import Batch, Failed, Fill, Outcome, Reply
 from .dedup import Held, RecentMessages, message_id
 from .storage_group import GroupWriter
 from .metrics import BrokerMetrics
@@ -65,12 +70,10 @@ class TopicProcessor:
     def __init__(self, topic: TopicConfig, *, cluster: str, broker_id: str, storage: StorageHandler,
                  publisher: Publisher, metrics: BrokerMetrics, busy_wait_s: float = 5.0,
                  dedup_capacity: int = 50_000, dedup_window_s: float = 300.0,
-                 group: GroupWriter | None = None, clock: Clock | None = None, partition: int = -1) -> None:
+                 group: GroupWriter | None = None, clock: Clock | None = None) -> None:
         """`group`: the writer of the topic's storage group (default: the topic's own objects,
-        published through `publisher`); `partition`: the notification partition of every batch
-        (-1: Kafka's partitioner picks each)."""
+        published through `publisher`)."""
         self.config = topic
-        self.partition = partition
         self.notification_topic = topic.notification_topic_for(cluster)
         self._clock = clock or SystemClock()
         self._group = group or GroupWriter("", storage=storage, path=PublishPath(publisher, metrics, clock=self._clock),
@@ -82,7 +85,8 @@ class TopicProcessor:
         self._waiting = 0             # appends waiting for a batch slot
         self._small = 0               # taken small batches whose slot was given back, and their bytes
         self._small_bytes = 0
-        self._filling: Batch | None = None
+        self._filling: Fill | None = None
+        self._rotation = random.randrange(topic.read_partitions)   # brokers do not all start at partition 0
         self._uploads: set[asyncio.Task[None]] = set()
         self._closing = False
         self._recent = RecentMessages(dedup_capacity, dedup_window_s)
@@ -122,8 +126,9 @@ class TopicProcessor:
         return self._filling is not None or self._closing or not self._slots.locked()
 
     async def append(self, message: memoryview, header: MessageHeader, request_id: int, ack: AckLevel,
-                     reply: Reply, *, seal: bool = False) -> None:
-        """Put one verified Message into the filling batch, sealing it after when `seal`.
+                     reply: Reply, *, seal: bool = False, partition: int = -1) -> None:
+        """Put one verified Message into the filling batch of `partition` (-1: the fill's sticky
+        one), sealing the fill after when `seal`. The caller checked `partition` is the topic's.
 
         `reply` gets the Message's ack exactly once, whatever its level: at once for ack=0 and
         ack=1 successes and for refusals (BUSY, CLOSING), once its batch is stored and announced
@@ -141,19 +146,24 @@ class TopicProcessor:
                       f"{header.count} LogMessages (a part holds at most {MAX_PART_LOGMESSAGES})"))
             return
         size = len(message)
-        batch = self._filling
-        if batch is not None and batch.logcount + header.count > MAX_PART_LOGMESSAGES:
-            self._seal(batch)   # a part's record indexes must fit its Kafka offsets (kafka_api.offsets)
-            batch = None
-        if batch is None or self._closing:
-            batch = await self._open_batch()
-            if batch is None:
+        fill = self._filling
+        if fill is not None and fill.logcount + header.count > MAX_PART_LOGMESSAGES:
+            self._seal(fill)   # a part's record indexes must fit its Kafka offsets (kafka_api.offsets)
+            fill = None
+        if fill is None or self._closing:
+            fill = await self._open_fill()
+            if fill is None:
                 code = AckCode.CLOSING if self._closing else AckCode.BUSY
                 why = ("topic is closing on this broker" if self._closing else
                        f"all {self.config.ring_slots} batch slots busy for {self._busy_wait_s:g}s")
                 self._metrics.rejected.labels(str(code)).inc()
                 reply(Ack(request_id, False, code, f"topic {self.config.name}: {why}"))
                 return
+        if partition < 0:
+            partition = fill.sticky if fill.sticky >= 0 else self._stick(fill)
+        batch = fill.batches.get(partition)
+        if batch is None:
+            batch = fill.batches[partition] = Batch(partition)
         if ack is AckLevel.ALL:
             batch.waiters.append((request_id, len(batch.messages), batch.logcount, reply))
         batch.messages.append(message)
@@ -161,15 +171,26 @@ class TopicProcessor:
         self._recent.hold(mid)
         batch.nbytes += size
         batch.logcount += header.count
+        fill.nbytes += size
+        fill.logcount += header.count
         cfg = self.config
-        if (batch.nbytes >= cfg.batch_bytes or batch.logcount >= cfg.batch_messages
-                or (batch.held and batch.nbytes >= cfg.min_batch_bytes)):
-            self._seal(batch)
+        if (fill.nbytes >= cfg.batch_bytes or fill.logcount >= cfg.batch_messages
+                or (fill.held and fill.nbytes >= cfg.min_batch_bytes)):
+            self._seal(fill)
         elif seal:
             self._m_flush_seals.inc()
             self._group.seal_soon()
         if ack is not AckLevel.ALL:
             reply(Ack(request_id, True))
+
+    def _stick(self, fill: Fill) -> int:
+        """The partition of `fill`'s Messages that name none: one it already has a batch of (no
+        extra part), else the next of the rotation (spread over fills, as Kafka's sticky partitioner)."""
+        if fill.batches:
+            fill.sticky = next(iter(fill.batches))
+        else:
+            self._rotation = fill.sticky = (self._rotation + 1) % self.config.read_partitions
+        return fill.sticky
 
     def _duplicate(self, seen: Held | Ack, request_id: int, ack: AckLevel, reply: Reply) -> None:
         self._m_duplicates.inc()
@@ -180,8 +201,8 @@ class TopicProcessor:
         else:
             reply(dataclasses.replace(seen, id=request_id))
 
-    async def _open_batch(self) -> Batch | None:
-        """The filling batch, opening one when a slot frees up; None if closing or still busy."""
+    async def _open_fill(self) -> Fill | None:
+        """The filling fill, opening one when a slot frees up; None if closing or still busy."""
         clock = self._clock
         t0 = clock.monotonic()
         while self._filling is None:
@@ -203,74 +224,74 @@ class TopicProcessor:
                 self._slots.release()
                 continue
             self._busy += 1
-            self._m_busy.inc()   # inc/dec: a compacted topic's partitions share the gauge (placed.py)
-            batch = Batch(opened=clock.monotonic())
-            batch.timer = asyncio.get_running_loop().call_later(self.config.batch_ms / 1000, self._aged, batch)
-            self._filling = batch
+            self._m_busy.inc()
+            fill = Fill(opened=clock.monotonic())
+            fill.timer = asyncio.get_running_loop().call_later(self.config.batch_ms / 1000, self._aged, fill)
+            self._filling = fill
         self._m_stage["queue_wait"].observe(clock.monotonic() - t0)
         return self._filling
 
-    def _aged(self, batch: Batch) -> None:
-        """`batch_ms` passed: seal, unless the batch keeps filling: a small one under the latency
+    def _aged(self, fill: Fill) -> None:
+        """`batch_ms` passed: seal, unless the fill keeps filling: a small one under the latency
         budget (until max_batch_ms), or any while the storage throttles (`GroupWriter.batch_age_s`)."""
-        if self._filling is not batch:
+        if self._filling is not fill:
             return
         if not self._closing:
             cfg = self.config
             age_s = self._group.batch_age_s(cfg.batch_ms)
-            held = batch.nbytes < cfg.min_batch_bytes and cfg.hold_until_ms / 1000 > age_s
+            held = fill.nbytes < cfg.min_batch_bytes and cfg.hold_until_ms / 1000 > age_s
             if held:
                 age_s = cfg.hold_until_ms / 1000
-            rest_s = batch.opened + age_s - self._clock.monotonic()
+            rest_s = fill.opened + age_s - self._clock.monotonic()
             if rest_s > 0:
                 if held:
                     self._m_held.inc()
-                    batch.held = True
+                    fill.held = True
                 else:
                     self._m_throttled.inc()
-                batch.timer = asyncio.get_running_loop().call_later(rest_s, self._seal, batch)
+                fill.timer = asyncio.get_running_loop().call_later(rest_s, self._seal, fill)
                 return
-        self._seal(batch)
+        self._seal(fill)
 
-    def _seal(self, batch: Batch) -> None:
-        """`batch` must go: its group stores it now, with the other topics' filling batches."""
-        if self._filling is batch:   # else already sealed (the age timer raced a size seal)
+    def _seal(self, fill: Fill) -> None:
+        """`fill` must go: its group stores it now, with the other topics' filling batches."""
+        if self._filling is fill:   # else already sealed (the age timer raced a size seal)
             self._group.seal()
 
     def seal_if_at_least(self, nbytes: int) -> bool:
-        """Seal the filling batch now if it holds `nbytes` or more (a Kafka producer waiting on its
-        acks: `memq.broker.doors.kafka`); counted with the flush seals. True if it did."""
-        batch = self._filling
-        if batch is None or batch.nbytes < nbytes:
+        """Seal the filling batches now if they hold `nbytes` or more (a Kafka producer waiting on
+        its acks: `memq.broker.doors.kafka`); counted with the flush seals. True if it did."""
+        fill = self._filling
+        if fill is None or fill.nbytes < nbytes:
             return False
         self._m_flush_seals.inc()
-        self._seal(batch)
+        self._seal(fill)
         return True
 
-    def take(self) -> Batch | None:
-        """The filling batch, sealed, for the group's object being stored (None if empty)."""
-        batch = self._filling
-        if batch is None:
+    def take(self) -> Fill | None:
+        """The filling batches, sealed, for the group's object being stored (None if empty)."""
+        fill = self._filling
+        if fill is None:
             return None
         self._filling = None
-        if batch.timer is not None:
-            batch.timer.cancel()
-        if not batch.messages:
+        if fill.timer is not None:
+            fill.timer.cancel()
+        if not fill.batches:
             self._release_slot()
             return None
-        # counted per batch, not per Message: three locked increments per Message were a tenth
+        # counted per fill, not per Message: three locked increments per Message were a tenth
         # of a broker's CPU with many small topics
-        self._m_messages.inc(len(batch.messages))
-        self._m_logmessages.inc(batch.logcount)
-        self._m_bytes.inc(batch.nbytes)
-        self._m_stage["batch_fill"].observe(self._clock.monotonic() - batch.opened)
-        if (self._group.group and batch.nbytes <= SMALL_BATCH_BYTES and self._small < SMALL_BATCHES
-                and self._small_bytes + batch.nbytes <= self.config.batch_bytes):
-            batch.slot_returned = True
+        self._m_messages.inc(sum(len(b.messages) for b in fill.batches.values()))
+        self._m_logmessages.inc(fill.logcount)
+        self._m_bytes.inc(fill.nbytes)
+        self._m_stage["batch_fill"].observe(self._clock.monotonic() - fill.opened)
+        if (self._group.group and fill.nbytes <= SMALL_BATCH_BYTES and self._small < SMALL_BATCHES
+                and self._small_bytes + fill.nbytes <= self.config.batch_bytes):
+            fill.slot_returned = True
             self._small += 1
-            self._small_bytes += batch.nbytes
+            self._small_bytes += fill.nbytes
             self._release_slot()
-        return batch
+        return fill
 
     async def store_apart(self, messages: list[memoryview], headers: list[MessageHeader]) -> tuple[str, Notification]:
         """Messages stored as their own object, unpublished: (notification topic, its notification),
@@ -282,19 +303,27 @@ class TopicProcessor:
         self._uploads.add(task)
         task.add_done_callback(self._uploads.discard)
 
-    def settle(self, batch: Batch, outcome: Outcome) -> None:
-        """The group stored `batch` (and announced it, or not) or failed to: ack or fail its
-        ack=all Messages (ack=1 ones were answered), then free its slot."""
+    def settle(self, fill: Fill, outcomes: Sequence[Outcome]) -> None:
+        """The group stored `fill`'s batches (and announced them, or not) or failed to, an outcome
+        per batch in order: ack or fail their ack=all Messages (ack=1 ones were answered), then
+        free the fill's slot."""
         try:
-            if isinstance(outcome, Failed):
-                self._fail(batch, outcome.code, outcome.why)
-            else:
-                self._announced(batch, outcome.note, outcome.published, outcome.put_s, outcome.notify_s)
+            stored = [o for o in outcomes if not isinstance(o, Failed)]
+            if stored:   # one object, one PUT and one publish call for the whole fill
+                self._m_stage["upload"].observe(stored[0].put_s)
+                if any(not isinstance(o.published, Exception) for o in stored):
+                    self._m_stage["notify"].observe(stored[0].notify_s)
+            for batch, outcome in zip(fill.batches.values(), outcomes):
+                if isinstance(outcome, Failed):
+                    self._fail(batch, outcome.code, outcome.why)
+                else:
+                    self._announced(batch, outcome.note, outcome.published)
         finally:
-            batch.messages.clear()   # drop the frames now, the acks are out
-            if batch.slot_returned:
+            for batch in fill.batches.values():
+                batch.messages.clear()   # drop the frames now, the acks are out
+            if fill.slot_returned:
                 self._small -= 1
-                self._small_bytes -= batch.nbytes
+                self._small_bytes -= fill.nbytes
             else:
                 self._release_slot()
 
@@ -303,9 +332,7 @@ class TopicProcessor:
         self._m_busy.dec()
         self._slots.release()
 
-    def _announced(self, batch: Batch, note: Notification, published: tuple[int, int] | Exception,
-                   put_s: float, notify_s: float) -> None:
-        self._m_stage["upload"].observe(put_s)
+    def _announced(self, batch: Batch, note: Notification, published: tuple[int, int] | Exception) -> None:
         self._m_batch_bytes.observe(note.size)
         self._m_group_bytes.inc(note.size)
         if isinstance(published, Exception):   # the batch fails, the broker goes on
@@ -314,7 +341,6 @@ class TopicProcessor:
             self._unannounced(note)
             return
         partition, offset = published
-        self._m_stage["notify"].observe(notify_s)
         self._m_ok.inc()
         for request_id, index, record, reply in batch.waiters:
             reply(Ack(request_id, True, AckCode.OK, "", note.bucket, note.key, index, partition, offset, record=record))

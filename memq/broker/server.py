@@ -52,7 +52,6 @@ from .doors.schema_registry import SchemaRegistryDoor
 from .guard import Guard
 from .metrics import BrokerMetrics
 from .storage_group import GroupWriter, GroupWriters
-from .placed import PlacedTopic
 from .processor import TopicProcessor
 from .publish import Publisher, PublishPath
 from .read_cache import ReadCache
@@ -83,7 +82,7 @@ class Broker:
         self._storage = storage
         self._publisher = publisher
         self._admin = admin
-        self._processors: dict[str, TopicProcessor | PlacedTopic] = {}
+        self._processors: dict[str, TopicProcessor] = {}
         self._groups: GroupWriters | None = None
         self._moved: dict[str, tuple[str, ...]] = {}
         self._draining = False
@@ -310,11 +309,7 @@ class Broker:
         for topic in new.values():
             if topic.notification_topic_for(cluster) in failed:
                 continue
-            writer = self._groups.writer(topic)
-            # a compacted topic of several partitions: its records placed by key, a processor per partition
-            self._processors[topic.name] = (
-                PlacedTopic([self._new_processor(topic, writer, p) for p in range(topic.read_partitions)])
-                if topic.compacted and topic.read_partitions > 1 else self._new_processor(topic, writer, -1))
+            self._processors[topic.name] = self._new_processor(topic, self._groups.writer(topic))
             self.metrics.hosted(topic)
             self._moved.pop(topic.name, None)
         if failed:
@@ -322,13 +317,13 @@ class Broker:
             raise NotifyError(f"broker {self.broker_id} cannot host {len(failed)} topics: "
                               + "; ".join(list(failed.values())[:3]) + more)
 
-    def _new_processor(self, topic: TopicConfig, writer: GroupWriter, partition: int) -> TopicProcessor:
+    def _new_processor(self, topic: TopicConfig, writer: GroupWriter) -> TopicProcessor:
         assert self._storage is not None and self._publisher is not None, "start() first"
         bc = self.config.broker
         return TopicProcessor(topic, cluster=self.config.cluster.name, broker_id=self.broker_id, storage=self._storage,
                               publisher=self._publisher, metrics=self.metrics, busy_wait_s=bc.busy_wait_ms / 1000,
                               dedup_capacity=bc.dedup_messages, dedup_window_s=bc.dedup_window_ms / 1000, group=writer,
-                              clock=self._clock, partition=partition)
+                              clock=self._clock)
 
     async def remove_topic(self, name: str, *, moved_to: tuple[str, ...] = ()) -> None:
         """Stop writes (later requests get NOT_HERE naming `moved_to`), seal, upload, ack, drop."""
@@ -344,7 +339,7 @@ class Broker:
         """"host:port" of this broker's Kafka listener, "" when it has none."""
         return self._kafka.address if self._kafka is not None else ""
 
-    def processor(self, topic: str) -> TopicProcessor | PlacedTopic | None:
+    def processor(self, topic: str) -> TopicProcessor | None:
         return self._processors.get(topic)
 
     def _framing_codec(self, topic: str) -> KafkaCodec:

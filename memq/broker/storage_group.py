@@ -10,10 +10,10 @@ the broker's publish path (`memq.broker.publish`: its retries, its metrics), and
 each member topic one `Outcome` for its batch; the topic acks its own Messages. The writer
 knows its members only as `Member`s: the dependency runs processor -> group, never back.
 
-A group named "" is a topic's own: one member, objects under the topic's key. A compacted topic
-of several read partitions has a member per partition (a `TopicProcessor` each, its records
-placed by key), whose parts are published to their partitions; parts of several partitions may
-share an object, as parts of several topics do.
+A group named "" is a topic's own: one member, objects under the topic's key. A member hands
+over a `Fill`: a batch per read partition its producers wrote to, each a part of the object
+published to its partition, so parts of several partitions share an object as parts of several
+topics do, and objects (PUTs) follow seals, not partitions.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from memq.format.wire import AckCode
 from memq.storage import ObjectLocation, StorageHandler
 from memq.storage.naming import parse_key
 
-from .batch import Batch, Failed, Outcome, Stored
+from .batch import Batch, Failed, Fill, Outcome, Stored
 from .metrics import BrokerMetrics
 from .publish import PublishPath
 
@@ -48,18 +48,15 @@ class Member(Protocol):
     @property
     def notification_topic(self) -> str: ...
 
-    @property
-    def partition(self) -> int:
-        """The notification partition its batches go to; -1: Kafka's partitioner picks."""
-
-    def take(self) -> Batch | None:
-        """The filling batch, sealed, for the object being stored (None if empty)."""
+    def take(self) -> Fill | None:
+        """The filling batches, sealed, for the object being stored (None if empty)."""
 
     def track(self, task: asyncio.Task[None]) -> None:
-        """The task storing a batch of this member (its `close` waits for it)."""
+        """The task storing a fill of this member (its `close` waits for it)."""
 
-    def settle(self, batch: Batch, outcome: Outcome) -> None:
-        """What became of `batch`: ack or fail its Messages and free its slot. Called exactly once."""
+    def settle(self, fill: Fill, outcomes: Sequence[Outcome]) -> None:
+        """What became of each batch of `fill` (in order): ack or fail its Messages, then free the
+        fill's slot. Called exactly once per fill."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,21 +131,20 @@ class GroupWriter:
         self._path = path
         self._broker_id = broker_id
         self._clock = clock or SystemClock()
-        self._members: dict[tuple[str, int], Member] = {}   # by (topic, partition)
+        self._members: dict[str, Member] = {}   # by topic
         self._m_objects = metrics.group_objects.labels(group)
         self._soon: asyncio.Handle | None = None
 
     @property
     def members(self) -> list[str]:
-        return list(dict.fromkeys(name for name, _ in self._members))
+        return list(self._members)
 
     def join(self, member: Member) -> None:
-        self._members[member.name, member.partition] = member
+        self._members[member.name] = member
 
     def leave(self, member: Member) -> None:
-        key = (member.name, member.partition)
-        if self._members.get(key) is member:
-            del self._members[key]
+        if self._members.get(member.name) is member:
+            del self._members[member.name]
 
     def batch_age_s(self, batch_ms: int) -> float:
         """How old a member's batch grows before its time seal: `batch_ms`, stretched while the
@@ -161,8 +157,7 @@ class GroupWriter:
         """`topic`'s Messages stored now as an object of their own, its notification NOT published:
         a transaction's records, published at its commit (`memq.broker.txn`). Raises on a storage failure."""
         created_ms = int(self._clock.time() * 1000)
-        batch = Batch(opened=0.0, messages=list(messages), headers=list(headers),
-                      logcount=sum(h.count for h in headers))
+        batch = Batch(-1, messages=list(messages), headers=list(headers), logcount=sum(h.count for h in headers))
         chunks = encode_batch(batch.messages, batch.headers, broker_id=self._broker_id, created_ms=created_ms)
         first = headers[0]
         loc = await self._storage.put_batch(topic, chunks, first_request_id=first.producer_id ^ first.sequence,
@@ -186,26 +181,30 @@ class GroupWriter:
         if self._soon is not None:
             self._soon.cancel()
             self._soon = None
-        parts = [(p, b) for p in list(self._members.values()) if (b := p.take()) is not None]
-        if not parts:
+        fills = [(m, f) for m in list(self._members.values()) if (f := m.take()) is not None]
+        if not fills:
             return
-        task = asyncio.get_running_loop().create_task(self._store(parts), name=f"store-{self.group or parts[0][0].name}")
-        for m, _ in parts:
+        task = asyncio.get_running_loop().create_task(self._store(fills), name=f"store-{self.group or fills[0][0].name}")
+        for m, _ in fills:
             m.track(task)
 
-    async def _store(self, parts: list[tuple[Member, Batch]]) -> None:
+    async def _store(self, fills: list[tuple[Member, Fill]]) -> None:
+        parts = [(m, b) for m, f in fills for b in f.batches.values()]   # in the order settle takes them
         outcomes: list[Outcome] | None = None
         try:
             outcomes = await self._outcomes(parts)
         except Exception as e:   # a bug here must fail these batches only, never the broker
-            log.exception("storing an object of %s failed", [m.name for m, _ in parts])
+            log.exception("storing an object of %s failed", [m.name for m, _ in fills])
             outcomes = [Failed(AckCode.STORAGE, f"storing batch of topic {m.name} failed: {e}") for m, _ in parts]
         finally:
             if outcomes is None:   # cancelled: the batches' slots must still be freed
                 outcomes = [Failed(AckCode.CLOSING, f"storing batch of topic {m.name} was cancelled")
                             for m, _ in parts]
-            for (m, b), outcome in zip(parts, outcomes):
-                m.settle(b, outcome)
+            at = 0
+            for m, f in fills:
+                n = len(f.batches)
+                m.settle(f, outcomes[at:at + n])
+                at += n
 
     async def _outcomes(self, parts: list[tuple[Member, Batch]]) -> list[Outcome]:
         """Store the members' batches as one object and publish each part: an outcome per part."""
@@ -235,13 +234,13 @@ class GroupWriter:
         notes = [notification(m.name, b, loc, part, created_ms=created_ms, attempt=attempt, broker_id=self._broker_id)
                  for (m, b), part in zip(parts, placed)]
         t0 = clock.monotonic()
-        lanes = [m.partition for m, _ in parts]
+        lanes = [b.partition for _, b in parts]
         # A publish that timed out may have landed: failing its batch would make the producer resend
         # the Messages, stored and announced a second time. The path publishes the same pointer again
         # (for `broker.notify_retry_ms`) while the Messages stay held: a resend waits for this outcome
         # instead of being stored again, and the busy slot pushes back on producers while Kafka is away.
         published = await self._path.publish([(m.notification_topic, note) for (m, _), note in zip(parts, notes)],
-                                             lanes if max(lanes) >= 0 else None)
+                                             lanes)
         notify_s = clock.monotonic() - t0
         return [Stored(note, result, put_s, notify_s) for note, result in zip(notes, published)]
 

@@ -40,7 +40,8 @@ class TopicRouter:
         self._down: dict[str, float] = {}                # url -> monotonic time it may be tried again
         self._frame_limits: dict[str, int] = {}          # url -> the largest frame it reads, as it said
         self._refreshing: SingleFlight[str, list[str]] = SingleFlight()
-        self._keyed: dict[str, int] = {}                 # compacted topics (records need keys): read partitions
+        self._partitions: dict[str, int] = {}            # topic -> its read partitions (keyed records placed over them)
+        self._compacted: set[str] = set()                 # compacted topics: their records need keys
 
     async def brokers_for(self, topic: str) -> list[str]:
         """The brokers hosting `topic`; asks the cluster on a miss. UnknownTopicError if none does,
@@ -79,10 +80,14 @@ class TopicRouter:
         """The largest produce frame broker `url` said it reads (0: not known)."""
         return self._frame_limits.get(url, 0)
 
-    def key_partitions(self, topic: str) -> int:
-        """0 unless `topic` is compacted (records need keys); then its read partitions, which
-        records are placed over by key. As the last metadata said."""
-        return self._keyed.get(topic, 0)
+    def partitions(self, topic: str) -> int:
+        """`topic`'s read partitions, which its keyed records are placed over, as the last
+        metadata said (1 for a topic it did not name)."""
+        return self._partitions.get(topic, 1)
+
+    def keys_required(self, topic: str) -> bool:
+        """Whether `topic`'s records need a key (it is compacted), as the last metadata said."""
+        return topic in self._compacted
 
     def broker_ok(self, url: str) -> None:
         self._down.pop(url, None)
@@ -132,10 +137,11 @@ class TopicRouter:
                 if b.max_frame_bytes:
                     self._frame_limits[b.url.rstrip("/")] = b.max_frame_bytes
             for name, info in md.topics.items():
+                self._partitions[name] = info.read_partitions
                 if "compact" in info.cleanup_policy:
-                    self._keyed[name] = info.read_partitions
+                    self._compacted.add(name)
                 else:
-                    self._keyed.pop(name, None)
+                    self._compacted.discard(name)
                 if info.brokers:
                     hosting.setdefault(name, {}).update(dict.fromkeys(info.brokers))
         if topic not in hosting:

@@ -7,9 +7,9 @@ but the Message creation time it stamps). Sealing assigns the topic's next seque
 leaving `headroom` bytes in front for the request header the sender writes per attempt.
 Who waits for which records is opaque here (`W`): the Producer's waiters.
 
-A lane's partition is -1 (the broker's notification publish picks) except on a compacted
-topic of several read partitions, whose records the Producer places by key: each partition is
-a lane of its own, its Messages name their partition (memq.format.wire's RequestFlag.PARTITION).
+A lane's partition is -1 for records without a key (the broker puts them in its batch's partition);
+on a topic of several read partitions the Producer places keyed records by key: each partition
+is a lane of its own, its Messages name their partition (memq.format.wire's RequestFlag.PARTITION).
 Sequences stay per topic.
 
 Each open buffer tracks its records' timestamp range, so encoding is one msgpack call plus

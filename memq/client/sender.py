@@ -76,7 +76,8 @@ class Router(Protocol):
     def redirect(self, topic: str, brokers: tuple[str, ...]) -> None: ...
     def forget(self, topic: str) -> None: ...
     def frame_limit(self, url: str) -> int: ...
-    def key_partitions(self, topic: str) -> int: ...
+    def partitions(self, topic: str) -> int: ...
+    def keys_required(self, topic: str) -> bool: ...
 
 
 @dataclass(slots=True, eq=False)   # identity semantics: kept in sets
@@ -141,10 +142,13 @@ class Sender(Generic[W]):
         """The brokers hosting `topic` (UnknownTopicError if none does)."""
         return await self._router_for().brokers_for(topic)
 
-    def key_partitions(self, topic: str) -> int:
-        """0 unless records to `topic` need a key (it is compacted); then the read partitions they
-        are placed over by key, as the cluster last said."""
-        return self._router_for().key_partitions(topic)
+    def partitions(self, topic: str) -> int:
+        """`topic`'s read partitions, which its keyed records are placed over, as the cluster last said."""
+        return self._router_for().partitions(topic)
+
+    def keys_required(self, topic: str) -> bool:
+        """Whether records to `topic` need a key (it is compacted), as the cluster last said."""
+        return self._router_for().keys_required(topic)
 
     async def await_topic(self, topic: str, timeout_s: float) -> None:
         """Return once a broker hosts `topic`, asking the cluster again after each backoff;

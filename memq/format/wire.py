@@ -25,8 +25,9 @@ memq.format.txn_wire).
 
 The flag `RequestFlag.PARTITION` (versions 2 and 4) says a u32 read partition follows the topic
 (and the transactional id): the Message goes to that notification partition, not to one the
-broker picks. The producer sets it only for a compacted topic of several read partitions (it
-places records by key, as Kafka's clients do), which brokers before it never host.
+broker picks. The producer sets it for keyed records on a topic of several read partitions (it
+places them by key, as Kafka's clients do). Brokers before issue 46 honour it on compacted topics
+only and store other topics' Messages where they pick: readable all the same, by key no longer.
 """
 
 from __future__ import annotations
@@ -86,7 +87,7 @@ class RequestFlag(IntFlag):
     #: batch_ms: the producer's flush() sets it on its last Messages ("send now", as in Kafka).
     SEAL = 1
     #: A u32 read partition follows the topic (and transactional id): the notification partition
-    #: the Message must go to (a compacted topic's records placed by key). Not kept in
+    #: the Message must go to (keyed records placed by key). Not kept in
     #: `ProduceRequest.flags`: `ProduceRequest.partition` says it.
     PARTITION = 2
 

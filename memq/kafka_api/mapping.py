@@ -2,8 +2,8 @@
 
 A Kafka topic is a memq topic and its partitions are the topic's read partitions. Partition
 i's leader is the i-th (round robin) broker hosting the topic that has a Kafka listener; any
-hosting broker accepts writes to any partition (memq picks the notification partition
-itself), so leaders only spread producers over the hosting brokers.
+hosting broker accepts writes to any partition (each stores the records in the partition
+the producer chose), so leaders only spread producers over the hosting brokers.
 
 Kafka's idempotence state is per (producer id, partition) with the sequence advancing by the
 record count; memq's is per (producer id, topic) advancing by one per Message. Folding the

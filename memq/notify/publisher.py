@@ -142,7 +142,7 @@ class NotificationPublisher:
                            partitions: Sequence[int] | None = None) -> list[tuple[int, int] | NotifyError]:
         """Publish every (Kafka topic, notification) at once: each result is its (partition,
         offset) once Kafka has it, or the NotifyError saying why not. `partitions`: each note's
-        Kafka partition (a compacted topic's records placed by key), -1 for the partitioner's
+        Kafka partition (where the producer placed the records), -1 for the partitioner's
         choice; None: every note by the partitioner.
 
         One object's parts are handed to librdkafka in one burst under one future and one

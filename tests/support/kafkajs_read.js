@@ -2,7 +2,7 @@
 // argv[2]: JSON {broker, topic, mode: "earliest" | "latest" | "group", group?, count, zstd?}. A fresh
 // group reads from the earliest offset (earliest) or from the latest, printing "ready" after its
 // first fetch (latest); "group" commits what it read for the group's next member.
-// Prints one JSON line: [valueHex, keyHex|null, [[name, valueHex], ...], timestampMs] per record.
+// Prints one JSON line: [valueHex, keyHex|null, [[name, valueHex], ...], timestampMs, partition] per record.
 const { Kafka, CompressionTypes, CompressionCodecs, logLevel } = require("kafkajs");
 
 // kafkajs decodes gzip alone; zstd takes a codec (Kafka producers' zstd batches), unless
@@ -37,7 +37,7 @@ async function main() {
     eachMessage: async ({ partition, message }) => {
       const headers = Object.entries(message.headers || {}).map(([k, v]) => [k, Buffer.from(v).toString("hex")]);
       rows.push([message.value.toString("hex"), message.key === null ? null : message.key.toString("hex"),
-                 headers, Number(message.timestamp)]);
+                 headers, Number(message.timestamp), partition]);
       last.set(partition, message.offset);
       if (rows.length >= args.count) finish(null);
     },

@@ -17,10 +17,12 @@ class FakeRouter:
     """A `Router` over a fixed map of topic -> broker URLs; records the brokers that failed."""
 
     def __init__(self, topics: dict[str, list[str]], frame_limit: int = 0,
-                 key_partitions: dict[str, int] | None = None) -> None:
-        """`key_partitions`: compacted topics and their read partitions (records placed by key)."""
+                 partitions: dict[str, int] | None = None, compacted: frozenset[str] = frozenset()) -> None:
+        """`partitions`: topics' read partitions (keyed records placed over them; 1 if not named),
+        `compacted`: topics whose records need keys."""
         self.topics = topics
-        self.placed = key_partitions or {}
+        self.placed = partitions or {}
+        self.compacted = compacted
         self.failed: list[str] = []
         self.limit = frame_limit
 
@@ -50,8 +52,11 @@ class FakeRouter:
     def frame_limit(self, url: str) -> int:
         return self.limit
 
-    def key_partitions(self, topic: str) -> int:
-        return self.placed.get(topic, 0)
+    def partitions(self, topic: str) -> int:
+        return self.placed.get(topic, 1)
+
+    def keys_required(self, topic: str) -> bool:
+        return topic in self.compacted
 
 
 class FakeBroker:
@@ -82,9 +87,10 @@ class FakeBroker:
         self.closed = True
 
 
-def producer(broker: FakeBroker, frame_limit: int = 0, key_partitions: dict[str, int] | None = None,
-             **config: Any) -> Producer:
-    """A Producer of topic "t" on `broker` alone, with short linger and backoff; `key_partitions`:
-    compacted topics' read partitions (FakeRouter); `config`: other settings."""
+def producer(broker: FakeBroker, frame_limit: int = 0, partitions: dict[str, int] | None = None,
+             compacted: frozenset[str] = frozenset(), **config: Any) -> Producer:
+    """A Producer of topic "t" on `broker` alone, with short linger and backoff; `partitions`,
+    `compacted`: topics' read partitions and which are compacted (FakeRouter); `config`: other settings."""
     pc = ProducerConfig(brokers="http://fake", linger_ms=1, retry_backoff_ms=1, **config)
-    return Producer(pc, router=FakeRouter({"t": [broker.url]}, frame_limit, key_partitions), connector=broker.connect)
+    return Producer(pc, router=FakeRouter({"t": [broker.url]}, frame_limit, partitions, compacted),
+                    connector=broker.connect)

@@ -14,9 +14,11 @@ A record without a key to a compacted topic is refused (INVALID_RECORD, the whol
 records): one of the two places the door decodes records, bounded to compacted topics
 (`kafka_api.compacted.keyless_records`). The other: a topic with schema checks has its records
 checked by the admission path (`kafka_schema_check`): refused (INVALID_RECORD with each failing
-record's index and reason), stored counted (warn), or its failing records dead-lettered (dlq). A compacted topic's records go to the partition the
-client asked for (its partitioner hashed the key, Kafka's semantics: `memq.broker.placed`), so
-compaction per partition sees every record of a key; any other topic's go where memq picks.
+record's index and reason), stored counted (warn), or its failing records dead-lettered (dlq).
+Every topic's records go to the partition the client chose (its partitioner hashed the key, or
+the application named it: Kafka's semantics), and are read from there: a stream processor's
+"same key, same partition, in order" holds, and compaction per partition sees every record of a
+key. A partition the topic does not have is UNKNOWN_TOPIC_OR_PARTITION.
 
 Kafka has no flush a broker could see, so a connection quiet for `broker.kafka_idle_seal_ms`
 with acks=all Messages appended seals their topics' batches early (`idle_seal`, banked credit).
@@ -75,9 +77,8 @@ class ProduceState:
         self.sequence = itertools.count()
         self.request_ids = itertools.count()
         self.throttle_s = 0.0   # owed by the request just handled: read nothing more for this long
-        # (topic, partition) with acks=all Messages appended since the last idle seal: a compacted
-        # topic's partitions have processors of their own (memq.broker.placed)
-        self.awaiting: dict[tuple[str, int], Ticket] = {}
+        # topics with acks=all Messages appended since the last idle seal (a seal takes every partition's)
+        self.awaiting: dict[str, Ticket] = {}
         unit = conn.core.config.broker.kafka_idle_seal_bytes
         self.seal_credit = SealCredit(unit, IDLE_SEAL_BANK * unit)
 
@@ -146,14 +147,14 @@ async def _append(conn: Conn, st: ProduceState, topic: str, part: PartitionData,
     except FormatError as e:
         split = e   # reported after admission: who may write here is checked first
     largest = max((len(b) for b in split), default=0) + MESSAGE_HEADER_SIZE if isinstance(split, list) else 0
-    admitted = core.admission.admit(conn.principal, topic, largest, part.index)
+    # a negative index names no partition Kafka has: admission's -1 ("none named") is memq's own
+    admitted = core.admission.admit(conn.principal, topic, largest, part.index if part.index >= 0 else -2)
     if isinstance(admitted, Refusal):
+        if admitted.no_partition:
+            return PartitionResult(part.index, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, message=admitted.why)
         return _refused(conn, topic, part.index, admitted)
     if conn.session is not None:
         conn.session.produced(topic)
-    if not 0 <= part.index < admitted.config.read_partitions:
-        return PartitionResult(part.index, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
-                               message=f"topic {topic} has {admitted.config.read_partitions} partitions")
     if not part.records:
         return PartitionResult(part.index, ErrorCode.CORRUPT_MESSAGE, message="no records")
     try:
@@ -206,7 +207,7 @@ async def _append(conn: Conn, st: ProduceState, topic: str, part: PartitionData,
         if not fut.done() or fut.result().ok:
             st.seal_credit.earn(len(msg))
         if not fut.done() and level is AckLevel.ALL:
-            st.awaiting[topic, admitted.partition] = admitted
+            st.awaiting[topic] = admitted
         futures.append((fut, kh.count))
     return futures
 

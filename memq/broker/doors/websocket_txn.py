@@ -6,9 +6,9 @@ Both go to the broker's one `Transactions` service (memq.broker.txn), the one th
 uses: the same state in the same store, the same checks, and a transactional Message is stored
 as an object of its own at once and recorded as a pending entry of its transaction, exactly as a
 Kafka transactional produce is, never published before the commit. memq's producer has no
-partitions: its topics join a transaction as partition `MEMQ_PARTITION` (-1), and the
-notification partition is picked at publish as for any Message, except on a compacted topic of
-several read partitions, whose Messages name theirs (placed by key): the commit publishes there.
+partitions: its topics join a transaction as partition `MEMQ_PARTITION` (-1); a Message that names
+its read partition (keyed records, placed by key) is published there at the commit, one that
+names none where Kafka's partitioner picks.
 
 Every refusal is an ack naming Kafka's reason (`REFUSALS` maps it to memq's code) and a log line.
 A principal needs `produce` on every topic it adds. A Consumer group's offsets (`offsets`) are
