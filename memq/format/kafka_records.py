@@ -434,3 +434,105 @@ def _varint(n: int) -> bytes:
 
 
 _SMALL_VARINTS = [bytes([z]) for z in range(0x80)]
+
+
+class KafkaFields(NamedTuple):
+    """The keys and values of one batch's records, nothing else built (a null as None): what a
+    check of a topic's keys or values reads (memq.schema.check)."""
+
+    keys: list[bytes | None]
+    values: list[bytes | None]
+
+
+def kafka_fields(buf: Buffer) -> KafkaFields:
+    """Verify one whole batch, decompress it and read its records' keys and values only: one
+    lean pass with the varints read inline, ~5x cheaper a record than `decode_kafka_records`,
+    which builds a LogMessage with its headers. Corrupt records raise what
+    `decode_kafka_records` would raise (it words the error: the one definition of what is corrupt)."""
+    header = verify_kafka_batch(buf)
+    raw = decompress_records(header.codec, memoryview(buf)[KAFKA_BATCH_HEADER_SIZE:])
+    data = raw if isinstance(raw, bytes) else bytes(raw)
+    try:
+        return _fields(data, header.count)
+    except (IndexError, ValueError):
+        pass
+    decode_raw_records(data, header)   # raises the exact error
+    raise CorruptDataError("Kafka batch records do not decode")   # pragma: no cover - the decoder agrees
+
+
+def _fields(raw: bytes, count: int) -> KafkaFields:
+    """`count` records' keys and values, walking `raw`; IndexError or ValueError on anything
+    that does not frame exactly (the caller re-reads with the wording decoder)."""
+    keys: list[bytes | None] = []
+    values: list[bytes | None] = []
+    add_key, add_value = keys.append, values.append
+    pos = 0
+    size = len(raw)
+    for _ in range(count):
+        # the record's length (a zigzag varint): one or two bytes for any record up to 8 KiB
+        b = raw[pos]
+        if b < 0x80:
+            n, pos = b, pos + 1
+        else:
+            n, pos = _uvarint(raw, pos)
+        if n & 1:
+            raise ValueError("negative record length")
+        end = pos + (n >> 1)
+        if end > size:
+            raise ValueError("record overruns the batch")
+        pos += 1                                     # attributes
+        while raw[pos] & 0x80:                       # timestamp delta
+            pos += 1
+        pos += 1
+        while raw[pos] & 0x80:                       # offset delta
+            pos += 1
+        pos += 1
+        for add in (add_key, add_value):
+            b = raw[pos]
+            if b < 0x80:
+                n, pos = b, pos + 1
+            else:
+                n, pos = _uvarint(raw, pos)
+            if n == 1:                               # -1: null
+                add(None)
+                continue
+            if n & 1:
+                raise ValueError("negative field length")
+            n >>= 1
+            add(raw[pos:pos + n])
+            pos += n
+        b = raw[pos]                                 # headers: skipped, their framing checked
+        if b < 0x80:
+            nh, pos = b, pos + 1
+        else:
+            nh, pos = _uvarint(raw, pos)
+        if nh & 1:
+            raise ValueError("negative header count")
+        for _ in range(nh >> 1):
+            n, pos = _uvarint(raw, pos)
+            if n & 1:
+                raise ValueError("null header key")
+            pos += n >> 1
+            n, pos = _uvarint(raw, pos)
+            if n & 1 and n != 1:
+                raise ValueError("negative header value length")
+            pos += 0 if n == 1 else n >> 1
+        if pos != end:
+            raise ValueError("record fields do not fill the record")
+    if pos != size:
+        raise ValueError("bytes after the last record")
+    return KafkaFields(keys, values)
+
+
+def _uvarint(raw: bytes, pos: int) -> tuple[int, int]:
+    """The unsigned (still zigzag-encoded) varint at `pos` and the position after it."""
+    acc = shift = 0
+    while True:
+        b = raw[pos]
+        pos += 1
+        acc |= (b & 0x7F) << shift
+        if b < 0x80:
+            return acc, pos
+        shift += 7
+        if shift > 63:
+            raise ValueError("varint longer than 10 bytes")
