@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import struct
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import IntEnum
 from typing import NamedTuple
@@ -452,12 +452,45 @@ def kafka_fields(buf: Buffer) -> KafkaFields:
     header = verify_kafka_batch(buf)
     raw = decompress_records(header.codec, memoryview(buf)[KAFKA_BATCH_HEADER_SIZE:])
     data = raw if isinstance(raw, bytes) else bytes(raw)
+    walk = _compiled_walk()
     try:
-        return _fields(data, header.count)
+        got = _fields(data, header.count) if walk is None else walk(data, header.count)
+        if got is not None:
+            return got
     except (IndexError, ValueError):
         pass
     decode_raw_records(data, header)   # raises the exact error
     raise CorruptDataError("Kafka batch records do not decode")   # pragma: no cover - the decoder agrees
+
+
+_WALK: list[Callable[[bytes, int], KafkaFields | None] | None] = []
+
+
+def _compiled_walk() -> Callable[[bytes, int], KafkaFields | None] | None:
+    """numba's walk over the records (`kafka_walk`, ~0.2 us a record against ~1.5 us in
+    Python) where numba is installed (the `spark` extra); None where it is not (the broker role
+    does not pull it: the Python walk then). Looked for once."""
+    if not _WALK:
+        try:
+            from memq.format import kafka_walk as kw   # numba: imported on first use only
+        except ImportError:
+            _WALK.append(None)
+        else:
+            def walk(raw: bytes, count: int) -> KafkaFields | None:
+                import numpy as np
+                if not 0 <= count <= len(raw):   # a record takes bytes: a count beyond them is corrupt
+                    return None
+                rec = np.empty((kw.RECORD_COLUMNS, count), np.int64)
+                hdr = np.empty((kw.HEADER_COLUMNS, 0), np.int64)   # headers only counted
+                status, _, _ = kw.walk(np.frombuffer(raw, np.uint8), np.array([0, len(raw)], np.int64),
+                                       np.array([count], np.int64), rec, hdr)
+                if status == kw.FAILED:
+                    return None
+                ks, kl, vs, vl = (rec[c].tolist() for c in (kw.KEY_START, kw.KEY_LEN, kw.VALUE_START, kw.VALUE_LEN))
+                return KafkaFields([raw[a:a + b] if b >= 0 else None for a, b in zip(ks, kl)],
+                                   [raw[a:a + b] if b >= 0 else None for a, b in zip(vs, vl)])
+            _WALK.append(walk)
+    return _WALK[0]
 
 
 def _fields(raw: bytes, count: int) -> KafkaFields:
