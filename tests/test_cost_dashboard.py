@@ -81,3 +81,8 @@ def test_schema_panel_sums_each_topics_invalid_records_over_brokers() -> None:
            'memq_broker_other_total 7.0\n')
     assert invalid_counts([one, two]) == {"a": {"reject": 5.0, "dlq": 0.0, "warn": 0.0},
                                           "b": {"reject": 0.0, "dlq": 1.0, "warn": 0.0}}
+    from memq.audit.schema_panel import read_metrics
+    settings = ('# TYPE memq_broker_topic_schema_checks gauge\n'
+                'memq_broker_topic_schema_checks{topic="a",part="value",action="reject"} 1.0\n'
+                'memq_broker_topic_schema_checks{topic="a",part="key",action="reject"} 1.0\n')
+    assert read_metrics([one, settings])[1] == {"a": {"value": "reject", "key": "reject"}}

@@ -170,12 +170,14 @@ async def _show_loss_and_cost(cfg: MemqConfig, tmp_path: Path, unique_name: Call
                 strict, lenient = checked
                 await page.wait_for_selector(f'#schemas tr[data-topic="{lenient}"]', timeout=15_000)
                 row = {t: page.locator(f'#schemas tr[data-topic="{t}"] td') for t in checked}
-                assert await row[strict].nth(1).inner_text() == "AVRO v1 (id 1)"
-                assert await row[lenient].nth(1).inner_text() == "AVRO v1 (id 1)"   # one schema, one id
-                assert await row[strict].nth(2).inner_text() == "–"                # no key schema
-                assert [await row[strict].nth(i).inner_text() for i in (3, 4, 5)] == ["2", "0", "0"]
-                assert [await row[lenient].nth(i).inner_text() for i in (3, 4, 5)] == ["0", "3", "0"]
-                assert "bad" in (await row[strict].nth(3).get_attribute("class") or "")
+                assert await row[strict].nth(1).inner_text() == "value: reject"
+                assert await row[lenient].nth(1).inner_text() == "value: dlq"
+                assert await row[strict].nth(2).inner_text() == "AVRO v1 (id 1)"
+                assert await row[lenient].nth(2).inner_text() == "AVRO v1 (id 1)"   # one schema, one id
+                assert await row[strict].nth(3).inner_text() == "–"                # no key schema
+                assert [await row[strict].nth(i).inner_text() for i in (4, 5, 6)] == ["2", "0", "0"]
+                assert [await row[lenient].nth(i).inner_text() for i in (4, 5, 6)] == ["0", "3", "0"]
+                assert "bad" in (await row[strict].nth(4).get_attribute("class") or "")
                 assert await page.locator(f'#schemas tr[data-topic="{busy_topic}"]').count() == 0   # no schema, no count
 
                 ARTIFACTS.mkdir(exist_ok=True)

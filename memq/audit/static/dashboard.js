@@ -242,7 +242,8 @@ async function refreshSchemas() {
     const tr = document.createElement("tr");
     tr.dataset.topic = topic;
     const n = t.invalid;
-    tr.append(cell(topic, "name"), schemaCell(t.value), schemaCell(t.key),
+    const checks = Object.entries(t.checks).sort().map(([part, action]) => `${part}: ${action}`).join(", ");
+    tr.append(cell(topic, "name"), cell(checks || "off", "schema"), schemaCell(t.value), schemaCell(t.key),
       cell(fmt(n.reject), n.reject > 0 ? "refused bad" : "refused"),
       cell(fmt(n.dlq), n.dlq > 0 ? "dlq bad" : "dlq"), cell(fmt(n.warn), "warned"));
     return tr;
