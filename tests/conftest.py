@@ -37,16 +37,25 @@ def unique_name(request: pytest.FixtureRequest) -> Callable[[str], str]:
     return make
 
 
-#: The files that take longest (a clean run's `--junitxml` times summed per file), handed out
-#: first. xdist's loadfile gives out whole files, by default the ones with most tests first, which
-#: left the one-test Spark and `memq dev` files (1-2 min each) to run alone at the end. Longest
-#: first (with `--no-loadscope-reorder`) ends the run on short files. A file not named keeps
-#: its place; name a new file here when it takes a minute or more.
-LONGEST_FIRST = ("test_spark_source.py", "test_spark_example.py", "test_table_sync.py", "test_dev_tls.py",
-                 "test_chaos.py", "test_spark_write.py", "test_cli.py", "test_kafka_produce.py", "test_long_stall.py",
-                 "test_dedup_cluster.py", "test_shared_objects.py", "test_governor_cluster.py",
-                 "test_security_describe.py", "test_cli_first_hour.py", "test_cli_topic_create.py", "test_consumer.py",
-                 "test_spark_kafka_read.py", "test_lint.py", "test_many_topics_startup.py")
+#: The files that take longest (a run's `--junitxml` times summed per file), handed out first:
+#: xdist's loadfile gives out whole files, by default those with most tests first, which left the
+#: one-test Spark and `memq dev` files (1-3 min each) to run alone at the end. Each worker starts
+#: with two files (the 1st and 4th, 2nd and 5th, ...): the Spark ones (*) are spaced so that no
+#: more than two Spark sessions share the two cores. A file not named keeps its place; name a new
+#: file here when it takes a minute or more.
+LONGEST_FIRST = ("test_spark_source.py",   # *
+                 "test_chaos.py", "test_cli.py",
+                 "test_spark_example.py",  # *
+                 "test_kafka_produce.py", "test_long_stall.py",
+                 "test_table_sync.py",     # *
+                 "test_dedup_cluster.py", "test_shared_objects.py",
+                 "test_dev_tls.py",        # *
+                 "test_governor_cluster.py", "test_cli_first_hour.py",
+                 "test_spark_write.py",    # *
+                 "test_cli_topic_create.py", "test_consumer.py",
+                 "test_security_describe.py",   # *
+                 "test_lint.py", "test_many_topics_startup.py",
+                 "test_spark_kafka_read.py")   # *
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -69,3 +69,20 @@ async def test_api_cost_says_when_no_broker_answers(tmp_path: Path) -> None:
     client = MemqConfig(producer=ProducerConfig(brokers="http://127.0.0.1:1"))
     status, body = await serve_and_get(client, tmp_path, "")
     assert status == 200 and "cannot connect to broker http://127.0.0.1:1" in str(body["error"])
+
+
+def test_schema_panel_sums_each_topics_invalid_records_over_brokers() -> None:
+    from memq.audit.schema_panel import invalid_counts
+    one = ('# TYPE memq_broker_schema_invalid_records_total counter\n'
+           'memq_broker_schema_invalid_records_total{topic="a",action="reject"} 2.0\n'
+           'memq_broker_schema_invalid_records_total{topic="b",action="dlq"} 1.0\n')
+    two = ('# TYPE memq_broker_schema_invalid_records_total counter\n'
+           'memq_broker_schema_invalid_records_total{topic="a",action="reject"} 3.0\n'
+           'memq_broker_other_total 7.0\n')
+    assert invalid_counts([one, two]) == {"a": {"reject": 5.0, "dlq": 0.0, "warn": 0.0},
+                                          "b": {"reject": 0.0, "dlq": 1.0, "warn": 0.0}}
+    from memq.audit.schema_panel import read_metrics
+    settings = ('# TYPE memq_broker_topic_schema_checks gauge\n'
+                'memq_broker_topic_schema_checks{topic="a",part="value",action="reject"} 1.0\n'
+                'memq_broker_topic_schema_checks{topic="a",part="key",action="reject"} 1.0\n')
+    assert read_metrics([one, settings])[1] == {"a": {"value": "reject", "key": "reject"}}

@@ -2,7 +2,8 @@
 
 Injected loss must be visible on the page, the charts must hold data points, the cost panel
 must show each topic against its break-even (an in-process broker on file storage serves the
-counters), and the page must log no console errors. The screenshot is kept in test-artifacts/
+counters), the schema panel each checked topic's schema and the records it refused or
+dead-lettered, and the page must log no console errors. The screenshot is kept in test-artifacts/
 for people to look at.
 """
 
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import os
 import shutil
 from collections.abc import Callable
@@ -23,7 +25,9 @@ from tests.support.waiting import async_wait_for
 from memq.audit.dashboard import AuditService
 from memq.audit.emitter import make_audit_sink
 from memq.client.producer import Producer
+from memq.client.serde import Serde
 from memq.config import BrokerConfig, MemqConfig, ProducerConfig, StorageConfig, TopicConfig
+from memq.errors import InvalidRecordError
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 ARTIFACTS = Path(__file__).resolve().parents[1] / "test-artifacts"
@@ -43,10 +47,17 @@ async def test_dashboard_shows_injected_loss(memq_config: MemqConfig, unique_nam
     # small Messages (below it: 4 objects a second, which a longer batch_ms would cut), each with
     # objects of its own
     busy_topic, trickle_topic = unique_name("busy"), unique_name("trickle")
+    # the schema panel: a topic refusing what fails its checks and one dead-lettering it
+    strict, lenient = unique_name("strict"), unique_name("lenient")
+    checked = (TopicConfig(strict, value_schema_validation=True),
+               TopicConfig(lenient, value_schema_validation=True, schema_validation_action="dlq"),
+               TopicConfig(f"{lenient}.dlq"))
     served = MemqConfig(storage=StorageConfig(kind="file", root_dir=str(tmp_path / "objects")),
                         broker=BrokerConfig(port=0),
-                        topics=(TopicConfig(busy_topic, storage_group=""), TopicConfig(trickle_topic, storage_group="")))
+                        topics=(TopicConfig(busy_topic, storage_group=""), TopicConfig(trickle_topic, storage_group=""),
+                                *checked))
     with broker_in_thread(served) as broker_url:
+        await _refuse_and_dead_letter(ProducerConfig(brokers=broker_url, linger_ms=1), strict, lenient)
         async with Producer(ProducerConfig(brokers=broker_url)) as producer:
             acks = [await producer.send(busy_topic, os.urandom(64 * 1024)) for _ in range(256)]
             for _ in range(100):                    # one Message each (linger_ms 5)
@@ -54,11 +65,25 @@ async def test_dashboard_shows_injected_loss(memq_config: MemqConfig, unique_nam
                 await asyncio.sleep(0.02)
             await asyncio.gather(*acks)
         cfg = dataclasses.replace(audit_config(memq_config, unique_name), producer=ProducerConfig(brokers=broker_url))
-        await _show_loss_and_cost(cfg, tmp_path, unique_name, busy_topic, trickle_topic)
+        await _show_loss_and_cost(cfg, tmp_path, unique_name, busy_topic, trickle_topic, (strict, lenient))
+
+
+async def _refuse_and_dead_letter(pc: ProducerConfig, strict: str, lenient: str) -> None:
+    """`strict` refuses 2 records (2 Messages), `lenient` dead-letters 3 (one Message); both store a good one."""
+    serde = Serde(pc)
+    schema = json.dumps({"type": "record", "name": "Order", "fields": [{"name": "id", "type": "long"}]})
+    frame = {t: await asyncio.to_thread(serde.serializer, f"{t}-value", schema) for t in (strict, lenient)}
+    async with Producer(pc) as producer:
+        for _ in range(2):
+            with pytest.raises(InvalidRecordError):
+                await (await producer.send(strict, b"not framed"))
+        await (await producer.send(strict, frame[strict]({"id": 1})))
+        acks = [await producer.send(lenient, v) for v in (b"x", frame[lenient]({"id": 2}), b"y", b"z")]
+        await asyncio.gather(*acks)
 
 
 async def _show_loss_and_cost(cfg: MemqConfig, tmp_path: Path, unique_name: Callable[[str], str],
-                              busy_topic: str, trickle_topic: str) -> None:
+                              busy_topic: str, trickle_topic: str, checked: tuple[str, str]) -> None:
     from playwright.async_api import async_playwright
 
     em = make_audit_sink(cfg)
@@ -140,6 +165,20 @@ async def _show_loss_and_cost(cfg: MemqConfig, tmp_path: Path, unique_name: Call
                 ideas = await trickle.nth(13).inner_text()
                 assert ideas.startswith("batch_ms=") and ": $" in ideas, ideas
                 assert "at the broker" in (await trickle.nth(13).locator("div").first.get_attribute("title") or "")
+
+                # the schema panel: each checked topic's schema, its refused and dead-lettered records
+                strict, lenient = checked
+                await page.wait_for_selector(f'#schemas tr[data-topic="{lenient}"]', timeout=15_000)
+                row = {t: page.locator(f'#schemas tr[data-topic="{t}"] td') for t in checked}
+                assert await row[strict].nth(1).inner_text() == "value: reject"
+                assert await row[lenient].nth(1).inner_text() == "value: dlq"
+                assert await row[strict].nth(2).inner_text() == "AVRO v1 (id 1)"
+                assert await row[lenient].nth(2).inner_text() == "AVRO v1 (id 1)"   # one schema, one id
+                assert await row[strict].nth(3).inner_text() == "–"                # no key schema
+                assert [await row[strict].nth(i).inner_text() for i in (4, 5, 6)] == ["2", "0", "0"]
+                assert [await row[lenient].nth(i).inner_text() for i in (4, 5, 6)] == ["0", "3", "0"]
+                assert "bad" in (await row[strict].nth(4).get_attribute("class") or "")
+                assert await page.locator(f'#schemas tr[data-topic="{busy_topic}"]').count() == 0   # no schema, no count
 
                 ARTIFACTS.mkdir(exist_ok=True)
                 await page.screenshot(path=str(ARTIFACTS / "audit-dashboard.png"), full_page=True)

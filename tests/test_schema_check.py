@@ -89,3 +89,50 @@ def test_keys_and_record_name_strategy(registry: SchemaRegistry) -> None:
     ok = LogMessage(value=b"anything", key=framed(sid, avro_bytes({"id": 2, "item": "x"})))
     bad = LogMessage(value=b"anything", key=b"plain key")
     assert [f.part for f in Checker(registry).check("t", cfg, [ok, bad])] == ["key"]
+
+
+def test_json_checks_a_group_at_once_and_means_what_the_schema_alone_means(registry: SchemaRegistry) -> None:
+    """The JSON decoder validates a group of documents as one array; a schema whose `$ref`s point
+    into its root (where wrapping would move them) is validated document by document, and both
+    fail exactly the documents the schema alone fails."""
+    from memq.schema.check import _refs_stay
+    with_defs = {"$defs": {"id": {"type": "integer", "minimum": 1}}, "type": "object",
+                 "properties": {"id": {"$ref": "#/$defs/id"}}, "required": ["id"]}
+    into_root = {"type": "object", "properties": {"id": {"type": "integer"}, "copy": {"$ref": "#/properties/id"}}}
+    assert _refs_stay(with_defs) and not _refs_stay(into_root)
+    for n, schema in enumerate((with_defs, into_root)):
+        topic = f"j{n}"
+        sid = registry.register(f"{topic}-value", {"schema": json.dumps(schema), "schemaType": "JSON"})["id"]
+        values = [json.dumps(d).encode() for d in ({"id": 3}, {"id": 0}, {"id": 2, "copy": "x"}, {"id": 5}, [1])]
+        cfg = TopicConfig(topic, value_schema_validation=True)
+        failures = Checker(registry).check(topic, cfg, records([framed(sid, v) for v in values]))
+        expected = [1, 4] if n == 0 else [2, 4]
+        assert [f.index for f in failures] == expected, failures
+        if n == 1:
+            assert "/copy" in failures[0].reason
+
+
+def test_protobuf_groups_records_by_their_message_indexes(registry: SchemaRegistry) -> None:
+    text = ('syntax = "proto3";\npackage shop;\nmessage Order { int64 id = 1; string item = 2; }\n'
+            'message Refund { string why = 1; }\n')
+    sid = registry.register("p-value", {"schema": text, "schemaType": "PROTOBUF"})["id"]
+    order = order_message_class()(id=1, item="tea").SerializeToString()
+    batch = [framed(sid, order, b"\0"), framed(sid, b"\x0a\x03why", b"\x02\x02"),   # Refund: indexes [1]
+             framed(sid, order, b"\x02\x00"),                                      # [0] written long-hand
+             framed(sid, b"\x0a\xff", b"\x02\x02"), framed(sid, order, b"\x02\x04"),   # broken Refund; no message 2
+             framed(sid, order, b"\x03")]                                          # a count that is negative
+    failures = Checker(registry).check("p", TopicConfig("p", value_schema_validation=True), records(batch))
+    assert [f.index for f in failures] == [3, 4, 5], failures
+    assert "shop.Refund" in failures[0].reason and "name no message" in failures[1].reason
+
+
+def test_checks_read_fields_as_the_kafka_door_passes_them(registry: SchemaRegistry) -> None:
+    from memq.format.kafka_records import encode_kafka_batch, kafka_fields
+    from memq.schema.check import Fields
+    sid = registry.register("f-value", {"schema": json.dumps(AVRO)})["id"]
+    good = framed(sid, avro_bytes({"id": 1, "item": "tea"}))
+    batch = encode_kafka_batch([LogMessage(good, b"k", (("h", b"v"),)), LogMessage(b"bad", None)])
+    fields = kafka_fields(batch)
+    assert fields.keys == [b"k", None] and fields.values == [good, b"bad"]
+    failures = Checker(registry).check("f", TopicConfig("f", value_schema_validation=True), Fields(*fields))
+    assert [(f.index, "magic" in f.reason) for f in failures] == [(1, True)]

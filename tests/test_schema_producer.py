@@ -15,12 +15,13 @@ import aiohttp
 import fastavro
 import pytest
 
+from memq.client.consumer import Consumer
 from memq.client.producer import Producer
 from memq.client.serde import Serde
 from memq.config import AuditConfig
 from memq.devcluster import DevCluster
 from memq.errors import InvalidRecordError
-from tests.support.cluster import producer_config, read_stored, running_broker, topic_config
+from tests.support.cluster import drain, producer_config, read_stored, running_broker, topic_config
 from tests.support.schemas import order_message_class
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
@@ -94,3 +95,32 @@ async def test_dlq_takes_the_failing_records_of_a_memq_message(devcluster: DevCl
     assert sorted(v for _, v, _ in letters.values()) == sorted(v for i, v in enumerate(values) if not i % 3)
     headers = dict(next(iter(letters.values()))[2])
     assert headers["memq.dlq.reason"].startswith(b"no magic byte") and headers["memq.dlq.topic"] == topic.encode()
+
+
+async def test_consumer_returns_values_decoded_with_the_schema_their_id_names(devcluster: DevCluster,  # type: ignore[no-untyped-def]
+                                                                             unique_name) -> None:
+    """memq's Consumer given `Serde.decode` as its value deserializer hands over decoded values:
+    two schema versions of one subject (each record decoded with its own id's), through a broker
+    whose topic checks them, read back from S3 by the Consumer."""
+    topic = unique_name("typed")
+    config = dataclasses.replace(devcluster.config(topics=[
+        topic_config(topic, read_partitions=1, value_schema_validation=True)]), audit=AuditConfig(enabled=False))
+    v2 = {**AVRO, "fields": [*AVRO["fields"], {"name": "note", "type": "string", "default": ""}]}   # type: ignore[list-item]
+    async with running_broker(config) as broker:
+        pc = producer_config(broker.url, linger_ms=1)
+        serde = Serde(pc)
+        first = await asyncio.to_thread(serde.serializer, f"{topic}-value", json.dumps(AVRO))
+        second = await asyncio.to_thread(serde.serializer, f"{topic}-value", json.dumps(v2))
+        async with Producer(pc) as p:
+            for i in range(3):
+                await (await p.send(topic, first({"id": i}), key=b"k%d" % i))
+            await (await p.send(topic, second({"id": 9, "note": "v2"})))
+        config = dataclasses.replace(config, producer=pc)
+        consumer = Consumer(config, topic, group_id=unique_name("g"), value_deserializer=Serde(pc).decode,
+                            key_deserializer=bytes.decode)
+        try:
+            got = await asyncio.to_thread(drain, consumer, 4)
+        finally:
+            consumer.close()
+    assert [r.value for r in got] == [{"id": 0}, {"id": 1}, {"id": 2}, {"id": 9, "note": "v2"}]
+    assert [r.key for r in got] == ["k0", "k1", "k2", None]

@@ -3,7 +3,8 @@
 Routes: `/` (the page, `static/index.html` + `static/dashboard.js`, charts by the vendored
 uPlot), `/api/summary` (one row per topic and group, worst first), `/api/series` (per-window
 figures of one topic, the charts' data), `/api/cost` (each topic's monthly cost, as `memq cost`
-shows it, read from the brokers), `/metrics` (Prometheus, the same figures),
+shows it, read from the brokers), `/api/schemas` (each topic's schemas in the registry and the
+records its checks refused, dead-lettered or warned of: `schema_panel`), `/metrics` (Prometheus, the same figures),
 `/healthz`. Everything is computed from the books on request, under the auditor's lock.
 """
 
@@ -23,6 +24,7 @@ from prometheus_client.registry import Collector
 
 from memq.audit.auditor import Auditor
 from memq.audit.books import BOOKS_MS, LIVE_MS, Books, GroupSummary
+from memq.audit.schema_panel import schema_panel
 from memq.config import MemqConfig
 from memq.cost import report, usage
 from memq.client._auth import BrokerAuth
@@ -170,6 +172,16 @@ async def _cost(request: web.Request) -> web.Response:
         return web.json_response({"error": str(e)})
 
 
+async def _schemas(request: web.Request) -> web.Response:
+    """Each topic's schemas and its checks' refused / dead-lettered / warned counts (`schema_panel`)."""
+    config = request.app[AUDITOR_KEY].config
+    try:
+        return web.json_response(await asyncio.get_running_loop().run_in_executor(
+            None, schema_panel, config, _COST_TIMEOUT_S))
+    except MemqError as e:   # no broker answered: the panel says so
+        return web.json_response({"error": str(e)})
+
+
 async def _health(request: web.Request) -> web.Response:
     auditor = request.app[AUDITOR_KEY]
     return web.Response(status=200 if auditor.running else 503,
@@ -191,6 +203,7 @@ def make_app(auditor: Auditor) -> web.Application:
     app.router.add_get("/api/summary", _summary)
     app.router.add_get("/api/series", _series)
     app.router.add_get("/api/cost", _cost)
+    app.router.add_get("/api/schemas", _schemas)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/healthz", _health)
     app.router.add_static("/static/", STATIC)

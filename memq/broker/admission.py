@@ -31,7 +31,7 @@ from memq.config import TopicConfig
 from memq.format import LogMessage, MessageHeader, Notification
 from memq.format.wire import Ack, AckCode, AckLevel
 from memq.security.acl import Operation
-from memq.schema.check import Checker, Failure, dlq_topic
+from memq.schema.check import Checker, Failure, Fields, dlq_topic
 from memq.security.quota import ANONYMOUS, Throttler
 
 from .batch import Reply
@@ -139,9 +139,10 @@ class Admission:
             return f"not stored within {timeout_s:g}s"
         return None if ack.ok else f"{ack.code}: {ack.error}"
 
-    async def check_records(self, ticket: Ticket, records: Sequence[LogMessage]) -> list[Failure]:
+    async def check_records(self, ticket: Ticket, records: Sequence[LogMessage] | Fields) -> list[Failure]:
         """The records failing the topic's schema checks (call only for a topic that asks:
-        `memq.schema.check.checked`), counted by the action the topic takes."""
+        `memq.schema.check.checked`), counted by the action the topic takes. A door that can
+        read its records' keys and values without building LogMessages passes `Fields`."""
         if self.payloads is None:
             raise RuntimeError("schema checks before the broker started")
         cfg = ticket.config

@@ -65,6 +65,9 @@ class BrokerMetrics:
                                     "1 per hosted topic, its seal settings as labels (max_batch_ms: the age a "
                                     "batch under min_batch_bytes may reach)",
                                     ["topic", *SEAL_LABELS], registry=r)
+        self.schema_checks = Gauge("memq_broker_topic_schema_checks",
+                                   "1 per hosted topic and part (key, value) its schema checks cover, with their action",
+                                   ["topic", "part", "action"], registry=r)
         self.started = Gauge("memq_broker_start_time_seconds", "Unix time this broker's counters started from",
                              registry=r)
         self.started.set_to_current_time()
@@ -131,6 +134,8 @@ class BrokerMetrics:
     def hosted(self, topic: TopicConfig) -> None:
         """Report `topic`'s settings (it is hosted here now, with these)."""
         self.topic_settings.labels(topic.name, *_seal_labels(topic)).set(1)
+        for part in _checked_parts(topic):
+            self.schema_checks.labels(topic.name, part, topic.schema_validation_action).set(1)
 
     def unhosted(self, topic: TopicConfig) -> None:
         """Stop reporting `topic`'s settings (it left this broker, or is re-added with new ones)."""
@@ -138,6 +143,11 @@ class BrokerMetrics:
             self.topic_settings.remove(topic.name, *_seal_labels(topic))
         except KeyError:
             pass
+        for part in _checked_parts(topic):
+            try:
+                self.schema_checks.remove(topic.name, part, topic.schema_validation_action)
+            except KeyError:
+                pass
 
     def stage(self, topic: str, group: str, stage: str) -> Histogram:
         """The histogram child a topic's `stage` is observed in: its own, or its shared group's."""
@@ -149,3 +159,8 @@ class BrokerMetrics:
 def _seal_labels(topic: TopicConfig) -> tuple[str, ...]:
     return (topic.storage_group, str(topic.batch_bytes), str(topic.batch_ms), str(topic.min_batch_bytes),
             str(topic.hold_until_ms))
+
+
+def _checked_parts(topic: TopicConfig) -> tuple[str, ...]:
+    """The parts of a topic's records its schema checks cover."""
+    return tuple(p for p, on in (("key", topic.key_schema_validation), ("value", topic.value_schema_validation)) if on)

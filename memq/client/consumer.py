@@ -38,7 +38,7 @@ import logging
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from functools import partial
-from typing import Protocol
+from typing import Any, Protocol
 
 from memq.client.cluster import resolve, resolve_topic
 from memq.client._auth import BrokerAuth
@@ -90,6 +90,19 @@ def notification_topic(config: MemqConfig, topic: str) -> str:
     return resolve(config, topic, None).topic.notification_topic
 
 
+def _deserializing(value: Callable[[bytes], Any] | None,
+                   key: Callable[[bytes], Any] | None) -> Callable[[ConsumerRecord], ConsumerRecord] | None:
+    """What the Consumer applies to each record it hands over (None: nothing). A null key stays
+    None; a value or key that does not deserialize raises the deserializer's error from `poll`."""
+    if value is None and key is None:
+        return None
+    if key is None:
+        assert value is not None
+        return lambda r: r._replace(value=value(r.value))
+    return lambda r: r._replace(value=r.value if value is None else value(r.value),
+                                key=None if r.key is None else key(r.key))
+
+
 class Consumer:
     """Reads one memq topic as a member of a consumer group. Not thread-safe: one thread
     (or one asyncio task) drives it, as with Kafka's consumer.
@@ -102,8 +115,11 @@ class Consumer:
     committed). `pointers` (`memq.compaction.manifest.ManifestPointers` on the caller's ZooKeeper
     session) name a compacted topic's prefixes: with them the Consumer reads the latest record per
     key where compaction reached (`compacted`) and `get` looks in the compacted parts, without
-    them it reads the notifications alone. `notifications` and `reader` replace the Kafka
-    consumer and the batch reader (tests; the Consumer closes them).
+    them it reads the notifications alone. `value_deserializer` and `key_deserializer` turn
+    each record's value and key into what they mean before it is handed over (`poll`, `read`):
+    `memq.client.serde.Serde(config.producer).decode` gives a framed value back decoded with the
+    schema its id names, from the brokers' registry. `notifications` and `reader` replace the
+    Kafka consumer and the batch reader (tests; the Consumer closes them).
     """
 
     def __init__(self, config: MemqConfig, topic: str, *, group_id: str | None = None,
@@ -111,7 +127,9 @@ class Consumer:
                  on_assign: Callable[[list[int]], None] | None = None,
                  on_revoke: Callable[[list[int]], None] | None = None,
                  notifications: NotificationSource | None = None, reader: BatchReader | None = None,
-                 pointers: ManifestPointers | None = None) -> None:
+                 pointers: ManifestPointers | None = None,
+                 value_deserializer: Callable[[bytes], Any] | None = None,
+                 key_deserializer: Callable[[bytes], Any] | None = None) -> None:
         cc = config.consumer if group_id is None else replace(config.consumer, group_id=group_id)
         self.topic = topic
         self.group_id = cc.group_id
@@ -157,6 +175,7 @@ class Consumer:
         self._prefix = (Prefix(topic, pointers, self._reader.fetch_loop, self._logs)
                         if pointers is not None and "compact" in resolved.topic.cleanup_policy else None)
         self._lookup: KeyLookup | None = None
+        self._deserialize = _deserializing(value_deserializer, key_deserializer)
         if subscribe:
             self._notify.subscribe(on_assign=self._on_assign, on_revoke=self._on_revoke)
 
@@ -170,7 +189,8 @@ class Consumer:
         deadline = self._clock.monotonic() + timeout
         while True:
             if self._handover.current is not None:
-                return self._handover.deliver()
+                records = self._handover.deliver()
+                return records if self._deserialize is None else map(self._deserialize, records)
             self._committer.tick()
             self._top_up(wait_s=0.0 if self._prefetch else max(0.0, deadline - self._clock.monotonic()))
             if self._prefetch:
@@ -204,7 +224,8 @@ class Consumer:
     def read(self, partition: int, offset: int, index: int, timeout: float = 10.0) -> ConsumerRecord:
         """One LogMessage by position, with ranged GETs: the batch header, then its Message."""
         self._check_open()
-        return self._random.read(partition, offset, index, timeout)
+        record = self._random.read(partition, offset, index, timeout)
+        return record if self._deserialize is None else self._deserialize(record)
 
     def get(self, key: bytes, timeout: float = 10.0) -> KeyValue | None:
         """The latest record of `key` in a compacted topic (`deleted` if it is a tombstone), None

@@ -43,7 +43,13 @@ def cluster_brokers(brokers: str, timeout_s: float, auth: BrokerAuth = NO_AUTH) 
 def scrape(urls: list[str], timeout_s: float, auth: BrokerAuth = NO_AUTH) -> list[Snapshot]:
     """Every answering broker's counters (https brokers verified as `auth` says); a broker that
     does not answer is logged and left out."""
-    out: list[Snapshot] = []
+    return [parse_metrics(url, text, at) for url, text, at in metrics_texts(urls, timeout_s, auth)]
+
+
+def metrics_texts(urls: list[str], timeout_s: float, auth: BrokerAuth = NO_AUTH) -> list[tuple[str, str, float]]:
+    """(url, Prometheus text, when read) of every answering broker's `/metrics`; a broker that
+    does not answer is logged and left out, BrokerUnavailableError when none does."""
+    out: list[tuple[str, str, float]] = []
     for url in urls:
         try:
             with urllib.request.urlopen(url + "/metrics", timeout=timeout_s, context=auth.ssl_context) as resp:
@@ -51,7 +57,7 @@ def scrape(urls: list[str], timeout_s: float, auth: BrokerAuth = NO_AUTH) -> lis
         except (urllib.error.URLError, OSError) as e:
             log.warning("broker %s: cannot read /metrics (%s): its counters are left out", url, e)
             continue
-        out.append(parse_metrics(url, text, time.time()))
+        out.append((url, text, time.time()))
     if not out:
         raise BrokerUnavailableError(f"no broker answered /metrics ({', '.join(urls)})")
     return out

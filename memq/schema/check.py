@@ -41,8 +41,6 @@ from .protobuf_rules import ProtobufSchema
 from .service import SchemaRegistry
 
 MAGIC = 0
-#: A decoder: the reason the payload does not decode (None: it does).
-Decoder = Callable[[memoryview, tuple[int, ...]], str | None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,72 +125,145 @@ def subject_for(strategy: str, topic: str, part: str, record_name: str | None) -
     return record_name if strategy == "RecordNameStrategy" else f"{topic}-{record_name}"
 
 
-# --- decoders, one per format ---------------------------------------------------------------
+# --- decoders, one per format: each checks many payloads in one call -------------------------
+#
+# `Many(data, at, skip)`: for the records `at` (indexes into `data`), whose payload starts `skip`
+# bytes into each value (after the magic byte, the id, and Protobuf's indexes), the ones that do
+# not decode, with why. One call per group of records of one schema: the per-record work left is
+# the compiled decoder's own call and a loop in one frame.
+Many = Callable[[Sequence[Any], Sequence[int], int], list[tuple[int, str]]]
 
 
-def _avro_decoder(parsed: AvroSchema) -> Decoder:
+def _avro_decoder(parsed: AvroSchema) -> Many:
     named: dict[str, Any] = {}
     for dep in parsed.deps:
         fastavro.parse_schema(dep, named_schemas=named)
     schema = fastavro.parse_schema(parsed.raw, named_schemas=named)
+    read = fastavro.schemaless_reader
+    new = io.BytesIO
 
-    def decode(payload: memoryview, _: tuple[int, ...]) -> str | None:
-        buf = io.BytesIO(payload)
-        try:
-            fastavro.schemaless_reader(buf, schema, None)
-        except Exception as e:   # fastavro raises what the bytes make it raise (EOFError, ValueError, ...)
-            return f"does not decode as Avro: {type(e).__name__} {e}"
-        if buf.tell() != len(payload):
-            return f"{len(payload) - buf.tell()} bytes after the Avro record"
-        return None
+    def decode(data: Sequence[Any], at: Sequence[int], skip: int) -> list[tuple[int, str]]:
+        bad: list[tuple[int, str]] = []
+        for i in at:
+            value = data[i]
+            buf = new(value)   # shares the bytes: no copy
+            buf.seek(skip)
+            try:
+                read(buf, schema, None)
+            except Exception as e:   # fastavro raises what the bytes make it raise (EOFError, ValueError, ...)
+                bad.append((i, f"does not decode as Avro: {type(e).__name__} {e}"))
+                continue
+            if buf.tell() != len(value):
+                bad.append((i, f"{len(value) - buf.tell()} bytes after the Avro record"))
+        return bad
     return decode
 
 
-def _json_decoder(parsed: JsonSchema) -> Decoder:
-    """jsonschema-rs (compiled) decides; a failing document's first error names the field."""
+def _json_decoder(parsed: JsonSchema) -> Many:
+    """jsonschema-rs (compiled) decides, over all the documents at once (an array of them against
+    an array of the schema); only a group that fails is gone through one by one, and a failing
+    document's first error names the field."""
     registry = jsonschema_rs.Registry(list(parsed.docs.items())) if parsed.docs else None
     try:
         validator = jsonschema_rs.validator_for(parsed.raw, registry=registry)
+        many = _array_validator(parsed.raw, registry)
     except (ValueError, jsonschema_rs.ReferencingError) as e:
         raise SchemaError(INVALID_SCHEMA, f"Invalid schema: {e}") from None
+    loads = json.loads
 
-    def decode(payload: memoryview, _: tuple[int, ...]) -> str | None:
-        try:
-            doc = json.loads(payload.tobytes())
-        except ValueError as e:
-            return f"not JSON: {e}"
+    def one(doc: Any) -> str | None:
         if validator.is_valid(doc):
             return None
         error = next(iter(validator.iter_errors(doc)))
         where = "/".join(str(p) for p in error.instance_path)
         return f"field /{where}: {error.message}" if where else error.message
+
+    def decode(data: Sequence[Any], at: Sequence[int], skip: int) -> list[tuple[int, str]]:
+        try:
+            docs = [loads(data[i][skip:]) for i in at]
+        except ValueError:
+            docs = None
+        if docs is not None and (many.is_valid(docs) if many is not None else all(map(validator.is_valid, docs))):
+            return []
+        bad: list[tuple[int, str]] = []
+        for i in at:
+            try:
+                doc = loads(data[i][skip:])
+            except ValueError as e:
+                bad.append((i, f"not JSON: {e}"))
+                continue
+            why = one(doc)
+            if why is not None:
+                bad.append((i, why))
+        return bad
     return decode
 
 
-def _protobuf_decoder(parsed: ProtobufSchema) -> Decoder:
+def _array_validator(raw: Any, registry: Any) -> Any:
+    """A validator of an array of documents each valid against `raw` (the schema's own keywords
+    kept at its root, so its `$ref`s, `$id` and `$defs` resolve as they would alone), or None
+    when the schema is a boolean or uses the root in a way wrapping could change (`$ref` to "#")."""
+    if not isinstance(raw, dict) or not _refs_stay(raw):
+        return None
+    schema = dict(raw)
+    keep = {k: schema.pop(k) for k in ("$schema", "$id", "id", "$defs", "definitions") if k in schema}
+    if not schema:   # only definitions: every document is valid
+        return None
+    return jsonschema_rs.validator_for({**keep, "type": "array", "items": schema}, registry=registry)
+
+
+def _refs_stay(node: Any) -> bool:
+    """No `$ref` of the schema points into its root's own keywords (only into `$defs` or
+    `definitions`, or out of the document), and no dynamic or recursive anchor: so the schema
+    means the same as an array's `items`."""
+    if isinstance(node, dict):
+        for k, v in node.items():
+            if k in ("$dynamicAnchor", "$recursiveAnchor", "$dynamicRef", "$recursiveRef"):
+                return False
+            if k == "$ref" and isinstance(v, str) and v.startswith("#") and \
+                    not v.startswith(("#/$defs/", "#/definitions/")):
+                return False
+            if not _refs_stay(v):
+                return False
+    elif isinstance(node, list):
+        return all(map(_refs_stay, node))
+    return True
+
+
+def _protobuf_decoder(parsed: ProtobufSchema) -> Callable[[tuple[int, ...]], Many | str]:
+    """The decoder of the message some indexes name (or why they name none)."""
     fd = parsed.pool().FindFileByName(parsed.file.name)
     top = list(fd.message_types_by_name.values())
-    classes: dict[tuple[int, ...], Any] = {}
+    decoders: dict[tuple[int, ...], Many | str] = {}
 
-    def message_class(indexes: tuple[int, ...]) -> Any:
-        cls = classes.get(indexes)
-        if cls is None:
-            d = top[indexes[0]]
-            for i in indexes[1:]:
-                d = d.nested_types[i]
-            cls = classes[indexes] = message_factory.GetMessageClass(d)
-        return cls
+    def of(indexes: tuple[int, ...]) -> Many | str:
+        got = decoders.get(indexes)
+        if got is None:
+            try:
+                d = top[indexes[0]]
+                for i in indexes[1:]:
+                    d = d.nested_types[i]
+            except IndexError:
+                got = f"message indexes {list(indexes)} name no message of the schema"
+            else:
+                got = _protobuf_message(message_factory.GetMessageClass(d))
+            decoders[indexes] = got
+        return got
+    return of
 
-    def decode(payload: memoryview, indexes: tuple[int, ...]) -> str | None:
-        try:
-            cls = message_class(indexes)
-        except IndexError:
-            return f"message indexes {list(indexes)} name no message of the schema"
-        try:
-            cls.FromString(bytes(payload))
-        except Exception as e:   # protobuf's DecodeError, and what a broken wire format raises
-            return f"does not decode as {cls.DESCRIPTOR.full_name}: {e}"
-        return None
+
+def _protobuf_message(cls: Any) -> Many:
+    parse = cls.FromString
+    name = cls.DESCRIPTOR.full_name
+
+    def decode(data: Sequence[Any], at: Sequence[int], skip: int) -> list[tuple[int, str]]:
+        bad: list[tuple[int, str]] = []
+        for i in at:
+            try:
+                parse(data[i][skip:])
+            except Exception as e:   # protobuf's DecodeError, and what a broken wire format raises
+                bad.append((i, f"does not decode as {name}: {e}"))
+        return bad
     return decode
 
 
@@ -214,7 +285,22 @@ def _record_name(parsed: Any, indexes: tuple[int, ...]) -> str | None:
 @dataclass(frozen=True)
 class _Known:
     parsed: Any
-    decode: Decoder
+    decode: Any    # Many (Avro, JSON), or Protobuf's: indexes -> Many | why
+
+
+@dataclass(frozen=True, slots=True)
+class Fields:
+    """What a check reads of a batch's records: their keys and values (None: null), by index."""
+
+    keys: Sequence[bytes | None]
+    values: Sequence[bytes | None]
+
+    @staticmethod
+    def of(records: Sequence[LogMessage]) -> Fields:
+        return Fields([r.key for r in records], [r.value for r in records])
+
+    def __len__(self) -> int:
+        return len(self.values)
 
 
 @dataclass
@@ -224,7 +310,6 @@ class _Batch:
     topic: str
     part: str
     strategy: str
-    decoders: dict[int, _Known | str] = field(default_factory=dict)
     refusals: dict[tuple[int, tuple[int, ...]], str | None] = field(default_factory=dict)
 
 
@@ -240,45 +325,89 @@ class Checker:
         self._known: dict[int, _Known | str] = {}                    # id -> decoder, or why none
         self._subjects: dict[str, tuple[float, frozenset[int]]] = {}   # subject -> (read at, ids)
 
-    def check(self, topic: str, cfg: TopicConfig, records: Sequence[LogMessage]) -> list[Failure]:
-        """The records of `records` (indexes into it) that fail the topic's checks."""
-        parts = [(p, strategy) for p, on, strategy in (
-            ("key", cfg.key_schema_validation, cfg.key_subject_name_strategy),
-            ("value", cfg.value_schema_validation, cfg.value_subject_name_strategy)) if on]
+    def check(self, topic: str, cfg: TopicConfig, records: Sequence[LogMessage] | Fields) -> list[Failure]:
+        """The records (indexes into `records`) that fail the topic's checks; a record whose key
+        fails is not also checked by its value."""
+        fields = records if isinstance(records, Fields) else Fields.of(records)
         failures: dict[int, Failure] = {}
-        for part, strategy in parts:
-            batch = _Batch(topic, part, strategy)
-            for i, r in enumerate(records):
-                if i not in failures:
-                    why = self._one(batch, r.key if part == "key" else r.value)
-                    if why is not None:
-                        failures[i] = Failure(i, part, *why)
+        for part, on, strategy, data in (
+                ("key", cfg.key_schema_validation, cfg.key_subject_name_strategy, fields.keys),
+                ("value", cfg.value_schema_validation, cfg.value_subject_name_strategy, fields.values)):
+            if on:
+                for f in self._part(_Batch(topic, part, strategy), data):
+                    failures.setdefault(f.index, f)
         return [failures[i] for i in sorted(failures)]
 
-    def _one(self, batch: _Batch, data: bytes | None) -> tuple[str, int | None] | None:
-        framed = frame(data)
-        if isinstance(framed, str):
-            return framed, None
-        schema_id, rest = framed
-        known = batch.decoders.get(schema_id)
-        if known is None:
-            known = batch.decoders[schema_id] = self._decoder(schema_id)
-        if isinstance(known, str):
-            return known, schema_id
-        indexes: tuple[int, ...] = ()
-        if isinstance(known.parsed, ProtobufSchema):
-            try:
-                indexes, rest = message_indexes(rest)
-            except ValueError as e:
-                return f"bad Protobuf message indexes: {e}", schema_id
+    def _part(self, batch: _Batch, data: Sequence[bytes | None]) -> list[Failure]:
+        """One part's failures: the records grouped by their first five bytes (magic byte and
+        id: usually one group), each group's framing, schema and subject looked up once, then its
+        payloads decoded in one call."""
+        heads = [v[:5] if v else b"" for v in data]
+        groups: dict[bytes, list[int]]
+        first = heads[0] if heads else b""
+        if heads.count(first) == len(heads):
+            groups = {first: list(range(len(heads)))} if heads else {}
+        else:
+            groups = {}
+            for i, h in enumerate(heads):
+                groups.setdefault(h, []).append(i)
+        out: list[Failure] = []
+        for head, at in groups.items():
+            framed = frame(head)
+            if isinstance(framed, str):
+                out += (Failure(i, batch.part, framed, None) for i in at)   # decided by the first 5 bytes
+                continue
+            schema_id = framed[0]
+            known = self._decoder(schema_id)
+            if isinstance(known, str):
+                out += (Failure(i, batch.part, known, schema_id) for i in at)
+                continue
+            if isinstance(known.parsed, ProtobufSchema):
+                out += self._protobuf(batch, schema_id, known, data, at)
+                continue
+            refusal = self._refusal(batch, schema_id, known, ())
+            if refusal is not None:
+                out += (Failure(i, batch.part, refusal, schema_id) for i in at)
+                continue
+            out += (Failure(i, batch.part, why, schema_id) for i, why in known.decode(data, at, 5))
+        return out
+
+    def _protobuf(self, batch: _Batch, schema_id: int, known: _Known, data: Sequence[Any],
+                  at: list[int]) -> list[Failure]:
+        """A Protobuf group: records whose indexes are the single `0` (the first message, what
+        nearly every serializer writes) decoded together; others grouped by their indexes."""
+        groups: dict[tuple[tuple[int, ...], int], list[int]] = {}   # (indexes, payload start) -> records
+        out: list[Failure] = []
+        plain = [i for i in at if len(data[i]) > 5 and data[i][5] == 0]
+        if plain:
+            groups[(0,), 6] = plain
+        if len(plain) != len(at):
+            taken = set(plain)
+            for i in at:
+                if i not in taken:
+                    try:
+                        indexes, rest = message_indexes(memoryview(data[i])[5:])
+                    except ValueError as e:
+                        out.append(Failure(i, batch.part, f"bad Protobuf message indexes: {e}", schema_id))
+                        continue
+                    groups.setdefault((indexes, len(data[i]) - len(rest)), []).append(i)
+        for (indexes, skip), members in groups.items():
+            decode = known.decode(indexes)
+            if isinstance(decode, str):
+                out += (Failure(i, batch.part, decode, schema_id) for i in members)
+                continue
+            refusal = self._refusal(batch, schema_id, known, indexes)
+            if refusal is not None:
+                out += (Failure(i, batch.part, refusal, schema_id) for i in members)
+                continue
+            out += (Failure(i, batch.part, why, schema_id) for i, why in decode(data, sorted(members), skip))
+        return out
+
+    def _refusal(self, batch: _Batch, schema_id: int, known: _Known, indexes: tuple[int, ...]) -> str | None:
         key = (schema_id, indexes)
         if key not in batch.refusals:
             batch.refusals[key] = self._subject_refusal(batch, schema_id, known, indexes)
-        refusal = batch.refusals[key]
-        if refusal is not None:
-            return refusal, schema_id
-        why = known.decode(rest, indexes)
-        return None if why is None else (why, schema_id)
+        return batch.refusals[key]
 
     def _subject_refusal(self, batch: _Batch, schema_id: int, known: _Known, indexes: tuple[int, ...]) -> str | None:
         """Why `schema_id` may not be used on this topic (None: it is a version of its subject)."""

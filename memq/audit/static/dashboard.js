@@ -224,10 +224,40 @@ async function refreshCost() {
   }));
 }
 
+// The schema panel: /api/schemas (the registry's latest schema per topic, the brokers' counts of
+// records its checks refused, dead-lettered or warned of), as often as the cost panel.
+function schemaCell(sc) {
+  if (!sc) return cell("–", "schema");
+  const td = cell(`${sc.type} v${sc.version} (id ${sc.id})`, "schema");
+  td.title = sc.subject;
+  return td;
+}
+
+async function refreshSchemas() {
+  const res = await fetch("/api/schemas");
+  const body = await res.json();
+  document.getElementById("schemas-error").textContent = body.error || "";
+  if (body.error) return;
+  document.querySelector("#schemas tbody").replaceChildren(...Object.entries(body.topics).map(([topic, t]) => {
+    const tr = document.createElement("tr");
+    tr.dataset.topic = topic;
+    const n = t.invalid;
+    const checks = Object.entries(t.checks).sort().map(([part, action]) => `${part}: ${action}`).join(", ");
+    tr.append(cell(topic, "name"), cell(checks || "off", "schema"), schemaCell(t.value), schemaCell(t.key),
+      cell(fmt(n.reject), n.reject > 0 ? "refused bad" : "refused"),
+      cell(fmt(n.dlq), n.dlq > 0 ? "dlq bad" : "dlq"), cell(fmt(n.warn), "warned"));
+    return tr;
+  }));
+}
+
 document.getElementById("size").addEventListener("change", refresh);
 refresh();
 setInterval(refresh, REFRESH_MS);
 refreshCost().catch((e) => { document.getElementById("cost-error").textContent = String(e); });
 setInterval(() => refreshCost().catch((e) => {
   document.getElementById("cost-error").textContent = String(e);
+}), COST_REFRESH_MS);
+refreshSchemas().catch((e) => { document.getElementById("schemas-error").textContent = String(e); });
+setInterval(() => refreshSchemas().catch((e) => {
+  document.getElementById("schemas-error").textContent = String(e);
 }), COST_REFRESH_MS);

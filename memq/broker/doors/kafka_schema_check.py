@@ -1,7 +1,8 @@
 """The Kafka door's produce-time schema checks (a topic with `value_schema_validation` or
 `key_schema_validation`; memq.schema.check through the admission path).
 
-`check_partition` decodes a partition's verified RecordBatches, asks `Admission.check_records`,
+`check_partition` reads the keys and values of a partition's verified RecordBatches (only them:
+`kafka_fields`, no LogMessage built), asks `Admission.check_records`,
 and by the topic's `schema_validation_action`:
 - `reject`: a failing record refuses the partition (INVALID_RECORD, `record_errors` giving each
   failing record's index among the partition's records and why); nothing of it is stored.
@@ -22,11 +23,12 @@ import dataclasses
 
 from memq.errors import FormatError, MemqError
 from memq.format import LogMessage
-from memq.format.kafka_records import KafkaBatchHeader, decode_kafka_records, encode_kafka_batch, verify_kafka_batch
+from memq.format.kafka_records import (KafkaBatchHeader, decode_kafka_records, encode_kafka_batch, kafka_fields,
+                                       verify_kafka_batch)
 from memq.format.message import encode_kafka_message
 from memq.kafka_api.mapping import memq_producer_id
 from memq.kafka_api.protocol import ErrorCode, PartitionResult
-from memq.schema.check import Failure, dead_letters
+from memq.schema.check import Failure, Fields, dead_letters
 
 from ..admission import Ticket
 from .kafka_family import Conn
@@ -43,27 +45,30 @@ async def check_partition(conn: Conn, topic: str, index: int, ticket: Ticket, ba
     or under `dlq` those with failing records framed again without them: maybe none). `ids`:
     (producer id, sequence, request id) a non-idempotent producer's dead letters are stored under."""
     try:
-        per_batch = [decode_kafka_records(b) for b, _ in batches]
+        per_batch = [kafka_fields(b) for b, _ in batches]
     except FormatError as e:
         return PartitionResult(index, ErrorCode.CORRUPT_MESSAGE, message=str(e))
-    records = [r for rs in per_batch for r in rs]
+    fields = Fields([k for f in per_batch for k in f.keys], [v for f in per_batch for v in f.values]) \
+        if len(per_batch) > 1 else Fields(*per_batch[0])
     try:
-        failures = await conn.core.admission.check_records(ticket, records)
+        failures = await conn.core.admission.check_records(ticket, fields)
     except MemqError as e:   # the registry's store cannot answer (ZooKeeper away): retriable, nothing stored
         return PartitionResult(index, ErrorCode.REQUEST_TIMED_OUT, message=f"topic {topic}: schema checks: {e}")
     action = ticket.config.schema_validation_action
     if not failures or action == "warn":
         return batches
-    if action == "dlq":
+    if action == "dlq":   # the rare path: the records decoded whole, headers and all
+        per_records = [decode_kafka_records(b) for b, _ in batches]   # kafka_fields read them: they decode
+        records = [r for rs in per_records for r in rs]
         why = await _dead_letters(conn, topic, index, batches, records, failures, ids)
         if why is None:
-            return _without(batches, per_batch, {f.index for f in failures})
+            return _without(batches, per_records, {f.index for f in failures})
         extra = f"; the dead-letter topic cannot take them: {why}"
     else:
         extra = ""
     return PartitionResult(index, ErrorCode.INVALID_RECORD, record_errors=tuple(
         (f.index, str(f)) for f in failures[:MAX_RECORD_ERRORS]),
-        message=f"topic {topic}: {len(failures)} of {len(records)} records fail the schema checks; "
+        message=f"topic {topic}: {len(failures)} of {len(fields)} records fail the schema checks; "
                 f"first: {failures[0]}{extra}")
 
 
