@@ -68,7 +68,8 @@ async def test_several_producers_100k_ack_all_exactly_once(devcluster: DevCluste
         assert any(d.key == k for k in keys)
 
     notes = read_notifications(devcluster.kafka_bootstrap or "", f"memq.dev.{topic}")
-    assert sorted(n.key for n in notes) == sorted(keys)       # one notification per object
+    assert sorted({n.key for n in notes}) == sorted(keys)     # every object announced, a notification per part
+    assert len({(n.key, n.offset) for n in notes}) == len(notes)
     assert sum(n.logmessage_count for n in notes) == len(sent)
 
 

@@ -140,7 +140,7 @@ async def test_produce_errors_name_the_problem(broker: Broker) -> None:
                                                                  "Kafka record batch CRC32C mismatch")
     assert (await c.produce(2, "nope", 0, good))[1] == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
     assert (await c.produce(3, "t1", 2, good))[1:] == (ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
-                                                       "topic t1 has 2 partitions")
+                                                       "topic t1 has 2 read partitions (0..1), not 2")
     big = record_batch([LogMessage(b"x" * 6_000, timestamp_ms=1)])
     await broker.add_topic(TopicConfig("small", batch_ms=20, max_message_bytes=4096, batch_bytes=8192))
     assert (await c.produce(4, "small", 0, big))[1] == ErrorCode.MESSAGE_TOO_LARGE

@@ -13,7 +13,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 from memq.broker.server import Broker
 from memq.config import MemqConfig, ProducerConfig, TopicConfig
-from memq.format import LogMessage, Notification, decode_batch
+from memq.format import LogMessage, Notification, decode_batch, split_parts
 from memq.storage import ObjectLocation, make_storage
 from collections.abc import Sequence
 from memq.client.consumer import Consumer, ConsumerRecord, notification_topic
@@ -69,7 +69,7 @@ async def read_stored(config: MemqConfig, topic: str) -> tuple[Stored, dict[str,
         else:
             infos = await storage.list_topic(topic, 0, 2**62)
             keys = [i.location.key for i in infos]
-            blobs = [await storage.get(i.location) for i in infos]
+            blobs = [part for i in infos for part in split_parts(await storage.get(i.location))]   # a part per partition
         stored: Stored = {}
         dups: Counter[tuple[int, int, int, int]] = Counter()
         for blob in blobs:
