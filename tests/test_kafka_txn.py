@@ -20,7 +20,8 @@ from pathlib import Path
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka import TopicPartition as ATopicPartition
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka import KafkaError, KafkaException, Producer
+from tests.support.kafka_clients import read_committed
 from kafka import KafkaConsumer, KafkaProducer
 from kafka import TopicPartition as KTopicPartition
 
@@ -66,33 +67,6 @@ def _txn(p: Producer, topic: str, values: list[str], commit: bool) -> None:
         p.produce(topic, v.encode(), partition=i % PARTITIONS)
     p.flush(TIMEOUT_S)
     (p.commit_transaction if commit else p.abort_transaction)(TIMEOUT_S)
-
-
-def read_committed(address: str, topic: str, settle_s: float = 1.5, partitions: int = PARTITIONS) -> list[str]:
-    """Every value of `topic` a confluent-kafka read_committed reader gets, once each partition is
-    at its end for `settle_s`."""
-    c = Consumer({"bootstrap.servers": address, "group.id": f"r-{uuid.uuid4().hex[:6]}",
-                  "isolation.level": "read_committed", "enable.partition.eof": True, "fetch.wait.max.ms": 100})
-    c.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
-    got: list[str] = []
-    ends: set[int] = set()
-    quiet = time.monotonic()
-    deadline = time.monotonic() + TIMEOUT_S
-    try:
-        while time.monotonic() < deadline:
-            m = c.poll(0.2)
-            if m is not None and m.error() and m.error().code() == KafkaError._PARTITION_EOF:
-                ends.add(m.partition())
-            elif m is not None:
-                assert not m.error(), m.error()
-                got.append(m.value().decode())
-                ends.discard(m.partition())
-                quiet = time.monotonic()
-            if len(ends) == partitions and time.monotonic() - quiet > settle_s:
-                return got
-    finally:
-        c.close()
-    raise AssertionError(f"read_committed of {topic} did not reach its end (got {len(got)})")
 
 
 def _kafka_python_read(address: str, topic: str, count: int) -> list[str]:
@@ -177,7 +151,7 @@ def test_read_committed_sees_committed_transactions_of_every_client_never_aborte
                                     "commit": vals["JA"], "abort": vals["JB"]}, kafkajs) == ["ok"]
     want = sorted(vals["A"] + vals["C"] + vals["KA"] + vals["AA"] + vals["JA"])
 
-    assert sorted(read_committed(cluster.address, topic)) == want
+    assert sorted(read_committed(cluster.address, topic, partitions=PARTITIONS)) == want
     assert sorted(_kafka_python_read(cluster.address, topic, len(want))) == want
     assert sorted(asyncio.run(_aiokafka_read(cluster.address, topic, len(want)))) == want
     rows = json.loads(_node("kafkajs_read.js", {"broker": cluster.address, "topic": topic, "mode": "earliest",
@@ -198,7 +172,7 @@ def test_a_second_producer_with_the_same_id_fences_the_first(cluster: Cluster) -
         first.commit_transaction(TIMEOUT_S)
     assert fenced.value.args[0].fatal() or fenced.value.args[0].code() in (
         KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH)
-    assert read_committed(cluster.address, topic) == ["new"]
+    assert read_committed(cluster.address, topic, partitions=PARTITIONS) == ["new"]
 
 
 def test_a_vanished_producers_transaction_aborts_after_its_timeout(cluster: Cluster) -> None:
@@ -211,7 +185,7 @@ def test_a_vanished_producers_transaction_aborts_after_its_timeout(cluster: Clus
     time.sleep(5)   # the producer says nothing more: the coordinator's scan aborts it (epoch bumped)
     with pytest.raises(KafkaException):
         p.commit_transaction(TIMEOUT_S)
-    assert read_committed(cluster.address, topic) == []
+    assert read_committed(cluster.address, topic, partitions=PARTITIONS) == []
 
 
 def test_consume_transform_produce_survives_a_killed_worker_exactly_once(cluster: Cluster) -> None:
@@ -249,5 +223,5 @@ def test_a_broker_killed_between_the_records_and_end_txn_leaves_the_transaction_
     except KafkaException:
         committed = False
     time.sleep(5)   # not committed: the coordinator's scan aborts it after its timeout
-    got = sorted(read_committed(cluster.address, topic))
+    got = sorted(read_committed(cluster.address, topic, partitions=PARTITIONS))
     assert got == (sorted(values) if committed else []), f"committed={committed}: read {got}"

@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import time
 from collections.abc import Callable, Sequence
 
 import pytest
-from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+from confluent_kafka import Producer
 
 from memq.broker.server import Broker
 from memq.config import KafkaConfig
@@ -21,6 +20,7 @@ from memq.errors import NotifyError
 from memq.format import Notification
 from memq.notify import NotificationPublisher
 from tests.support.cluster import read_notifications, topic_config
+from tests.support.kafka_clients import read_committed
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -51,31 +51,6 @@ class FirstPublishTimesOut:
 
     def close(self) -> None:
         self.inner.close()
-
-
-def _read_committed(address: str, topic: str, settle_s: float = 1.5) -> list[str]:
-    c = Consumer({"bootstrap.servers": address, "group.id": f"r-{topic}", "isolation.level": "read_committed",
-                  "enable.partition.eof": True, "fetch.wait.max.ms": 100})
-    c.assign([TopicPartition(topic, p, 0) for p in range(PARTITIONS)])
-    got: list[str] = []
-    ends: set[int] = set()
-    quiet = time.monotonic()
-    deadline = time.monotonic() + TIMEOUT_S
-    try:
-        while time.monotonic() < deadline:
-            m = c.poll(0.2)
-            if m is not None and m.error() and m.error().code() == KafkaError._PARTITION_EOF:
-                ends.add(m.partition())
-            elif m is not None:
-                assert not m.error(), m.error()
-                got.append(m.value().decode())
-                ends.discard(m.partition())
-                quiet = time.monotonic()
-            if len(ends) == PARTITIONS and time.monotonic() - quiet > settle_s:
-                return got
-    finally:
-        c.close()
-    raise AssertionError(f"read_committed of {topic} did not reach its end (got {len(got)})")
 
 
 async def test_a_commit_whose_first_publish_fails_is_published_again_on_the_path_and_read_once(
@@ -109,6 +84,6 @@ async def test_a_commit_whose_first_publish_fails_is_published_again_on_the_path
         assert republished >= 1
         notes = await asyncio.to_thread(read_notifications, config.kafka.bootstrap_servers, f"memq.dev.{topic}")
         assert len(notes) == 2 * republished and len({(n.key, n.offset) for n in notes}) == republished  # each twice
-        assert sorted(await asyncio.to_thread(_read_committed, broker.kafka_address, topic)) == sorted(values)
+        assert sorted(await asyncio.to_thread(read_committed, broker.kafka_address, topic, partitions=PARTITIONS)) == sorted(values)
     finally:
         await broker.stop()

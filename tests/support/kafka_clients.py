@@ -6,9 +6,10 @@ import asyncio
 import contextlib
 import dataclasses
 import threading
+import time
 import uuid
 from collections.abc import Iterator
-from confluent_kafka import KafkaError, Message, Producer
+from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartition
 from memq.broker.server import Broker
 from memq.client.producer import Producer as MemqProducer
 from memq.config import MemqConfig, ProducerConfig, TopicConfig
@@ -87,3 +88,31 @@ def kafka_produce(address: str, topic: str, records: list[LogMessage], **conf: o
 
 def as_rows(records: list[LogMessage]) -> list[Row]:
     return [(r.value, r.key, r.headers, r.timestamp_ms) for r in records]
+
+
+def read_committed(address: str, topic: str, *, partitions: int, settle_s: float = 1.5,
+                   timeout_s: float = 30.0) -> list[str]:
+    """Every value of `topic` a confluent-kafka read_committed reader gets, once each partition is
+    at its end for `settle_s`."""
+    c = Consumer({"bootstrap.servers": address, "group.id": f"r-{uuid.uuid4().hex[:6]}",
+                  "isolation.level": "read_committed", "enable.partition.eof": True, "fetch.wait.max.ms": 100})
+    c.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
+    got: list[str] = []
+    ends: set[int] = set()
+    quiet = time.monotonic()
+    deadline = time.monotonic() + timeout_s
+    try:
+        while time.monotonic() < deadline:
+            m = c.poll(0.2)
+            if m is not None and m.error() and m.error().code() == KafkaError._PARTITION_EOF:
+                ends.add(m.partition())
+            elif m is not None:
+                assert not m.error(), m.error()
+                got.append(m.value().decode())
+                ends.discard(m.partition())
+                quiet = time.monotonic()
+            if len(ends) == partitions and time.monotonic() - quiet > settle_s:
+                return got
+    finally:
+        c.close()
+    raise AssertionError(f"read_committed of {topic} did not reach its end (got {len(got)})")
