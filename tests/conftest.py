@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import uuid
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 
@@ -19,6 +20,21 @@ def devcluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevCluster]
     """Started on first use, stopped at the end of the session; logs under pytest's tmp dir."""
     with DevCluster(tmp_path_factory.mktemp("devcluster")) as cluster:
         yield cluster
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[Any]:
+    """One local SparkSession per test process, shared by every module that reads or writes with
+    Spark: a JVM's start costs 10-20 s on two busy cores, once per worker instead of per file."""
+    pytest.importorskip("pyspark")
+    from spark_source import local_session
+
+    session = local_session("memq-tests", "local[2]", {
+        "spark.sql.shuffle.partitions": "2",
+        "spark.sql.pyspark.worker.logging.enabled": "true",
+    })
+    yield session
+    session.stop()
 
 
 @pytest.fixture
@@ -44,9 +60,7 @@ def unique_name(request: pytest.FixtureRequest) -> Callable[[str], str]:
 #: more than two Spark sessions share the two cores. A file not named keeps its place; name a new
 #: file here when it takes a minute or more.
 LONGEST_FIRST = ("test_spark_source.py",   # *
-                 "test_chaos.py", "test_cli.py",
-                 "test_spark_example.py",  # *
-                 "test_kafka_produce.py", "test_long_stall.py",
+                 "test_cli.py", "test_kafka_produce.py",
                  "test_table_sync.py",     # *
                  "test_dedup_cluster.py", "test_shared_objects.py",
                  "test_dev_tls.py",        # *

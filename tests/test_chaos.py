@@ -1,6 +1,7 @@
 """A short seeded chaos run across namespace hosts: no acked record lost, no dangling pointer;
-the transactional workload (slow) commits all or nothing; a compacted topic (slow) keeps every
-key's latest acked value.
+the transactional workload commits all or nothing; a compacted topic keeps every key's latest
+acked value. Soaks of a minute or more each: `python -m bench soak` runs them (`-m slow`), the
+default suite does not.
 
 Faults today's code survives: a broker SIGKILLed and restarted, a broker cut from ZooKeeper,
 S3 paused. Replay a failure with the printed seed: `python -m bench chaos --seed S --kinds ...`
@@ -14,7 +15,7 @@ import pytest
 from memq.chaos.run import RunSpec, run, table
 from memq.chaos.topology import unavailable
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 SEED = 7
 
@@ -56,7 +57,6 @@ def test_a_kafka_consumer_group_misses_nothing() -> None:
     assert v.duplicates < v.acked, report    # redelivery since the last commit, not a re-read from the start
 
 
-@pytest.mark.slow
 def test_consumer_kill_and_delayed_links_lose_nothing() -> None:
     """The group's consumer SIGKILLed and restarted gets again only what it had not committed;
     delayed links to Kafka, to S3 and from one broker slow writes but lose none."""
@@ -77,7 +77,6 @@ def test_consumer_kill_and_delayed_links_lose_nothing() -> None:
     assert v.duplicates < v.acked, report                    # ... not everything: it resumed from commits
 
 
-@pytest.mark.slow
 def test_transactions_under_broker_kills_commit_all_or_nothing() -> None:
     """The transactional workload (memq's Producer, a fifth of its transactions aborted) with
     brokers SIGKILLed under it: no committed record lost, none of an aborted transaction visible
@@ -99,7 +98,6 @@ def test_transactions_under_broker_kills_commit_all_or_nothing() -> None:
     assert result.passed, report
 
 
-@pytest.mark.slow
 def test_a_compacted_topic_keeps_every_keys_latest_acked_value_under_kills_and_zookeeper_cuts() -> None:
     """The brokers compact the topic while brokers are SIGKILLed and cut from ZooKeeper (the
     manifest pointer's compare-and-set under a partition): read from earliest afterwards, every

@@ -1,11 +1,14 @@
 """`memq dev --tls`, run as a user runs it: the client config it writes (CA + token) carries the
-CLI's produce and consume and a Spark read over TLS with token authentication, while a client
-without the token or without the CA is refused with a clear error."""
+CLI's produce and consume and Spark reads over TLS with token authentication, while a client
+without the token or without the CA is refused with a clear error. The Spark reads are the Spark
+guide's first snippet and `examples/spark_read.py`, run as written from the directory where `memq
+dev` runs, with no credentials anywhere but the client config file it writes."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -24,6 +27,11 @@ MEMQ = str(Path(sys.executable).with_name("memq"))
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
 
+def _guide_spark_snippet() -> str:
+    spark = (ROOT / "docs" / "guides" / "spark.md").read_text()
+    return spark.split("```python\n", 1)[1].split("```", 1)[0]
+
+
 def _endpoints(dev: subprocess.Popen[bytes]) -> dict[str, str]:
     """The `name: value` lines `memq dev` prints, up to the client config's."""
     assert dev.stdout is not None
@@ -38,7 +46,7 @@ def _endpoints(dev: subprocess.Popen[bytes]) -> dict[str, str]:
     return found
 
 
-def test_memq_dev_tls_round_trips_produce_consume_spark(tmp_path: Path) -> None:
+def test_memq_dev_tls_round_trips_produce_consume_and_the_spark_guide(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "MEMQ_"))}
     env |= {"AWS_CONFIG_FILE": str(tmp_path / "none"), "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "none")}
     dev = subprocess.Popen([MEMQ, "dev", "--tls", "--brokers", "1", "--duration", "240", "--rate", "50"],
@@ -77,10 +85,18 @@ def test_memq_dev_tls_round_trips_produce_consume_spark(tmp_path: Path) -> None:
         with urllib.request.urlopen(found["audit"] + "api/cost", timeout=30) as resp:   # scrapes the https brokers
             cost = json.loads(resp.read())
         assert "error" not in cost and "secure" in json.dumps(cost), cost
-        example = subprocess.run([sys.executable, str(ROOT / "examples" / "spark_read.py"), config, "demo"],
-                                 cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180)
-        assert example.returncode == 0, example.stderr[-3000:]
-        assert "demo message" in example.stdout
+        # one Python process runs the guide's snippet, then the example as `python
+        # examples/spark_read.py CONFIG demo` would (its `local_session` gets the snippet's session)
+        assert Path(config) == tmp_path / ".memq-run" / "dev" / "memq.toml"   # the path the guide names
+        example = ROOT / "examples" / "spark_read.py"
+        script = (_guide_spark_snippet() + "\nprint('ROWS', df.count(), flush=True)\n"
+                  f"import runpy, sys\nsys.argv = [{str(example)!r}, {config!r}, 'demo']\n"
+                  f"runpy.run_path({str(example)!r}, run_name='__main__')\n")
+        run = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True,
+                             text=True, timeout=240)
+        assert run.returncode == 0, run.stderr[-3000:]
+        assert int(re.search(r"ROWS (\d+)", run.stdout).group(1)) > 0  # type: ignore[union-attr]
+        assert "demo message" in run.stdout, run.stdout[-3000:]
     finally:
         if dev.poll() is None:
             dev.send_signal(signal.SIGTERM)

@@ -14,6 +14,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -87,7 +88,7 @@ def only_a_broker(url: str, s3: S3Config) -> MemqConfig:
                       consumer=ConsumerConfig(group_id=f"g-{uuid.uuid4().hex[:6]}"))
 
 
-def test_consumer_and_spark_find_a_governed_topic_through_one_broker(governed) -> None:
+def test_consumer_and_spark_find_a_governed_topic_through_one_broker(governed, spark: Any) -> None:
     config, url, topic, kafka_topic = governed
     values = [b"v-%04d" % i for i in range(N)]
 
@@ -106,19 +107,14 @@ def test_consumer_and_spark_find_a_governed_topic_through_one_broker(governed) -
             got.extend(bytes(r.value) for r in c.poll(1.0))
     assert sorted(got) == values
 
-    from spark_source.session import local_session
-    spark = local_session("memq-discovery", "local[2]", {"spark.sql.shuffle.partitions": "2"})
-    try:
-        def read(mode: str) -> list[bytes]:
-            return [bytes(r.value) for r in (
-                spark.read.format("memq").option("memq.broker", url).option("topic", topic).option("mode", mode)
-                .option("s3.accessKeyId", config.s3.access_key_id or "")
-                .option("s3.secretAccessKey", config.s3.secret_access_key or "").load().select("value").collect())]
+    def read(mode: str) -> list[bytes]:
+        return [bytes(r.value) for r in (
+            spark.read.format("memq").option("memq.broker", url).option("topic", topic).option("mode", mode)
+            .option("s3.accessKeyId", config.s3.access_key_id or "")
+            .option("s3.secretAccessKey", config.s3.secret_access_key or "").load().select("value").collect())]
 
-        assert sorted(read("notifications")) == values
-        # the topic shares the default storage group (the broker's metadata says so): its objects
-        # hold other topics' parts too, which a listing cannot tell apart
-        with pytest.raises(Exception, match="mode=s3list: topic .* is stored in storage group 'shared'"):
-            read("s3list")
-    finally:
-        spark.stop()
+    assert sorted(read("notifications")) == values
+    # the topic shares the default storage group (the broker's metadata says so): its objects
+    # hold other topics' parts too, which a listing cannot tell apart
+    with pytest.raises(Exception, match="mode=s3list: topic .* is stored in storage group 'shared'"):
+        read("s3list")

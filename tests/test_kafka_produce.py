@@ -12,6 +12,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from tests.support.kafka_clients import Row, Running, as_rows, broker_thread, kafka_produce, rows
@@ -81,25 +82,18 @@ def test_kcat_writes_values_keys_and_headers(running: Running) -> None:
     assert all(before <= ts <= int(time.time() * 1000) for *_, ts in got)
 
 
-def test_spark_reads_what_a_kafka_producer_wrote(running: Running) -> None:
-    pytest.importorskip("pyspark")
+def test_spark_reads_what_a_kafka_producer_wrote(running: Running, spark: Any) -> None:
     from pyspark.sql import functions as F
-
-    from spark_source import local_session
 
     topic = running.add_topic(partitions=2)
     sent = rows(1_000, "spark")
     kafka_produce(running.broker.kafka_address, topic, sent, acks="all", **{"compression.type": "lz4"})
     consume(running.config, topic, len(sent))   # stored and announced
     c = running.config
-    spark = local_session("memq-kafka-tests", "local[1]", {"spark.sql.shuffle.partitions": "1"})
-    try:
-        df = (spark.read.format("memq").option("memq.broker", running.broker.url).option("topic", topic)
-              .option("s3.accessKeyId", c.s3.access_key_id or "").option("s3.secretAccessKey", c.s3.secret_access_key or "")
-              .load())
-        got = df.select("value", "key", "headers", F.expr("unix_millis(timestamp)").alias("ts")).collect()
-    finally:
-        spark.stop()
+    df = (spark.read.format("memq").option("memq.broker", running.broker.url).option("topic", topic)
+          .option("s3.accessKeyId", c.s3.access_key_id or "").option("s3.secretAccessKey", c.s3.secret_access_key or "")
+          .load())
+    got = df.select("value", "key", "headers", F.expr("unix_millis(timestamp)").alias("ts")).collect()
     assert sorted((bytes(r.value), None if r.key is None else bytes(r.key),
                    tuple((h.key, bytes(h.value)) for h in r.headers), r.ts) for r in got) == sorted(as_rows(sent))
 

@@ -15,6 +15,7 @@ import signal
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -41,8 +42,9 @@ def own_kafka(tmp_path: Path) -> Iterator[DevCluster]:
         yield dc
 
 
+@pytest.mark.slow   # a soak: 60-75 s of a frozen Kafka; `python -m bench soak` runs it
 async def test_a_kafka_frozen_past_the_notify_timeout_delivers_no_duplicates(
-        devcluster: DevCluster, own_kafka: DevCluster, unique_name: Callable[[str], str]) -> None:
+        devcluster: DevCluster, own_kafka: DevCluster, unique_name: Callable[[str], str], spark: Any) -> None:
     topic = unique_name("freeze")
     base = devcluster.config(topics=[topic_config(topic, batch_ms=50)])
     config = dataclasses.replace(base, kafka=KafkaConfig(bootstrap_servers=own_kafka.kafka_bootstrap or "",
@@ -56,20 +58,14 @@ async def test_a_kafka_frozen_past_the_notify_timeout_delivers_no_duplicates(
         config.kafka, request_timeout_ms=10_000)), topic, acked)
     stored, dups, _ = await read_stored(config, topic)
     assert (len(stored) + sum(dups.values())) / len(acked) <= 1.05   # the resends were not stored again
-    spark_values = await asyncio.to_thread(read_with_spark, config, topic)
+    spark_values = await asyncio.to_thread(read_with_spark, spark, config, topic)
     assert acked <= set(spark_values) and len(spark_values) == len(set(spark_values))   # Spark's defaults: once
 
 
-def read_with_spark(config: MemqConfig, topic: str) -> list[bytes]:
+def read_with_spark(spark: Any, config: MemqConfig, topic: str) -> list[bytes]:
     """Every value of `topic` as the Spark source reads it with its defaults (de-duplicated)."""
-    pytest.importorskip("pyspark")
-    from spark_source import local_session
-    session = local_session("memq-long-stall", "local[2]", {"spark.sql.shuffle.partitions": "2"})
-    try:
-        df = session.read.format("memq").options(**connection(config)).option("topic", topic).load()
-        return [bytes(r.value) for r in df.select("value").collect()]
-    finally:
-        session.stop()
+    df = spark.read.format("memq").options(**connection(config)).option("topic", topic).load()
+    return [bytes(r.value) for r in df.select("value").collect()]
 
 
 async def test_an_s3_slower_than_the_request_timeout_stores_each_message_about_once(

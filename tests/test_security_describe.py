@@ -146,23 +146,17 @@ async def test_cli_and_spark_options_fail_at_once_naming_the_refusal(
 
 @pytest.mark.spark
 async def test_a_spark_read_of_a_refused_topic_fails_with_the_refusal(
-        devcluster: DevCluster, names: Names, tmp_path: Path) -> None:
-    pytest.importorskip("pyspark")
-    from spark_source.session import local_session
-
+        devcluster: DevCluster, names: Names, tmp_path: Path, spark: Any) -> None:
     _, sec_b, _, _ = names
     config = secured(devcluster, names)
     async with running_broker(config) as broker:
         path = tmp_path / "alice.toml"
         path.write_text(config_toml(as_alice(config, broker.url)))
-        spark = await asyncio.to_thread(local_session, "memq-describe", "local[1]")
-        try:
-            def read() -> Any:
-                return spark.read.format("memq").options(**_spark_options(sec_b, broker.url, path)).load().count()
-            with pytest.raises(Exception, match=f"AuthorizationError: {refused(sec_b)}"):
-                await asyncio.to_thread(read)
-        finally:
-            await asyncio.to_thread(spark.stop)
+
+        def read() -> Any:
+            return spark.read.format("memq").options(**_spark_options(sec_b, broker.url, path)).load().count()
+        with pytest.raises(Exception, match=f"AuthorizationError: {refused(sec_b)}"):
+            await asyncio.to_thread(read)
 
 
 def _spark_options(topic: str, url: str, config_path: Path) -> dict[str, str]:

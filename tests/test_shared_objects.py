@@ -132,16 +132,6 @@ def test_topics_with_their_own_group_never_share(written: Written) -> None:
         assert key not in shared and (parsed.group, parsed.topic) == ((group, "") if group else ("", t))
 
 
-@pytest.fixture(scope="module")
-def spark() -> Iterator[Any]:
-    pytest.importorskip("pyspark")
-    from spark_source import local_session
-
-    session = local_session("memq-shared-tests", "local[2]", {"spark.sql.shuffle.partitions": "2"})
-    yield session
-    session.stop()
-
-
 def spark_values(spark: Any, config: MemqConfig, topic: str, **options: str) -> list[bytes]:
     df = spark.read.format("memq").options(**connection(config)).option("topic", topic).options(**options).load()
     return sorted(bytes(r.value) for r in df.select("value").collect())

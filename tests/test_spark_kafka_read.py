@@ -24,7 +24,6 @@ pytest.importorskip("pyspark")
 from pyspark.sql import SparkSession  # noqa: E402
 from pyspark.sql import types as T  # noqa: E402
 
-from spark_source import local_session  # noqa: E402
 
 pytestmark = [pytest.mark.spark, pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -36,13 +35,6 @@ SCHEMA = T.StructType([
                                                        T.StructField("value", T.BinaryType(), True)])), True),
     T.StructField("timestamp", T.TimestampType(), False),
 ])
-
-
-@pytest.fixture(scope="module")
-def spark() -> Iterator[SparkSession]:
-    session = local_session("memq-kafka-read-tests", "local[2]", {"spark.sql.shuffle.partitions": "2"})
-    yield session
-    session.stop()
 
 
 @pytest.fixture(scope="module")

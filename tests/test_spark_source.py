@@ -16,7 +16,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator, Literal, Sequence
+from typing import Callable, Literal, Sequence
 
 import pytest
 
@@ -35,7 +35,7 @@ pyspark = pytest.importorskip("pyspark")
 from pyspark.sql import DataFrame, SparkSession  # noqa: E402
 from pyspark.sql import functions as F  # noqa: E402
 
-from spark_source import MESSAGE_ID_COLUMNS, local_session  # noqa: E402
+from spark_source import MESSAGE_ID_COLUMNS  # noqa: E402
 from tests.support.kafka_frames import record_batch  # noqa: E402
 from tests.support.spark import connection  # noqa: E402
 
@@ -71,16 +71,6 @@ def write(config: MemqConfig, topic: str, ranges: list[range], partitions: int =
 
 def chunks_of(start: int, stop: int, size: int) -> list[range]:
     return [range(i, min(i + size, stop)) for i in range(start, stop, size)]
-
-
-@pytest.fixture(scope="module")
-def spark() -> Iterator[SparkSession]:
-    session = local_session("memq-tests", "local[2]", {
-        "spark.sql.shuffle.partitions": "2",
-        "spark.sql.pyspark.worker.logging.enabled": "true",
-    })
-    yield session
-    session.stop()
 
 
 @pytest.fixture(scope="module")

@@ -27,18 +27,10 @@ pytest.importorskip("pyspark")
 from pyspark.sql import SparkSession  # noqa: E402
 from pyspark.sql import functions as F  # noqa: E402
 
-from spark_source import local_session  # noqa: E402
 
 pytestmark = [pytest.mark.spark, pytest.mark.integration, pytest.mark.timeout(300)]
 
 TOPICS = ("sink-a", "sink-b", "sink-s")
-
-
-@pytest.fixture(scope="module")
-def spark() -> Iterator[SparkSession]:
-    session = local_session("memq-write-tests", "local[2]", {"spark.sql.shuffle.partitions": "2"})
-    yield session
-    session.stop()
 
 
 @pytest.fixture(scope="module")

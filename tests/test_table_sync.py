@@ -10,7 +10,6 @@ import os
 import subprocess
 import sys
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -26,7 +25,6 @@ pytest.importorskip("pyiceberg")
 from pyspark.sql import SparkSession  # noqa: E402
 from pyspark.errors import StreamingQueryException  # noqa: E402
 
-from spark_source import local_session  # noqa: E402
 from spark_source.iceberg import TableSync, committed_batches, default_catalog, open_catalog, sync_topic  # noqa: E402
 
 pytestmark = [pytest.mark.spark, pytest.mark.integration, pytest.mark.timeout(300)]
@@ -44,13 +42,6 @@ def record(i: int) -> LogMessage:
 def write(config: MemqConfig, topic: str, start: int, stop: int, per_batch: int = 50) -> None:
     batches = [[record(i) for i in range(j, min(j + per_batch, stop))] for j in range(start, stop, per_batch)]
     asyncio.run(store_batches(config, topic, batches, partitions=2))
-
-
-@pytest.fixture(scope="module")
-def spark() -> Iterator[SparkSession]:
-    session = local_session("memq-table-tests", "local[2]", {"spark.sql.shuffle.partitions": "2"})
-    yield session
-    session.stop()
 
 
 @pytest.fixture(scope="module")
