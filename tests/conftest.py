@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import uuid
 from collections.abc import Callable, Iterator
@@ -13,6 +14,11 @@ from memq.config import MemqConfig
 from memq.devcluster import DevCluster
 from tests.support import numba_cache
 from tests.support.kafkajs import kafkajs  # noqa: F401  (kafkajs installed with npm, for any test module)
+
+#: Every Spark driver the tests start (the `spark` fixture's and those of the CLIs and examples they
+#: run) compiles with C1 only: a test's Spark work is short, and C2's compiling doubled a JVM's CPU
+#: (about 25 s against 12 s for a session's start and first queries) on cores the suite shares.
+os.environ.setdefault("SPARK_SUBMIT_OPTS", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
 
 
 @pytest.fixture(scope="session")
