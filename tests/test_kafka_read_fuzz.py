@@ -73,6 +73,19 @@ async def answer_or_close(address: str, frame: bytes) -> str:
         writer.close()
 
 
+async def answer_of(address: str, frame: bytes) -> bytes:
+    """The response body (after the correlation id) the listener answers `frame` with."""
+    host, port = address.rsplit(":", 1)
+    reader, writer = await asyncio.open_connection(host, int(port))
+    try:
+        writer.write(frame)
+        async with asyncio.timeout(ANSWER_S):
+            (size,) = struct.unpack(">i", await reader.readexactly(4))
+            return (await reader.readexactly(size))[4:]
+    finally:
+        writer.close()
+
+
 async def fetch_records(address: str, topic: str, correlation_id: int) -> int:
     """Bytes of records a Fetch v11 of partition 0 from offset 0 returns; fails on any error."""
     host, port = address.rsplit(":", 1)
@@ -180,3 +193,19 @@ async def test_fuzzed_admin_frames_get_an_answer_or_a_close_while_another_client
     assert valid, "no admin family is served"
     outcomes = await fuzz_beside_a_reader(address, topic, valid, 38)
     assert len(outcomes) == FRAMES and "answered" in outcomes
+
+
+async def test_a_null_transactional_id_is_answered_invalid_request(running: Running) -> None:
+    """As Kafka answers it (not a closed connection): AddPartitionsToTxn and EndTxn v0 whose
+    transactional id is null."""
+    topic = running.add_topic(partitions=1)
+    address = running.broker.kafka_address
+    null_id, ids = struct.pack(">h", -1), struct.pack(">qh", 1, 0)
+    name = struct.pack(">h", len(topic)) + topic.encode()
+    add = await answer_of(address, request(24, 0, 3, null_id + ids + struct.pack(">i", 1) + name
+                                           + struct.pack(">ii", 1, 0)))
+    # throttle, [topic, [partition, error]]
+    assert add[:4] == b"\0\0\0\0" and add[4:8] == struct.pack(">i", 1) and add[8:8 + len(name)] == name
+    assert struct.unpack(">iih", add[8 + len(name):]) == (1, 0, 42)
+    end = await answer_of(address, request(26, 0, 4, null_id + ids + b"\1"))
+    assert struct.unpack(">ih", end) == (0, 42)

@@ -84,10 +84,10 @@ async def _call(conn: Conn, h: RequestHeader, what: str, txn_id: str,
                 work: Awaitable[TxnRefusal | None]) -> ErrorCode:
     """Run the coordinator call `work` (a coroutine) here if this broker coordinates `txn_id`:
     NONE, or Kafka's code for why not."""
-    other = _elsewhere(conn, txn_id)
+    other = ErrorCode.INVALID_REQUEST if not txn_id else _elsewhere(conn, txn_id)   # Kafka's answer to none
     if other is not None:
         getattr(work, "close", lambda: None)()   # not awaited: the coroutine is dropped unstarted
-        return refused(conn, what, txn_id, other, "coordinated by another broker")
+        return refused(conn, what, txn_id, other, "coordinated by another broker" if txn_id else "no transactional id")
     why = await work
     return ErrorCode.NONE if why is None else refusal(conn, h, what, txn_id, why)
 
@@ -158,7 +158,9 @@ async def _txn_offset_commit(conn: Conn, h: RequestHeader, req: Any) -> bytes:
                            getattr(req, "group_instance_id", None),
                            {(t.name, p.partition_index): (p.committed_offset, p.committed_metadata or "")
                             for t in req.topics for p in t.partitions})
-    if not conn.core.guard.allowed_group(conn.principal, Operation.CONSUME, req.group_id):
+    if not req.transactional_id:
+        code = refused(conn, "TxnOffsetCommit", req.transactional_id, ErrorCode.INVALID_REQUEST, "no transactional id")
+    elif not conn.core.guard.allowed_group(conn.principal, Operation.CONSUME, req.group_id):
         code = refused(conn, "TxnOffsetCommit", req.transactional_id, ErrorCode.GROUP_AUTHORIZATION_FAILED,
                        f"principal {conn.principal} may not consume as group {req.group_id!r}")
     else:
