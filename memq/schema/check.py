@@ -28,6 +28,7 @@ from typing import Any
 
 import fastavro
 import jsonschema_rs
+import numpy as np
 from google.protobuf import message_factory
 
 from memq.config import TopicConfig
@@ -135,28 +136,45 @@ Many = Callable[[Sequence[Any], Sequence[int], int], list[tuple[int, str]]]
 
 
 def _avro_decoder(parsed: AvroSchema) -> Many:
+    """The compiled walk (`avro_walk`) passes a group's payloads in one call; fastavro decodes
+    only those it fails (its verdict and message stand), or all of them when the schema has no
+    walk or the group is too small to pay for gathering its bytes."""
+    from memq.schema import avro_walk   # numba: imported by the brokers that check Avro
+
     named: dict[str, Any] = {}
     for dep in parsed.deps:
         fastavro.parse_schema(dep, named_schemas=named)
     schema = fastavro.parse_schema(parsed.raw, named_schemas=named)
+    try:
+        code: np.ndarray | None = avro_walk.program(schema, named)
+    except avro_walk.Unwalkable:
+        code = None
     read = fastavro.schemaless_reader
     new = io.BytesIO
 
+    def why(value: Any, skip: int) -> str | None:
+        buf = new(value)   # shares the bytes: no copy
+        buf.seek(skip)
+        try:
+            read(buf, schema, None)
+        except Exception as e:   # fastavro raises what the bytes make it raise (EOFError, ValueError, ...)
+            return f"does not decode as Avro: {type(e).__name__} {e}"
+        return None if buf.tell() == len(value) else f"{len(value) - buf.tell()} bytes after the Avro record"
+
     def decode(data: Sequence[Any], at: Sequence[int], skip: int) -> list[tuple[int, str]]:
-        bad: list[tuple[int, str]] = []
-        for i in at:
-            value = data[i]
-            buf = new(value)   # shares the bytes: no copy
-            buf.seek(skip)
-            try:
-                read(buf, schema, None)
-            except Exception as e:   # fastavro raises what the bytes make it raise (EOFError, ValueError, ...)
-                bad.append((i, f"does not decode as Avro: {type(e).__name__} {e}"))
-                continue
-            if buf.tell() != len(value):
-                bad.append((i, f"{len(value) - buf.tell()} bytes after the Avro record"))
-        return bad
+        suspects: Sequence[int] = at
+        if code is not None and len(at) >= _WALK_FROM:
+            values = [data[i] for i in at]
+            bounds = np.zeros(len(values) + 1, dtype=np.int64)
+            np.cumsum(np.fromiter(map(len, values), dtype=np.int64, count=len(values)), out=bounds[1:])
+            ok = avro_walk.walk(np.frombuffer(b"".join(values), dtype=np.uint8), bounds, skip, code)
+            suspects = [at[k] for k in np.flatnonzero(~ok).tolist()]
+        return [(i, w) for i in suspects if (w := why(data[i], skip)) is not None]
     return decode
+
+
+#: Groups smaller than this are decoded by fastavro alone (the walk's fixed cost is a few us).
+_WALK_FROM = 8
 
 
 def _json_decoder(parsed: JsonSchema) -> Many:

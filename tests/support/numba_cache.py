@@ -3,10 +3,14 @@
 numba compiles a kernel on its first call in a process and caches it beside the module for
 the next; in a fresh checkout every Spark worker and test process starting before the cache
 exists compiled them again (3-8 s each, seen as ~+1 min of the suite). Decoding one small
-object of every span-backed codec here compiles each kernel once and writes the cache.
+object of every span-backed codec here, and walking one Avro payload (the brokers' check),
+compiles each kernel once and writes the cache.
 """
 
 from __future__ import annotations
+
+import fastavro
+import numpy as np
 
 from memq.format import Codec, LogMessage, decode_message_header, encode_batch, encode_message
 from memq.format.arrow_body import COLUMNS
@@ -26,3 +30,10 @@ def warm() -> None:
     for parts in ([c for _, c in decoded[:2]], [c for _, c in decoded[2:]]):
         for name in COLUMNS:
             concat_column(parts, name)
+
+    from memq.schema import avro_walk
+    named: dict[str, object] = {}
+    parsed = fastavro.parse_schema({"type": "record", "name": "W", "fields": [{"name": "s", "type": "string"}]},
+                                   named_schemas=named)
+    avro_walk.walk(np.frombuffer(b"\x02x", dtype=np.uint8), np.array([0, 2], dtype=np.int64), 0,
+                   avro_walk.program(parsed, named))
