@@ -116,6 +116,25 @@ def test_confluent_serializers_through_memq_with_either_broker_as_registry(clust
     assert reader_registry.get_subjects() == writer_registry.get_subjects()
 
 
+def test_a_serializer_writing_header_guids_is_read_by_the_default_deserializer(cluster: Cluster) -> None:
+    """confluent-kafka's header serializer puts the schema's GUID (from the registration's
+    answer) in a header; the default deserializer asks the other broker for it by GUID."""
+    from confluent_kafka.schema_registry import header_schema_id_serializer
+
+    topic = f"guids-{uuid.uuid4().hex[:6]}"
+    ser = AvroSerializer(SchemaRegistryClient({"url": cluster.url["b1"]}), AVRO,
+                         conf={"schema.id.serializer": header_schema_id_serializer})
+    de = AvroDeserializer(SchemaRegistryClient({"url": cluster.url["b2"]}))
+    value = {"id": 7, "item": "tea", "qty": 2}
+    ctx = SerializationContext(topic, MessageField.VALUE, headers=[])
+    payload = ser(value, ctx)
+    assert payload[:1] != b"\0" and ctx.headers and ctx.headers[0][0] == "__value_schema_id"   # no id framed
+    assert de(payload, SerializationContext(topic, MessageField.VALUE, headers=ctx.headers)) == value
+    guid = str(uuid.UUID(bytes=bytes(ctx.headers[0][1])[1:]))
+    status, _, body = call(cluster.url["b2"] + f"/schemas/guids/{guid}")
+    assert status == 200 and body["guid"] == guid and json.loads(body["schema"])["name"] == "Order"
+
+
 def test_rest_contract_error_codes_and_content_type(cluster: Cluster) -> None:
     b1, b2 = cluster.url["b1"], cluster.url["b2"]
     status, ctype, body = call(f"{b1}/schemas/types")

@@ -15,6 +15,7 @@ import pytest
 from memq.devcluster import DevCluster
 from memq.errors import SchemaError
 from memq.governor.registry import Registry
+from memq.schema.model import guid_of, id_of_guid
 from memq.schema.service import SchemaRegistry
 from memq.schema.store import MemorySchemaStore, SchemaStore, ZooKeeperSchemaStore
 
@@ -76,6 +77,17 @@ def test_register_lookup_and_versions(store: SchemaStore) -> None:
     assert reg.check(s, 1, rec("a", "b?"), verbose=True) == {"is_compatible": True, "messages": []}
     assert code(reg.register, s, {"schema": "{not json"}) == 42201
     assert code(reg.register, s, {"schema": "{}", "schemaType": "XML"}) == 422
+
+
+def test_a_guid_names_its_id_in_its_cluster_only(store: SchemaStore) -> None:
+    reg, other = SchemaRegistry(store, cluster="east"), SchemaRegistry(store, cluster="west")
+    answer = reg.register(f"g-{uuid.uuid4().hex[:6]}", rec("a"))
+    guid = answer["guid"]
+    assert uuid.UUID(guid).version == 8 and guid == guid_of("east", answer["id"])
+    assert reg.schema_by_guid(guid) == {"id": answer["id"], "guid": guid, **reg.schema_by_id(answer["id"])}
+    assert code(other.schema_by_guid, guid) == 40403            # another cluster's GUID
+    assert code(reg.schema_by_guid, str(uuid.uuid4())) == 40403 and code(reg.schema_by_guid, "not-a-guid") == 40403
+    assert {id_of_guid("east", guid_of("east", i)) for i in (1, 2**40, 2**62 - 1)} == {1, 2**40, 2**62 - 1}
 
 
 def test_deletes_soft_then_permanent(store: SchemaStore) -> None:

@@ -263,7 +263,7 @@ class Broker:
         if self.config.zookeeper.enabled:
             assert self._share_registry is not None, "the transactions' store opened the session"
             store = await asyncio.to_thread(ZooKeeperSchemaStore, self._share_registry)
-        registry = SchemaRegistry(store)
+        registry = SchemaRegistry(store, cluster=self.config.cluster.name)
         self.admission.payloads = Checker(registry)
         return registry
 

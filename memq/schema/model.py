@@ -25,6 +25,26 @@ DEFAULT_COMPATIBILITY = "BACKWARD"
 DEFAULT_MODE = "READWRITE"
 MAX_SCHEMA_CHARS = 512 * 1024   # a znode holds at most ~1 MiB (DECISIONS.md: texts in ZooKeeper)
 
+def guid_of(cluster: str, schema_id: int) -> str:
+    """The GUID of id `schema_id` in `cluster`'s registry (what newer serializers write in a
+    header and ask `/schemas/guids/{guid}` for): a UUIDv8 of 8 bytes of the cluster name's hash
+    and the id, so it is unique across clusters and maps back to its id with no stored index."""
+    head = bytearray(hashlib.sha256(cluster.encode()).digest()[:8])
+    head[6] = 0x80 | (head[6] & 0x0F)                      # version 8
+    tail = (0x8000_0000_0000_0000 | schema_id).to_bytes(8, "big")   # variant 10; ids < 2^62
+    return str(uuid.UUID(bytes=bytes(head) + tail))
+
+
+def id_of_guid(cluster: str, guid: str) -> int | None:
+    """The id `guid` names in `cluster`'s registry; None when it is not one of its GUIDs."""
+    try:
+        raw = uuid.UUID(guid).bytes
+    except ValueError:
+        return None
+    schema_id = int.from_bytes(raw[8:], "big") & ((1 << 62) - 1)
+    return schema_id if guid_of(cluster, schema_id) == str(uuid.UUID(bytes=raw)) else None
+
+
 # Confluent's error codes (the HTTP status is the first three digits)
 SUBJECT_NOT_FOUND = 40401
 VERSION_NOT_FOUND = 40402
@@ -75,11 +95,6 @@ class Schema:
         blob = json.dumps([self.schema_type, self.text, [r.to_json() for r in self.references],
                            self.metadata, self.rule_set], sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(blob.encode()).hexdigest()
-
-    @property
-    def guid(self) -> str:
-        """A stable GUID derived from the fingerprint (newer clients ask `/schemas/guids/{guid}`)."""
-        return str(uuid.uuid5(uuid.NAMESPACE_OID, self.fingerprint))
 
     def to_json(self) -> dict[str, Any]:
         """As Confluent answers it: schemaType left out for AVRO, empty parts left out."""

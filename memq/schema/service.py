@@ -20,7 +20,7 @@ from .model import (DEFAULT_COMPATIBILITY, DEFAULT_MODE, INCOMPATIBLE, INVALID_M
                     OPERATION_NOT_PERMITTED, REFERENCE_EXISTS, REGISTRY_MODES, SCHEMA_NOT_FOUND,
                     SUBJECT_COMPATIBILITY_NOT_CONFIGURED, SUBJECT_MODE_NOT_CONFIGURED, SUBJECT_NOT_FOUND,
                     SUBJECT_NOT_SOFT_DELETED, SUBJECT_SOFT_DELETED, TYPES, UNPROCESSABLE, VERSION_NOT_FOUND,
-                    VERSION_NOT_SOFT_DELETED, VERSION_SOFT_DELETED, Schema, SubjectRecord, SubjectVersion,
+                    VERSION_NOT_SOFT_DELETED, VERSION_SOFT_DELETED, Schema, SubjectRecord, SubjectVersion, guid_of, id_of_guid,
                     schema_from_json)
 from .store import SchemaStore
 
@@ -34,8 +34,9 @@ RETRIES = 20   # conflicting writes by other brokers before giving up (each one 
 
 
 class SchemaRegistry:
-    def __init__(self, store: SchemaStore, *, cache_size: int = 10_000) -> None:
+    def __init__(self, store: SchemaStore, *, cluster: str = "", cache_size: int = 10_000) -> None:
         self.store = store
+        self.cluster = cluster   # names its GUIDs (`model.guid_of`)
         self._cache_size = cache_size
         self._schemas: OrderedDict[int, Schema] = OrderedDict()
         self._parsed: OrderedDict[int, Any] = OrderedDict()
@@ -86,6 +87,13 @@ class SchemaRegistry:
 
     def schema_by_id(self, schema_id: int, fmt: str | None = None) -> dict[str, Any]:
         return self._formatted(schema_id, fmt).to_json()
+
+    def schema_by_guid(self, guid: str, fmt: str | None = None) -> dict[str, Any]:
+        """GET /schemas/guids/{guid}: as by id, with its id and GUID; 40403 for a GUID of no schema here."""
+        schema_id = id_of_guid(self.cluster, guid)
+        if schema_id is None:
+            raise SchemaError(SCHEMA_NOT_FOUND, f"Schema {guid} not found")
+        return {"id": schema_id, "guid": guid, **self.schema_by_id(schema_id, fmt)}
 
     def _formatted(self, schema_id: int, fmt: str | None) -> Schema:
         """The schema as `format=` asks: `serialized` gives a Protobuf schema as a base64
@@ -179,7 +187,7 @@ class SchemaRegistry:
         return asked or bool((self._setting("config", subject) or {}).get("normalize"))
 
     def register(self, subject: str, body: Any, normalize: bool = False) -> dict[str, Any]:
-        """POST /subjects/{subject}/versions: {"id": n}; 409 with the reasons, 42201, 42205."""
+        """POST /subjects/{subject}/versions: {"id": n, "guid": g}; 409 with the reasons, 42201, 42205."""
         schema = schema_from_json(body)
         wanted_id, wanted_version = _optional_int(body, "id"), _optional_int(body, "version")
         mode = self.mode_of(subject)
@@ -189,7 +197,8 @@ class SchemaRegistry:
             raise SchemaError(OPERATION_NOT_PERMITTED, f"Subject {subject} is not in import mode: an id "
                                                        "may be given only in IMPORT mode")
         schema, parsed = self._text(schema, self._normalize(subject, normalize))
-        return {"id": self._retry(lambda: self._register(subject, schema, parsed, mode, wanted_id, wanted_version))}
+        schema_id = self._retry(lambda: self._register(subject, schema, parsed, mode, wanted_id, wanted_version))
+        return {"id": schema_id, "guid": guid_of(self.cluster, schema_id)}
 
     def _register(self, subject: str, schema: Schema, parsed: Any, mode: str, wanted_id: int | None,
                   wanted_version: int | None) -> int:

@@ -82,6 +82,8 @@ ROUTES: list[tuple[str, str, Call, bool, str]] = [
     ("GET", "/schemas", lambda r, q, b: r.schemas(q.query.get("subjectPrefix", ""), _flag(q, "deleted"),
                                                   _flag(q, "latestOnly")), False, READ),
     ("GET", f"/schemas/ids/{ID}", lambda r, q, b: r.schema_by_id(_id(q), q.query.get("format")), False, READ),
+    ("GET", "/schemas/guids/{guid}", lambda r, q, b: r.schema_by_guid(q.match_info["guid"], q.query.get("format")),
+     False, READ),
     ("GET", f"/schemas/ids/{ID}/schema", lambda r, q, b: _raw(r, _id(q)), False, READ),
     ("GET", f"/schemas/ids/{ID}/subjects",
      lambda r, q, b: r.subjects_of_id(_id(q), _flag(q, "deleted")), False, READ),
