@@ -25,7 +25,7 @@ OK, FAILED, MORE_HEADERS = 0, -1, -2
 
 
 @njit(cache=True, nogil=True)
-def _varint(u8: np.ndarray, pos: int, end: int) -> tuple[int, int]:  # pragma: no cover - compiled
+def varint(u8: np.ndarray, pos: int, end: int) -> tuple[int, int]:  # pragma: no cover - compiled
     """(zigzag-decoded value, position after) of the varint at `pos`; position -1 if it does
     not end by `end` or within 10 bytes. Bits past 64 wrap."""
     acc = 0
@@ -59,39 +59,39 @@ def walk(u8: np.ndarray, starts: np.ndarray, counts: np.ndarray, records: np.nda
         pos = starts[bt]
         batch_end = starts[bt + 1]
         for i in range(counts[bt]):
-            length, pos = _varint(u8, pos, batch_end)
+            length, pos = varint(u8, pos, batch_end)
             if pos < 0 or length < 0 or pos + length > batch_end:
                 return FAILED, bt, i
             end = pos + length
             pos += 1                                         # record attributes: unused by Kafka
-            delta, pos = _varint(u8, pos, end)
+            delta, pos = varint(u8, pos, end)
             if pos < 0:
                 return FAILED, bt, i
             records[TS_DELTA, row] = delta
-            delta, pos = _varint(u8, pos, end)
+            delta, pos = varint(u8, pos, end)
             if pos < 0:
                 return FAILED, bt, i
             records[OFFSET_DELTA, row] = delta
             for start in (KEY_START, VALUE_START):              # key, then value; -1 = null
-                n, pos = _varint(u8, pos, end)
+                n, pos = varint(u8, pos, end)
                 if pos < 0 or n < -1 or pos + max(n, 0) > end:
                     return FAILED, bt, i
                 records[start, row] = pos
                 records[start + 1, row] = n
                 pos += max(n, 0)
-            count, pos = _varint(u8, pos, end)
+            count, pos = varint(u8, pos, end)
             if pos < 0 or count < 0 or count > end - pos:
                 return FAILED, bt, i
             records[HEADER_COUNT, row] = count
             for _ in range(count):
-                n, pos = _varint(u8, pos, end)
+                n, pos = varint(u8, pos, end)
                 if pos < 0 or n < 0 or pos + n > end:        # a header key is never null
                     return FAILED, bt, i
                 if nh < capacity:
                     headers[HKEY_START, nh] = pos
                     headers[HKEY_LEN, nh] = n
                 pos += n
-                n, pos = _varint(u8, pos, end)
+                n, pos = varint(u8, pos, end)
                 if pos < 0 or n < -1 or pos + max(n, 0) > end:
                     return FAILED, bt, i
                 if nh < capacity:

@@ -23,6 +23,8 @@ from typing import Any
 import numpy as np
 from numba import njit
 
+from memq.format.kafka_walk import varint   # Avro's longs are Kafka's varints: zigzag, at most 10 bytes
+
 NULL, BOOLEAN, LONG, FLOAT, DOUBLE, BYTES, STRING, FIXED, ENUM, RECORD, UNION, ARRAY, MAP, LONG_IN = range(14)
 
 _PRIMITIVE = {"null": NULL, "boolean": BOOLEAN, "int": LONG, "long": LONG, "float": FLOAT, "double": DOUBLE,
@@ -109,23 +111,6 @@ def program(parsed: Any, named: Mapping[str, Any]) -> np.ndarray:
 MAX_DEPTH = 64
 
 
-@njit(cache=True, nogil=True)
-def _long(u8: np.ndarray, pos: int, end: int) -> tuple[int, int]:  # pragma: no cover - compiled
-    """(zigzag-decoded value, position after) of the varint at `pos`; position -1 if it does
-    not end by `end` or within 10 bytes."""
-    acc = 0
-    shift = 0
-    while True:
-        if pos >= end or shift > 63:
-            return 0, -1
-        b = u8[pos]
-        pos += 1
-        acc |= (b & 0x7F) << shift
-        if b < 0x80:
-            return (acc >> 1) ^ -(acc & 1), pos
-        shift += 7
-
-
 _HIGH_BITS = np.uint64(0x8080808080808080)
 
 
@@ -200,7 +185,7 @@ def _one(u8: np.ndarray, u64: np.ndarray, pos: int, end: int, code: np.ndarray, 
             if stack[sp - 1, 1]:
                 sp -= 1
                 continue
-            v, pos = _long(u8, pos, end)
+            v, pos = varint(u8, pos, end)
             if pos < 0 or v < 0 or v >= code[node + 1]:
                 return False
             stack[sp - 1, 1] = 1
@@ -208,7 +193,7 @@ def _one(u8: np.ndarray, u64: np.ndarray, pos: int, end: int, code: np.ndarray, 
         elif op == ARRAY or op == MAP:
             left = stack[sp - 1, 2]
             if left == 0:
-                v, pos = _long(u8, pos, end)
+                v, pos = varint(u8, pos, end)
                 if pos < 0:
                     return False
                 if v == 0:
@@ -216,13 +201,13 @@ def _one(u8: np.ndarray, u64: np.ndarray, pos: int, end: int, code: np.ndarray, 
                     continue
                 if v < 0:
                     v = -v
-                    size, pos = _long(u8, pos, end)
+                    size, pos = varint(u8, pos, end)
                     if pos < 0 or size < 0:
                         return False
                 left = v
             stack[sp - 1, 2] = left - 1
             if op == MAP:   # the key: a string
-                n, pos = _long(u8, pos, end)
+                n, pos = varint(u8, pos, end)
                 if pos < 0 or n < 0 or n > end - pos or not _utf8(u8, u64, pos, pos + n):
                     return False
                 pos += n
@@ -236,11 +221,11 @@ def _one(u8: np.ndarray, u64: np.ndarray, pos: int, end: int, code: np.ndarray, 
                     return False
                 pos += 1
             elif op == LONG:
-                v, pos = _long(u8, pos, end)
+                v, pos = varint(u8, pos, end)
                 if pos < 0:
                     return False
             elif op == LONG_IN:
-                v, pos = _long(u8, pos, end)
+                v, pos = varint(u8, pos, end)
                 if pos < 0 or v < code[node + 1] or v > code[node + 2]:
                     return False
             elif op == FLOAT or op == DOUBLE or op == FIXED:
@@ -249,14 +234,14 @@ def _one(u8: np.ndarray, u64: np.ndarray, pos: int, end: int, code: np.ndarray, 
                     return False
                 pos += n
             elif op == BYTES or op == STRING:
-                n, pos = _long(u8, pos, end)
+                n, pos = varint(u8, pos, end)
                 if pos < 0 or n < 0 or n > end - pos:
                     return False
                 if op == STRING and not _utf8(u8, u64, pos, pos + n):
                     return False
                 pos += n
             elif op == ENUM:
-                v, pos = _long(u8, pos, end)
+                v, pos = varint(u8, pos, end)
                 if pos < 0 or v < 0 or v >= code[node + 1]:
                     return False
             else:
