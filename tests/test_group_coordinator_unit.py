@@ -154,7 +154,7 @@ def test_consumer_group_commits_and_restore() -> None:
     assert back.members[a.member_id].seen == 50.0
 
 
-def _join(groups: ClassicGroups, member: str, now: float, meta: bytes = b"m") -> tuple[JoinAnswer | None, list[Answer]]:
+def _join(groups: ClassicGroups, member: str, now: float, meta: bytes = b"m") -> tuple[JoinAnswer | str, list[Answer]]:
     return groups.join("g", member, now, protocol_type="consumer", protocols=(("range", meta),),
                        session_timeout_s=10, rebalance_timeout_s=5, client_id=member or "c")
 
@@ -165,9 +165,9 @@ def test_classic_group_generations() -> None:
                             session_timeout_s=10, rebalance_timeout_s=5, require_known_member=True)
     assert answer is not None and answer.error == ErrorCode.MEMBER_ID_REQUIRED
     a = answer.member_id
-    assert _join(groups, a, 0.0, b"A") == (None, [])
-    assert _join(groups, "", 0.1, b"B")[0] is None   # v0-3: a member id given with the join
-    assert _join(groups, "stranger", 0.1)[0] is not None
+    assert _join(groups, a, 0.0, b"A") == (a, [])   # it waits
+    assert isinstance(_join(groups, "", 0.1, b"B")[0], str)   # v0-3: a member id given with the join
+    assert isinstance(_join(groups, "stranger", 0.1)[0], JoinAnswer)
     due = groups.tick("g", 0.6)   # the initial delay is over
     joins = {d.member_id: d.answer for d in due}
     assert len(joins) == 2 and all(isinstance(j, JoinAnswer) and j.generation == 1 for j in joins.values())
@@ -183,10 +183,10 @@ def test_classic_group_generations() -> None:
     assert groups.commit_error("g", b, 1) == ErrorCode.NONE
     assert groups.commit_error("g", "", -1) == ErrorCode.ILLEGAL_GENERATION
     # a third member: a rebalance; the two who do not rejoin by the rebalance timeout are dropped
-    assert _join(groups, "", 2.0)[0] is None
+    assert isinstance(_join(groups, "", 2.0)[0], str)
     assert groups.heartbeat("g", a, 1, 2.1)[0] == ErrorCode.REBALANCE_IN_PROGRESS
     assert groups.commit_error("g", a, 1) == ErrorCode.REBALANCE_IN_PROGRESS
-    assert _join(groups, a, 2.2)[0] is None
+    assert _join(groups, a, 2.2)[0] == a
     due = groups.tick("g", 7.1)
     assert {d.member_id for d in due} == set(groups.groups["g"].members) and b not in groups.groups["g"].members
     assert all(isinstance(d.answer, JoinAnswer) and d.answer.generation == 2 for d in due)
@@ -201,7 +201,7 @@ def test_classic_group_rejoins_at_once_and_expires() -> None:
     groups.sync("g", a, 1, 0.0, [(a, b"all")])
     _join(groups, "", 1.0)
     answer, due = _join(groups, a, 1.1)   # everyone rejoined: no wait for the rebalance timeout
-    assert answer is None and {d.member_id for d in due} == set(groups.groups["g"].members)
+    assert answer == a and {d.member_id for d in due} == set(groups.groups["g"].members)
     b = next(k for k in groups.groups["g"].members if k != a)
     groups.sync("g", a, 2, 1.2, [(a, b"x"), (b, b"y")])
     snap = classic.restore("g", json.loads(json.dumps(classic.snapshot(groups.groups["g"]))), 2.0)
@@ -211,6 +211,6 @@ def test_classic_group_rejoins_at_once_and_expires() -> None:
     assert groups.groups["g"].state == "PreparingRebalance"
     assert groups.tick("g", 20.0) == []   # a, waiting in no call, is past its session
     assert groups.groups["g"].state == "Empty" and groups.commit_error("g", "", -1) == ErrorCode.NONE
-    assert _join(groups, "", 20.0)[0] is None
+    assert isinstance(_join(groups, "", 20.0)[0], str)
     assert groups.join("g", "", 20.0, protocol_type="connect", protocols=(("x", b""),), session_timeout_s=10,
                        rebalance_timeout_s=5)[0] == JoinAnswer(ErrorCode.INCONSISTENT_GROUP_PROTOCOL)

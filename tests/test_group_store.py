@@ -35,14 +35,14 @@ def test_takeover_loads_the_group_and_fences_the_old_coordinator(stores: tuple[G
     old, new = stores
     group = f"orders/{uuid.uuid4().hex[:4]}"   # any group name, slashes too
     first = old.claim(group, "b1")
-    assert first.kind is None and first.offsets == {}
+    assert first.kind is None
     v = old.write(group, "b1", "consumer", {"epoch": 3}, first.version)
     old.commit(group, v, {("orders", 0): (10, ""), ("orders", 1): (20, "m"), ("audit.log", 0): (5, "")})
-    old.commit(group, v, {("orders", 0): (11, ""), ("orders", 1): (20, "m")})
+    old.commit(group, v, {("orders", 0): (11, "")})
     assert old.groups()[group] == "consumer"
     taken = new.claim(group, "b2")
     assert taken.kind == "consumer" and taken.state == {"epoch": 3}
-    assert taken.offsets == {("orders", 0): (11, ""), ("orders", 1): (20, "m"), ("audit.log", 0): (5, "")}
+    assert new.offsets(group) == {("orders", 0): (11, ""), ("orders", 1): (20, "m"), ("audit.log", 0): (5, "")}
     with pytest.raises(StateFencedError):
         old.commit(group, v, {("orders", 0): (99, "")})
     with pytest.raises(StateFencedError):
@@ -50,8 +50,9 @@ def test_takeover_loads_the_group_and_fences_the_old_coordinator(stores: tuple[G
     with pytest.raises(StateFencedError):
         old.delete(group, v)
     v2 = new.write(group, "b2", "classic", {"generation": 1}, taken.version)
-    new.commit(group, v2, {("orders", 0): (12, "")})
-    assert new.claim(group, "b2").offsets[("orders", 0)] == (12, "")
+    new.commit(group, v2, {("orders", 0): (12, ""), ("orders", 1): (-1, "")})   # -1: OffsetDelete
+    old.commit(group, None, {("orders", 2): (7, "txn")})   # a transaction's, from any broker
+    assert new.offsets(group) == {("orders", 0): (12, ""), ("orders", 2): (7, "txn"), ("audit.log", 0): (5, "")}
     back = new.claim(group, "b2")
     new.delete(group, back.version)
-    assert group not in new.groups() and new.claim(group, "b2").kind is None
+    assert group not in new.groups() and new.claim(group, "b2").kind is None and new.offsets(group) == {}

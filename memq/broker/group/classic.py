@@ -93,8 +93,8 @@ class ClassicGroups:
     def join(self, group_id: str, member_id: str, now: float, *, protocol_type: str, protocols: Protocols,
              session_timeout_s: float, rebalance_timeout_s: float, client_id: str = "", client_host: str = "",
              instance_id: str | None = None, require_known_member: bool = False
-             ) -> tuple[JoinAnswer | None, list[Answer]]:
-        """A JoinGroup: its answer now, or None (it waits), and the answers due to others."""
+             ) -> tuple[JoinAnswer | str, list[Answer]]:
+        """A JoinGroup: its answer now, or the member id that waits for it, and the answers due."""
         g = self.groups.setdefault(group_id, ClassicGroup(group_id))
         due = self.tick(group_id, now)
         if g.members and g.protocol_type != protocol_type or not self._common(g, protocols, member_id):
@@ -119,7 +119,7 @@ class ClassicGroups:
         m.seen, m.joining = now, True
         if g.state != "PreparingRebalance":
             self._prepare(g, now)
-        return None, due + self.tick(group_id, now)
+        return member_id, due + self.tick(group_id, now)
 
     def sync(self, group_id: str, member_id: str, generation: int, now: float,
              assignments: Sequence[tuple[str, bytes]]) -> tuple[SyncAnswer | None, list[Answer]]:

@@ -1,21 +1,24 @@
 """Where consumer groups' state and committed offsets are kept between brokers and restarts.
 
-`claim` reads a group (its kind, its state snapshot, its committed offsets) and marks this
-broker its coordinator with a versioned write, so a coordinator that held it before is fenced:
-its next write or commit, checked against the version it holds, fails with StateFencedError.
-State writes bump the version; commits check it without bumping it (many commits, one owner).
+`claim` reads a group (its kind and state snapshot) and marks this broker its coordinator with
+a versioned write, so a coordinator that held it before is fenced: its next state write or
+commit, checked against the version it holds, fails with StateFencedError. State writes bump
+the version; commits check it without bumping it (many commits, one owner). A transaction's
+offsets are committed by its transaction coordinator, which may be another broker: with no
+version (the transaction's own state machine decides), so offsets are read from the store,
+never from a coordinator's memory.
 
-`ZooKeeperGroupStore` keeps `<root>/<cluster>/groups/<group>` (JSON: owner, kind, state) with a
-child per committed topic, `offsets/<topic>` (JSON: partition -> offset, metadata), so a commit
-is one ZooKeeper multi (check the group's version, set one node per topic) whatever the
-number of partitions; `MemoryGroupStore` is for a broker without ZooKeeper.
+`ZooKeeperGroupStore` keeps `<root>/<cluster>/groups/<group>` (JSON: owner, kind, state) and a
+node per committed partition, `offsets/<topic>/<partition>` (JSON: offset, metadata), so a
+commit is one ZooKeeper multi (check the group's version, set each partition) whatever the
+number of topics; `MemoryGroupStore` is for a broker without ZooKeeper.
 """
 
 from __future__ import annotations
 
 import json
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol
 from urllib.parse import quote, unquote
 
@@ -25,16 +28,15 @@ from memq.errors import CoordinationError, StateFencedError
 from memq.governor.registry import Registry
 
 TP = tuple[str, int]
-Offsets = dict[TP, tuple[int, str]]   # (topic, partition) -> (offset, metadata)
+Offsets = dict[TP, tuple[int, str]]   # (topic, partition) -> (offset, metadata); offset -1: deleted
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class Loaded:
-    """A group as stored: `kind` "consumer" or "classic" (None: nothing stored yet)."""
+    """A group as stored: `kind` "consumer" or "classic" (None: no state stored yet)."""
 
     kind: str | None = None
     state: dict[str, Any] | None = None
-    offsets: Offsets = field(default_factory=dict)
     version: int = 0
 
 
@@ -45,15 +47,18 @@ class GroupStore(Protocol):
     def write(self, group: str, owner: str, kind: str, state: dict[str, Any], version: int) -> int:
         """Store the state if the version is still `version`: the new one, or StateFencedError."""
 
-    def commit(self, group: str, version: int, offsets: Offsets) -> None:
-        """Store the offsets of each topic named (all its partitions' as given: the caller merges),
-        if the version is still `version`, else StateFencedError."""
+    def commit(self, group: str, version: int | None, offsets: Offsets) -> None:
+        """Store the offsets (-1: forget the partition's) if the group's version is still
+        `version` (None: a transaction's, unchecked), else StateFencedError."""
+
+    def offsets(self, group: str) -> Offsets:
+        """The group's committed offsets."""
 
     def delete(self, group: str, version: int) -> None:
         """Remove the group and its offsets (StateFencedError if another owner holds it)."""
 
     def groups(self) -> dict[str, str]:
-        """Every stored group -> its kind ("" before its first state write)."""
+        """Every stored group -> its kind ("" while it has offsets and no state)."""
 
 
 def _encode(owner: str, kind: str | None, state: dict[str, Any] | None) -> bytes:
@@ -72,66 +77,68 @@ def _decode(raw: bytes) -> dict[str, Any]:
     return dict(d)
 
 
-def _encode_offsets(parts: dict[int, tuple[int, str]]) -> bytes:
-    return json.dumps([[p, o, m] for p, (o, m) in sorted(parts.items())], separators=(",", ":")).encode()
-
-
-def _decode_offsets(topic: str, raw: bytes) -> Offsets:
+def _decode_offset(where: str, raw: bytes) -> tuple[int, str]:
     try:
-        return {(topic, int(p)): (int(o), str(m)) for p, o, m in json.loads(raw)}
+        o, m = json.loads(raw)
+        return int(o), str(m)
     except (ValueError, TypeError) as e:
-        raise CoordinationError(f"committed offsets of {topic!r} do not parse: {e}") from e
-
-
-def by_topic(offsets: Offsets) -> dict[str, dict[int, tuple[int, str]]]:
-    out: dict[str, dict[int, tuple[int, str]]] = {}
-    for (t, p), v in offsets.items():
-        out.setdefault(t, {})[p] = v
-    return out
+        raise CoordinationError(f"committed offset {where} does not parse: {e}") from e
 
 
 class MemoryGroupStore:
     """Versioned groups in this process: the same fencing, no durability."""
 
     def __init__(self) -> None:
-        self._data: dict[str, tuple[Loaded, str]] = {}
+        self._groups: dict[str, tuple[Loaded, str]] = {}
+        self._offsets: dict[str, Offsets] = {}
         self._lock = threading.Lock()
 
     def claim(self, group: str, owner: str) -> Loaded:
         with self._lock:
-            old, _ = self._data.get(group, (Loaded(version=-1), ""))
-            new = Loaded(old.kind, old.state, dict(old.offsets), old.version + 1)
-            self._data[group] = (new, owner)
-            return Loaded(new.kind, new.state, dict(new.offsets), new.version)
+            old, _ = self._groups.get(group, (Loaded(version=-1), ""))
+            new = Loaded(old.kind, old.state, old.version + 1)
+            self._groups[group] = (new, owner)
+            return new
 
-    def _held(self, group: str, version: int) -> Loaded:
-        loaded = self._data.get(group, (None, ""))[0]
-        if loaded is None or loaded.version != version:
+    def _check(self, group: str, version: int | None) -> None:
+        loaded = self._groups.get(group, (None, ""))[0]
+        if version is not None and (loaded is None or loaded.version != version):
             raise StateFencedError(f"group {group!r}: another coordinator since version {version}")
-        return loaded
 
     def write(self, group: str, owner: str, kind: str, state: dict[str, Any], version: int) -> int:
         with self._lock:
-            loaded = self._held(group, version)
-            loaded.kind, loaded.state, loaded.version = kind, state, version + 1
+            self._check(group, version)
+            self._groups[group] = (Loaded(kind, state, version + 1), owner)
             return version + 1
 
-    def commit(self, group: str, version: int, offsets: Offsets) -> None:
+    def commit(self, group: str, version: int | None, offsets: Offsets) -> None:
         with self._lock:
-            self._held(group, version).offsets.update(offsets)
+            self._check(group, version)
+            stored = self._offsets.setdefault(group, {})
+            for tp, v in offsets.items():
+                if v[0] < 0:
+                    stored.pop(tp, None)
+                else:
+                    stored[tp] = v
+
+    def offsets(self, group: str) -> Offsets:
+        with self._lock:
+            return dict(self._offsets.get(group, {}))
 
     def delete(self, group: str, version: int) -> None:
         with self._lock:
-            self._held(group, version)
-            del self._data[group]
+            self._check(group, version)
+            self._groups.pop(group, None)
+            self._offsets.pop(group, None)
 
     def groups(self) -> dict[str, str]:
         with self._lock:
-            return {g: loaded.kind or "" for g, (loaded, _) in self._data.items()}
+            named = {g: loaded.kind or "" for g, (loaded, _) in self._groups.items() if loaded.kind}
+            return {**{g: "" for g, o in self._offsets.items() if o}, **named}
 
 
 class ZooKeeperGroupStore:
-    """A znode per group, one child per committed topic; blocking (the caller runs it in a thread)."""
+    """A znode per group and per committed partition; blocking (the caller runs it in a thread)."""
 
     def __init__(self, registry: Registry) -> None:
         self._zk = registry.client
@@ -140,6 +147,9 @@ class ZooKeeperGroupStore:
 
     def _path(self, group: str) -> str:
         return f"{self._base}/{quote(group, safe='')}"
+
+    def _part(self, group: str, tp: TP) -> str:
+        return f"{self._path(group)}/offsets/{quote(tp[0], safe='')}/{tp[1]}"
 
     def claim(self, group: str, owner: str) -> Loaded:
         path = self._path(group)
@@ -157,14 +167,7 @@ class ZooKeeperGroupStore:
                 stat = self._zk.set(path, _encode(owner, d.get("kind"), d.get("state")), version=stat.version)
             except BadVersionError:
                 continue
-            offsets: Offsets = {}
-            try:
-                for topic in self._zk.get_children(f"{path}/offsets"):
-                    name = unquote(topic)
-                    offsets.update(_decode_offsets(name, self._zk.get(f"{path}/offsets/{topic}")[0]))
-            except NoNodeError:
-                pass
-            return Loaded(d.get("kind"), d.get("state"), offsets, int(stat.version))
+            return Loaded(d.get("kind"), d.get("state"), int(stat.version))
 
     def write(self, group: str, owner: str, kind: str, state: dict[str, Any], version: int) -> int:
         try:
@@ -174,32 +177,42 @@ class ZooKeeperGroupStore:
         self.writes += 1
         return int(stat.version)
 
-    def commit(self, group: str, version: int, offsets: Offsets) -> None:
-        path = self._path(group)
-        topics = by_topic(offsets)
-        existing = set(self._children(f"{path}/offsets"))
-        if not existing and topics:
-            try:
-                self._zk.create(f"{path}/offsets", b"")
-            except NodeExistsError:
-                pass
-            except NoNodeError:
-                raise StateFencedError(f"group {group!r} was deleted") from None
-        t = self._zk.transaction()
-        t.check(path, version)
-        for topic, parts in topics.items():
-            node = f"{path}/offsets/{quote(topic, safe='')}"
-            if quote(topic, safe="") in existing:
-                t.set_data(node, _encode_offsets(parts))
-            else:
-                t.create(node, _encode_offsets(parts))
-        results = t.commit()
-        if isinstance(results[0], Exception):
-            raise StateFencedError(f"group {group!r}: another coordinator holds it now")
-        failed = [r for r in results[1:] if isinstance(r, Exception)]
-        if failed:   # a topic's node made meanwhile: only by a coordinator that fenced us
-            raise StateFencedError(f"group {group!r}: commit refused by ZooKeeper: {failed[0]!r}")
-        self.writes += 1
+    def commit(self, group: str, version: int | None, offsets: Offsets) -> None:
+        for _ in range(2):   # a partition's first commit makes its node, then commits again
+            t = self._zk.transaction()
+            if version is not None:
+                t.check(self._path(group), version)
+            for tp, (o, m) in sorted(offsets.items()):   # a deleted offset is kept as -1
+                t.set_data(self._part(group, tp), json.dumps([o, m] if o >= 0 else [-1, ""]).encode())
+            results = t.commit()
+            if version is not None and isinstance(results[0], BadVersionError | NoNodeError):
+                raise StateFencedError(f"group {group!r}: another coordinator holds it now")
+            if not any(isinstance(r, Exception) for r in results):
+                self.writes += 1
+                return
+            if version is not None and not self._zk.exists(self._path(group)):
+                raise StateFencedError(f"group {group!r} was deleted")
+            for tp in offsets:
+                if not self._zk.exists(self._part(group, tp)):
+                    try:
+                        self._zk.create(self._part(group, tp), b'[-1,""]', makepath=True)
+                    except NodeExistsError:
+                        pass
+        raise CoordinationError(f"group {group!r}: commit not stored after creating its partitions")
+
+    def offsets(self, group: str) -> Offsets:
+        base = f"{self._path(group)}/offsets"
+        out: Offsets = {}
+        for topic in self._children(base):
+            for p in self._children(f"{base}/{topic}"):
+                try:
+                    raw = self._zk.get(f"{base}/{topic}/{p}")[0]
+                except NoNodeError:   # deleted meanwhile
+                    continue
+                o = _decode_offset(f"{topic}/{p}", raw)
+                if o[0] >= 0:
+                    out[(unquote(topic), int(p))] = o
+        return out
 
     def delete(self, group: str, version: int) -> None:
         path = self._path(group)
@@ -209,7 +222,7 @@ class ZooKeeperGroupStore:
             self._zk.delete(path, recursive=True)
         except NoNodeError:
             pass
-        except NotEmptyError:   # a commit landed meanwhile (only by a coordinator that fenced us)
+        except NotEmptyError:   # a commit landed meanwhile
             raise StateFencedError(f"group {group!r}: changed while being deleted") from None
 
     def groups(self) -> dict[str, str]:
