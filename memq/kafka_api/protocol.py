@@ -67,6 +67,8 @@ class ApiKey(IntEnum):
     OFFSET_DELETE = 47
     DESCRIBE_CLUSTER = 60
     DESCRIBE_PRODUCERS = 61
+    CONSUMER_GROUP_HEARTBEAT = 68   # KIP-848 groups (memq.kafka_api.consumer_protocol): flexible
+    CONSUMER_GROUP_DESCRIBE = 69
     SHARE_GROUP_HEARTBEAT = 76   # share groups (memq.kafka_api.share): flexible, v1 only
     SHARE_GROUP_DESCRIBE = 77
     SHARE_FETCH = 78

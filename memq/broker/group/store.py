@@ -16,18 +16,22 @@ number of topics; `MemoryGroupStore` is for a broker without ZooKeeper.
 
 from __future__ import annotations
 
+import functools
 import json
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, ParamSpec, Protocol, TypeVar
 from urllib.parse import quote, unquote
 
-from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError, NotEmptyError
+from kazoo.exceptions import BadVersionError, KazooException, NodeExistsError, NoNodeError, NotEmptyError
 
 from memq.errors import CoordinationError, StateFencedError
 from memq.governor.registry import Registry
 
 TP = tuple[str, int]
+P = ParamSpec("P")
+R = TypeVar("R")
 Offsets = dict[TP, tuple[int, str]]   # (topic, partition) -> (offset, metadata); offset -1: deleted
 
 
@@ -137,6 +141,17 @@ class MemoryGroupStore:
             return {**{g: "" for g, o in self._offsets.items() if o}, **named}
 
 
+def _zk_call(f: Callable[P, R]) -> Callable[P, R]:
+    """ZooKeeper failing (a lost connection, an expired session) as memq's CoordinationError."""
+    @functools.wraps(f)
+    def call(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return f(*args, **kwargs)
+        except KazooException as e:
+            raise CoordinationError(f"ZooKeeper: {type(e).__name__}: {e}") from e
+    return call
+
+
 class ZooKeeperGroupStore:
     """A znode per group and per committed partition; blocking (the caller runs it in a thread)."""
 
@@ -151,6 +166,7 @@ class ZooKeeperGroupStore:
     def _part(self, group: str, tp: TP) -> str:
         return f"{self._path(group)}/offsets/{quote(tp[0], safe='')}/{tp[1]}"
 
+    @_zk_call
     def claim(self, group: str, owner: str) -> Loaded:
         path = self._path(group)
         while True:
@@ -169,6 +185,7 @@ class ZooKeeperGroupStore:
                 continue
             return Loaded(d.get("kind"), d.get("state"), int(stat.version))
 
+    @_zk_call
     def write(self, group: str, owner: str, kind: str, state: dict[str, Any], version: int) -> int:
         try:
             stat = self._zk.set(self._path(group), _encode(owner, kind, state), version=version)
@@ -177,6 +194,7 @@ class ZooKeeperGroupStore:
         self.writes += 1
         return int(stat.version)
 
+    @_zk_call
     def commit(self, group: str, version: int | None, offsets: Offsets) -> None:
         for _ in range(2):   # a partition's first commit makes its node, then commits again
             t = self._zk.transaction()
@@ -200,6 +218,7 @@ class ZooKeeperGroupStore:
                         pass
         raise CoordinationError(f"group {group!r}: commit not stored after creating its partitions")
 
+    @_zk_call
     def offsets(self, group: str) -> Offsets:
         base = f"{self._path(group)}/offsets"
         out: Offsets = {}
@@ -214,6 +233,7 @@ class ZooKeeperGroupStore:
                     out[(unquote(topic), int(p))] = o
         return out
 
+    @_zk_call
     def delete(self, group: str, version: int) -> None:
         path = self._path(group)
         try:
@@ -225,6 +245,7 @@ class ZooKeeperGroupStore:
         except NotEmptyError:   # a commit landed meanwhile
             raise StateFencedError(f"group {group!r}: changed while being deleted") from None
 
+    @_zk_call
     def groups(self) -> dict[str, str]:
         out = {}
         for name in self._children(self._base):
