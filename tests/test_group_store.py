@@ -56,3 +56,16 @@ def test_takeover_loads_the_group_and_fences_the_old_coordinator(stores: tuple[G
     back = new.claim(group, "b2")
     new.delete(group, back.version)
     assert group not in new.groups() and new.claim(group, "b2").kind is None and new.offsets(group) == {}
+
+
+def test_a_group_is_known_once_claimed_or_committed_to_and_stays_known_when_deleted(
+        stores: tuple[GroupStore, GroupStore]) -> None:
+    store, _ = stores
+    claimed, committed = f"c-{uuid.uuid4().hex[:4]}", f"t-{uuid.uuid4().hex[:4]}"
+    assert not store.known(claimed)
+    loaded = store.claim(claimed, "b1")
+    assert store.known(claimed) and claimed not in store.groups()   # nothing stored yet
+    store.commit(committed, None, {("orders", 0): (1, "")})   # a transaction's, before any claim
+    assert store.known(committed) and store.groups()[committed] == ""
+    store.delete(claimed, loaded.version)
+    assert store.known(claimed)

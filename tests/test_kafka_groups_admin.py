@@ -1,7 +1,8 @@
 """Kafka clients' groups through memq's listener on the real dev cluster (moto S3, tansu), with
-confluent-kafka: Kafka's admin tools delete them (DeleteGroups, relayed), with security on the
-ACLs decide, over SASL/PLAIN, who may read a topic and who may use, see or delete a group, and
-the audit counts what a group committed."""
+confluent-kafka: Kafka's admin tools delete them (DeleteGroups), with security on the ACLs
+decide, over SASL/PLAIN, who may read a topic and who may use, see or delete a group, the audit
+counts what a group committed, and offsets committed through the relay memq used before are
+taken over."""
 
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ from memq.audit.books import GroupSummary
 from memq.audit.dashboard import AuditService
 from memq.config import BrokerConfig, SecurityConfig
 from memq.devcluster import DevCluster
+from memq.kafka_api.groups import mapped_group
 from memq.security.tokens import new_token
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
@@ -178,3 +180,29 @@ async def test_the_audit_counts_what_a_kafka_consumer_group_committed(
             assert x is not None and (x.lost, x.duplicates, x.mismatches) == (0, 0, 0)
     finally:
         await service.stop()
+
+
+async def test_offsets_committed_through_the_old_relay_are_taken_over(
+        devcluster: DevCluster, unique_name: Callable[[str], str]) -> None:
+    """Before memq coordinated groups it relayed them to the notification Kafka, where a group's
+    offsets are under its mapped name and the notification topic: the group's first load takes
+    them over, once, and the group goes on from there."""
+    topic = unique_name("kmig")
+    config = dataclasses.replace(devcluster.config(topics=[topic_config(topic, read_partitions=2, batch_ms=50)]),
+                                 broker=BrokerConfig(kafka_port=0))
+    group = f"g-{uuid.uuid4().hex[:6]}"
+    async with running_broker(config) as broker:
+        await asyncio.to_thread(kafka_produce, broker.kafka_address, topic, rows(20, "mig"), acks="all")
+        ntopic = broker.metadata().topics[topic].notification_topic
+        old = Consumer({"bootstrap.servers": config.kafka.bootstrap_servers, "group.id": mapped_group(
+            config.cluster.name, group), "enable.auto.commit": False})
+        try:   # what the relay stored for the group: memq's Kafka offsets, on the notification topic
+            await asyncio.to_thread(old.commit, offsets=[TopicPartition(ntopic, 0, 7), TopicPartition(ntopic, 1, 3)],
+                                    asynchronous=False)
+        finally:
+            old.close()
+        assert await asyncio.to_thread(committed, broker.kafka_address, topic, group) == 7
+        stored = await broker.group_coordinator.offsets(group)
+        assert stored == {(topic, 0): (7, ""), (topic, 1): (3, "")}
+        assert await asyncio.to_thread(delete_group, broker.kafka_address, group) is None
+        assert await asyncio.to_thread(committed, broker.kafka_address, topic, group) < 0   # taken over once

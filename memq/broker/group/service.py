@@ -331,6 +331,9 @@ class GroupCoordinator:
             return ErrorCode.COORDINATOR_LOAD_IN_PROGRESS
 
     async def _claim(self, group: str) -> Held:
+        taken: Offsets = {}   # read before the claim: a failed read leaves the group unknown, tried again
+        if self._legacy is not None and not await asyncio.to_thread(self._store.known, group):
+            taken = await self._legacy(group)
         loaded = await asyncio.to_thread(self._store.claim, group, self.broker_id)
         now = self._clock.monotonic()
         held = Held(loaded.kind, loaded.version)
@@ -338,12 +341,9 @@ class GroupCoordinator:
             self.consumer.groups[group] = consumer.restore(group, loaded.state, now)
         elif loaded.kind == CLASSIC and loaded.state:
             self.classic.groups[group] = classic.restore(group, loaded.state, now)
-        if loaded.kind is None and self._legacy is not None \
-                and not await asyncio.to_thread(self._store.offsets, group):
-            taken = await self._legacy(group)
-            if taken:
-                await asyncio.to_thread(self._store.commit, group, held.version, taken)
-                log.info("group %r: took over %d offsets committed through the relay", group, len(taken))
+        if taken and loaded.kind is None and not await asyncio.to_thread(self._store.offsets, group):
+            await asyncio.to_thread(self._store.commit, group, held.version, taken)
+            log.info("group %r: took over %d offsets committed through the relay", group, len(taken))
         log.info("group %r: coordinated here (store version %d)", group, held.version)
         self._held[group] = held
         return held

@@ -45,6 +45,10 @@ class Loaded:
 
 
 class GroupStore(Protocol):
+    def known(self, group: str) -> bool:
+        """Whether `group` was ever claimed (a deleted group stays known: its offsets are not
+        taken over from the relay again)."""
+
     def claim(self, group: str, owner: str) -> Loaded:
         """The stored group, and the version this owner writes against from now on."""
 
@@ -59,10 +63,10 @@ class GroupStore(Protocol):
         """The group's committed offsets."""
 
     def delete(self, group: str, version: int) -> None:
-        """Remove the group and its offsets (StateFencedError if another owner holds it)."""
+        """Remove the group's state and offsets (StateFencedError if another owner holds it)."""
 
     def groups(self) -> dict[str, str]:
-        """Every stored group -> its kind ("" while it has offsets and no state)."""
+        """Every group with state or offsets -> its kind ("" while it has offsets and no state)."""
 
 
 def _encode(owner: str, kind: str | None, state: dict[str, Any] | None) -> bytes:
@@ -97,6 +101,10 @@ class MemoryGroupStore:
         self._offsets: dict[str, Offsets] = {}
         self._lock = threading.Lock()
 
+    def known(self, group: str) -> bool:
+        with self._lock:
+            return group in self._groups
+
     def claim(self, group: str, owner: str) -> Loaded:
         with self._lock:
             old, _ = self._groups.get(group, (Loaded(version=-1), ""))
@@ -118,6 +126,7 @@ class MemoryGroupStore:
     def commit(self, group: str, version: int | None, offsets: Offsets) -> None:
         with self._lock:
             self._check(group, version)
+            self._groups.setdefault(group, (Loaded(version=-1), ""))
             stored = self._offsets.setdefault(group, {})
             for tp, v in offsets.items():
                 if v[0] < 0:
@@ -132,7 +141,7 @@ class MemoryGroupStore:
     def delete(self, group: str, version: int) -> None:
         with self._lock:
             self._check(group, version)
-            self._groups.pop(group, None)
+            self._groups[group] = (Loaded(version=version + 1), "")
             self._offsets.pop(group, None)
 
     def groups(self) -> dict[str, str]:
@@ -165,6 +174,10 @@ class ZooKeeperGroupStore:
 
     def _part(self, group: str, tp: TP) -> str:
         return f"{self._path(group)}/offsets/{quote(tp[0], safe='')}/{tp[1]}"
+
+    @_zk_call
+    def known(self, group: str) -> bool:
+        return self._zk.exists(self._path(group)) is not None
 
     @_zk_call
     def claim(self, group: str, owner: str) -> Loaded:
@@ -237,12 +250,13 @@ class ZooKeeperGroupStore:
     def delete(self, group: str, version: int) -> None:
         path = self._path(group)
         try:
-            if self._zk.get(path)[1].version != version:
-                raise StateFencedError(f"group {group!r}: another coordinator holds it now")
-            self._zk.delete(path, recursive=True)
+            self._zk.set(path, _encode("", None, None), version=version)   # the node stays: known
+            self._zk.delete(f"{path}/offsets", recursive=True)
+        except BadVersionError:
+            raise StateFencedError(f"group {group!r}: another coordinator holds it now") from None
         except NoNodeError:
             pass
-        except NotEmptyError:   # a commit landed meanwhile
+        except NotEmptyError:   # a commit landed meanwhile (only a transaction's)
             raise StateFencedError(f"group {group!r}: changed while being deleted") from None
 
     @_zk_call
@@ -250,9 +264,11 @@ class ZooKeeperGroupStore:
         out = {}
         for name in self._children(self._base):
             try:
-                out[unquote(name)] = _decode(self._zk.get(f"{self._base}/{name}")[0]).get("kind") or ""
+                kind = _decode(self._zk.get(f"{self._base}/{name}")[0]).get("kind") or ""
             except NoNodeError:   # deleted meanwhile
                 continue
+            if kind or self._children(f"{self._base}/{name}/offsets"):
+                out[unquote(name)] = kind
         return out
 
     def _children(self, path: str) -> list[str]:
