@@ -174,18 +174,20 @@ def test_classic_group_generations() -> None:
     leader = joins[a]
     assert isinstance(leader, JoinAnswer) and leader.leader == a and len(leader.members) == 2
     b = next(k for k in joins if k != a)
+    assert groups.commit_error("g", b, 1) == ErrorCode.REBALANCE_IN_PROGRESS   # the leader assigns
     assert groups.sync("g", b, 1, 0.7, [])[0] is None   # waits for the leader
     mine, due = groups.sync("g", a, 1, 0.7, [(a, b"pa"), (b, b"pb")])
     assert mine == SyncAnswer(ErrorCode.NONE, b"pa", "range", "consumer")
     assert due == [Answer(b, SyncAnswer(ErrorCode.NONE, b"pb", "range", "consumer"))]
     assert groups.heartbeat("g", b, 1, 1.0)[0] == ErrorCode.NONE
     assert groups.heartbeat("g", b, 0, 1.0)[0] == ErrorCode.ILLEGAL_GENERATION
+    assert groups.commit_error("g", b, 0) == ErrorCode.ILLEGAL_GENERATION
     assert groups.commit_error("g", b, 1) == ErrorCode.NONE
     assert groups.commit_error("g", "", -1) == ErrorCode.ILLEGAL_GENERATION
     # a third member: a rebalance; the two who do not rejoin by the rebalance timeout are dropped
     assert isinstance(_join(groups, "", 2.0)[0], str)
     assert groups.heartbeat("g", a, 1, 2.1)[0] == ErrorCode.REBALANCE_IN_PROGRESS
-    assert groups.commit_error("g", a, 1) == ErrorCode.REBALANCE_IN_PROGRESS
+    assert groups.commit_error("g", a, 1) == ErrorCode.NONE   # what it gives up, committed while it rejoins
     assert _join(groups, a, 2.2)[0] == a
     due = groups.tick("g", 7.1)
     assert {d.member_id for d in due} == set(groups.groups["g"].members) and b not in groups.groups["g"].members

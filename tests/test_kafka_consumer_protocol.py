@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from confluent_kafka import ConsumerGroupState
 from confluent_kafka.admin import AdminClient
-from tests.support.group_member import member_log
+from bench._group_member import member_log
 from tests.support.kafka_clients import kafka_produce, rows
 
 from memq.broker.coordinator import coordinator_of
@@ -30,7 +30,7 @@ PARTITIONS = 12
 
 
 class Members:
-    """Member processes (`tests.support.group_member`) of one group, each with its log."""
+    """Member processes (`bench._group_member`) of one group, each with its log."""
 
     def __init__(self, tmp: Path, bootstrap: str, topic: str, group: str) -> None:
         self.tmp, self.bootstrap, self.topic, self.group = tmp, bootstrap, topic, group
@@ -38,7 +38,7 @@ class Members:
 
     def add(self, name: str) -> None:
         self.procs[name] = subprocess.Popen(
-            [sys.executable, "-m", "tests.support.group_member", self.bootstrap, self.topic, self.group, "consumer",
+            [sys.executable, "-m", "bench._group_member", self.bootstrap, self.topic, self.group, "consumer",
              str(self.tmp / f"{name}.log")], cwd=Path(__file__).parent.parent)
 
     def kill(self, name: str) -> None:

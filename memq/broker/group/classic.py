@@ -182,7 +182,9 @@ class ClassicGroups:
         if error is not None:
             return error
         assert g is not None
-        return ErrorCode.REBALANCE_IN_PROGRESS if g.state == "PreparingRebalance" else ErrorCode.NONE
+        # as Kafka: taken while members rejoin (they commit what they give up), not while the
+        # leader assigns (the commit might be of a partition already moving)
+        return ErrorCode.REBALANCE_IN_PROGRESS if g.state == "CompletingRebalance" else ErrorCode.NONE
 
     def tick(self, group_id: str, now: float) -> list[Answer]:
         """Sessions expired and a join phase ended if due: the answers that became due."""
