@@ -71,7 +71,7 @@ def main(bootstrap: str, topic: str, group: str, protocol: str, log_path: str) -
     conf = {"bootstrap.servers": bootstrap, "group.id": group, "group.protocol": protocol,
             "enable.auto.commit": False, "auto.offset.reset": "earliest", "fetch.wait.max.ms": 100,
             "topic.metadata.refresh.interval.ms": 1000}
-    if protocol == "classic":   # the group's pace: heartbeats often, a dead member found in 6 s
+    if protocol == "classic":   # the group's pace (the broker sets the consumer protocol's): as bench.groups
         conf |= {"session.timeout.ms": 6000, "heartbeat.interval.ms": 500}
     c = Consumer(conf)
     with open(log_path, "a", buffering=1) as out:

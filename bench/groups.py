@@ -6,7 +6,8 @@ records, a few hundred a second), and confluent-kafka members (`bench._group_mem
 process each, a commit after each batch) read them as one group: 3 members, then a 4th joins,
 then 2 leave (closed: they leave the group), per round and per protocol (`group.protocol`
 `consumer`, memq's server-side `uniform` assignor; `classic`, librdkafka's default eager
-`range,roundrobin`), the protocols alternating.
+`range,roundrobin`), the protocols alternating. Both heartbeat every 0.5 s with a 6 s session
+(the broker's `[group]` settings for the consumer protocol, the members' own for classic).
 
 A change's **rebalance time** is from the joining member's subscription (or the leaving ones'
 SIGTERM) until every partition has been read by the member that owns it once the assignment
@@ -41,6 +42,7 @@ TOPIC = "bench-groups"
 PARTITIONS = 12
 GOALS_S = {"consumer": 3.0, "classic": 6.0}
 SETTLE_TIMEOUT_S = 60.0
+HEARTBEAT_MS = 500   # both protocols' members heartbeat this often (classic: heartbeat.interval.ms)
 QUIET_S = 2.0   # an assignment unchanged this long is the one the group settled on
 
 
@@ -160,7 +162,9 @@ def run(quick: bool, rounds: int | None = None) -> dict:
     rounds = rounds or (1 if quick else 3)
     times: dict[str, list[float]] = {"consumer": [], "classic": []}
     twice: dict[str, int] = {"consumer": 0, "classic": 0}
-    os.environ["MEMQ_GROUP_SESSION_TIMEOUT_MS"] = "6000"   # the broker processes read it (as classic's 6 s)
+    # the broker processes read them: the classic members' session (6 s) and heartbeat (0.5 s)
+    os.environ["MEMQ_GROUP_SESSION_TIMEOUT_MS"] = "6000"
+    os.environ["MEMQ_GROUP_HEARTBEAT_INTERVAL_MS"] = str(HEARTBEAT_MS)
     with tempfile.TemporaryDirectory(prefix="memq-bench-") as tmp, \
             DevCluster(Path(tmp) / "servers") as dc, \
             GovernedCluster(tmp, brokers=1, servers=dc, cluster="bench", broker=BrokerConfig(kafka_port=0)) as gc:

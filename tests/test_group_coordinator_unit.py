@@ -216,3 +216,17 @@ def test_classic_group_rejoins_at_once_and_expires() -> None:
     assert isinstance(_join(groups, "", 20.0)[0], str)
     assert groups.join("g", "", 20.0, protocol_type="connect", protocols=(("x", b""),), session_timeout_s=10,
                        rebalance_timeout_s=5)[0] == JoinAnswer(ErrorCode.INCONSISTENT_GROUP_PROTOCOL)
+
+
+def test_consumer_group_follows_a_topic_that_grows() -> None:
+    groups = ConsumerGroups()
+    a = _Client(groups, "a")
+    a.beat(0.0, join=True)
+    a.beat(0.0)
+    assert len(a.owned) == 12
+    epoch = a.epoch
+    groups.refresh("g", PARTS)   # nothing changed: no new epoch
+    assert groups.groups["g"].epoch == epoch
+    groups.refresh("g", {"t": 16})
+    b = groups.heartbeat("g", a.member_id, a.epoch, 1.0, {"t": 16}, owned=a.owned)
+    assert b.epoch > epoch and b.assignment is not None and len(b.assignment) == 16

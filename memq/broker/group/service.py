@@ -101,6 +101,7 @@ class GroupCoordinator:
         self._claiming: dict[str, asyncio.Future[Held]] = {}
         self._waiting: dict[tuple[str, str], asyncio.Future[JoinAnswer | SyncAnswer]] = {}
         self._ticker: asyncio.Task[None] | None = None
+        self._seen: dict[str, Mapping[str, int]] = {}   # the partitions a consumer group's target was made for
 
     def start(self) -> None:
         self._ticker = asyncio.ensure_future(self._tick_forever())
@@ -123,8 +124,11 @@ class GroupCoordinator:
             if held.kind == CLASSIC and self._classic_members(group):
                 return Beat(ErrorCode.GROUP_ID_NOT_FOUND, message=f"{group!r} is a classic group with members")
             before = self.consumer.groups.get(group)
-            beat = self.consumer.heartbeat(group, member_id, epoch, self._clock.monotonic(), self._partitions(),
-                                           **member)
+            partitions = self._partitions()
+            if self._seen.get(group) != partitions:   # topics or their partitions changed: a new target
+                self.consumer.refresh(group, partitions)
+                self._seen[group] = partitions
+            beat = self.consumer.heartbeat(group, member_id, epoch, self._clock.monotonic(), partitions, **member)
             if before is None and beat.error:   # a refused first call creates no group
                 self.consumer.groups.pop(group, None)
                 self.consumer.changed.discard(group)
@@ -390,6 +394,7 @@ class GroupCoordinator:
     def _forget(self, group: str) -> None:
         log.info("group %r: no longer coordinated here", group)
         self._held.pop(group, None)
+        self._seen.pop(group, None)
         self.consumer.groups.pop(group, None)
         self.classic.groups.pop(group, None)
         for key in [k for k in self._waiting if k[0] == group]:
