@@ -1,7 +1,7 @@
 """Kafka's cluster calls and the group gaps on a governed cluster of real broker processes (moto S3,
 tansu, ZooKeeper): DescribeCluster, DescribeLogDirs, DescribeProducers (kafka-python's and
 confluent-kafka's admin clients), OffsetForLeaderEpoch (a raw v2 frame, as librdkafka sends it),
-`kcat -L`, an old JoinGroup member (kafka-python pinned to 0.11: JoinGroup v2; raw v0 and v1
+`kcat -L` and `kcat -G`, an old JoinGroup member (kafka-python pinned to 0.11: JoinGroup v2; raw v0 and v1
 frames) sharing a topic with a JoinGroup v5 member (confluent-kafka), and OffsetDelete."""
 
 from __future__ import annotations
@@ -132,6 +132,25 @@ def test_kcat_lists_the_cluster(cluster: Cluster) -> None:
     for b, address in cluster.addresses.items():
         assert f"broker {node_id(b)} at {address}" in out
     assert f'topic "{TOPIC}" with {PARTITIONS} partitions:' in out
+
+
+def test_kcat_reads_in_a_group_and_commits(cluster: Cluster) -> None:
+    """`kcat -G` (librdkafka 2.0, a classic group member) reads every record and its group's commits stay."""
+    if shutil.which("kcat") is None:
+        pytest.skip("kcat is not installed (apt-get install kcat)")
+    group = f"kcat-{uuid.uuid4().hex[:6]}"
+    out = subprocess.run(["kcat", "-b", cluster.address, "-G", group, "-o", "beginning", "-c", str(RECORDS),
+                          "-f", "%p %o\\n", "-X", "auto.commit.interval.ms=100", TOPIC],
+                         capture_output=True, text=True, timeout=90, check=True).stdout
+    read = [tuple(map(int, line.split())) for line in out.splitlines()]
+    assert len(set(read)) == RECORDS == len(read)
+    c = Consumer({"bootstrap.servers": cluster.address, "group.id": group})
+    try:
+        committed = c.committed([TopicPartition(TOPIC, p) for p in range(PARTITIONS)], timeout=20)
+    finally:
+        c.close()
+    last = {p: max(o for q, o in read if q == p) + 1 for p in {q for q, _ in read}}
+    assert {tp.partition: tp.offset for tp in committed if tp.offset >= 0} == last
 
 
 def _s(text: str) -> bytes:
