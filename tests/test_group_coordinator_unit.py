@@ -230,3 +230,24 @@ def test_consumer_group_follows_a_topic_that_grows() -> None:
     groups.refresh("g", {"t": 16})
     b = groups.heartbeat("g", a.member_id, a.epoch, 1.0, {"t": 16}, owned=a.owned)
     assert b.epoch > epoch and b.assignment is not None and len(b.assignment) == 16
+
+
+def test_a_restarted_static_member_takes_its_place_back_without_a_rebalance() -> None:
+    groups = ClassicGroups(initial_delay_s=0.0)
+    kw = dict(protocol_type="consumer", session_timeout_s=10.0, rebalance_timeout_s=5.0)
+    _, (first,) = groups.join("g", "", 0.0, protocols=(("range", b"a"),), instance_id="app-1", **kw)
+    a = first.member_id
+    waiting, _ = groups.join("g", "", 0.1, protocols=(("range", b"b"),), instance_id="app-2", **kw)
+    assert isinstance(waiting, str)
+    groups.join("g", a, 0.2, protocols=(("range", b"a"),), instance_id="app-1", **kw)
+    b = waiting
+    groups.sync("g", a, 2, 0.3, [(a, b"pa"), (b, b"pb")])
+    generation = groups.groups["g"].generation
+    # app-2 is SIGKILLed and restarted: a new member id, the same instance id
+    again, due = groups.join("g", "", 1.0, protocols=(("range", b"b"),), instance_id="app-2",
+                             require_known_member=True, **kw)
+    assert isinstance(again, JoinAnswer) and again.error == ErrorCode.NONE and again.member_id != b
+    assert again.generation == generation and groups.groups["g"].state == "Stable" and due == []
+    assert groups.sync("g", again.member_id, generation, 1.1, [])[0] == SyncAnswer(ErrorCode.NONE, b"pb", "range",
+                                                                                     "consumer")
+    assert groups.heartbeat("g", b, generation, 1.2)[0] == ErrorCode.UNKNOWN_MEMBER_ID   # the old one is gone

@@ -11,7 +11,9 @@ every member's metadata and sends the assignment in its SyncGroup.
 Calls that must wait (a join, a follower's sync) are answered later: each call returns what
 can be answered now, and `tick(now)` (and every call) returns the answers that became due, as
 `Answer`s keyed by member; the service holds their futures. A member not heard from for its
-session timeout is removed (a member waiting in a join phase is not: it is waiting on us).
+session timeout is removed (a member waiting in a join phase is not: it is waiting on us). A
+static member (`group.instance.id`, KIP-345) that joins again under a new member id, restarted,
+takes its old place at once: in a stable group with no rebalance at all.
 """
 
 from __future__ import annotations
@@ -99,6 +101,11 @@ class ClassicGroups:
         due = self.tick(group_id, now)
         if g.members and g.protocol_type != protocol_type or not self._common(g, protocols, member_id):
             return JoinAnswer(ErrorCode.INCONSISTENT_GROUP_PROTOCOL, member_id=member_id), due
+        static = self._static(g, instance_id, member_id, client_id, now)
+        if static is not None:
+            if g.state == "Stable" and protocols == g.members[static].protocols:
+                return self._join_answer(g, g.members[static]), due   # its place back: no rebalance
+            member_id = static
         if member_id and member_id not in g.members and member_id not in g.pending:
             return JoinAnswer(ErrorCode.UNKNOWN_MEMBER_ID, member_id=member_id), due
         if not member_id:
@@ -120,6 +127,23 @@ class ClassicGroups:
         if g.state != "PreparingRebalance":
             self._prepare(g, now)
         return member_id, due + self.tick(group_id, now)
+
+    def _static(self, g: ClassicGroup, instance_id: str | None, member_id: str, client_id: str,
+                now: float) -> str | None:
+        """A static member (KIP-345) joining again under a new member id, e.g. restarted: it takes
+        the place of the member its `instance_id` had, assignment and all; its new member id."""
+        if not instance_id or member_id in g.members:
+            return None
+        old = next((k for k, x in g.members.items() if x.instance_id == instance_id), None)
+        if old is None:
+            return None
+        m = g.members.pop(old)
+        m.member_id, m.client_id, m.seen = member_id or f"{client_id or 'member'}-{uuid.uuid4()}", client_id, now
+        g.members[m.member_id] = m
+        if g.leader == old:
+            g.leader = m.member_id
+        self.changed.add(g.group_id)
+        return m.member_id
 
     def sync(self, group_id: str, member_id: str, generation: int, now: float,
              assignments: Sequence[tuple[str, bytes]]) -> tuple[SyncAnswer | None, list[Answer]]:
