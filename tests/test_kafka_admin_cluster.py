@@ -23,6 +23,7 @@ from kafka import TopicPartition as KTopicPartition
 from kafka.protocol.consumer import OffsetForLeaderEpochRequest, OffsetForLeaderEpochResponse
 from tests.support.kafka_clients import kafka_produce, rows
 
+from memq.broker.coordinator import coordinator_of
 from memq.client.cluster import fetch_metadata
 from memq.config import BrokerConfig, TopicConfig
 from memq.devcluster import DevCluster, GovernedCluster
@@ -41,6 +42,13 @@ class Cluster:
         meta = fetch_metadata(gc.broker("b1").url, 10.0)
         self.addresses = {b.id: b.kafka_address for b in meta.brokers}
         self.address = self.addresses["b1"]
+        self.meta = meta
+
+    def coordinator(self, group: str) -> str:
+        """The Kafka listener of `group`'s coordinator (what FindCoordinator answers)."""
+        coordinator = coordinator_of(self.meta, group)
+        assert coordinator is not None
+        return self.addresses[coordinator]
 
 
 @pytest.fixture(scope="module")
@@ -163,7 +171,7 @@ def test_an_old_join_group_gets_a_member_id_not_member_id_required(cluster: Clus
     group = f"old-{version}-{uuid.uuid4().hex[:6]}"
     body = _s(group) + struct.pack(">i", 6000) + (struct.pack(">i", 6000) if version >= 1 else b"")
     body += _s("") + _s("consumer") + struct.pack(">i", 1) + _s("range") + struct.pack(">i", 4) + b"\0\0\0\0"
-    answer = _call(cluster.address, 11, version, body)
+    answer = _call(cluster.coordinator(group), 11, version, body)
     error, generation = struct.unpack(">hi", answer[:6])
     assert error == 0 and generation >= 0   # joined (not 79, MEMBER_ID_REQUIRED), in the v0/v1 shape
     rest = answer[6:]

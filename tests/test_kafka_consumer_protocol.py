@@ -15,9 +15,10 @@ from pathlib import Path
 
 import pytest
 from confluent_kafka import ConsumerGroupState
-from confluent_kafka.admin import AdminClient
+from confluent_kafka.admin import AdminClient, ConsumerGroupDescription
 from bench._group_member import member_log
 from tests.support.kafka_clients import kafka_produce, rows
+from tests.support.waiting import wait_for
 
 from memq.broker.coordinator import coordinator_of
 from memq.client.cluster import fetch_metadata
@@ -89,9 +90,14 @@ def test_consumer_protocol_members_read_each_record_once_through_joins_kills_and
                 members.add(name)
             members.wait_read(sent)
             admin = AdminClient({"bootstrap.servers": members.bootstrap})
-            [described] = admin.describe_consumer_groups([group], request_timeout=10).values()
-            d = described.result(20)
-            assert d.state == ConsumerGroupState.STABLE and len(d.members) == 3
+
+            def stable() -> ConsumerGroupDescription | None:   # ConsumerGroupDescribe: settled on 3 members
+                [described] = admin.describe_consumer_groups([group], request_timeout=10).values()
+                d = described.result(20)
+                return d if d.state == ConsumerGroupState.STABLE else None
+
+            d = wait_for(stable, timeout_s=20, what="the group stable")
+            assert len(d.members) == 3
             assert sum(len(m.assignment.topic_partitions) for m in d.members) == PARTITIONS
             members.add("m4")   # a fourth: partitions move to it, revoked first
             produce(600, "second", survivor)

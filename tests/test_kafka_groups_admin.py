@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Callable
@@ -17,6 +19,7 @@ from typing import Any
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
+from bench._group_member import member_log
 from tests.support.audit import audit_config
 from tests.support.cluster import running_broker, topic_config
 from tests.support.kafka_clients import broker_thread, kafka_produce, rows
@@ -206,3 +209,43 @@ async def test_offsets_committed_through_the_old_relay_are_taken_over(
         assert stored == {(topic, 0): (7, ""), (topic, 1): (3, "")}
         assert await asyncio.to_thread(delete_group, broker.kafka_address, group) is None
         assert await asyncio.to_thread(committed, broker.kafka_address, topic, group) < 0   # taken over once
+
+
+async def test_a_sigkilled_static_member_restarted_has_its_partitions_back_at_once(
+        devcluster: DevCluster, unique_name: Callable[[str], str], tmp_path: Path) -> None:
+    """A keyed stateful application (two confluent-kafka members with `group.instance.id`, as Quix
+    Streams or Kafka Streams deployments set it), one SIGKILLed and restarted: the new process
+    takes the dead member's place and partitions long before the dead one's 30 s session ends,
+    and the other member keeps its partitions throughout (no rebalance)."""
+    topic = unique_name("kstatic")
+    config = dataclasses.replace(devcluster.config(topics=[topic_config(topic, read_partitions=4, batch_ms=50)]),
+                                 broker=BrokerConfig(kafka_port=0))
+    group = f"g-{uuid.uuid4().hex[:6]}"
+    async with running_broker(config) as broker:
+        await asyncio.to_thread(kafka_produce, broker.kafka_address, topic, rows(40, "static"), acks="all")
+
+        def member(name: str, instance: str) -> subprocess.Popen[bytes]:
+            return subprocess.Popen([sys.executable, "-m", "bench._group_member", broker.kafka_address, topic, group,
+                                     "classic", str(tmp_path / f"{name}.log"), instance],
+                                    cwd=Path(__file__).parent.parent)
+
+        def owned(name: str) -> frozenset[int]:
+            log = member_log(tmp_path / f"{name}.log")
+            return log.assignments[-1][1] if log.assignments else frozenset()
+
+        a, b = member("a", "app-1"), member("b", "app-2")
+        try:
+            await async_wait_for(lambda: len(owned("a")) + len(owned("b")) == 4 and owned("a") and owned("b"),
+                                 timeout_s=30, what="both members assigned")
+            kept, moved = owned("a"), owned("b")
+            b.kill()
+            b.wait(10)
+            started = time.monotonic()
+            b = member("b2", "app-2")
+            await async_wait_for(lambda: owned("b2") == moved, timeout_s=10, what="the restarted member's partitions")
+            assert time.monotonic() - started < 10
+            assert [parts for _, parts in member_log(tmp_path / "a.log").assignments] == [kept]   # no rebalance
+        finally:
+            for p in (a, b):
+                p.terminate()
+                p.wait(20)
