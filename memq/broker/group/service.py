@@ -23,7 +23,6 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
 
 from memq.clock import Clock
 from memq.config import GroupConfig
@@ -38,7 +37,6 @@ from .consumer import Beat, ConsumerGroups
 from .store import GroupStore, Offsets
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
 
 Legacy = Callable[[str], Awaitable[Offsets]]   # a group's offsets committed through the old relay
 CONSUMER, CLASSIC = "consumer", "classic"
@@ -115,8 +113,11 @@ class GroupCoordinator:
 
     # --- KIP-848 consumer groups -------------------------------------------------------------
 
-    async def heartbeat(self, group: str, member_id: str, epoch: int, **member: Any) -> Beat:
-        """A ConsumerGroupHeartbeat (`ConsumerGroups.heartbeat`'s keyword arguments)."""
+    async def heartbeat(self, group: str, member_id: str, epoch: int, *, topics: tuple[str, ...] | None = None,
+                        owned: frozenset[tuple[str, int]] | None = None, assignor: str | None = None,
+                        rebalance_timeout_s: float | None = None, instance_id: str | None = None,
+                        rack: str | None = None, client_id: str = "", client_host: str = "") -> Beat:
+        """A ConsumerGroupHeartbeat (None: unchanged since the member's previous one)."""
         held = await self._hold(group)
         if isinstance(held, ErrorCode):
             return Beat(held)
@@ -128,7 +129,10 @@ class GroupCoordinator:
             if self._seen.get(group) != partitions:   # topics or their partitions changed: a new target
                 self.consumer.refresh(group, partitions)
                 self._seen[group] = partitions
-            beat = self.consumer.heartbeat(group, member_id, epoch, self._clock.monotonic(), partitions, **member)
+            beat = self.consumer.heartbeat(
+                group, member_id, epoch, self._clock.monotonic(), partitions, topics=topics, owned=owned,
+                assignor=assignor, rebalance_timeout_s=rebalance_timeout_s, instance_id=instance_id, rack=rack,
+                client_id=client_id, client_host=client_host)
             if before is None and beat.error:   # a refused first call creates no group
                 self.consumer.groups.pop(group, None)
                 self.consumer.changed.discard(group)
