@@ -251,3 +251,25 @@ def test_a_restarted_static_member_takes_its_place_back_without_a_rebalance() ->
     assert groups.sync("g", again.member_id, generation, 1.1, [])[0] == SyncAnswer(ErrorCode.NONE, b"pb", "range",
                                                                                      "consumer")
     assert groups.heartbeat("g", b, generation, 1.2)[0] == ErrorCode.UNKNOWN_MEMBER_ID   # the old one is gone
+
+
+def test_a_static_consumer_member_away_for_now_comes_back_to_its_partitions() -> None:
+    groups = ConsumerGroups(session_s=10)
+    a, b = _Client(groups, "a"), _Client(groups, "b")
+    for c, instance in ((a, "app-1"), (b, "app-2")):
+        beat = groups.heartbeat("g", "", 0, 0.0, PARTS, topics=("t",), instance_id=instance)
+        c.member_id, c.epoch = beat.member_id, beat.epoch
+    _settle(groups, [a, b], 0.5)
+    mine, epoch = b.owned, b.epoch
+    # while app-2 is in the group, another process with its instance id is refused
+    assert groups.heartbeat("g", "", 0, 1.0, PARTS, topics=("t",), instance_id="app-2").error == \
+        ErrorCode.UNRELEASED_INSTANCE_ID
+    assert groups.heartbeat("g", b.member_id, -2, 1.0, PARTS).error == ErrorCode.NONE   # away for now
+    a.beat(1.5)
+    assert len(a.owned) == 6   # nothing moved to a meanwhile
+    back = groups.heartbeat("g", "new-id", 0, 2.0, PARTS, topics=("t",), instance_id="app-2", owned=frozenset())
+    assert back.error == ErrorCode.NONE and back.member_id == "new-id" and back.assignment == mine
+    assert back.epoch == epoch and b.member_id not in groups.groups["g"].members
+    groups.heartbeat("g", "new-id", -2, 3.0, PARTS)
+    groups.expire("g", 14.0)   # away past its session: gone
+    assert "new-id" not in groups.groups["g"].members

@@ -12,7 +12,10 @@ towards its target, one step per heartbeat, never letting two members own a part
 2. then it takes the target's partitions no other member owns or is still revoking, and its
    member epoch becomes the target's; the rest (**unreleased**) come on later heartbeats.
 
-A member not heard from for the session timeout is removed. A heartbeat at an epoch that is
+A member not heard from for the session timeout is removed. A static member (`group.instance.id`)
+leaving for now (epoch -2) keeps its place until then: joining again under a new member id, it
+gets its assignment and epoch back at once (while it has not left, another member with its
+instance id is UNRELEASED_INSTANCE_ID, as in Kafka). A heartbeat at an epoch that is
 neither the member's nor its previous one (a lost answer) is FENCED_MEMBER_EPOCH: the client
 drops its partitions and rejoins. An OffsetCommit is accepted from a member at its epoch (or
 its previous one, for a commit sent before the answer that moved it), or from no member while
@@ -49,6 +52,7 @@ class ConsumerMember:
     revoking_since: float = 0.0
     seen: float = 0.0
     sent: frozenset[TP] | None = None        # the assignment last sent (None: send it)
+    away: bool = False                       # a static member that left for now (epoch -2)
 
 
 @dataclass(slots=True)
@@ -113,7 +117,11 @@ class ConsumerGroups:
         g = self.groups.setdefault(group_id, ConsumerGroup(group_id))
         self.expire(group_id, now)
         m = g.members.get(member_id)
-        if epoch < 0:   # leaving (-1), or a static member leaving for now (-2)
+        if epoch == -2 and m is not None and m.instance_id:   # a static member away for now: keeps its place
+            m.away = True
+            self.changed.add(group_id)
+            return Beat(ErrorCode.NONE, member_id, epoch)
+        if epoch < 0:   # leaving
             if m is not None:
                 self._remove(g, member_id)
             return Beat(ErrorCode.NONE, member_id, epoch)
@@ -122,9 +130,21 @@ class ConsumerGroups:
                 return Beat(ErrorCode.UNKNOWN_MEMBER_ID, message=f"member {member_id!r} is not in group {group_id!r}")
             if topics is None:
                 return Beat(ErrorCode.INVALID_REQUEST, message="a joining member names its topics")
-            m = ConsumerMember(member_id or str(uuid.uuid4()), 0, topics, seen=now)
-            g.members[m.member_id] = m
-            self._bump(g)
+            static = next((x for x in g.members.values() if instance_id and x.instance_id == instance_id), None)
+            if static is not None and not static.away:
+                return Beat(ErrorCode.UNRELEASED_INSTANCE_ID,
+                            message=f"instance {instance_id!r} is member {static.member_id!r}, still in the group")
+            if static is not None:   # back under a new member id: its place, assignment and epoch
+                old, new = static.member_id, member_id or str(uuid.uuid4())
+                m = g.members.pop(old)
+                m.member_id, m.away, m.sent = new, False, None
+                g.members[new] = m
+                g.target[new] = g.target.pop(old, frozenset())
+                self.changed.add(group_id)
+            else:
+                m = ConsumerMember(member_id or str(uuid.uuid4()), 0, topics, seen=now)
+                g.members[m.member_id] = m
+                self._bump(g)
         elif epoch == 0:   # it rejoins: what it had is gone
             m.assigned, m.revoking, m.epoch, m.previous_epoch, m.sent = frozenset(), frozenset(), 0, -1, None
             self._bump(g)
@@ -232,7 +252,7 @@ def snapshot(g: ConsumerGroup) -> dict[str, Any]:
                          "topics": list(m.topics), "assignor": m.assignor,
                          "rebalance_timeout_s": m.rebalance_timeout_s, "instance_id": m.instance_id, "rack": m.rack,
                          "client_id": m.client_id, "client_host": m.client_host,
-                         "assigned": sorted(m.assigned), "revoking": sorted(m.revoking)}
+                         "assigned": sorted(m.assigned), "revoking": sorted(m.revoking), "away": m.away}
                         for m in g.members.values()]}
 
 
@@ -247,5 +267,5 @@ def restore(group_id: str, d: Mapping[str, Any], now: float) -> ConsumerGroup:
         g.members[r["id"]] = ConsumerMember(
             r["id"], int(r["epoch"]), tuple(r["topics"]), r["assignor"], float(r["rebalance_timeout_s"]),
             r["instance_id"], r["rack"], r["client_id"], r["client_host"], int(r["previous_epoch"]),
-            tps(r["assigned"]), tps(r["revoking"]), now, now)
+            tps(r["assigned"]), tps(r["revoking"]), now, now, away=bool(r.get("away")))
     return g
