@@ -2,7 +2,8 @@
 processes, ZooKeeper, moto S3, tansu): confluent-kafka members with `group.protocol=consumer`
 (3, then one more, then two SIGKILLed) read a 12-partition topic with a commit after each batch
 while the group's coordinator broker is SIGKILLed once. Every record is read, and read twice
-only when a killed member had read it after its last acknowledged commit."""
+only when a killed member had read it after its last acknowledged commit; then Kafka's admin
+tools list the group by type and alter its offsets."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from confluent_kafka import ConsumerGroupState
+from confluent_kafka import ConsumerGroupState, ConsumerGroupTopicPartitions, ConsumerGroupType, TopicPartition
 from confluent_kafka.admin import AdminClient, ConsumerGroupDescription
 from bench._group_member import member_log
 from tests.support.kafka_clients import kafka_produce, rows
@@ -111,6 +112,18 @@ def test_consumer_protocol_members_read_each_record_once_through_joins_kills_and
             members.wait_read(sent, 90)
         finally:
             members.stop()
+        # Kafka's admin tools on the same group, now empty: listed by type, its offsets altered
+        admin = AdminClient({"bootstrap.servers": listeners[survivor]})
+        consumer_groups = admin.list_consumer_groups(types={ConsumerGroupType.CONSUMER}, request_timeout=10).result(20)
+        assert group in {g.group_id for g in consumer_groups.valid}
+        classic = admin.list_consumer_groups(types={ConsumerGroupType.CLASSIC}, request_timeout=10).result(20)
+        assert group not in {g.group_id for g in classic.valid}
+        moved = ConsumerGroupTopicPartitions(group, [TopicPartition(topic, 0, 0)])
+        wait_for(lambda: admin.alter_consumer_group_offsets([moved], request_timeout=10)[group].result(20),
+                 timeout_s=20, what="offsets altered once the killed members' sessions ended")
+        fetched = admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions(group, [TopicPartition(topic, 0)])],
+                                                    request_timeout=10)[group].result(20)
+        assert [tp.offset for tp in fetched.topic_partitions] == [0]
         got = members.read()
         twice = {r for r, n in Counter(got).items() if n > 1}
         assert len(set(got)) == sent   # nothing lost
