@@ -432,6 +432,17 @@ class ShareConfig:
 
 
 @dataclass(frozen=True)
+class GroupConfig:
+    """Kafka consumer groups coordinated by memq (memq.broker.group): KIP-848 consumer groups
+    and classic ones, with Kafka's names for the same settings."""
+
+    session_timeout_ms: int = setting(45_000, ge=1)          # group.consumer.session.timeout.ms
+    heartbeat_interval_ms: int = setting(1_000, ge=1)        # group.consumer.heartbeat.interval.ms
+    initial_rebalance_delay_ms: int = setting(300, ge=0)     # group.initial.rebalance.delay.ms (classic)
+    tick_ms: int = setting(100, ge=1)                        # how often timeouts are checked
+
+
+@dataclass(frozen=True)
 class ProducerConfig:
     """Client-side produce settings. `brokers`: comma-separated broker URLs (http://host:port)."""
 
@@ -622,6 +633,7 @@ class MemqConfig:
     governor: GovernorConfig = field(default_factory=GovernorConfig)
     broker: BrokerConfig = field(default_factory=BrokerConfig)
     share: ShareConfig = field(default_factory=ShareConfig)
+    group: GroupConfig = field(default_factory=GroupConfig)
     producer: ProducerConfig = field(default_factory=ProducerConfig)
     consumer: ConsumerConfig = field(default_factory=ConsumerConfig)
     audit: AuditConfig = field(default_factory=AuditConfig)

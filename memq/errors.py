@@ -80,7 +80,7 @@ class LeadershipLostError(CoordinationError):
 
 
 class StateFencedError(CoordinationError):
-    """Another broker took over a share-partition's state: this one must stop writing it."""
+    """Another broker took over a share-partition's or a consumer group's state: this one must stop writing it."""
 
 
 class TxnConflictError(CoordinationError):

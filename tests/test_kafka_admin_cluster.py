@@ -1,7 +1,7 @@
 """Kafka's cluster calls and the group gaps on a governed cluster of real broker processes (moto S3,
 tansu, ZooKeeper): DescribeCluster, DescribeLogDirs, DescribeProducers (kafka-python's and
 confluent-kafka's admin clients), OffsetForLeaderEpoch (a raw v2 frame, as librdkafka sends it),
-`kcat -L`, an old JoinGroup member (kafka-python pinned to 0.11: JoinGroup v2; raw v0 and v1
+`kcat -L` and `kcat -G`, an old JoinGroup member (kafka-python pinned to 0.11: JoinGroup v2; raw v0 and v1
 frames) sharing a topic with a JoinGroup v5 member (confluent-kafka), and OffsetDelete."""
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from kafka import TopicPartition as KTopicPartition
 from kafka.protocol.consumer import OffsetForLeaderEpochRequest, OffsetForLeaderEpochResponse
 from tests.support.kafka_clients import kafka_produce, rows
 
+from memq.broker.coordinator import coordinator_of
 from memq.client.cluster import fetch_metadata
 from memq.config import BrokerConfig, TopicConfig
 from memq.devcluster import DevCluster, GovernedCluster
@@ -41,6 +42,13 @@ class Cluster:
         meta = fetch_metadata(gc.broker("b1").url, 10.0)
         self.addresses = {b.id: b.kafka_address for b in meta.brokers}
         self.address = self.addresses["b1"]
+        self.meta = meta
+
+    def coordinator(self, group: str) -> str:
+        """The Kafka listener of `group`'s coordinator (what FindCoordinator answers)."""
+        coordinator = coordinator_of(self.meta, group)
+        assert coordinator is not None
+        return self.addresses[coordinator]
 
 
 @pytest.fixture(scope="module")
@@ -134,6 +142,25 @@ def test_kcat_lists_the_cluster(cluster: Cluster) -> None:
     assert f'topic "{TOPIC}" with {PARTITIONS} partitions:' in out
 
 
+def test_kcat_reads_in_a_group_and_commits(cluster: Cluster) -> None:
+    """`kcat -G` (librdkafka 2.0, a classic group member) reads every record and its group's commits stay."""
+    if shutil.which("kcat") is None:
+        pytest.skip("kcat is not installed (apt-get install kcat)")
+    group = f"kcat-{uuid.uuid4().hex[:6]}"
+    out = subprocess.run(["kcat", "-b", cluster.address, "-G", group, "-o", "beginning", "-c", str(RECORDS),
+                          "-f", "%p %o\\n", "-X", "auto.commit.interval.ms=100", TOPIC],
+                         capture_output=True, text=True, timeout=90, check=True).stdout
+    read = [tuple(map(int, line.split())) for line in out.splitlines()]
+    assert len(set(read)) == RECORDS == len(read)
+    c = Consumer({"bootstrap.servers": cluster.address, "group.id": group})
+    try:
+        committed = c.committed([TopicPartition(TOPIC, p) for p in range(PARTITIONS)], timeout=20)
+    finally:
+        c.close()
+    last = {p: max(o for q, o in read if q == p) + 1 for p in {q for q, _ in read}}
+    assert {tp.partition: tp.offset for tp in committed if tp.offset >= 0} == last
+
+
 def _s(text: str) -> bytes:
     raw = text.encode()
     return struct.pack(">h", len(raw)) + raw
@@ -144,7 +171,7 @@ def test_an_old_join_group_gets_a_member_id_not_member_id_required(cluster: Clus
     group = f"old-{version}-{uuid.uuid4().hex[:6]}"
     body = _s(group) + struct.pack(">i", 6000) + (struct.pack(">i", 6000) if version >= 1 else b"")
     body += _s("") + _s("consumer") + struct.pack(">i", 1) + _s("range") + struct.pack(">i", 4) + b"\0\0\0\0"
-    answer = _call(cluster.address, 11, version, body)
+    answer = _call(cluster.coordinator(group), 11, version, body)
     error, generation = struct.unpack(">hi", answer[:6])
     assert error == 0 and generation >= 0   # joined (not 79, MEMBER_ID_REQUIRED), in the v0/v1 shape
     rest = answer[6:]

@@ -4,18 +4,15 @@ codec of Kafka's schemas and against hand-laid frames."""
 
 from __future__ import annotations
 
-import struct
 
 from kafka.protocol.admin import DescribeClusterResponse, DescribeLogDirsResponse, DescribeProducersResponse
-from kafka.protocol.consumer import OffsetDeleteResponse, OffsetForLeaderEpochResponse
+from kafka.protocol.consumer import OffsetForLeaderEpochResponse
 
 from memq.format.metadata import BrokerMetadata, ClusterMetadata, StorageMetadata, TopicMetadata
 from memq.kafka_api.cluster import (cluster_operations, controller, describe_cluster, describe_log_dirs,
                                     describe_producers, epoch_end, led_here, log_dir, offset_for_leader_epoch)
-from memq.kafka_api.groups import (decode_offset_delete, encode_offset_delete, offset_delete_commit, rejoin_as,
-                                   with_member_id)
 from memq.kafka_api.mapping import node_id
-from memq.kafka_api.protocol import ApiKey, ErrorCode, Reader, RequestHeader
+from memq.kafka_api.protocol import ErrorCode
 
 META = ClusterMetadata(
     cluster="prod", broker_id="b1", kafka_bootstrap_servers="k:9092", storage=StorageMetadata(bucket="memq-data"),
@@ -24,11 +21,6 @@ META = ClusterMetadata(
              BrokerMetadata("b3", "http://h3:1")),   # no Kafka listener
     topics={"orders": TopicMetadata("orders", "memq.orders", 4, ("http://h1:1", "http://h2:1")),
             "solo": TopicMetadata("solo", "memq.solo", 2, ("http://h2:1",))})
-
-
-def _s(text: str) -> bytes:
-    raw = text.encode()
-    return struct.pack(">h", len(raw)) + raw
 
 
 def test_describe_cluster_lists_the_listeners_with_the_governor_as_controller() -> None:
@@ -94,45 +86,3 @@ def test_producers_answer_each_partition_with_none_active() -> None:
     assert [(p.partition_index, p.error_code, p.active_producers) for p in t.partitions] == [(0, 0, []), (9, 3, [])]
 
 
-def _join(v: int, member: str) -> bytes:
-    """A size-prefixed JoinGroup request of version v (header v1)."""
-    body = _s("memq.c.kafka.g") + struct.pack(">i", 6000) + (struct.pack(">i", 9000) if v >= 1 else b"")
-    body += _s(member) + _s("consumer") + struct.pack(">i", 1) + _s("range") + struct.pack(">i", 2) + b"md"
-    frame = struct.pack(">hhi", ApiKey.JOIN_GROUP, v, 42) + _s("cli") + body
-    return struct.pack(">i", len(frame)) + frame
-
-
-def _join_answer(v: int, error: int, member: str) -> bytes:
-    body = struct.pack(">i", 42) + (struct.pack(">i", 0) if v >= 2 else b"")
-    body += struct.pack(">hi", error, -1) + _s("") + _s("") + _s(member) + struct.pack(">i", 0)
-    return struct.pack(">i", len(body)) + body
-
-
-def test_an_old_join_answered_member_id_required_joins_again_with_that_id() -> None:
-    for v in (0, 1, 2, 3):
-        h = RequestHeader(ApiKey.JOIN_GROUP, v, 42, "cli")
-        assert rejoin_as(h, _join_answer(v, ErrorCode.MEMBER_ID_REQUIRED, "cli-1234")) == "cli-1234"
-        assert rejoin_as(h, _join_answer(v, ErrorCode.NONE, "cli-1234")) is None
-        again = with_member_id(h, _join(v, ""), "cli-1234")
-        assert again == _join(v, "cli-1234")
-    # from v4 on the member handles it itself, as with Kafka
-    assert rejoin_as(RequestHeader(ApiKey.JOIN_GROUP, 4, 42, "cli"),
-                     _join_answer(4, ErrorCode.MEMBER_ID_REQUIRED, "cli-1")) is None
-
-
-def test_offset_delete_is_a_commit_of_no_offset_answered_in_its_own_shape() -> None:
-    body = _s("g") + struct.pack(">i", 1) + _s("orders") + struct.pack(">iii", 2, 0, 3)
-    req = decode_offset_delete(Reader(body))
-    assert req.group == "g" and req.topics == (("orders", (0, 3)),)
-    commit = offset_delete_commit(9, "memq", "memq.c.kafka.g", {"memq.orders": [0, 3]})
-    r = Reader(commit, 4)
-    assert (r.i16(), r.i16(), r.i32(), r.string(), r.string()) == (ApiKey.OFFSET_COMMIT, 2, 9, "memq", "memq.c.kafka.g")
-    assert (r.i32(), r.string(), r.i64(), r.count(), r.string(), r.count()) == (-1, "", -1, 1, "memq.orders", 2)
-    assert [(r.i32(), r.i64(), r.string()) for _ in range(2)] == [(0, -1, ""), (3, -1, "")]
-    r.done()
-    h = RequestHeader(ApiKey.OFFSET_DELETE, 0, 5, "c")
-    answer = encode_offset_delete(h, 0, [("orders", [(0, 0), (3, ErrorCode.UNKNOWN_MEMBER_ID)])])
-    got = OffsetDeleteResponse.decode(answer[8:], version=0)
-    assert got.error_code == 0
-    assert [(p.partition_index, p.error_code) for p in got.topics[0].partitions] == [
-        (0, 0), (3, ErrorCode.GROUP_SUBSCRIBED_TO_TOPIC)]   # an active group keeps its offsets

@@ -183,8 +183,8 @@ def test_byte_limits_split_parts_across_fetches_and_lose_nothing(running: Runnin
 
 
 def test_a_consumer_group_of_three_reads_every_record_once_and_commits(running: Running) -> None:
-    """Group state lives in the notification Kafka's coordinator (relayed); offsets committed by
-    one group member are where a later member of the same group resumes."""
+    """Group state lives in memq's group coordinator; offsets committed by one group member are
+    where a later member of the same group resumes."""
     topic = running.add_topic(partitions=3)
     sent = rows(3_000, "group")
     kafka_produce(running.broker.kafka_address, topic, sent, acks="all")
@@ -215,9 +215,8 @@ def test_a_consumer_group_of_three_reads_every_record_once_and_commits(running: 
     everything = [r for mine in got for r in mine]
     assert sorted(r for _, _, r in everything) == sorted(as_rows(sent))     # every record exactly once
     assert sorted(p for a in assigned for p in a) == [0, 1, 2]              # the partitions split between them
-    # the commits are the group's, kept by the notification Kafka: a consumer of the group sees
-    # them and resumes there (assigned: tansu does not let a new member into a group whose
-    # members all left within the session timeout, with or without memq in between)
+    # the commits are the group's, kept by memq's coordinator: a consumer of the group sees
+    # them and resumes there
     late = kafka_consumer(running, **conf)
     try:
         committed = late.committed([TopicPartition(topic, p) for p in range(3)], timeout=20)

@@ -1,12 +1,15 @@
 """Kafka clients' groups through memq's listener on the real dev cluster (moto S3, tansu), with
-confluent-kafka: Kafka's admin tools delete them (DeleteGroups, relayed), with security on the
-ACLs decide, over SASL/PLAIN, who may read a topic and who may use, see or delete a group, and
-the audit counts what a group committed."""
+confluent-kafka: Kafka's admin tools delete them (DeleteGroups), with security on the ACLs
+decide, over SASL/PLAIN, who may read a topic and who may use, see or delete a group, the audit
+counts what a group committed, and offsets committed through the relay memq used before are
+taken over."""
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Callable
@@ -16,6 +19,7 @@ from typing import Any
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
+from bench._group_member import member_log
 from tests.support.audit import audit_config
 from tests.support.cluster import running_broker, topic_config
 from tests.support.kafka_clients import broker_thread, kafka_produce, rows
@@ -26,6 +30,7 @@ from memq.audit.books import GroupSummary
 from memq.audit.dashboard import AuditService
 from memq.config import BrokerConfig, SecurityConfig
 from memq.devcluster import DevCluster
+from memq.kafka_api.groups import mapped_group
 from memq.security.tokens import new_token
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
@@ -178,3 +183,69 @@ async def test_the_audit_counts_what_a_kafka_consumer_group_committed(
             assert x is not None and (x.lost, x.duplicates, x.mismatches) == (0, 0, 0)
     finally:
         await service.stop()
+
+
+async def test_offsets_committed_through_the_old_relay_are_taken_over(
+        devcluster: DevCluster, unique_name: Callable[[str], str]) -> None:
+    """Before memq coordinated groups it relayed them to the notification Kafka, where a group's
+    offsets are under its mapped name and the notification topic: the group's first load takes
+    them over, once, and the group goes on from there."""
+    topic = unique_name("kmig")
+    config = dataclasses.replace(devcluster.config(topics=[topic_config(topic, read_partitions=2, batch_ms=50)]),
+                                 broker=BrokerConfig(kafka_port=0))
+    group = f"g-{uuid.uuid4().hex[:6]}"
+    async with running_broker(config) as broker:
+        await asyncio.to_thread(kafka_produce, broker.kafka_address, topic, rows(20, "mig"), acks="all")
+        ntopic = broker.metadata().topics[topic].notification_topic
+        old = Consumer({"bootstrap.servers": config.kafka.bootstrap_servers, "group.id": mapped_group(
+            config.cluster.name, group), "enable.auto.commit": False})
+        try:   # what the relay stored for the group: memq's Kafka offsets, on the notification topic
+            await asyncio.to_thread(old.commit, offsets=[TopicPartition(ntopic, 0, 7), TopicPartition(ntopic, 1, 3)],
+                                    asynchronous=False)
+        finally:
+            old.close()
+        assert await asyncio.to_thread(committed, broker.kafka_address, topic, group) == 7
+        stored = await broker.group_coordinator.offsets(group)
+        assert stored == {(topic, 0): (7, ""), (topic, 1): (3, "")}
+        assert await asyncio.to_thread(delete_group, broker.kafka_address, group) is None
+        assert await asyncio.to_thread(committed, broker.kafka_address, topic, group) < 0   # taken over once
+
+
+async def test_a_sigkilled_static_member_restarted_has_its_partitions_back_at_once(
+        devcluster: DevCluster, unique_name: Callable[[str], str], tmp_path: Path) -> None:
+    """A keyed stateful application (two confluent-kafka members with `group.instance.id`, as Quix
+    Streams or Kafka Streams deployments set it), one SIGKILLed and restarted: the new process
+    takes the dead member's place and partitions long before the dead one's 30 s session ends,
+    and the other member keeps its partitions throughout (no rebalance)."""
+    topic = unique_name("kstatic")
+    config = dataclasses.replace(devcluster.config(topics=[topic_config(topic, read_partitions=4, batch_ms=50)]),
+                                 broker=BrokerConfig(kafka_port=0))
+    group = f"g-{uuid.uuid4().hex[:6]}"
+    async with running_broker(config) as broker:
+        await asyncio.to_thread(kafka_produce, broker.kafka_address, topic, rows(40, "static"), acks="all")
+
+        def member(name: str, instance: str) -> subprocess.Popen[bytes]:
+            return subprocess.Popen([sys.executable, "-m", "bench._group_member", broker.kafka_address, topic, group,
+                                     "classic", str(tmp_path / f"{name}.log"), instance],
+                                    cwd=Path(__file__).parent.parent)
+
+        def owned(name: str) -> frozenset[int]:
+            log = member_log(tmp_path / f"{name}.log")
+            return log.assignments[-1][1] if log.assignments else frozenset()
+
+        a, b = member("a", "app-1"), member("b", "app-2")
+        try:
+            await async_wait_for(lambda: len(owned("a")) + len(owned("b")) == 4 and owned("a") and owned("b"),
+                                 timeout_s=30, what="both members assigned")
+            kept, moved = owned("a"), owned("b")
+            b.kill()
+            b.wait(10)
+            started = time.monotonic()
+            b = member("b2", "app-2")
+            await async_wait_for(lambda: owned("b2") == moved, timeout_s=10, what="the restarted member's partitions")
+            assert time.monotonic() - started < 10
+            assert [parts for _, parts in member_log(tmp_path / "a.log").assignments] == [kept]   # no rebalance
+        finally:
+            for p in (a, b):
+                p.terminate()
+                p.wait(20)

@@ -12,10 +12,6 @@ from hypothesis import strategies as st
 from memq.errors import ConfigError, ProtocolError
 from memq.format.metadata import BrokerMetadata, ClusterMetadata, StorageMetadata, TopicMetadata, TopicRefusal
 from memq.format.wire import AckCode, AckLevel
-from memq.kafka_api.groups import (Described, decode_delete_groups, delete_group_request, delete_group_result,
-                                  describe_groups_of, describe_groups_request, describe_groups_response,
-                                  encode_delete_groups, list_groups_response, offsets_request, offsets_response,
-                                  refusal, with_described)
 from memq.kafka_api.mapping import ack_level, error_code, memq_producer_id, metadata_view, node_id, split_address
 from memq.broker.doors.kafka import SERVED
 from memq.kafka_api.protocol import (ApiKey, ErrorCode, FetchedPartition, FetchPartition, ListedOffset,
@@ -135,23 +131,6 @@ def test_fetch_request_decodes_and_response_parses_at_every_served_version(versi
     assert seen[1][:3] == ("b", 2, ErrorCode.OFFSET_OUT_OF_RANGE) and seen[1][-1] == b""   # empty, never null
 
 
-@pytest.mark.parametrize("version", range(1, 6))
-def test_list_offsets_request_decodes_and_response_parses_at_every_served_version(version: int) -> None:
-    h, r = decode_request_header(_frame(request(2, version, 4, list_offsets_body(version, "t", [(0, -1), (1, 123)]))))
-    assert decode_list_offsets(h, r).topics == (("t", ((0, -1), (1, 123))),)
-    out = Reader(encode_list_offsets(h, [("t", [ListedOffset(0, offset=3 << 24), ListedOffset(1, timestamp=123,
-                                                                                               offset=5)])]), 4)
-    assert out.i32() == 4
-    if version >= 2:
-        assert out.i32() == 0
-    assert (out.count(), out.string(), out.count()) == (1, "t", 2)
-    for want in ((0, 0, -1, 3 << 24), (1, 0, 123, 5)):
-        assert (out.i32(), out.i16(), out.i64(), out.i64()) == want
-        if version >= 4:
-            assert out.i32() == -1
-    out.done()
-
-
 def test_acks_map_to_memq_ack_levels() -> None:
     assert [ack_level(a) for a in (0, 1, -1, 2)] == [AckLevel.NONE, AckLevel.LEADER, AckLevel.ALL, None]
     assert error_code(AckCode.NOT_HERE) is ErrorCode.NOT_LEADER_OR_FOLLOWER
@@ -188,180 +167,18 @@ def test_bad_listener_address_names_the_value() -> None:
         split_address("nohost")
 
 
-def _s(s: str) -> bytes:
-    return struct.pack(">h", len(s)) + s.encode()
-
-
-@pytest.mark.parametrize("version", range(2, 8))
-def test_offset_commit_is_relayed_with_group_and_topics_mapped_and_mapped_back(version: int) -> None:
-    body = _s("g") + struct.pack(">i", 3) + _s("m1") + (struct.pack(">h", -1) if version >= 7 else b"") \
-        + (struct.pack(">q", -1) if version <= 4 else b"") + struct.pack(">i", 2)
-    for topic in ("orders", "other"):
-        body += _s(topic) + struct.pack(">iiq", 1, 0, 42 << 24) + (struct.pack(">i", -1) if version >= 6 else b"") + _s("md")
-    h, r = decode_request_header(_frame(request(8, version, 5, body)))
-    out = offsets_request(h, r.buf, r.pos, "memq.c.kafka.g", {"orders": "memq.c.orders"})
-    assert struct.unpack(">i", out[:4])[0] == len(out) - 4
-    h2, r2 = decode_request_header(out[4:])
-    assert (h2.api_key, h2.api_version, h2.correlation_id) == (8, version, 5)
-    assert r2.string() == "memq.c.kafka.g" and bytes(r2.buf[r2.pos:]) == body[3:].replace(_s("orders"), _s("memq.c.orders"))
-    resp = struct.pack(">i", 5) + (struct.pack(">i", 0) if version >= 3 else b"") + struct.pack(">i", 1) \
-        + _s("memq.c.orders") + struct.pack(">iih", 1, 0, 0)
-    back = offsets_response(h, struct.pack(">i", len(resp)) + resp, {"memq.c.orders": "orders"})
-    assert back[4:] == resp.replace(_s("memq.c.orders"), _s("orders")) and struct.unpack(">i", back[:4])[0] == len(back) - 4
-
-
 @pytest.mark.parametrize("version", range(1, 6))
-def test_offset_fetch_is_relayed_with_topics_mapped_and_mapped_back(version: int) -> None:
-    body = _s("g") + struct.pack(">i", 1) + _s("orders") + struct.pack(">iii", 2, 0, 1)
-    h, r = decode_request_header(_frame(request(9, version, 6, body)))
-    out = offsets_request(h, r.buf, r.pos, "G", {"orders": "n.orders"})
-    assert out[4:].endswith(_s("G") + struct.pack(">i", 1) + _s("n.orders") + struct.pack(">iii", 2, 0, 1))
-    part = struct.pack(">iq", 0, 7 << 24) + (struct.pack(">i", -1) if version >= 5 else b"") + _s("") + struct.pack(">h", 0)
-    resp = struct.pack(">i", 6) + (struct.pack(">i", 0) if version >= 3 else b"") + struct.pack(">i", 1) \
-        + _s("n.orders") + struct.pack(">i", 1) + part + (struct.pack(">h", 0) if version >= 2 else b"")
-    back = offsets_response(h, struct.pack(">i", len(resp)) + resp, {"n.orders": "orders"})
-    assert back[4:] == resp.replace(_s("n.orders"), _s("orders"))
-
-
-@pytest.mark.parametrize("version", range(0, 3))
-def test_list_groups_shows_only_this_clusters_kafka_groups_by_their_names(version: int) -> None:
-    h, _ = decode_request_header(_frame(request(16, version, 3, b"")))
-    groups = [("memq.c.kafka.orders", "consumer"), ("memq.c.reader", "consumer"), ("memq.other.kafka.x", "consumer")]
-    resp = struct.pack(">i", 3) + (struct.pack(">i", 0) if version >= 1 else b"") + struct.pack(">hi", 0, len(groups))
-    resp += b"".join(_s(g) + _s(t) for g, t in groups)
-    r = Reader(list_groups_response(h, struct.pack(">i", len(resp)) + resp, "c"), 4)
-    assert r.i32() == 3
-    if version >= 1:
-        assert r.i32() == 0
-    assert (r.i16(), r.count(), r.string(), r.string()) == (0, 1, "orders", "consumer")
-    r.done()
-
-
-@pytest.mark.parametrize("version", range(0, 5))
-def test_describe_groups_maps_group_ids_both_ways(version: int) -> None:
-    body = struct.pack(">i", 2) + _s("a") + _s("b") + (struct.pack(">b", 1) if version >= 3 else b"")
-    h, r = decode_request_header(_frame(request(15, version, 4, body)))
-    out = describe_groups_request(h, r.buf, r.pos, "c")
-    assert out[4:].endswith(struct.pack(">i", 2) + _s("memq.c.kafka.a") + _s("memq.c.kafka.b")
-                            + (struct.pack(">b", 1) if version >= 3 else b""))
-    member = _s("m1") + (struct.pack(">h", -1) if version >= 4 else b"") + _s("cli") + _s("/h") \
-        + struct.pack(">i", 3) + b"abc" + struct.pack(">i", 2) + b"xy"
-    group = struct.pack(">h", 0) + _s("memq.c.kafka.a") + _s("Stable") + _s("consumer") + _s("range") \
-        + struct.pack(">i", 1) + member + (struct.pack(">i", -1) if version >= 3 else b"")
-    resp = struct.pack(">i", 4) + (struct.pack(">i", 0) if version >= 1 else b"") + struct.pack(">i", 1) + group
-    back = describe_groups_response(h, struct.pack(">i", len(resp)) + resp, "c")
-    assert back[4:] == resp.replace(_s("memq.c.kafka.a"), _s("a"))
-
-
-@pytest.mark.parametrize("version", range(0, 3))
-def test_list_groups_leaves_out_groups_the_principal_may_not_describe(version: int) -> None:
-    h, _ = decode_request_header(_frame(request(16, version, 3, b"")))
-    groups = [("memq.c.kafka.mine", "consumer"), ("memq.c.kafka.theirs", "consumer")]
-    resp = struct.pack(">i", 3) + (struct.pack(">i", 0) if version >= 1 else b"") + struct.pack(">hi", 0, len(groups))
-    resp += b"".join(_s(g) + _s(t) for g, t in groups)
-    r = Reader(list_groups_response(h, struct.pack(">i", len(resp)) + resp, "c", lambda g: g == "mine"), 8)
-    if version >= 1:
-        r.i32()
-    assert (r.i16(), r.count(), r.string(), r.string()) == (0, 1, "mine", "consumer")
-    r.done()
-
-
-@pytest.mark.parametrize("version", range(0, 5))
-def test_describe_groups_relays_the_allowed_and_answers_the_refused_itself(version: int) -> None:
-    body = struct.pack(">i", 2) + _s("a") + _s("b") + (struct.pack(">b", 0) if version >= 3 else b"")
-    h, r = decode_request_header(_frame(request(15, version, 4, body)))
-    assert describe_groups_of(r) == ["a", "b"]
-    out = describe_groups_request(h, r.buf, r.pos, "c", ["a"])
-    assert out[4:].endswith(struct.pack(">i", 1) + _s("memq.c.kafka.a") + (struct.pack(">b", 0) if version >= 3 else b""))
-    group = struct.pack(">h", 0) + _s("a") + _s("Empty") + _s("consumer") + _s("") + struct.pack(">i", 0) \
-        + (struct.pack(">i", -1) if version >= 3 else b"")
-    resp = struct.pack(">i", 4) + (struct.pack(">i", 0) if version >= 1 else b"") + struct.pack(">i", 1) + group
-    share = Described("s", state="Stable", protocol_type="share", members=(("m1", "cid", "/10.0.0.1"),))
-    merged = with_described(h, struct.pack(">i", len(resp)) + resp,
-                            [Described("b", ErrorCode.GROUP_AUTHORIZATION_FAILED), share])
-    r2 = Reader(merged, 8)
-    assert struct.unpack(">i", merged[:4])[0] == len(merged) - 4
-    if version >= 1:
-        r2.i32()
-    seen = []
-    for _ in range(r2.count()):
-        error, name = r2.i16(), r2.string()
-        state, protocol_type, _data = r2.string(), r2.string(), r2.string()
-        members = []
-        for _ in range(r2.count()):
-            member = r2.string()
-            if version >= 4:
-                assert r2.nullable_string() is None
-            members.append((member, r2.string(), r2.string()))
-            assert (r2.i32(), r2.i32()) == (0, 0)   # no metadata, no assignment
-        if version >= 3:
-            r2.i32()
-        seen.append((name, error, state, protocol_type, members))
-    r2.done()
-    assert seen == [("a", 0, "Empty", "consumer", []), ("b", ErrorCode.GROUP_AUTHORIZATION_FAILED, "", "", []),
-                    ("s", 0, "Stable", "share", [("m1", "cid", "/10.0.0.1")])]
-
-
-def _commit_body(version: int) -> bytes:
-    body = _s("g") + struct.pack(">i", 3) + _s("m1") + (struct.pack(">h", -1) if version >= 7 else b"") \
-        + (struct.pack(">q", -1) if version <= 4 else b"") + struct.pack(">i", 1) + _s("orders") + struct.pack(">i", 2)
-    for p in (0, 2):
-        body += struct.pack(">iq", p, 42) + (struct.pack(">i", -1) if version >= 6 else b"") + _s("")
-    return body
-
-
-@pytest.mark.parametrize(("api", "version"), [(8, v) for v in range(2, 8)] + [(9, v) for v in range(1, 6)]
-                         + [(11, v) for v in range(0, 6)] + [(12, v) for v in range(0, 4)]
-                         + [(13, v) for v in range(0, 4)] + [(14, v) for v in range(0, 4)])
-def test_a_refused_group_request_is_answered_in_its_apis_shape(api: int, version: int) -> None:
-    """Every field the API's response has, and the error where the client looks for it."""
-    body = {8: _commit_body(version),
-            9: _s("g") + struct.pack(">i", 1) + _s("orders") + struct.pack(">ii", 1, 0)}.get(api, _s("g") + b"rest")
-    h, r = decode_request_header(_frame(request(api, version, 9, body)))
-    out = refusal(h, r.buf, r.pos, ErrorCode.GROUP_AUTHORIZATION_FAILED)
-    assert struct.unpack(">i", out[:4])[0] == len(out) - 4
-    rr = Reader(out, 4)
-    assert rr.i32() == 9
-    if (api, version) in {(8, 3), (8, 4), (8, 5), (8, 6), (8, 7), (9, 3), (9, 4), (9, 5)} or (
-            api in (12, 13, 14) and version >= 1) or (api == 11 and version >= 2):
-        assert rr.i32() == 0   # throttle time
-    errors = []
-    if api == 8:
-        assert (rr.count(), rr.string(), rr.count()) == (1, "orders", 2)
-        for p in (0, 2):
-            assert rr.i32() == p
-            errors.append(rr.i16())
-    elif api == 9 and version == 1:
-        assert (rr.count(), rr.string(), rr.count(), rr.i32(), rr.i64(), rr.string()) == (1, "orders", 1, 0, -1, "")
-        errors.append(rr.i16())
-    elif api == 9:
-        assert rr.count() == 0
-        errors.append(rr.i16())
-    else:
-        errors.append(rr.i16())
-        if api == 11:
-            assert (rr.i32(), rr.string(), rr.string(), rr.string(), rr.count()) == (-1, "", "", "", 0)
-        elif api == 14:
-            assert rr.nullable_bytes(rr.i32()) == b""
-        elif api == 13 and version >= 3:
-            assert rr.count() == 0
-    rr.done()
-    assert errors and set(errors) == {ErrorCode.GROUP_AUTHORIZATION_FAILED}
-
-
-@pytest.mark.parametrize("version", range(0, 2))
-def test_delete_groups_is_relayed_one_group_at_a_time_and_answered_as_one(version: int) -> None:
-    h, r = decode_request_header(_frame(request(42, version, 7, struct.pack(">i", 2) + _s("a") + _s("b"))))
-    at = r.pos
-    assert decode_delete_groups(r) == ["a", "b"]
-    one = delete_group_request(r.buf, at, "memq.c.kafka.a")
-    h1, r1 = decode_request_header(one[4:])
-    assert (h1.api_key, h1.api_version, h1.correlation_id) == (42, version, 7)
-    assert decode_delete_groups(r1) == ["memq.c.kafka.a"]
-    resp = struct.pack(">iii", 7, 0, 1) + _s("memq.c.kafka.a") + struct.pack(">h", 69)
-    assert delete_group_result(struct.pack(">i", len(resp)) + resp) == 69
-    out = encode_delete_groups(h, [("a", 0), ("b", ErrorCode.GROUP_AUTHORIZATION_FAILED)])
-    rr = Reader(out, 4)
-    assert (rr.i32(), rr.i32(), rr.count()) == (7, 0, 2)
-    assert [(rr.string(), rr.i16()) for _ in range(2)] == [("a", 0), ("b", 30)]
-    rr.done()
+def test_list_offsets_request_decodes_and_response_parses_at_every_served_version(version: int) -> None:
+    h, r = decode_request_header(_frame(request(2, version, 4, list_offsets_body(version, "t", [(0, -1), (1, 123)]))))
+    assert decode_list_offsets(h, r).topics == (("t", ((0, -1), (1, 123))),)
+    out = Reader(encode_list_offsets(h, [("t", [ListedOffset(0, offset=3 << 24), ListedOffset(1, timestamp=123,
+                                                                                               offset=5)])]), 4)
+    assert out.i32() == 4
+    if version >= 2:
+        assert out.i32() == 0
+    assert (out.count(), out.string(), out.count()) == (1, "t", 2)
+    for want in ((0, 0, -1, 3 << 24), (1, 0, 123, 5)):
+        assert (out.i32(), out.i16(), out.i64(), out.i64()) == want
+        if version >= 4:
+            assert out.i32() == -1
+    out.done()

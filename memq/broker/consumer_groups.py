@@ -1,10 +1,11 @@
-"""Kafka client groups, kept by the notification Kafka's group coordinator (memq.kafka_api.groups).
+"""The link to the notification Kafka's group coordinator, where memq's own Consumer keeps its
+groups (and where Kafka clients' groups were relayed before memq coordinated them: `group.legacy`
+reads their offsets from there once).
 
-`Groups.link()` gives a Kafka door connection its own relay: requests of one client connection
-go to the coordinator in order over one upstream connection, so a JoinGroup waiting for a
-rebalance holds up only its own client (librdkafka and the Java client talk to their group
-coordinator on a connection of its own). A relay finds the coordinator of the mapped group on
-the notification Kafka (FindCoordinator) and reconnects after any failure.
+`Groups.link()` gives a caller its own upstream link: its requests go to the coordinator in
+order over one connection. A link finds the coordinator of a group on the notification Kafka
+(FindCoordinator) and reconnects after any failure. Users: a transaction's commit of a memq
+Consumer group's offsets (`txn.relay`), the migration's read (`group.legacy`).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from memq.errors import NotifyError, ProtocolError
 from memq.kafka_api.groups import decode_find_coordinator_response, find_coordinator_request, mapped_group
 
 _SIZE = struct.Struct(">i")
-TIMEOUT_S = 330.0   # a JoinGroup may wait a rebalance timeout (librdkafka: max.poll.interval.ms, 300 s)
+TIMEOUT_S = 30.0   # an OffsetCommit or OffsetFetch answers at once
 CONNECT_TIMEOUT_S = 10.0
 MAX_RESPONSE = 64 * 1024 * 1024
 

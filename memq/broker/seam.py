@@ -15,7 +15,7 @@ from memq.schema.service import SchemaRegistry
 
 from .admission import Admission
 from .cluster_admin import ClusterAdmin
-from .consumer_groups import Groups
+from .group.service import GroupCoordinator
 from .guard import Guard
 from .logs import Logs
 from .metrics import BrokerMetrics
@@ -51,8 +51,8 @@ class BrokerCore(Protocol):
         """Partition logs: their log start, high watermark and segments (`memq.log.model`), fed from `reads`."""
 
     @property
-    def groups(self) -> Groups:
-        """Kafka client groups, relayed to the notification Kafka's coordinator."""
+    def group_coordinator(self) -> GroupCoordinator:
+        """Kafka clients' consumer groups, KIP-848 and classic, coordinated here (memq.broker.group)."""
 
     @property
     def shares(self) -> Shares:

@@ -61,6 +61,10 @@ from .share.metrics import register as register_share_metrics
 from .share.service import Shares
 from .share.store import MemoryStateStore, ShareStateStore, ZooKeeperStateStore
 from .txn.relay import GroupOffsetRelay
+from .group.legacy import LegacyOffsets
+from .group.service import GroupCoordinator
+from .group.store import GroupStore, MemoryGroupStore, ZooKeeperGroupStore
+from .group.txn_offsets import TxnGroupOffsets
 from .txn.service import Transactions
 from .txn.store import MemoryTxnStore, TxnStore, ZooKeeperTxnStore
 
@@ -94,6 +98,7 @@ class Broker:
         self._shares: Shares | None = None   # made on start: share groups on the Kafka listener
         self._share_registry: Registry | None = None   # ZooKeeper for share groups and transactions
         self._txns: Transactions | None = None   # made on start, with the publisher
+        self._group_coordinator: GroupCoordinator | None = None   # made on start: Kafka clients' groups
         self._path: PublishPath | None = None   # made on start: every notification goes through it
         self._pointers: ManifestPointers | None = None   # compacted topics' manifests (with ZooKeeper)
         self.compactor: Compactor | None = None   # made on start with ZooKeeper; runs once told its share
@@ -138,6 +143,7 @@ class Broker:
         if bc.kafka_port >= 0:
             # Kafka clients carry no memq audit emitter: the broker reports their Messages.
             self._kafka_audit = make_audit_sink(self.config, client_id=f"memq-broker-{self.broker_id}-audit")
+        self._group_coordinator = await self._make_group_coordinator()
         self._txns = await self._make_txns()
         if self._share_registry is not None:   # ZooKeeper: compacted topics' manifests are there
             self.compactor = Compactor(self.config, self._manifest_pointers(), self.metrics.registry,
@@ -167,6 +173,7 @@ class Broker:
         await self._runner.setup()
         await web.SockSite(self._runner, sock, ssl_context=tls).start()
         self._txns.start(self._coordinates)
+        self.group_coordinator.start()
         log.info("broker %s listening on %s, topics %s", self.broker_id, self.url, sorted(self._processors))
         return self.url
 
@@ -192,6 +199,8 @@ class Broker:
             await self._shares.close()
         if self._txns is not None:
             await self._txns.close()
+        if self._group_coordinator is not None:
+            await self._group_coordinator.close()
         if self._share_registry is not None:
             await asyncio.to_thread(self._share_registry.close)
         if self._reads is not None:
@@ -223,6 +232,19 @@ class Broker:
         register_share_metrics(shares, self.metrics.registry)
         return shares
 
+    async def _make_group_coordinator(self) -> GroupCoordinator:
+        """Kafka clients' groups in ZooKeeper when the cluster has it (shared with share groups'
+        session), else in memory (one broker); a group's offsets committed through the relay
+        before are taken over on its first load (`legacy_offsets`)."""
+        store: GroupStore = MemoryGroupStore()
+        if self.config.zookeeper.enabled:
+            if self._share_registry is None:
+                self._share_registry = await asyncio.to_thread(
+                    Registry(self.config.zookeeper, self.config.cluster.name).start)
+            store = ZooKeeperGroupStore(self._share_registry)
+        legacy = LegacyOffsets(self.groups, self._topics)
+        return GroupCoordinator(self.config.group, store, self._clock, self.broker_id, self.metadata, legacy.read)
+
     async def _make_txns(self) -> Transactions:
         """Transaction state in ZooKeeper when the cluster has it (shared with share groups' session),
         else in memory (one broker); group offsets relayed as the Kafka door's are."""
@@ -233,7 +255,8 @@ class Broker:
                     Registry(self.config.zookeeper, self.config.cluster.name).start)
             store = ZooKeeperTxnStore(self._share_registry)
         assert self._path is not None
-        relay = GroupOffsetRelay(self.groups, lambda: self.metadata().topics, f"memq-broker-{self.broker_id}-txn")
+        relay = TxnGroupOffsets(self.group_coordinator, GroupOffsetRelay(
+            self.groups, self._topics, f"memq-broker-{self.broker_id}-txn"), self._topics)
         bc = self.config.broker
         return Transactions(store, self._path, relay, self._clock, registry=self.metrics.registry,
                             max_timeout_ms=bc.txn_max_timeout_ms, scan_s=bc.txn_scan_ms / 1000,
@@ -369,6 +392,11 @@ class Broker:
         return self._shares
 
     @property
+    def group_coordinator(self) -> GroupCoordinator:
+        assert self._group_coordinator is not None, "start() first"
+        return self._group_coordinator
+
+    @property
     def reads(self) -> Reads:
         assert self._reads is not None, "start() first"
         return self._reads
@@ -377,6 +405,9 @@ class Broker:
     def logs(self) -> Logs:
         assert self._logs is not None, "start() first"
         return self._logs
+
+    def _topics(self) -> Mapping[str, TopicMetadata]:
+        return self.metadata().topics
 
     def hosted(self) -> list[str]:
         return sorted(self._processors)

@@ -24,7 +24,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Protocol, TypeVar
 
-from memq.config import BrokerConfig, GovernorConfig, MemqConfig, TopicConfig
+from memq.config import BrokerConfig, GovernorConfig, GroupConfig, MemqConfig, TopicConfig
 from memq.devcluster.broker_process import BrokerProcess, config_toml, probe_trust
 from memq.devcluster.cluster import DevCluster
 from memq.errors import DevClusterError
@@ -69,14 +69,15 @@ class GovernedCluster:
     `servers`: started by the caller, who also stops them; None starts a `DevCluster` under
     `run_dir` for the lifetime of this cluster. `session_timeout_s` overrides the ZooKeeper
     session timeout (how long a dead broker keeps its topics); `broker` is the template for
-    every broker's settings (id, rack, host and port are filled in).
+    every broker's settings (id, rack, host and port are filled in), `group` their consumer
+    groups' settings.
     """
 
     def __init__(self, run_dir: str | Path, brokers: int = 3, *, servers: Servers | None = None,
                  cluster: str = "dev", governor: GovernorConfig = FAST_GOVERNOR,
                  session_timeout_s: float | None = None, broker: BrokerConfig = BrokerConfig(),
                  placement: Callable[[str], BrokerHost] = loopback, ready_timeout_s: float = 30.0,
-                 security: DevSecurity | None = None) -> None:
+                 security: DevSecurity | None = None, group: GroupConfig = GroupConfig()) -> None:
         if brokers < 1:
             raise DevClusterError(f"a governed cluster needs at least 1 broker, not {brokers}")
         self.run_dir = Path(run_dir)
@@ -90,6 +91,7 @@ class GovernedCluster:
         self._governor = governor
         self._session_timeout_s = session_timeout_s
         self._template = broker
+        self._group = group
         self._placement = placement
         self._security = security
         self._base: MemqConfig | None = None
@@ -199,7 +201,7 @@ class GovernedCluster:
         rack = RACKS[(int(broker_id[1:]) - 1) % len(RACKS)]
         settings = dataclasses.replace(self._template, broker_id=broker_id, rack=rack, host=where.host,
                                        port=where.port if port is None else port)
-        proc = BrokerProcess(dataclasses.replace(self.base, broker=settings), self.run_dir / "brokers",
+        proc = BrokerProcess(dataclasses.replace(self.base, broker=settings, group=self._group), self.run_dir / "brokers",
                              launcher=where.launcher)
         self.brokers[broker_id] = proc
         return proc.start(self.ready_timeout_s)

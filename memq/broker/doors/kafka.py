@@ -41,7 +41,8 @@ from memq.security.tls import subject_cn
 
 from ..guard import Session
 from ..seam import BrokerCore
-from . import kafka_cluster, kafka_fetch, kafka_groups, kafka_produce, kafka_share, kafka_share_admin
+from . import (kafka_cluster, kafka_consumer_groups, kafka_fetch, kafka_groups, kafka_produce, kafka_share,
+               kafka_share_admin)
 from . import kafka_admin_records
 from . import kafka_txn
 from . import kafka_admin_acls
@@ -182,9 +183,6 @@ class KafkaConnection:
             self._metrics.connections.dec()
             if self._session is not None:
                 self._guard.end_session(self._session)
-            groups = self._states.get(kafka_groups.GroupState)
-            if groups is not None:
-                groups.close()
             try:   # let the responses already due go out (each bounded by its request's timeout)
                 async with asyncio.timeout(WRITE_TIMEOUT_S + MAX_ACK_WAIT_S):
                     if not writer_task.done():
@@ -323,6 +321,7 @@ FAMILIES: tuple[Family, ...] = (
     kafka_produce.FAMILY,
     kafka_fetch.FAMILY,
     kafka_groups.FAMILY,
+    kafka_consumer_groups.FAMILY,
     kafka_share.FAMILY,
     kafka_share_admin.FAMILY,
     # admin families (one line each)

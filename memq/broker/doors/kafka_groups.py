@@ -1,186 +1,314 @@
-"""The Kafka door's consumer-group family, relayed to the notification Kafka's coordinator
-(`memq.kafka_api.groups`): FindCoordinator, JoinGroup, SyncGroup, Heartbeat, LeaveGroup,
-OffsetCommit, OffsetFetch, OffsetDelete, DescribeGroups, ListGroups and DeleteGroups.
+"""The Kafka door's consumer-group family, served by memq's group coordinator (`memq.broker.group`):
+FindCoordinator, JoinGroup, SyncGroup, Heartbeat, LeaveGroup, OffsetCommit, OffsetFetch,
+OffsetDelete, DescribeGroups, ListGroups and DeleteGroups, decoded and encoded by kafka-python's
+codec of Kafka's schemas (`memq.kafka_api.messages`). A group's calls go to the broker
+`coordinator_of` names (FindCoordinator says which); any other broker answers NOT_COORDINATOR
+and the client finds it again. KIP-848's ConsumerGroupHeartbeat and ConsumerGroupDescribe are
+`kafka_consumer_groups`' (the same coordinator, another family).
 
-A JoinGroup v0-3 member joins though the coordinator answers MEMBER_ID_REQUIRED (tansu does
-at every version; Kafka only from v4 on, which such a member cannot act on): the relay joins
-again at once with the member id given, and the member gets that answer, in its version's shape.
-OffsetDelete is an OffsetCommit of -1 ("no committed offset") by no member: every coordinator
-takes it (tansu serves no OffsetDelete), only while the group has no members.
-
-What each OffsetCommit of a Kafka group covers is reported to the audit as that group's
-consumption (`memq.broker.consumer_group_audit`). Group ACLs as Kafka's: `consume` on the group to be a
-member and commit, `describe` to find its coordinator, fetch its offsets or describe it,
-`admin` to delete it or its offsets (OffsetDelete: Kafka's DELETE on the group, and READ, memq's
-`consume`, on each topic).
+Committed offsets are memq's Kafka offsets under the memq topic's name. What each OffsetCommit
+covers is reported to the audit as that group's consumption (`memq.broker.consumer_group_audit`).
+Group ACLs as Kafka's: `consume` on the group to be a member and commit, `describe` to find its
+coordinator, fetch its offsets, describe or list it, `admin` to delete it or its offsets
+(OffsetDelete: Kafka's DELETE on the group, and READ, memq's `consume`, on each topic).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable
+from typing import Any
 
-from memq.errors import NotifyError, ProtocolError
-from memq.kafka_api.flexible import flex_body
-from memq.kafka_api.groups import (Described, OffsetDelete, commit_errors, committed_offsets, decode_delete_groups,
-                                   decode_find_coordinator, decode_offset_delete, decode_offset_fetch_v1,
-                                   delete_group_request, delete_group_result, describe_groups_of,
-                                   describe_groups_request, describe_groups_response, encode_delete_groups,
-                                   encode_find_coordinator, encode_offset_delete, group_of, list_groups_filters,
-                                   list_groups_flex_response, list_groups_response, offset_delete_commit,
-                                   offset_fetch_request, offsets_request, offsets_response, refusal, rejoin_as,
-                                   with_described, with_member_id, with_size)
+from kafka.protocol.admin.groups import (DeleteGroupsRequest, DeleteGroupsResponse, DescribeGroupsRequest,
+                                         DescribeGroupsResponse, ListGroupsRequest, ListGroupsResponse)
+from kafka.protocol.consumer.group import (HeartbeatRequest, HeartbeatResponse, JoinGroupRequest, JoinGroupResponse,
+                                           LeaveGroupRequest, LeaveGroupResponse, OffsetCommitRequest,
+                                           OffsetCommitResponse, OffsetDeleteRequest, OffsetDeleteResponse,
+                                           OffsetFetchRequest, OffsetFetchResponse, SyncGroupRequest,
+                                           SyncGroupResponse)
+
+from memq.kafka_api.groups import Described, decode_find_coordinator, encode_find_coordinator
 from memq.kafka_api.mapping import node_id, split_address
-from memq.kafka_api.protocol import ApiKey, ErrorCode, Reader, RequestHeader, Writer
+from memq.kafka_api.messages import decode_request, encode_response
+from memq.kafka_api.protocol import ApiKey, ErrorCode, Reader, RequestHeader
 from memq.security.acl import Operation
 
-from ..coordinator import coordinator_of
 from ..consumer_group_audit import GroupAudit
-from ..consumer_groups import GroupLink
+from ..coordinator import coordinator_of
+from ..group.service import Description, GroupCoordinator
+from ..group.store import Offsets
 from .kafka_family import Conn, Family, Response
 
 log = logging.getLogger(__name__)
 
-#: What each relayed group API needs on its group (Kafka: READ, and DESCRIBE for OffsetFetch).
-_GROUP_OPERATION = {ApiKey.OFFSET_COMMIT: Operation.CONSUME, ApiKey.OFFSET_FETCH: Operation.DESCRIBE,
-                    ApiKey.JOIN_GROUP: Operation.CONSUME, ApiKey.SYNC_GROUP: Operation.CONSUME,
-                    ApiKey.HEARTBEAT: Operation.CONSUME, ApiKey.LEAVE_GROUP: Operation.CONSUME}
+_CommitTopic = OffsetCommitResponse.OffsetCommitResponseTopic
+_CommitPartition = _CommitTopic.OffsetCommitResponsePartition
+_FetchTopic = OffsetFetchResponse.OffsetFetchResponseTopic
+_FetchPartition = _FetchTopic.OffsetFetchResponsePartition
+_FetchGroup = OffsetFetchResponse.OffsetFetchResponseGroup
+_FetchGroupTopic = _FetchGroup.OffsetFetchResponseTopics
+_FetchGroupPartition = _FetchGroupTopic.OffsetFetchResponsePartitions
+_DeleteTopic = OffsetDeleteResponse.OffsetDeleteResponseTopic
+_DeletePartition = _DeleteTopic.OffsetDeleteResponsePartition
+_Described = DescribeGroupsResponse.DescribedGroup
+_DescribedMember = _Described.DescribedGroupMember
+_JoinMember = JoinGroupResponse.JoinGroupResponseMember
+_LeftMember = LeaveGroupResponse.MemberResponse
 
 
 class GroupState:
-    """A connection's relay to group coordinators and what its groups' commits told the audit."""
+    """A connection's view of its groups' commits, for the audit."""
 
     def __init__(self, conn: Conn) -> None:
         self.conn = conn
-        self._link: GroupLink | None = None
         self.audit = GroupAudit(conn.core.reads, conn.audit) if conn.audit is not None else None
         # Kafka groups' commits counted by the audit: (group, topic, partition) -> last commit
         self.committed: dict[tuple[str, str, int], int] = {}
         self.auditing: set[asyncio.Future[int]] = set()
 
-    def link(self) -> GroupLink:
-        if self._link is None:
-            self._link = self.conn.core.groups.link()
-        return self._link
-
-    def close(self) -> None:
-        if self._link is not None:
-            self._link.close()
+    @property
+    def coordinator(self) -> GroupCoordinator:
+        return self.conn.core.group_coordinator
 
     def may(self, operation: Operation, group: str) -> bool:
-        """Whether the principal may do `operation` on Kafka client group `group` (a refusal
-        counted as a `group` denial)."""
+        """Whether the principal may do `operation` on group `group` (a refusal counted)."""
         return self.conn.core.guard.allowed_group(self.conn.principal, operation, group)
 
 
-async def serve(conn: Conn, h: RequestHeader, body: Reader) -> Response:
-    st = conn.state(GroupState)
-    core = conn.core
-    if h.api_key == ApiKey.FIND_COORDINATOR:
-        return _find_coordinator(st, h, body)
-    if h.api_key == ApiKey.OFFSET_DELETE:
-        return asyncio.ensure_future(_offset_delete(st, h, decode_offset_delete(body)))
-    if h.api_key == ApiKey.DELETE_GROUPS:
-        return asyncio.ensure_future(_delete_groups(st, h, body.buf, body.pos, decode_delete_groups(body)))
-    if h.api_key in (ApiKey.DESCRIBE_GROUPS, ApiKey.LIST_GROUPS):   # admin tools: this cluster's groups
-        cluster = core.groups.cluster
-        local: list[Described] = []   # answered here: refused, or share groups (kept by memq)
-        filters: tuple[frozenset[str], frozenset[str]] = (frozenset(), frozenset())
-        if h.api_key == ApiKey.LIST_GROUPS:
-            if h.api_version >= 3:
-                filters = list_groups_filters(h, flex_body(body))
-            else:
-                body.done()
-            request = with_size(body.buf)
-        else:
-            asked = describe_groups_of(body)
-            allowed = [g for g in asked if st.may(Operation.DESCRIBE, g)]
-            shared = core.shares.described()
-            local = [Described(g, ErrorCode.GROUP_AUTHORIZATION_FAILED) for g in asked if g not in allowed]
-            local += [shared[g] for g in allowed if g in shared]
-            relayed = [g for g in allowed if g not in shared]
-            if not relayed:
-                return with_described(h, _no_groups(h), local)
-            request = describe_groups_request(h, body.buf, body.pos, cluster, relayed)
-        return asyncio.ensure_future(_relay(st, h, core.groups.mapped(""), request, {}, local, filters))
-    asked_group = group_of(body)
-    if not st.may(_GROUP_OPERATION[ApiKey(h.api_key)], asked_group):
-        return refusal(h, body.buf, body.pos, ErrorCode.GROUP_AUTHORIZATION_FAILED)
-    if h.api_key == ApiKey.JOIN_GROUP:   # a rebalance: another member may commit these partitions now
-        st.committed = {k: v for k, v in st.committed.items() if k[0] != asked_group}
-    group = core.groups.mapped(asked_group)
-    names = {n: t.notification_topic for n, t in core.metadata().topics.items()}
-    request = offsets_request(h, body.buf, body.pos, group, names)
-    back = {v: k for k, v in names.items()}
-    if h.api_key == ApiKey.OFFSET_COMMIT and st.audit is not None:
-        commits = [(t, p, o) for t, p, o in committed_offsets(h, body.buf, body.pos) if t in names]
-        return asyncio.ensure_future(_audited_commit(st, h, asked_group, request, names, commits))
-    if h.api_key == ApiKey.JOIN_GROUP and h.api_version < 4:
-        return asyncio.ensure_future(_join_old(st, h, group, request))
-    return asyncio.ensure_future(_relay(st, h, group, request, back))
+async def _join(st: GroupState, h: RequestHeader, req: Any) -> bytes:
+    v = h.api_version
+    if not st.may(Operation.CONSUME, req.group_id):
+        return encode_response(h, JoinGroupResponse(error_code=ErrorCode.GROUP_AUTHORIZATION_FAILED,
+                                                     member_id=req.member_id, leader="", protocol_name=""))
+    st.committed = {k: c for k, c in st.committed.items() if k[0] != req.group_id}   # others may commit now
+    a = await st.coordinator.join(
+        req.group_id, req.member_id, protocol_type=req.protocol_type,
+        protocols=tuple((p.name, bytes(p.metadata)) for p in req.protocols),
+        session_timeout_s=req.session_timeout_ms / 1000,
+        rebalance_timeout_s=(req.rebalance_timeout_ms if v >= 1 else req.session_timeout_ms) / 1000,
+        client_id=h.client_id or "", client_host=str(st.conn.peer),
+        instance_id=req.group_instance_id if v >= 5 else None, require_known_member=v >= 4)
+    return encode_response(h, JoinGroupResponse(
+        throttle_time_ms=0, error_code=a.error, generation_id=a.generation, protocol_type=a.protocol_type,
+        protocol_name=a.protocol if a.protocol is not None or v >= 7 else "", leader=a.leader, skip_assignment=False,
+        member_id=a.member_id, members=[_JoinMember(member_id=m, group_instance_id=i, metadata=md)
+                                        for m, i, md in a.members]))
 
 
-async def _join_old(st: GroupState, h: RequestHeader, group: str, request: bytes) -> bytes:
-    """A JoinGroup v0-3 relayed; answered MEMBER_ID_REQUIRED, joined again with the member id
-    given, so the member gets the join's answer in its version's shape (see the module doc)."""
-    response = await _relay(st, h, group, request, {})
-    member = rejoin_as(h, response) if response else None
-    if member is None:
-        return response
-    log.debug("Kafka group %r: JoinGroup v%d joined again as %s", group, h.api_version, member)
-    return await _relay(st, h, group, with_member_id(h, request, member), {})
+async def _sync(st: GroupState, h: RequestHeader, req: Any) -> bytes:
+    if not st.may(Operation.CONSUME, req.group_id):
+        return encode_response(h, SyncGroupResponse(error_code=ErrorCode.GROUP_AUTHORIZATION_FAILED, assignment=b""))
+    a = await st.coordinator.sync(req.group_id, req.member_id, req.generation_id,
+                                  [(x.member_id, bytes(x.assignment)) for x in req.assignments])
+    return encode_response(h, SyncGroupResponse(throttle_time_ms=0, error_code=a.error, protocol_type=a.protocol_type,
+                                                protocol_name=a.protocol, assignment=a.assignment))
 
 
-async def _offset_delete(st: GroupState, h: RequestHeader, req: OffsetDelete) -> bytes:
-    """Each asked partition's offset deleted (`offset_delete_commit`); a topic the principal may
-    not consume is refused on its partitions, an unknown one is UNKNOWN_TOPIC_OR_PARTITION."""
-    core = st.conn.core
-    if not st.may(Operation.ADMIN, req.group):
-        return encode_offset_delete(h, ErrorCode.GROUP_AUTHORIZATION_FAILED, ())
-    topics = core.metadata().topics
-    refused: dict[str, ErrorCode] = {}
-    asked: dict[str, list[int]] = {}   # notification topic -> partitions
-    for name, parts in req.topics:
-        if not core.guard.allowed(st.conn.principal, Operation.CONSUME, name):
-            refused[name] = ErrorCode.TOPIC_AUTHORIZATION_FAILED
-        elif name not in topics:
-            refused[name] = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
-        else:
-            asked.setdefault(topics[name].notification_topic, []).extend(parts)
+async def _heartbeat(st: GroupState, h: RequestHeader, req: Any) -> bytes:
+    error = ErrorCode.GROUP_AUTHORIZATION_FAILED
+    if st.may(Operation.CONSUME, req.group_id):
+        error = await st.coordinator.classic_heartbeat(req.group_id, req.member_id, req.generation_id)
+    return encode_response(h, HeartbeatResponse(throttle_time_ms=0, error_code=error))
+
+
+async def _leave(st: GroupState, h: RequestHeader, req: Any) -> bytes:
+    members = [req.member_id] if h.api_version < 3 else [m.member_id for m in req.members]
+    each: list[ErrorCode] = []
+    if not st.may(Operation.CONSUME, req.group_id):
+        error = ErrorCode.GROUP_AUTHORIZATION_FAILED
+    else:
+        error, each = await st.coordinator.leave(req.group_id, members)
+    if h.api_version < 3 and each and not error:
+        error = each[0]
+    return encode_response(h, LeaveGroupResponse(throttle_time_ms=0, error_code=error, members=[
+        _LeftMember(member_id=m, group_instance_id=None, error_code=e) for m, e in zip(members, each, strict=False)]))
+
+
+async def _commit(st: GroupState, h: RequestHeader, req: Any) -> bytes:
+    group = req.group_id
+    asked = [(t.name, p.partition_index, p.committed_offset, p.committed_metadata or "")
+             for t in req.topics for p in t.partitions]
     errors: dict[tuple[str, int], int] = {}
-    if asked:
-        group = core.groups.mapped(req.group)
-        request = offset_delete_commit(h.correlation_id, "memq-offset-delete", group, asked)
-        try:
-            errors = commit_errors(_COMMIT_V2, await st.link().relay(group, request))
-        except NotifyError as e:   # no answer in the API's shape: close, the client retries
-            st.conn.close(f"group coordinator unreachable: {e}")
-            return b""
-    answer = []
-    for name, parts in req.topics:
-        if name in refused:
-            answer.append((name, [(p, int(refused[name])) for p in parts]))
-            continue
-        ntopic = topics[name].notification_topic
-        answer.append((name, [(p, errors.get((ntopic, p), ErrorCode.UNKNOWN_SERVER_ERROR)) for p in parts]))
-        for p in parts:   # the audit asks the coordinator afresh before the next commit
-            st.committed.pop((req.group, name, p), None)
-    return encode_offset_delete(h, ErrorCode.NONE, answer)
+    topics = st.conn.core.metadata().topics
+    valid: Offsets = {}
+    for t, p, o, md in asked:
+        if not st.may(Operation.CONSUME, group):
+            errors[(t, p)] = ErrorCode.GROUP_AUTHORIZATION_FAILED
+        elif not st.conn.core.guard.allowed(st.conn.principal, Operation.CONSUME, t):
+            errors[(t, p)] = ErrorCode.TOPIC_AUTHORIZATION_FAILED
+        elif t not in topics or not 0 <= p < topics[t].read_partitions:
+            errors[(t, p)] = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+        else:
+            valid[(t, p)] = (o, md)
+    if valid:
+        before = await _before(st, group, valid) if st.audit is not None else {}
+        error = await st.coordinator.commit(group, req.member_id if h.api_version >= 1 else "",
+                                            req.generation_id_or_member_epoch if h.api_version >= 1 else -1, valid)
+        errors.update({tp: error for tp in valid})
+        if error == ErrorCode.NONE and st.audit is not None:
+            _audit(st, group, valid, before)
+    by_topic: dict[str, list[Any]] = {}
+    for t, p, _, _ in asked:
+        by_topic.setdefault(t, []).append(_CommitPartition(partition_index=p, error_code=errors[(t, p)]))
+    return encode_response(h, OffsetCommitResponse(throttle_time_ms=0, topics=[
+        _CommitTopic(name=t, partitions=ps) for t, ps in by_topic.items()]))
 
 
-#: The header `commit_errors` reads the OffsetCommit v2 answer to an OffsetDelete with.
-_COMMIT_V2 = RequestHeader(ApiKey.OFFSET_COMMIT, 2, 0, None)
+async def _before(st: GroupState, group: str, offsets: Offsets) -> dict[tuple[str, int], int]:
+    """The group's previous commits of the partitions this connection has not seen it commit."""
+    if all((group, t, p) in st.committed for t, p in offsets):
+        return {}
+    stored = await st.coordinator.offsets(group)
+    return {} if isinstance(stored, ErrorCode) else {tp: o for tp, (o, _) in stored.items()}
+
+
+def _audit(st: GroupState, group: str, offsets: Offsets, before: dict[tuple[str, int], int]) -> None:
+    """Report to the audit what each committed partition's group consumed since its previous commit."""
+    audit = st.audit
+    assert audit is not None
+    topics = st.conn.core.metadata().topics
+    for (t, p), (offset, _) in offsets.items():
+        prev = st.committed.get((group, t, p), before.get((t, p), -1))
+        st.committed[(group, t, p)] = offset
+        task = asyncio.ensure_future(audit.committed(group, t, topics[t].notification_topic, p, prev, offset))
+        st.auditing.add(task)
+        task.add_done_callback(st.auditing.discard)
+
+
+async def _fetch_one(st: GroupState, group: str, asked: list[tuple[str, list[int]]] | None
+                     ) -> tuple[ErrorCode, list[tuple[str, list[tuple[int, int, str]]]]]:
+    """A group's offsets: (error, [(topic, [(partition, offset, metadata)])]) for the asked topics
+    (None: every committed one); -1 where nothing is committed."""
+    if not st.may(Operation.DESCRIBE, group):
+        return ErrorCode.GROUP_AUTHORIZATION_FAILED, []
+    stored = await st.coordinator.offsets(group)
+    if isinstance(stored, ErrorCode):
+        return stored, []
+    if asked is None:
+        by: dict[str, list[int]] = {}
+        for t, p in sorted(stored):
+            by.setdefault(t, []).append(p)
+        asked = list(by.items())
+    return ErrorCode.NONE, [(t, [(p, *stored.get((t, p), (-1, ""))) for p in ps]) for t, ps in asked]
+
+
+async def _fetch(st: GroupState, h: RequestHeader, req: Any) -> bytes:
+    v = h.api_version
+    if v >= 8:
+        groups = []
+        for g in req.groups:
+            asked = None if g.topics is None else [(t.name, list(t.partition_indexes)) for t in g.topics]
+            error, topics = await _fetch_one(st, g.group_id, asked)
+            groups.append(_FetchGroup(group_id=g.group_id, error_code=error, topics=[
+                _FetchGroupTopic(name=t, partitions=[_FetchGroupPartition(
+                    partition_index=p, committed_offset=o, committed_leader_epoch=-1, metadata=md, error_code=0)
+                    for p, o, md in ps]) for t, ps in topics]))
+        return encode_response(h, OffsetFetchResponse(throttle_time_ms=0, groups=groups))
+    asked = None if req.topics is None else [(t.name, list(t.partition_indexes)) for t in req.topics]
+    error, topics = await _fetch_one(st, req.group_id, asked)
+    if error and v < 2:   # no top-level error before v2: on each partition asked
+        topics = [(t, [(p, -1, "") for p in ps]) for t, ps in asked or []]
+    partition_error = error if v < 2 else 0
+    return encode_response(h, OffsetFetchResponse(throttle_time_ms=0, error_code=error, topics=[
+        _FetchTopic(name=t, partitions=[_FetchPartition(partition_index=p, committed_offset=o, committed_leader_epoch=-1,
+                                                        metadata=md, error_code=partition_error) for p, o, md in ps])
+        for t, ps in topics]))
+
+
+async def _offset_delete(st: GroupState, h: RequestHeader, req: Any) -> bytes:
+    """Each asked partition's offset deleted; a topic the principal may not consume is refused on
+    its partitions, an unknown one is UNKNOWN_TOPIC_OR_PARTITION."""
+    core = st.conn.core
+    if not st.may(Operation.ADMIN, req.group_id):
+        return encode_response(h, OffsetDeleteResponse(error_code=ErrorCode.GROUP_AUTHORIZATION_FAILED,
+                                                       throttle_time_ms=0, topics=[]))
+    topics = core.metadata().topics
+    errors: dict[str, ErrorCode] = {}
+    tps = []
+    for t in req.topics:
+        if not core.guard.allowed(st.conn.principal, Operation.CONSUME, t.name):
+            errors[t.name] = ErrorCode.TOPIC_AUTHORIZATION_FAILED
+        elif t.name not in topics:
+            errors[t.name] = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+        else:
+            tps += [(t.name, p.partition_index) for p in t.partitions]
+    top = ErrorCode.NONE
+    if tps:
+        done = await st.coordinator.delete_offsets(req.group_id, tps)
+        if done == ErrorCode.GROUP_SUBSCRIBED_TO_TOPIC:
+            errors.update({t: done for t, _ in tps})
+        elif done:
+            top = done
+        for t, p in tps:   # the audit asks the coordinator afresh before the next commit
+            st.committed.pop((req.group_id, t, p), None)
+    return encode_response(h, OffsetDeleteResponse(error_code=top, throttle_time_ms=0, topics=[
+        _DeleteTopic(name=t.name, partitions=[_DeletePartition(partition_index=p.partition_index,
+                                                               error_code=errors.get(t.name, ErrorCode.NONE))
+                                              for p in t.partitions]) for t in req.topics]))
+
+
+def _described(d: Description | Described) -> Any:
+    if isinstance(d, Described):   # a share group
+        return _Described(error_code=d.error, group_id=d.group, group_state=d.state, protocol_type=d.protocol_type,
+                          protocol_data="", members=[_DescribedMember(
+                              member_id=m, group_instance_id=None, client_id=c, client_host=host, member_metadata=b"",
+                              member_assignment=b"") for m, c, host in d.members], authorized_operations=None)
+    return _Described(error_code=d.error, group_id=d.group_id, group_state=d.state, protocol_type=d.protocol_type,
+                      protocol_data=d.protocol, members=[_DescribedMember(
+                          member_id=m.member_id, group_instance_id=m.instance_id, client_id=m.client_id,
+                          client_host=m.client_host, member_metadata=m.metadata, member_assignment=m.assignment)
+                          for m in d.members], authorized_operations=None)
+
+
+async def _describe(st: GroupState, h: RequestHeader, req: Any) -> bytes:
+    shared = st.conn.core.shares.described()
+    out = []
+    for g in req.groups:
+        if not st.may(Operation.DESCRIBE, g):
+            out.append(_described(Described(g, ErrorCode.GROUP_AUTHORIZATION_FAILED)))
+        elif g in shared:
+            out.append(_described(shared[g]))
+        else:
+            out.append(_described(await st.coordinator.describe(g)))
+    return encode_response(h, DescribeGroupsResponse(throttle_time_ms=0, groups=out))
+
+
+async def _list(st: GroupState, h: RequestHeader, req: Any) -> bytes:
+    """The groups this broker coordinates (admin tools ask every broker), those the principal may
+    describe, by state (v4+) and type (v5+: classic, consumer, share)."""
+    conn = st.conn
+    states = {s.lower() for s in req.states_filter} if h.api_version >= 4 else set()
+    types = {t.lower() for t in req.types_filter} if h.api_version >= 5 else set()
+    listed = await st.coordinator.listed()
+    listed += [(g, "share", d.state) for g, d in conn.core.shares.described().items()]
+    groups = [ListGroupsResponse.ListedGroup(group_id=g, protocol_type="share" if kind == "share" else "consumer",
+                                             group_state=state, group_type=kind)
+              for g, kind, state in listed
+              if conn.core.guard.may_group(conn.principal, Operation.DESCRIBE, g)
+              and (not states or state.lower() in states) and (not types or kind in types)]
+    return encode_response(h, ListGroupsResponse(throttle_time_ms=0, error_code=0, groups=groups))
+
+
+async def _delete_groups(st: GroupState, h: RequestHeader, req: Any) -> bytes:
+    """Each group deleted (needs `admin` on the group); one answer."""
+    results = []
+    for g in req.groups_names:
+        error = ErrorCode.GROUP_AUTHORIZATION_FAILED
+        if st.may(Operation.ADMIN, g):
+            error = await st.coordinator.delete(g)
+        log.info("Kafka DeleteGroups of %r from %s: %s", g, st.conn.peer, error.name)
+        results.append(DeleteGroupsResponse.DeletableGroupResult(group_id=g, error_code=error))
+    return encode_response(h, DeleteGroupsResponse(throttle_time_ms=0, results=results))
 
 
 def _find_coordinator(st: GroupState, h: RequestHeader, body: Reader) -> bytes:
-    """Any broker coordinates any group: it relays to the notification Kafka's coordinator. A
-    transactional id (key_type 1) and a share group have one coordinator: `coordinator.coordinator_of`."""
+    """A group (key type 0), a transactional id (1) or a share group: the broker `coordinator_of` names."""
     key, key_type = decode_find_coordinator(h, body)
     if key_type == 0 and not st.may(Operation.DESCRIBE, key):   # as Kafka: DESCRIBE on the group
         return encode_find_coordinator(h, ErrorCode.GROUP_AUTHORIZATION_FAILED, -1, "", -1,
                                        f"principal {st.conn.principal} may not describe group {key!r}")
-    meta = st.conn.core.metadata()   # a share group needs one coordinator: a hash picks it
+    meta = st.conn.core.metadata()
     coordinator = coordinator_of(meta, key)
     me = [b for b in meta.brokers if b.id == coordinator and b.kafka_address]
     if key_type not in (0, 1) or not me:
@@ -193,99 +321,30 @@ def _find_coordinator(st: GroupState, h: RequestHeader, body: Reader) -> bytes:
     return encode_find_coordinator(h, ErrorCode.NONE, node_id(me[0].id), host, port)
 
 
-async def _audited_commit(st: GroupState, h: RequestHeader, asked_group: str, request: bytes, names: dict[str, str],
-                          commits: list[tuple[str, int, int]]) -> bytes:
-    """Relay an OffsetCommit, then report to the audit what each committed partition's
-    group consumed since its previous commit (`consumer_group_audit`), asked of the coordinator
-    once per partition and connection, before the commit moves it."""
-    group = st.conn.core.groups.mapped(asked_group)
-    unknown: dict[str, list[int]] = {}
-    for t, p, _ in commits:
-        if (asked_group, t, p) not in st.committed:
-            unknown.setdefault(names[t], []).append(p)
-    before: dict[tuple[str, int], int] = {}
-    if unknown:
-        try:
-            fetched = await st.link().relay(group, offset_fetch_request(0, "memq-audit", group, unknown))
-            back = {v: k for k, v in names.items()}
-            before = {(back[t], p): o for (t, p), o in decode_offset_fetch_v1(fetched).items() if t in back}
-        except (NotifyError, ProtocolError) as e:   # the commit goes on; only its audit is lost
-            log.warning("Kafka group %r: previous commits not read for the audit: %s", asked_group, e)
-            commits = [c for c in commits if (asked_group, c[0], c[1]) in st.committed]
-    response = await _relay(st, h, group, request, {v: k for k, v in names.items()})
-    if not response:
-        return response
-    errors = commit_errors(h, response)
-    audit = st.audit
-    assert audit is not None
-    for t, p, offset in commits:
-        if errors.get((t, p)) != ErrorCode.NONE:
-            continue
-        prev = st.committed.get((asked_group, t, p), before.get((t, p), -1))
-        st.committed[(asked_group, t, p)] = offset
-        task = asyncio.ensure_future(audit.committed(asked_group, t, names[t], p, prev, offset))
-        st.auditing.add(task)
-        task.add_done_callback(st.auditing.discard)
-    return response
+_Handler = Callable[[GroupState, RequestHeader, Any], Awaitable[bytes]]
+_CALLS: dict[int, tuple[Any, _Handler]] = {
+    ApiKey.JOIN_GROUP: (JoinGroupRequest, _join), ApiKey.SYNC_GROUP: (SyncGroupRequest, _sync),
+    ApiKey.HEARTBEAT: (HeartbeatRequest, _heartbeat), ApiKey.LEAVE_GROUP: (LeaveGroupRequest, _leave),
+    ApiKey.OFFSET_COMMIT: (OffsetCommitRequest, _commit), ApiKey.OFFSET_FETCH: (OffsetFetchRequest, _fetch),
+    ApiKey.OFFSET_DELETE: (OffsetDeleteRequest, _offset_delete),
+    ApiKey.DESCRIBE_GROUPS: (DescribeGroupsRequest, _describe), ApiKey.LIST_GROUPS: (ListGroupsRequest, _list),
+    ApiKey.DELETE_GROUPS: (DeleteGroupsRequest, _delete_groups),
+}
 
 
-async def _relay(st: GroupState, h: RequestHeader, group: str, request: bytes, names: dict[str, str],
-                 local: Sequence[Described] = (),
-                 filters: tuple[frozenset[str], frozenset[str]] = (frozenset(), frozenset())) -> bytes:
-    conn = st.conn
-    try:
-        response = await st.link().relay(group, request)
-        cluster = conn.core.groups.cluster
-        if h.api_key == ApiKey.LIST_GROUPS:   # as Kafka lists them: those the principal may describe
-            def visible(g: str) -> bool:
-                return conn.core.guard.may_group(conn.principal, Operation.DESCRIBE, g)
-            states, types = filters
-            shared = [(g, d.protocol_type, d.state, "share") for g, d in
-                      conn.core.shares.described().items()
-                      if visible(g) and (not states or d.state.lower() in states)
-                      and (not types or "share" in types)]
-            if h.api_version >= 3:
-                return list_groups_flex_response(h, response, cluster, visible, shared, types)
-            return list_groups_response(h, response, cluster, visible, [(g, p) for g, p, _, _ in shared])
-        if h.api_key == ApiKey.DESCRIBE_GROUPS:
-            return with_described(h, describe_groups_response(h, response, cluster), local)
-        return offsets_response(h, response, names)
-    except NotifyError as e:   # no answer in the API's shape: close, the client reconnects and retries
-        conn.close(f"group coordinator unreachable: {e}")
-        return b""
-
-
-async def _delete_groups(st: GroupState, h: RequestHeader, frame: bytes | memoryview, body_at: int,
-                         groups: list[str]) -> bytes:
-    """Each group deleted on its own coordinator (needs `admin` on the group); one answer."""
-    results = []
-    for g in groups:
-        if not st.may(Operation.ADMIN, g):
-            results.append((g, int(ErrorCode.GROUP_AUTHORIZATION_FAILED)))
-            continue
-        mapped = st.conn.core.groups.mapped(g)
-        try:
-            results.append((g, delete_group_result(
-                await st.link().relay(mapped, delete_group_request(frame, body_at, mapped)))))
-        except (NotifyError, ProtocolError) as e:   # retriable for the client, unlike a close mid-list
-            log.warning("Kafka connection from %s: deleting group %r: %s", st.conn.peer, g, e)
-            results.append((g, int(ErrorCode.COORDINATOR_NOT_AVAILABLE)))
-    return encode_delete_groups(h, results)
-
-
-def _no_groups(h: RequestHeader) -> bytes:
-    """A DescribeGroups response describing no group (every one asked for was refused)."""
-    w = Writer(h.correlation_id)
-    if h.api_version >= 1:
-        w.i32(0)
-    return w.i32(0).frame()
+async def serve(conn: Conn, h: RequestHeader, body: Reader) -> Response:
+    st = conn.state(GroupState)
+    if h.api_key == ApiKey.FIND_COORDINATOR:
+        return _find_coordinator(st, h, body)
+    cls, handler = _CALLS[h.api_key]
+    return asyncio.ensure_future(handler(st, h, decode_request(cls, h, body)))
 
 
 FAMILY = Family(
     "groups",
-    {ApiKey.FIND_COORDINATOR: (0, 2), ApiKey.OFFSET_COMMIT: (2, 7), ApiKey.OFFSET_FETCH: (1, 5),
-     ApiKey.JOIN_GROUP: (0, 5), ApiKey.HEARTBEAT: (0, 3), ApiKey.LEAVE_GROUP: (0, 3), ApiKey.SYNC_GROUP: (0, 3),
-     ApiKey.DESCRIBE_GROUPS: (0, 4), ApiKey.LIST_GROUPS: (0, 5), ApiKey.DELETE_GROUPS: (0, 1),
+    {ApiKey.FIND_COORDINATOR: (0, 2), ApiKey.OFFSET_COMMIT: (2, 9), ApiKey.OFFSET_FETCH: (1, 9),
+     ApiKey.JOIN_GROUP: (0, 9), ApiKey.HEARTBEAT: (0, 4), ApiKey.LEAVE_GROUP: (0, 5), ApiKey.SYNC_GROUP: (0, 5),
+     ApiKey.DESCRIBE_GROUPS: (0, 5), ApiKey.LIST_GROUPS: (0, 5), ApiKey.DELETE_GROUPS: (0, 2),
      ApiKey.OFFSET_DELETE: (0, 0)},
     "consume on the group (member, commit); describe (find, fetch offsets, describe, list); admin (delete, "
     "delete offsets, with consume on each topic)",

@@ -41,7 +41,7 @@ from prometheus_client import CollectorRegistry
 
 from memq.clock import Clock
 from memq.config import TopicConfig
-from memq.errors import MemqError, NotifyError, TxnConflictError
+from memq.errors import CoordinationError, MemqError, NotifyError, TxnConflictError
 from memq.format.message import MessageHeader
 from memq.kafka_api.mapping import PRODUCER_ID_BITS
 
@@ -65,12 +65,13 @@ COMMIT_PUBLISH_S = 10.0   # an EndTxn's failed publish is published again this l
 
 
 class OffsetRelay(Protocol):
-    """Where a committed transaction's group offsets go: an OffsetCommit relayed to the
-    notification Kafka's coordinator of the mapped group (memq.broker.consumer_groups)."""
+    """Where a committed transaction's group offsets go: memq's group store for a Kafka client's
+    group, the notification Kafka for memq Consumer's (memq.broker.group.txn_offsets)."""
 
     async def commit(self, group: str, offsets: GroupOffsets) -> dict[TopicPartition, int]:
         """Commit `offsets` (memq topic names) for `group`; the Kafka error code of each partition
-        not committed (empty: all committed). Raises NotifyError when Kafka cannot be reached."""
+        not committed (empty: all committed). Raises NotifyError or CoordinationError when they
+        cannot be stored now (retried)."""
 
     def close(self) -> None:
         """Release the upstream connections."""
@@ -422,7 +423,7 @@ class Transactions:
             for group, offsets in sorted(rec.offsets.items()):
                 try:
                     errors = await self._offsets.commit(group, offsets)
-                except NotifyError as e:
+                except (NotifyError, CoordinationError) as e:
                     log.warning("transaction %r: offsets of group %r not committed, retried later: %s",
                                 txn_id, group, e)
                     return False

@@ -1,0 +1,1 @@
+"""memq's coordinator of Kafka consumer groups: KIP-848 consumer groups and classic ones, their offsets."""

@@ -1,0 +1,271 @@
+"""KIP-848 consumer groups on their coordinator, pure: heartbeats in, epochs and assignments out.
+
+A member joins with epoch 0, leaves with -1 (or -2, a static member leaving for now) and
+otherwise heartbeats with the member epoch it was given. Any change of members or of their
+subscriptions bumps the **group epoch**; the next heartbeat recomputes the **target
+assignment** (its assignor, `assignors.ASSIGNORS`) at that epoch. Each member then reconciles
+towards its target, one step per heartbeat, never letting two members own a partition:
+
+1. partitions it owns that are not in its target are **revoked** first: its assignment shrinks
+   and it keeps its epoch until a heartbeat reports it no longer owns them (or its rebalance
+   timeout passes: it is fenced, and its partitions go);
+2. then it takes the target's partitions no other member owns or is still revoking, and its
+   member epoch becomes the target's; the rest (**unreleased**) come on later heartbeats.
+
+A member not heard from for the session timeout is removed. A static member (`group.instance.id`)
+leaving for now (epoch -2) keeps its place until then: joining again under a new member id, it
+gets its assignment and epoch back at once (while it has not left, another member with its
+instance id is UNRELEASED_INSTANCE_ID, as in Kafka). A heartbeat at an epoch that is
+neither the member's nor its previous one (a lost answer) is FENCED_MEMBER_EPOCH: the client
+drops its partitions and rejoins. An OffsetCommit is accepted from a member at its epoch (or
+its previous one, for a commit sent before the answer that moved it), or from no member while
+the group has none (an admin's). The state is a plain dataclass `snapshot`/`restore`d as JSON
+by the store, so a new coordinator carries on with the same members and epochs.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from memq.kafka_api.protocol import ErrorCode
+
+from .assignors import ASSIGNORS, DEFAULT_ASSIGNOR, TP
+
+
+@dataclass(slots=True)
+class ConsumerMember:
+    member_id: str
+    epoch: int
+    topics: tuple[str, ...]
+    assignor: str | None = None
+    rebalance_timeout_s: float = 300.0
+    instance_id: str | None = None
+    rack: str | None = None
+    client_id: str = ""
+    client_host: str = ""
+    previous_epoch: int = -1
+    assigned: frozenset[TP] = frozenset()    # what it may read now
+    revoking: frozenset[TP] = frozenset()    # what it must give up before it gets more
+    revoking_since: float = 0.0
+    seen: float = 0.0
+    sent: frozenset[TP] | None = None        # the assignment last sent (None: send it)
+    away: bool = False                       # a static member that left for now (epoch -2)
+
+
+@dataclass(slots=True)
+class ConsumerGroup:
+    group_id: str
+    epoch: int = 0
+    assignment_epoch: int = 0
+    members: dict[str, ConsumerMember] = field(default_factory=dict)
+    target: dict[str, frozenset[TP]] = field(default_factory=dict)
+
+    def assignor(self) -> str:
+        """The assignor most members ask for (ties by name), `uniform` when none asks."""
+        asked = sorted(m.assignor for m in self.members.values() if m.assignor)
+        return max(sorted(set(asked)), key=asked.count) if asked else DEFAULT_ASSIGNOR
+
+    def state(self) -> str:
+        """As Kafka names it: Empty, Assigning (target behind), Reconciling, Stable."""
+        if not self.members:
+            return "Empty"
+        if self.assignment_epoch < self.epoch:
+            return "Assigning"
+        settled = all(m.epoch == self.assignment_epoch and not m.revoking and m.assigned == self.target.get(k)
+                      for k, m in self.members.items())
+        return "Stable" if settled else "Reconciling"
+
+    def owner(self, tp: TP, but: str) -> str | None:
+        """The member other than `but` that owns or is still revoking `tp`."""
+        for k, m in self.members.items():
+            if k != but and (tp in m.assigned or tp in m.revoking):
+                return k
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class Beat:
+    """A heartbeat's answer: `assignment` None when the member already has it."""
+
+    error: ErrorCode
+    member_id: str = ""
+    epoch: int = 0
+    assignment: frozenset[TP] | None = None
+    message: str | None = None
+
+
+class ConsumerGroups:
+    """The consumer groups this coordinator holds; `changed` names groups to store again."""
+
+    def __init__(self, *, session_s: float = 45.0) -> None:
+        self.session_s = session_s
+        self.groups: dict[str, ConsumerGroup] = {}
+        self.changed: set[str] = set()
+
+    def heartbeat(self, group_id: str, member_id: str, epoch: int, now: float, partitions: Mapping[str, int], *,
+                  topics: tuple[str, ...] | None = None, owned: frozenset[TP] | None = None,
+                  assignor: str | None = None, rebalance_timeout_s: float | None = None,
+                  instance_id: str | None = None, rack: str | None = None, client_id: str = "",
+                  client_host: str = "") -> Beat:
+        """One ConsumerGroupHeartbeat. `partitions`: topic -> partition count of the cluster now;
+        None fields did not change since the member's previous heartbeat."""
+        if assignor is not None and assignor not in ASSIGNORS:
+            return Beat(ErrorCode.UNSUPPORTED_ASSIGNOR, message=f"memq's assignors are {sorted(ASSIGNORS)}")
+        g = self.groups.setdefault(group_id, ConsumerGroup(group_id))
+        self.expire(group_id, now)
+        m = g.members.get(member_id)
+        if epoch == -2 and m is not None and m.instance_id:   # a static member away for now: keeps its place
+            m.away = True
+            self.changed.add(group_id)
+            return Beat(ErrorCode.NONE, member_id, epoch)
+        if epoch < 0:   # leaving
+            if m is not None:
+                self._remove(g, member_id)
+            return Beat(ErrorCode.NONE, member_id, epoch)
+        if m is None:
+            if epoch != 0:
+                return Beat(ErrorCode.UNKNOWN_MEMBER_ID, message=f"member {member_id!r} is not in group {group_id!r}")
+            if topics is None:
+                return Beat(ErrorCode.INVALID_REQUEST, message="a joining member names its topics")
+            static = next((x for x in g.members.values() if instance_id and x.instance_id == instance_id), None)
+            if static is not None and not static.away:
+                return Beat(ErrorCode.UNRELEASED_INSTANCE_ID,
+                            message=f"instance {instance_id!r} is member {static.member_id!r}, still in the group")
+            if static is not None:   # back under a new member id: its place, assignment and epoch
+                old, new = static.member_id, member_id or str(uuid.uuid4())
+                m = g.members.pop(old)
+                m.member_id, m.away, m.sent = new, False, None
+                g.members[new] = m
+                g.target[new] = g.target.pop(old, frozenset())
+                self.changed.add(group_id)
+            else:
+                m = ConsumerMember(member_id or str(uuid.uuid4()), 0, topics, seen=now)
+                g.members[m.member_id] = m
+                self._bump(g)
+        elif epoch == 0:   # it rejoins: what it had is gone
+            m.assigned, m.revoking, m.epoch, m.previous_epoch, m.sent = frozenset(), frozenset(), 0, -1, None
+            self._bump(g)
+        elif epoch != m.epoch and not (epoch == m.previous_epoch and owned is not None and owned <= m.assigned):
+            return Beat(ErrorCode.FENCED_MEMBER_EPOCH,
+                        message=f"member {member_id!r} is at epoch {m.epoch}, not {epoch}")
+        m.seen = now
+        self._update(g, m, topics, assignor, rebalance_timeout_s, instance_id, rack, client_id, client_host)
+        if g.assignment_epoch < g.epoch:
+            self._assign(g, partitions)
+        self._reconcile(g, m, owned, now)
+        if m.assigned != m.sent or (owned is not None and owned != m.assigned):
+            m.sent = m.assigned
+            return Beat(ErrorCode.NONE, m.member_id, m.epoch, m.assigned)
+        return Beat(ErrorCode.NONE, m.member_id, m.epoch)
+
+    def expire(self, group_id: str, now: float) -> list[str]:
+        """Remove the members of `group_id` past their session, or past their rebalance timeout
+        with partitions still to revoke; the removed member ids."""
+        g = self.groups.get(group_id)
+        if g is None:
+            return []
+        gone = [k for k, m in g.members.items() if now - m.seen > self.session_s
+                or (m.revoking and now - m.revoking_since > m.rebalance_timeout_s)]
+        for k in gone:
+            self._remove(g, k)
+        return gone
+
+    def refresh(self, group_id: str, partitions: Mapping[str, int]) -> None:
+        """The cluster's topics changed: a new target if the assignment would differ."""
+        g = self.groups.get(group_id)
+        if g is not None and g.members and self._target(g, partitions) != g.target:
+            self._bump(g)
+
+    def commit_error(self, group_id: str, member_id: str, epoch: int) -> ErrorCode | None:
+        """Why an OffsetCommit by `member_id` at `epoch` is refused; None when it is taken."""
+        g = self.groups.get(group_id)
+        if member_id == "" and epoch < 0:   # not a member: an admin's, only while nobody reads
+            return ErrorCode.NONE if g is None or not g.members else ErrorCode.UNKNOWN_MEMBER_ID
+        m = None if g is None else g.members.get(member_id)
+        if m is None:
+            return ErrorCode.UNKNOWN_MEMBER_ID
+        if epoch not in (m.epoch, m.previous_epoch) or epoch < 0:
+            return ErrorCode.STALE_MEMBER_EPOCH
+        return ErrorCode.NONE
+
+    def _update(self, g: ConsumerGroup, m: ConsumerMember, topics: tuple[str, ...] | None, assignor: str | None,
+                rebalance_timeout_s: float | None, instance_id: str | None, rack: str | None, client_id: str,
+                client_host: str) -> None:
+        if topics is not None and tuple(sorted(topics)) != tuple(sorted(m.topics)):
+            m.topics = topics
+            self._bump(g)
+        if assignor is not None and assignor != m.assignor:
+            m.assignor = assignor
+            self._bump(g)
+        if rebalance_timeout_s is not None and rebalance_timeout_s > 0:
+            m.rebalance_timeout_s = rebalance_timeout_s
+        m.instance_id = instance_id or m.instance_id
+        m.rack = rack or m.rack
+        m.client_id = client_id or m.client_id
+        m.client_host = client_host or m.client_host
+
+    def _target(self, g: ConsumerGroup, partitions: Mapping[str, int]) -> dict[str, frozenset[TP]]:
+        return ASSIGNORS[g.assignor()]({k: m.topics for k, m in g.members.items()}, partitions, g.target)
+
+    def _assign(self, g: ConsumerGroup, partitions: Mapping[str, int]) -> None:
+        g.target = self._target(g, partitions)
+        g.assignment_epoch = g.epoch
+        self.changed.add(g.group_id)
+
+    def _reconcile(self, g: ConsumerGroup, m: ConsumerMember, owned: frozenset[TP] | None, now: float) -> None:
+        if m.revoking:
+            if owned is None or owned & m.revoking:
+                return   # still reading them: wait (until its rebalance timeout)
+            m.revoking = frozenset()
+            self.changed.add(g.group_id)
+        target = g.target.get(m.member_id, frozenset())
+        revoke = m.assigned - target
+        if revoke:
+            m.assigned, m.revoking, m.revoking_since = m.assigned & target, revoke, now
+            self.changed.add(g.group_id)
+            return
+        free = frozenset(tp for tp in target - m.assigned if g.owner(tp, m.member_id) is None)
+        if free or m.epoch != g.assignment_epoch:
+            m.assigned |= free
+            if m.epoch != g.assignment_epoch:
+                m.previous_epoch, m.epoch = m.epoch, g.assignment_epoch
+            self.changed.add(g.group_id)
+
+    def _remove(self, g: ConsumerGroup, member_id: str) -> None:
+        del g.members[member_id]
+        g.target.pop(member_id, None)
+        self._bump(g)
+
+    def _bump(self, g: ConsumerGroup) -> None:
+        g.epoch += 1
+        self.changed.add(g.group_id)
+
+
+def snapshot(g: ConsumerGroup) -> dict[str, Any]:
+    """`g` as JSON-able data (the store's), timers left out: a loading coordinator restarts them."""
+    return {"epoch": g.epoch, "assignment_epoch": g.assignment_epoch,
+            "target": {k: sorted(v) for k, v in g.target.items()},
+            "members": [{"id": m.member_id, "epoch": m.epoch, "previous_epoch": m.previous_epoch,
+                         "topics": list(m.topics), "assignor": m.assignor,
+                         "rebalance_timeout_s": m.rebalance_timeout_s, "instance_id": m.instance_id, "rack": m.rack,
+                         "client_id": m.client_id, "client_host": m.client_host,
+                         "assigned": sorted(m.assigned), "revoking": sorted(m.revoking), "away": m.away}
+                        for m in g.members.values()]}
+
+
+def restore(group_id: str, d: Mapping[str, Any], now: float) -> ConsumerGroup:
+    """The group `snapshot` gave, every member's session and revocation starting at `now`."""
+    def tps(raw: Any) -> frozenset[TP]:
+        return frozenset((str(t), int(p)) for t, p in raw)
+
+    g = ConsumerGroup(group_id, int(d["epoch"]), int(d["assignment_epoch"]),
+                      target={k: tps(v) for k, v in d["target"].items()})
+    for r in d["members"]:
+        g.members[r["id"]] = ConsumerMember(
+            r["id"], int(r["epoch"]), tuple(r["topics"]), r["assignor"], float(r["rebalance_timeout_s"]),
+            r["instance_id"], r["rack"], r["client_id"], r["client_host"], int(r["previous_epoch"]),
+            tps(r["assigned"]), tps(r["revoking"]), now, now, away=bool(r.get("away")))
+    return g
