@@ -1,0 +1,85 @@
+"""Dense offsets (`memq.log.dense`), without I/O: a running count over the notification log,
+checkpoints that spare a cold reader the scan from 0, and the partition log model over them."""
+
+from __future__ import annotations
+
+import pytest
+
+from memq.errors import CorruptDataError, InvalidInputError, OffsetUnknownError
+from memq.log.dense import (CHECKPOINTS_KEPT, Checkpoint, DenseScheme, PartitionBases, decode_checkpoints,
+                            encode_checkpoints, kept, nearest)
+from memq.log.model import PartitionLog
+
+COUNTS = [3, 0, 5, 1, 4]     # notifications 0-4; notification 1 holds no record
+
+
+def _scheme(counts: list[int] = COUNTS, at: Checkpoint = Checkpoint(0, 0)) -> DenseScheme:
+    bases = PartitionBases(at)
+    bases.add(at.note, counts)
+    return DenseScheme(bases)
+
+
+def test_offsets_are_consecutive_record_numbers_and_map_back() -> None:
+    s = _scheme()
+    offsets = [s.offset_of(n, i) for n, c in enumerate(COUNTS) for i in range(c)]
+    assert offsets == list(range(sum(COUNTS)))
+    assert [s.position_of(o) for o in offsets] == [(n, i) for n, c in enumerate(COUNTS) for i in range(c)]
+    assert s.start_of(2) == 3 and s.end_of(2, 5) == 8 and s.end_of(4, 4) == sum(COUNTS)
+    assert s.position_of(sum(COUNTS)) == (5, 0)          # the high watermark: the next notification's start
+    assert s.start_of(5) == sum(COUNTS)
+
+
+def test_the_same_offsets_from_any_checkpoint_and_counting_back() -> None:
+    """A reader starting cold at a checkpoint (forward) or after retention (back) numbers alike."""
+    full = _scheme()
+    later = PartitionBases(Checkpoint(3, 8))
+    later.add(3, COUNTS[3:])
+    later.add_before(COUNTS[1:3])                        # back to notification 1
+    s = DenseScheme(later)
+    assert later.first == 1 and [s.offset_of(n, 0) for n in range(1, 5)] == [full.offset_of(n, 0) for n in range(1, 5)]
+    with pytest.raises(OffsetUnknownError):
+        s.offset_of(0, 0)
+    with pytest.raises(OffsetUnknownError):
+        s.position_of(2)                                 # before notification 1's base (3)
+    with pytest.raises(InvalidInputError):
+        later.add_before([9])                            # a base below 0: counts that are not this log's
+
+
+def test_rereads_are_skipped_gaps_refused_and_retention_forgets() -> None:
+    b = PartitionBases(Checkpoint(0, 0))
+    b.add(0, [2, 2])
+    b.add(1, [2, 7])                                     # notification 1 read again
+    assert b.next == 3 and b.checkpoint() == Checkpoint(3, 11)
+    with pytest.raises(InvalidInputError):
+        b.add(5, [1])
+    b.forget_before(2)
+    assert b.first == 2 and b.base(2) == 4
+    b.forget_before(99)                                  # never forgets where the next one starts
+    assert b.first == 3 and b.base(3) == 11
+
+
+def test_checkpoints_round_trip_and_keep_what_retention_needs() -> None:
+    points = (Checkpoint(0, 0), Checkpoint(4096, 70_000), Checkpoint(8192, 150_000))
+    assert decode_checkpoints(encode_checkpoints(points)) == points and decode_checkpoints(b"") == ()
+    for bad in (b"{", b'[["a", 1]]', b"[[1, -2]]", b"[[1]]"):
+        with pytest.raises(CorruptDataError):
+            decode_checkpoints(bad)
+    assert kept(points, Checkpoint(12288, 200_000), low=5000) == points[1:] + (Checkpoint(12288, 200_000),)
+    with pytest.raises(InvalidInputError):
+        kept(points, Checkpoint(4096, 1), low=0)          # a different base for the same note: never
+    many = kept((Checkpoint(i, i) for i in range(200)), Checkpoint(200, 200), low=0)
+    assert len(many) == CHECKPOINTS_KEPT and many[-1] == Checkpoint(200, 200)
+    assert nearest(points, 5000) == points[1] and nearest(points, 10) == points[0] and nearest(points[1:], 0) == points[1]
+    assert nearest((), 3) is None
+
+
+def test_a_partition_log_over_dense_offsets_counts_records() -> None:
+    """Log start, high watermark and lag are record counts; DeleteRecords inside a part skips its head."""
+    s = _scheme()
+    log = PartitionLog(low=2, high=5, last_end=s.end_of(4, 4), scheme=s)
+    assert log.log_start == 3 and log.high_watermark == 13
+    assert log.high_watermark - s.offset_of(3, 0) == 5    # a group at notification 3 has 5 records to read
+    moved = PartitionLog(low=2, high=5, moved=s.offset_of(2, 2), scheme=s)
+    assert moved.first_note == 2 and moved.skip(2) == 2 and moved.deleted(1) and not moved.deleted(2)
+    seg = log.segments(s.offset_of(3, 0))
+    assert (seg.tail.note, seg.tail.index) == (3, 0)
