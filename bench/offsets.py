@@ -40,7 +40,7 @@ def _scheme(notes: int, seed: int = 5) -> tuple[DenseScheme, list[int]]:
     rnd = random.Random(seed)
     counts = [rnd.randint(1, 2000) for _ in range(notes)]
     bases = PartitionBases(Checkpoint(0, 0))
-    bases.add(0, counts)
+    bases.add(enumerate(counts))
     return DenseScheme(bases), counts
 
 
@@ -90,7 +90,7 @@ def _read(bootstrap: str, topic: str, n: int, count_them: bool) -> float:
             if not msgs:
                 continue
             if count_them:
-                bases.add(msgs[0].offset(), [Notification.from_bytes(m.value()).logmessage_count for m in msgs])
+                bases.add((m.offset(), Notification.from_bytes(m.value()).logmessage_count) for m in msgs)
             got += len(msgs)
         took = time.perf_counter() - t0
     finally:

@@ -331,10 +331,10 @@ class Chosen:
 
 @pytest.fixture(scope="module")
 def chosen(running: Running) -> Chosen:
-    """A topic of 3 read partitions (not compacted): a Kafka producer sends records to the
-    partitions it names (0, 1, 2 in turn, and only 1 for a stretch), memq's Producer sends keyed
-    records (placed by key) and a few without a key."""
-    topic = running.add_topic(partitions=CHOSEN_PARTITIONS)
+    """A topic of 3 read partitions (not compacted, dense offsets): a Kafka producer sends records
+    to the partitions it names (0, 1, 2 in turn, and only 1 for a stretch), memq's Producer sends
+    keyed records (placed by key) and a few without a key."""
+    topic = running.add_topic(partitions=CHOSEN_PARTITIONS, offsets="dense")
     where: dict[bytes, int] = {}
     order: list[bytes] = []
     p = Producer({"bootstrap.servers": running.broker.kafka_address, "linger.ms": 5, "acks": "all"})
@@ -366,54 +366,65 @@ def check_chosen(c: Chosen, got: list[tuple[int, bytes]]) -> None:
     assert sorted(v for _, v in got if v not in c.where) == sorted(b"memq-nokey-%d" % i for i in range(5))
 
 
+def check_dense(got: list[tuple[int, int, bytes]]) -> list[tuple[int, bytes]]:
+    """Each partition's offsets, as read, are its record numbers 0, 1, 2, ...: (partition, value) of each."""
+    for partition in range(CHOSEN_PARTITIONS):
+        offsets = [o for p, o, _ in got if p == partition]
+        assert offsets == list(range(len(offsets))), f"partition {partition}: {offsets[:5]}..."
+    return [(p, v) for p, _, v in got]
+
+
 def test_librdkafka_kafka_python_aiokafka_and_memqs_consumer_read_each_record_from_its_chosen_partition(
         running: Running, chosen: Chosen) -> None:
+    """... at consecutive offsets (the topic's are dense)."""
     address, n = running.broker.kafka_address, len(chosen.where) + 5
     c = Consumer({"bootstrap.servers": address, "group.id": "unused", "enable.auto.commit": False,
                   "fetch.wait.max.ms": 200})
-    got: list[tuple[int, bytes]] = []
+    dense: list[tuple[int, int, bytes]] = []
     try:
         c.assign([TopicPartition(chosen.topic, p, OFFSET_BEGINNING) for p in range(CHOSEN_PARTITIONS)])
         deadline = time.monotonic() + READ_TIMEOUT_S
-        while len(got) < n and time.monotonic() < deadline:
+        while len(dense) < n and time.monotonic() < deadline:
             for m in c.consume(1000, 0.5):
                 assert m.error() is None, m.error()
-                got.append((m.partition(), m.value()))
+                dense.append((m.partition(), m.offset(), m.value()))
+        assert [c.get_watermark_offsets(TopicPartition(chosen.topic, p)) for p in range(CHOSEN_PARTITIONS)] == [
+            (0, sum(1 for q, _, _ in dense if q == p)) for p in range(CHOSEN_PARTITIONS)]   # ends in records
     finally:
         c.close()
-    check_chosen(chosen, got)
+    check_chosen(chosen, check_dense(dense))
 
     kp = KafkaConsumer(bootstrap_servers=address, enable_auto_commit=False, fetch_max_wait_ms=200)
     try:
         kp.assign([KpPartition(chosen.topic, p) for p in range(CHOSEN_PARTITIONS)])
         kp.seek_to_beginning()
-        got = []
+        dense = []
         deadline = time.monotonic() + READ_TIMEOUT_S
-        while len(got) < n and time.monotonic() < deadline:
+        while len(dense) < n and time.monotonic() < deadline:
             for tp, msgs in kp.poll(timeout_ms=500).items():
-                got += [(tp.partition, m.value) for m in msgs]
+                dense += [(tp.partition, m.offset, m.value) for m in msgs]
     finally:
         kp.close()
-    check_chosen(chosen, got)
+    check_chosen(chosen, check_dense(dense))
 
-    async def aio() -> list[tuple[int, bytes]]:
+    async def aio() -> list[tuple[int, int, bytes]]:
         ac = AIOKafkaConsumer(bootstrap_servers=address, enable_auto_commit=False, fetch_max_wait_ms=200)
         await ac.start()
         try:
             ac.assign([AioPartition(chosen.topic, p) for p in range(CHOSEN_PARTITIONS)])
             await ac.seek_to_beginning()
-            out: list[tuple[int, bytes]] = []
+            out: list[tuple[int, int, bytes]] = []
             deadline = time.monotonic() + READ_TIMEOUT_S
             while len(out) < n and time.monotonic() < deadline:
                 for tp, msgs in (await ac.getmany(timeout_ms=500)).items():
-                    out += [(tp.partition, m.value) for m in msgs]
+                    out += [(tp.partition, m.offset, m.value) for m in msgs]
             return out
         finally:
             await ac.stop()
-    check_chosen(chosen, asyncio.run(aio()))
+    check_chosen(chosen, check_dense(asyncio.run(aio())))
 
     with MemqConsumer(running.config, chosen.topic, group_id=group()) as mc:
-        got = []
+        got: list[tuple[int, bytes]] = []
         deadline = time.monotonic() + READ_TIMEOUT_S
         while len(got) < n and time.monotonic() < deadline:
             got += [(r.partition, r.value) for r in mc.poll(0.5)]

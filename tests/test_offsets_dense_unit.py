@@ -15,7 +15,7 @@ COUNTS = [3, 0, 5, 1, 4]     # notifications 0-4; notification 1 holds no record
 
 def _scheme(counts: list[int] = COUNTS, at: Checkpoint = Checkpoint(0, 0)) -> DenseScheme:
     bases = PartitionBases(at)
-    bases.add(at.note, counts)
+    bases.add(enumerate(counts, at.note))
     return DenseScheme(bases)
 
 
@@ -33,8 +33,8 @@ def test_the_same_offsets_from_any_checkpoint_and_counting_back() -> None:
     """A reader starting cold at a checkpoint (forward) or after retention (back) numbers alike."""
     full = _scheme()
     later = PartitionBases(Checkpoint(3, 8))
-    later.add(3, COUNTS[3:])
-    later.add_before(COUNTS[1:3])                        # back to notification 1
+    later.add([(3, 1), (4, 4)])
+    later.add_before([(1, 0), (2, 5)])                   # back to notification 1
     s = DenseScheme(later)
     assert later.first == 1 and [s.offset_of(n, 0) for n in range(1, 5)] == [full.offset_of(n, 0) for n in range(1, 5)]
     with pytest.raises(OffsetUnknownError):
@@ -42,20 +42,20 @@ def test_the_same_offsets_from_any_checkpoint_and_counting_back() -> None:
     with pytest.raises(OffsetUnknownError):
         s.position_of(2)                                 # before notification 1's base (3)
     with pytest.raises(InvalidInputError):
-        later.add_before([9])                            # a base below 0: counts that are not this log's
+        later.add_before([(0, 9)])                       # a base below 0: counts that are not this log's
 
 
 def test_rereads_are_skipped_gaps_refused_and_retention_forgets() -> None:
     b = PartitionBases(Checkpoint(0, 0))
-    b.add(0, [2, 2])
-    b.add(1, [2, 7])                                     # notification 1 read again
+    b.add([(0, 2), (1, 2)])
+    b.add([(1, 2), (2, 7)])                              # notification 1 read again
     assert b.next == 3 and b.checkpoint() == Checkpoint(3, 11)
-    with pytest.raises(InvalidInputError):
-        b.add(5, [1])
+    b.add([(5, 1)])                                      # offsets 3, 4 skipped by the notification topic
+    assert b.base(5) == b.base(3) == 11 and b.position(11) == (5, 0)
     b.forget_before(2)
     assert b.first == 2 and b.base(2) == 4
     b.forget_before(99)                                  # never forgets where the next one starts
-    assert b.first == 3 and b.base(3) == 11
+    assert b.first == 6 and b.base(6) == 12
 
 
 def test_checkpoints_round_trip_and_keep_what_retention_needs() -> None:

@@ -55,6 +55,7 @@ from .storage_group import GroupWriter, GroupWriters
 from .processor import TopicProcessor
 from .publish import Publisher, PublishPath
 from .read_cache import ReadCache
+from .bases import Bases, MemoryCheckpoints
 from .logs import Logs
 from .reads import Reads
 from .share.metrics import register as register_share_metrics
@@ -134,11 +135,12 @@ class Broker:
         # every notification, a storage group's parts and a transaction's at its commit alike
         self._path = PublishPath(self._publisher, self.metrics, clock=self._clock,
                                  republish_s=bc.notify_retry_ms / 1000, reads=self._reads)
-        self._logs = Logs(self._reads)
         if bc.kafka_port >= 0:
             # Kafka clients carry no memq audit emitter: the broker reports their Messages.
             self._kafka_audit = make_audit_sink(self.config, client_id=f"memq-broker-{self.broker_id}-audit")
         self._txns = await self._make_txns()
+        # dense topics' offsets: counted from checkpoints in ZooKeeper (the share groups' session) when there is one
+        self._logs = Logs(self._reads, Bases(self._reads, self._share_registry or MemoryCheckpoints()))
         if self._share_registry is not None:   # ZooKeeper: compacted topics' manifests are there
             self.compactor = Compactor(self.config, self._manifest_pointers(), self.metrics.registry,
                                        storage=self._storage, reads=self._reads, clock=self._clock,
@@ -392,7 +394,7 @@ class Broker:
                                     self.kafka_address),),
             topics={name: TopicMetadata(name, p.notification_topic, p.config.read_partitions, (self.url,),
                                           p.config.retention_ms, p.config.storage_group,
-                                          cleanup_policy=p.config.cleanup_policy)
+                                          cleanup_policy=p.config.cleanup_policy, offsets=p.config.offsets)
                     for name, p in self._processors.items()})
         return own.overlaid(self.cluster_view() if self.cluster_view is not None else None)
 

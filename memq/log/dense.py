@@ -98,21 +98,29 @@ class PartitionBases:
         """Where the next notification starts: a checkpoint to store."""
         return Checkpoint(self.next, self._bases[-1])
 
-    def add(self, note: int, counts: Sequence[int]) -> None:
-        """Count the notifications from `note` on, with these record counts; a note already
-        counted is skipped (a re-read), a gap before `note` is InvalidInputError."""
-        skip = self.next - note
-        if skip < 0:
-            raise InvalidInputError(f"notification {note} counted after {self.next - 1}: {-skip} missing")
-        base = self._bases[-1]
-        for c in counts[skip:]:
-            base += c
-            self._bases.append(base)
+    def add(self, counted: Iterable[tuple[int, int]]) -> None:
+        """Count notifications given as (notification offset, record count) in order: those already
+        counted are skipped (a re-read); offsets the notification topic skipped count 0 (Kafka's
+        offsets may skip, e.g. control records). A reader passes every retained one from `next` on."""
+        bases = self._bases
+        nxt = self.next
+        for note, count in counted:
+            if note < nxt:
+                continue
+            base = bases[-1]
+            bases.extend(base for _ in range(note - nxt))
+            bases.append(base + count)
+            nxt = note + 1
 
-    def add_before(self, counts: Sequence[int]) -> None:
-        """Count back: `counts` are those of the notifications just before `first`, in order."""
-        if not counts:
+    def add_before(self, counted: Sequence[tuple[int, int]]) -> None:
+        """Count back: (notification offset, record count) of notifications before `first`, in
+        order, the last just before it (skipped offsets count 0)."""
+        if not counted:
             return
+        start = counted[0][0]
+        counts = [0] * (self.first - start)
+        for note, count in counted:
+            counts[note - start] = count
         firsts = array("q", bytes(8 * len(counts)))
         base = self._bases[0]
         for i in range(len(counts) - 1, -1, -1):
@@ -122,7 +130,7 @@ class PartitionBases:
             raise InvalidInputError(f"counting back from notification {self.first}: base {base} < 0")
         firsts.extend(self._bases)
         self._bases = firsts
-        self.first -= len(counts)
+        self.first = start
 
     def forget_before(self, note: int) -> None:
         """Drop the bases of notifications before `note` (retention removed them)."""

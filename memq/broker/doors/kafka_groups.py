@@ -54,7 +54,7 @@ class GroupState:
     def __init__(self, conn: Conn) -> None:
         self.conn = conn
         self._link: GroupLink | None = None
-        self.audit = GroupAudit(conn.core.reads, conn.audit) if conn.audit is not None else None
+        self.audit = GroupAudit(conn.core.reads, conn.core.logs, conn.audit) if conn.audit is not None else None
         # Kafka groups' commits counted by the audit: (group, topic, partition) -> last commit
         self.committed: dict[tuple[str, str, int], int] = {}
         self.auditing: set[asyncio.Future[int]] = set()
@@ -223,7 +223,7 @@ async def _audited_commit(st: GroupState, h: RequestHeader, asked_group: str, re
             continue
         prev = st.committed.get((asked_group, t, p), before.get((t, p), -1))
         st.committed[(asked_group, t, p)] = offset
-        task = asyncio.ensure_future(audit.committed(asked_group, t, names[t], p, prev, offset))
+        task = asyncio.ensure_future(audit.committed(asked_group, st.conn.core.metadata().topics[t], p, prev, offset))
         st.auditing.add(task)
         task.add_done_callback(st.auditing.discard)
     return response

@@ -117,11 +117,13 @@ async def _produce(conn: Conn, st: ProduceState, h: RequestHeader, req: ProduceR
     if level is AckLevel.NONE:
         return None   # Kafka sends no response to acks=0
     wait_s = min(max(req.timeout_ms / 1000, MIN_ACK_WAIT_S), MAX_ACK_WAIT_S)
-    return asyncio.ensure_future(_produce_response(h, appended, wait_s, round(st.throttle_s * 1000)))
+    topics = core.metadata().topics
+    dense = {t for t, _, _ in appended if t in topics and topics[t].offsets == "dense"}
+    return asyncio.ensure_future(_produce_response(h, appended, wait_s, round(st.throttle_s * 1000), dense))
 
 
 async def _produce_response(h: RequestHeader, appended: list[tuple[str, int, Outcome]],
-                            timeout_s: float, throttle_ms: int) -> bytes:
+                            timeout_s: float, throttle_ms: int, dense: set[str]) -> bytes:
     futures: list[asyncio.Future[Any]] = [
         f for _, _, o in appended if isinstance(o, list) for f, _ in o]
     futures += [o for _, _, o in appended if isinstance(o, asyncio.Future)]
@@ -131,7 +133,7 @@ async def _produce_response(h: RequestHeader, appended: list[tuple[str, int, Out
     for topic, index, outcome in appended:
         result.topics.setdefault(topic, []).append(
             outcome if isinstance(outcome, PartitionResult) else
-            _partition_result(index, outcome, timeout_s) if isinstance(outcome, list) else
+            _partition_result(index, outcome, timeout_s, topic in dense) if isinstance(outcome, list) else
             outcome.result() if outcome.done() else
             PartitionResult(index, ErrorCode.REQUEST_TIMED_OUT, message=f"not stored within {timeout_s:g}s"))
     return encode_produce(h, result)
@@ -262,9 +264,10 @@ def _refused(conn: Conn, topic: str, index: int, refusal: Refusal) -> PartitionR
     return PartitionResult(index, error_code(code), -1, refusal.why)
 
 
-def _partition_result(index: int, appended: list[Appended], timeout_s: float) -> PartitionResult:
+def _partition_result(index: int, appended: list[Appended], timeout_s: float, dense: bool) -> PartitionResult:
     """The partition's answer once its Messages' acks are in: its first record's Kafka offset as
-    a reader will see it (acks=all; negative, unknown, for acks=1: its notification is not published yet)."""
+    a reader will see it (acks=all; negative, unknown, for acks=1: its notification is not published
+    yet, and on a dense topic: its base is counted by readers, not by the produce path)."""
     placed = []
     for f, count in appended:
         if not f.done():
@@ -273,7 +276,7 @@ def _partition_result(index: int, appended: list[Appended], timeout_s: float) ->
         ack = f.result()
         if not ack.ok:
             return PartitionResult(index, error_code(ack.code), message=ack.error)
-        placed.append((ack.offset, ack.record, count))
+        placed.append((-1 if dense else ack.offset, ack.record, count))
     return PartitionResult(index, base_offset=produce_base_offset(placed))
 
 
