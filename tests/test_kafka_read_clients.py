@@ -35,7 +35,7 @@ from tests.support.kafka_clients import (Row, Running, as_rows, broker_thread, k
 
 from memq.client.consumer import Consumer as MemqConsumer
 from memq.client.placement import key_partition
-from memq.config import BrokerConfig
+from memq.config import BrokerConfig, TopicConfig
 from memq.devcluster import DevCluster
 from memq.format import LogMessage
 
@@ -374,25 +374,31 @@ def check_dense(got: list[tuple[int, int, bytes]]) -> list[tuple[int, bytes]]:
     return [(p, v) for p, _, v in got]
 
 
+def librdkafka_read(address: str, topic: str, n: int) -> list[tuple[int, int, bytes]]:
+    """(partition, offset, value) of `n` records read from the beginning of each partition, which
+    then ends (its high watermark) just after its last record."""
+    c = Consumer({"bootstrap.servers": address, "group.id": "unused", "enable.auto.commit": False,
+                  "fetch.wait.max.ms": 200})
+    got: list[tuple[int, int, bytes]] = []
+    try:
+        c.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(CHOSEN_PARTITIONS)])
+        deadline = time.monotonic() + READ_TIMEOUT_S
+        while len(got) < n and time.monotonic() < deadline:
+            for m in c.consume(1000, 0.5):
+                assert m.error() is None, m.error()
+                got.append((m.partition(), m.offset(), m.value()))
+        ends = [c.get_watermark_offsets(TopicPartition(topic, p))[1] for p in range(CHOSEN_PARTITIONS)]
+        assert ends == [max((o + 1 for q, o, _ in got if q == p), default=0) for p in range(CHOSEN_PARTITIONS)]
+    finally:
+        c.close()
+    return got
+
+
 def test_librdkafka_kafka_python_aiokafka_and_memqs_consumer_read_each_record_from_its_chosen_partition(
         running: Running, chosen: Chosen) -> None:
     """... at consecutive offsets (the topic's are dense)."""
     address, n = running.broker.kafka_address, len(chosen.where) + 5
-    c = Consumer({"bootstrap.servers": address, "group.id": "unused", "enable.auto.commit": False,
-                  "fetch.wait.max.ms": 200})
-    dense: list[tuple[int, int, bytes]] = []
-    try:
-        c.assign([TopicPartition(chosen.topic, p, OFFSET_BEGINNING) for p in range(CHOSEN_PARTITIONS)])
-        deadline = time.monotonic() + READ_TIMEOUT_S
-        while len(dense) < n and time.monotonic() < deadline:
-            for m in c.consume(1000, 0.5):
-                assert m.error() is None, m.error()
-                dense.append((m.partition(), m.offset(), m.value()))
-        assert [c.get_watermark_offsets(TopicPartition(chosen.topic, p)) for p in range(CHOSEN_PARTITIONS)] == [
-            (0, sum(1 for q, _, _ in dense if q == p)) for p in range(CHOSEN_PARTITIONS)]   # ends in records
-    finally:
-        c.close()
-    check_chosen(chosen, check_dense(dense))
+    check_chosen(chosen, check_dense(librdkafka_read(address, chosen.topic, n)))
 
     kp = KafkaConsumer(bootstrap_servers=address, enable_auto_commit=False, fetch_max_wait_ms=200)
     try:
@@ -435,3 +441,15 @@ def test_kafkajs_reads_each_record_from_its_chosen_partition(running: Running, c
     out = kafkajs_out(kafkajs, broker=running.broker.kafka_address, topic=chosen.topic, mode="earliest",
                       count=len(chosen.where) + 5)
     check_chosen(chosen, [(p, bytes.fromhex(v)) for v, _, _, _, p in out])
+
+
+def test_dense_offsets_are_the_same_on_a_broker_starting_cold(running: Running, chosen: Chosen) -> None:
+    """A second broker, started after the records were written (as after a restart), counts the
+    partitions' offsets itself from the notification log: each record at the same offset."""
+    n = len(chosen.where) + 5
+    here = sorted(librdkafka_read(running.broker.kafka_address, chosen.topic, n))
+    with broker_thread(dataclasses.replace(running.config, broker=BrokerConfig(kafka_port=0))) as other:
+        topic = TopicConfig(name=chosen.topic, read_partitions=CHOSEN_PARTITIONS, batch_ms=50, offsets="dense")
+        asyncio.run_coroutine_threadsafe(other.broker.add_topic(topic), other.loop).result(30)
+        there = sorted(librdkafka_read(other.broker.kafka_address, chosen.topic, n))
+    assert len(here) == n and there == here

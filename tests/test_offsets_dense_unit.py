@@ -1,14 +1,20 @@
 """Dense offsets (`memq.log.dense`), without I/O: a running count over the notification log,
-checkpoints that spare a cold reader the scan from 0, and the partition log model over them."""
+checkpoints that spare a cold reader the scan from 0, the partition log model over them, and the
+broker's counting (`memq.broker.bases`) over a notification log in memory."""
 
 from __future__ import annotations
 
 import pytest
 
+from tests.support.kafka_read import note
+
+from memq.broker.bases import Bases, MemoryCheckpoints
 from memq.errors import CorruptDataError, InvalidInputError, OffsetUnknownError
-from memq.log.dense import (CHECKPOINTS_KEPT, Checkpoint, DenseScheme, PartitionBases, decode_checkpoints,
-                            encode_checkpoints, kept, nearest)
-from memq.log.model import PartitionLog
+from memq.format.metadata import TopicMetadata
+from memq.log.dense import (CHECKPOINT_EVERY, CHECKPOINTS_KEPT, Checkpoint, DenseScheme, PartitionBases,
+                            decode_checkpoints, encode_checkpoints, kept, nearest)
+from memq.log.model import SPARSE, PartitionLog
+from memq.notify.consumer import NotificationRecord
 
 COUNTS = [3, 0, 5, 1, 4]     # notifications 0-4; notification 1 holds no record
 
@@ -45,7 +51,7 @@ def test_the_same_offsets_from_any_checkpoint_and_counting_back() -> None:
         later.add_before([(0, 9)])                       # a base below 0: counts that are not this log's
 
 
-def test_rereads_are_skipped_gaps_refused_and_retention_forgets() -> None:
+def test_rereads_are_skipped_skipped_offsets_count_zero_and_retention_forgets() -> None:
     b = PartitionBases(Checkpoint(0, 0))
     b.add([(0, 2), (1, 2)])
     b.add([(1, 2), (2, 7)])                              # notification 1 read again
@@ -83,3 +89,48 @@ def test_a_partition_log_over_dense_offsets_counts_records() -> None:
     assert moved.first_note == 2 and moved.skip(2) == 2 and moved.deleted(1) and not moved.deleted(2)
     seg = log.segments(s.offset_of(3, 0))
     assert (seg.tail.note, seg.tail.index) == (3, 0)
+
+
+class Log:
+    """A notification partition (record counts per offset) whose first `low` notifications expired."""
+
+    def __init__(self, counts: list[int], low: int = 0) -> None:
+        self.counts, self.low, self.asked = counts, low, 0
+
+    def watermarks_seen(self, notification_topic: str, partition: int) -> tuple[int, int] | None:
+        return None
+
+    async def watermarks(self, notification_topic: str, partition: int) -> tuple[int, int]:
+        return self.low, len(self.counts)
+
+    async def notes_between(self, notification_topic: str, partition: int, start: int, end: int
+                            ) -> list[NotificationRecord]:
+        self.asked += max(end - max(start, self.low), 0)
+        return [note(o, self.counts[o]) for o in range(max(start, self.low), min(end, len(self.counts)))]
+
+
+DENSE = TopicMetadata("t", "n", 1, offsets="dense")
+
+
+async def test_a_broker_counts_from_a_checkpoint_and_stores_the_next_ones() -> None:
+    """Cold, a broker counts from the oldest checkpoint in the retained log (back to its start,
+    forward to its end), not from notification 0; each multiple of CHECKPOINT_EVERY it passes is
+    stored, with the same bases a broker counting from 0 finds."""
+    counts = [1 + i % 7 for i in range(3 * CHECKPOINT_EVERY + 10)]
+    full = Bases(Log(counts), MemoryCheckpoints())
+    whole = await full.scheme(DENSE, 0)
+    assert [whole.start_of(n) for n in (0, 1, 2)] == [0, 1, 3]
+    store = MemoryCheckpoints()
+    for n in range(CHECKPOINT_EVERY, len(counts), CHECKPOINT_EVERY):
+        store.save_offset_checkpoint("t", 0, Checkpoint(n, whole.start_of(n)), 0)
+    late = Log(counts, low=CHECKPOINT_EVERY + 100)
+    cold = await Bases(late, store).scheme(DENSE, 0)
+    assert late.asked == len(counts) - late.low                       # the retained log, nothing before it
+    assert [cold.start_of(n) for n in (late.low, len(counts) - 1)] == [whole.start_of(n) for n in (late.low, len(counts) - 1)]
+    with pytest.raises(OffsetUnknownError):
+        await Bases(Log(counts, low=5), MemoryCheckpoints()).scheme(DENSE, 0)   # expired before any checkpoint
+    fresh = MemoryCheckpoints()
+    await Bases(Log(counts), fresh).scheme(DENSE, 0)
+    assert fresh.offset_checkpoints("t", 0) == tuple(Checkpoint(n, whole.start_of(n))
+                                                    for n in range(CHECKPOINT_EVERY, len(counts), CHECKPOINT_EVERY))
+    assert await Bases(Log(counts), fresh).scheme(TopicMetadata("t", "n", 1), 0) is SPARSE   # a sparse topic: no I/O
