@@ -18,6 +18,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaExcepti
 from confluent_kafka import ConsumerGroupTopicPartitions
 from confluent_kafka.admin import AdminClient
 from tests.support.audit import audit_config
+from tests.support.cli import memq
 from tests.support.cluster import running_broker, topic_config
 from tests.support.kafka_clients import broker_thread, kafka_produce, rows
 from tests.support.waiting import async_wait_for
@@ -128,6 +129,10 @@ async def test_a_group_1000_records_behind_lags_1000_in_kafkas_admin_tools(
                 c.close()
         done, high = await asyncio.to_thread(lag)
         assert (done, high, high - done) == (200, 1200, 1000)
+        shown = await asyncio.to_thread(memq, "status", env={"MEMQ_PRODUCER_BROKERS": broker.url, "COLUMNS": "250",
+                                                             "MEMQ_KAFKA_BOOTSTRAP_SERVERS": config.kafka.bootstrap_servers})
+        cells = [[c.strip() for c in line.split("│")[1:-1]] for line in shown.stdout.decode().splitlines()]
+        assert [group, topic, "1", "1000"] in cells, (shown.stdout + shown.stderr).decode()
 
 
 async def test_acls_decide_who_reads_a_topic_and_uses_sees_or_deletes_a_group(
