@@ -13,7 +13,7 @@ from memq.errors import CorruptDataError, InvalidInputError, OffsetUnknownError
 from memq.format.metadata import TopicMetadata
 from memq.log.dense import (CHECKPOINT_EVERY, CHECKPOINTS_KEPT, Checkpoint, DenseScheme, PartitionBases,
                             decode_checkpoints, encode_checkpoints, kept, nearest)
-from memq.log.model import SPARSE, PartitionLog
+from memq.log.model import SPARSE, PartitionLog, moved_start, stored_start
 from memq.notify.consumer import NotificationRecord
 
 COUNTS = [3, 0, 5, 1, 4]     # notifications 0-4; notification 1 holds no record
@@ -134,3 +134,16 @@ async def test_a_broker_counts_from_a_checkpoint_and_stores_the_next_ones() -> N
     assert fresh.offset_checkpoints("t", 0) == tuple(Checkpoint(n, whole.start_of(n))
                                                     for n in range(CHECKPOINT_EVERY, len(counts), CHECKPOINT_EVERY))
     assert await Bases(Log(counts), fresh).scheme(TopicMetadata("t", "n", 1), 0) is SPARSE   # a sparse topic: no I/O
+
+
+def test_a_delete_records_start_is_stored_as_a_position_every_reader_reads() -> None:
+    """Stored sparse (notification, index), so memq's Consumer (counting in notifications) reads it
+    without bases; a dense reader maps it back; one before the counted notifications is retention's."""
+    s = _scheme()
+    cut = s.offset_of(2, 3)
+    stored = stored_start(s, cut)
+    assert stored == SPARSE.offset_of(2, 3) and stored_start(SPARSE, stored) == stored
+    assert moved_start(((0, stored),), 0, s) == cut and moved_start(((0, stored),), 0) == stored
+    assert moved_start((), 0, s) == 0
+    later = PartitionBases(Checkpoint(3, 8))
+    assert moved_start(((0, stored),), 0, DenseScheme(later)) == 0   # before what this reader counted

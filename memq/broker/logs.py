@@ -53,8 +53,8 @@ class Logs:
     async def started(self, topic: TopicMetadata, partition: int, high: int | None = None) -> PartitionLog:
         """The log as the cluster metadata says it: DeleteRecords' start, and its offset scheme
         (a dense topic's counted to notification `high`, `Bases.scheme`; no I/O for a sparse one)."""
-        return PartitionLog(moved=moved_start(topic.log_start, partition),
-                            scheme=await self.bases.scheme(topic, partition, high))
+        scheme = await self.bases.scheme(topic, partition, high)
+        return PartitionLog(moved=moved_start(topic.log_start, partition, scheme), scheme=scheme)
 
     async def counted(self, plog: PartitionLog, topic: TopicMetadata, partition: int,
                       notes: list[NotificationRecord]) -> None:

@@ -32,6 +32,7 @@ from typing import Protocol
 
 from memq.compaction.manifest import Manifest
 from memq.compaction.parts import PartRef
+from memq.errors import OffsetUnknownError
 from memq.kafka_api import offsets as sparse
 
 #: DeleteRecords' offset meaning "up to the high watermark".
@@ -79,10 +80,27 @@ class SparseScheme:
 SPARSE: OffsetScheme = SparseScheme()
 
 
-def moved_start(log_start: Iterable[tuple[int, int]], partition: int) -> int:
-    """Where DeleteRecords moved `partition`'s start (0: never moved), from a topic's
-    (partition, offset) pairs as the cluster metadata carries them (`TopicMetadata.log_start`)."""
-    return next((o for p, o in log_start if p == partition), 0)
+def moved_start(log_start: Iterable[tuple[int, int]], partition: int, scheme: OffsetScheme = SPARSE) -> int:
+    """Where DeleteRecords moved `partition`'s start (0: never moved), in `scheme`'s offsets, from a
+    topic's (partition, position) pairs as the cluster metadata carries them (`TopicMetadata.log_start`).
+
+    The metadata carries a position (notification, index) in the sparse form whatever the topic's
+    scheme (`stored_start` writes it), so readers that count in notifications (memq's Consumer)
+    read it without a topic's bases. A position before the notifications `scheme` counted lies
+    before retention's start, which is later: 0."""
+    stored = next((o for p, o in log_start if p == partition), 0)
+    if not stored or scheme is SPARSE:
+        return stored
+    try:
+        return scheme.offset_of(*SPARSE.position_of(stored))
+    except OffsetUnknownError:
+        return 0
+
+
+def stored_start(scheme: OffsetScheme, offset: int) -> int:
+    """The form a DeleteRecords start at `offset` (in `scheme`'s offsets) is stored in: its
+    position, sparse (`moved_start` reads it back)."""
+    return offset if scheme is SPARSE else SPARSE.offset_of(*scheme.position_of(offset))
 
 
 @dataclass(frozen=True, slots=True)
