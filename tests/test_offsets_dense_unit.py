@@ -8,7 +8,7 @@ import pytest
 
 from tests.support.kafka_read import note
 
-from memq.broker.bases import Bases, MemoryCheckpoints
+from memq.broker.bases import Bases, Counting, MemoryCheckpoints
 from memq.errors import CorruptDataError, InvalidInputError, OffsetUnknownError
 from memq.format.metadata import TopicMetadata
 from memq.log.dense import (CHECKPOINT_EVERY, CHECKPOINTS_KEPT, Checkpoint, DenseScheme, PartitionBases,
@@ -147,3 +147,13 @@ def test_a_delete_records_start_is_stored_as_a_position_every_reader_reads() -> 
     assert moved_start((), 0, s) == 0
     later = PartitionBases(Checkpoint(3, 8))
     assert moved_start(((0, stored),), 0, DenseScheme(later)) == 0   # before what this reader counted
+
+
+async def test_a_hosting_broker_stores_checkpoints_without_any_reader() -> None:
+    counts = [2] * (2 * CHECKPOINT_EVERY + 1)
+    store = MemoryCheckpoints()
+    hosted = [DENSE, TopicMetadata("s", "m", 1)]   # a sparse topic is left alone
+    await Counting(Bases(Log(counts), store), lambda: hosted).count_all()
+    assert store.offset_checkpoints("t", 0) == (Checkpoint(CHECKPOINT_EVERY, 2 * CHECKPOINT_EVERY),
+                                                Checkpoint(2 * CHECKPOINT_EVERY, 4 * CHECKPOINT_EVERY))
+    assert store.offset_checkpoints("s", 0) == ()

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Protocol
 
 from memq.errors import MemqError, OffsetUnknownError
@@ -23,6 +23,10 @@ from memq.log.model import SPARSE, OffsetScheme
 from memq.notify.consumer import NotificationRecord
 
 log = logging.getLogger(__name__)
+
+#: How often a broker counts the dense partitions it hosts (`Counting`): well within any retention
+#: worth the name, so checkpoints land before the notifications they follow expire.
+COUNT_EVERY_S = 60.0
 
 
 class CheckpointStore(Protocol):
@@ -137,3 +141,38 @@ class Bases:
                 await asyncio.to_thread(self._store.save_offset_checkpoint, topic.name, partition, point, bases.first)
             except MemqError as e:   # the next one comes soon; a reader counts a little further meanwhile
                 log.warning("%s[%d]: offset checkpoint %s not stored: %s", topic.name, partition, point, e)
+
+
+class Counting:
+    """Keeps the dense partitions of the topics a broker hosts counted, every `COUNT_EVERY_S`, so
+    their checkpoints are stored whether or not a reader reads them: else a partition no Kafka
+    reader read for a whole retention period would keep no checkpoint in its retained notifications."""
+
+    def __init__(self, bases: Bases, hosted: Callable[[], Iterable[TopicMetadata]]) -> None:
+        self._bases = bases
+        self._hosted = hosted
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.ensure_future(self._run())
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(COUNT_EVERY_S)
+            await self.count_all()
+
+    async def count_all(self) -> None:
+        """Count each hosted dense partition to its end (storing the checkpoints it passes)."""
+        for topic in self._hosted():
+            if topic.offsets != "dense":
+                continue
+            for partition in range(topic.read_partitions):
+                try:
+                    await self._bases.scheme(topic, partition)
+                except MemqError as e:
+                    log.warning("%s[%d]: dense offsets not counted: %s", topic.name, partition, e)
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)

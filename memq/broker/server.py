@@ -55,7 +55,7 @@ from .storage_group import GroupWriter, GroupWriters
 from .processor import TopicProcessor
 from .publish import Publisher, PublishPath
 from .read_cache import ReadCache
-from .bases import Bases, MemoryCheckpoints
+from .bases import Bases, Counting, MemoryCheckpoints
 from .logs import Logs
 from .reads import Reads
 from .share.metrics import register as register_share_metrics
@@ -92,6 +92,7 @@ class Broker:
         self._kafka_audit: AuditEmitter | None = None
         self._reads: Reads | None = None   # made on start, with the storage
         self._logs: Logs | None = None     # ... over the reads
+        self._counting: Counting | None = None   # ... its hosted dense partitions kept counted
         self._shares: Shares | None = None   # made on start: share groups on the Kafka listener
         self._share_registry: Registry | None = None   # ZooKeeper for share groups and transactions
         self._txns: Transactions | None = None   # made on start, with the publisher
@@ -141,6 +142,10 @@ class Broker:
         self._txns = await self._make_txns()
         # dense topics' offsets: counted from checkpoints in ZooKeeper (the share groups' session) when there is one
         self._logs = Logs(self._reads, Bases(self._reads, self._share_registry or MemoryCheckpoints()))
+        if bc.kafka_port >= 0:   # dense offsets serve Kafka readers: keep the hosted partitions counted
+            self._counting = Counting(self._logs.bases, lambda: [t for name, t in self.metadata().topics.items()
+                                                                 if name in self._processors])
+            self._counting.start()
         if self._share_registry is not None:   # ZooKeeper: compacted topics' manifests are there
             self.compactor = Compactor(self.config, self._manifest_pointers(), self.metrics.registry,
                                        storage=self._storage, reads=self._reads, clock=self._clock,
@@ -188,6 +193,8 @@ class Broker:
             await self._kafka.stop()
         if self._kafka_audit is not None:
             await asyncio.to_thread(self._kafka_audit.close)
+        if self._counting is not None:
+            await self._counting.close()
         if self.compactor is not None:
             await self.compactor.close()
         if self._shares is not None:
