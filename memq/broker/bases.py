@@ -89,6 +89,20 @@ class Bases:
                                                               scheme.bases.next, high))
         return scheme
 
+    async def warm(self, topic: TopicMetadata, partition: int, high: int) -> DenseScheme | None:
+        """The partition's dense scheme counted to notification `high` when this broker counts it
+        already (a few notifications more: the tail has them); None when it does not: then its
+        count starts in the background (a cold count is not for a producer's ack to wait on)."""
+        key = (topic.name, partition)
+        scheme = self._schemes.get(key)
+        if scheme is None:
+            if key not in self._cold:
+                asyncio.ensure_future(self._started(topic, partition)).add_done_callback(_retrieved)
+            return None
+        if high > scheme.bases.next:
+            await self.scheme(topic, partition, high)
+        return scheme
+
     async def counted(self, topic: TopicMetadata, partition: int, notes: Sequence[NotificationRecord]) -> None:
         """Count the notifications a read brought (those before them first, if any were not counted)."""
         scheme = self._schemes.get((topic.name, partition))
@@ -141,6 +155,12 @@ class Bases:
                 await asyncio.to_thread(self._store.save_offset_checkpoint, topic.name, partition, point, bases.first)
             except MemqError as e:   # the next one comes soon; a reader counts a little further meanwhile
                 log.warning("%s[%d]: offset checkpoint %s not stored: %s", topic.name, partition, point, e)
+
+
+def _retrieved(task: asyncio.Future[DenseScheme]) -> None:
+    """A background count's failure is logged; the next reader or `Counting` tries again."""
+    if not task.cancelled() and task.exception() is not None:
+        log.info("dense offsets not counted in the background: %s", task.exception())
 
 
 class Counting:
