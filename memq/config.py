@@ -255,11 +255,19 @@ class TopicConfig:
     # Kafka settings that have no effect on memq (segment.ms, min.insync.replicas, ...), kept as
     # (name, value) so Kafka's tools read back what they set (memq.kafka_api.topic_configs.INERT)
     kafka_inert: tuple[tuple[str, str], ...] = ()
+    # Kafka offsets of its records (memq.log): "dense" numbers a partition's records 0, 1, 2, ...
+    # (memq.log.dense); "sparse", notification offset << 24 | index (memq.kafka_api.offsets), is
+    # what topics stored before the setting existed read as. Fixed at creation: offsets once given stay.
+    offsets: Literal["sparse", "dense"] = "sparse"
 
     def __post_init__(self) -> None:
         check_choice(self, "kafka_compression", f"topic {self.name}")
         check_choice(self, "cleanup_policy", f"topic {self.name}")
         check_choice(self, "schema_validation_action", f"topic {self.name}")
+        check_choice(self, "offsets", f"topic {self.name}")
+        if self.offsets == "dense" and "compact" in self.cleanup_policy:
+            raise ConfigError(f"topic {self.name}: offsets = dense is not served on compacted topics yet "
+                              "(compacted parts carry sparse offsets): use offsets = sparse")
         for strategy in ("value_subject_name_strategy", "key_subject_name_strategy"):
             if getattr(self, strategy) not in SUBJECT_NAME_STRATEGIES:
                 raise ConfigError(f"topic {self.name}.{strategy} = {getattr(self, strategy)!r} is not one of "

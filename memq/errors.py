@@ -23,6 +23,11 @@ class InvalidInputError(MemqError):
     """The caller passed a value memq cannot accept (wrong type, too large, empty topic...)."""
 
 
+class OffsetUnknownError(MemqError):
+    """A dense offset, or a notification's base, lies outside the notifications whose bases this
+    reader knows (before its checkpoint, or past the notifications it read): read further first."""
+
+
 # --- data formats ---------------------------------------------------------------------------
 
 

@@ -11,6 +11,7 @@ from tests.support.kafka_read import note, part_of, read_placed, recs
 
 from memq.broker.doors import kafka_admin_records, kafka_fetch
 from memq.broker.guard import Guard
+from memq.broker.bases import Bases, MemoryCheckpoints
 from memq.broker.logs import Logs
 from memq.broker.metrics import BrokerMetrics
 from memq.config import SecurityConfig
@@ -89,7 +90,7 @@ class Core:
 
     @property
     def logs(self) -> Logs:
-        return Logs(self.reads)
+        return Logs(self.reads, Bases(self.reads, MemoryCheckpoints()))
 
     def metadata(self) -> ClusterMetadata:
         t = TopicMetadata("t", "memq.c.t", 1, log_start=tuple(sorted(self.starts.items())))

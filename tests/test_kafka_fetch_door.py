@@ -11,6 +11,7 @@ import pytest
 from tests.support.kafka_read import note
 
 from memq.broker.guard import Guard
+from memq.broker.bases import Bases, MemoryCheckpoints
 from memq.broker.logs import Logs
 from memq.broker.metrics import BrokerMetrics
 from memq.broker.doors import kafka_fetch
@@ -96,7 +97,7 @@ class FakeCore:
 
     @property
     def logs(self) -> Logs:
-        return Logs(self.reads)
+        return Logs(self.reads, Bases(self.reads, MemoryCheckpoints()))
 
     def metadata(self) -> ClusterMetadata:
         return ClusterMetadata(cluster="c", broker_id="b1", kafka_bootstrap_servers="", storage=StorageMetadata(),

@@ -20,7 +20,7 @@ from memq.format import LogMessage
 from memq.format.kafka_records import (KAFKA_BATCH_HEADER_SIZE, KafkaCodec, decode_kafka_records, encode_kafka_batch,
                                        split_kafka_batches, verify_kafka_batch)
 from memq.kafka_api.records import framing_codec
-from memq.kafka_api.offsets import kafka_offset
+from memq.kafka_api.offsets import first_offset, kafka_offset
 from memq.kafka_api.records import frame_part, place
 
 records = st.lists(st.builds(
@@ -75,7 +75,7 @@ def test_a_part_framed_in_each_codec_places_every_record_exactly_and_kafka_batch
     assert part.batches[1].data == frame_part(raw, codec=KafkaCodec.NONE).batches[1].data
     for zstd_fetch in (True, False):   # Fetch < v10 gets zstd batches decompressed, the others as framed
         out = bytearray()
-        assert place(part, 5, 0, out, 1 << 22, zstd=zstd_fetch) == 804
+        assert place(part, first_offset(5), 0, out, 1 << 22, zstd=zstd_fetch) == 804
         assert read_placed(bytes(out)) == [(kafka_offset(5, i), r) for i, r in enumerate(a + c + d)]
         placed = {verify_kafka_batch(b).codec for b in split_kafka_batches(bytes(out))}
         assert KafkaCodec.ZSTD not in placed if not zstd_fetch else codec in placed

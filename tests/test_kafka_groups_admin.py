@@ -18,9 +18,11 @@ from typing import Any
 
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import ConsumerGroupTopicPartitions
 from confluent_kafka.admin import AdminClient
 from bench._group_member import member_log
 from tests.support.audit import audit_config
+from tests.support.cli import memq
 from tests.support.cluster import running_broker, topic_config
 from tests.support.kafka_clients import broker_thread, kafka_produce, rows
 from tests.support.waiting import async_wait_for
@@ -106,6 +108,38 @@ async def test_admin_tools_delete_a_group_and_its_committed_offsets(
         assert await asyncio.to_thread(committed, address, topic, group) < 0   # its offsets went with it
 
 
+async def test_a_group_1000_records_behind_lags_1000_in_kafkas_admin_tools(
+        devcluster: DevCluster, unique_name: Callable[[str], str]) -> None:
+    """On a dense topic an offset is a record number: lag (high watermark minus committed) counts
+    the records a group has not read, as AdminClient and a consumer's watermarks show it."""
+    topic = unique_name("klag")
+    config = dataclasses.replace(devcluster.config(topics=[topic_config(topic, read_partitions=1, batch_ms=50,
+                                                                        offsets="dense")]),
+                                 broker=BrokerConfig(kafka_port=0))
+    group = f"lag-{uuid.uuid4().hex[:6]}"
+    async with running_broker(config) as broker:
+        address = broker.kafka_address
+        for i in range(3):   # parts of 400 records each
+            await asyncio.to_thread(kafka_produce, address, topic, rows(400, f"lag{i}"), acks="all")
+        assert len(await asyncio.to_thread(group_read, address, topic, group, 200)) == 200
+
+        def lag() -> tuple[int, int]:
+            admin = AdminClient({"bootstrap.servers": address})
+            asked = ConsumerGroupTopicPartitions(group, [TopicPartition(topic, 0)])
+            [tp] = admin.list_consumer_group_offsets([asked])[group].result(30).topic_partitions
+            c = Consumer({"bootstrap.servers": address, "group.id": group})
+            try:
+                return tp.offset, c.get_watermark_offsets(TopicPartition(topic, 0), timeout=20)[1]
+            finally:
+                c.close()
+        done, high = await asyncio.to_thread(lag)
+        assert (done, high, high - done) == (200, 1200, 1000)
+        shown = await asyncio.to_thread(memq, "status", env={"MEMQ_PRODUCER_BROKERS": broker.url, "COLUMNS": "250",
+                                                             "MEMQ_KAFKA_BOOTSTRAP_SERVERS": config.kafka.bootstrap_servers})
+        cells = [[c.strip() for c in line.split("│")[1:-1]] for line in shown.stdout.decode().splitlines()]
+        assert [group, topic, "1", "1000"] in cells, (shown.stdout + shown.stderr).decode()
+
+
 async def test_acls_decide_who_reads_a_topic_and_uses_sees_or_deletes_a_group(
         devcluster: DevCluster, unique_name: Callable[[str], str]) -> None:
     topic = unique_name("kgacl")
@@ -163,7 +197,7 @@ async def test_the_audit_counts_what_a_kafka_consumer_group_committed(
     group = f"audited-{uuid.uuid4().hex[:6]}"
     try:
         with broker_thread(config) as r:
-            topic = r.add_topic(partitions=2)
+            topic = r.add_topic(partitions=2, offsets="dense")   # commits map to parts through counted bases
             address = r.broker.kafka_address
             sent = rows(600, "gaudit")
             for i in range(0, len(sent), 100):   # parts in both partitions

@@ -35,7 +35,7 @@ from tests.support.kafka_clients import (Row, Running, as_rows, broker_thread, k
 
 from memq.client.consumer import Consumer as MemqConsumer
 from memq.client.placement import key_partition
-from memq.config import BrokerConfig
+from memq.config import BrokerConfig, TopicConfig
 from memq.devcluster import DevCluster
 from memq.format import LogMessage
 
@@ -327,30 +327,35 @@ class Chosen:
     topic: str
     where: dict[bytes, int]     # value -> the partition its producer chose
     order: list[bytes]          # values in the order they were sent
+    reported: dict[bytes, int]  # value -> the offset its delivery report gave (Kafka producer's; < 0 unknown)
 
 
 @pytest.fixture(scope="module")
 def chosen(running: Running) -> Chosen:
-    """A topic of 3 read partitions (not compacted): a Kafka producer sends records to the
-    partitions it names (0, 1, 2 in turn, and only 1 for a stretch), memq's Producer sends keyed
-    records (placed by key) and a few without a key."""
-    topic = running.add_topic(partitions=CHOSEN_PARTITIONS)
+    """A topic of 3 read partitions (not compacted, dense offsets): a Kafka producer sends records
+    to the partitions it names (0, 1, 2 in turn, and only 1 for a stretch), memq's Producer sends
+    keyed records (placed by key) and a few without a key."""
+    topic = running.add_topic(partitions=CHOSEN_PARTITIONS, offsets="dense")
     where: dict[bytes, int] = {}
     order: list[bytes] = []
     p = Producer({"bootstrap.servers": running.broker.kafka_address, "linger.ms": 5, "acks": "all"})
+    reported: dict[bytes, int] = {}
     for i in range(240):
         partition = 1 if 100 <= i < 160 else i % CHOSEN_PARTITIONS
         value = b"kafka-%d" % i
-        p.produce(topic, value, key=b"k%d" % (i % 11), partition=partition)
+        p.produce(topic, value, key=b"k%d" % (i % 11), partition=partition,
+                  on_delivery=lambda err, m: reported.__setitem__(m.value(), m.offset()))
         where[value] = partition
         order.append(value)
+        if i == CHOSEN_PARTITIONS - 1:
+            p.flush(30)   # each partition's first part: its broker starts counting the partition
     assert p.flush(30) == 0
     keyed = [LogMessage(b"memq-%d" % i, b"key-%d" % (i % 23), (), 1_700_000_000_000 + i) for i in range(120)]
     memq_produce(running, topic, keyed)
     where.update((r.value, key_partition(r.key or b"", CHOSEN_PARTITIONS)) for r in keyed)
     order += [r.value for r in keyed]
     memq_produce(running, topic, [LogMessage(b"memq-nokey-%d" % i, None, (), 1_700_000_000_000) for i in range(5)])
-    return Chosen(topic, where, order)
+    return Chosen(topic, where, order, reported)
 
 
 def check_chosen(c: Chosen, got: list[tuple[int, bytes]]) -> None:
@@ -366,54 +371,75 @@ def check_chosen(c: Chosen, got: list[tuple[int, bytes]]) -> None:
     assert sorted(v for _, v in got if v not in c.where) == sorted(b"memq-nokey-%d" % i for i in range(5))
 
 
-def test_librdkafka_kafka_python_aiokafka_and_memqs_consumer_read_each_record_from_its_chosen_partition(
-        running: Running, chosen: Chosen) -> None:
-    address, n = running.broker.kafka_address, len(chosen.where) + 5
+def check_dense(got: list[tuple[int, int, bytes]]) -> list[tuple[int, bytes]]:
+    """Each partition's offsets, as read, are its record numbers 0, 1, 2, ...: (partition, value) of each."""
+    for partition in range(CHOSEN_PARTITIONS):
+        offsets = [o for p, o, _ in got if p == partition]
+        assert offsets == list(range(len(offsets))), f"partition {partition}: {offsets[:5]}..."
+    return [(p, v) for p, _, v in got]
+
+
+def librdkafka_read(address: str, topic: str, n: int) -> list[tuple[int, int, bytes]]:
+    """(partition, offset, value) of `n` records read from the beginning of each partition, which
+    then ends (its high watermark) just after its last record."""
     c = Consumer({"bootstrap.servers": address, "group.id": "unused", "enable.auto.commit": False,
                   "fetch.wait.max.ms": 200})
-    got: list[tuple[int, bytes]] = []
+    got: list[tuple[int, int, bytes]] = []
     try:
-        c.assign([TopicPartition(chosen.topic, p, OFFSET_BEGINNING) for p in range(CHOSEN_PARTITIONS)])
+        c.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(CHOSEN_PARTITIONS)])
         deadline = time.monotonic() + READ_TIMEOUT_S
         while len(got) < n and time.monotonic() < deadline:
             for m in c.consume(1000, 0.5):
                 assert m.error() is None, m.error()
-                got.append((m.partition(), m.value()))
+                got.append((m.partition(), m.offset(), m.value()))
+        ends = [c.get_watermark_offsets(TopicPartition(topic, p))[1] for p in range(CHOSEN_PARTITIONS)]
+        assert ends == [max((o + 1 for q, o, _ in got if q == p), default=0) for p in range(CHOSEN_PARTITIONS)]
     finally:
         c.close()
-    check_chosen(chosen, got)
+    return got
+
+
+def test_librdkafka_kafka_python_aiokafka_and_memqs_consumer_read_each_record_from_its_chosen_partition(
+        running: Running, chosen: Chosen) -> None:
+    """... at consecutive offsets (the topic's are dense)."""
+    address, n = running.broker.kafka_address, len(chosen.where) + 5
+    read = librdkafka_read(address, chosen.topic, n)
+    check_chosen(chosen, check_dense(read))
+    known = {v: o for v, o in chosen.reported.items() if o is not None and o >= 0}
+    assert len(known) >= len(chosen.reported) - CHOSEN_PARTITIONS   # all but each partition's first: not counted yet
+    assert known == {v: o for _, o, v in read if v in known}   # delivery reports give the offsets read
 
     kp = KafkaConsumer(bootstrap_servers=address, enable_auto_commit=False, fetch_max_wait_ms=200)
     try:
         kp.assign([KpPartition(chosen.topic, p) for p in range(CHOSEN_PARTITIONS)])
         kp.seek_to_beginning()
-        got = []
+        dense = []
         deadline = time.monotonic() + READ_TIMEOUT_S
-        while len(got) < n and time.monotonic() < deadline:
+        while len(dense) < n and time.monotonic() < deadline:
             for tp, msgs in kp.poll(timeout_ms=500).items():
-                got += [(tp.partition, m.value) for m in msgs]
+                dense += [(tp.partition, m.offset, m.value) for m in msgs]
     finally:
         kp.close()
-    check_chosen(chosen, got)
+    check_chosen(chosen, check_dense(dense))
 
-    async def aio() -> list[tuple[int, bytes]]:
+    async def aio() -> list[tuple[int, int, bytes]]:
         ac = AIOKafkaConsumer(bootstrap_servers=address, enable_auto_commit=False, fetch_max_wait_ms=200)
         await ac.start()
         try:
             ac.assign([AioPartition(chosen.topic, p) for p in range(CHOSEN_PARTITIONS)])
             await ac.seek_to_beginning()
-            out: list[tuple[int, bytes]] = []
+            out: list[tuple[int, int, bytes]] = []
             deadline = time.monotonic() + READ_TIMEOUT_S
             while len(out) < n and time.monotonic() < deadline:
                 for tp, msgs in (await ac.getmany(timeout_ms=500)).items():
-                    out += [(tp.partition, m.value) for m in msgs]
+                    out += [(tp.partition, m.offset, m.value) for m in msgs]
             return out
         finally:
             await ac.stop()
-    check_chosen(chosen, asyncio.run(aio()))
+    check_chosen(chosen, check_dense(asyncio.run(aio())))
 
     with MemqConsumer(running.config, chosen.topic, group_id=group()) as mc:
-        got = []
+        got: list[tuple[int, bytes]] = []
         deadline = time.monotonic() + READ_TIMEOUT_S
         while len(got) < n and time.monotonic() < deadline:
             got += [(r.partition, r.value) for r in mc.poll(0.5)]
@@ -424,3 +450,15 @@ def test_kafkajs_reads_each_record_from_its_chosen_partition(running: Running, c
     out = kafkajs_out(kafkajs, broker=running.broker.kafka_address, topic=chosen.topic, mode="earliest",
                       count=len(chosen.where) + 5)
     check_chosen(chosen, [(p, bytes.fromhex(v)) for v, _, _, _, p in out])
+
+
+def test_dense_offsets_are_the_same_on_a_broker_starting_cold(running: Running, chosen: Chosen) -> None:
+    """A second broker, started after the records were written (as after a restart), counts the
+    partitions' offsets itself from the notification log: each record at the same offset."""
+    n = len(chosen.where) + 5
+    here = sorted(librdkafka_read(running.broker.kafka_address, chosen.topic, n))
+    with broker_thread(dataclasses.replace(running.config, broker=BrokerConfig(kafka_port=0))) as other:
+        topic = TopicConfig(name=chosen.topic, read_partitions=CHOSEN_PARTITIONS, batch_ms=50, offsets="dense")
+        asyncio.run_coroutine_threadsafe(other.broker.add_topic(topic), other.loop).result(30)
+        there = sorted(librdkafka_read(other.broker.kafka_address, chosen.topic, n))
+    assert len(here) == n and there == here

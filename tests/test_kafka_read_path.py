@@ -16,7 +16,10 @@ from memq.broker.metrics import BrokerMetrics
 from memq.broker.read_cache import ReadCache
 from memq.broker.reads import Reads
 from memq.config import KafkaConfig
+from memq.broker.bases import Bases, MemoryCheckpoints
 from memq.broker.consumer_group_audit import GroupAudit
+from memq.broker.logs import Logs
+from memq.format.metadata import TopicMetadata
 from tests.support.clock import FakeClock
 from tests.support.consumer_fakes import CountingSource, SinkRecorder, batch
 from tests.support.consumer_fakes import recs as recs_of
@@ -24,7 +27,7 @@ from memq.format import LogMessage
 from memq.format.kafka_records import (KafkaCodec, decode_kafka_records, encode_kafka_batch, split_kafka_batches,
                                        verify_kafka_batch)
 from memq.kafka_api.dedup import duplicates, part_messages
-from memq.kafka_api.offsets import kafka_offset
+from memq.kafka_api.offsets import first_offset, kafka_offset
 from memq.kafka_api.records import frame_part, place
 from memq.log.model import SPARSE
 
@@ -46,7 +49,7 @@ def test_a_mixed_part_frames_into_batches_at_each_records_offset() -> None:
     # a run of memq Messages is one batch; a Kafka producer's batch is served as it came
     assert [(x.first_index, x.count) for x in part.batches] == [(0, 5), (5, 4), (9, 1)]
     out = bytearray()
-    assert place(part, 7, 0, out, 1 << 20) == 10
+    assert place(part, first_offset(7), 0, out, 1 << 20) == 10
     assert read_placed(bytes(out)) == [(kafka_offset(7, i), r) for i, r in enumerate(a + b + c + d)]
 
 
@@ -57,7 +60,7 @@ def test_long_runs_of_memq_records_are_framed_in_batches_of_bounded_size(monkeyp
     assert len(part.batches) > 4 and all(x.count <= 6 for x in part.batches)
     assert [x.first_index for x in part.batches] == list(accumulate([0] + [x.count for x in part.batches[:-1]]))
     out = bytearray()
-    assert place(part, 3, 0, out, 1 << 20) == 60
+    assert place(part, first_offset(3), 0, out, 1 << 20) == 60
     assert read_placed(bytes(out)) == [(kafka_offset(3, i), r) for i, r in enumerate(a + b)]
 
 
@@ -65,11 +68,11 @@ def test_placing_from_an_index_skips_whole_batches_before_it_and_keeps_within_th
     part = frame_part(part_of([("memq", recs("a", 3)), ("kafka", recs("c", 4)), ("memq", recs("d", 2))]))
     sizes = [len(x.data) for x in part.batches]
     out = bytearray()
-    assert place(part, 1, 4, out, sizes[1]) == 7          # the Kafka batch holding index 4; the next does not fit
+    assert place(part, first_offset(1), 4, out, sizes[1]) == 7          # the Kafka batch holding index 4; the next does not fit
     assert [o for o, _ in read_placed(bytes(out))] == [kafka_offset(1, i) for i in range(3, 7)]
     small = bytearray()
-    assert place(part, 1, 0, small, 10) == 0              # nothing fits, and nothing is forced
-    assert place(part, 1, 0, small, 10, at_least_one=True) == 3 and len(small) == sizes[0]
+    assert place(part, first_offset(1), 0, small, 10) == 0              # nothing fits, and nothing is forced
+    assert place(part, first_offset(1), 0, small, 10, at_least_one=True) == 3 and len(small) == sizes[0]
 
 
 def test_a_messages_copies_are_dropped_by_its_id_whatever_the_window_holds() -> None:
@@ -87,17 +90,17 @@ def test_dropped_messages_leave_gaps_and_every_other_record_keeps_its_offset() -
     assert [(m.id, m.records) for m in part_messages(raw)] == [((1, 0, 0), 3), ((1, 0, 1), 2), ((2, 0, 2), 4),
                                                            ((1, 0, 3), 2)]
     whole = bytearray()
-    place(frame_part(raw), 4, 0, whole, 1 << 20)
+    place(frame_part(raw), first_offset(4), 0, whole, 1 << 20)
     kept = [(o, r) for o, r in read_placed(bytes(whole))]
     for drop in ({1}, {2}, {0, 3}, {3}, {0, 1, 2, 3}):
         part = frame_part(raw, frozenset(drop))
         out = bytearray()
         # the whole part is passed, a dropped end included: a reader is moved past it, never stuck
-        assert place(part, 4, 0, out, 1 << 20) == 11 and part.count == 11
+        assert place(part, first_offset(4), 0, out, 1 << 20) == 11 and part.count == 11
         gone = {i for m in drop for i in range([0, 3, 5, 9][m], [3, 5, 9, 11][m])}
         assert read_placed(bytes(out)) == [(o, r) for i, (o, r) in enumerate(kept) if i not in gone]
     out = bytearray()
-    assert place(frame_part(raw, frozenset({3})), 4, 9, out, 1 << 20) == 11 and out == bytearray()
+    assert place(frame_part(raw, frozenset({3})), first_offset(4), 9, out, 1 << 20) == 11 and out == bytearray()
 
 
 def test_memq_records_go_out_zstd_compressed_and_decompressed_for_fetches_before_v10() -> None:
@@ -108,7 +111,7 @@ def test_memq_records_go_out_zstd_compressed_and_decompressed_for_fetches_before
     plain = encode_kafka_batch(a)
     assert len(batch.data) * 5 < len(plain)   # what zstd saves on the wire and in the read cache
     new, old = bytearray(), bytearray()
-    assert place(part, 2, 0, new, 1 << 20) == place(part, 2, 0, old, 1 << 20, zstd=False) == 400
+    assert place(part, first_offset(2), 0, new, 1 << 20) == place(part, first_offset(2), 0, old, 1 << 20, zstd=False) == 400
     assert [verify_kafka_batch(b).codec for b in split_kafka_batches(bytes(old))] == [KafkaCodec.NONE]
     assert read_placed(bytes(new)) == read_placed(bytes(old)) == [(kafka_offset(2, i), r) for i, r in enumerate(a)]
 
@@ -233,11 +236,11 @@ async def test_a_groups_commits_report_each_message_it_got_once_when_its_last_re
     reads = Reads(KafkaConfig(), CountingSource(objects), ReadCache(1 << 24, metrics), metrics,  # type: ignore[arg-type]
                   broker_id="b1", consumers=lambda _topic: ListedNotes(notes))  # type: ignore[arg-type,return-value]
     sink = SinkRecorder()
-    audit = GroupAudit(reads, sink, FakeClock(wall_s=1_000.0))
+    audit = GroupAudit(reads, Logs(reads, Bases(reads, MemoryCheckpoints())), sink, FakeClock(wall_s=1_000.0))
 
     async def commit(before: int, after: int) -> list[tuple[int, int]]:
         sink.calls.clear()
-        await audit.committed("g", "t", "n", 0, before, after)
+        await audit.committed("g", TopicMetadata("t", "n", 1), 0, before, after)
         return [(c.producer_id, c.sequence) for c in sink.calls]
 
     assert await commit(-1, kafka_offset(0, 4)) == [(7, 0)]               # (7, 0, 1) ends at record 4: not yet

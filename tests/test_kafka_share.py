@@ -17,6 +17,7 @@ import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Literal
 
 import pytest
 from prometheus_client import generate_latest
@@ -71,10 +72,10 @@ def poll_until(c: ShareConsumer, done: Callable[[], bool], timeout_s: float = 60
             each(m)
 
 
-def host(r: Running, topic: str) -> str:
+def host(r: Running, topic: str, offsets: Literal["sparse", "dense"] = "sparse") -> str:
     """Host `topic` (one partition) by its name: a dead-letter topic, or a topic on a restarted broker."""
-    asyncio.run_coroutine_threadsafe(r.broker.add_topic(TopicConfig(name=topic, read_partitions=1, batch_ms=50)),
-                                     r.loop).result(30)
+    cfg = TopicConfig(name=topic, read_partitions=1, batch_ms=50, offsets=offsets)
+    asyncio.run_coroutine_threadsafe(r.broker.add_topic(cfg), r.loop).result(30)
     return topic
 
 
@@ -87,7 +88,7 @@ def group() -> str:
 
 
 def test_more_consumers_than_partitions_all_receive_and_each_record_is_accepted_once(running: Running) -> None:
-    topic = running.add_topic(partitions=2)
+    topic = running.add_topic(partitions=2, offsets="dense")
     g, members, per_round = group(), 4, 200
     got: list[list[tuple[int, int]]] = [[] for _ in range(members)]
     total = Counter[tuple[int, int]]()
@@ -192,7 +193,7 @@ def killed_consumer_redelivered(running: Running) -> None:
 
 
 def test_release_redelivers_reject_and_the_delivery_limit_go_to_the_dead_letter_topic(running: Running) -> None:
-    topic = running.add_topic(partitions=1)
+    topic = running.add_topic(partitions=1, offsets="dense")
     g = group()
     dlq = host(running, f"{g}-dlq")   # the group's dead-letter topic: <group> + share.dead_letter_suffix
     kafka_produce(running.broker.kafka_address, topic, rows(6, "q"), acks="all")
@@ -246,7 +247,7 @@ def test_a_broker_restart_keeps_acknowledged_records_acknowledged(devcluster: De
     config = share_config(devcluster, f"sharerestart{uuid.uuid4().hex[:6]}")
     g, n = group(), 400
     with broker_thread(config) as r:
-        topic = r.add_topic(partitions=1)
+        topic = r.add_topic(partitions=1, offsets="dense")
         kafka_produce(r.broker.kafka_address, topic, rows(n, "x"), acks="all")
         c = share_consumer(r.broker.kafka_address, g, topic, explicit=True)
         accepted: set[int] = set()
@@ -264,7 +265,7 @@ def test_a_broker_restart_keeps_acknowledged_records_acknowledged(devcluster: De
         finally:
             c.close()   # the unaccepted ones are released as it leaves
     with broker_thread(config) as r:
-        host(r, topic)
+        host(r, topic, offsets="dense")   # a restarted broker counts the partition's offsets again, alike
         c = share_consumer(r.broker.kafka_address, g, topic)
         again: set[int] = set()
         try:
@@ -273,6 +274,7 @@ def test_a_broker_restart_keeps_acknowledged_records_acknowledged(devcluster: De
         finally:
             c.close()
     assert again and not again & accepted and not extra
+    assert accepted | again == set(range(n))   # dense: the share-partition's offsets are the record numbers
 
 
 def test_bad_share_frames_get_errors_and_the_connection_goes_on(running: Running) -> None:

@@ -19,6 +19,7 @@ from memq.kafka_api.metadata_flex import topic_id
 from memq.kafka_api.offsets import first_offset, split_offset
 from memq.kafka_api.records import FramedBatch, FramedPart
 from memq.kafka_api.share import AckBatch, AckType, SharePartitionData, ShareError
+from memq.log.model import SPARSE
 from tests.support.clock import FakeClock
 from tests.support.share_fakes import FakeAdmission, FakeShareBroker
 
@@ -72,11 +73,11 @@ def test_whole_batches_from_a_record_on_stop_at_the_first_limit_reached() -> Non
 def test_new_records_are_taken_from_the_window_end_and_the_next_part_follows() -> None:
     sp, out = partition(FakeClock(), first_offset(7)), SharePartitionData(0)
     budget = Budget(10, 1 << 20)
-    assert take_new(sp, "m", out, budget, 7, 3, framed([[b"a", b"b"], [b"c"]]))   # the whole part: read on
+    assert take_new(sp, "m", out, budget, SPARSE, 7, 3, framed([[b"a", b"b"], [b"c"]]))   # the whole part: read on
     assert out.acquired == [(first_offset(7), first_offset(7) + 2, 1)]
     assert values_of(out) == [b"a", b"b", b"c"] and budget.records == 7
     assert sp.end == first_offset(8)
-    assert take_new(sp, "m", out, budget, 9, 1, framed([[b"d"]]))   # a gap in the notifications: skipped
+    assert take_new(sp, "m", out, budget, SPARSE, 9, 1, framed([[b"d"]]))   # a gap in the notifications: skipped
     assert split_offset(out.acquired[-1][0]) == (9, 0) and sp.end == first_offset(10)
 
 
@@ -84,10 +85,10 @@ def test_a_record_budget_stops_inside_a_part_and_the_next_take_resumes_there() -
     sp, out = partition(FakeClock()), SharePartitionData(0)
     part = framed([[b"a", b"b"], [b"c", b"d"]])
     budget = Budget(2, 1 << 20)
-    assert not take_new(sp, "m", out, budget, 0, 4, part)   # stopped inside the part
+    assert not take_new(sp, "m", out, budget, SPARSE, 0, 4, part)   # stopped inside the part
     assert out.acquired == [(0, 1, 1)] and sp.end == 2 and budget.records == 0
     more = SharePartitionData(0)
-    assert take_new(sp, "n", more, Budget(10, 1 << 20), 0, 4, part)
+    assert take_new(sp, "n", more, Budget(10, 1 << 20), SPARSE, 0, 4, part)
     assert more.acquired == [(2, 3, 1)] and values_of(more) == [b"c", b"d"]
 
 
@@ -98,9 +99,9 @@ def test_redelivered_records_are_taken_again_with_their_delivery_count() -> None
     clock.advance(31)   # the lock expired
     sp.expire()
     again = sp.redeliverable(10)
-    assert by_note(again + [first_offset(1)]) == {0: [0, 1, 2], 1: [first_offset(1)]}
+    assert by_note(again + [first_offset(1)], SPARSE) == {0: [0, 1, 2], 1: [first_offset(1)]}
     out, budget = SharePartitionData(0), Budget(10, 1 << 20)
-    take_again(sp, "b", out, budget, 0, again, framed([[b"a", b"b", b"c"]]))
+    take_again(sp, "b", out, budget, SPARSE, 0, again, framed([[b"a", b"b", b"c"]]))
     assert out.acquired == [(0, 2, 2)] and budget.records == 7 and values_of(out) == [b"a", b"b", b"c"]
 
 

@@ -17,8 +17,9 @@ from typing import Protocol
 
 from memq.clock import Clock, SystemClock
 from memq.errors import MemqError
-from memq.kafka_api.offsets import kafka_offset, split_offset
+from memq.format.metadata import TopicMetadata
 
+from .logs import Logs
 from .reads import Reads
 
 log = logging.getLogger(__name__)
@@ -35,37 +36,38 @@ class ConsumedSink(Protocol):
 
 
 class GroupAudit:
-    def __init__(self, reads: Reads, sink: ConsumedSink, clock: Clock | None = None) -> None:
+    def __init__(self, reads: Reads, logs: Logs, sink: ConsumedSink, clock: Clock | None = None) -> None:
         self._reads = reads
+        self._logs = logs
         self._sink = sink
         self._clock = clock or SystemClock()
 
-    async def committed(self, group: str, topic: str, notification_topic: str, partition: int,
-                        before: int, after: int) -> int:
+    async def committed(self, group: str, topic: TopicMetadata, partition: int, before: int, after: int) -> int:
         """Report the Messages whose last record is in [before, after) as consumed by `group`
         (`before` < 0: from the log start); how many. Never raises: the commit stands anyway."""
         if after <= max(before, 0):
             return 0
         try:
-            return await self._report(group, topic, notification_topic, partition, before, after)
+            return await self._report(group, topic, partition, before, after)
         except MemqError as e:
-            log.warning("audit of Kafka group %r's commit of %s[%d] at %d: %s", group, topic, partition, after, e)
+            log.warning("audit of Kafka group %r's commit of %s[%d] at %d: %s", group, topic.name, partition, after, e)
             return 0
 
-    async def _report(self, group: str, topic: str, notification_topic: str, partition: int,
-                      before: int, after: int) -> int:
-        last_note, last_index = split_offset(after)
+    async def _report(self, group: str, topic: TopicMetadata, partition: int, before: int, after: int) -> int:
+        scheme = (await self._logs.started(topic, partition)).scheme
+        notification_topic = topic.notification_topic
+        last_note, last_index = scheme.position_of(after)
         end = last_note + (1 if last_index else 0)
-        start = max(split_offset(before)[0] if before >= 0 else 0, end - MAX_NOTES)
+        start = max(scheme.position_of(before)[0] if before >= 0 else 0, end - MAX_NOTES)
         now_ms = int(self._clock.time() * 1000)
         reported = 0
         for n in await self._reads.notes_between(notification_topic, partition, start, end):
             for first, m in await self._reads.delivered(notification_topic, partition, n):
                 if m.records <= 0:
                     continue
-                last = kafka_offset(n.offset, first + m.records - 1)
+                last = scheme.offset_of(n.offset, first + m.records - 1)
                 if max(before, 0) <= last < after:
-                    self._sink.consumed(topic=topic, group=group, producer_id=m.id[0], epoch=m.id[1],
+                    self._sink.consumed(topic=topic.name, group=group, producer_id=m.id[0], epoch=m.id[1],
                                         sequence=m.id[2], count=m.records, digest=m.digest,
                                         created_ms=m.created_ms, consumed_ms=now_ms)
                     reported += 1

@@ -19,8 +19,10 @@ from typing import Protocol
 from memq.compaction.manifest import Manifest
 from memq.errors import MemqError
 from memq.format.metadata import TopicMetadata
-from memq.log.model import PartitionLog, moved_start
+from memq.log.model import SPARSE, PartitionLog, moved_start
 from memq.notify.consumer import NotificationRecord
+
+from .bases import Bases
 
 log = logging.getLogger(__name__)
 
@@ -41,14 +43,24 @@ class LogReads(Protocol):
 
 
 class Logs:
-    """Partition logs as this broker reads them (`BrokerCore.logs`)."""
+    """Partition logs as this broker reads them (`BrokerCore.logs`); a dense topic's offsets
+    through its partitions' counted bases (`bases`)."""
 
-    def __init__(self, reads: LogReads) -> None:
+    def __init__(self, reads: LogReads, bases: Bases) -> None:
         self._reads = reads
+        self.bases = bases
 
-    def started(self, topic: TopicMetadata, partition: int) -> PartitionLog:
-        """The log as the cluster metadata says it: DeleteRecords' start (no I/O)."""
-        return PartitionLog(moved=moved_start(topic.log_start, partition))
+    async def started(self, topic: TopicMetadata, partition: int, high: int | None = None) -> PartitionLog:
+        """The log as the cluster metadata says it: DeleteRecords' start, and its offset scheme
+        (a dense topic's counted to notification `high`, `Bases.scheme`; no I/O for a sparse one)."""
+        scheme = await self.bases.scheme(topic, partition, high)
+        return PartitionLog(moved=moved_start(topic.log_start, partition, scheme), scheme=scheme)
+
+    async def counted(self, plog: PartitionLog, topic: TopicMetadata, partition: int,
+                      notes: list[NotificationRecord]) -> None:
+        """A read brought `notes`: a dense topic counts them (their records' offsets)."""
+        if plog.scheme is not SPARSE:
+            await self.bases.counted(topic, partition, notes)
 
     async def opened(self, plog: PartitionLog, topic: TopicMetadata, partition: int, peer: object) -> PartitionLog:
         """`plog` with its compacted prefix (the topic's current manifest), no Kafka call."""
@@ -73,6 +85,8 @@ class Logs:
                 return dataclasses.replace(plog, high=note)
         low, high = marks if marks is not None else (-1, note)
         high = max(high, note + (1 if index else 0), 0)
+        if plog.scheme is not SPARSE:
+            await self.bases.scheme(topic, partition, high)   # the tail may have seen further meanwhile
         last_end = await self._end(plog, ntopic, partition, high, self._reads.last_seen(ntopic, partition))
         return PartitionLog(plog.manifest, plog.moved, low, high, last_end, plog.scheme)   # per Fetch: no replace()
 
@@ -80,8 +94,8 @@ class Logs:
         """The log as the notification Kafka has it now (ListOffsets, DeleteRecords,
         OffsetForLeaderEpoch); `end`: read its last notification too (the high watermark's
         exact end). MemqError when Kafka fails."""
-        plog = await self.opened(self.started(topic, partition), topic, partition, peer)
         low, high = await self._reads.watermarks(topic.notification_topic, partition)
+        plog = await self.opened(await self.started(topic, partition, high), topic, partition, peer)
         plog = dataclasses.replace(plog, low=low, high=high)
         if end:
             plog = dataclasses.replace(plog, last_end=await self._last_end(plog, topic.notification_topic, partition,

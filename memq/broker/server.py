@@ -55,6 +55,7 @@ from .storage_group import GroupWriter, GroupWriters
 from .processor import TopicProcessor
 from .publish import Publisher, PublishPath
 from .read_cache import ReadCache
+from .bases import Bases, Counting, MemoryCheckpoints
 from .logs import Logs
 from .reads import Reads
 from .share.metrics import register as register_share_metrics
@@ -95,6 +96,7 @@ class Broker:
         self._kafka_audit: AuditEmitter | None = None
         self._reads: Reads | None = None   # made on start, with the storage
         self._logs: Logs | None = None     # ... over the reads
+        self._counting: Counting | None = None   # ... its hosted dense partitions kept counted
         self._shares: Shares | None = None   # made on start: share groups on the Kafka listener
         self._share_registry: Registry | None = None   # ZooKeeper for share groups and transactions
         self._txns: Transactions | None = None   # made on start, with the publisher
@@ -139,12 +141,17 @@ class Broker:
         # every notification, a storage group's parts and a transaction's at its commit alike
         self._path = PublishPath(self._publisher, self.metrics, clock=self._clock,
                                  republish_s=bc.notify_retry_ms / 1000, reads=self._reads)
-        self._logs = Logs(self._reads)
         if bc.kafka_port >= 0:
             # Kafka clients carry no memq audit emitter: the broker reports their Messages.
             self._kafka_audit = make_audit_sink(self.config, client_id=f"memq-broker-{self.broker_id}-audit")
         self._group_coordinator = await self._make_group_coordinator()
         self._txns = await self._make_txns()
+        # dense topics' offsets: counted from checkpoints in ZooKeeper (the share groups' session) when there is one
+        self._logs = Logs(self._reads, Bases(self._reads, self._share_registry or MemoryCheckpoints()))
+        if bc.kafka_port >= 0:   # dense offsets serve Kafka readers: keep the hosted partitions counted
+            self._counting = Counting(self._logs.bases, lambda: [t for name, t in self.metadata().topics.items()
+                                                                 if name in self._processors])
+            self._counting.start()
         if self._share_registry is not None:   # ZooKeeper: compacted topics' manifests are there
             self.compactor = Compactor(self.config, self._manifest_pointers(), self.metrics.registry,
                                        storage=self._storage, reads=self._reads, clock=self._clock,
@@ -193,6 +200,8 @@ class Broker:
             await self._kafka.stop()
         if self._kafka_audit is not None:
             await asyncio.to_thread(self._kafka_audit.close)
+        if self._counting is not None:
+            await self._counting.close()
         if self.compactor is not None:
             await self.compactor.close()
         if self._shares is not None:
@@ -423,7 +432,7 @@ class Broker:
                                     self.kafka_address),),
             topics={name: TopicMetadata(name, p.notification_topic, p.config.read_partitions, (self.url,),
                                           p.config.retention_ms, p.config.storage_group,
-                                          cleanup_policy=p.config.cleanup_policy)
+                                          cleanup_policy=p.config.cleanup_policy, offsets=p.config.offsets)
                     for name, p in self._processors.items()})
         return own.overlaid(self.cluster_view() if self.cluster_view is not None else None)
 

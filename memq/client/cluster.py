@@ -185,7 +185,7 @@ def resolve_topic(config: MemqConfig, topic: str, *, brokers: str | None = None,
 def _from_config(t: TopicConfig, cluster: str) -> TopicMetadata:
     return TopicMetadata(name=t.name, notification_topic=t.notification_topic_for(cluster),
                          read_partitions=t.read_partitions, retention_ms=t.retention_ms,
-                         storage_group=t.storage_group, cleanup_policy=t.cleanup_policy)
+                         storage_group=t.storage_group, cleanup_policy=t.cleanup_policy, offsets=t.offsets)
 
 
 __all__ = ["ResolvedTopic", "broker_urls", "discover", "fetch_metadata", "fetch_metadata_async", "metadata_url",

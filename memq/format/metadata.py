@@ -42,6 +42,7 @@ class TopicMetadata:
     log_start: tuple[tuple[int, int], ...] = ()   # (partition, Kafka offset) DeleteRecords moved it to:
                                                   # readers get nothing before it (as expired)
     cleanup_policy: str = "delete"       # "compact" in it: producers refuse records without a key
+    offsets: str = "sparse"              # "dense": Kafka offsets are record numbers (TopicConfig.offsets)
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,7 +104,8 @@ class ClusterMetadata:
                               "read_partitions": t.read_partitions, "retention_ms": t.retention_ms,
                               "storage_group": t.storage_group,
                               **({"log_start": {str(p): o for p, o in t.log_start}} if t.log_start else {}),
-                              **({"cleanup_policy": t.cleanup_policy} if t.cleanup_policy != "delete" else {})}
+                              **({"cleanup_policy": t.cleanup_policy} if t.cleanup_policy != "delete" else {}),
+                              **({"offsets": t.offsets} if t.offsets != "sparse" else {})}
                        for name, t in self.topics.items()},
             "refused": {name: {"principal": r.principal, "operation": r.operation} for name, r in self.refused.items()},
             "kafka": {"bootstrap_servers": self.kafka_bootstrap_servers},
@@ -172,7 +174,8 @@ def _topic(name: str, doc: object) -> TopicMetadata:
     return TopicMetadata(name=name, notification_topic=_str(t, "notification_topic", where),
                          read_partitions=partitions, brokers=tuple(u.rstrip("/") for u in urls), retention_ms=retention,
                          storage_group=_str(t, "storage_group", where, ""), log_start=log_start,
-                         cleanup_policy=_str(t, "cleanup_policy", where, "delete"))
+                         cleanup_policy=_str(t, "cleanup_policy", where, "delete"),
+                         offsets=_str(t, "offsets", where, "sparse"))
 
 
 def _refusal(name: str, doc: object) -> TopicRefusal:

@@ -180,7 +180,7 @@ class BrokerAgent:
             topics={name: TopicMetadata(name, cfg.notification_topic_for(cluster), cfg.read_partitions,
                                         tuple(view.topic_urls(name)), cfg.retention_ms, cfg.storage_group,
                                         tuple(sorted(view.log_starts.get(name, {}).items())),
-                                        cfg.cleanup_policy)
+                                        cfg.cleanup_policy, cfg.offsets)
                     for name, cfg in view.topics.items()})
 
     def _topics(self) -> Mapping[str, TopicConfig]:

@@ -36,6 +36,7 @@ from kazoo.protocol.states import EventType, KazooState, WatchedEvent
 
 from memq.config import TopicConfig, ZooKeeperConfig, build
 from memq.errors import ConfigError, CoordinationError, LeadershipLostError, UnknownTopicError
+from memq.log.dense import Checkpoint, decode_checkpoints, encode_checkpoints, kept
 
 from .assignment import BrokerInfo
 from .znode_cache import ZnodeCache
@@ -129,6 +130,10 @@ class Registry:
     @property
     def log_starts_path(self) -> str:
         return f"{self.base}/log_starts"
+
+    @property
+    def offset_bases_path(self) -> str:
+        return f"{self.base}/offset_bases"
 
     @property
     def election_path(self) -> str:
@@ -342,6 +347,35 @@ class Registry:
         except NoNodeError:
             pass
         self._wrote(starts)
+        bases = f"{self.offset_bases_path}/{name}"
+        try:
+            self.client.delete(bases, recursive=True)
+        except NoNodeError:
+            pass
+        except KazooException as e:
+            raise CoordinationError(f"ZooKeeper {bases}: {type(e).__name__} {e}") from None
+
+    def offset_checkpoints(self, topic: str, partition: int) -> tuple[Checkpoint, ...]:
+        """A dense topic's partition's stored checkpoints (`memq.log.dense`), oldest first."""
+        return decode_checkpoints(self._get(f"{self.offset_bases_path}/{topic}/{partition}") or b"")
+
+    def save_offset_checkpoint(self, topic: str, partition: int, new: Checkpoint, low: int) -> None:
+        """Add `new` to the partition's checkpoints (`dense.kept`: what retention at `low` still
+        needs). Every reader computes the same checkpoints, so a write lost to a concurrent one
+        (compare-and-set on the znode's version) is left lost: the next one comes soon."""
+        path = f"{self.offset_bases_path}/{topic}/{partition}"
+        try:
+            data, stat = self._wait(self.client.get_async(path), path)
+        except NoNodeError:
+            data, stat = b"", None
+        points = kept(decode_checkpoints(bytes(data or b"")), new, low)
+        try:
+            if stat is None:
+                self._wait(self.client.create_async(path, encode_checkpoints(points), makepath=True), path)
+            else:
+                self._wait(self.client.set_async(path, encode_checkpoints(points), version=stat.version), path)
+        except (NodeExistsError, BadVersionError):
+            log.info("offset checkpoint %s of %s: written by another reader meanwhile", new, path)
 
     def topic(self, name: str) -> TopicConfig:
         path = f"{self.topics_path}/{name}"

@@ -34,8 +34,9 @@ class NotificationTopics(Protocol):
     def delete_topic(self, name: str) -> None: ...
 
 
-FIXED_FIELDS = ("notification_topic",)
-"""Settings alter cannot change: consumers follow the notification topic by name (and
+FIXED_FIELDS = ("notification_topic", "offsets")
+"""Settings alter cannot change: consumers follow the notification topic by name, offsets once
+given (committed, stored by applications) must keep naming the same records (and
 `read_partitions` only grows: Kafka cannot shrink partitions)."""
 
 

@@ -15,7 +15,7 @@ second per partition.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from memq.errors import InvalidInputError
 from memq.format.batch import MAX_PART_LOGMESSAGES, PART_RECORD_BITS
@@ -52,11 +52,13 @@ def end_offset(notification_offset: int, count: int) -> int:
     return first_offset(notification_offset) + min(max(count, 0), MAX_PART_LOGMESSAGES)
 
 
-def produce_base_offset(placed: Sequence[tuple[int, int, int]]) -> int:
+def produce_base_offset(placed: Sequence[tuple[int, int, int]],
+                        offset_of: Callable[[int, int], int] = kafka_offset) -> int:
     """The base offset a Produce response gives for one partition's batches, each placed at
     (notification offset, index of its first record in that part, record count), in request
-    order: the first record's Kafka offset when the batches' records are consecutive in one part
-    (a client numbers the request's records base, base + 1, ...), else unknown: also when a
+    order: the first record's Kafka offset (`offset_of`: the topic's scheme) when the batches' records
+    are consecutive in one part (a client numbers the request's records base, base + 1, ...), else
+    unknown: also when a
     place is unknown (notification offset or index < 0: acks=1). Unknown is minus the request's
     record count, so that every record's number is negative, ending at Kafka's -1: librdkafka
     and aiokafka number from -1 on (0, 1, ...: offsets of other records), Java and kafka-python
@@ -70,4 +72,4 @@ def produce_base_offset(placed: Sequence[tuple[int, int, int]]) -> int:
         if n != note or i != expect:
             return unknown
         expect = i + count
-    return kafka_offset(note, first)
+    return offset_of(note, first)

@@ -29,7 +29,6 @@ from memq.format import Codec, LogMessage, decode_batch_header, decode_message, 
 from memq.format.kafka_records import (ZSTD_LEVEL, KafkaCodec, encode_kafka_batch, peek_kafka_batch,
                                        verify_kafka_batch, without_compression)
 
-from .offsets import kafka_offset
 
 #: A run of memq-produced records is framed in batches of about this many bytes of records: a
 #: consumer gets any one batch whole (KIP-74), so one part's decoded records must not become one
@@ -121,10 +120,10 @@ def frame_part(part: bytes | memoryview, drop: frozenset[int] = frozenset(),
     return FramedPart(tuple(out), index)
 
 
-def place(part: FramedPart, notification_offset: int, from_index: int, out: bytearray, limit: int, *,
+def place(part: FramedPart, part_offset: int, from_index: int, out: bytearray, limit: int, *,
           at_least_one: bool = False, zstd: bool = True) -> int:
     """Append the part's batches holding records at `from_index` or later to `out`, each with its
-    Kafka base offset, while `out` stays within `limit` bytes; with `at_least_one` and `out`
+    Kafka base offset (`part_offset`, its first record's offset, plus its first index), while `out` stays within `limit` bytes; with `at_least_one` and `out`
     empty, the first batch goes whatever its size (KIP-74: a batch larger than the limits must
     not stall its reader); without `zstd` (the reader's Fetch predates it) zstd batches go
     decompressed. Returns the index after the last record placed (`from_index` if none), or the
@@ -139,7 +138,7 @@ def place(part: FramedPart, notification_offset: int, from_index: int, out: byte
             data = without_compression(data)
         if (out or not at_least_one) and len(out) + len(data) > limit:
             return after
-        out += _BASE.pack(kafka_offset(notification_offset, b.first_index))
+        out += _BASE.pack(part_offset + b.first_index)
         out += data[8:_EPOCH_AT]
         out += _NO_EPOCH
         out += data[_EPOCH_END:]

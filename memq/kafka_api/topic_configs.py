@@ -142,6 +142,9 @@ SETTINGS: tuple[Setting, ...] = (
             "latency budget: a small batch may keep filling until this age (null: memq.batch.ms)"),
     Setting("memq.min.batch.bytes", "min_batch_bytes", ConfigType.INT,
             "latency budget: a batch under this size keeps filling until memq.max.batch.ms (0: off)"),
+    Setting("memq.offsets", "offsets", ConfigType.STRING,
+            "Kafka offsets of its records: dense (record numbers 0, 1, 2, ... per partition) or sparse "
+            "(notification offset << 24 | index: topics created before dense offsets)"),
     Setting("memq.notification.topic", "notification_topic", ConfigType.STRING,
             "the Kafka topic carrying this topic's notifications", read_only=True),
     Setting("memq.schema.validation.action", "schema_validation_action", ConfigType.STRING,

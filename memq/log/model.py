@@ -20,53 +20,87 @@ no record to carry a reader's position past them). Transactions publish their no
 commit, so the last stable offset is the high watermark.
 
 The offset scheme (a record's offset <-> its notification offset and index) is used here through
-one seam, `OffsetScheme` (today `SPARSE`: `memq.kafka_api.offsets`); every answer below goes
-through `PartitionLog.scheme`, so a new scheme is a new `OffsetScheme` fed in one place.
+one seam, `OffsetScheme` (`SPARSE`: `memq.kafka_api.offsets`, or a partition's dense
+`memq.log.dense.DenseScheme`); every answer below goes through `PartitionLog.scheme`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Protocol
 
 from memq.compaction.manifest import Manifest
 from memq.compaction.parts import PartRef
+from memq.errors import OffsetUnknownError
 from memq.kafka_api import offsets as sparse
 
 #: DeleteRecords' offset meaning "up to the high watermark".
 HIGH_WATERMARK = -1
 
 
-class OffsetScheme:
+class OffsetScheme(Protocol):
     """How a record's offset relates to where it is: the one seam the model uses for it.
-
-    Today's scheme (`SPARSE`) is a pure function: `notification offset << 24 | index`
-    (`memq.kafka_api.offsets`), gaps between parts."""
+    `SPARSE` (`notification offset << 24 | index`, gaps between parts) or a partition's
+    `memq.log.dense.DenseScheme` (consecutive record numbers)."""
 
     def offset_of(self, note: int, index: int) -> int:
         """The offset of record `index` of the part announced at notification `note`."""
-        return sparse.kafka_offset(note, index)
+        ...
 
     def position_of(self, offset: int) -> tuple[int, int]:
         """(notification offset, index) of a record offset >= 0: the inverse of `offset_of`."""
-        return sparse.split_offset(offset)
+        ...
 
     def start_of(self, note: int) -> int:
         """The offset where the part at notification `note` starts (a notification watermark's image)."""
-        return sparse.first_offset(note)
+        ...
 
     def end_of(self, note: int, count: int) -> int:
         """The offset just after the last of the `count` records of the part at `note`."""
+        ...
+
+
+class SparseScheme:
+    """The scheme of topics written before dense offsets: a pure function (`memq.kafka_api.offsets`)."""
+
+    def offset_of(self, note: int, index: int) -> int:
+        return sparse.kafka_offset(note, index)
+
+    def position_of(self, offset: int) -> tuple[int, int]:
+        return sparse.split_offset(offset)
+
+    def start_of(self, note: int) -> int:
+        return sparse.first_offset(note)
+
+    def end_of(self, note: int, count: int) -> int:
         return sparse.end_offset(note, count)
 
 
-SPARSE = OffsetScheme()
+SPARSE: OffsetScheme = SparseScheme()
 
 
-def moved_start(log_start: Iterable[tuple[int, int]], partition: int) -> int:
-    """Where DeleteRecords moved `partition`'s start (0: never moved), from a topic's
-    (partition, offset) pairs as the cluster metadata carries them (`TopicMetadata.log_start`)."""
-    return next((o for p, o in log_start if p == partition), 0)
+def moved_start(log_start: Iterable[tuple[int, int]], partition: int, scheme: OffsetScheme = SPARSE) -> int:
+    """Where DeleteRecords moved `partition`'s start (0: never moved), in `scheme`'s offsets, from a
+    topic's (partition, position) pairs as the cluster metadata carries them (`TopicMetadata.log_start`).
+
+    The metadata carries a position (notification, index) in the sparse form whatever the topic's
+    scheme (`stored_start` writes it), so readers that count in notifications (memq's Consumer)
+    read it without a topic's bases. A position before the notifications `scheme` counted lies
+    before retention's start, which is later: 0."""
+    stored = next((o for p, o in log_start if p == partition), 0)
+    if not stored or scheme is SPARSE:
+        return stored
+    try:
+        return scheme.offset_of(*SPARSE.position_of(stored))
+    except OffsetUnknownError:
+        return 0
+
+
+def stored_start(scheme: OffsetScheme, offset: int) -> int:
+    """The form a DeleteRecords start at `offset` (in `scheme`'s offsets) is stored in: its
+    position, sparse (`moved_start` reads it back)."""
+    return offset if scheme is SPARSE else SPARSE.offset_of(*scheme.position_of(offset))
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,6 +6,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from memq.broker.admission import Refusal
+from memq.broker.bases import Bases, MemoryCheckpoints
+from memq.broker.logs import Logs
 from memq.format import LogMessage, MessageHeader, Notification, decode_message
 from memq.format.metadata import ClusterMetadata, StorageMetadata, TopicMetadata
 from memq.format.wire import Ack, AckCode, AckLevel
@@ -74,6 +76,7 @@ class FakeShareBroker:
             name: TopicMetadata(name, f"n.{name}", n, ("b1",)) for name, n in topics.items()})
         self.reads = FakeShareReads()
         self.admission = admission or FakeAdmission()
+        self.logs = Logs(self.reads, Bases(self.reads, MemoryCheckpoints()))
 
     def metadata(self) -> ClusterMetadata:
         return self._meta

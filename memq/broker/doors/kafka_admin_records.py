@@ -28,7 +28,7 @@ from kafka.protocol.admin import DeleteRecordsRequest, DeleteRecordsResponse
 from memq.errors import MemqError
 from memq.kafka_api.messages import decode_request, encode_response
 from memq.kafka_api.protocol import ApiKey, ErrorCode, Reader, RequestHeader
-from memq.log.model import PartitionLog, moved_start
+from memq.log.model import PartitionLog, moved_start, stored_start
 from memq.security.acl import Operation
 
 from ..seam import BrokerCore
@@ -86,7 +86,7 @@ async def delete_records(core: BrokerCore, principal: str | None, topic: str, as
                      topic, p, offset, peer, plog.log_start, plog.high_watermark)
             answers[p] = Deleted(p, error=ErrorCode.OFFSET_OUT_OF_RANGE)
             continue
-        wanted[p], logs[p] = target, plog
+        wanted[p], logs[p] = stored_start(plog.scheme, target), plog
     if wanted:
         try:
             moved = await asyncio.to_thread(admin.registry.move_log_starts, topic, wanted)
@@ -96,7 +96,8 @@ async def delete_records(core: BrokerCore, principal: str | None, topic: str, as
         else:
             log.info("Kafka DeleteRecords of %s from %s: log starts %s", topic, peer,
                      {p: moved[p] for p in wanted})
-            answers |= {p: Deleted(p, dataclasses.replace(logs[p], moved=moved[p]).log_start) for p in wanted}
+            answers |= {p: Deleted(p, dataclasses.replace(
+                logs[p], moved=moved_start(moved.items(), p, logs[p].scheme)).log_start) for p in wanted}
             await _visible(core, topic, {p: moved[p] for p in wanted})
     return [answers[p] for p, _ in asked]
 

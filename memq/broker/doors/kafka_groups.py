@@ -62,7 +62,7 @@ class GroupState:
 
     def __init__(self, conn: Conn) -> None:
         self.conn = conn
-        self.audit = GroupAudit(conn.core.reads, conn.audit) if conn.audit is not None else None
+        self.audit = GroupAudit(conn.core.reads, conn.core.logs, conn.audit) if conn.audit is not None else None
         # Kafka groups' commits counted by the audit: (group, topic, partition) -> last commit
         self.committed: dict[tuple[str, str, int], int] = {}
         self.auditing: set[asyncio.Future[int]] = set()
@@ -171,7 +171,7 @@ def _audit(st: GroupState, group: str, offsets: Offsets, before: dict[tuple[str,
     for (t, p), (offset, _) in offsets.items():
         prev = st.committed.get((group, t, p), before.get((t, p), -1))
         st.committed[(group, t, p)] = offset
-        task = asyncio.ensure_future(audit.committed(group, t, topics[t].notification_topic, p, prev, offset))
+        task = asyncio.ensure_future(audit.committed(group, topics[t], p, prev, offset))
         st.auditing.add(task)
         task.add_done_callback(st.auditing.discard)
 

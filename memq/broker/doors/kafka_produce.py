@@ -34,6 +34,7 @@ from typing import Any
 
 from memq.errors import FormatError, MemqError, UnsupportedCodecError, UnsupportedVersionError
 from memq.format.kafka_records import KafkaBatchHeader, split_kafka_batches, verify_kafka_batch
+from memq.format.metadata import TopicMetadata
 from memq.format.message import MESSAGE_HEADER_SIZE, MessageHeader, encode_kafka_message
 from memq.format.wire import Ack, AckCode, AckLevel
 from memq.kafka_api.compacted import keyless_records
@@ -42,10 +43,12 @@ from memq.kafka_api.mapping import ack_level, error_code, memq_producer_id
 from memq.kafka_api.offsets import produce_base_offset
 from memq.kafka_api.protocol import (ApiKey, ErrorCode, PartitionData, PartitionResult, ProduceRequest, ProduceResult,
                                      Reader, RequestHeader, decode_produce, encode_produce)
+from memq.log.model import SPARSE, OffsetScheme
 
 from memq.schema.check import checked
 
 from ..admission import Refusal, Ticket
+from ..seam import BrokerCore
 from ..txn.service import ProducerIds
 from .kafka_family import Conn, Family, Response
 from .kafka_schema_check import check_partition
@@ -117,10 +120,10 @@ async def _produce(conn: Conn, st: ProduceState, h: RequestHeader, req: ProduceR
     if level is AckLevel.NONE:
         return None   # Kafka sends no response to acks=0
     wait_s = min(max(req.timeout_ms / 1000, MIN_ACK_WAIT_S), MAX_ACK_WAIT_S)
-    return asyncio.ensure_future(_produce_response(h, appended, wait_s, round(st.throttle_s * 1000)))
+    return asyncio.ensure_future(_produce_response(core, h, appended, wait_s, round(st.throttle_s * 1000)))
 
 
-async def _produce_response(h: RequestHeader, appended: list[tuple[str, int, Outcome]],
+async def _produce_response(core: BrokerCore, h: RequestHeader, appended: list[tuple[str, int, Outcome]],
                             timeout_s: float, throttle_ms: int) -> bytes:
     futures: list[asyncio.Future[Any]] = [
         f for _, _, o in appended if isinstance(o, list) for f, _ in o]
@@ -128,13 +131,31 @@ async def _produce_response(h: RequestHeader, appended: list[tuple[str, int, Out
     if futures:
         await asyncio.wait(futures, timeout=timeout_s)
     result = ProduceResult(throttle_ms=throttle_ms)
+    topics = core.metadata().topics
     for topic, index, outcome in appended:
-        result.topics.setdefault(topic, []).append(
-            outcome if isinstance(outcome, PartitionResult) else
-            _partition_result(index, outcome, timeout_s) if isinstance(outcome, list) else
-            outcome.result() if outcome.done() else
-            PartitionResult(index, ErrorCode.REQUEST_TIMED_OUT, message=f"not stored within {timeout_s:g}s"))
+        if isinstance(outcome, list):
+            scheme = SPARSE if topic not in topics else await _scheme(core, topics[topic], index, outcome)
+            answer = _partition_result(index, outcome, timeout_s, scheme)
+        else:
+            answer = outcome if isinstance(outcome, PartitionResult) else outcome.result() if outcome.done() else \
+                PartitionResult(index, ErrorCode.REQUEST_TIMED_OUT, message=f"not stored within {timeout_s:g}s")
+        result.topics.setdefault(topic, []).append(answer)
     return encode_produce(h, result)
+
+
+async def _scheme(core: BrokerCore, topic: TopicMetadata, index: int, appended: list[Appended]) -> OffsetScheme | None:
+    """The offsets the partition's answer is given in: a dense topic's as this broker counts them
+    (None, unknown: not counted here, or its notifications not read now)."""
+    if topic.offsets != "dense":
+        return SPARSE
+    notes = [f.result().offset for f, _ in appended if f.done() and f.result().ok]
+    if not notes or min(notes) < 0:
+        return None
+    try:
+        return await core.logs.bases.warm(topic, index, max(notes) + 1)
+    except MemqError as e:
+        log.info("Kafka produce to %s[%d]: offsets not counted now: %s", topic.name, index, e)
+        return None
 
 
 async def _append(conn: Conn, st: ProduceState, topic: str, part: PartitionData, level: AckLevel,
@@ -262,9 +283,11 @@ def _refused(conn: Conn, topic: str, index: int, refusal: Refusal) -> PartitionR
     return PartitionResult(index, error_code(code), -1, refusal.why)
 
 
-def _partition_result(index: int, appended: list[Appended], timeout_s: float) -> PartitionResult:
+def _partition_result(index: int, appended: list[Appended], timeout_s: float,
+                      scheme: OffsetScheme | None) -> PartitionResult:
     """The partition's answer once its Messages' acks are in: its first record's Kafka offset as
-    a reader will see it (acks=all; negative, unknown, for acks=1: its notification is not published yet)."""
+    a reader will see it (acks=all, in `scheme`; negative, unknown, for acks=1: its notification is
+    not published yet, and without a scheme)."""
     placed = []
     for f, count in appended:
         if not f.done():
@@ -273,8 +296,8 @@ def _partition_result(index: int, appended: list[Appended], timeout_s: float) ->
         ack = f.result()
         if not ack.ok:
             return PartitionResult(index, error_code(ack.code), message=ack.error)
-        placed.append((ack.offset, ack.record, count))
-    return PartitionResult(index, base_offset=produce_base_offset(placed))
+        placed.append((-1 if scheme is None else ack.offset, ack.record, count))
+    return PartitionResult(index, base_offset=produce_base_offset(placed, (scheme or SPARSE).offset_of))
 
 
 FAMILY = Family("produce", {ApiKey.PRODUCE: (3, 8)},

@@ -13,9 +13,9 @@ from dataclasses import dataclass
 
 from memq.format import LogMessage
 from memq.format.kafka_records import decode_kafka_records
-from memq.kafka_api.offsets import first_offset, split_offset
 from memq.kafka_api.records import FramedBatch, FramedPart, place
 from memq.kafka_api.share import AckBatch, AckType, SharePartitionData
+from memq.log.model import OffsetScheme
 
 from .partition import AckOutcome, Archived, SharePartition
 
@@ -78,36 +78,38 @@ def take(sp: SharePartition, member: str, out: SharePartitionData, buf: bytearra
     budget.nbytes -= len(buf)
 
 
-def take_new(sp: SharePartition, member: str, out: SharePartitionData, budget: Budget, note: int, count: int,
-             part: FramedPart) -> bool:
+def take_new(sp: SharePartition, member: str, out: SharePartitionData, budget: Budget, scheme: OffsetScheme,
+             note: int, count: int, part: FramedPart) -> bool:
     """Acquire new records of the part at notification `note` (`count` records) from the window's
     end; True when the part is done with (the window's end moved past it), so the next is read."""
-    at, index = split_offset(sp.end)
+    at, index = scheme.position_of(sp.end)
     start = index if note == at else 0
     buf = bytearray()
     wanted = FramedPart(whole_batches(part, start, min(budget.records, sp.room()), budget.nbytes))
-    after = place(wanted, note, start, buf, budget.nbytes, at_least_one=not out.records)
+    base = scheme.start_of(note)
+    after = place(wanted, base, start, buf, budget.nbytes, at_least_one=not out.records)
     if after > start:
-        take(sp, member, out, buf, [first_offset(note) | i for i in range(start, after)], budget)
-    if sp.end < first_offset(note) + count:
+        take(sp, member, out, buf, list(range(base + start, base + after)), budget)
+    if sp.end < scheme.end_of(note, count):
         return False   # stopped inside the part (a limit, or the window is full)
-    sp.skip_to(first_offset(note + 1))
+    sp.skip_to(scheme.start_of(note + 1))
     return True
 
 
-def take_again(sp: SharePartition, member: str, out: SharePartitionData, budget: Budget, note: int,
-               offsets: list[int], part: FramedPart) -> None:
+def take_again(sp: SharePartition, member: str, out: SharePartitionData, budget: Budget, scheme: OffsetScheme,
+               note: int, offsets: list[int], part: FramedPart) -> None:
     """Acquire again the redeliverable `offsets` of the part at notification `note` (ascending)."""
     buf = bytearray()
-    place(part, note, split_offset(offsets[0])[1], buf, max(budget.nbytes, 1), at_least_one=True)
+    base = scheme.start_of(note)
+    place(part, base, offsets[0] - base, buf, max(budget.nbytes, 1), at_least_one=True)
     take(sp, member, out, buf, offsets, budget)
 
 
-def by_note(offsets: Iterable[int]) -> dict[int, list[int]]:
+def by_note(offsets: Iterable[int], scheme: OffsetScheme) -> dict[int, list[int]]:
     """Offsets grouped by the notification (the part) holding them, in order."""
     out: dict[int, list[int]] = {}
     for off in offsets:
-        out.setdefault(split_offset(off)[0], []).append(off)
+        out.setdefault(scheme.position_of(off)[0], []).append(off)
     return out
 
 

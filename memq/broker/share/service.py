@@ -30,13 +30,13 @@ from memq.clock import Clock
 from memq.config import ShareConfig
 from memq.errors import CoordinationError, FormatError, MemqError, OffsetOutOfRangeError, StateFencedError
 from memq.format import Codec, MessageHeader, Notification, encode_message, verify_message
-from memq.format.metadata import ClusterMetadata
+from memq.format.metadata import ClusterMetadata, TopicMetadata
 from memq.format.wire import Ack, AckLevel
 from memq.kafka_api.groups import Described
 from memq.kafka_api.metadata_flex import topic_id
-from memq.kafka_api.offsets import first_offset, split_offset
 from memq.kafka_api.records import FramedPart
 from memq.kafka_api.share import AckBatch, ShareError, SharePartitionData
+from memq.log.model import PartitionLog
 from memq.notify.consumer import NotificationRecord
 
 from ..admission import Refusal
@@ -80,14 +80,25 @@ class DeadLetterAdmission(Protocol):
         """The produce admission dead letters go through (`admission.Admission`)."""
 
 
+class ShareLogs(Protocol):
+    """A partition's offsets, as every reader numbers them (`memq.broker.logs.Logs`)."""
+
+    async def started(self, topic: TopicMetadata, partition: int, high: int | None = None) -> PartitionLog: ...
+    async def counted(self, plog: PartitionLog, topic: TopicMetadata, partition: int,
+                      notes: list[NotificationRecord]) -> None: ...
+
+
 class ShareBroker(Protocol):
-    """What share groups use of the broker: its cluster view, its read path and, for dead
-    letters, its produce admission."""
+    """What share groups use of the broker: its cluster view, its read path, its partitions'
+    offsets and, for dead letters, its produce admission."""
 
     def metadata(self) -> ClusterMetadata: ...
 
     @property
     def reads(self) -> ShareReads: ...
+
+    @property
+    def logs(self) -> ShareLogs: ...
 
     @property
     def admission(self) -> DeadLetterAdmission: ...
@@ -313,8 +324,9 @@ class Shares:
         for key, name in served.items():
             sp = self.partitions.get((group, name, key[1]))
             if sp is not None and sp.started and sp.room() > 0 and not outs[key].error:
+                plog = await broker.logs.started(meta.topics[name], key[1])
                 waits.append(asyncio.ensure_future(broker.reads.notes(
-                    meta.topics[name].notification_topic, key[1], split_offset(sp.end)[0], wait_s)))
+                    meta.topics[name].notification_topic, key[1], plog.scheme.position_of(sp.end)[0], wait_s)))
         if not waits:
             return
         await asyncio.wait(waits, timeout=wait_s, return_when=asyncio.FIRST_COMPLETED)
@@ -334,27 +346,30 @@ class Shares:
             out.error = ShareError.KAFKA_STORAGE_ERROR
             return
         reads = self._broker.reads
-        ntopic = self._broker.metadata().topics[name].notification_topic
+        topic = self._broker.metadata().topics[name]
+        ntopic = topic.notification_topic
         async with self.lock(skey):
             try:
                 self._dead_letters(group, name, key[1], sp.expire())
+                plog = await self._broker.logs.started(topic, key[1])
+                scheme = plog.scheme
                 if not sp.started:
                     low, high = await reads.watermarks(ntopic, key[1])
-                    sp.begin(first_offset(low if self.config.auto_offset_reset == "earliest" else high))
+                    sp.begin(scheme.start_of(low if self.config.auto_offset_reset == "earliest" else high))
                 again = sp.redeliverable(budget.records)
                 if again:
-                    for note, offsets in by_note(again).items():   # it was read before: wait for it to be read again
-                        got = await self._part(ntopic, key[1], note, REREAD_WAIT_S)
+                    for note, offsets in by_note(again, scheme).items():   # read before: wait for it to be read again
+                        got = await self._part(plog, topic, key[1], note, REREAD_WAIT_S)
                         if got is not None and got[0] == note:
-                            take_again(sp, member, out, budget, note, offsets, got[2])
+                            take_again(sp, member, out, budget, scheme, note, offsets, got[2])
                 elif budget.records > 0 and sp.room() > 0:
                     while budget.records > 0 and budget.nbytes > 0 and sp.room() > 0:
-                        got = await self._part(ntopic, key[1], split_offset(sp.end)[0])
-                        if got is None or not take_new(sp, member, out, budget, *got):
+                        got = await self._part(plog, topic, key[1], scheme.position_of(sp.end)[0])
+                        if got is None or not take_new(sp, member, out, budget, scheme, *got):
                             break
             except OffsetOutOfRangeError:   # retention moved the log start past the window
                 low, _ = await reads.watermarks(ntopic, key[1])
-                sp.skip_to(first_offset(low))
+                sp.skip_to((await self._broker.logs.started(topic, key[1])).scheme.start_of(low))
             except FormatError as e:
                 out.error = ShareError.UNKNOWN_SERVER_ERROR
                 log.warning("share fetch of %s[%d] for group %s: %s", name, key[1], group, e)
@@ -362,12 +377,13 @@ class Shares:
                 out.error = ShareError.KAFKA_STORAGE_ERROR
                 log.warning("share fetch of %s[%d] for group %s: %s", name, key[1], group, e)
 
-    async def _part(self, ntopic: str, partition: int, note: int, wait_s: float = 0.0
+    async def _part(self, plog: PartitionLog, topic: TopicMetadata, partition: int, note: int, wait_s: float = 0.0
                     ) -> tuple[int, int, FramedPart] | None:
         """(notification offset, record count, framed part) of the first part at or after `note`,
-        waiting up to `wait_s` for its notification."""
+        waiting up to `wait_s` for its notification (counted: its records' offsets known)."""
         reads = self._broker.reads
-        notes = await reads.notes(ntopic, partition, note, wait_s)
+        notes = await reads.notes(topic.notification_topic, partition, note, wait_s)
+        await self._broker.logs.counted(plog, topic, partition, notes)
         if not notes:
             return None
         n = notes[0]
@@ -387,12 +403,13 @@ class Shares:
         meta = broker.metadata()
         if dlq not in meta.topics:
             return
-        ntopic = meta.topics[name].notification_topic
+        topic = meta.topics[name]
         records = []
         for a in archived:
-            note, index = split_offset(a.offset)
             try:
-                got = await self._part(ntopic, partition, note, REREAD_WAIT_S)
+                plog = await broker.logs.started(topic, partition)
+                note, index = plog.scheme.position_of(a.offset)
+                got = await self._part(plog, topic, partition, note, REREAD_WAIT_S)
                 rec = record_at(got[2], index) if got is not None and got[0] == note else None
             except MemqError as e:
                 log.warning("dead letter %s[%d]@%d not read: %s", name, partition, a.offset, e)
