@@ -196,6 +196,11 @@ class UndecodableRecordError(ConsumerError):
         self.index = index
 
 
+class SchemaChangedError(ConsumerError):
+    """A typed sync met a schema id registered after it started: it restarts with the new read
+    schema (nothing of the micro-batch was committed)."""
+
+
 # --- schemas ---------------------------------------------------------------------------------
 
 

@@ -414,7 +414,7 @@ def evolve(table: Mapping[str, Any], merged: MergedStruct, prefix: tuple[str, ..
             yield Change("rename", (*prefix, have), col.name)
         current = table[have]
         if isinstance(col.type, MergedStruct) and isinstance(current, Mapping):
-            yield from evolve(current, col.type, (*prefix, col.name))
+            yield from evolve(current, col.type, (*prefix, have))
         elif not isinstance(col.type, MergedStruct) and current != describe(col.type) and \
                 not isinstance(col.type, (ListOf, MapOf)):
-            yield Change("promote", (*prefix, col.name), col.type)
+            yield Change("promote", (*prefix, have), col.type)

@@ -10,6 +10,7 @@ import dataclasses
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -22,12 +23,16 @@ from memq.devcluster import DevCluster
 from tests.support.cluster import producer_config, topic_config
 from tests.support.inproc import broker_in_thread
 from tests.support.spark import connection
-from tests.support.typed_versions import INCOMPATIBLE, READ, VERSIONS, WRITTEN
+from tests.support.typed_versions import INCOMPATIBLE, MERGED_COLUMNS, READ, VERSIONS, WRITTEN
 
 pytest.importorskip("pyspark")
+pytest.importorskip("pyiceberg")
 from pyspark.sql import SparkSession  # noqa: E402
 
+from pyiceberg.table import Table  # noqa: E402
+
 from spark_source import local_session  # noqa: E402
+from spark_source.iceberg import TableSync, dead_letters, open_catalog, read_table, sync_topic  # noqa: E402
 
 pytestmark = [pytest.mark.spark, pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -35,34 +40,51 @@ BAD = {b"bad-garbage": b"garbage", b"bad-truncated": b"\0\0\0\0\x01\x02"}   # ke
 
 
 @dataclass(frozen=True)
+class Cluster:
+    url: str                          # the broker (and its registry)
+    config: MemqConfig
+    topics: tuple[str, str]           # one read by Spark, one synced into a table
+
+
+@dataclass(frozen=True)
 class Topic:
     name: str
-    url: str                          # the broker (and its registry)
+    url: str
     config: MemqConfig
     ids: dict[int, int]               # version → schema id; 7: the incompatible one
 
 
-@pytest.fixture(scope="module")
-def topic(devcluster: DevCluster) -> Iterator[Topic]:
-    name = f"typed-{uuid.uuid4().hex[:8]}"
-    config = dataclasses.replace(devcluster.config(cluster="typedtest", topics=[topic_config(name, read_partitions=2)]),
-                                 audit=AuditConfig(enabled=False))
-    with broker_in_thread(config, notify=True) as url:
-        pc = producer_config(url, linger_ms=1)
-        SchemaClient(pc).call("PUT", f"/config/{name}-value", {"compatibility": "NONE"})
-        serde = Serde(pc)
-        writers = {v: serde.serializer(f"{name}-value", text) for v, text in {**VERSIONS, 7: INCOMPATIBLE}.items()}
-        values = {b"v%d" % v: writers[v](WRITTEN[v]) for v in VERSIONS}
-        values[b"v7"] = writers[7]({"id": "seven", "title": "t", "note": None, "address": None})
-        values.update(BAD)
+def produce(cluster: Cluster, name: str, versions: list[int], bad: dict[bytes, bytes]) -> dict[int, int]:
+    """Register `versions` (7: INCOMPATIBLE) of `<name>-value` in order and send one record of
+    each (key b"v<version>"), then the `bad` values; version → schema id."""
+    pc = cluster.config.producer
+    SchemaClient(pc).call("PUT", f"/config/{name}-value", {"compatibility": "NONE"})
+    serde = Serde(pc)
+    texts = {**VERSIONS, 7: INCOMPATIBLE}
+    written = {**WRITTEN, 7: {"id": "seven", "title": "t", "note": None, "address": None}}
+    values = {b"v%d" % v: serde.serializer(f"{name}-value", texts[v])(written[v]) for v in versions}
 
-        async def produce() -> None:
-            async with Producer(pc) as p:
-                for key, value in values.items():
-                    await (await p.send(name, value, key=key))
-        asyncio.run(produce())
-        ids = {v: int.from_bytes(values[b"v%d" % v][1:5], "big") for v in (*VERSIONS, 7)}
-        yield Topic(name, url, dataclasses.replace(config, producer=pc), ids)
+    async def send() -> None:
+        async with Producer(pc) as p:
+            for key, value in {**values, **bad}.items():
+                await (await p.send(name, value, key=key))
+    asyncio.run(send())
+    return {v: int.from_bytes(values[b"v%d" % v][1:5], "big") for v in versions}
+
+
+@pytest.fixture(scope="module")
+def cluster(devcluster: DevCluster) -> Iterator[Cluster]:
+    names = (f"typed-{uuid.uuid4().hex[:8]}", f"typedtbl-{uuid.uuid4().hex[:8]}")
+    config = dataclasses.replace(devcluster.config(cluster="typedtest", topics=[
+        topic_config(n, read_partitions=2) for n in names]), audit=AuditConfig(enabled=False))
+    with broker_in_thread(config, notify=True) as url:
+        yield Cluster(url, dataclasses.replace(config, producer=producer_config(url, linger_ms=1)), names)
+
+
+@pytest.fixture(scope="module")
+def topic(cluster: Cluster) -> Topic:
+    name = cluster.topics[0]
+    return Topic(name, cluster.url, cluster.config, produce(cluster, name, [*VERSIONS, 7], BAD))
 
 
 @pytest.fixture(scope="module")
@@ -112,3 +134,51 @@ def test_a_typed_stream_reads_the_same_rows(spark: SparkSession, topic: Topic, t
     assert query.awaitTermination(120) is not False and query.exception() is None
     rows = by_key(got)
     assert {k: r["value"].asDict(recursive=True) for k, r in rows.items()} == {b"v%d" % v: READ[v] for v in VERSIONS}
+
+
+def test_a_topic_through_every_version_becomes_one_evolving_table_with_bad_records_in_its_dlq(
+        spark: SparkSession, cluster: Cluster, tmp_path: Path) -> None:
+    name = cluster.topics[1]
+    spec = TableSync(topic=name, table="memq.typed", checkpoint=str(tmp_path / "ck"), typed=True,
+                     catalog={"type": "sql", "uri": f"sqlite:///{tmp_path}/catalog.db",
+                              "warehouse": f"file://{tmp_path}/warehouse"},
+                     source={**connection(cluster.config), "memq.broker": cluster.url})
+
+    def sync() -> Table:
+        query = sync_topic(spark, spec)
+        assert query.awaitTermination(120) is not False and query.exception() is None
+        return open_catalog(spec.catalog).load_table(spec.table)
+
+    produce(cluster, name, [1, 2, 3], {})
+    first = sync().schema()
+    assert [(f.name, str(f.field_type)) for f in first.fields][-4:] == [
+        ("id", "int"), ("name", "string"), ("amount", "float"), ("note", "string")]
+    ids = {f.name: f.field_id for f in first.fields}
+
+    produce(cluster, name, [4, 5, 6, 7], BAD)
+    table = sync()
+    now = table.schema()
+    assert [(f.name, str(f.field_type)) for f in now.fields][-5:] == [
+        ("id", "long"), ("title", "string"), ("amount", "float"), ("note", "string"),
+        ("address", "struct<17: city: optional string, 18: zip: optional int>")]
+    assert (now.find_field("id").field_id, now.find_field("title").field_id, now.find_field("amount").field_id) == \
+        (ids["id"], ids["name"], ids["amount"])                      # renamed and promoted in place
+    expected = {b"v%d" % v: READ[v] for v in VERSIONS}
+    got = by_key(table.scan().to_arrow().to_pylist())                # pyarrow over the current data files
+    assert {k: {c: r[c] for c in MERGED_COLUMNS} for k, r in got.items()} == expected
+    assert all(r["topic"] == name and r["partition"] in (0, 1) and r["timestamp"] is not None for r in got.values())
+    in_spark = by_key([r.asDict(recursive=True) for r in read_table(spark, table).collect()])
+    assert {k: {c: r[c] for c in MERGED_COLUMNS} for k, r in in_spark.items()} == expected
+
+    dlq = open_catalog(spec.catalog).load_table(spec.dlq).scan().to_arrow().to_pylist()
+    letters = {r["key"]: r for r in dlq}
+    assert sorted(letters) == [b"bad-garbage", b"bad-truncated", b"v7"]
+    assert letters[b"bad-garbage"]["value"] == b"garbage" and letters[b"bad-garbage"]["schemaId"] is None
+    assert "incompatible with the read schema" in letters[b"v7"]["error"]
+    assert letters[b"bad-truncated"]["error"].startswith(f"schema id {letters[b'bad-truncated']['schemaId']}: does not")
+    assert all(r["partition"] in (0, 1) and r["offset"] is not None for r in dlq)
+    assert dead_letters(table, spec.id) == 3
+
+    again = sync()                                                   # nothing new: nothing added
+    assert again.scan().to_arrow().num_rows == len(VERSIONS)
+    assert open_catalog(spec.catalog).load_table(spec.dlq).scan().to_arrow().num_rows == 3
