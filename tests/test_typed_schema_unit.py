@@ -27,16 +27,7 @@ from spark_source.typed_schema import (
     renames,
 )
 from spark_source.typed_values import ReadSchema, Writer, decode_values
-from tests.support.typed_versions import INCOMPATIBLE, MERGED_COLUMNS, READ, VERSIONS, WRITTEN, framed
-
-
-def avro_read_schema(extra: dict[int, str] | None = None) -> ReadSchema:
-    texts = {**VERSIONS, **(extra or {})}
-    structs = [(sid, avro_columns(t)) for sid, t in texts.items()]
-    merged = merge(structs)
-    writers = {sid: Writer(sid, "AVRO", texts[sid], renames(merged.root, s)) for sid, s in structs
-               if sid not in merged.rejected}
-    return ReadSchema("orders-value", merged.root, writers, merged.rejected, {sid: sid for sid in texts})
+from tests.support.typed_versions import INCOMPATIBLE, MERGED_COLUMNS, READ, VERSIONS, WRITTEN, avro_read_schema, framed
 
 
 def test_avro_versions_merge_by_identity_a_renamed_field_stays_one_column_and_types_widen() -> None:

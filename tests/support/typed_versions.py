@@ -9,6 +9,9 @@ from typing import Any
 
 import fastavro
 
+from spark_source.typed_schema import avro_columns, merge, renames
+from spark_source.typed_values import ReadSchema, Writer
+
 
 def _order(*fields: dict[str, Any]) -> str:
     return json.dumps({"type": "record", "name": "Order", "namespace": "shop", "fields": list(fields)})
@@ -60,3 +63,13 @@ def framed(schema_id: int, text: str, value: dict[str, Any]) -> bytes:
     buf.write(b"\0" + schema_id.to_bytes(4, "big"))
     fastavro.schemaless_writer(buf, fastavro.parse_schema(json.loads(text)), value)
     return buf.getvalue()
+
+
+def avro_read_schema(extra: dict[int, str] | None = None) -> ReadSchema:
+    """The read schema of VERSIONS (and `extra` versions after them), schema id = version."""
+    texts = {**VERSIONS, **(extra or {})}
+    structs = [(sid, avro_columns(t)) for sid, t in texts.items()]
+    merged = merge(structs)
+    writers = {sid: Writer(sid, "AVRO", texts[sid], renames(merged.root, s)) for sid, s in structs
+               if sid not in merged.rejected}
+    return ReadSchema("orders-value", merged.root, writers, merged.rejected, {sid: sid for sid in texts})
