@@ -10,7 +10,7 @@ from typing import Any
 
 from memq.client.schemas import SchemaClient, subject_path
 from memq.config import MemqConfig
-from memq.errors import ConfigError
+from memq.errors import ConfigError, SchemaError
 from memq.schema.protobuf_rules import parse as parse_protobuf
 from spark_source.typed_schema import Struct, avro_columns, json_columns, merge, protobuf_columns, renames
 from spark_source.typed_values import ReadSchema, Writer
@@ -34,11 +34,17 @@ def read_schema(config: MemqConfig, brokers: str, subject: str) -> ReadSchema:
             text = client.call("GET", f"/schemas/ids/{answer['id']}", format="serialized")["schema"]
         versions.append((int(answer["id"]), kind, text, _named(client, answer) if kind == "AVRO" else ()))
         version_of[int(answer["id"])] = int(v)
-    structs = [(sid, _columns(kind, text, named)) for sid, kind, text, named in versions]
-    merged = merge(structs)
-    writers = {sid: Writer(sid, kind, text, renames(merged.root, struct), named)
-               for (sid, kind, text, named), (_, struct) in zip(versions, structs) if sid not in merged.rejected}
-    return ReadSchema(subject, merged.root, writers, merged.rejected, version_of)
+    structs: dict[int, Struct] = {}
+    unusable: dict[int, str] = {}        # a version with no column types: left out, as an incompatible one
+    for sid, kind, text, named in versions:
+        try:
+            structs[sid] = _columns(kind, text, named)
+        except SchemaError as e:
+            unusable[sid] = str(e)
+    merged = merge(list(structs.items()))
+    writers = {sid: Writer(sid, kind, text, renames(merged.root, structs[sid]), named)
+               for sid, kind, text, named in versions if sid in structs and sid not in merged.rejected}
+    return ReadSchema(subject, merged.root, writers, {**unusable, **merged.rejected}, version_of)
 
 
 def _named(client: SchemaClient, answer: dict[str, Any]) -> tuple[str, ...]:
