@@ -22,12 +22,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyiceberg.catalog import Catalog, load_catalog
 from pyiceberg.exceptions import NoSuchTableError
 from pyiceberg.io.pyarrow import schema_to_pyarrow
 from pyiceberg.table import Table
 from pyiceberg.types import StructType
-from pyiceberg.transforms import HourTransform
+from pyiceberg.transforms import DayTransform, HourTransform, MonthTransform, Transform
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
@@ -46,6 +47,11 @@ SYNC_ID = "memq.sync-id"
 BATCH_ID = "memq.batch-id"
 END_OFFSETS = "memq.end-offsets"
 DEAD_LETTERS = "memq.dead-letters"        # a typed sync's batch: how many records went to <table>_dlq
+NEWEST_MS = "memq.newest-timestamp-ms"    # the newest message timestamp a batch committed (lag in time)
+SCHEMA_VERSION = "memq.schema-version"    # a typed sync's batch: the newest subject version its read schema merged
+# `partition_by` → the transform of the message timestamp a new table is partitioned by (none: unpartitioned)
+PARTITIONS: Mapping[str, Callable[[], Transform[Any, Any]] | None] = {
+    "hour": HourTransform, "day": DayTransform, "month": MonthTransform, "none": None}
 # the memq source's columns a table keeps (bucket/objectKey are where a row was read from)
 KEPT = ("key", "value", "topic", "partition", "offset", "index", "timestamp", "headers", "producerId")
 
@@ -68,8 +74,11 @@ class TableSync:
     trigger_s: float | None = None
     sync_id: str = ""                            # default: "<topic>-><table>"
     typed: bool = False
+    partition_by: str = "hour"                   # a key of PARTITIONS: a new table's spec
 
     def __post_init__(self) -> None:
+        if self.partition_by not in PARTITIONS:
+            raise ConfigError(f"table sync: partition by {self.partition_by!r}: one of {', '.join(PARTITIONS)}")
         if self.typed and self.value_schema is not None:
             raise ConfigError("table sync: --typed takes the columns from the registry; --value-schema is for JSON")
         if "." not in self.table.strip(".") or not self.topic:
@@ -168,17 +177,18 @@ def to_arrow(df: DataFrame) -> pa.Table:
     return table.cast(pa.schema(fields))
 
 
-def load_or_create(catalog: Catalog, name: str, schema: pa.Schema) -> Table:
-    """The table, created on first use with an hour(timestamp) partition spec."""
+def load_or_create(catalog: Catalog, name: str, schema: pa.Schema, partition_by: str = "hour") -> Table:
+    """The table, created on first use, partitioned by `partition_by` (PARTITIONS) of the timestamp."""
     try:
         return catalog.load_table(name)
     except NoSuchTableError:
         pass
     catalog.create_namespace_if_not_exists(name.rsplit(".", 1)[0])
     table = catalog.create_table_if_not_exists(name, schema=schema)
-    if "timestamp" in schema.names and not table.spec().fields:
+    transform = PARTITIONS[partition_by]
+    if transform is not None and "timestamp" in schema.names and not table.spec().fields:
         with table.update_spec() as spec:
-            spec.add_field("timestamp", HourTransform(), "timestamp_hour")
+            spec.add_field("timestamp", transform(), f"timestamp_{partition_by}")
         table = catalog.load_table(name)
     log.info("created Iceberg table %s at %s", name, table.location())
     return table
@@ -196,7 +206,7 @@ def batch_writer(spec: TableSync, catalog: Catalog, read: ReadSchema | None = No
             data = to_arrow(rows(df, spec.value_schema))
         else:
             data, letters = split_typed(to_arrow(df.select(*COLLECTED)), read)
-        table = load_or_create(catalog, spec.table, data.schema)
+        table = load_or_create(catalog, spec.table, data.schema, spec.partition_by)
         if batch_id in committed_batches(table, spec.id):
             log.info("table %s: batch %d of %s is already committed (a replay): skipped", spec.table, batch_id,
                      spec.id)
@@ -204,13 +214,19 @@ def batch_writer(spec: TableSync, catalog: Catalog, read: ReadSchema | None = No
         props = {SYNC_ID: spec.id, BATCH_ID: str(batch_id)}
         if read is not None and letters is not None:
             evolve_table(table, read, data.schema)
-            dlq = load_or_create(catalog, spec.dlq, DLQ_SCHEMA)
+            dlq = load_or_create(catalog, spec.dlq, DLQ_SCHEMA, spec.partition_by)
             if letters.num_rows and batch_id not in committed_batches(dlq, spec.id):
                 dlq.append(letters, snapshot_properties={**props, END_OFFSETS: "{}"})
                 log.warning("table %s: batch %d: %d records to %s", spec.table, batch_id, letters.num_rows, spec.dlq)
             props[DEAD_LETTERS] = str(letters.num_rows)
-        ends = _end_offsets(data if letters is None else pa.concat_tables(
-            [data.select(["partition", "offset"]), letters.select(["partition", "offset"])]))
+            props[SCHEMA_VERSION] = str(max((read.version_of[i] for i in read.writers), default=0))
+        placed = data.select(["partition", "offset", "timestamp"])
+        if letters is not None:
+            placed = pa.concat_tables([placed, letters.select(["partition", "offset", "timestamp"])])
+        ends = _end_offsets(placed)
+        newest = pc.max(placed.column("timestamp")).as_py() if placed.num_rows else None
+        if newest is not None:
+            props[NEWEST_MS] = str(int(newest.timestamp() * 1000))
         table.append(data, snapshot_properties={**props, END_OFFSETS: json.dumps(ends, sort_keys=True)})
         log.info("table %s: batch %d committed, %d rows, end offsets %s", spec.table, batch_id, data.num_rows, ends)
         if after_commit is not None:

@@ -8,6 +8,7 @@ running sync stopping on a newer schema id before committing. One Spark session.
 from __future__ import annotations
 
 import asyncio
+import json
 import dataclasses
 import uuid
 from collections.abc import Iterator
@@ -22,6 +23,8 @@ from memq.client.schemas import SchemaClient
 from memq.client.serde import Serde
 from memq.config import AuditConfig, MemqConfig
 from memq.devcluster import DevCluster
+from memq.devcluster.broker_process import config_toml
+from tests.support.cli import memq
 from tests.support.cluster import producer_config, topic_config
 from tests.support.inproc import broker_in_thread
 from tests.support.spark import connection
@@ -188,3 +191,13 @@ def test_a_topic_through_every_version_becomes_one_evolving_table_with_bad_recor
     again = sync()                                                   # nothing new: nothing added
     assert again.scan().to_arrow().num_rows == len(VERSIONS)
     assert open_catalog(spec.catalog).load_table(spec.dlq).scan().to_arrow().num_rows == 3
+    assert [f.name for f in again.spec().fields] == ["timestamp_hour"]
+
+    config_file = tmp_path / "memq.toml"
+    config_file.write_text(config_toml(cluster.config))
+    run = memq("table", "status", name, "--table", spec.table, "--json",
+               *(f"--catalog-prop={k}={v}" for k, v in spec.catalog.items()), config=config_file)
+    assert run.returncode == 0, run.stderr.decode()[-2000:]
+    status = json.loads(run.stdout)
+    assert (status["rows"], status["dead_letters"], status["schema_version"], status["lag_notifications"],
+            status["lag_s"]) == (len(VERSIONS), 3, 6, 0, 0.0)
