@@ -42,6 +42,7 @@ _CONNECTION = {
     "s3.readtimeoutms": "S3 read timeout",
     "s3.maxattempts": "S3 attempts per request",
     "zookeeper.hosts": "ZooKeeper hosts (host:port,...): where a compacted topic's prefixes are named",
+    "schema.registry.url": "memq broker URL(s) whose registry a typed read asks (default: memq.broker, producer.brokers)",
 }
 _READ = {"topic", "mode", "startingoffsets", "endingoffsets", "startingtimestamp", "endingtimestamp",
          "maxoffsetspertrigger", "minpartitions", "failondataloss", "fetchconcurrency",
@@ -249,7 +250,8 @@ def parse_options(options: Mapping[str, str]) -> SourceOptions:
     on_error = str(opts.get("onerror", "fail")).lower()
     if on_error not in ON_ERROR:
         raise ConfigError(f"option onError: {on_error!r} is not {', '.join(ON_ERROR)}")
-    typed = read_schema(config, str(opts.get("memq.broker") or ""), str(opts.get("valuesubject") or f"{topic}-value")) \
+    registry = str(opts.get("schema.registry.url") or opts.get("memq.broker") or "")
+    typed = read_schema(config, registry, str(opts.get("valuesubject") or f"{topic}-value")) \
         if value_format == "registry" else None
     start_ts = _int(opts, "startingTimestamp", minimum=0)
     end_ts = _int(opts, "endingTimestamp", minimum=0)
