@@ -28,7 +28,7 @@ def raw_columns(out: pa.Schema) -> pa.Schema:
 
 def typed_batch(opts: SourceOptions, read: ReadSchema, raw: pa.RecordBatch, out: pa.Schema) -> pa.RecordBatch:
     """`raw` (raw_columns(out)) as the typed columns of `out`."""
-    decoded = decode_values(read, raw.column("value").to_pylist())
+    decoded = decode_values(read, raw.column("value"))
     failed = pc.is_valid(decoded.error)
     bad = pc.sum(failed).as_py() or 0
     if bad and opts.on_error == "fail":

@@ -12,14 +12,16 @@ from __future__ import annotations
 import base64
 import io
 import json
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import fastavro
+import numpy as np
 import pyarrow as pa
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
+from spark_source.avro_walk import FlatPlan, flat_plan, walk
 from spark_source.typed_schema import MergedStruct, Renames, arrow_type, rename, repeated
 
 
@@ -131,48 +133,111 @@ def _proto_value(f: Any, value: Any) -> Any:
     return value
 
 
-def decode_values(read: ReadSchema, values: Sequence[bytes | None]) -> Decoded:
-    """`values` (framed) as the read schema's struct column, with each one's schema id and error."""
+def decode_values(read: ReadSchema, values: pa.Array) -> Decoded:
+    """`values` (binary, framed) as the read schema's struct column, with each one's schema id
+    and error. Rows are grouped by schema id; a flat Avro writer's group is one compiled walk
+    (`avro_walk`), any other group a decoder call per value and one Arrow conversion."""
+    n = len(values)
+    typ = read.arrow()
+    offsets = np.frombuffer(values.buffers()[1], np.int32)[values.offset:values.offset + n + 1].astype(np.int64)
+    data = values.buffers()[2] if n and values.buffers()[2] is not None else pa.py_buffer(b"")
+    buf = np.frombuffer(data, np.uint8)
+    present = np.asarray(values.is_valid())
+    starts, ends = offsets[:-1], offsets[1:]
+    framed = present & (ends - starts >= 5)
+    framed[framed] &= buf[starts[framed]] == 0
+    ids = np.full(n, -1, np.int64)
+    at = starts[framed]
+    ids[framed] = (buf[at + 1].astype(np.int64) << 24 | buf[at + 2].astype(np.int64) << 16
+                   | buf[at + 3].astype(np.int64) << 8 | buf[at + 4].astype(np.int64))
+    errors: list[str | None] = [None] * n
+    for i in np.nonzero(present & ~framed)[0].tolist():
+        errors[i] = "not framed: no magic byte 0 and schema id"
+    groups: list[tuple[np.ndarray, pa.StructArray]] = []
+    seen = ids[framed]
+    for schema_id in ([int(seen[0])] if len(seen) and (seen == seen[0]).all() else np.unique(seen).tolist()):
+        rows = np.nonzero(ids == schema_id)[0]
+        writer = read.writers.get(schema_id)
+        if writer is None:
+            why = read.rejected.get(schema_id)
+            message = (f"schema id {schema_id}: incompatible with the read schema: {why}" if why else
+                       f"schema id {schema_id} is not a version of subject {read.subject} the read knows")
+            for i in rows.tolist():
+                errors[i] = message
+            continue
+        plan = _flat(read.subject, writer)
+        column = _walked(read, writer, plan, data, starts[rows] + 5, ends[rows], rows, errors) if plan is not None \
+            else _decoded(read, writer, [values[i].as_py()[5:] for i in rows.tolist()], rows, errors)
+        groups.append((rows, column))
+    column = _placed(groups, n, typ)
+    schema_ids = pa.array(ids, mask=~framed).cast(pa.int32())
+    return Decoded(column, schema_ids, pa.array(errors, type=pa.string()))
+
+
+_PLANS: dict[tuple[str, int], FlatPlan | None] = {}
+
+
+def _flat(subject: str, w: Writer) -> FlatPlan | None:
+    key = (subject, w.schema_id)
+    if key not in _PLANS:
+        _PLANS[key] = flat_plan(w.text) if w.kind == "AVRO" and not w.named else None
+    return _PLANS[key]
+
+
+def _walked(read: ReadSchema, w: Writer, plan: FlatPlan, data: pa.Buffer, starts: np.ndarray, ends: np.ndarray,
+            rows: np.ndarray, errors: list[str | None]) -> pa.StructArray:
+    fields, ok = walk(plan, memoryview(data), starts, ends)
+    for i in rows[~ok].tolist():
+        errors[i] = f"schema id {w.schema_id}: does not decode: not a record of its schema"
+    by_merged = {w.renames.names[name]: arr for name, arr in fields.items() if name in w.renames.names}
+    typ = read.arrow()
+    arrays = [by_merged[f.name].cast(f.type) if f.name in by_merged else pa.nulls(len(rows), f.type) for f in typ]
+    return pa.StructArray.from_arrays(arrays, fields=list(typ), mask=pa.array(~ok))
+
+
+def _decoded(read: ReadSchema, w: Writer, payloads: list[bytes], rows: np.ndarray,
+             errors: list[str | None]) -> pa.StructArray:
+    decode = _decoder(read.subject, w)
     records: list[dict[str, Any] | None] = []
-    ids: list[int | None] = []
-    errors: list[str | None] = []
-    for raw in values:
-        record, schema_id, error = _one(read, raw)
-        records.append(record)
-        ids.append(schema_id)
-        errors.append(error)
+    for i, payload in zip(rows.tolist(), payloads):
+        try:
+            records.append(decode(payload))
+        except Exception as e:   # any decoder's failure on bad bytes is this record's error, never the batch's
+            records.append(None)
+            errors[i] = f"schema id {w.schema_id}: does not decode: {type(e).__name__}: {e}"
     typ = read.arrow()
     try:
         column = pa.array(records, type=typ)
     except (pa.ArrowException, TypeError, ValueError, OverflowError):   # find the rows that do not fit
-        column = _row_by_row(records, typ, errors)
+        column = _row_by_row(records, typ, rows, errors)
     assert isinstance(column, pa.StructArray)
-    return Decoded(column, pa.array(ids, type=pa.int32()), pa.array(errors, type=pa.string()))
+    return column
 
 
-def _one(read: ReadSchema, raw: bytes | None) -> tuple[dict[str, Any] | None, int | None, str | None]:
-    if raw is None:
-        return None, None, None
-    if len(raw) < 5 or raw[0] != 0:
-        return None, None, "not framed: no magic byte 0 and schema id"
-    schema_id = int.from_bytes(raw[1:5], "big")
-    writer = read.writers.get(schema_id)
-    if writer is None:
-        why = read.rejected.get(schema_id)
-        return None, schema_id, (f"schema id {schema_id}: incompatible with the read schema: {why}" if why else
-                                 f"schema id {schema_id} is not a version of subject {read.subject} the read knows")
-    try:
-        return _decoder(read.subject, writer)(raw[5:]), schema_id, None
-    except Exception as e:   # any decoder's failure on bad bytes is this record's error, never the batch's
-        return None, schema_id, f"schema id {schema_id}: does not decode: {type(e).__name__}: {e}"
+def _placed(groups: list[tuple[np.ndarray, pa.StructArray]], n: int, typ: pa.StructType) -> pa.StructArray:
+    """The groups' rows back in their places; rows of no group null."""
+    if len(groups) == 1 and len(groups[0][0]) == n:     # one schema id, every row: already in place
+        return groups[0][1]
+    placed = np.concatenate([rows for rows, _ in groups]) if groups else np.empty(0, np.int64)
+    free = np.ones(n, np.bool_)
+    free[placed] = False
+    rest = np.nonzero(free)[0]
+    order = np.concatenate([placed, rest])
+    where = np.empty(n, np.int64)
+    where[order] = np.arange(n)                          # row i is item where[i] of the parts, one after another
+    combined = pa.concat_arrays([c for _, c in groups] + [pa.nulls(len(rest), typ)])
+    column = combined.take(pa.array(where))
+    assert isinstance(column, pa.StructArray)
+    return column
 
 
-def _row_by_row(records: list[dict[str, Any] | None], typ: pa.DataType, errors: list[str | None]) -> pa.Array:
-    rows = []
-    for i, record in enumerate(records):
+def _row_by_row(records: list[dict[str, Any] | None], typ: pa.DataType, rows: np.ndarray,
+                errors: list[str | None]) -> pa.Array:
+    out = []
+    for i, record in zip(rows.tolist(), records):
         try:
-            rows.append(pa.array([record], type=typ))
+            out.append(pa.array([record], type=typ))
         except (pa.ArrowException, TypeError, ValueError, OverflowError) as e:
             errors[i] = f"does not fit the read schema: {e}"
-            rows.append(pa.nulls(1, typ))
-    return pa.concat_arrays(rows) if rows else pa.array([], type=typ)
+            out.append(pa.nulls(1, typ))
+    return pa.concat_arrays(out) if out else pa.array([], type=typ)

@@ -5,13 +5,18 @@ decoding of a batch of framed values into the merged struct with each failure na
 from __future__ import annotations
 
 import base64
+import io
 import json
+
+import fastavro
+import numpy as np
 
 import pyarrow as pa
 import pytest
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
 from memq.errors import SchemaError
+from spark_source.avro_walk import flat_plan, walk
 from spark_source.typed_schema import (
     Change,
     Decimal,
@@ -90,7 +95,7 @@ def test_a_batch_of_every_version_decodes_into_the_merged_columns_and_bad_values
     values = [framed(v, VERSIONS[v], WRITTEN[v]) for v in VERSIONS]
     values += [framed(7, INCOMPATIBLE, {"id": "x", "title": "t", "note": None, "address": None}),
                b"not framed", b"\0\0\0\0\x01\xff\xff", b"\0\0\0\0\x63abc", None]
-    got = decode_values(read, values)
+    got = decode_values(read, pa.array(values, pa.binary()))
     assert got.value.to_pylist()[:6] == [READ[v] for v in VERSIONS]
     assert got.schema_id.to_pylist() == [1, 2, 3, 4, 5, 6, 7, None, 1, 99, None]
     errors = got.error.to_pylist()
@@ -117,12 +122,12 @@ def test_protobuf_and_json_values_decode() -> None:
                    renames(merged.root, struct))
     read = ReadSchema("p-value", merged.root, {1: proto}, {}, {1: 1})
     msg = message_factory.GetMessageClass(desc)(id=7, tags=["a", "b"])
-    got = decode_values(read, [b"\0\0\0\0\x01\0" + msg.SerializeToString()])
+    got = decode_values(read, pa.array([b"\0\0\0\0\x01\0" + msg.SerializeToString()], pa.binary()))
     assert got.value.to_pylist() == [{"id": 7, "tags": ["a", "b"]}] and got.error.to_pylist() == [None]
     js = json_columns(json.dumps({"type": "object", "properties": {"id": {"type": "integer"}}}))
     jm = merge([(2, js)])
     jread = ReadSchema("j-value", jm.root, {2: Writer(2, "JSON", "{}", renames(jm.root, js))}, {}, {2: 1})
-    got = decode_values(jread, [b"\0\0\0\0\x02" + b'{"id": 5}', b"\0\0\0\0\x02" + b'{"id": "five"}'])
+    got = decode_values(jread, pa.array([b"\0\0\0\0\x02" + b'{"id": 5}', b"\0\0\0\0\x02" + b'{"id": "five"}'], pa.binary()))
     assert got.value.to_pylist() == [{"id": 5}, None]
     assert got.error.to_pylist()[0] is None and "does not fit the read schema" in got.error.to_pylist()[1]
 
@@ -136,3 +141,32 @@ def test_a_tables_columns_evolve_by_identity_renames_promotions_and_additions() 
     now = {"id": "long", "title": "string", "amount": "float", "note": "string",
            "address": {"city": "string", "zip": "int"}}
     assert list(evolve(now, read.root)) == []
+
+
+def test_the_compiled_walk_reads_flat_records_and_marks_every_kind_of_bad_one() -> None:
+    schema = {"type": "record", "name": "F", "fields": [
+        {"name": "b", "type": "boolean"}, {"name": "i", "type": "int"}, {"name": "l", "type": ["long", "null"]},
+        {"name": "f", "type": "float"}, {"name": "d", "type": "double"}, {"name": "s", "type": ["null", "string"]},
+        {"name": "y", "type": "bytes"}]}
+    plan = flat_plan(json.dumps(schema))
+    assert plan is not None and flat_plan(VERSIONS[6]) is None          # a nested record: fastavro's reader
+    parsed = fastavro.parse_schema(schema)
+
+    def encode(record: dict) -> bytes:
+        buf = io.BytesIO()
+        fastavro.schemaless_writer(buf, parsed, record)
+        return buf.getvalue()
+    good = [{"b": i % 2 == 0, "i": -i, "l": None if i == 1 else -(2**40) * i, "f": 0.25 * i, "d": 1e300 / (i + 1),
+             "s": None if i == 2 else f"s{i}é", "y": bytes([i] * i)} for i in range(4)]
+    bad = [encode(good[0]) + b"\0",                                      # a byte left over
+           encode(good[0])[:-1],                                         # cut short
+           b"\x00\x80\x80\x80\x80\x20",                                  # an int past 32 bits
+           encode(good[0]).replace(b"s0\xc3\xa9", b"s0\xff\xfe"),        # a string that is not UTF-8
+           b"\x02" + encode(good[0])[1:]]                                # a boolean byte of 2
+    data = [encode(r) for r in good] + bad
+    offsets = np.cumsum([0] + [len(d) for d in data])
+    fields, ok = walk(plan, b"".join(data), offsets[:-1], offsets[1:])
+    assert ok.tolist() == [True] * 4 + [False] * 5
+    got = [{k: fields[k][i].as_py() for k in fields} for i in range(4)]
+    assert got == [{**r, "f": pytest.approx(r["f"]), "d": pytest.approx(r["d"])} for r in good]
+    assert all(fields[k][i].as_py() is None for k in fields for i in range(4, 9))

@@ -17,14 +17,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from click.testing import CliRunner
 
+from memq.cli import main as memq_cli
 from memq.client.producer import Producer
 from memq.client.schemas import SchemaClient
 from memq.client.serde import Serde
 from memq.config import AuditConfig, MemqConfig
 from memq.devcluster import DevCluster
 from memq.devcluster.broker_process import config_toml
-from tests.support.cli import memq
 from tests.support.cluster import producer_config, topic_config
 from tests.support.inproc import broker_in_thread
 from tests.support.spark import connection
@@ -195,9 +196,9 @@ def test_a_topic_through_every_version_becomes_one_evolving_table_with_bad_recor
 
     config_file = tmp_path / "memq.toml"
     config_file.write_text(config_toml(cluster.config))
-    run = memq("table", "status", name, "--table", spec.table, "--json",
-               *(f"--catalog-prop={k}={v}" for k, v in spec.catalog.items()), config=config_file)
-    assert run.returncode == 0, run.stderr.decode()[-2000:]
+    run = CliRunner().invoke(memq_cli, ["--config", str(config_file), "table", "status", name, "--table", spec.table,
+                                        "--json", *(f"--catalog-prop={k}={v}" for k, v in spec.catalog.items())])
+    assert run.exit_code == 0, run.output
     status = json.loads(run.stdout)
     assert (status["rows"], status["dead_letters"], status["schema_version"], status["lag_notifications"],
             status["lag_s"]) == (len(VERSIONS), 3, 6, 0, 0.0)

@@ -20,7 +20,7 @@ from tests.support.typed_versions import READ, VERSIONS, WRITTEN, avro_read_sche
 
 def batch(values: list[bytes]) -> pa.Table:
     read = avro_read_schema()
-    decoded = decode_values(read, values)
+    decoded = decode_values(read, pa.array(values, pa.binary()))
     n = len(values)
     meta = {"key": pa.array([b"k%d" % i for i in range(n)]), "topic": pa.array(["t"] * n),
             "partition": pa.array([0] * n, pa.int32()), "offset": pa.array(range(n), pa.int64()),
