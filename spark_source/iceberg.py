@@ -214,8 +214,8 @@ def batch_writer(spec: TableSync, catalog: Catalog, read: ReadSchema | None = No
         props = {SYNC_ID: spec.id, BATCH_ID: str(batch_id)}
         if read is not None and letters is not None:
             evolve_table(table, read, data.schema)
-            dlq = load_or_create(catalog, spec.dlq, DLQ_SCHEMA, spec.partition_by)
-            if letters.num_rows and batch_id not in committed_batches(dlq, spec.id):
+            dlq = load_or_create(catalog, spec.dlq, DLQ_SCHEMA, spec.partition_by) if letters.num_rows else None
+            if dlq is not None and batch_id not in committed_batches(dlq, spec.id):
                 dlq.append(letters, snapshot_properties={**props, END_OFFSETS: "{}"})
                 log.warning("table %s: batch %d: %d records to %s", spec.table, batch_id, letters.num_rows, spec.dlq)
             props[DEAD_LETTERS] = str(letters.num_rows)
