@@ -35,7 +35,7 @@ its CPU from creation to close). Times there are this process's CPU seconds (eve
 not the S3 server's): on the shared 2-core machine the wall time of the same Parquet read
 swung 6x from run to run.
 
-The typed case (`bench/spark_typed.py`): the same number of rows as Avro values framed with a
+The typed case (`bench/_spark_typed.py`): the same number of rows as Avro values framed with a
 registered schema, read with `valueFormat=registry` into typed columns, against a Parquet copy of
 the same typed rows (`typed_vs_parquet`, goal >= 0.5; quick: `task_typed_vs_parquet_file`).
 """
@@ -59,9 +59,9 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 import memq
-from bench import spark_typed
+from bench import _spark_typed as spark_typed
 from bench._cluster import read_memq
-from bench.spark_typed import typed_topic
+from bench._spark_typed import typed_topic
 from memq.client.consumer import notification_topic
 from memq.config import MemqConfig
 from memq.format import (
