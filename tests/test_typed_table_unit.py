@@ -4,6 +4,8 @@ the evolution plan sees them, without servers."""
 from __future__ import annotations
 
 import datetime as dt
+import json
+from pathlib import Path
 
 import pyarrow as pa
 import pytest
@@ -13,8 +15,9 @@ from pyiceberg.schema import Schema  # noqa: E402
 from pyiceberg.types import DecimalType, IntegerType, NestedField, StringType, StructType  # noqa: E402
 
 from memq.errors import SchemaChangedError  # noqa: E402
-from spark_source.iceberg_typed import COLLECTED, DLQ_SCHEMA, split_typed, table_columns  # noqa: E402
-from spark_source.typed_values import decode_values  # noqa: E402
+from spark_source.iceberg_typed import COLLECTED, DLQ_SCHEMA, evolve_table, split_typed, table_columns  # noqa: E402
+from spark_source.typed_schema import avro_columns, merge, renames  # noqa: E402
+from spark_source.typed_values import ReadSchema, Writer, decode_values  # noqa: E402
 from tests.support.typed_versions import READ, VERSIONS, WRITTEN, avro_read_schema, framed  # noqa: E402
 
 
@@ -54,3 +57,31 @@ def test_table_columns_as_the_evolution_plan_reads_them() -> None:
                     NestedField(4, "address", StructType(NestedField(5, "zip", IntegerType()))))
     assert table_columns(schema.as_struct(), frozenset({"key"})) == {
         "id": "int", "price": "decimal(9,2)", "address": {"zip": "int"}}
+
+
+def test_a_table_evolves_in_place_a_nested_rename_keeps_its_field_id(tmp_path: Path) -> None:
+    from pyiceberg.catalog import load_catalog
+
+    def avro(*address: dict) -> str:
+        return json.dumps({"type": "record", "name": "O", "fields": [
+            {"name": "id", "type": "int"},
+            {"name": "address", "type": {"type": "record", "name": "A", "fields": list(address)}}]})
+    v1 = avro({"name": "zip", "type": "int"})
+    v2 = avro({"name": "postcode", "type": "long", "aliases": ["zip"]}, {"name": "city", "type": ["null", "string"]})
+    structs = [(1, avro_columns(v1)), (2, avro_columns(v2))]
+    merged = merge(structs)
+    read = ReadSchema("o-value", merged.root, {sid: Writer(sid, "AVRO", t, renames(merged.root, s))
+                                               for (sid, s), t in zip(structs, (v1, v2))}, {}, {1: 1, 2: 2})
+    catalog = load_catalog("t", type="sql", uri=f"sqlite:///{tmp_path}/c.db", warehouse=f"file://{tmp_path}/w")
+    catalog.create_namespace("n")
+    first = pa.schema([("key", pa.binary()), ("id", pa.int32()), ("address", pa.struct([("zip", pa.int32())]))])
+    table = catalog.create_table("n.t", schema=first)
+    zip_id = table.schema().find_field("address.zip").field_id
+    rows = pa.schema([("key", pa.binary()), *((f.name, f.type) for f in read.arrow())])
+    changes = evolve_table(table, read, rows)
+    assert [(c.kind, c.path) for c in changes] == [("rename", ("address", "zip")), ("promote", ("address", "zip")),
+                                                  ("add", ("address", "city"))]
+    now = catalog.load_table("n.t").schema()
+    assert now.find_field("address.postcode").field_id == zip_id
+    assert str(now.find_field("address.postcode").field_type) == "long" and now.find_field("address.city")
+    assert evolve_table(catalog.load_table("n.t"), read, rows) == []
