@@ -3,10 +3,15 @@
 numba compiles a kernel on its first call in a process and caches it beside the module for
 the next; in a fresh checkout every Spark worker and test process starting before the cache
 exists compiled them again (3-8 s each, seen as ~+1 min of the suite). Decoding one small
-object of every span-backed codec here compiles each kernel once and writes the cache.
+object of every span-backed codec (and one flat Avro record, for typed reads) here compiles each
+kernel once and writes the cache.
 """
 
 from __future__ import annotations
+
+import json
+
+import numpy as np
 
 from memq.format import Codec, LogMessage, decode_message_header, encode_batch, encode_message
 from memq.format.arrow_body import COLUMNS
@@ -26,3 +31,11 @@ def warm() -> None:
     for parts in ([c for _, c in decoded[:2]], [c for _, c in decoded[2:]]):
         for name in COLUMNS:
             concat_column(parts, name)
+    try:
+        from spark_source.avro_walk import flat_plan, walk   # imports pyspark: only in the controller, once
+    except ImportError:   # no Spark extra, no typed reads to warm
+        return
+    plan = flat_plan(json.dumps({"type": "record", "name": "W", "fields": [{"name": "n", "type": "long"}]}))
+    assert plan is not None   # typed reads' walk of flat Avro records (spark_source.avro_walk)
+    walk(plan, b"\x02", np.array([0]), np.array([1]))
+
