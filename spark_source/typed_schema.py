@@ -21,7 +21,6 @@ import pyarrow as pa
 
 from memq.errors import SchemaError
 
-PRIMITIVES = ("boolean", "int", "long", "float", "double", "string", "bytes", "date", "timestamp")
 _AVRO_PRIMITIVE = {"boolean": "boolean", "int": "int", "long": "long", "float": "float", "double": "double",
                    "string": "string", "bytes": "bytes"}
 _AVRO_LOGICAL = {("int", "date"): "date", ("long", "timestamp-millis"): "timestamp",
@@ -51,7 +50,8 @@ class Struct:
     fields: tuple[Column, ...]
 
 
-ColType = Union[str, Decimal, ListOf, MapOf, Struct]   # str: one of PRIMITIVES
+# str: a primitive, one of boolean, int, long, float, double, string, bytes, date, timestamp
+ColType = Union[str, Decimal, ListOf, MapOf, Struct]
 
 
 @dataclass(frozen=True)
