@@ -34,6 +34,10 @@ Parquet copy single-threaded (`task_*_vs_parquet_file`), and the Consumer (`task
 its CPU from creation to close). Times there are this process's CPU seconds (every thread's,
 not the S3 server's): on the shared 2-core machine the wall time of the same Parquet read
 swung 6x from run to run.
+
+The typed case (`bench/_spark_typed.py`): the same number of rows as Avro values framed with a
+registered schema, read with `valueFormat=registry` into typed columns, against a Parquet copy of
+the same typed rows (`typed_vs_parquet`, goal >= 0.5; quick: `task_typed_vs_parquet_file`).
 """
 
 from __future__ import annotations
@@ -55,7 +59,9 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 import memq
+from bench import _spark_typed as spark_typed
 from bench._cluster import read_memq
+from bench._spark_typed import typed_topic
 from memq.client.consumer import notification_topic
 from memq.config import MemqConfig
 from memq.format import (
@@ -237,10 +243,12 @@ def _consumer(config: MemqConfig, topic: str, n: int, runs: list[tuple[float, in
 
 
 def _quick(config: MemqConfig, options: dict[Codec, dict[str, str]], topics: dict[Codec, str], n: int,
-           value_bytes: int) -> dict:
+           value_bytes: int, typed: dict[str, str]) -> dict:
     task_runs: dict[Codec, list[tuple[float, int, int]]] = {codec: [] for codec in topics}
     parquet_runs: list[tuple[float, int, int]] = []
     consumer_runs: list[tuple[float, int, int]] = []
+    typed_runs: list[tuple[float, int, int]] = []
+    typed_parquet_runs: list[tuple[float, int, int]] = []
     parquet = tempfile.mkdtemp(prefix="memq-bench-parquet-")
     try:
         for _ in range(3):   # best of three: the first run of each also pays this process's warm-up
@@ -253,23 +261,36 @@ def _quick(config: MemqConfig, options: dict[Codec, dict[str, str]], topics: dic
             parquet_runs.append(_parquet_file_read(parquet))
             print(f"pyarrow on a local Parquet copy: {parquet_runs[-1][1]} rows in {parquet_runs[-1][0]:.2f} CPU s",
                   flush=True)
+            secs, rows, ids, flat = spark_typed.tasks_read(typed)
+            typed_runs.append((secs, rows, ids))
+            if not typed_parquet_runs:
+                spark_typed.write_parquet(flat, f"{parquet}-typed.parquet")
+            typed_parquet_runs.append(spark_typed.parquet_file_read(f"{parquet}-typed.parquet"))
+            print(f"spark tasks in-process (typed Avro values): {rows} rows in {secs:.2f} CPU s; pyarrow on their "
+                  f"Parquet copy {typed_parquet_runs[-1][0]:.2f} CPU s", flush=True)
         cpu = time.process_time()
         c = read_memq(config, topics[Codec.ZSTD], n, timeout_s=300)
         consumer_runs.append((time.process_time() - cpu, c.records, c.value_bytes))
         print(f"memq consumer (ZSTD bodies): {c.records} records in {consumer_runs[-1][0]:.2f} CPU s", flush=True)
     finally:
         shutil.rmtree(parquet, ignore_errors=True)
+        Path(f"{parquet}-typed.parquet").unlink(missing_ok=True)
     p_time = _best(parquet_runs, n, value_bytes, "parquet")
     t = {codec: _best(runs, n, value_bytes, f"tasks ({codec.name})") for codec, runs in task_runs.items()}
     c_time = _best(consumer_runs, n, value_bytes, "consumer")
+    ids = n * (n - 1) // 2
+    typed_time = _best(typed_runs, n, ids, "typed tasks")
+    typed_p_time = _best(typed_parquet_runs, n, ids, "typed parquet")
     return {"ratios": {f"task_{NAMES[c]}_vs_parquet_file": round(p_time / t[c], 3) for c in t}
-            | {"task_zstd_vs_consumer": round(c_time / t[Codec.ZSTD], 3)},
+            | {"task_zstd_vs_consumer": round(c_time / t[Codec.ZSTD], 3),
+               "task_typed_vs_parquet_file": round(typed_p_time / typed_time, 3)},
             "messages": n, **{f"task_{NAMES[c]}_cpu_s": round(t[c], 3) for c in t},
+            "task_typed_cpu_s": round(typed_time, 3), "typed_parquet_file_cpu_s": round(typed_p_time, 3),
             "parquet_file_cpu_s": round(p_time, 3), "consumer_cpu_s": round(c_time, 3)}
 
 
 def _full(config: MemqConfig, options: dict[Codec, dict[str, str]], topics: dict[Codec, str], n: int,
-          value_bytes: int, master: str) -> dict:
+          value_bytes: int, master: str, typed: dict[str, str]) -> dict:
     from spark_source import local_session
 
     t = time.perf_counter()
@@ -286,6 +307,8 @@ def _full(config: MemqConfig, options: dict[Codec, dict[str, str]], topics: dict
     parquet_runs: list[tuple[float, int, int]] = []
     consumer_runs: list[tuple[float, int, int]] = []
     consumer_totals: list[float] = []
+    typed_runs: list[tuple[float, int, int]] = []
+    typed_parquet_runs: list[tuple[float, int, int]] = []
     try:
         # warm-up: one object per read partition = 4 tasks, so every Python worker is started
         for opts in options.values():
@@ -293,6 +316,7 @@ def _full(config: MemqConfig, options: dict[Codec, dict[str, str]], topics: dict
         _floor_read(spark, n, tasks)   # builds each worker's batch
         print(f"spark session ready ({master}): {time.perf_counter() - t:.1f}s", flush=True)
         _parquet_copy(spark, options[Codec.ZSTD], parquet)
+        spark_typed.spark_parquet_copy(spark, typed, f"{parquet}-typed")
         def spark_step(codec: Codec) -> None:
             spark_runs[codec].append(_spark_read(spark, options[codec]))
             print(f"spark datasource ({codec.name} bodies): {spark_runs[codec][-1][1]} rows in "
@@ -308,8 +332,14 @@ def _full(config: MemqConfig, options: dict[Codec, dict[str, str]], topics: dict
             print(f"spark on a local Parquet copy: {parquet_runs[-1][1]} rows in {parquet_runs[-1][0]:.2f}s",
                   flush=True)
 
+        def typed_step() -> None:
+            typed_runs.append(spark_typed.spark_read(spark, typed))
+            typed_parquet_runs.append(spark_typed.spark_parquet_read(spark, f"{parquet}-typed"))
+            print(f"spark on typed Avro values: {typed_runs[-1][1]} rows in {typed_runs[-1][0]:.2f}s; on their "
+                  f"Parquet copy {typed_parquet_runs[-1][0]:.2f}s", flush=True)
+
         steps = [partial(spark_step, codec) for codec in options] + [
-            floor_step, parquet_step, lambda: consumer_totals.append(_consumer(config, topics[Codec.ZSTD], n, consumer_runs))]
+            floor_step, parquet_step, typed_step, lambda: consumer_totals.append(_consumer(config, topics[Codec.ZSTD], n, consumer_runs))]
         # Interleaved, so drift on a shared machine hits every reader alike, and rotated, so no
         # reader always follows the same one (the Consumer leaves read-ahead GETs to the S3 server).
         for r in range(3):
@@ -318,7 +348,10 @@ def _full(config: MemqConfig, options: dict[Codec, dict[str, str]], topics: dict
     finally:
         spark.stop()
         shutil.rmtree(parquet, ignore_errors=True)
+        shutil.rmtree(f"{parquet}-typed", ignore_errors=True)
     p_time = _best(parquet_runs, n, value_bytes, "parquet")
+    typed_time = _best(typed_runs, n, n * (n - 1) // 2, "typed spark")
+    typed_p_time = _best(typed_parquet_runs, n, n * (n - 1) // 2, "typed parquet")
     s = {codec: _best(runs, n, value_bytes, f"spark ({codec.name})") for codec, runs in spark_runs.items()}
     c_time = _best(consumer_runs, n, value_bytes, "consumer")
     f_time = _best(floor_runs, n, n * 100, "no-work source")
@@ -327,10 +360,12 @@ def _full(config: MemqConfig, options: dict[Codec, dict[str, str]], topics: dict
                        "kafka_vs_parquet": round(p_time / s[Codec.KAFKA], 3),
                        "vs_consumer": round(c_time / s[Codec.ZSTD], 3),
                        "floor_vs_parquet": round(p_time / f_time, 3),
+                       "typed_vs_parquet": round(typed_p_time / typed_time, 3),
                        **{f"{NAMES[c]}_vs_floor": round(f_time / s[c], 3) for c in s}},
             "messages": n, "master": master, "floor_s": round(f_time, 3), "spark_s": round(s[Codec.ARROW], 3),
             "spark_zstd_bodies_s": round(s[Codec.ZSTD], 3), "spark_kafka_bodies_s": round(s[Codec.KAFKA], 3),
-            "parquet_s": round(p_time, 3), "consumer_s": round(c_time, 3), "consumer_with_join_s": round(min(consumer_totals), 3),
+            "parquet_s": round(p_time, 3), "typed_s": round(typed_time, 3), "typed_parquet_s": round(typed_p_time, 3),
+            "consumer_s": round(c_time, 3), "consumer_with_join_s": round(min(consumer_totals), 3),
             "spark_zstd_msgs_per_s": round(n / s[Codec.ZSTD]), "consumer_msgs_per_s": round(n / c_time)}
 
 
@@ -355,6 +390,7 @@ def run(quick: bool = False, master: str = "local[2]") -> dict:
                       "s3.bucket": config.s3.bucket, "s3.accessKeyId": config.s3.access_key_id or "",
                       "s3.secretAccessKey": config.s3.secret_access_key or ""}
         options = {codec: {"topic": topic, **connection} for codec, topic in topics.items()}
-        if quick:
-            return _quick(config, options, topics, n, value_bytes)
-        return _full(config, options, topics, n, value_bytes, master)
+        with typed_topic(config, connection, n, per_batch) as typed:
+            if quick:
+                return _quick(config, options, topics, n, value_bytes, typed)
+            return _full(config, options, topics, n, value_bytes, master, typed)

@@ -188,6 +188,24 @@ class OffsetOutOfRangeError(ConsumerError):
         self.oldest = oldest
 
 
+class UndecodableRecordError(ConsumerError):
+    """A typed read's record whose value does not decode with the schema its id names (or the
+    read schema); names the record's place. Raised with onError=fail."""
+
+    def __init__(self, message: str, *, topic: str, partition: int | None, offset: int | None,
+                 index: int | None) -> None:
+        super().__init__(message)
+        self.topic = topic
+        self.partition = partition
+        self.offset = offset
+        self.index = index
+
+
+class SchemaChangedError(ConsumerError):
+    """A typed sync met a schema id registered after it started: it restarts with the new read
+    schema (nothing of the micro-batch was committed)."""
+
+
 # --- schemas ---------------------------------------------------------------------------------
 
 

@@ -30,7 +30,7 @@ from spark_source.compacted import Prefixes, earliest, read_ranges
 from spark_source.options import EARLIEST, LATEST, OffsetSpec, SourceOptions, parse_options
 from spark_source.plan import OPEN_END, Bounds, MemqPartition, NotificationLog, list_objects, plan_tasks, split
 from spark_source.read import read_partition
-from spark_source.schema import SCHEMA, projection
+from spark_source.schema import SCHEMA, projection, typed_schema
 from spark_source.write import MemqStreamWriter, MemqWriter, parse_sink_options
 
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
@@ -44,14 +44,23 @@ class MemqDataSource(DataSource):
         return "memq"
 
     def schema(self) -> StructType:
-        return SCHEMA
+        typed = self._parsed().typed
+        return SCHEMA if typed is None else typed_schema(typed.arrow())
+
+    def _parsed(self) -> SourceOptions:
+        """The options, parsed once: a typed read's schema is asked of the registry once, so the
+        schema Spark plans with is the one the executors decode into."""
+        parsed = getattr(self, "_opts", None)
+        if parsed is None:
+            parsed = self._opts = parse_options(self.options)
+        return parsed
 
     def reader(self, schema: StructType) -> DataSourceReader:
-        opts = _projected(parse_options(self.options), schema)
+        opts = _projected(self._parsed(), schema)
         return MemqPushdownReader(opts) if opts.push_filters else MemqBatchReader(opts)
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
-        return MemqStreamReader(_projected(parse_options(self.options), schema))
+        return MemqStreamReader(_projected(self._parsed(), schema))
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
         return MemqWriter(parse_sink_options(self.options, schema, overwrite))
@@ -62,7 +71,8 @@ class MemqDataSource(DataSource):
 
 def _projected(opts: SourceOptions, schema: StructType) -> SourceOptions:
     """`.schema("key binary, value binary, timestamp timestamp")` reads only those columns."""
-    return dataclasses.replace(opts, columns=tuple(projection(schema).names))
+    base = SCHEMA if opts.typed is None else typed_schema(opts.typed.arrow())
+    return dataclasses.replace(opts, columns=tuple(projection(schema, base).names))
 
 
 class MemqBatchReader(DataSourceReader):

@@ -19,24 +19,39 @@ import json
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyiceberg.catalog import Catalog, load_catalog
 from pyiceberg.exceptions import NoSuchTableError
+from pyiceberg.io.pyarrow import schema_to_pyarrow
 from pyiceberg.table import Table
-from pyiceberg.transforms import HourTransform
+from pyiceberg.types import StructType
+from pyiceberg.transforms import DayTransform, HourTransform, MonthTransform, Transform
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql import types as T
+from pyspark.sql.pandas.types import from_arrow_schema
 from pyspark.sql.streaming import StreamingQuery
 
 from memq.config import MemqConfig
 from memq.errors import ConfigError
+from spark_source.iceberg_typed import COLLECTED, DLQ_SCHEMA, evolve_table, split_typed
+from spark_source.options import parse_options
+from spark_source.typed_values import ReadSchema
 
 log = logging.getLogger("memq.table")
 
 SYNC_ID = "memq.sync-id"
 BATCH_ID = "memq.batch-id"
 END_OFFSETS = "memq.end-offsets"
+DEAD_LETTERS = "memq.dead-letters"        # a typed sync's batch: how many records went to <table>_dlq
+NEWEST_MS = "memq.newest-timestamp-ms"    # the newest message timestamp a batch committed (lag in time)
+SCHEMA_VERSION = "memq.schema-version"    # a typed sync's batch: the newest subject version its read schema merged
+# `partition_by` → the transform of the message timestamp a new table is partitioned by (none: unpartitioned)
+PARTITIONS: Mapping[str, Callable[[], Transform[Any, Any]] | None] = {
+    "hour": HourTransform, "day": DayTransform, "month": MonthTransform, "none": None}
 # the memq source's columns a table keeps (bucket/objectKey are where a row was read from)
 KEPT = ("key", "value", "topic", "partition", "offset", "index", "timestamp", "headers", "producerId")
 
@@ -45,8 +60,10 @@ KEPT = ("key", "value", "topic", "partition", "offset", "index", "timestamp", "h
 class TableSync:
     """One topic → table job. `catalog`: pyiceberg catalog properties (default: a SQL catalog
     on SQLite, see `default_catalog`); `value_schema`: a Spark DDL string ("id INT, name
-    STRING") to parse each value as JSON into columns (the raw value is then dropped);
-    `trigger_s` None means available-now: read what is there, commit, stop."""
+    STRING") to parse each value as JSON into columns (the raw value is then dropped); `typed`:
+    the values' registered schemas give the columns (`valueFormat=registry`), evolving by field
+    identity, and what does not decode goes to `<table>_dlq`; `trigger_s` None means
+    available-now: read what is there, commit, stop."""
 
     topic: str
     table: str                                   # "namespace.name"
@@ -56,8 +73,14 @@ class TableSync:
     value_schema: str | None = None
     trigger_s: float | None = None
     sync_id: str = ""                            # default: "<topic>-><table>"
+    typed: bool = False
+    partition_by: str = "hour"                   # a key of PARTITIONS: a new table's spec
 
     def __post_init__(self) -> None:
+        if self.partition_by not in PARTITIONS:
+            raise ConfigError(f"table sync: partition by {self.partition_by!r}: one of {', '.join(PARTITIONS)}")
+        if self.typed and self.value_schema is not None:
+            raise ConfigError("table sync: --typed takes the columns from the registry; --value-schema is for JSON")
         if "." not in self.table.strip(".") or not self.topic:
             raise ConfigError(f"table sync: --table must be 'namespace.name' (got {self.table!r}) and the topic set")
         if self.trigger_s is not None and self.trigger_s <= 0:
@@ -66,6 +89,16 @@ class TableSync:
     @property
     def id(self) -> str:
         return self.sync_id or f"{self.topic}->{self.table}"
+
+    @property
+    def dlq(self) -> str:
+        return f"{self.table}_dlq"
+
+    def options(self) -> dict[str, str]:
+        """The memq source's options for this sync."""
+        typed = {"valueFormat": "registry", "onError": "null"} if self.typed else {}
+        return {**self.source, **typed, "topic": self.topic,
+                "startingOffsets": self.source.get("startingOffsets", "earliest")}
 
 
 def default_catalog(config: MemqConfig, directory: str) -> dict[str, str]:
@@ -100,6 +133,33 @@ def committed_batches(table: Table, sync_id: str) -> dict[int, dict[str, int]]:
     return out
 
 
+def dead_letters(table: Table, sync_id: str) -> int:
+    """How many records this sync has sent to the dead-letter table (over its snapshot summaries)."""
+    return sum(int(s.summary[DEAD_LETTERS] or 0) for s in table.metadata.snapshots
+               if s.summary is not None and s.summary[SYNC_ID] == sync_id and s.summary[DEAD_LETTERS])
+
+
+def read_table(spark: SparkSession, table: Table) -> DataFrame:
+    """The table's current rows in Spark without Iceberg's Spark runtime: its data files (appends
+    only, no delete files) read by Iceberg field id, so a renamed column reads under its new name
+    in files written before the rename, and a column added since reads null."""
+    schema = _with_field_ids(from_arrow_schema(schema_to_pyarrow(table.schema())), table.schema().as_struct())
+    spark.conf.set("spark.sql.parquet.fieldId.read.enabled", "true")
+    files = [t.file.file_path for t in table.scan().plan_files()]
+    return spark.read.schema(schema).parquet(*files) if files else spark.createDataFrame([], schema)
+
+
+def _with_field_ids(spark_type: Any, iceberg: Any) -> Any:
+    """`spark_type` (a struct) with each field's Iceberg id as Spark's `parquet.field.id` metadata."""
+    if not isinstance(spark_type, T.StructType):
+        return spark_type
+    ids = {f.name: f for f in iceberg.fields}
+    return T.StructType([T.StructField(f.name, _with_field_ids(f.dataType, ids[f.name].field_type)
+                                       if isinstance(ids[f.name].field_type, StructType) else f.dataType,
+                                       f.nullable, {"parquet.field.id": ids[f.name].field_id})
+                         for f in spark_type.fields])
+
+
 def rows(df: DataFrame, value_schema: str | None) -> DataFrame:
     """The columns a table gets: memq's (value parsed as JSON into columns if a schema is given)."""
     kept = [c for c in KEPT if c != "value" or value_schema is None]
@@ -117,42 +177,57 @@ def to_arrow(df: DataFrame) -> pa.Table:
     return table.cast(pa.schema(fields))
 
 
-def load_or_create(catalog: Catalog, name: str, schema: pa.Schema) -> Table:
-    """The table, created on first use with an hour(timestamp) partition spec."""
+def load_or_create(catalog: Catalog, name: str, schema: pa.Schema, partition_by: str = "hour") -> Table:
+    """The table, created on first use, partitioned by `partition_by` (PARTITIONS) of the timestamp."""
     try:
         return catalog.load_table(name)
     except NoSuchTableError:
         pass
     catalog.create_namespace_if_not_exists(name.rsplit(".", 1)[0])
     table = catalog.create_table_if_not_exists(name, schema=schema)
-    if "timestamp" in schema.names and not table.spec().fields:
+    transform = PARTITIONS[partition_by]
+    if transform is not None and "timestamp" in schema.names and not table.spec().fields:
         with table.update_spec() as spec:
-            spec.add_field("timestamp", HourTransform(), "timestamp_hour")
+            spec.add_field("timestamp", transform(), f"timestamp_{partition_by}")
         table = catalog.load_table(name)
     log.info("created Iceberg table %s at %s", name, table.location())
     return table
 
 
-def batch_writer(spec: TableSync, catalog: Catalog,
+def batch_writer(spec: TableSync, catalog: Catalog, read: ReadSchema | None = None,
                  after_commit: Callable[[int], None] | None = None) -> Callable[[DataFrame, int], None]:
-    """The foreachBatch function: one idempotent Iceberg append per micro-batch.
-    `after_commit(batch_id)` runs once the append is committed (tests use it to crash there)."""
+    """The foreachBatch function: one idempotent Iceberg append per micro-batch (a typed sync's
+    dead letters first, as one idempotent append to `<table>_dlq`). `read`: a typed sync's read
+    schema. `after_commit(batch_id)` runs once the append is committed (tests use it to crash there)."""
 
     def write(df: DataFrame, batch_id: int) -> None:
-        data = to_arrow(rows(df, spec.value_schema))
-        table = load_or_create(catalog, spec.table, data.schema)
-        done = committed_batches(table, spec.id)
-        if batch_id in done:
+        letters = None
+        if read is None:
+            data = to_arrow(rows(df, spec.value_schema))
+        else:
+            data, letters = split_typed(to_arrow(df.select(*COLLECTED)), read)
+        table = load_or_create(catalog, spec.table, data.schema, spec.partition_by)
+        if batch_id in committed_batches(table, spec.id):
             log.info("table %s: batch %d of %s is already committed (a replay): skipped", spec.table, batch_id,
                      spec.id)
             return
-        ends: dict[str, int] = {}
-        if data.num_rows:
-            grouped = data.group_by("partition").aggregate([("offset", "max")])
-            ends = {str(p): o + 1 for p, o in zip(grouped["partition"].to_pylist(), grouped["offset_max"].to_pylist())
-                    if p is not None and o is not None}
-        table.append(data, snapshot_properties={SYNC_ID: spec.id, BATCH_ID: str(batch_id),
-                                                END_OFFSETS: json.dumps(ends, sort_keys=True)})
+        props = {SYNC_ID: spec.id, BATCH_ID: str(batch_id)}
+        if read is not None and letters is not None:
+            evolve_table(table, read, data.schema)
+            dlq = load_or_create(catalog, spec.dlq, DLQ_SCHEMA, spec.partition_by) if letters.num_rows else None
+            if dlq is not None and batch_id not in committed_batches(dlq, spec.id):
+                dlq.append(letters, snapshot_properties={**props, END_OFFSETS: "{}"})
+                log.warning("table %s: batch %d: %d records to %s", spec.table, batch_id, letters.num_rows, spec.dlq)
+            props[DEAD_LETTERS] = str(letters.num_rows)
+            props[SCHEMA_VERSION] = str(max((read.version_of[i] for i in read.writers), default=0))
+        placed = data.select(["partition", "offset", "timestamp"])
+        if letters is not None:
+            placed = pa.concat_tables([placed, letters.select(["partition", "offset", "timestamp"])])
+        ends = _end_offsets(placed)
+        newest = pc.max(placed.column("timestamp")).as_py() if placed.num_rows else None
+        if newest is not None:
+            props[NEWEST_MS] = str(int(newest.timestamp() * 1000))
+        table.append(data, snapshot_properties={**props, END_OFFSETS: json.dumps(ends, sort_keys=True)})
         log.info("table %s: batch %d committed, %d rows, end offsets %s", spec.table, batch_id, data.num_rows, ends)
         if after_commit is not None:
             after_commit(batch_id)
@@ -160,13 +235,22 @@ def batch_writer(spec: TableSync, catalog: Catalog,
     return write
 
 
+def _end_offsets(data: pa.Table) -> dict[str, int]:
+    if not data.num_rows:
+        return {}
+    grouped = data.group_by("partition").aggregate([("offset", "max")])
+    return {str(p): o + 1 for p, o in zip(grouped["partition"].to_pylist(), grouped["offset_max"].to_pylist())
+            if p is not None and o is not None}
+
+
 def sync_topic(spark: SparkSession, spec: TableSync,
                after_commit: Callable[[int], None] | None = None) -> StreamingQuery:
     """Start the streaming job (format("memq") → Iceberg); returns the running query."""
     catalog = open_catalog(spec.catalog)
-    stream = (spark.readStream.format("memq").options(**spec.source).option("topic", spec.topic)
-              .option("startingOffsets", spec.source.get("startingOffsets", "earliest")).load())
-    writer = (stream.writeStream.foreachBatch(batch_writer(spec, catalog, after_commit))
+    options = spec.options()
+    read = parse_options(options).typed if spec.typed else None   # the driver's read schema, evolving the table
+    stream = spark.readStream.format("memq").options(**options).load()
+    writer = (stream.writeStream.foreachBatch(batch_writer(spec, catalog, read, after_commit))
               .option("checkpointLocation", spec.checkpoint).queryName(f"memq-table-{spec.table}"))
     writer = writer.trigger(availableNow=True) if spec.trigger_s is None else \
         writer.trigger(processingTime=f"{spec.trigger_s} seconds")

@@ -17,6 +17,8 @@ from typing import Literal, Mapping
 from memq.config import ClusterConfig, KafkaConfig, MemqConfig, S3Config, StorageConfig, TopicConfig, load_config
 from memq.client.cluster import resolve_topic
 from memq.errors import BrokerUnavailableError, ConfigError
+from spark_source.registry import read_schema
+from spark_source.typed_values import ReadSchema
 
 EARLIEST = -2  # Kafka's sentinels inside JSON offsets
 LATEST = -1
@@ -40,10 +42,12 @@ _CONNECTION = {
     "s3.readtimeoutms": "S3 read timeout",
     "s3.maxattempts": "S3 attempts per request",
     "zookeeper.hosts": "ZooKeeper hosts (host:port,...): where a compacted topic's prefixes are named",
+    "schema.registry.url": "memq broker URL(s) whose registry a typed read asks (default: memq.broker, producer.brokers)",
 }
 _READ = {"topic", "mode", "startingoffsets", "endingoffsets", "startingtimestamp", "endingtimestamp",
          "maxoffsetspertrigger", "minpartitions", "failondataloss", "fetchconcurrency",
-         "s3list.slackms", "pushfilters", "dropduplicates"}
+         "s3list.slackms", "pushfilters", "dropduplicates", "valueformat", "valuesubject", "onerror"}
+ON_ERROR = ("fail", "null", "skip")
 KNOWN_OPTIONS = frozenset(_CONNECTION) | _READ
 
 
@@ -85,6 +89,8 @@ class SourceOptions:
     drop_duplicates: bool = True
     columns: tuple[str, ...] = ()           # the read schema's columns (a user-given schema); () = all
     compacted: bool | None = None           # the topic's cleanup_policy compacts (None: unknown, no metadata)
+    typed: ReadSchema | None = None         # valueFormat=registry: values decoded into the merged schema
+    on_error: Literal["fail", "null", "skip"] = "fail"   # a value that does not decode (typed reads)
 
 
 def _int(options: Mapping[str, str], name: str, *, minimum: int) -> int | None:
@@ -238,6 +244,15 @@ def parse_options(options: Mapping[str, str]) -> SourceOptions:
     if compacted and not config.zookeeper.enabled:
         raise ConfigError(f"memq source: topic {topic} is compacted, and ZooKeeper names its compacted prefixes: "
                           f"set option zookeeper.hosts, or memq.config to a config with [zookeeper]")
+    value_format = str(opts.get("valueformat", "bytes")).lower()
+    if value_format not in ("bytes", "registry"):
+        raise ConfigError(f"option valueFormat: {value_format!r} is not bytes or registry")
+    on_error = str(opts.get("onerror", "fail")).lower()
+    if on_error not in ON_ERROR:
+        raise ConfigError(f"option onError: {on_error!r} is not {', '.join(ON_ERROR)}")
+    registry = str(opts.get("schema.registry.url") or opts.get("memq.broker") or "")
+    typed = read_schema(config, registry, str(opts.get("valuesubject") or f"{topic}-value")) \
+        if value_format == "registry" else None
     start_ts = _int(opts, "startingTimestamp", minimum=0)
     end_ts = _int(opts, "endingTimestamp", minimum=0)
     if start_ts is not None and end_ts is not None and end_ts < start_ts:
@@ -260,4 +275,6 @@ def parse_options(options: Mapping[str, str]) -> SourceOptions:
         push_filters=_bool(opts, "pushFilters", True),
         drop_duplicates=_bool(opts, "dropDuplicates", True),
         compacted=compacted,
+        typed=typed,
+        on_error=on_error,  # type: ignore[arg-type]
     )

@@ -9,6 +9,7 @@ from functools import partial
 from typing import Any, Callable, Iterator, Sequence
 
 import pyarrow as pa
+from pyspark.sql.pandas.types import to_arrow_schema
 
 from memq.client.positions import SequenceTracker
 from memq.client.reader import BatchPointer, BatchReader, DataLossPolicy, read_in_order
@@ -18,7 +19,8 @@ from memq.format.columns import Columns, decode_batch_columns
 from spark_source.compacted import decode_part, part_rows
 from spark_source.options import SourceOptions
 from spark_source.plan import BatchRef, Bounds, describe_storage
-from spark_source.schema import ARROW_SCHEMA, BatchContext, log_fields, to_record_batch
+from spark_source.schema import ARROW_SCHEMA, BatchContext, log_fields, to_record_batch, typed_schema
+from spark_source.typed_rows import raw_columns, typed_batch
 
 log = logging.getLogger("memq.spark")
 
@@ -38,7 +40,24 @@ def _arrow(opts: SourceOptions, schema: pa.Schema, ref: BatchRef, bounds: Bounds
         return None
     keep = None if seen is None else [not seen.seen(h.producer_id, h.epoch, h.sequence) for h, _ in messages]
     ctx = BatchContext(opts.topic, ref.partition, ref.offset, ref.location.bucket, ref.location.key)
-    return to_record_batch(ctx, messages, bounds.start_ms, bounds.end_ms, keep, schema)
+    if opts.typed is None:
+        return to_record_batch(ctx, messages, bounds.start_ms, bounds.end_ms, keep, schema)
+    raw = to_record_batch(ctx, messages, bounds.start_ms, bounds.end_ms, keep, raw_columns(schema))
+    return typed_batch(opts, opts.typed, raw, schema)
+
+
+def _part(opts: SourceOptions, schema: pa.Schema, ref: BatchRef, bounds: Bounds, decoded: Any) -> pa.RecordBatch:
+    """A compacted part's rows (typed as `_arrow`'s when the read is)."""
+    if opts.typed is None:
+        return part_rows(opts, schema, ref, bounds.start_ms, bounds.end_ms, decoded)
+    raw = part_rows(opts, raw_columns(schema), ref, bounds.start_ms, bounds.end_ms, decoded)
+    return typed_batch(opts, opts.typed, raw, schema)
+
+
+def _output_schema(opts: SourceOptions) -> pa.Schema:
+    """The Arrow schema of the batches a read yields (Spark checks them against it)."""
+    full = ARROW_SCHEMA if opts.typed is None else to_arrow_schema(typed_schema(opts.typed.arrow()), timezone="UTC")
+    return pa.schema([full.field(c) for c in opts.columns]) if opts.columns else full
 
 
 def data_loss_policy(opts: SourceOptions) -> DataLossPolicy:
@@ -56,8 +75,9 @@ def read_partition(opts: SourceOptions, refs: Sequence[BatchRef], bounds: Bounds
     for how copies are planned into one task). A compacted part (`BatchRef.kafka_range`) is
     read by a reader of its own (`compacted.decode_part`), made for the first one.
     """
-    schema = pa.schema([ARROW_SCHEMA.field(c) for c in opts.columns]) if opts.columns else ARROW_SCHEMA
-    fields = log_fields(schema, timed=bounds.start_ms is not None or bounds.end_ms is not None)
+    schema = _output_schema(opts)
+    fields = log_fields(schema if opts.typed is None else raw_columns(schema),
+                        timed=bounds.start_ms is not None or bounds.end_ms is not None)
     reader = BatchReader(opts.config, opts.fetch_concurrency, decode=partial(decode_batch_columns, fields=fields))
     parts: BatchReader | None = None
     cc = opts.config.consumer     # the de-duplication memory of a Consumer (consumer.dedup_*)
@@ -67,7 +87,7 @@ def read_partition(opts: SourceOptions, refs: Sequence[BatchRef], bounds: Bounds
             if compacted and parts is None:
                 parts = BatchReader(opts.config, opts.fetch_concurrency, decode=decode_part)
             build: Callable[[BatchRef], Callable[[Any], pa.RecordBatch | None]] = (
-                (lambda ref: partial(part_rows, opts, schema, ref, bounds.start_ms, bounds.end_ms)) if compacted
+                (lambda ref: partial(_part, opts, schema, ref, bounds)) if compacted
                 else (lambda ref: partial(_arrow, opts, schema, ref, bounds, seen)))
             batches = ((pointer(opts.topic, ref), build(ref)) for ref in run)
             for batch in read_in_order(parts if compacted and parts is not None else reader, batches,

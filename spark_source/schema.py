@@ -8,7 +8,7 @@ from typing import Callable, Sequence
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from pyspark.sql.pandas.types import to_arrow_schema
+from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
 from pyspark.sql.types import (
     ArrayType,
     BinaryType,
@@ -75,17 +75,27 @@ def log_fields(schema: pa.Schema, timed: bool) -> frozenset[str]:
         {"timestamp_ms"} if timed else frozenset())
 
 
-def projection(schema: StructType) -> pa.Schema:
-    """The Arrow schema for a user-given read schema: a subset of SCHEMA's columns (any order),
-    each with SCHEMA's type; anything else is a ConfigError naming the column."""
-    known = {f.name: f for f in SCHEMA.fields}
+# Typed reads (valueFormat=registry): `value` is the read schema's struct, and these columns follow.
+TYPED_EXTRA = (("valueSchemaId", pa.int32()), ("valueError", pa.string()), ("rawValue", pa.binary()))
+
+
+def typed_schema(value: pa.StructType) -> StructType:
+    """The source's schema for a typed read whose values are `value`."""
+    fields = [pa.field(f.name, value) if f.name == "value" else f for f in ARROW_SCHEMA]
+    return from_arrow_schema(pa.schema(fields + [pa.field(n, t) for n, t in TYPED_EXTRA]))
+
+
+def projection(schema: StructType, base: StructType = SCHEMA) -> pa.Schema:
+    """The Arrow schema for a user-given read schema: a subset of `base`'s columns (any order),
+    each with its type there; anything else is a ConfigError naming the column."""
+    known = {f.name: f for f in base.fields}
     for f in schema.fields:
         if f.name not in known:
             raise ConfigError(f"memq source: schema column {f.name!r} is not one of {', '.join(known)}")
         if f.dataType != known[f.name].dataType:
             raise ConfigError(f"memq source: schema column {f.name!r} is {f.dataType.simpleString()}, "
                               f"the source gives {known[f.name].dataType.simpleString()}")
-    return pa.schema([ARROW_SCHEMA.field(f.name) for f in schema.fields])
+    return to_arrow_schema(StructType([known[f.name] for f in schema.fields]), timezone="UTC")
 
 
 class _LogColumns:

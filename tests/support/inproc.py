@@ -53,13 +53,14 @@ class NullAdmin:
 
 
 @contextmanager
-def broker_in_thread(config: MemqConfig) -> Iterator[str]:
+def broker_in_thread(config: MemqConfig, *, notify: bool = False) -> Iterator[str]:
     """A started Broker on its own event loop thread (so blocking callers, e.g. a CLI
-    subprocess.run, can use it); yields its URL, stops it on exit."""
+    subprocess.run or a Spark job, can use it); yields its URL, stops it on exit. Its
+    notifications go nowhere unless `notify` (then to the config's Kafka, as in production)."""
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, name="broker-loop", daemon=True)
     thread.start()
-    broker = Broker(config, publisher=NullPublisher(), admin=NullAdmin())  # admin: a TopicAdmin
+    broker = Broker(config) if notify else Broker(config, publisher=NullPublisher(), admin=NullAdmin())
     try:
         yield asyncio.run_coroutine_threadsafe(broker.start(), loop).result(30)
     finally:

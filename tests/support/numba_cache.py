@@ -3,11 +3,13 @@
 numba compiles a kernel on its first call in a process and caches it beside the module for
 the next; in a fresh checkout every Spark worker and test process starting before the cache
 exists compiled them again (3-8 s each, seen as ~+1 min of the suite). Decoding one small
-object of every span-backed codec here, and walking one Avro payload (the brokers' check),
-compiles each kernel once and writes the cache.
+object of every span-backed codec here, and walking one Avro payload (the brokers' check) and
+one flat Avro record (typed reads), compiles each kernel once and writes the cache.
 """
 
 from __future__ import annotations
+
+import json
 
 import fastavro
 import numpy as np
@@ -37,3 +39,12 @@ def warm() -> None:
                                    named_schemas=named)
     avro_walk.walk(np.frombuffer(b"\x02x", dtype=np.uint8), np.array([0, 2], dtype=np.int64), 0,
                    avro_walk.program(parsed, named))
+
+    try:
+        from spark_source.avro_walk import flat_plan, walk   # imports pyspark: only in the controller, once
+    except ImportError:   # no Spark extra, no typed reads to warm
+        return
+    plan = flat_plan(json.dumps({"type": "record", "name": "W", "fields": [{"name": "n", "type": "long"}]}))
+    assert plan is not None   # typed reads' walk of flat Avro records (spark_source.avro_walk)
+    walk(plan, b"\x02", np.array([0]), np.array([1]))
+

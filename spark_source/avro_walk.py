@@ -1,0 +1,186 @@
+"""Flat Avro records decoded by one compiled walk per batch, no Python object per record.
+
+A writer schema whose fields are all primitives (boolean, int, long, float, double, string,
+bytes), each possibly in a union with null, is walked by numba over every value of a batch at
+once: numbers land in numpy columns, strings and bytes as spans of the values' buffer, gathered
+into Arrow arrays (`memq.format.spans`). A value the walk cannot read (past its end, bytes left
+over, a union branch the schema lacks, an int out of range) is marked, never guessed. Other
+schemas (nested records, arrays, maps, enums, logical types) take fastavro's reader.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from numba import njit
+
+from memq.format.spans import Spans, binary_array_parts, byte_array
+
+KINDS = {"boolean": 0, "int": 1, "long": 2, "float": 3, "double": 4, "string": 5, "bytes": 6}
+_ARROW = {0: pa.bool_(), 1: pa.int32(), 2: pa.int64(), 3: pa.float32(), 4: pa.float64(), 5: pa.string(),
+          6: pa.binary()}
+
+
+@dataclass(frozen=True)
+class FlatPlan:
+    """A flat record's fields in order: their kind (KINDS) and the union branch of null (-1: none)."""
+
+    names: tuple[str, ...]
+    kinds: np.ndarray          # int8
+    null_branch: np.ndarray    # int8
+
+
+def flat_plan(text: str) -> FlatPlan | None:
+    """The walk's plan of an Avro schema, or None when it is not a record of primitive fields."""
+    raw = json.loads(text)
+    if not isinstance(raw, dict) or raw.get("type") != "record":
+        return None
+    names, kinds, nulls = [], [], []
+    for f in raw["fields"]:
+        t, null = f["type"], -1
+        if isinstance(t, list):
+            if len(t) != 2 or "null" not in t:
+                return None
+            null = t.index("null")
+            t = t[1 - null]
+        if isinstance(t, dict) and set(t) == {"type"}:
+            t = t["type"]
+        if not isinstance(t, str) or t not in KINDS:
+            return None
+        names.append(f["name"])
+        kinds.append(KINDS[t])
+        nulls.append(null)
+    return FlatPlan(tuple(names), np.array(kinds, np.int8), np.array(nulls, np.int8))
+
+
+@njit(cache=True, nogil=True)
+def _varint(data: np.ndarray, pos: int, end: int) -> tuple[int, int, bool]:   # pragma: no cover - compiled
+    """(zig-zag decoded long, next position, ok)."""
+    result = 0
+    shift = 0
+    while pos < end and shift < 64:
+        b = data[pos]
+        pos += 1
+        result |= (int(b) & 0x7F) << shift
+        if b < 0x80:
+            return (result >> 1) ^ -(result & 1), pos, True
+        shift += 7
+    return 0, pos, False
+
+
+@njit(cache=True, nogil=True)
+def _walk(data: np.ndarray, starts: np.ndarray, ends: np.ndarray, kinds: np.ndarray, null_branch: np.ndarray,
+          ints: np.ndarray, floats: np.ndarray, span_start: np.ndarray, span_len: np.ndarray,
+          valid: np.ndarray, ok: np.ndarray) -> None:   # pragma: no cover - compiled
+    scratch = np.zeros(8, np.uint8)
+    f32 = scratch[:4].view(np.float32)
+    f64 = scratch.view(np.float64)
+    for i in range(len(starts)):
+        pos = starts[i]
+        end = ends[i]
+        good = True
+        for j in range(len(kinds)):
+            span_len[i, j] = -1
+            valid[i, j] = False
+            if null_branch[j] >= 0:
+                branch, pos, good = _varint(data, pos, end)
+                if not good or (branch != 0 and branch != 1):
+                    good = False
+                    break
+                if branch == null_branch[j]:
+                    continue
+            k = kinds[j]
+            if k == 0:
+                if pos >= end or data[pos] > 1:
+                    good = False
+                    break
+                ints[i, j] = data[pos]
+                pos += 1
+            elif k == 1 or k == 2:
+                v, pos, good = _varint(data, pos, end)
+                if not good or (k == 1 and (v < -2147483648 or v > 2147483647)):
+                    good = False
+                    break
+                ints[i, j] = v
+            elif k == 3 or k == 4:
+                width = 4 if k == 3 else 8
+                if pos + width > end:
+                    good = False
+                    break
+                for b in range(width):
+                    scratch[b] = data[pos + b]
+                floats[i, j] = f32[0] if k == 3 else f64[0]
+                pos += width
+            else:
+                n, pos, good = _varint(data, pos, end)
+                if not good or n < 0 or pos + n > end:
+                    good = False
+                    break
+                span_start[i, j] = pos
+                span_len[i, j] = n
+                pos += n
+            valid[i, j] = True
+        if good and pos != end:
+            good = False
+        ok[i] = good
+        if not good:
+            for j in range(len(kinds)):
+                valid[i, j] = False
+                span_len[i, j] = -1
+
+
+def walk(plan: FlatPlan, data: bytes | memoryview, starts: np.ndarray, ends: np.ndarray) -> tuple[
+        dict[str, pa.Array], np.ndarray]:
+    """The fields of the records at [starts, ends) of `data` as Arrow arrays (by field name), and
+    which records were read (a record not read is null in every field). A string that is not
+    UTF-8 marks its record not read."""
+    n, f = len(starts), len(plan.kinds)
+    ints = np.zeros((n, f), np.int64)
+    floats = np.zeros((n, f), np.float64)
+    span_start = np.zeros((n, f), np.int64)
+    span_len = np.full((n, f), -1, np.int64)
+    valid = np.zeros((n, f), np.bool_)
+    ok = np.zeros(n, np.bool_)
+    buf = byte_array(data)
+    _walk(buf, starts.astype(np.int64), ends.astype(np.int64), plan.kinds, plan.null_branch, ints, floats,
+          span_start, span_len, valid, ok)
+    walked_ok = int(ok.sum())
+    out: dict[str, pa.Array] = {}
+    for j, (name, kind) in enumerate(zip(plan.names, plan.kinds.tolist())):
+        mask = ~valid[:, j]
+        if kind in (5, 6):
+            arr = binary_array_parts([(Spans(np.ascontiguousarray(span_start[:, j]),
+                                             np.ascontiguousarray(span_len[:, j])), data)], _ARROW[kind])
+            if kind == 5:
+                arr = _utf8(arr, ok)
+        elif kind in (3, 4):
+            arr = pa.array(floats[:, j].astype(np.float32 if kind == 3 else np.float64), mask=mask)
+        else:
+            arr = pa.array(ints[:, j], mask=mask).cast(_ARROW[kind])
+        out[name] = arr
+    if not ok.all() and ok.sum() != walked_ok:   # a string marked its record not read: null it everywhere
+        keep = pa.array(ok)
+        out = {name: pc.if_else(keep, arr, pa.nulls(n, arr.type)) for name, arr in out.items()}
+    return out, ok
+
+
+def _utf8(arr: pa.Array, ok: np.ndarray) -> pa.Array:
+    """`arr` if it is valid UTF-8; else its bad items' records are marked not read in `ok`."""
+    try:
+        arr.validate(full=True)
+        return arr
+    except pa.ArrowInvalid:
+        pass
+    items = arr.cast(pa.binary()).to_pylist()
+    fixed = []
+    for i, item in enumerate(items):
+        try:
+            fixed.append(None if item is None else item.decode("utf-8"))
+        except UnicodeDecodeError:
+            ok[i] = False
+            fixed.append(None)
+    return pa.array(fixed, pa.string())

@@ -1,0 +1,243 @@
+"""Framed values (Confluent's framing: magic 0, schema id, payload) of one batch object decoded
+into one Arrow struct column of the read schema, in the executors.
+
+Each value is decoded with the schema its id names (fastavro's compiled reader for Avro, protobuf's
+for Protobuf, json for JSON), renamed into the merged columns (`typed_schema.rename`), and the
+whole batch becomes Arrow in one conversion. A value that does not decode is never dropped here:
+its row gets a null value and the reason in `error` (the reader's `onError` decides the rest).
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import fastavro
+import numpy as np
+import pyarrow as pa
+from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+
+from spark_source.avro_walk import FlatPlan, flat_plan, walk
+from spark_source.typed_schema import MergedStruct, Renames, arrow_type, rename, repeated
+
+
+@dataclass(frozen=True)
+class Writer:
+    """One registered version the read knows: its id, format, text and renames into the merge."""
+
+    schema_id: int
+    kind: str                           # AVRO | JSON | PROTOBUF
+    text: str                           # Avro JSON, JSON Schema, or a base64 FileDescriptorProto
+    renames: Renames
+    named: tuple[str, ...] = ()         # Avro: the referenced schemas' texts, dependencies first
+
+
+@dataclass(frozen=True)
+class ReadSchema:
+    """What typed reads decode with: picklable, built once on the driver (`spark_source.registry`)."""
+
+    subject: str
+    root: MergedStruct
+    writers: Mapping[int, Writer]
+    rejected: Mapping[int, str]         # versions left out of the merge: id → why
+    version_of: Mapping[int, int]       # schema id → its version in the subject
+
+    def arrow(self) -> pa.StructType:
+        t = arrow_type(self.root)
+        assert isinstance(t, pa.StructType)
+        return t
+
+
+@dataclass(frozen=True)
+class Decoded:
+    value: pa.StructArray
+    schema_id: pa.Int32Array            # null where a value is not framed
+    error: pa.StringArray               # null where it decoded
+
+
+_DECODERS: dict[tuple[str, int], Callable[[bytes], Any]] = {}   # per Python worker: an id never changes meaning
+
+
+def _decoder(subject: str, w: Writer) -> Callable[[bytes], Any]:
+    key = (subject, w.schema_id)
+    found = _DECODERS.get(key)
+    if found is None:
+        found = _DECODERS[key] = _make(w)
+    return found
+
+
+def _make(w: Writer) -> Callable[[bytes], Any]:
+    plan = None if w.renames.identity() else w.renames
+    if w.kind == "AVRO":
+        named: dict[str, Any] = {}
+        for text in w.named:
+            fastavro.parse_schema(json.loads(text), named_schemas=named)
+        parsed = fastavro.parse_schema(json.loads(w.text), named_schemas=named)
+
+        def avro(payload: bytes) -> Any:
+            buf = io.BytesIO(payload)
+            record = fastavro.schemaless_reader(buf, parsed, None)
+            if buf.tell() != len(payload):
+                raise ValueError(f"{len(payload) - buf.tell()} bytes left after the record")
+            if not isinstance(record, dict):
+                raise ValueError("not a record")
+            return record if plan is None else rename(record, plan)
+        return avro
+    if w.kind == "JSON":
+        def as_json(payload: bytes) -> Any:
+            record = json.loads(payload)
+            if not isinstance(record, dict):
+                raise ValueError("not a JSON object")
+            return record if plan is None else rename(record, plan)
+        return as_json
+    fdp = descriptor_pb2.FileDescriptorProto()
+    fdp.ParseFromString(base64.standard_b64decode(w.text))
+    pool = descriptor_pool.DescriptorPool()
+    pool.Add(fdp)
+    cls = message_factory.GetMessageClass(next(iter(pool.FindFileByName(fdp.name).message_types_by_name.values())))
+
+    def protobuf(payload: bytes) -> Any:
+        if payload[:1] != b"\0":
+            raise ValueError("message indexes other than the schema's first message are not read")
+        record = _proto_dict(cls.FromString(payload[1:]))
+        return record if plan is None else rename(record, plan)
+    return protobuf
+
+
+def _proto_dict(message: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for f in message.DESCRIPTOR.fields:
+        value = getattr(message, f.name)
+        if f.message_type is not None and f.message_type.GetOptions().map_entry:
+            vf = f.message_type.fields_by_name["value"]
+            out[f.name] = {str(k): _proto_value(vf, v) for k, v in value.items()}
+        elif repeated(f):
+            out[f.name] = [_proto_value(f, v) for v in value]
+        elif f.message_type is not None and not message.HasField(f.name):
+            out[f.name] = None
+        else:
+            out[f.name] = _proto_value(f, value)
+    return out
+
+
+def _proto_value(f: Any, value: Any) -> Any:
+    if f.message_type is not None:
+        return _proto_dict(value)
+    if f.enum_type is not None:
+        found = f.enum_type.values_by_number.get(value)
+        return found.name if found is not None else str(value)
+    return value
+
+
+def decode_values(read: ReadSchema, values: pa.Array) -> Decoded:
+    """`values` (binary, framed) as the read schema's struct column, with each one's schema id
+    and error. Rows are grouped by schema id; a flat Avro writer's group is one compiled walk
+    (`avro_walk`), any other group a decoder call per value and one Arrow conversion."""
+    n = len(values)
+    typ = read.arrow()
+    offsets = np.frombuffer(values.buffers()[1], np.int32)[values.offset:values.offset + n + 1].astype(np.int64)
+    data = values.buffers()[2] if n and values.buffers()[2] is not None else pa.py_buffer(b"")
+    buf = np.frombuffer(data, np.uint8)
+    present = np.asarray(values.is_valid())
+    starts, ends = offsets[:-1], offsets[1:]
+    framed = present & (ends - starts >= 5)
+    framed[framed] &= buf[starts[framed]] == 0
+    ids = np.full(n, -1, np.int64)
+    at = starts[framed]
+    ids[framed] = (buf[at + 1].astype(np.int64) << 24 | buf[at + 2].astype(np.int64) << 16
+                   | buf[at + 3].astype(np.int64) << 8 | buf[at + 4].astype(np.int64))
+    errors: list[str | None] = [None] * n
+    for i in np.nonzero(present & ~framed)[0].tolist():
+        errors[i] = "not framed: no magic byte 0 and schema id"
+    groups: list[tuple[np.ndarray, pa.StructArray]] = []
+    seen = ids[framed]
+    for schema_id in ([int(seen[0])] if len(seen) and (seen == seen[0]).all() else np.unique(seen).tolist()):
+        rows = np.nonzero(ids == schema_id)[0]
+        writer = read.writers.get(schema_id)
+        if writer is None:
+            why = read.rejected.get(schema_id)
+            message = (f"schema id {schema_id}: incompatible with the read schema: {why}" if why else
+                       f"schema id {schema_id} is not a version of subject {read.subject} the read knows")
+            for i in rows.tolist():
+                errors[i] = message
+            continue
+        plan = _flat(read.subject, writer)
+        column = _walked(read, writer, plan, data, starts[rows] + 5, ends[rows], rows, errors) if plan is not None \
+            else _decoded(read, writer, [values[i].as_py()[5:] for i in rows.tolist()], rows, errors)
+        groups.append((rows, column))
+    column = _placed(groups, n, typ)
+    schema_ids = pa.array(ids, mask=~framed).cast(pa.int32())
+    return Decoded(column, schema_ids, pa.array(errors, type=pa.string()))
+
+
+_PLANS: dict[tuple[str, int], FlatPlan | None] = {}
+
+
+def _flat(subject: str, w: Writer) -> FlatPlan | None:
+    key = (subject, w.schema_id)
+    if key not in _PLANS:
+        _PLANS[key] = flat_plan(w.text) if w.kind == "AVRO" and not w.named else None
+    return _PLANS[key]
+
+
+def _walked(read: ReadSchema, w: Writer, plan: FlatPlan, data: pa.Buffer, starts: np.ndarray, ends: np.ndarray,
+            rows: np.ndarray, errors: list[str | None]) -> pa.StructArray:
+    fields, ok = walk(plan, memoryview(data), starts, ends)
+    for i in rows[~ok].tolist():
+        errors[i] = f"schema id {w.schema_id}: does not decode: not a record of its schema"
+    by_merged = {w.renames.names[name]: arr for name, arr in fields.items() if name in w.renames.names}
+    typ = read.arrow()
+    arrays = [by_merged[f.name].cast(f.type) if f.name in by_merged else pa.nulls(len(rows), f.type) for f in typ]
+    return pa.StructArray.from_arrays(arrays, fields=list(typ), mask=pa.array(~ok))
+
+
+def _decoded(read: ReadSchema, w: Writer, payloads: list[bytes], rows: np.ndarray,
+             errors: list[str | None]) -> pa.StructArray:
+    decode = _decoder(read.subject, w)
+    records: list[dict[str, Any] | None] = []
+    for i, payload in zip(rows.tolist(), payloads):
+        try:
+            records.append(decode(payload))
+        except Exception as e:   # any decoder's failure on bad bytes is this record's error, never the batch's
+            records.append(None)
+            errors[i] = f"schema id {w.schema_id}: does not decode: {type(e).__name__}: {e}"
+    typ = read.arrow()
+    try:
+        column = pa.array(records, type=typ)
+    except (pa.ArrowException, TypeError, ValueError, OverflowError):   # find the rows that do not fit
+        column = _row_by_row(records, typ, rows, errors)
+    assert isinstance(column, pa.StructArray)
+    return column
+
+
+def _placed(groups: list[tuple[np.ndarray, pa.StructArray]], n: int, typ: pa.StructType) -> pa.StructArray:
+    """The groups' rows back in their places; rows of no group null."""
+    if len(groups) == 1 and len(groups[0][0]) == n:     # one schema id, every row: already in place
+        return groups[0][1]
+    placed = np.concatenate([rows for rows, _ in groups]) if groups else np.empty(0, np.int64)
+    free = np.ones(n, np.bool_)
+    free[placed] = False
+    rest = np.nonzero(free)[0]
+    order = np.concatenate([placed, rest])
+    where = np.empty(n, np.int64)
+    where[order] = np.arange(n)                          # row i is item where[i] of the parts, one after another
+    combined = pa.concat_arrays([c for _, c in groups] + [pa.nulls(len(rest), typ)])
+    column = combined.take(pa.array(where))
+    assert isinstance(column, pa.StructArray)
+    return column
+
+
+def _row_by_row(records: list[dict[str, Any] | None], typ: pa.DataType, rows: np.ndarray,
+                errors: list[str | None]) -> pa.Array:
+    out = []
+    for i, record in zip(rows.tolist(), records):
+        try:
+            out.append(pa.array([record], type=typ))
+        except (pa.ArrowException, TypeError, ValueError, OverflowError) as e:
+            errors[i] = f"does not fit the read schema: {e}"
+            out.append(pa.nulls(1, typ))
+    return pa.concat_arrays(out) if out else pa.array([], type=typ)
