@@ -73,6 +73,7 @@ LONGEST_FIRST = ("test_spark_source.py",   # *
                  "test_governor_cluster.py", "test_cli_first_hour.py",
                  "test_spark_write.py",    # *
                  "test_cli_topic_create.py", "test_consumer.py",
+                 "test_typed_spark.py",    # *
                  "test_security_describe.py",   # *
                  "test_lint.py", "test_many_topics_startup.py",
                  "test_spark_kafka_read.py")   # *

@@ -38,7 +38,6 @@ from pyspark.sql import SparkSession  # noqa: E402
 from pyiceberg.table import Table  # noqa: E402
 from pyspark.errors import StreamingQueryException  # noqa: E402
 
-from spark_source import local_session  # noqa: E402
 from spark_source.iceberg import TableSync, dead_letters, open_catalog, read_table, sync_topic  # noqa: E402
 
 pytestmark = [pytest.mark.spark, pytest.mark.integration, pytest.mark.timeout(300)]
@@ -92,13 +91,6 @@ def cluster(devcluster: DevCluster) -> Iterator[Cluster]:
 def topic(cluster: Cluster) -> Topic:
     name = cluster.topics[0]
     return Topic(name, cluster.url, cluster.config, produce(cluster, name, [*VERSIONS, 7], BAD))
-
-
-@pytest.fixture(scope="module")
-def spark() -> Iterator[SparkSession]:
-    session = local_session("memq-typed-tests", "local[2]", {"spark.sql.shuffle.partitions": "2"})
-    yield session
-    session.stop()
 
 
 def options(t: Topic, **more: str) -> dict[str, str]:
