@@ -57,8 +57,9 @@ def test_every_role_that_needs_spark_declares_it() -> None:
     assert "pyarrow" in _closure(extras["spark"])   # type: ignore[index]   # spark_source imports it
 
 
-#: numba kernels of the Spark reader's decode: imported only by it, on first use.
-COMPILED = {"memq.format.kafka_walk", "memq.format.msgpack_columns", "memq.format.spans"}
+#: numba kernels of the Spark reader's decode (imported only by it, on first use) and of the
+#: brokers' Avro check (imported by it where numba is installed; fastavro alone where not).
+COMPILED = {"memq.format.kafka_walk", "memq.format.msgpack_columns", "memq.format.spans", "memq.schema.avro_walk"}
 
 BLOCKER = f"""
 import importlib.abc, pkgutil, sys

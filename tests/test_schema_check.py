@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import json
+import sys
 
 import fastavro
 import pytest
@@ -136,3 +137,22 @@ def test_checks_read_fields_as_the_kafka_door_passes_them(registry: SchemaRegist
     assert fields.keys == [b"k", None] and fields.values == [good, b"bad"]
     failures = Checker(registry).check("f", TopicConfig("f", value_schema_validation=True), Fields(*fields))
     assert [(f.index, "magic" in f.reason) for f in failures] == [(1, True)]
+
+
+@pytest.mark.parametrize("numba", [True, False])
+def test_avro_groups_fail_the_same_records_with_the_walk_and_without_numba(
+        registry: SchemaRegistry, numba: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A group large enough for the compiled walk, and the same where numba is not installed (the
+    broker role): fastavro's verdicts and reasons either way."""
+    if not numba:
+        import memq.schema
+        monkeypatch.setitem(sys.modules, "memq.schema.avro_walk", None)   # its import fails
+        monkeypatch.delattr(memq.schema, "avro_walk", raising=False)
+    sid = registry.register("walked-value", {"schema": json.dumps(AVRO)})["id"]
+    good = [framed(sid, avro_bytes({"id": i, "item": f"item-{i}"})) for i in range(40)]
+    bad = {3: good[3][:-1], 17: good[17] + b"\0", 29: framed(sid, b"\x02\x10\xff\xfe")}   # truncated, extra, not UTF-8
+    batch = [bad.get(i, v) for i, v in enumerate(good)]
+    failures = Checker(registry).check("walked", TopicConfig("walked", value_schema_validation=True), records(batch))
+    assert [f.index for f in failures] == sorted(bad)
+    assert "does not decode as Avro" in failures[0].reason and "1 bytes after the Avro record" in failures[1].reason
+    assert "does not decode as Avro" in failures[2].reason

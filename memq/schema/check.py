@@ -138,17 +138,13 @@ Many = Callable[[Sequence[Any], Sequence[int], int], list[tuple[int, str]]]
 def _avro_decoder(parsed: AvroSchema) -> Many:
     """The compiled walk (`avro_walk`) passes a group's payloads in one call; fastavro decodes
     only those it fails (its verdict and message stand), or all of them when the schema has no
-    walk or the group is too small to pay for gathering its bytes."""
-    from memq.schema import avro_walk   # numba: imported by the brokers that check Avro
-
+    walk, numba is not installed (the broker role does not need it), or the group is too small
+    to pay for gathering its bytes."""
     named: dict[str, Any] = {}
     for dep in parsed.deps:
         fastavro.parse_schema(dep, named_schemas=named)
     schema = fastavro.parse_schema(parsed.raw, named_schemas=named)
-    try:
-        code: np.ndarray | None = avro_walk.program(schema, named)
-    except avro_walk.Unwalkable:
-        code = None
+    walker = _avro_walker(schema, named)
     read = fastavro.schemaless_reader
     new = io.BytesIO
 
@@ -163,14 +159,28 @@ def _avro_decoder(parsed: AvroSchema) -> Many:
 
     def decode(data: Sequence[Any], at: Sequence[int], skip: int) -> list[tuple[int, str]]:
         suspects: Sequence[int] = at
-        if code is not None and len(at) >= _WALK_FROM:
+        if walker is not None and len(at) >= _WALK_FROM:
+            walk, code = walker
             values = [data[i] for i in at]
             bounds = np.zeros(len(values) + 1, dtype=np.int64)
             np.cumsum(np.fromiter(map(len, values), dtype=np.int64, count=len(values)), out=bounds[1:])
-            ok = avro_walk.walk(np.frombuffer(b"".join(values), dtype=np.uint8), bounds, skip, code)
+            ok = walk(np.frombuffer(b"".join(values), dtype=np.uint8), bounds, skip, code)
             suspects = [at[k] for k in np.flatnonzero(~ok).tolist()]
         return [(i, w) for i in suspects if (w := why(data[i], skip)) is not None]
     return decode
+
+
+def _avro_walker(schema: Any, named: dict[str, Any]) -> tuple[Callable[..., np.ndarray], np.ndarray] | None:
+    """`avro_walk.walk` and the schema's program; None where numba is not installed or the
+    schema has no walk."""
+    try:
+        from memq.schema import avro_walk   # numba: imported on first use, where installed
+    except ImportError:
+        return None
+    try:
+        return avro_walk.walk, avro_walk.program(schema, named)
+    except avro_walk.Unwalkable:
+        return None
 
 
 #: Groups smaller than this are decoded by fastavro alone (the walk's fixed cost is a few us).
