@@ -66,16 +66,15 @@ def unique_name(request: pytest.FixtureRequest) -> Callable[[str], str]:
 #: more than two Spark sessions share the two cores. A file not named keeps its place; name a new
 #: file here when it takes a minute or more.
 LONGEST_FIRST = ("test_spark_source.py",   # *
-                 "test_cli.py", "test_kafka_produce.py",
+                 "test_cli.py", "test_kafka_produce.py",   # * (one Spark test)
                  "test_table_sync.py",     # *
-                 "test_dedup_cluster.py", "test_shared_objects.py",
-                 "test_dev_tls.py",        # *
-                 "test_governor_cluster.py", "test_cli_first_hour.py",
                  "test_spark_write.py",    # *
-                 "test_cli_topic_create.py", "test_consumer.py",
+                 "test_shared_objects.py", "test_governor_cluster.py",
                  "test_typed_spark.py",    # *
+                 "test_dev_tls.py", "test_cli_first_hour.py", "test_dedup_cluster.py",
                  "test_security_describe.py",   # *
-                 "test_lint.py", "test_many_topics_startup.py",
+                 "test_cli_topic_create.py", "test_consumer.py",
+                 "test_lint.py",
                  "test_spark_kafka_read.py")   # *
 
 

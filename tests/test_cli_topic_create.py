@@ -50,6 +50,7 @@ def test_topic_create_yields_a_topic_that_takes_messages(tmp_path: Path) -> None
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.slow   # a soak (faults or scale played out for 20-60 s): `python -m bench soak`
 def test_a_restarted_memq_dev_audits_new_topics_and_counts_nothing_old_as_lost(tmp_path: Path) -> None:
     run_dir = (tmp_path / "dev").resolve()
     proc, endpoints = start_dev(run_dir, "--brokers", "1", "--rate", "100")

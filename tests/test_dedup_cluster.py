@@ -47,6 +47,7 @@ def own_s3(tmp_path: Path) -> Iterator[DevCluster]:
         yield dc
 
 
+@pytest.mark.slow   # a soak (faults or scale played out for 20-60 s): `python -m bench soak`
 async def test_a_paused_kafka_run_delivers_no_duplicates(devcluster: DevCluster, own_kafka: DevCluster,
                                                          unique_name: Callable[[str], str]) -> None:
     topic = unique_name("kpause")
@@ -61,6 +62,7 @@ async def test_a_paused_kafka_run_delivers_no_duplicates(devcluster: DevCluster,
         config.kafka, request_timeout_ms=10_000)), topic, acked)
 
 
+@pytest.mark.slow   # a soak (faults or scale played out for 20-60 s): `python -m bench soak`
 async def test_a_paused_s3_run_delivers_no_duplicates(devcluster: DevCluster, own_s3: DevCluster,
                                                       unique_name: Callable[[str], str]) -> None:
     topic = unique_name("s3pause")

@@ -1,8 +1,9 @@
 """`memq dev --tls`, run as a user runs it: the client config it writes (CA + token) carries the
-CLI's produce and consume and Spark reads over TLS with token authentication, while a client
-without the token or without the CA is refused with a clear error. The Spark reads are the Spark
-guide's first snippet and `examples/spark_read.py`, run as written from the directory where `memq
-dev` runs, with no credentials anywhere but the client config file it writes."""
+CLI's produce and consume and Kafka clients over TLS with token authentication, while a client
+without the token or without the CA is refused with a clear error. Then (a soak of a Spark JVM
+and `memq dev`, `python -m bench soak`) the Spark guide's first snippet and
+`examples/spark_read.py`, run as written from the directory where `memq dev --tls` runs, with no
+credentials anywhere but the client config file it writes."""
 
 from __future__ import annotations
 
@@ -46,7 +47,7 @@ def _endpoints(dev: subprocess.Popen[bytes]) -> dict[str, str]:
     return found
 
 
-def test_memq_dev_tls_round_trips_produce_consume_and_the_spark_guide(tmp_path: Path) -> None:
+def test_memq_dev_tls_round_trips_produce_and_consume(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "MEMQ_"))}
     env |= {"AWS_CONFIG_FILE": str(tmp_path / "none"), "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "none")}
     dev = subprocess.Popen([MEMQ, "dev", "--tls", "--brokers", "1", "--duration", "240", "--rate", "50"],
@@ -85,6 +86,27 @@ def test_memq_dev_tls_round_trips_produce_consume_and_the_spark_guide(tmp_path: 
         with urllib.request.urlopen(found["audit"] + "api/cost", timeout=30) as resp:   # scrapes the https brokers
             cost = json.loads(resp.read())
         assert "error" not in cost and "secure" in json.dumps(cost), cost
+    finally:
+        if dev.poll() is None:
+            dev.send_signal(signal.SIGTERM)
+        try:
+            dev.wait(60)
+        finally:
+            if dev.poll() is None:
+                os.killpg(dev.pid, signal.SIGKILL)
+                dev.wait(10)
+
+
+@pytest.mark.slow
+def test_the_spark_guide_and_example_read_memq_dev_tls(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "MEMQ_"))}
+    env |= {"AWS_CONFIG_FILE": str(tmp_path / "none"), "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "none")}
+    dev = subprocess.Popen([MEMQ, "dev", "--tls", "--brokers", "1", "--duration", "240", "--rate", "200"],
+                           cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                           start_new_session=True)
+    try:
+        config = _endpoints(dev)["config"]
+        time.sleep(3)   # a few demo batches land
         # one Python process runs the guide's snippet, then the example as `python
         # examples/spark_read.py CONFIG demo` would (its `local_session` gets the snippet's session)
         assert Path(config) == tmp_path / ".memq-run" / "dev" / "memq.toml"   # the path the guide names

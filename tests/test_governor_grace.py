@@ -38,6 +38,7 @@ def info(bid: str) -> BrokerInfo:
     return BrokerInfo(bid, f"http://127.0.0.1:{7100 + int(bid[1:])}", f"r{bid}", 100.0)
 
 
+@pytest.mark.slow   # a soak (faults or scale played out for 20-60 s): `python -m bench soak`
 def test_a_new_governor_waits_for_brokers_to_reregister_after_a_zookeeper_pause(own_zk: DevCluster) -> None:
     # the grace runs from the new session's start; the steps before `back` re-registers take a
     # few seconds on a loaded machine, so it is longer than the session here (default: equal)

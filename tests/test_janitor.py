@@ -153,6 +153,7 @@ def _janitor_lines(gc: GovernedCluster, broker_id: str) -> int:
     return sum("janitor: topic" in line and "expired" in line for line in log.read_text().splitlines())
 
 
+@pytest.mark.slow   # a soak (faults or scale played out for 20-60 s): `python -m bench soak`
 def test_janitor_runs_on_the_governor_only_and_its_successor_carries_on(tmp_path: Path,
                                                                          devcluster: DevCluster) -> None:
     governor = dataclasses.replace(FAST_GOVERNOR, drain_timeout_s=5.0, janitor_interval_s=1.0,

@@ -27,6 +27,7 @@ async def _send_to_each(url: str, topics: list[str]) -> int:
         return len(await asyncio.gather(*futures))
 
 
+@pytest.mark.slow   # a soak (faults or scale played out for 20-60 s): `python -m bench soak`
 def test_a_broker_restarted_with_1000_topics_is_ready_only_when_it_hosts_them_all(
         devcluster: DevCluster, tmp_path: Path, unique_name: Callable[[str], str]) -> None:
     with GovernedCluster(tmp_path, brokers=1, servers=devcluster, cluster=unique_name("c")) as gc:

@@ -68,6 +68,7 @@ async def slowest_of(handler: S3StorageHandler, proxy: FaultProxy, topic: str) -
     return max(put_s), max(get_s), locs
 
 
+@pytest.mark.slow   # a soak (faults or scale played out for 20-60 s): `python -m bench soak`
 async def test_hedged_requests_cut_a_stalled_tail(memq_config: MemqConfig, proxy: FaultProxy,
                                                   unique_name: Callable[[str], str]) -> None:
     registry = CollectorRegistry()
