@@ -96,6 +96,25 @@ def log_starts_to_json(starts: dict[int, int]) -> bytes:
     return json.dumps({"partitions": {str(p): o for p, o in sorted(starts.items())}}).encode()
 
 
+def claim_node(zk: KazooClient, path: str, mark: Callable[[bytes], bytes]) -> tuple[bytes, int]:
+    """Take the znode at `path` (made empty if missing) for a new owner: write `mark(its data)` at
+    the version read, so the previous owner's next versioned write fails (its fencing); a lost race
+    is read again. (The data before the mark, the version after it.)"""
+    while True:
+        try:
+            raw, stat = zk.get(path)
+        except NoNodeError:
+            try:
+                zk.create(path, b"", makepath=True)
+            except NodeExistsError:
+                pass
+            continue
+        try:
+            return raw, int(zk.set(path, mark(raw), version=stat.version).version)
+        except BadVersionError:
+            continue
+
+
 class Registry:
     """A kazoo client bound to one cluster's subtree; thread-safe like kazoo itself."""
 

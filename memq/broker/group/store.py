@@ -27,7 +27,7 @@ from urllib.parse import quote, unquote
 from kazoo.exceptions import BadVersionError, KazooException, NodeExistsError, NoNodeError, NotEmptyError
 
 from memq.errors import CoordinationError, StateFencedError
-from memq.governor.registry import Registry
+from memq.governor.registry import Registry, claim_node
 
 TP = tuple[str, int]
 P = ParamSpec("P")
@@ -181,22 +181,12 @@ class ZooKeeperGroupStore:
 
     @_zk_call
     def claim(self, group: str, owner: str) -> Loaded:
-        path = self._path(group)
-        while True:
-            try:
-                raw, stat = self._zk.get(path)
-            except NoNodeError:
-                try:
-                    self._zk.create(path, b"", makepath=True)
-                except NodeExistsError:
-                    pass
-                continue
+        def mark(raw: bytes) -> bytes:
             d = _decode(raw)
-            try:   # the owner's mark bumps the version: the previous owner's next write fails
-                stat = self._zk.set(path, _encode(owner, d.get("kind"), d.get("state")), version=stat.version)
-            except BadVersionError:
-                continue
-            return Loaded(d.get("kind"), d.get("state"), int(stat.version))
+            return _encode(owner, d.get("kind"), d.get("state"))
+        raw, version = claim_node(self._zk, self._path(group), mark)
+        d = _decode(raw)
+        return Loaded(d.get("kind"), d.get("state"), version)
 
     @_zk_call
     def write(self, group: str, owner: str, kind: str, state: dict[str, Any], version: int) -> int:

@@ -14,10 +14,10 @@ import threading
 from typing import Protocol
 from urllib.parse import quote
 
-from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
+from kazoo.exceptions import BadVersionError, NoNodeError
 
 from memq.errors import CoordinationError, StateFencedError
-from memq.governor.registry import Registry
+from memq.governor.registry import Registry, claim_node
 
 from .partition import Snapshot
 
@@ -100,22 +100,9 @@ class ZooKeeperStateStore:
         return f"{self._base}/{quote(group, safe='')}/{topic}/{partition}"
 
     def claim(self, key: StateKey, owner: str) -> tuple[Snapshot | None, int]:
-        path = self._path(key)
-        while True:
-            try:
-                raw, stat = self._zk.get(path)
-            except NoNodeError:
-                try:
-                    self._zk.create(path, b"", makepath=True)
-                except NodeExistsError:
-                    pass
-                continue
-            state = decode(raw)
-            try:   # the owner's mark bumps the version: the previous owner's next write fails
-                stat = self._zk.set(path, encode(owner, state) if state else b"", version=stat.version)
-            except BadVersionError:
-                continue
-            return state, stat.version
+        raw, version = claim_node(self._zk, self._path(key),
+                                  lambda raw: encode(owner, state) if (state := decode(raw)) else b"")
+        return decode(raw), version
 
     def write(self, key: StateKey, owner: str, state: Snapshot, version: int) -> int:
         try:
