@@ -7,6 +7,7 @@ credentials anywhere but the client config file it writes."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -16,6 +17,7 @@ import sys
 import time
 import tomllib
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -33,6 +35,28 @@ def _guide_spark_snippet() -> str:
     return spark.split("```python\n", 1)[1].split("```", 1)[0]
 
 
+@contextlib.contextmanager
+def _memq_dev_tls(tmp_path: Path, rate: int) -> Iterator[tuple[dict[str, str], dict[str, str]]]:
+    """`memq dev --tls` with one broker run from `tmp_path`, with no AWS or memq settings in its
+    environment: (the endpoints it printed, that environment); stopped by SIGTERM (SIGKILL after 60 s)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "MEMQ_"))}
+    env |= {"AWS_CONFIG_FILE": str(tmp_path / "none"), "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "none")}
+    dev = subprocess.Popen([MEMQ, "dev", "--tls", "--brokers", "1", "--duration", "240", "--rate", str(rate)],
+                           cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                           start_new_session=True)
+    try:
+        yield _endpoints(dev), env
+    finally:
+        if dev.poll() is None:
+            dev.send_signal(signal.SIGTERM)
+        try:
+            dev.wait(60)
+        finally:
+            if dev.poll() is None:
+                os.killpg(dev.pid, signal.SIGKILL)
+                dev.wait(10)
+
+
 def _endpoints(dev: subprocess.Popen[bytes]) -> dict[str, str]:
     """The `name: value` lines `memq dev` prints, up to the client config's."""
     assert dev.stdout is not None
@@ -48,13 +72,7 @@ def _endpoints(dev: subprocess.Popen[bytes]) -> dict[str, str]:
 
 
 def test_memq_dev_tls_round_trips_produce_and_consume(tmp_path: Path) -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "MEMQ_"))}
-    env |= {"AWS_CONFIG_FILE": str(tmp_path / "none"), "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "none")}
-    dev = subprocess.Popen([MEMQ, "dev", "--tls", "--brokers", "1", "--duration", "240", "--rate", "50"],
-                           cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                           start_new_session=True)
-    try:
-        found = _endpoints(dev)
+    with _memq_dev_tls(tmp_path, rate=50) as (found, env):
         config = found["config"]
         assert found["brokers"].startswith("https://127.0.0.1:")
         assert Path(config).stat().st_mode & 0o077 == 0            # it holds a token
@@ -86,26 +104,12 @@ def test_memq_dev_tls_round_trips_produce_and_consume(tmp_path: Path) -> None:
         with urllib.request.urlopen(found["audit"] + "api/cost", timeout=30) as resp:   # scrapes the https brokers
             cost = json.loads(resp.read())
         assert "error" not in cost and "secure" in json.dumps(cost), cost
-    finally:
-        if dev.poll() is None:
-            dev.send_signal(signal.SIGTERM)
-        try:
-            dev.wait(60)
-        finally:
-            if dev.poll() is None:
-                os.killpg(dev.pid, signal.SIGKILL)
-                dev.wait(10)
 
 
 @pytest.mark.slow
 def test_the_spark_guide_and_example_read_memq_dev_tls(tmp_path: Path) -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "MEMQ_"))}
-    env |= {"AWS_CONFIG_FILE": str(tmp_path / "none"), "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "none")}
-    dev = subprocess.Popen([MEMQ, "dev", "--tls", "--brokers", "1", "--duration", "240", "--rate", "200"],
-                           cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                           start_new_session=True)
-    try:
-        config = _endpoints(dev)["config"]
+    with _memq_dev_tls(tmp_path, rate=200) as (found, env):
+        config = found["config"]
         time.sleep(3)   # a few demo batches land
         # one Python process runs the guide's snippet, then the example as `python
         # examples/spark_read.py CONFIG demo` would (its `local_session` gets the snippet's session)
@@ -119,12 +123,3 @@ def test_the_spark_guide_and_example_read_memq_dev_tls(tmp_path: Path) -> None:
         assert run.returncode == 0, run.stderr[-3000:]
         assert int(re.search(r"ROWS (\d+)", run.stdout).group(1)) > 0  # type: ignore[union-attr]
         assert "demo message" in run.stdout, run.stdout[-3000:]
-    finally:
-        if dev.poll() is None:
-            dev.send_signal(signal.SIGTERM)
-        try:
-            dev.wait(60)
-        finally:
-            if dev.poll() is None:
-                os.killpg(dev.pid, signal.SIGKILL)
-                dev.wait(10)
