@@ -279,7 +279,8 @@ async def test_a_sigkilled_static_member_restarted_has_its_partitions_back_at_on
             await async_wait_for(lambda: owned("b2") == moved, timeout_s=10, what="the restarted member's partitions")
             assert time.monotonic() - started < 10
             assert [parts for _, parts in member_log(tmp_path / "a.log").assignments] == [kept]   # no rebalance
-        finally:
+        finally:   # waited off the event loop: a closing member talks to this process's broker
             for p in (a, b):
                 p.terminate()
-                p.wait(20)
+            for p in (a, b):
+                await asyncio.to_thread(p.wait, 20)
