@@ -59,28 +59,40 @@ def unique_name(request: pytest.FixtureRequest) -> Callable[[str], str]:
     return make
 
 
-#: The files that take longest (a run's `--junitxml` times summed per file), handed out first:
-#: xdist's loadfile gives out whole files, by default those with most tests first, which left the
-#: one-test Spark and `memq dev` files (1-3 min each) to run alone at the end. Each worker starts
-#: with two files (the 1st and 4th, 2nd and 5th, ...): the Spark ones (*) are spaced so that no
-#: more than two Spark sessions share the two cores. A file not named keeps its place; name a new
-#: file here when it takes a minute or more.
-LONGEST_FIRST = ("test_spark_source.py",   # *
-                 "test_cli.py", "test_kafka_produce.py",   # * (one Spark test)
-                 "test_table_sync.py",     # *
-                 "test_spark_write.py",    # *
-                 "test_shared_objects.py", "test_governor_cluster.py",
-                 "test_typed_spark.py",    # *
-                 "test_dev_tls.py", "test_cli_first_hour.py", "test_dedup_cluster.py",
-                 "test_security_describe.py",   # *
-                 "test_cli_topic_create.py", "test_consumer.py",
-                 "test_lint.py",
-                 "test_spark_kafka_read.py")   # *
+#: The files whose tests use the `spark` fixture: one xdist worker runs them all (`pytest_xdist_make_scheduler`),
+#: so the suite starts one Spark JVM and warms one set of Python workers instead of one per worker, and no
+#: two Spark sessions compete for the two cores. Name a new file here when it uses `spark`.
+SPARK_FILES = frozenset({"test_spark_source.py", "test_table_sync.py", "test_spark_write.py", "test_kafka_produce.py",
+                         "test_shared_objects.py", "test_typed_spark.py", "test_spark_kafka_read.py",
+                         "test_security_describe.py", "test_discovery.py", "test_long_stall.py"})
+
+#: The files that take longest (a run's `--junitxml` times summed per file), handed out first: xdist's
+#: loadfile gives out whole files, by default those with most tests first, which left the one-test
+#: `memq dev` files to run alone at the end. The Spark files come first as one unit of work (the
+#: largest); a file not named keeps its place; name a new file here when it takes a minute or more.
+LONGEST_FIRST = (*sorted(SPARK_FILES),
+                 "test_cli.py", "test_governor_cluster.py", "test_cli_first_hour.py", "test_consumer.py",
+                 "test_compaction_run.py", "test_compaction_read.py", "test_storage.py", "test_kafka_txn.py",
+                 "test_cost_cluster.py", "test_security_kafka_listener.py", "test_schema_producer.py",
+                 "test_dev_tls.py", "test_dedup_cluster.py", "test_cli_topic_create.py", "test_lint.py")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))   # stable: a file's tests keep their order
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """xdist's loadfile, with the Spark files as one unit of work (see SPARK_FILES)."""
+    from xdist.scheduler import LoadFileScheduling
+
+    class SparkTogether(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            file = super()._split_scope(nodeid)
+            return "spark" if file.rsplit("/", 1)[-1] in SPARK_FILES else file
+
+    return SparkTogether(config, log)
 
 
 def pytest_configure(config: pytest.Config) -> None:
