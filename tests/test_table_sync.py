@@ -6,15 +6,14 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import subprocess
-import sys
 import uuid
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
 from bench.spark import store_batches
+from memq.cli import main as cli
 from memq.config import MemqConfig
 from memq.devcluster import DevCluster
 from memq.devcluster.broker_process import config_toml
@@ -31,7 +30,6 @@ pytestmark = [pytest.mark.spark, pytest.mark.integration, pytest.mark.timeout(30
 
 T0 = 1_700_000_000_000          # 2023-11-14T22:13:20Z
 HOUR = 3_600_000
-MEMQ = str(Path(sys.executable).with_name("memq"))
 
 
 def record(i: int) -> LogMessage:
@@ -111,15 +109,17 @@ def test_a_crash_after_the_iceberg_commit_and_a_restart_still_give_exactly_n_row
     assert spark.read.parquet(*files).count() == 600                      # Spark reads the data files
 
 
-def test_cli_table_sync_available_now(config: MemqConfig, tmp_path: Path) -> None:
+def test_cli_table_sync_available_now(spark: SparkSession, config: MemqConfig, tmp_path: Path) -> None:
+    """`memq table sync` in this process: it uses the session it finds and leaves it running (a
+    separate process would start a JVM of its own)."""
     topic = f"tblc-{uuid.uuid4().hex[:8]}"
     write(config, topic, 0, 120)
     config_file = tmp_path / "memq.toml"
     config_file.write_text(config_toml(config))
-    env = {**os.environ, "MEMQ_CONFIG": str(config_file)}
-    run = subprocess.run([MEMQ, "table", "sync", topic, "--table", "memq.cli_t", "--dir", str(tmp_path / "tables"),
-                          "--available-now"], capture_output=True, text=True, timeout=240, env=env)
-    assert run.returncode == 0, run.stderr[-3000:]
+    run = CliRunner().invoke(cli, ["--config", str(config_file), "table", "sync", topic, "--table", "memq.cli_t",
+                                   "--dir", str(tmp_path / "tables"), "--available-now"])
+    assert run.exit_code == 0, run.output[-3000:]
     assert "120 rows" in run.stdout and "memq.cli_t" in run.stdout, run.stdout
+    assert spark.range(2).count() == 2   # the caller's session still runs
     table = open_catalog(default_catalog(config, str(tmp_path / "tables"))).load_table("memq.cli_t")
     assert table.scan().to_arrow().num_rows == 120

@@ -46,6 +46,8 @@ def sync(ctx: click.Context, topic: str, table_name: str, directory: str, catalo
     """Stream TOPIC into an Iceberg table, partitioned by --partition-by of the message timestamp,
     exactly once across restarts (each commit records its Spark batch id; a replay is skipped)."""
     try:
+        from pyspark.sql import SparkSession
+
         from spark_source import local_session
         from spark_source.iceberg import dead_letters, open_catalog, sync_topic
     except ImportError as e:
@@ -55,6 +57,7 @@ def sync(ctx: click.Context, topic: str, table_name: str, directory: str, catalo
     catalog = spec.catalog
     click.echo(f"syncing topic {topic} into Iceberg table {table_name} (catalog {catalog.get('uri', '?')}, "
                f"warehouse {catalog.get('warehouse', '?')})", err=True)
+    started = SparkSession.getActiveSession() is None   # called in a process that has one (a notebook): keep it
     spark = local_session(f"memq-table-{table_name}", conf={"spark.ui.showConsoleProgress": "false"})
     try:
         query = sync_topic(spark, spec)
@@ -76,7 +79,8 @@ def sync(ctx: click.Context, topic: str, table_name: str, directory: str, catalo
         letters = f", {dead_letters(table_now, spec.id)} dead letters in {spec.dlq}" if typed else ""
         click.echo(f"{table_name}: {rows} rows{letters}")
     finally:
-        spark.stop()
+        if started:
+            spark.stop()
 
 
 @table.command("status")
