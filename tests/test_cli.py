@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+import shutil
 import signal
 import subprocess
 import time
@@ -222,16 +223,54 @@ def test_memq_dev_serves_a_round_trip_and_stops_clean(tmp_path: Path) -> None:
     assert re.search(r"consumed [1-9]", tail), tail            # the live demo counts
 
 
-@pytest.mark.timeout(120)
-def test_memq_dev_with_one_broker_places_the_topic_there_and_says_so(tmp_path: Path) -> None:
+@pytest.mark.timeout(240)
+def test_memq_dev_with_one_broker_places_topics_there_and_its_try_lines_run_from_a_shell(tmp_path: Path) -> None:
+    """One `memq dev --brokers 1` for what a first hour does on it: the demo topic and `memq topic
+    create` topics placed on the one broker (saying there is no failover), their clashes explained,
+    and the `try:` lines it prints run as printed from a shell without the virtualenv."""
     run_dir = (tmp_path / "dev1").resolve()
     proc, endpoints = start_dev(run_dir, "--brokers", "1", "--rate", "0")
     try:
         assert "no failover" in endpoints["placement"], endpoints
         config = Path(endpoints["config"])
         assert _governed(config, "demo") == ("b1", {"b1": "rack-a"})
-        r = memq("produce", "demo", config=config, input=b"solo\n")
+        _try_lines_run_from_a_shell(endpoints["try"].splitlines())
+
+        r = memq("topic", "create", "events", "-p", "4", config=config, timeout=90)
         assert r.returncode == 0, r.stderr.decode()
-        assert consume_until(config, "demo", {"solo"}) == ["solo"]
+        assert "4 read partitions" in r.stdout.decode() and "served by b1" in r.stdout.decode()
+        assert "events" in memq("topic", "list", config=config).stdout.decode().split()
+        r = memq("produce", "events", config=config, input=b"first\nsecond\n")
+        assert r.returncode == 0, r.stderr.decode()
+        assert set(consume_until(config, "events", {"first", "second"})) == {"first", "second"}
+        again = memq("topic", "create", "events", "-p", "4", config=config)        # idempotent
+        assert again.returncode == 0, again.stderr.decode()
+        alias = memq("governor", "topic", "create", "orders", "-p", "2", config=config, timeout=90)
+        assert alias.returncode == 0 and "served by b1" in alias.stdout.decode(), alias.stderr.decode()
+        cfg = load_config(config)
+        TopicAdmin(cfg.kafka).create_topic(f"memq.{cfg.cluster.name}.stale", 2)   # made by hand
+        clash = memq("topic", "create", "stale", "-p", "4", config=config)
+        err = clash.stderr.decode()
+        assert clash.returncode == 1 and "already has 2 partitions, not 4" in err and "-p 2" in err, err
+        assert "memq governor topic delete stale --delete-notifications" in err
     finally:
         stop_dev(proc, run_dir)
+
+
+def _try_lines_run_from_a_shell(tried: list[str]) -> None:
+    """`memq dev`'s try: lines (consume, produce, kcat) as a new user pastes them: a shell with no
+    virtualenv on its PATH and no MEMQ_ settings."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("MEMQ_") and k not in ("PATH", "VIRTUAL_ENV")}
+    clean["PATH"] = "/usr/bin:/bin"
+    consume, produce, kcat = tried[:3]
+    r = subprocess.run(["sh", "-c", produce], capture_output=True, timeout=60, env=clean)
+    assert r.returncode == 0, (produce, r.stderr.decode())
+    wanted = 1
+    if shutil.which("kcat", path=clean["PATH"]):   # the brokers' Kafka listener takes any Kafka producer
+        r = subprocess.run(["sh", "-c", kcat], capture_output=True, timeout=60, env=clean)
+        assert r.returncode == 0, (kcat, r.stderr.decode())
+        wanted = 2
+    r = subprocess.run(["sh", "-c", consume + f" -n {wanted} --idle-timeout 30"], capture_output=True, timeout=90,
+                       env=clean)
+    assert r.returncode == 0, (consume, r.stderr.decode())
+    assert re.search(rb"(?m)^%d messages from demo" % wanted, r.stderr), r.stderr

@@ -1,6 +1,7 @@
 """What a new user hits in the first hour, through the `memq` console script (issue 12):
 Kafka unreachable, `consume --count` into a pipe, SIGTERM of `consume`, numbered generated
-values, `/health`, `topic tail --notifications`, and the `try:` lines of `memq dev`."""
+values, `/health` and `topic tail --notifications` (the `try:` lines of `memq dev` are run by
+test_cli.py's one-broker `memq dev` test)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,6 @@ import dataclasses
 import json
 import os
 import re
-import shutil
 import signal
 import socket
 import subprocess
@@ -157,42 +157,3 @@ def test_topic_tail_prints_each_notification_as_json(served: tuple[Path, str, st
     assert one.returncode == 0 and len(one.stdout.splitlines()) == 1, one.stderr.decode()
     assert memq("topic", "tail", topic, config=path).returncode == 2    # --notifications is required
     assert load_config(path).producer.brokers
-
-
-@pytest.mark.integration
-@pytest.mark.timeout(180)
-def test_memq_dev_try_lines_run_from_a_shell_without_the_virtualenv(tmp_path: Path) -> None:
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("MEMQ_") and k not in ("PATH", "VIRTUAL_ENV")}
-    clean["PATH"] = "/usr/bin:/bin"
-    proc = subprocess.Popen([MEMQ, "dev", "--brokers", "1", "--rate", "0", "--duration", "120",
-                             "--run-dir", str(tmp_path / "dev")],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        assert proc.stdout is not None
-        lines: list[str] = []
-        while not (lines and lines[-1].startswith("Ctrl-C")):
-            line = proc.stdout.readline().decode()
-            assert line, "memq dev ended before printing its try: lines:\n" + "".join(lines)
-            lines.append(line)
-        consume = next(x for x in lines if x.startswith("try:"))[len("try:"):].strip()
-        produce = lines[lines.index(next(x for x in lines if x.startswith("try:"))) + 1].strip()
-        sh = ["sh", "-c"]
-        r = subprocess.run([*sh, produce], capture_output=True, timeout=60, env=clean)
-        assert r.returncode == 0, (produce, r.stderr.decode())
-        kcat = lines[lines.index(next(x for x in lines if x.startswith("try:"))) + 2].strip()
-        wanted = 1
-        if shutil.which("kcat", path=clean["PATH"]):   # the brokers' Kafka listener takes any Kafka producer
-            r = subprocess.run([*sh, kcat], capture_output=True, timeout=60, env=clean)
-            assert r.returncode == 0, (kcat, r.stderr.decode())
-            wanted = 2
-        r = subprocess.run([*sh, consume + f" -n {wanted} --idle-timeout 30"], capture_output=True, timeout=90,
-                           env=clean)
-        assert r.returncode == 0, (consume, r.stderr.decode())
-        assert re.search(rb"(?m)^%d messages from demo" % wanted, r.stderr), r.stderr
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(10)

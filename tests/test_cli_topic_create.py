@@ -1,4 +1,5 @@
-"""`memq topic create` on a governed `memq dev`, and the audit across a restart of `memq dev`."""
+"""The audit across a restart of `memq dev` (`memq topic create` on it: test_cli.py's one-broker
+`memq dev` test)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,6 @@ from pathlib import Path
 
 import pytest
 
-from memq.config import load_config
-from memq.notify import TopicAdmin
 from tests.support.cli import consume_until, memq, start_dev, stop_dev
 
 pytestmark = [pytest.mark.integration]
@@ -20,33 +19,6 @@ pytestmark = [pytest.mark.integration]
 def audit_rows(url: str) -> dict[tuple[str, str], dict]:
     with urllib.request.urlopen(url + "api/summary", timeout=10) as resp:
         return {(r["topic"], r["group"]): r for r in json.load(resp)["rows"]}
-
-
-@pytest.mark.timeout(240)
-def test_topic_create_yields_a_topic_that_takes_messages(tmp_path: Path) -> None:
-    run_dir = (tmp_path / "dev").resolve()
-    proc, endpoints = start_dev(run_dir, "--brokers", "1", "--rate", "0")
-    try:
-        config = Path(endpoints["config"])
-        r = memq("topic", "create", "events", "-p", "4", config=config, timeout=90)
-        assert r.returncode == 0, r.stderr.decode()
-        assert "4 read partitions" in r.stdout.decode() and "served by b1" in r.stdout.decode()
-        assert "events" in memq("topic", "list", config=config).stdout.decode().split()
-        r = memq("produce", "events", config=config, input=b"first\nsecond\n")
-        assert r.returncode == 0, r.stderr.decode()
-        assert set(consume_until(config, "events", {"first", "second"})) == {"first", "second"}
-        again = memq("topic", "create", "events", "-p", "4", config=config)        # idempotent
-        assert again.returncode == 0, again.stderr.decode()
-        alias = memq("governor", "topic", "create", "orders", "-p", "2", config=config, timeout=90)
-        assert alias.returncode == 0 and "served by b1" in alias.stdout.decode(), alias.stderr.decode()
-        cfg = load_config(config)
-        TopicAdmin(cfg.kafka).create_topic(f"memq.{cfg.cluster.name}.stale", 2)   # made by hand
-        clash = memq("topic", "create", "stale", "-p", "4", config=config)
-        err = clash.stderr.decode()
-        assert clash.returncode == 1 and "already has 2 partitions, not 4" in err and "-p 2" in err, err
-        assert "memq governor topic delete stale --delete-notifications" in err
-    finally:
-        stop_dev(proc, run_dir)
 
 
 @pytest.mark.timeout(300)

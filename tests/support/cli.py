@@ -70,14 +70,16 @@ def consume_until(config: Path, topic: str, wanted: set[str], timeout_s: float =
 
 
 def start_dev(run_dir: Path, *args: str) -> tuple[subprocess.Popen[bytes], dict[str, str]]:
-    """`memq dev` in its own session, and the `name: value` endpoint lines it printed."""
+    """`memq dev` in its own session, and the `name: value` endpoint lines it printed; its `try:`
+    commands, one per line, under "try"."""
     proc = subprocess.Popen([MEMQ, "dev", "--duration", "150", "--run-dir", str(run_dir), *args],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
     endpoints: dict[str, str] = {}
     seen: list[str] = []
     deadline = time.monotonic() + 90
     assert proc.stdout is not None
-    while "config" not in endpoints:
+    tried: list[str] = []
+    while not seen or not seen[-1].startswith("Ctrl-C"):
         if time.monotonic() > deadline or proc.poll() is not None:
             with contextlib.suppress(ProcessLookupError):   # it may have exited: say why, not that
                 os.killpg(proc.pid, signal.SIGKILL)
@@ -86,8 +88,11 @@ def start_dev(run_dir: Path, *args: str) -> tuple[subprocess.Popen[bytes], dict[
                                  f"{''.join(seen[-20:])}{rest[-4000:]}")
         line = proc.stdout.readline().decode(errors="replace")
         seen.append(line)
-        if m := re.match(r"^(\w[\w ]*):\s+(\S.*)$", line):
+        if line.startswith("try:") or (tried and line.startswith(" ")):
+            tried.append(line.removeprefix("try:").strip())
+        elif m := re.match(r"^(\w[\w ]*):\s+(\S.*)$", line):
             endpoints[m.group(1)] = m.group(2).strip()
+    endpoints["try"] = "\n".join(tried)
     return proc, endpoints
 
 
