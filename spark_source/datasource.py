@@ -113,7 +113,8 @@ class MemqBatchReader(DataSourceReader):
                                opts.min_partitions, opts.drop_duplicates))
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        assert isinstance(partition, MemqPartition)
+        if not isinstance(partition, MemqPartition):   # Spark's stand-in when the plan has no partition
+            return iter(())
         return read_partition(self.opts, partition.refs, self.bounds)
 
 
@@ -266,7 +267,8 @@ class MemqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                                self.opts.drop_duplicates))
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        assert isinstance(partition, MemqPartition)
+        if not isinstance(partition, MemqPartition):   # as the batch reader's
+            return iter(())
         return read_partition(self.opts, partition.refs, Bounds())
 
     def commit(self, end: dict) -> None:
