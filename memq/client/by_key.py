@@ -22,6 +22,7 @@ from memq.compaction.manifest import Manifest, ManifestCache, ManifestPointers
 from memq.compaction.parts import Survivor, plain_survivors
 from memq.compaction.read import PartReader
 from memq.errors import ConsumerError
+from memq.kafka_api.offsets import first_offset
 from memq.log.model import PartitionLog
 from memq.notify import NotificationConsumer, NotificationRecord
 from memq.storage import ObjectLocation
@@ -130,7 +131,7 @@ class KeyLookup:
         obj = await self._fetch.get_range(ObjectLocation(n.bucket, n.key), n.offset, n.size)
         verify(ptr, obj)
         found = None
-        for s in await self._fetch.cpu(plain_survivors, rec.offset, obj):
+        for s in await self._fetch.cpu(plain_survivors, first_offset(rec.offset), obj):
             if s.key == key:
                 found = s
         return found
