@@ -4,11 +4,18 @@ broker's counting (`memq.broker.bases`) over a notification log in memory."""
 
 from __future__ import annotations
 
+import dataclasses
+from typing import cast
+
 import pytest
+from prometheus_client import CollectorRegistry
 
 from tests.support.kafka_read import note
 
 from memq.broker.bases import Bases, Counting, MemoryCheckpoints
+from memq.compaction.manifest import Manifest, ManifestPointers
+from memq.compaction.run import CompactionReads, Compactor, Store
+from memq.config import MemqConfig, TopicConfig
 from memq.errors import CorruptDataError, InvalidInputError, OffsetUnknownError
 from memq.format.metadata import TopicMetadata
 from memq.log.dense import (CHECKPOINT_EVERY, CHECKPOINTS_KEPT, Checkpoint, DenseScheme, PartitionBases,
@@ -157,3 +164,29 @@ async def test_a_hosting_broker_stores_checkpoints_without_any_reader() -> None:
     assert store.offset_checkpoints("t", 0) == (Checkpoint(CHECKPOINT_EVERY, 2 * CHECKPOINT_EVERY),
                                                 Checkpoint(2 * CHECKPOINT_EVERY, 4 * CHECKPOINT_EVERY))
     assert store.offset_checkpoints("s", 0) == ()
+
+
+async def test_compaction_numbers_what_it_takes_from_the_manifests_tail_else_from_the_brokers_count() -> None:
+    """A compaction run numbers a dense partition's records by counting the notifications it takes
+    from the offset its manifest stored for `end` (0 at notification 0); when retention took
+    notifications after `end`, from the broker's count (`base_of`), and without one it refuses."""
+    asked: list[int] = []
+
+    async def base_of(cfg: TopicConfig, partition: int, n: int) -> int:
+        asked.append(n)
+        return 1000
+    cfg = TopicConfig("t", cleanup_policy="compact", offsets="dense")
+    compactor = Compactor(MemqConfig(), cast(ManifestPointers, None), CollectorRegistry(),
+                          storage=cast(Store, None), reads=cast(CompactionReads, None), base_of=base_of)
+    taken = [note(o, c) for o, c in enumerate(COUNTS)]
+    fresh = await compactor.dense_bases(cfg, 0, None, 0, taken)
+    assert fresh is not None and [fresh.base(n) for n in range(6)] == [0, 3, 3, 8, 9, 13]
+    old = Manifest("t", 0, 5, 1, 1, (), dense_tail=13)
+    later = await compactor.dense_bases(cfg, 0, old, 5, [note(5, 2), note(6, 4)])
+    assert later is not None and (later.base(6), later.base(7)) == (15, 19) and not asked
+    expired = await compactor.dense_bases(cfg, 0, old, 5, [note(9, 2)])      # 5-8 gone with retention
+    assert expired is not None and expired.base(10) == 1002 and asked == [9]
+    assert await compactor.dense_bases(dataclasses.replace(cfg, offsets="sparse"), 0, old, 5, taken) is None
+    compactor.base_of = None
+    with pytest.raises(OffsetUnknownError, match="expired"):
+        await compactor.dense_bases(cfg, 0, old, 5, [note(9, 2)])

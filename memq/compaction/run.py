@@ -298,7 +298,7 @@ class Compactor:
             self.metrics.runs.labels(topic, "idle").inc()
             return Outcome(topic, partition, "idle", old, verdict)
         taken, rest = notes[:take], notes[take:]
-        bases = await self._bases(cfg, partition, old, end, taken)
+        bases = await self.dense_bases(cfg, partition, old, end, taken)
         read = 0
         dirty: list[Survivor] = []
         for r in taken:
@@ -368,7 +368,7 @@ class Compactor:
                                             timestamp_ms=now_ms, broker_id=self.broker_id,
                                             group=compaction_group(topic))
 
-    async def _bases(self, cfg: TopicConfig, partition: int, old: Manifest | None, end: int,
+    async def dense_bases(self, cfg: TopicConfig, partition: int, old: Manifest | None, end: int,
                      taken: Sequence[NotificationRecord]) -> PartitionBases | None:
         """A dense topic's bases of the notifications a run takes (None: sparse offsets): counted
         from the base of `end` the manifest stored (0 at notification 0), else, when retention took
