@@ -110,7 +110,7 @@ class PartSegment:
     part: PartRef
     start: int
     stop: int
-    first_note: int     # the notification the first survivor read was announced in
+    first_note: int     # the notification the first survivor read was announced in (a dense prefix: its last)
     last_note: int      # the position a reader hands it over as: its last survivor's notification
                         # (the prefix's last part: end - 1, so a commit after it is `end`)
 
