@@ -101,8 +101,11 @@ def test_a_partition_log_over_dense_offsets_counts_records() -> None:
 class Log:
     """A notification partition (record counts per offset) whose first `low` notifications expired."""
 
-    def __init__(self, counts: list[int], low: int = 0) -> None:
-        self.counts, self.low, self.asked = counts, low, 0
+    def __init__(self, counts: list[int], low: int = 0, manifest: Manifest | None = None) -> None:
+        self.counts, self.low, self.asked, self.compacted = counts, low, 0, manifest
+
+    async def manifest(self, topic: str, partition: int) -> Manifest | None:
+        return self.compacted
 
     def watermarks_seen(self, notification_topic: str, partition: int) -> tuple[int, int] | None:
         return None
@@ -136,6 +139,10 @@ async def test_a_broker_counts_from_a_checkpoint_and_stores_the_next_ones() -> N
     assert [cold.start_of(n) for n in (late.low, len(counts) - 1)] == [whole.start_of(n) for n in (late.low, len(counts) - 1)]
     with pytest.raises(OffsetUnknownError):
         await Bases(Log(counts, low=5), MemoryCheckpoints()).scheme(DENSE, 0)   # expired before any checkpoint
+    prefix = Manifest("t", 0, 9, 1, 1, (), dense_tail=whole.start_of(9))      # a dense compacted prefix's tail
+    compacted = dataclasses.replace(DENSE, cleanup_policy="compact")
+    after = await Bases(Log(counts, low=5, manifest=prefix), MemoryCheckpoints()).scheme(compacted, 0)
+    assert [after.start_of(n) for n in (5, 9, len(counts) - 1)] == [whole.start_of(n) for n in (5, 9, len(counts) - 1)]
     fresh = MemoryCheckpoints()
     await Bases(Log(counts), fresh).scheme(DENSE, 0)
     assert fresh.offset_checkpoints("t", 0) == tuple(Checkpoint(n, whole.start_of(n))
