@@ -33,6 +33,7 @@ from memq.devcluster import DevCluster
 from memq.format import (NOTIFICATION_VERSION, Codec, LogMessage, Notification, decode_message_header, encode_batch,
                          encode_message, object_crc32c)
 from memq.governor.registry import Registry
+from memq.kafka_api.offsets import first_offset
 from memq.notify import NotificationPublisher, TopicAdmin
 from memq.storage import make_storage
 from memq.storage.base import ObjectLocation
@@ -85,7 +86,7 @@ async def _read_plain(config: MemqConfig, notes: list[tuple[int, Notification]])
     try:
         t0 = time.perf_counter()
         for offset, n in notes:
-            plain_survivors(offset, await storage.get_range(ObjectLocation(n.bucket, n.key), n.offset, n.size))
+            plain_survivors(first_offset(offset), await storage.get_range(ObjectLocation(n.bucket, n.key), n.offset, n.size))
         return time.perf_counter() - t0
     finally:
         await storage.close()

@@ -265,9 +265,6 @@ class TopicConfig:
         check_choice(self, "cleanup_policy", f"topic {self.name}")
         check_choice(self, "schema_validation_action", f"topic {self.name}")
         check_choice(self, "offsets", f"topic {self.name}")
-        if self.offsets == "dense" and "compact" in self.cleanup_policy:
-            raise ConfigError(f"topic {self.name}: offsets = dense is not served on compacted topics yet "
-                              "(compacted parts carry sparse offsets): use offsets = sparse")
         for strategy in ("value_subject_name_strategy", "key_subject_name_strategy"):
             if getattr(self, strategy) not in SUBJECT_NAME_STRATEGIES:
                 raise ConfigError(f"topic {self.name}.{strategy} = {getattr(self, strategy)!r} is not one of "

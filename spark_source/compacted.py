@@ -107,7 +107,7 @@ def read_ranges(nlog: NotificationLog, ranges: Mapping[int, tuple[int, int | Non
     prefix: dict[int, list[BatchRef]] = {}
     plain: dict[int, tuple[int, int | None]] = {}
     for p, (start, stop) in ranges.items():
-        plog = PartitionLog(manifests.get(p), low=lows[p])
+        plog = PartitionLog(manifests.get(p), low=lows[p]).by_notes(nlog.opts.topic, p)
         segments = plog.segments_from_note(start, stop)
         if segments.in_prefix:
             prefix[p] = _refs(plog, segments, p, start)

@@ -176,7 +176,7 @@ def test_survivors_keep_the_codec_they_arrived_in() -> None:
     own_msg = encode_message(own, producer_id=2, epoch=0, sequence=0)
     plain = b"".join(bytes(c) for c in encode_batch([kafka_msg, own_msg],
                                                      [kafka_header, verify_message(own_msg)], broker_id="b"))
-    got = plain_survivors(7, plain, own_codec=KafkaCodec.LZ4)
+    got = plain_survivors(kafka_offset(7, 0), plain, own_codec=KafkaCodec.LZ4)
     assert [s.codec for s in got] == [KafkaCodec.GZIP] * 40 + [KafkaCodec.LZ4] * 9      # the keyless one skipped
     assert got[40].offset == kafka_offset(7, 40) and got[-1].offset == kafka_offset(7, 49)
     data, _ = obj(got, records_per_batch=1_000)

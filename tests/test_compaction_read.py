@@ -31,7 +31,7 @@ from memq.compaction.run import Compactor
 from memq.config import BrokerConfig, TopicConfig
 from memq.devcluster import DevCluster, GovernedCluster
 from memq.devcluster.governed import FAST_GOVERNOR
-from memq.errors import InvalidInputError, KeyRequiredError
+from memq.errors import ConsumerError, InvalidInputError, KeyRequiredError
 from memq.format.kafka_records import KafkaCodec, peek_kafka_batch
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
@@ -50,15 +50,17 @@ def gc(devcluster: DevCluster, tmp_path_factory: pytest.TempPathFactory) -> Iter
         yield cluster
 
 
-def _created(gc: GovernedCluster, prefix: str, partitions: int) -> tuple[str, TopicConfig]:
+def _created(gc: GovernedCluster, prefix: str, partitions: int, **settings: str) -> tuple[str, TopicConfig]:
     """A compacted topic made by Kafka's CreateTopics under Kafka's names, once placed: its name and
     settings. Its creator also passes settings Kafka defines and memq has no use for, as Kafka
-    Streams and Quix do for their changelogs: accepted and kept, changing nothing."""
+    Streams and Quix do for their changelogs: accepted and kept, changing nothing. `settings`: memq's
+    settings (`offsets="sparse"` for the topics memq's Consumer reads: it counts in notifications)."""
     topic = f"{prefix}-{uuid.uuid4().hex[:6]}"
     admin = AdminClient({"bootstrap.servers": _bootstrap(gc)})
     inert = {"segment.ms": "600000", "segment.bytes": "52428800", "min.insync.replicas": "2"}
     admin.create_topics([NewTopic(topic, partitions, config={"cleanup.policy": "compact", "delete.retention.ms": "500",
-                                                             "min.cleanable.dirty.ratio": "0.01", **inert})
+                                                             "min.cleanable.dirty.ratio": "0.01", **inert,
+                                                             **{f"memq.{k}": v for k, v in settings.items()}})
                          ])[topic].result(30)
     gc.wait_placed(topic)
     cfg = gc.registry.topic(topic)
@@ -70,7 +72,7 @@ def _created(gc: GovernedCluster, prefix: str, partitions: int) -> tuple[str, To
 def compacted(gc: GovernedCluster) -> tuple[str, dict[bytes, bytes]]:
     """A compacted topic (made by Kafka's CreateTopics under Kafka's names) written by a Kafka
     producer, key k0 deleted long enough ago to be dropped, then compacted: (topic, live values)."""
-    topic, cfg = _created(gc, "cp", 1)
+    topic, cfg = _created(gc, "cp", 1, offsets="sparse")
     assert cfg.cleanup_policy == "compact" and cfg.delete_retention_ms == 500
     assert cfg.storage_group == ""          # objects of its own, which compaction can release
     latest: dict[bytes, bytes] = {}
@@ -112,6 +114,49 @@ def test_a_kafka_consumer_from_earliest_sees_each_live_key_once_with_its_latest_
     assert len(got) == len(latest)                               # one record per live key, k0 gone
     assert _kafka_read(gc, topic, 1 << 24) == got                # in a range compacted away: the next survivor on
     assert _kafka_read(gc, topic, offsets[10]) == got[10:]       # inside the prefix: from there
+
+
+def test_a_dense_compacted_topic_keeps_each_records_offset_across_compaction(gc: GovernedCluster) -> None:
+    """Kafka's contract on a compacted topic: after compaction each key's latest value is read at
+    the offset it was written at (a record number: dense offsets), with gaps where records were
+    removed, and the records written after it follow at consecutive offsets; `Consumer.get` answers
+    a key with the same offset. memq's Consumer, which counts in notifications, refuses the dense
+    prefix with the reason rather than misplace records."""
+    topic, cfg = _created(gc, "cpd", 1)
+    assert cfg.offsets == "dense"                       # what Kafka's CreateTopics makes by default
+    producer = KafkaProducer({"bootstrap.servers": _bootstrap(gc), "acks": "all", "linger.ms": 5})
+    written: dict[bytes, tuple[int, bytes]] = {}
+    for r in range(ROUNDS):
+        for k in range(KEYS):
+            key, value = b"k%d" % k, b"v%d-%d" % (r, k)
+            producer.produce(topic, key=key, value=value)
+            written[key] = (r * KEYS + k, value)        # a record number: one producer, one partition, in order
+        assert producer.flush(30) == 0
+    compactor = Compactor(gc.base, ManifestPointers(gc.registry), CollectorRegistry())
+    outcome = asyncio.run(compactor.partition(cfg, 0, force=True))
+    asyncio.run(compactor.close())
+    assert outcome.manifest is not None and outcome.manifest.tail_offset == ROUNDS * KEYS
+    for i in range(3):
+        producer.produce(topic, key=b"t%d" % i, value=b"tail%d" % i)
+    assert producer.flush(30) == 0
+    survivors = sorted((o, k, v) for k, (o, v) in written.items())
+    tail = [(ROUNDS * KEYS + i, b"t%d" % i, b"tail%d" % i) for i in range(3)]
+    assert _kafka_read(gc, topic, 0) == survivors + tail
+    assert _kafka_read(gc, topic, 10) == survivors + tail                    # from a removed record: the next one
+    assert _kafka_read(gc, topic, survivors[5][0]) == survivors[5:] + tail   # inside the prefix: from there
+    with Consumer(gc.config(), topic, subscribe=False, pointers=ManifestPointers(gc.registry)) as consumer:
+        by_key = [(f.offset, f.key, f.value) for k in (b"k3", b"t1") if (f := consumer.get(k)) is not None]
+    assert by_key == [survivors[3], tail[1]]                             # from a part, from the tail: Kafka's offsets
+    compactor = Compactor(gc.base, ManifestPointers(gc.registry), CollectorRegistry())
+    again = asyncio.run(compactor.partition(cfg, 0, force=True))     # counts on from the stored tail offset
+    asyncio.run(compactor.close())
+    assert again.manifest is not None and again.manifest.tail_offset == ROUNDS * KEYS + 3
+    assert _kafka_read(gc, topic, 0) == survivors + tail
+    with Consumer(gc.config(), topic, group_id=f"m-{uuid.uuid4().hex[:6]}",
+                  pointers=ManifestPointers(gc.registry)) as consumer:
+        with pytest.raises(ConsumerError, match="dense offsets"):
+            for _ in range(10):
+                consumer.poll(1.0)
 
 
 def _kafka_read(gc: GovernedCluster, topic: str, offset: int,
@@ -214,7 +259,7 @@ def placed(gc: GovernedCluster) -> tuple[str, dict[bytes, bytes]]:
     """A compacted topic of 3 read partitions: memq's Producer writes every key, confluent-kafka
     (murmur2_random, Kafka's Java partitioner) writes every key again and deletes k1, memq's
     Producer rewrites the even keys; then each partition is compacted: (topic, live values)."""
-    topic, cfg = _created(gc, "cp3", 3)
+    topic, cfg = _created(gc, "cp3", 3, offsets="sparse")
     assert cfg.compacted and cfg.read_partitions == 3
     keys = [b"k%d" % k for k in range(PLACED_KEYS)]
 

@@ -82,6 +82,7 @@ def test_confluent_admin_creates_describes_alters_grows_and_deletes(gc: Governed
     # the governor placed it with those settings; every broker's Metadata and memq's CLI agree
     cfg = stored(gc, topic)
     assert cfg is not None and (cfg.read_partitions, cfg.retention_ms, cfg.batch_ms) == (2, 3_600_000, 40)
+    assert cfg.offsets == "dense"          # what Kafka applications count on: record numbers
     assert gc.wait_placed(topic)
     for address in (b1, b2):
         client = AdminClient({"bootstrap.servers": address})
@@ -159,7 +160,7 @@ def test_kafka_python_admin_creates_describes_alters_and_deletes(gc: GovernedClu
         # "modified": the settings whose source is DYNAMIC_TOPIC_CONFIG, as Kafka reports them
         modified = admin.describe_configs([KpResource(KpResourceType.TOPIC, topic)])["topic"][topic]
         assert {k: v["value"] for k, v in modified.items()} == {"retention.ms": "60000", "memq.expected.mbps": "2.5",
-                                                                "memq.read.partitions": "1"}
+                                                                "memq.read.partitions": "1", "memq.offsets": "dense"}
         def alter(value: str) -> str:
             return str(admin.alter_configs([KpResource(KpResourceType.TOPIC, topic, configs={"memq.batch.bytes": value})],
                                            raise_on_unknown=False)["topic"][topic])
@@ -182,12 +183,14 @@ def test_aiokafka_admin_creates_describes_and_deletes(gc: GovernedCluster) -> No
         admin = AIOKafkaAdminClient(bootstrap_servers=listeners(gc)["b1"])
         await admin.start()
         try:
-            created = await admin.create_topics([AioNewTopic(topic, 2, 1, topic_configs={"memq.batch.ms": "60"})],
+            created = await admin.create_topics([AioNewTopic(topic, 2, 1, topic_configs={"memq.batch.ms": "60",
+                                                                                         "memq.offsets": "sparse"})],
                                                 timeout_ms=WAIT_MS)
             assert [t[1] for t in created.topic_errors] == [0]
             [described] = await admin.describe_configs([AioResource(AioResourceType.TOPIC, topic)])
             values = {c[0]: c[1] for c in described.resources[0][4]}
             assert values["memq.batch.ms"] == "60" and values["memq.read.partitions"] == "2"
+            assert values["memq.offsets"] == "sparse"        # the request chose memq's own default
             deleted = await admin.delete_topics([topic], timeout_ms=WAIT_MS)
             assert [t[1] for t in deleted.topic_error_codes] == [0]
         finally:

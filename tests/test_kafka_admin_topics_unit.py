@@ -109,6 +109,9 @@ def test_replacement_returns_unlisted_settings_to_defaults() -> None:
     assert cfg == TopicConfig(name="t", retention_ms=9000)
     with pytest.raises(ConfigError, match="read-only"):
         tc.replacement(cur, [("memq.notification.topic", "elsewhere")], CLUSTER)
+    dense = TopicConfig(name="t", offsets="dense", batch_ms=40)     # offsets are set at creation and kept
+    assert tc.altered(dense, tc.replacement(dense, [], CLUSTER)) == TopicConfig(name="t", offsets="dense")
+    assert tc.incremental(dense, [("memq.offsets", AlterOp.DELETE, None)], CLUSTER) == {}
 
 
 def test_altered_checks_as_memq_does_and_names_the_kafka_setting() -> None:

@@ -4,11 +4,18 @@ broker's counting (`memq.broker.bases`) over a notification log in memory."""
 
 from __future__ import annotations
 
+import dataclasses
+from typing import cast
+
 import pytest
+from prometheus_client import CollectorRegistry
 
 from tests.support.kafka_read import note
 
 from memq.broker.bases import Bases, Counting, MemoryCheckpoints
+from memq.compaction.manifest import Manifest, ManifestPointers
+from memq.compaction.run import CompactionReads, Compactor, Store
+from memq.config import MemqConfig, TopicConfig
 from memq.errors import CorruptDataError, InvalidInputError, OffsetUnknownError
 from memq.format.metadata import TopicMetadata
 from memq.log.dense import (CHECKPOINT_EVERY, CHECKPOINTS_KEPT, Checkpoint, DenseScheme, PartitionBases,
@@ -94,8 +101,11 @@ def test_a_partition_log_over_dense_offsets_counts_records() -> None:
 class Log:
     """A notification partition (record counts per offset) whose first `low` notifications expired."""
 
-    def __init__(self, counts: list[int], low: int = 0) -> None:
-        self.counts, self.low, self.asked = counts, low, 0
+    def __init__(self, counts: list[int], low: int = 0, manifest: Manifest | None = None) -> None:
+        self.counts, self.low, self.asked, self.compacted = counts, low, 0, manifest
+
+    async def manifest(self, topic: str, partition: int) -> Manifest | None:
+        return self.compacted
 
     def watermarks_seen(self, notification_topic: str, partition: int) -> tuple[int, int] | None:
         return None
@@ -129,6 +139,10 @@ async def test_a_broker_counts_from_a_checkpoint_and_stores_the_next_ones() -> N
     assert [cold.start_of(n) for n in (late.low, len(counts) - 1)] == [whole.start_of(n) for n in (late.low, len(counts) - 1)]
     with pytest.raises(OffsetUnknownError):
         await Bases(Log(counts, low=5), MemoryCheckpoints()).scheme(DENSE, 0)   # expired before any checkpoint
+    prefix = Manifest("t", 0, 9, 1, 1, (), dense_tail=whole.start_of(9))      # a dense compacted prefix's tail
+    compacted = dataclasses.replace(DENSE, cleanup_policy="compact")
+    after = await Bases(Log(counts, low=5, manifest=prefix), MemoryCheckpoints()).scheme(compacted, 0)
+    assert [after.start_of(n) for n in (5, 9, len(counts) - 1)] == [whole.start_of(n) for n in (5, 9, len(counts) - 1)]
     fresh = MemoryCheckpoints()
     await Bases(Log(counts), fresh).scheme(DENSE, 0)
     assert fresh.offset_checkpoints("t", 0) == tuple(Checkpoint(n, whole.start_of(n))
@@ -157,3 +171,29 @@ async def test_a_hosting_broker_stores_checkpoints_without_any_reader() -> None:
     assert store.offset_checkpoints("t", 0) == (Checkpoint(CHECKPOINT_EVERY, 2 * CHECKPOINT_EVERY),
                                                 Checkpoint(2 * CHECKPOINT_EVERY, 4 * CHECKPOINT_EVERY))
     assert store.offset_checkpoints("s", 0) == ()
+
+
+async def test_compaction_numbers_what_it_takes_from_the_manifests_tail_else_from_the_brokers_count() -> None:
+    """A compaction run numbers a dense partition's records by counting the notifications it takes
+    from the offset its manifest stored for `end` (0 at notification 0); when retention took
+    notifications after `end`, from the broker's count (`base_of`), and without one it refuses."""
+    asked: list[int] = []
+
+    async def base_of(cfg: TopicConfig, partition: int, n: int) -> int:
+        asked.append(n)
+        return 1000
+    cfg = TopicConfig("t", cleanup_policy="compact", offsets="dense")
+    compactor = Compactor(MemqConfig(), cast(ManifestPointers, None), CollectorRegistry(),
+                          storage=cast(Store, None), reads=cast(CompactionReads, None), base_of=base_of)
+    taken = [note(o, c) for o, c in enumerate(COUNTS)]
+    fresh = await compactor.dense_bases(cfg, 0, None, 0, taken)
+    assert fresh is not None and [fresh.base(n) for n in range(6)] == [0, 3, 3, 8, 9, 13]
+    old = Manifest("t", 0, 5, 1, 1, (), dense_tail=13)
+    later = await compactor.dense_bases(cfg, 0, old, 5, [note(5, 2), note(6, 4)])
+    assert later is not None and (later.base(6), later.base(7)) == (15, 19) and not asked
+    expired = await compactor.dense_bases(cfg, 0, old, 5, [note(9, 2)])      # 5-8 gone with retention
+    assert expired is not None and expired.base(10) == 1002 and asked == [9]
+    assert await compactor.dense_bases(dataclasses.replace(cfg, offsets="sparse"), 0, old, 5, taken) is None
+    compactor.base_of = None
+    with pytest.raises(OffsetUnknownError, match="expired"):
+        await compactor.dense_bases(cfg, 0, old, 5, [note(9, 2)])

@@ -6,6 +6,7 @@ from __future__ import annotations
 from memq.compaction.manifest import Manifest
 from memq.compaction.parts import PartRef
 from memq.kafka_api.offsets import end_offset, first_offset, kafka_offset
+from memq.log.dense import Checkpoint, DenseScheme, PartitionBases
 from memq.log.model import PartitionLog, Segments, Tail, moved_start
 
 
@@ -125,6 +126,24 @@ def test_the_plain_tail_starts_at_the_prefix_end_never_before_the_first_retained
     assert PartitionLog(low=3).tail_note == 3 and PartitionLog(low=0).tail_note == 0
 
 
-def test_a_notification_is_in_the_prefix_below_its_end() -> None:
-    assert PartitionLog(M).in_prefix(0) and PartitionLog(M).in_prefix(5)
-    assert not PartitionLog(M).in_prefix(6) and not PartitionLog().in_prefix(0)
+def test_an_offset_is_in_the_prefix_below_the_tail_start() -> None:
+    assert PartitionLog(M).in_prefix(0) and PartitionLog(M).in_prefix(kafka_offset(5, 9))
+    assert not PartitionLog(M).in_prefix(kafka_offset(6, 0)) and not PartitionLog().in_prefix(0)
+
+
+def test_a_dense_prefix_is_read_by_its_offsets_without_the_counts_of_its_notifications() -> None:
+    """A dense topic's manifest stores where its tail starts: a reader whose count begins after the
+    prefix (retention took its notifications) still finds the prefix's parts, its start and its end."""
+    bases = PartitionBases(Checkpoint(7, 40))            # counted from notification 7 only
+    bases.add([(7, 5), (8, 5)])
+    parts = (_part("d0", 3, 9), _part("d1", 20, 31))
+    m = Manifest("t", 0, 6, 1, 1, parts, dense_tail=35)   # notification 6's records start at 35
+    log = PartitionLog(m, low=7, high=9, last_end=50, scheme=DenseScheme(bases))
+    assert log.log_start == 3 and log.high_watermark == 50
+    segs = log.segments(10)
+    assert [(s.part.key, s.start, s.stop, s.last_note) for s in segs.parts] == [("d1", 20, 35, 5)]
+    assert segs.tail == Tail(6, 0) and log.in_prefix(34) and not log.in_prefix(35)
+    assert log.segments(41) == Segments((), Tail(7, 1))
+    assert PartitionLog(m, low=7, high=6).high_watermark == 32       # an empty tail: after the last survivor
+    assert Manifest.from_json(m.to_json(), "m").tail_offset == 35
+    assert b"dense_tail" not in M.to_json()                           # a sparse manifest as before

@@ -2,7 +2,8 @@
 notification log over the read path, checkpointed where the cluster keeps its state.
 
 A partition is counted once per broker (the first time a reader asks), from the oldest stored
-checkpoint at or after the first retained notification: back to that notification, forward to
+checkpoint at or after the first retained notification (a compacted partition's manifest is one:
+the offset where its tail starts, `Manifest.dense_tail`): back to that notification, forward to
 the end; then, as readers read on, from the notifications their reads bring. Each multiple of
 `CHECKPOINT_EVERY` counted is stored (ZooKeeper: `Registry.save_offset_checkpoint`; memory for a
 broker without ZooKeeper, which alone numbers its topics), so the next cold reader counts at most
@@ -16,6 +17,7 @@ import logging
 from collections.abc import Callable, Iterable, Sequence
 from typing import Protocol
 
+from memq.compaction.manifest import Manifest
 from memq.errors import MemqError, OffsetUnknownError
 from memq.format.metadata import TopicMetadata
 from memq.log.dense import CHECKPOINT_EVERY, Checkpoint, DenseScheme, PartitionBases, kept
@@ -56,6 +58,7 @@ class BaseReads(Protocol):
     async def watermarks(self, notification_topic: str, partition: int) -> tuple[int, int]: ...
     async def notes_between(self, notification_topic: str, partition: int, start: int, end: int
                             ) -> list[NotificationRecord]: ...
+    async def manifest(self, topic: str, partition: int) -> Manifest | None: ...
 
 
 class Bases:
@@ -126,6 +129,14 @@ class Bases:
         ntopic = topic.notification_topic
         low, high = await self._reads.watermarks(ntopic, partition)
         points = await asyncio.to_thread(self._store.offset_checkpoints, topic.name, partition)
+        if "compact" in topic.cleanup_policy:   # a compacted prefix's manifest says where its tail starts
+            try:
+                m = await self._reads.manifest(topic.name, partition)
+            except MemqError as e:   # the stored checkpoints alone, as for any topic
+                log.info("%s[%d]: no manifest to count dense offsets from: %s", topic.name, partition, e)
+                m = None
+            if m is not None and m.dense:
+                points = tuple(sorted({*points, Checkpoint(m.end, m.tail_offset)}))
         usable = [p for p in points if low <= p.note <= high]
         if usable:
             at = usable[0]

@@ -155,7 +155,7 @@ class Broker:
         if self._share_registry is not None:   # ZooKeeper: compacted topics' manifests are there
             self.compactor = Compactor(self.config, self._manifest_pointers(), self.metrics.registry,
                                        storage=self._storage, reads=self._reads, clock=self._clock,
-                                       broker_id=self.broker_id)
+                                       broker_id=self.broker_id, base_of=self._dense_base)
         self._schemas = await self._make_schemas()
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -278,6 +278,13 @@ class Broker:
         if self._pointers is None:
             self._pointers = ManifestPointers(self._share_registry)
         return self._pointers
+
+    async def _dense_base(self, cfg: TopicConfig, partition: int, note: int) -> int:
+        """Where a dense partition's notification `note` starts, as this broker counts it (its compactor's
+        start when retention took notifications after the compacted prefix)."""
+        assert self._logs is not None   # made before the compactor
+        scheme = await self._logs.bases.scheme(self.metadata().topics[cfg.name], partition, note + 1)
+        return scheme.start_of(note)
 
     def compact_share(self, topics: Callable[[], Mapping[str, TopicConfig]],
                       mine: Callable[[str, int], bool]) -> None:

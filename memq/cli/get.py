@@ -40,8 +40,8 @@ def get(ctx: click.Context, topic: str, key: str, timeout: float) -> None:
             registry = Registry(config.zookeeper, config.cluster.name).start()
             stack.callback(registry.close)
             pointers = ManifestPointers(registry)
-        found = KeyLookup(topic, resolved.topic.read_partitions, notes, reader.fetch_loop, pointers).get(
-            key.encode(), timeout)
+        found = KeyLookup(topic, resolved.topic.read_partitions, notes, reader.fetch_loop, pointers,
+                          dense=resolved.topic.offsets == "dense").get(key.encode(), timeout)
     if found is None:
         click.echo(f"{topic}: no such key {key!r}", err=True)
         sys.exit(1)

@@ -10,7 +10,10 @@ ConsumerError rather than answered from the older parts (which could be stale).
 
 Every partition is asked: the writers' partitioners place a key (memq's Producer and Java's
 clients hash it alike, librdkafka's default partitioner does not), so a key written by clients that
-disagree sits in two; the record with the newest timestamp over the partitions wins. Kafka offsets as a Kafka reader sees them.
+disagree sits in two; the record with the newest timestamp over the partitions wins. Kafka offsets as a Kafka reader sees them:
+on a topic with dense offsets a tail record's is counted from where the prefix's manifest says the
+tail starts (0 before a first compaction, while notification 0 is kept), -1 (unknown) when the
+lookup did not read every tail notification.
 """
 
 from __future__ import annotations
@@ -22,6 +25,8 @@ from memq.compaction.manifest import Manifest, ManifestCache, ManifestPointers
 from memq.compaction.parts import Survivor, plain_survivors
 from memq.compaction.read import PartReader
 from memq.errors import ConsumerError
+from memq.kafka_api.offsets import first_offset
+from memq.log.dense import Checkpoint, PartitionBases
 from memq.log.model import PartitionLog
 from memq.notify import NotificationConsumer, NotificationRecord
 from memq.storage import ObjectLocation
@@ -58,6 +63,7 @@ class _Partition:
     manifest: Manifest | None
     tail: Sequence[NotificationRecord]
     whole: bool
+    bases: PartitionBases | None = None   # a dense topic's tail offsets, when countable
 
 
 class KeyLookup:
@@ -65,8 +71,9 @@ class KeyLookup:
     `fetch` GETs objects, `pointers` names the compacted prefixes (None: no ZooKeeper, the tail alone)."""
 
     def __init__(self, topic: str, read_partitions: int, notes: NotificationConsumer, fetch: FetchLoop,
-                 pointers: ManifestPointers | None, *, max_tail_notes: int = MAX_TAIL_NOTES) -> None:
+                 pointers: ManifestPointers | None, *, max_tail_notes: int = MAX_TAIL_NOTES, dense: bool = False) -> None:
         self.topic = topic
+        self._dense = dense
         self._partitions = read_partitions
         self._notes = notes
         self._fetch = fetch
@@ -90,8 +97,12 @@ class KeyLookup:
         low, high = self._notes.watermarks(partition)
         end = PartitionLog(manifest, low=low, high=high).tail_note
         start = max(end, high - self._max_tail)
-        return _Partition(partition, manifest, self._read_notes(partition, start, high, timeout_s)
-                          if start < high else [], start == end)
+        tail = self._read_notes(partition, start, high, timeout_s) if start < high else []
+        bases = None
+        if self._dense and start == end and (manifest is not None or end == 0):
+            bases = PartitionBases(Checkpoint(end, manifest.tail_offset if manifest is not None else 0))
+            bases.add((r.offset, r.notification.logmessage_count) for r in tail)
+        return _Partition(partition, manifest, tail, start == end, bases)
 
     def _read_notes(self, partition: int, start: int, high: int, timeout_s: float) -> list[NotificationRecord]:
         self._notes.assign({partition: start})
@@ -112,9 +123,10 @@ class KeyLookup:
 
     async def _find(self, p: _Partition, key: bytes) -> KeyValue | None:
         for rec in reversed(p.tail):
-            hit = await self._in_plain(rec, key)
+            first = (-1 if p.bases is None else p.bases.base(rec.offset)) if self._dense else first_offset(rec.offset)
+            hit = await self._in_plain(rec, key, first)
             if hit is not None:
-                return _value(p.partition, hit)
+                return _value(p.partition, hit if first >= 0 else hit._replace(offset=-1))
         if not p.whole:
             raise ConsumerError(f"topic {self.topic} read partition {p.partition}: key not in the newest "
                                 f"{len(p.tail)} notifications of its plain tail, which is longer (compaction is "
@@ -124,13 +136,13 @@ class KeyLookup:
         hit = await self._parts.get(p.manifest, key)
         return None if hit is None else _value(p.partition, hit)
 
-    async def _in_plain(self, rec: NotificationRecord, key: bytes) -> Survivor | None:
+    async def _in_plain(self, rec: NotificationRecord, key: bytes, first: int) -> Survivor | None:
         ptr = batch_pointer(self.topic, rec)
         n = rec.notification
         obj = await self._fetch.get_range(ObjectLocation(n.bucket, n.key), n.offset, n.size)
         verify(ptr, obj)
         found = None
-        for s in await self._fetch.cpu(plain_survivors, rec.offset, obj):
+        for s in await self._fetch.cpu(plain_survivors, first, obj):
             if s.key == key:
                 found = s
         return found

@@ -76,7 +76,7 @@ class Prefix:
     def enter(self, partition: int, note: int) -> tuple[list[PartRead], int] | None:
         """(the parts to read from notification `note` on, where the plain tail starts) when
         `note` is in the partition's compacted prefix; None when it is not."""
-        segments = self.log(partition).segments_from_note(note)
+        segments = self.log(partition).by_notes(self.topic, partition).segments_from_note(note)
         if not segments.in_prefix:
             return None
         assert segments.tail is not None

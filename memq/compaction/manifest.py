@@ -11,7 +11,9 @@ never a mix.
 
 Readers: `ManifestPointers.get` (cached, ZooKeeper watches refresh it) gives the pointer, and
 `ManifestCache.load` the manifest (immutable, so cached by key); `Manifest.parts_from(offset)`
-then the parts to read from a Kafka offset, `Manifest.tail_offset` where the plain tail starts.
+then the parts to read from a Kafka offset, `Manifest.tail_offset` where the plain tail starts
+(stored on a dense topic, `dense_tail`: readers then need no count of the prefix's notifications,
+which retention may have taken).
 """
 
 from __future__ import annotations
@@ -87,11 +89,19 @@ class Manifest:
     previous: str | None = None               # key of the manifest it replaced (the janitor walks back)
     floor_ms: int = 0                         # oldest object time a notification at or after `end` may name
     stats: dict[str, int] = field(default_factory=dict)   # records, tombstones, bytes, dirty bytes read...
+    dense_tail: int | None = None             # a dense topic's: the offset where the plain tail starts (the
+                                              # counted base of notification `end`); None: sparse offsets
+
+    @property
+    def dense(self) -> bool:
+        """Whether its parts hold dense offsets (record numbers, `memq.log.dense`)."""
+        return self.dense_tail is not None
 
     @property
     def tail_offset(self) -> int:
-        """The Kafka offset where the plain tail starts (the first record of notification `end`)."""
-        return first_offset(self.end)
+        """The Kafka offset where the plain tail starts (the first record of notification `end`):
+        stored on a dense topic, so no reader needs the prefix's notifications counted to know it."""
+        return first_offset(self.end) if self.dense_tail is None else self.dense_tail
 
     @property
     def records(self) -> int:
@@ -110,6 +120,8 @@ class Manifest:
     def to_json(self) -> bytes:
         d = asdict(self)
         d["v"] = MANIFEST_VERSION
+        if d["dense_tail"] is None:   # a sparse topic's manifest reads as before the field
+            del d["dense_tail"]
         return json.dumps(d, sort_keys=True, separators=(",", ":")).encode()
 
     @classmethod

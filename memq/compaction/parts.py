@@ -1,7 +1,8 @@
 """Compacted parts: the survivors of compaction as an ordinary memq object (pure, no I/O).
 
 A part is a memq Batch whose Messages are `Codec.KAFKA` Messages, each one Kafka RecordBatch v2
-holding survivors in offset order with their ORIGINAL Kafka offsets (base offset + offset deltas:
+holding survivors in offset order with their ORIGINAL Kafka offsets, in the topic's scheme (sparse, or
+a dense topic's record numbers: Kafka keeps offsets across compaction) (base offset + offset deltas:
 a new RecordBatch wherever a delta would not fit an int32, or a RecordBatch is full), their
 timestamps, keys, values (None: a tombstone) and headers. So a Kafka reader is served the
 RecordBatches as stored, and memq's decoders read the Messages as they read any Codec.KAFKA one.
@@ -40,7 +41,6 @@ from memq.format.kafka_records import (KafkaCodec, decode_kafka_entries, decode_
 from memq.format.message import (MESSAGE_HEADER_SIZE, Buffer, MessageHeader, decode_message, decode_message_header,
                                  encode_kafka_message, verify_message)
 from memq.format.records import gc_paused
-from memq.kafka_api.offsets import kafka_offset
 from memq.storage.base import ObjectLocation
 
 _TRAILER = struct.Struct("<4sB3xII")
@@ -322,10 +322,12 @@ def part_survivors(obj: Buffer, start: int = 0) -> list[Survivor]:
     return [s for _, survivors in decode_part(obj, start)[1] for s in survivors]
 
 
-def plain_survivors(notification_offset: int, part: Buffer, compressors: Compressors | None = None, *,
+def plain_survivors(first: int, part: Buffer, compressors: Compressors | None = None, *,
                     own_codec: KafkaCodec = KafkaCodec.NONE) -> list[Survivor]:
     """The keyed records of a plain part (the batch a notification names) with their Kafka offsets
-    (`kafka_offset(notification_offset, index)`), null values and the codec they arrived in kept (a
+    (`first + index`: `first` is the offset of the part's first record in the topic's scheme, the
+    notification's `first_offset` on a sparse topic, its counted base on a dense one), null values
+    and the codec they arrived in kept (a
     Kafka producer's batch's; `own_codec`, the topic's framing codec, for memq's own records);
     keyless records are skipped (they still take their index)."""
     header = decode_batch_header(part)
@@ -340,13 +342,13 @@ def plain_survivors(notification_offset: int, part: Buffer, compressors: Compres
             codec = peek_kafka_batch(body).codec
             for e in decode_kafka_entries(body):
                 if e.key is not None:
-                    out.append(Survivor(kafka_offset(notification_offset, index), e.timestamp_ms, e.key, e.value,
+                    out.append(Survivor(first + index, e.timestamp_ms, e.key, e.value,
                                         e.headers, codec))
                 index += 1
         else:
             for m in decode_message(msg, compressors=comp)[1]:
                 if m.key is not None:
-                    out.append(Survivor(kafka_offset(notification_offset, index), m.timestamp_ms, m.key, m.value,
+                    out.append(Survivor(first + index, m.timestamp_ms, m.key, m.value,
                                         tuple(m.headers), own_codec))
                 index += 1
     return out

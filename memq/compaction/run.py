@@ -3,7 +3,9 @@ the new parts and manifest, swaps the pointer.
 
 Steps of one partition's run, and what a crash at each leaves (`memq.compaction.manifest`):
 1. read the current pointer and manifest, the notifications [end, high watermark);
-2. if due (`plan.due`), read the dirty parts and the old parts that lose a record, `plan.plan`;
+2. if due (`plan.due`), read the dirty parts and the old parts that lose a record, `plan.plan`
+   (a dense topic's records numbered by counting the taken notifications from the offset the
+   manifest stored for `end`, `Manifest.dense_tail`, which the new manifest stores for its own);
 3. PUT the new parts, then the new manifest (a crash here: orphans, the old manifest stands);
 4. swap the ZooKeeper pointer by compare-and-set: the commit point (a lost race changes nothing);
 5. nothing is deleted here: the janitor releases replaced parts, old manifests and the plain
@@ -25,7 +27,7 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -33,10 +35,12 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from memq.clock import Clock, SystemClock
 from memq.config import MemqConfig, TopicConfig
-from memq.errors import MemqError, NotifyError
+from memq.errors import MemqError, NotifyError, OffsetUnknownError
 from memq.format.codec import Compressors
 from memq.format.notification import Notification
+from memq.kafka_api.offsets import first_offset
 from memq.kafka_api.records import framing_codec
+from memq.log.dense import Checkpoint, PartitionBases
 from memq.notify.consumer import NotificationConsumer, NotificationRecord
 from memq.storage import make_storage
 from memq.storage.base import Chunks, ObjectLocation
@@ -175,6 +179,9 @@ class CompactionMetrics:
                 pass
 
 
+#: The dense offset where a partition's notification starts, as the broker counts it (`memq.broker.bases`).
+BaseOf = Callable[[TopicConfig, int, int], Awaitable[int]]
+
 #: A test's fault injection: called with each step's name ("parts_put", "manifest_put", "swapped").
 Step = Callable[[str], None]
 
@@ -199,8 +206,9 @@ class Compactor:
 
     def __init__(self, config: MemqConfig, pointers: ManifestPointers, registry: CollectorRegistry, *,
                  storage: Store | None = None, reads: CompactionReads | None = None, clock: Clock | None = None,
-                 step: Step | None = None, broker_id: str = "compactor") -> None:
+                 step: Step | None = None, broker_id: str = "compactor", base_of: BaseOf | None = None) -> None:
         self.config = config
+        self.base_of = base_of
         self.pointers = pointers
         self.storage: Store = storage or make_storage(config)
         self._own_reads: DirectReads | None = None   # closed by `close`; the broker closes its own
@@ -290,10 +298,11 @@ class Compactor:
             self.metrics.runs.labels(topic, "idle").inc()
             return Outcome(topic, partition, "idle", old, verdict)
         taken, rest = notes[:take], notes[take:]
+        bases = await self.dense_bases(cfg, partition, old, end, taken)
         read = 0
         dirty: list[Survivor] = []
         for r in taken:
-            got, size = await self._dirty_records(cfg, r)
+            got, size = await self._dirty_records(cfg, r, first_offset(r.offset) if bases is None else bases.base(r.offset))
             dirty.extend(got)
             read += size
         hashes = {key_hash(s.key) for s in dirty}
@@ -333,7 +342,8 @@ class Compactor:
                             pointer.key if pointer else None, floor,
                             {"records_in": result.records_in, "survivors": result.survivors,
                              "tombstones": result.tombstones, "dropped_tombstones": result.dropped_tombstones,
-                             "expired": result.expired, "read_bytes": read, "written_bytes": written})
+                             "expired": result.expired, "read_bytes": read, "written_bytes": written},
+                            None if bases is None else bases.base(new_end))
         loc = await self._put(topic, [manifest.to_json()], now)
         self.step("manifest_put")
         new = ManifestPointer(loc.bucket, loc.key, new_end, manifest.version)
@@ -358,14 +368,33 @@ class Compactor:
                                             timestamp_ms=now_ms, broker_id=self.broker_id,
                                             group=compaction_group(topic))
 
-    async def _dirty_records(self, cfg: TopicConfig, r: NotificationRecord) -> tuple[list[Survivor], int]:
-        """The records of the part notification `r` names, with their Kafka offsets, null values
+    async def dense_bases(self, cfg: TopicConfig, partition: int, old: Manifest | None, end: int,
+                     taken: Sequence[NotificationRecord]) -> PartitionBases | None:
+        """A dense topic's bases of the notifications a run takes (None: sparse offsets): counted
+        from the base of `end` the manifest stored (0 at notification 0), else, when retention took
+        notifications after `end`, from the broker's count (`base_of`)."""
+        if cfg.offsets != "dense" or not taken:
+            return None
+        first = taken[0].offset
+        if first == end:
+            at = Checkpoint(end, old.tail_offset if old is not None else 0)
+        elif self.base_of is not None:
+            at = Checkpoint(first, await self.base_of(cfg, partition, first))
+        else:
+            raise OffsetUnknownError(f"compaction of {cfg.name}/{partition}: notifications [{end}, {first}) expired "
+                                     "and no count of the partition's offsets to start from")
+        bases = PartitionBases(at)
+        bases.add((r.offset, r.notification.logmessage_count) for r in taken)
+        return bases
+
+    async def _dirty_records(self, cfg: TopicConfig, r: NotificationRecord, first: int) -> tuple[list[Survivor], int]:
+        """The records of the part notification `r` names, from Kafka offset `first` on, null values
         and codecs kept (memq's own records in the topic's framing codec, as Kafka readers get them)."""
         n = r.notification
         await self.budget.take(n.size)
         obj = await self.reads.part_bytes(n)
         own = framing_codec(cfg, self.config.broker)
-        return await asyncio.to_thread(plain_survivors, r.offset, obj, self._comp, own_codec=own), len(obj)
+        return await asyncio.to_thread(plain_survivors, first, obj, self._comp, own_codec=own), len(obj)
 
     async def close(self) -> None:
         """Stop the passes (`start`; one under way is waited for, bounded) and release what it owns."""

@@ -76,6 +76,13 @@ class Setting:
     type: ConfigType
     doc: str
     read_only: bool = False
+    at_creation: bool = False   # set when the topic is created, kept after (`memq.governor.topics.FIXED_FIELDS`):
+                                # AlterConfigs' replacement and a DELETE leave it, as they leave read-only ones
+
+    @property
+    def resettable(self) -> bool:
+        """Whether AlterConfigs' replacement and IncrementalAlterConfigs' DELETE return it to memq's default."""
+        return bool(self.field) and not self.read_only and not self.at_creation
 
 
 @dataclass(frozen=True)
@@ -144,7 +151,8 @@ SETTINGS: tuple[Setting, ...] = (
             "latency budget: a batch under this size keeps filling until memq.max.batch.ms (0: off)"),
     Setting("memq.offsets", "offsets", ConfigType.STRING,
             "Kafka offsets of its records: dense (record numbers 0, 1, 2, ... per partition) or sparse "
-            "(notification offset << 24 | index: topics created before dense offsets)"),
+            "(notification offset << 24 | index: topics created before dense offsets); fixed at creation",
+            at_creation=True),
     Setting("memq.notification.topic", "notification_topic", ConfigType.STRING,
             "the Kafka topic carrying this topic's notifications", read_only=True),
     Setting("memq.schema.validation.action", "schema_validation_action", ConfigType.STRING,
@@ -356,7 +364,7 @@ def incremental(current: TopicConfig, ops: Iterable[tuple[str, int, str | None]]
         elif op == AlterOp.DELETE:
             if isinstance(s, Inert):
                 _set_inert(current, s, None, out)
-            elif s.field and not s.read_only:
+            elif s.resettable:
                 out[s.field] = _DEFAULTS[s.field]
         elif op in (AlterOp.APPEND, AlterOp.SUBTRACT):
             if s.type is not ConfigType.LIST:
@@ -378,8 +386,9 @@ def incremental(current: TopicConfig, ops: Iterable[tuple[str, int, str | None]]
 
 def replacement(current: TopicConfig, configs: Iterable[tuple[str, str | None]], cluster: str) -> dict[str, Any]:
     """The field changes of AlterConfigs' full replacement: the settings listed take their
-    values, every other writable one returns to memq's default (as in Kafka)."""
-    out = {s.field: _DEFAULTS[s.field] for s in SETTINGS if s.field and not s.read_only} | {_INERT_FIELD: ()}
+    values, every other writable one returns to memq's default (as in Kafka), but those set at
+    creation (`memq.offsets`): a topic's offsets keep naming the same records."""
+    out = {s.field: _DEFAULTS[s.field] for s in SETTINGS if s.resettable} | {_INERT_FIELD: ()}
     for name, value in configs:
         _assign(current, name, value, cluster, out)
     return out

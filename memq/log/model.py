@@ -32,7 +32,7 @@ from typing import Protocol
 
 from memq.compaction.manifest import Manifest
 from memq.compaction.parts import PartRef
-from memq.errors import OffsetUnknownError
+from memq.errors import ConsumerError, OffsetUnknownError
 from memq.kafka_api import offsets as sparse
 
 #: DeleteRecords' offset meaning "up to the high watermark".
@@ -110,7 +110,7 @@ class PartSegment:
     part: PartRef
     start: int
     stop: int
-    first_note: int     # the notification the first survivor read was announced in
+    first_note: int     # the notification the first survivor read was announced in (a dense prefix: its last)
     last_note: int      # the position a reader hands it over as: its last survivor's notification
                         # (the prefix's last part: end - 1, so a commit after it is `end`)
 
@@ -161,7 +161,7 @@ class PartitionLog:
         m = self.manifest
         if m is None:
             return None
-        return m.parts[0].first_offset if m.parts else self.scheme.start_of(m.end)
+        return m.parts[0].first_offset if m.parts else m.tail_offset
 
     @property
     def log_start(self) -> int:
@@ -185,6 +185,16 @@ class PartitionLog:
         return offset < 0 or offset < self.moved
 
     # --- the same, by notification (memq's Consumer and Spark count positions in notifications) --
+
+    def by_notes(self, topic: str, partition: int) -> PartitionLog:
+        """This log, for a reader counting positions in notifications; ConsumerError when its
+        compacted prefix holds dense offsets, which such a reader cannot map to notifications
+        (their counts are the broker's) rather than hand records over at wrong positions."""
+        if self.manifest is not None and self.manifest.dense:
+            raise ConsumerError(f"topic {topic} read partition {partition}: its compacted prefix holds dense offsets "
+                                "(record numbers), which memq's Consumer and Spark do not map to notification positions "
+                                "yet: read it with a Kafka client, or create the topic with offsets = sparse")
+        return self
 
     @property
     def first_note(self) -> int:
@@ -224,7 +234,7 @@ class PartitionLog:
         plain tail ends after its prefix's last survivor (its tail's start when none survived)."""
         m = self.manifest
         if m is not None and self.high <= m.end:
-            return m.parts[-1].last_offset + 1 if m.parts else self.scheme.start_of(m.end)
+            return m.parts[-1].last_offset + 1 if m.parts else m.tail_offset
         return self.last_end if self.last_end is not None else self.scheme.start_of(max(self.high, 0))
 
     @property
@@ -244,25 +254,32 @@ class PartitionLog:
 
     # --- what to read --------------------------------------------------------------------------
 
-    def in_prefix(self, note: int) -> bool:
-        """Whether notification `note` lies in the compacted prefix (a reader there reads its parts)."""
-        return self.manifest is not None and note < self.manifest.end
+    def in_prefix(self, offset: int) -> bool:
+        """Whether `offset` lies in the compacted prefix (a reader there reads its parts): before
+        the offset where its plain tail starts, which the manifest gives without the prefix's
+        notifications (a dense topic's may be gone with retention, uncounted)."""
+        return self.manifest is not None and offset < self.manifest.tail_offset
 
     def segments(self, offset: int, stop_note: int | None = None) -> Segments:
         """What a reader at `offset` reads, in order, up to notification `stop_note` (None: on):
         below the compacted prefix's end, its parts from the one holding the first survivor at or
         after `offset` (never before DeleteRecords' start), then the plain notifications from the
-        prefix's end; past it (or without a prefix), the plain notifications from `offset`'s."""
-        note, index = self.scheme.position_of(offset)
+        prefix's end; past it (or without a prefix), the plain notifications from `offset`'s.
+
+        A dense prefix's survivors are not mapped to notifications (their counts before the
+        prefix's end may be gone): its segments hand over as the prefix's last notification."""
         m = self.manifest
-        if m is None or not self.in_prefix(note):
-            return Segments((), Tail(note, index, stop_note))
-        end = m.end if stop_note is None else min(stop_note, m.end)
-        hi = self.scheme.start_of(end)
+        if m is None or not self.in_prefix(offset):
+            at, index = self.scheme.position_of(offset)
+            return Segments((), Tail(at, index, stop_note))
+        hi = m.tail_offset if stop_note is None or stop_note >= m.end else self.scheme.start_of(stop_note)
         lo = max(offset, self.moved)
         chosen = [p for p in m.parts_from(lo) if p.first_offset < hi]
-        parts = tuple(PartSegment(p, max(lo, p.first_offset), hi, self.scheme.position_of(max(lo, p.first_offset))[0],
-                                  m.end - 1 if i == len(chosen) - 1 else self.scheme.position_of(p.last_offset)[0])
+
+        def note(o: int) -> int:
+            return m.end - 1 if m.dense else self.scheme.position_of(o)[0]
+        parts = tuple(PartSegment(p, max(lo, p.first_offset), hi, note(max(lo, p.first_offset)),
+                                  m.end - 1 if i == len(chosen) - 1 else note(p.last_offset))
                       for i, p in enumerate(chosen))
         tail = None if stop_note is not None and stop_note <= m.end else Tail(m.end, 0, stop_note)
         return Segments(parts, tail, in_prefix=True)

@@ -60,6 +60,7 @@ class _Reading:
     buf: bytearray
     zstd: bool         # the client takes zstd batches (Fetch v10+)
     log: PartitionLog  # the partition's log as opened (its compacted prefix, DeleteRecords' start)
+    prefix_at: int | None = None   # the offset to read from while in the compacted prefix (then note, index: 0)
 
     @property
     def notification_topic(self) -> str:
@@ -112,9 +113,12 @@ async def fetch(core: BrokerCore, principal: str | None, req: FetchRequest, peer
                 out.preferred_replica = replica   # read nothing here: the client goes there
                 out.high_watermark = p.offset
             else:
+                plog = await core.logs.opened(plog, t, p.index, peer)
+                if plog.in_prefix(p.offset):   # by its offset: a dense prefix's notifications may be uncounted
+                    readings.append(_Reading(t, p, out, 0, 0, bytearray(), req.zstd, plog, p.offset))
+                    continue
                 note, index = plog.scheme.position_of(p.offset)
-                readings.append(_Reading(t, p, out, note, index, bytearray(), req.zstd,
-                                         await core.logs.opened(plog, t, p.index, peer)))
+                readings.append(_Reading(t, p, out, note, index, bytearray(), req.zstd, plog))
         answer.append((topic, outs))
     budget = [max(req.max_bytes, 1)]   # bytes the response may still take
     for r in readings:   # what is there now
@@ -167,7 +171,7 @@ async def _long_poll(core: BrokerCore, readings: list[_Reading], wait_s: float, 
 async def _read(core: BrokerCore, r: _Reading, wait_s: float, budget: list[int], peer: object) -> None:
     """Read `r`'s partition from its place, within its and the response's byte limits."""
     try:
-        if r.log.in_prefix(r.note) and (
+        if r.prefix_at is not None and (
                 not await _place_compacted(core, r, budget) or budget[0] <= 0 or len(r.buf) >= r.want.max_bytes):
             return
         notes = await core.reads.notes(r.notification_topic, r.want.index, r.note, wait_s)
@@ -189,8 +193,8 @@ async def _read(core: BrokerCore, r: _Reading, wait_s: float, budget: list[int],
 async def _place_compacted(core: BrokerCore, r: _Reading, budget: list[int]) -> bool:
     """Add the compacted prefix's batches from the reading's offset on (the log's segments) and
     move the reading to the plain tail; False when a limit stopped it inside the prefix."""
-    scheme = r.log.scheme
-    offset = scheme.offset_of(r.note, r.index)
+    assert r.prefix_at is not None
+    offset = r.prefix_at
     segments = r.log.segments(offset)
     for seg in segments.parts:
         offset = max(offset, seg.start)
@@ -199,12 +203,12 @@ async def _place_compacted(core: BrokerCore, r: _Reading, budget: list[int]) -> 
             after = place_batch(batch, r.buf, min(r.want.max_bytes, len(r.buf) + budget[0]),
                                 at_least_one=not r.buf and budget[0] > 0, zstd=r.zstd)
             if after is None:
-                r.note, r.index = scheme.position_of(offset)
+                r.prefix_at = offset
                 return False
             budget[0] -= len(r.buf) - before
             offset = max(offset, after)
     assert segments.tail is not None
-    r.note, r.index = segments.tail.note, segments.tail.index
+    r.prefix_at, r.note, r.index = None, segments.tail.note, segments.tail.index
     return True
 
 
