@@ -12,13 +12,14 @@ import subprocess
 import sys
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
-from confluent_kafka import ConsumerGroupTopicPartitions
+from confluent_kafka import ConsumerGroupTopicPartitions, ConsumerGroupType
 from confluent_kafka.admin import AdminClient
 from bench._group_member import member_log
 from tests.support.audit import audit_config
@@ -284,3 +285,72 @@ async def test_a_sigkilled_static_member_restarted_has_its_partitions_back_at_on
                 p.terminate()
             for p in (a, b):
                 await asyncio.to_thread(p.wait, 20)
+
+
+async def test_a_classic_group_becomes_a_consumer_group_as_its_members_upgrade(
+        devcluster: DevCluster, unique_name: Callable[[str], str], tmp_path: Path) -> None:
+    """KIP-848's online migration: two classic confluent-kafka members read a 4-partition topic
+    with a commit after each batch; a `group.protocol=consumer` member joins (the group becomes
+    a consumer group, the classic members stay, the server's assignor deciding their partitions),
+    then the classic ones are restarted as consumer-protocol members. Every record is read, none
+    twice after an acknowledged commit, and ListGroups reports the group's type as consumer."""
+    topic = unique_name("kupgrade")
+    config = dataclasses.replace(devcluster.config(topics=[topic_config(topic, read_partitions=4, batch_ms=20)]),
+                                 broker=BrokerConfig(kafka_port=0))
+    group = f"g-{uuid.uuid4().hex[:6]}"
+    async with running_broker(config) as broker:
+        procs: dict[str, subprocess.Popen[bytes]] = {}
+        sent = 0
+
+        def member(name: str, protocol: str) -> None:
+            procs[name] = subprocess.Popen([sys.executable, "-m", "bench._group_member", broker.kafka_address, topic,
+                                            group, protocol, str(tmp_path / f"{name}.log")],
+                                           cwd=Path(__file__).parent.parent)
+
+        async def stop(name: str) -> None:
+            procs[name].terminate()
+            await asyncio.to_thread(procs[name].wait, 20)
+
+        def read() -> list[tuple[int, int]]:
+            return [r for name in procs for r in member_log(tmp_path / f"{name}.log").read]
+
+        async def produce_and_read(tag: str) -> None:
+            nonlocal sent
+            await asyncio.to_thread(kafka_produce, broker.kafka_address, topic, rows(200, tag), acks="all")
+            sent += 200
+            await async_wait_for(lambda: len(set(read())) == sent, timeout_s=30, what=f"the {tag} records read")
+
+        try:
+            member("a", "classic")
+            member("b", "classic")
+            await produce_and_read("classic")
+            member("c", "consumer")
+
+            def settled() -> bool:   # a consumer group now: the classic two in it, each reading
+                g = broker.group_coordinator.consumer.groups.get(group)
+                return g is not None and g.state() == "Stable" and len(g.members) == 3 \
+                    and sum(m.classic is not None for m in g.members.values()) == 2 \
+                    and all(m.assigned for m in g.members.values())
+
+            await async_wait_for(settled, timeout_s=30, what="the classic members reading in a consumer group")
+            await produce_and_read("mixed")
+            for old, new in (("a", "a2"), ("b", "b2")):   # restarted with the consumer protocol
+                await stop(old)
+                member(new, "consumer")
+            await produce_and_read("upgraded")
+            g = broker.group_coordinator.consumer.groups[group]
+            assert len(g.members) == 3 and all(m.classic is None for m in g.members.values())
+            admin = AdminClient({"bootstrap.servers": broker.kafka_address})
+            listed = await asyncio.to_thread(lambda: admin.list_consumer_groups(
+                types={ConsumerGroupType.CONSUMER}, request_timeout=10).result(20))
+            assert group in {x.group_id for x in listed.valid}
+        finally:   # waited off the event loop: a closing member talks to this process's broker
+            for p in procs.values():
+                p.terminate()
+            for p in procs.values():
+                await asyncio.to_thread(p.wait, 20)
+        got = read()
+        assert len(set(got)) == sent
+        twice = {r for r, n in Counter(got).items() if n > 1}
+        uncommitted = {r for name in procs for r in member_log(tmp_path / f"{name}.log").uncommitted}
+        assert twice <= uncommitted, f"read twice though committed: {sorted(twice - uncommitted)[:10]}"
