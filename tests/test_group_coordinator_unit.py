@@ -411,3 +411,23 @@ def test_a_classic_member_that_does_not_rejoin_in_time_is_removed() -> None:
     assert groups.expire("g", 5.0) == []
     assert groups.expire("g", 5.4) == ["k"]   # no JoinGroup within its rebalance timeout (5 s)
 
+
+def test_transactional_commits_and_fetches_check_the_member() -> None:
+    groups = ConsumerGroups()
+    a = _Client(groups, "a")
+    a.beat(0.0, join=True)
+    a.beat(0.0)
+    assert groups.txn_commit_error("g", a.member_id, a.epoch) == ErrorCode.NONE
+    assert groups.txn_commit_error("g", a.member_id, a.epoch + 3) == ErrorCode.ILLEGAL_GENERATION   # a zombie
+    assert groups.txn_commit_error("g", "gone", a.epoch) == ErrorCode.UNKNOWN_MEMBER_ID
+    assert groups.fetch_error("g", a.member_id, a.epoch) == ErrorCode.NONE
+    assert groups.fetch_error("g", a.member_id, a.epoch + 3) == ErrorCode.STALE_MEMBER_EPOCH
+    assert groups.fetch_error("g", None, -1) == ErrorCode.NONE   # an admin's
+    kg = ClassicGroups(initial_delay_s=0.0)
+    _, (first,) = _join(kg, "", 0.0)
+    k = first.member_id
+    kg.sync("g", k, 1, 0.0, [(k, b"all")])
+    assert kg.txn_commit_error("g", k, 1) == ErrorCode.NONE
+    assert kg.txn_commit_error("g", k, 0) == ErrorCode.ILLEGAL_GENERATION
+    assert kg.txn_commit_error("g", "gone", 1) == ErrorCode.UNKNOWN_MEMBER_ID
+    assert kg.txn_commit_error("g", "", -1) == ErrorCode.NONE   # an older producer's: no member named

@@ -21,11 +21,13 @@ import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 from confluent_kafka import ConsumerGroupTopicPartitions, ConsumerGroupType
 from confluent_kafka.admin import AdminClient
+from kafka.protocol.consumer.group import OffsetFetchRequest, OffsetFetchResponse
 from bench._group_member import member_log
 from tests.support.audit import audit_config
 from tests.support.cli import memq
 from tests.support.cluster import running_broker, topic_config
 from tests.support.kafka_clients import broker_thread, kafka_produce, rows
+from tests.support.kafka_frames import Wire
 from tests.support.waiting import async_wait_for
 from tests.support.security import ALICE, ALICE_ENTRY, BOB, BOB_ENTRY
 
@@ -34,6 +36,7 @@ from memq.audit.dashboard import AuditService
 from memq.config import BrokerConfig, SecurityConfig
 from memq.devcluster import DevCluster
 from memq.kafka_api.groups import mapped_group
+from memq.kafka_api.protocol import ErrorCode
 from memq.security.tokens import new_token
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
@@ -340,6 +343,14 @@ async def test_a_classic_group_becomes_a_consumer_group_as_its_members_upgrade(
             await produce_and_read("upgraded")
             g = broker.group_coordinator.consumer.groups[group]
             assert len(g.members) == 3 and all(m.classic is None for m in g.members.values())
+            # OffsetFetch v9 checks a member's epoch, as Kafka does
+            m = next(iter(g.members.values()))
+            wire = await asyncio.to_thread(Wire, broker.kafka_address)
+            for epoch, error in ((m.epoch + 5, ErrorCode.STALE_MEMBER_EPOCH), (m.epoch, ErrorCode.NONE)):
+                ask = OffsetFetchRequest(groups=[OffsetFetchRequest.OffsetFetchRequestGroup(
+                    group_id=group, member_id=m.member_id, member_epoch=epoch, topics=None)], require_stable=False)
+                got = await asyncio.to_thread(wire.call, ask, OffsetFetchResponse, 9)
+                assert got.groups[0].error_code == error
             admin = AdminClient({"bootstrap.servers": broker.kafka_address})
             listed = await asyncio.to_thread(lambda: admin.list_consumer_groups(
                 types={ConsumerGroupType.CONSUMER}, request_timeout=10).result(20))

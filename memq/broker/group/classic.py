@@ -226,6 +226,14 @@ class ClassicGroups:
                        else SyncAnswer(ErrorCode.REBALANCE_IN_PROGRESS))
                 for k, m in g.members.items() if m.joining or m.syncing]
 
+    def txn_commit_error(self, group_id: str, member_id: str, generation: int) -> ErrorCode:
+        """Why a TxnOffsetCommit is refused: a member's at another generation (a zombie's) or of
+        no member (ILLEGAL_GENERATION, UNKNOWN_MEMBER_ID); as Kafka, one with no member and no
+        generation (an older producer's) is taken in any state, and none waits for the leader."""
+        if generation < 0 and not member_id:
+            return ErrorCode.NONE
+        return self._member_error(self.groups.get(group_id), member_id, generation) or ErrorCode.NONE
+
     def tick(self, group_id: str, now: float) -> list[Answer]:
         """Sessions expired and a join phase ended if due: the answers that became due."""
         g = self.groups.get(group_id)

@@ -220,6 +220,20 @@ class ConsumerGroups:
             return ErrorCode.STALE_MEMBER_EPOCH
         return ErrorCode.NONE
 
+    def txn_commit_error(self, group_id: str, member_id: str, epoch: int) -> ErrorCode:
+        """Why a TxnOffsetCommit by `member_id` at `epoch` is refused, as `commit_error` but a
+        stale epoch is ILLEGAL_GENERATION (Kafka's code there: a zombie's transaction aborts)."""
+        error = self.commit_error(group_id, member_id, epoch)
+        return ErrorCode.ILLEGAL_GENERATION if error == ErrorCode.STALE_MEMBER_EPOCH else error or ErrorCode.NONE
+
+    def fetch_error(self, group_id: str, member_id: str | None, epoch: int) -> ErrorCode:
+        """Why an OffsetFetch (v9+) by `member_id` at `epoch` is refused: from a member, the
+        epoch it may commit at (STALE_MEMBER_EPOCH, ILLEGAL_GENERATION for a classic member);
+        from no member (an admin's, -1), never."""
+        if not member_id and epoch < 0:
+            return ErrorCode.NONE
+        return self.commit_error(group_id, member_id or "", epoch) or ErrorCode.NONE
+
     # --- classic members ----------------------------------------------------------------------
 
     def classic_join(self, group_id: str, member_id: str, now: float, partitions: Mapping[str, int], *,

@@ -327,6 +327,31 @@ class GroupCoordinator:
                 return error or ErrorCode.NONE
             return await self._store_offsets(group, held, offsets)
 
+    async def txn_commit_error(self, group: str, member_id: str, generation: int) -> ErrorCode:
+        """Why a TxnOffsetCommit of `group`'s offsets by `member_id` at `generation` (its member
+        epoch in a consumer group) is refused, checked when it arrives as Kafka does: a zombie
+        member's is ILLEGAL_GENERATION or UNKNOWN_MEMBER_ID; NOT_COORDINATOR elsewhere."""
+        held = await self._hold(group)
+        if isinstance(held, ErrorCode):
+            return held
+        async with held.lock:
+            if held.kind == CONSUMER and group in self.consumer.groups:
+                return self.consumer.txn_commit_error(group, member_id, generation)
+            if held.kind == CLASSIC and group in self.classic.groups:
+                return self.classic.txn_commit_error(group, member_id, generation)
+            return ErrorCode.NONE if generation < 0 else ErrorCode.ILLEGAL_GENERATION
+
+    async def fetch_error(self, group: str, member_id: str | None, epoch: int) -> ErrorCode:
+        """Why an OffsetFetch v9+ by `member_id` at `epoch` is refused (STALE_MEMBER_EPOCH,
+        UNKNOWN_MEMBER_ID: a consumer group's member checked as Kafka does; a classic group's
+        fetches are not)."""
+        held = await self._hold(group)
+        if isinstance(held, ErrorCode):
+            return held
+        if held.kind == CONSUMER and group in self.consumer.groups:
+            return self.consumer.fetch_error(group, member_id, epoch)
+        return ErrorCode.NONE
+
     async def offsets(self, group: str) -> Offsets | ErrorCode:
         """The group's committed offsets (an OffsetFetch), as stored: a transaction's commit,
         made by its own coordinator, is there too."""
