@@ -431,3 +431,17 @@ def test_transactional_commits_and_fetches_check_the_member() -> None:
     assert kg.txn_commit_error("g", k, 0) == ErrorCode.ILLEGAL_GENERATION
     assert kg.txn_commit_error("g", "gone", 1) == ErrorCode.UNKNOWN_MEMBER_ID
     assert kg.txn_commit_error("g", "", -1) == ErrorCode.NONE   # an older producer's: no member named
+
+
+def test_a_regex_subscription_follows_the_topics_it_matches() -> None:
+    groups = ConsumerGroups()
+    parts = {"orders-eu": 2, "orders-us": 2, "audit": 2}
+    assert groups.heartbeat("g", "", 0, 0.0, parts, regex="orders-(").error == ErrorCode.INVALID_REGULAR_EXPRESSION
+    b = groups.heartbeat("g", "", 0, 0.0, parts, regex="^orders-.*", owned=frozenset())
+    assert b.error == ErrorCode.NONE and b.assignment == {(t, p) for t in ("orders-eu", "orders-us") for p in (0, 1)}
+    grown = {**parts, "orders-asia": 1}
+    groups.refresh("g", grown)   # a matching topic created: a new target
+    b = groups.heartbeat("g", b.member_id, b.epoch, 1.0, grown, owned=b.assignment)
+    assert b.assignment is not None and ("orders-asia", 0) in b.assignment and ("audit", 0) not in b.assignment
+    back = consumer.restore("g", json.loads(json.dumps(consumer.snapshot(groups.groups["g"]))), 2.0)
+    assert back.members[b.member_id].regex == "^orders-.*"

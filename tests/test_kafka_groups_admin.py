@@ -365,3 +365,34 @@ async def test_a_classic_group_becomes_a_consumer_group_as_its_members_upgrade(
         twice = {r for r, n in Counter(got).items() if n > 1}
         uncommitted = {r for name in procs for r in member_log(tmp_path / f"{name}.log").uncommitted}
         assert twice <= uncommitted, f"read twice though committed: {sorted(twice - uncommitted)[:10]}"
+
+
+async def test_a_consumer_protocol_member_subscribes_by_regex(
+        devcluster: DevCluster, unique_name: Callable[[str], str]) -> None:
+    """librdkafka's `^prefix.*` subscription with `group.protocol=consumer` (ConsumerGroupHeartbeat
+    v1's SubscribedTopicRegex, resolved by the coordinator): it reads the matching topics, not the other."""
+    prefix = unique_name("rx")
+    topics = [f"{prefix}-a", f"{prefix}-b", f"other-{prefix}"]
+    config = dataclasses.replace(
+        devcluster.config(topics=[topic_config(t, read_partitions=2, batch_ms=20) for t in topics]),
+        broker=BrokerConfig(kafka_port=0))
+    async with running_broker(config) as broker:
+        for t in topics:
+            await asyncio.to_thread(kafka_produce, broker.kafka_address, t, rows(20, t), acks="all")
+
+        def read() -> Counter[str]:
+            c = Consumer({"bootstrap.servers": broker.kafka_address, "group.id": f"g-{uuid.uuid4().hex[:6]}",
+                          "group.protocol": "consumer", "auto.offset.reset": "earliest", "fetch.wait.max.ms": 100})
+            got: Counter[str] = Counter()
+            try:
+                c.subscribe([f"^{prefix}-.*"])
+                deadline = time.monotonic() + 30
+                while sum(got.values()) < 40:
+                    assert time.monotonic() < deadline, f"read {dict(got)}"
+                    got.update(m.topic() for m in c.consume(100, 0.2) if m.error() is None)
+                got.update(m.topic() for m in c.consume(100, 1.0) if m.error() is None)   # nothing else comes
+            finally:
+                c.close()
+            return got
+
+        assert await asyncio.to_thread(read) == {topics[0]: 20, topics[1]: 20}

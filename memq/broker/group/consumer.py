@@ -35,6 +35,7 @@ by the store, so a new coordinator carries on with the same members and epochs.
 
 from __future__ import annotations
 
+import re
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -76,6 +77,14 @@ class ConsumerMember:
     sent: frozenset[TP] | None = None        # the assignment last sent (None: send it)
     away: bool = False                       # a static member that left for now (epoch -2)
     classic: Classic | None = None           # a member speaking the classic protocol
+    regex: str | None = None                 # subscribed topics by regular expression, besides `topics`
+
+    def subscribed(self, partitions: Mapping[str, int]) -> tuple[str, ...]:
+        """Its topics, with the cluster's (`partitions`) its regular expression matches whole."""
+        if not self.regex:
+            return self.topics
+        pattern = re.compile(self.regex)
+        return self.topics + tuple(t for t in sorted(partitions) if t not in self.topics and pattern.fullmatch(t))
 
 
 @dataclass(slots=True)
@@ -129,14 +138,21 @@ class ConsumerGroups:
         self.changed: set[str] = set()
 
     def heartbeat(self, group_id: str, member_id: str, epoch: int, now: float, partitions: Mapping[str, int], *,
-                  topics: tuple[str, ...] | None = None, owned: frozenset[TP] | None = None,
+                  topics: tuple[str, ...] | None = None, regex: str | None = None, owned: frozenset[TP] | None = None,
                   assignor: str | None = None, rebalance_timeout_s: float | None = None,
                   instance_id: str | None = None, rack: str | None = None, client_id: str = "",
                   client_host: str = "") -> Beat:
         """One ConsumerGroupHeartbeat. `partitions`: topic -> partition count of the cluster now;
-        None fields did not change since the member's previous heartbeat."""
+        None fields did not change since the member's previous heartbeat; `regex` ("": none) is
+        matched whole against topic names by Python's `re` (Kafka uses RE2: the same for the
+        patterns clients send, such as `prefix.*` or `a|b`)."""
         if assignor is not None and assignor not in ASSIGNORS:
             return Beat(ErrorCode.UNSUPPORTED_ASSIGNOR, message=f"memq's assignors are {sorted(ASSIGNORS)}")
+        if regex:
+            try:
+                re.compile(regex)
+            except re.error as e:
+                return Beat(ErrorCode.INVALID_REGULAR_EXPRESSION, message=f"{regex!r}: {e}")
         g = self.groups.setdefault(group_id, ConsumerGroup(group_id))
         self.expire(group_id, now)
         m = g.members.get(member_id)
@@ -153,8 +169,8 @@ class ConsumerGroups:
         if m is None:
             if epoch != 0:
                 return Beat(ErrorCode.UNKNOWN_MEMBER_ID, message=f"member {member_id!r} is not in group {group_id!r}")
-            if topics is None:
-                return Beat(ErrorCode.INVALID_REQUEST, message="a joining member names its topics")
+            if topics is None and not regex:
+                return Beat(ErrorCode.INVALID_REQUEST, message="a joining member names its topics or a regex")
             static = next((x for x in g.members.values() if instance_id and x.instance_id == instance_id), None)
             if static is not None and not static.away:
                 return Beat(ErrorCode.UNRELEASED_INSTANCE_ID,
@@ -167,7 +183,7 @@ class ConsumerGroups:
                 g.target[new] = g.target.pop(old, frozenset())
                 self.changed.add(group_id)
             else:
-                m = ConsumerMember(member_id or str(uuid.uuid4()), 0, topics, seen=now)
+                m = ConsumerMember(member_id or str(uuid.uuid4()), 0, topics or (), seen=now)
                 g.members[m.member_id] = m
                 self._bump(g)
         elif epoch == 0:   # it rejoins: what it had is gone
@@ -178,6 +194,9 @@ class ConsumerGroups:
                         message=f"member {member_id!r} is at epoch {m.epoch}, not {epoch}")
         m.seen = now
         self._update(g, m, topics, assignor, rebalance_timeout_s, instance_id, rack, client_id, client_host)
+        if regex is not None and (regex or None) != m.regex:
+            m.regex = regex or None
+            self._bump(g)
         if g.assignment_epoch < g.epoch:
             self._assign(g, partitions)
         self._reconcile(g, m, owned, now)
@@ -339,7 +358,8 @@ class ConsumerGroups:
         m.client_host = client_host or m.client_host
 
     def _target(self, g: ConsumerGroup, partitions: Mapping[str, int]) -> dict[str, frozenset[TP]]:
-        return ASSIGNORS[g.assignor()]({k: m.topics for k, m in g.members.items()}, partitions, g.target)
+        return ASSIGNORS[g.assignor()]({k: m.subscribed(partitions) for k, m in g.members.items()}, partitions,
+                                       g.target)
 
     def _assign(self, g: ConsumerGroup, partitions: Mapping[str, int]) -> None:
         g.target = self._target(g, partitions)
@@ -384,6 +404,7 @@ def snapshot(g: ConsumerGroup) -> dict[str, Any]:
                          "rebalance_timeout_s": m.rebalance_timeout_s, "instance_id": m.instance_id, "rack": m.rack,
                          "client_id": m.client_id, "client_host": m.client_host,
                          "assigned": sorted(m.assigned), "revoking": sorted(m.revoking), "away": m.away,
+                         "regex": m.regex,
                          "classic": None if m.classic is None else {
                              "session_timeout_s": m.classic.session_timeout_s,
                              "protocols": [[n, md.hex()] for n, md in m.classic.protocols]}}
@@ -402,7 +423,7 @@ def restore(group_id: str, d: Mapping[str, Any], now: float) -> ConsumerGroup:
         g.members[r["id"]] = ConsumerMember(
             r["id"], int(r["epoch"]), tuple(r["topics"]), r["assignor"], float(r["rebalance_timeout_s"]),
             r["instance_id"], r["rack"], r["client_id"], r["client_host"], int(r["previous_epoch"]),
-            tps(r["assigned"]), tps(r["revoking"]), now, now, away=bool(r.get("away")),
+            tps(r["assigned"]), tps(r["revoking"]), now, now, away=bool(r.get("away")), regex=r.get("regex"),
             classic=None if c is None else Classic(float(c["session_timeout_s"]),
                                                    tuple((n, bytes.fromhex(md)) for n, md in c["protocols"])))
     return g

@@ -71,6 +71,7 @@ class Member:
     epoch: int = -1                                   # consumer groups
     rack: str | None = None
     topics: tuple[str, ...] = ()
+    regex: str | None = None
     assigned: frozenset[tuple[str, int]] = frozenset()
     target: frozenset[tuple[str, int]] = frozenset()
     metadata: bytes = b""                             # classic groups: the chosen protocol's
@@ -124,7 +125,7 @@ class GroupCoordinator:
     # --- KIP-848 consumer groups -------------------------------------------------------------
 
     async def heartbeat(self, group: str, member_id: str, epoch: int, *, topics: tuple[str, ...] | None = None,
-                        owned: frozenset[tuple[str, int]] | None = None, assignor: str | None = None,
+                        regex: str | None = None, owned: frozenset[tuple[str, int]] | None = None, assignor: str | None = None,
                         rebalance_timeout_s: float | None = None, instance_id: str | None = None,
                         rack: str | None = None, client_id: str = "", client_host: str = "") -> Beat:
         """A ConsumerGroupHeartbeat (None: unchanged since the member's previous one)."""
@@ -139,7 +140,7 @@ class GroupCoordinator:
             before = self.consumer.groups.get(group)
             partitions = self._refresh(group)
             beat = self.consumer.heartbeat(
-                group, member_id, epoch, self._clock.monotonic(), partitions, topics=topics, owned=owned,
+                group, member_id, epoch, self._clock.monotonic(), partitions, topics=topics, regex=regex, owned=owned,
                 assignor=assignor, rebalance_timeout_s=rebalance_timeout_s, instance_id=instance_id, rack=rack,
                 client_id=client_id, client_host=client_host)
             if before is None and beat.error:   # a refused first call creates no group
@@ -409,7 +410,8 @@ class GroupCoordinator:
         cg = self.consumer.groups.get(group)
         if held.kind == CONSUMER and cg is not None:
             members = tuple(Member(m.member_id, m.client_id, m.client_host, m.instance_id, m.epoch, m.rack, m.topics,
-                                   m.assigned, cg.target.get(k, frozenset())) for k, m in cg.members.items())
+                                   m.regex, m.assigned, cg.target.get(k, frozenset()))
+                            for k, m in cg.members.items())
             return Description(group, ErrorCode.NONE, CONSUMER, cg.state(), "consumer", "", cg.epoch,
                                cg.assignment_epoch, cg.assignor(), members)
         kg = self.classic.groups.get(group)
@@ -571,4 +573,5 @@ class GroupCoordinator:
 
     def _subscribed(self, group: str) -> set[str]:
         cg = self.consumer.groups.get(group)
-        return {t for m in cg.members.values() for t in m.topics} if cg else set()
+        partitions = self._partitions()
+        return {t for m in cg.members.values() for t in m.subscribed(partitions)} if cg else set()
