@@ -35,15 +35,16 @@ by the store, so a new coordinator carries on with the same members and epochs.
 
 from __future__ import annotations
 
-import re
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from memq.errors import InvalidInputError
 from memq.kafka_api.protocol import ErrorCode
 
 from .assignors import ASSIGNORS, DEFAULT_ASSIGNOR, TP
+from .topic_regex import compile_regex
 
 
 Protocols = tuple[tuple[str, bytes], ...]   # a classic member's JoinGroup protocols: (name, metadata)
@@ -83,7 +84,7 @@ class ConsumerMember:
         """Its topics, with the cluster's (`partitions`) its regular expression matches whole."""
         if not self.regex:
             return self.topics
-        pattern = re.compile(self.regex)
+        pattern = compile_regex(self.regex)
         return self.topics + tuple(t for t in sorted(partitions) if t not in self.topics and pattern.fullmatch(t))
 
 
@@ -144,15 +145,14 @@ class ConsumerGroups:
                   client_host: str = "") -> Beat:
         """One ConsumerGroupHeartbeat. `partitions`: topic -> partition count of the cluster now;
         None fields did not change since the member's previous heartbeat; `regex` ("": none) is
-        matched whole against topic names by Python's `re` (Kafka uses RE2: the same for the
-        patterns clients send, such as `prefix.*` or `a|b`)."""
+        matched whole against topic names (`topic_regex`)."""
         if assignor is not None and assignor not in ASSIGNORS:
             return Beat(ErrorCode.UNSUPPORTED_ASSIGNOR, message=f"memq's assignors are {sorted(ASSIGNORS)}")
         if regex:
             try:
-                re.compile(regex)
-            except re.error as e:
-                return Beat(ErrorCode.INVALID_REGULAR_EXPRESSION, message=f"{regex!r}: {e}")
+                compile_regex(regex)
+            except InvalidInputError as e:
+                return Beat(ErrorCode.INVALID_REGULAR_EXPRESSION, message=str(e))
         g = self.groups.setdefault(group_id, ConsumerGroup(group_id))
         self.expire(group_id, now)
         m = g.members.get(member_id)
