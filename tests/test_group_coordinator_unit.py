@@ -1,14 +1,18 @@
-"""memq's group coordinator without I/O: the assignors, KIP-848 consumer groups, classic groups."""
+"""memq's group coordinator without I/O: the assignors, KIP-848 consumer groups, classic groups, classic
+members of consumer groups (a group changing protocol live), regex subscriptions, transactional checks."""
 
 from __future__ import annotations
 
 import json
 import random
 
-from memq.broker.group import classic, consumer
+from kafka.protocol.consumer.metadata import ConsumerProtocolSubscription as S
+
+from memq.broker.group import classic, consumer, migration
 from memq.broker.group.assignors import TP, range_assign, uniform_assign
 from memq.broker.group.classic import Answer, ClassicGroups, JoinAnswer, SyncAnswer
 from memq.broker.group.consumer import ConsumerGroups
+from memq.kafka_api import embedded
 from memq.kafka_api.protocol import ErrorCode
 
 PARTS = {"t": 12}
@@ -276,7 +280,6 @@ def test_a_static_consumer_member_away_for_now_comes_back_to_its_partitions() ->
 
 
 def _subscription(owned: frozenset[TP] = frozenset()) -> bytes:
-    from kafka.protocol.consumer.metadata import ConsumerProtocolSubscription as S
     parts = [S.TopicPartition(topic="t", partitions=sorted(p for _, p in owned))] if owned else []
     return bytes(S(version=1, topics=["t"], user_data=None, owned_partitions=parts).encode())
 
@@ -322,8 +325,6 @@ def _nobody_reads_twice(clients: list[_Client | _ClassicClient]) -> None:
 
 
 def test_classic_members_upgrade_live_to_a_consumer_group_and_back() -> None:
-    from memq.broker.group import migration
-    from memq.kafka_api import embedded
     halves = {"a": frozenset(("t", p) for p in range(6)), "b": frozenset(("t", p) for p in range(6, 12))}
     g = classic.ClassicGroup("g", "Stable", 3, "consumer", "range", "a", {
         k: classic.ClassicMember(k, k, "h", 10, 5, (("range", _subscription()),), assignment=embedded.assignment(v, 1))
@@ -364,7 +365,8 @@ def test_classic_members_upgrade_live_to_a_consumer_group_and_back() -> None:
     assert back.protocol_type == "consumer" and set(back.members) == {"e"} and back.generation == cg.epoch
     assert embedded.assigned(back.members["e"].assignment) == cg.members["e"].assigned
     snap = consumer.restore("g", json.loads(json.dumps(consumer.snapshot(cg))), 6.0)
-    assert snap.members["e"].classic is not None and snap.members["e"].classic.protocols == cg.members["e"].classic.protocols
+    restored, before = snap.members["e"].classic, cg.members["e"].classic
+    assert restored is not None and before is not None and restored.protocols == before.protocols
 
 
 def test_classic_members_in_a_consumer_group_churn_without_sharing_a_partition() -> None:

@@ -7,11 +7,13 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from kafka.protocol.consumer.metadata import ConsumerProtocolSubscription
 
 from memq.broker.coordinator import coordinator_of
 from memq.broker.group.service import GroupCoordinator
 from memq.broker.group.store import MemoryGroupStore, Offsets
 from memq.config import GroupConfig
+from memq.kafka_api import embedded
 from memq.format.metadata import BrokerMetadata, ClusterMetadata, StorageMetadata, TopicMetadata
 from memq.kafka_api.protocol import ErrorCode
 from tests.support.clock import FakeClock
@@ -101,9 +103,6 @@ def test_classic_joins_wait_for_their_phase() -> None:
 @pytest.mark.parametrize("policy", ["bidirectional", "disabled"])
 def test_a_classic_group_becomes_a_consumer_group_as_members_upgrade(policy: str) -> None:
     async def run() -> None:
-        from kafka.protocol.consumer.metadata import ConsumerProtocolSubscription
-
-        from memq.kafka_api import embedded
         config = GroupConfig(initial_rebalance_delay_ms=0, tick_ms=10, migration_policy=policy)
         coordinator = GroupCoordinator(config, MemoryGroupStore(), FakeClock(), "b1", lambda: _meta("b1"))
         subscription = bytes(ConsumerProtocolSubscription(version=0, topics=["t"], user_data=None).encode())

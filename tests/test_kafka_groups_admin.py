@@ -1,8 +1,9 @@
 """Kafka clients' groups through memq's listener on the real dev cluster (moto S3, tansu), with
 confluent-kafka: Kafka's admin tools delete them (DeleteGroups), with security on the ACLs
 decide, over SASL/PLAIN, who may read a topic and who may use, see or delete a group, the audit
-counts what a group committed, and offsets committed through the relay memq used before are
-taken over."""
+counts what a group committed, offsets committed through the relay memq used before are
+taken over, a classic group becomes a consumer group as its members upgrade, live, and a
+consumer-protocol member subscribes by regular expression."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 commit A, abort B, commit C with confluent-kafka, kafka-python, aiokafka and kafkajs producers,
 read by all four read_committed (A and C exactly, never B); a second producer with the same
 transactional id fences the first; a vanished producer's transaction aborts after its
-transaction.timeout.ms; a consume-transform-produce worker SIGKILLed mid-transaction is
+transaction.timeout.ms; a zombie group member's offsets are refused (ILLEGAL_GENERATION); a consume-transform-produce worker SIGKILLed mid-transaction is
 finished by a second with every input transformed exactly once; a broker SIGKILLed between the
 records and EndTxn leaves the transaction all or nothing."""
 

@@ -125,8 +125,8 @@ class GroupCoordinator:
     # --- KIP-848 consumer groups -------------------------------------------------------------
 
     async def heartbeat(self, group: str, member_id: str, epoch: int, *, topics: tuple[str, ...] | None = None,
-                        regex: str | None = None, owned: frozenset[tuple[str, int]] | None = None, assignor: str | None = None,
-                        rebalance_timeout_s: float | None = None, instance_id: str | None = None,
+                        regex: str | None = None, owned: frozenset[tuple[str, int]] | None = None,
+                        assignor: str | None = None, rebalance_timeout_s: float | None = None, instance_id: str | None = None,
                         rack: str | None = None, client_id: str = "", client_host: str = "") -> Beat:
         """A ConsumerGroupHeartbeat (None: unchanged since the member's previous one)."""
         held = await self._hold(group)
