@@ -330,20 +330,21 @@ async def test_a_classic_group_becomes_a_consumer_group_as_its_members_upgrade(
             await produce_and_read("classic")
             member("c", "consumer")
 
-            def settled() -> bool:   # a consumer group now: the classic two in it, each reading
+            def settled(classic: int) -> bool:   # a consumer group of 3, `classic` of them classic, all reading
                 g = broker.group_coordinator.consumer.groups.get(group)
                 return g is not None and g.state() == "Stable" and len(g.members) == 3 \
-                    and sum(m.classic is not None for m in g.members.values()) == 2 \
+                    and sum(m.classic is not None for m in g.members.values()) == classic \
                     and all(m.assigned for m in g.members.values())
 
-            await async_wait_for(settled, timeout_s=30, what="the classic members reading in a consumer group")
+            await async_wait_for(lambda: settled(2), timeout_s=30,
+                                 what="the classic members reading in a consumer group")
             await produce_and_read("mixed")
             for old, new in (("a", "a2"), ("b", "b2")):   # restarted with the consumer protocol
                 await stop(old)
                 member(new, "consumer")
+            await async_wait_for(lambda: settled(0), timeout_s=30, what="a plain consumer group of 3")
             await produce_and_read("upgraded")
             g = broker.group_coordinator.consumer.groups[group]
-            assert len(g.members) == 3 and all(m.classic is None for m in g.members.values())
             # OffsetFetch v9 checks a member's epoch, as Kafka does
             m = next(iter(g.members.values()))
             wire = await asyncio.to_thread(Wire, broker.kafka_address)
