@@ -16,6 +16,12 @@ one (or one revoked and given back, as eager rebalances do) once its owner read 
 issue's goal (3 s) over the consumer protocol's p99, `classic_p99_vs_goal` 6 s over the classic
 p99, `consumer_vs_classic` classic's p99 over the consumer protocol's; `read_twice` counts the
 records some member read again after another had read (and committed) it.
+
+A **migration** round (KIP-848's online upgrade) times the same way a classic group of 3 that a
+consumer-protocol member joins (the group becomes a consumer group, the classic members rejoin
+under the server's assignor), then each classic member restarted with the consumer protocol in
+turn (a leave, then a join); `migration_p99_vs_goal` is the classic goal (6 s: eager members
+are in the group) over their p99.
 """
 
 from __future__ import annotations
@@ -81,9 +87,9 @@ class _Group:
     def _log(self, member: str) -> Path:
         return self.tmp / f"{self.name}-{member}.log"
 
-    def add(self, member: str) -> None:
+    def add(self, member: str, protocol: str | None = None) -> None:
         self.procs[member] = subprocess.Popen(
-            [sys.executable, "-m", "bench._group_member", self.address, TOPIC, self.name, self.protocol,
+            [sys.executable, "-m", "bench._group_member", self.address, TOPIC, self.name, protocol or self.protocol,
              str(self._log(member))], cwd=Path(__file__).parent.parent)
         self.live.append(member)
 
@@ -153,6 +159,30 @@ def _round(tmp: Path, address: str, protocol: str, index: int) -> tuple[list[flo
     return [joined, left], g.read_twice()
 
 
+def _migration_round(tmp: Path, address: str, index: int) -> tuple[list[float], int]:
+    """3 classic members, a consumer-protocol one joins, then each classic one restarted with the
+    consumer protocol: each change's rebalance time, the records read twice."""
+    g = _Group(tmp, address, f"bench-migration-{index}", "classic")
+    times = []
+    try:
+        for m in ("m1", "m2", "m3"):
+            g.add(m)
+        g.read_again_after(max(g.started(m) for m in ("m1", "m2", "m3")))
+        time.sleep(1.0)
+        g.add("c4", "consumer")
+        times.append(g.read_again_after(g.started("c4")))
+        for m in ("m1", "m2", "m3"):
+            time.sleep(1.0)
+            g.leave(m)
+            g.procs[m].wait(30)
+            g.add(f"c{m}", "consumer")
+            times.append(g.read_again_after(g.started(f"c{m}")))
+        time.sleep(1.0)
+    finally:
+        g.stop()
+    return times, g.read_twice()
+
+
 def _p99(xs: list[float]) -> float:
     s = sorted(xs)
     return s[min(len(s) - 1, int(0.99 * len(s)))]
@@ -160,8 +190,8 @@ def _p99(xs: list[float]) -> float:
 
 def run(quick: bool, rounds: int | None = None) -> dict:
     rounds = rounds or (1 if quick else 3)
-    times: dict[str, list[float]] = {"consumer": [], "classic": []}
-    twice: dict[str, int] = {"consumer": 0, "classic": 0}
+    times: dict[str, list[float]] = {"consumer": [], "classic": [], "migration": []}
+    twice: dict[str, int] = {"consumer": 0, "classic": 0, "migration": 0}
     # the broker processes read them: the classic members' session (6 s) and heartbeat (0.5 s)
     os.environ["MEMQ_GROUP_SESSION_TIMEOUT_MS"] = "6000"
     os.environ["MEMQ_GROUP_HEARTBEAT_INTERVAL_MS"] = str(HEARTBEAT_MS)
@@ -180,13 +210,18 @@ def run(quick: bool, rounds: int | None = None) -> dict:
                     twice[protocol] += n
                     print(f"{protocol} round {i}: join {got[0]:.2f} s, leave {got[1]:.2f} s, read twice {n}",
                           flush=True)
+                got, n = _migration_round(Path(tmp), address, i)
+                times["migration"] += got
+                twice["migration"] += n
+                print(f"migration round {i}: {', '.join(f'{x:.2f}' for x in got)} s, read twice {n}", flush=True)
         finally:
             writer.stopped.set()
             writer.join(30)
     p99 = {k: _p99(v) for k, v in times.items()}
     return {"ratios": {"consumer_p99_vs_goal": round(GOALS_S["consumer"] / p99["consumer"], 3),
                        "classic_p99_vs_goal": round(GOALS_S["classic"] / p99["classic"], 3),
-                       "consumer_vs_classic": round(p99["classic"] / p99["consumer"], 3)},
+                       "consumer_vs_classic": round(p99["classic"] / p99["consumer"], 3),
+                       "migration_p99_vs_goal": round(GOALS_S["classic"] / p99["migration"], 3)},
             "p99_s": {k: round(v, 3) for k, v in p99.items()},
             "rebalance_s": {k: [round(x, 3) for x in v] for k, v in times.items()},
             "read_twice": twice, "rounds": rounds, "partitions": PARTITIONS, "members": "3 -> 4 -> 2"}

@@ -445,6 +445,13 @@ class GroupConfig:
     heartbeat_interval_ms: int = setting(1_000, ge=1)        # group.consumer.heartbeat.interval.ms
     initial_rebalance_delay_ms: int = setting(300, ge=0)     # group.initial.rebalance.delay.ms (classic)
     tick_ms: int = setting(100, ge=1)                        # how often timeouts are checked
+    # group.consumer.migration.policy: whether a group with members changes protocol as they do
+    # (upgrade: a classic group to a consumer group when a consumer-protocol member joins;
+    # downgrade: back when its last consumer-protocol member leaves); Kafka 4's default
+    migration_policy: Literal["bidirectional", "upgrade", "downgrade", "disabled"] = "bidirectional"
+
+    def __post_init__(self) -> None:
+        check_choice(self, "migration_policy", "group")
 
 
 @dataclass(frozen=True)

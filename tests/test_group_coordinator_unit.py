@@ -1,14 +1,18 @@
-"""memq's group coordinator without I/O: the assignors, KIP-848 consumer groups, classic groups."""
+"""memq's group coordinator without I/O: the assignors, KIP-848 consumer groups, classic groups, classic
+members of consumer groups (a group changing protocol live), regex subscriptions, transactional checks."""
 
 from __future__ import annotations
 
 import json
 import random
 
-from memq.broker.group import classic, consumer
+from kafka.protocol.consumer.metadata import ConsumerProtocolSubscription as S
+
+from memq.broker.group import classic, consumer, migration
 from memq.broker.group.assignors import TP, range_assign, uniform_assign
 from memq.broker.group.classic import Answer, ClassicGroups, JoinAnswer, SyncAnswer
 from memq.broker.group.consumer import ConsumerGroups
+from memq.kafka_api import embedded
 from memq.kafka_api.protocol import ErrorCode
 
 PARTS = {"t": 12}
@@ -273,3 +277,174 @@ def test_a_static_consumer_member_away_for_now_comes_back_to_its_partitions() ->
     groups.heartbeat("g", "new-id", -2, 3.0, PARTS)
     groups.expire("g", 14.0)   # away past its session: gone
     assert "new-id" not in groups.groups["g"].members
+
+
+def _subscription(owned: frozenset[TP] = frozenset()) -> bytes:
+    parts = [S.TopicPartition(topic="t", partitions=sorted(p for _, p in owned))] if owned else []
+    return bytes(S(version=1, topics=["t"], user_data=None, owned_partitions=parts).encode())
+
+
+class _ClassicClient:
+    """A classic member in a consumer group as librdkafka behaves: eager (it gives up everything
+    before it joins) or cooperative (it reports what it owns, gives up what its assignment lacks
+    and joins again at once)."""
+
+    def __init__(self, groups: ConsumerGroups, name: str, *, cooperative: bool = False) -> None:
+        self.groups, self.name, self.cooperative = groups, name, cooperative
+        self.member_id, self.generation = name, -1
+        self.owned: frozenset[TP] = frozenset()
+
+    def join(self, now: float) -> None:
+        if not self.cooperative:
+            self.owned = frozenset()
+        b = self.groups.classic_join("g", self.member_id, now, PARTS, topics=("t",), owned=self.owned,
+                                     protocols=(("range", _subscription(self.owned)),), session_timeout_s=10,
+                                     rebalance_timeout_s=5)
+        assert b.error == ErrorCode.NONE, b
+        self.generation = b.epoch
+        error, assigned = self.groups.classic_sync("g", self.member_id, self.generation, now)
+        if error == ErrorCode.REBALANCE_IN_PROGRESS:
+            return
+        assert error == ErrorCode.NONE, error
+        lost = self.owned - assigned
+        self.owned = assigned
+        if lost and self.cooperative:
+            self.join(now)
+
+    def beat(self, now: float) -> None:
+        error = self.groups.classic_heartbeat("g", self.member_id, self.generation, now)
+        if error == ErrorCode.REBALANCE_IN_PROGRESS:
+            self.join(now)
+        else:
+            assert error == ErrorCode.NONE, error
+
+
+def _nobody_reads_twice(clients: list[_Client | _ClassicClient]) -> None:
+    owned = [c.owned for c in clients]
+    assert sum(len(o) for o in owned) == len(frozenset().union(*owned)), "two clients read one partition"
+
+
+def test_classic_members_upgrade_live_to_a_consumer_group_and_back() -> None:
+    halves = {"a": frozenset(("t", p) for p in range(6)), "b": frozenset(("t", p) for p in range(6, 12))}
+    g = classic.ClassicGroup("g", "Stable", 3, "consumer", "range", "a", {
+        k: classic.ClassicMember(k, k, "h", 10, 5, (("range", _subscription()),), assignment=embedded.assignment(v, 1))
+        for k, v in halves.items()})
+    groups = ConsumerGroups(session_s=10)
+    groups.groups["g"] = migration.to_consumer(g, 1.0)
+    cg = groups.groups["g"]
+    assert cg.epoch == g.generation and cg.state() == "Stable"
+    assert {k: m.assigned for k, m in cg.members.items()} == halves
+    a, b = _ClassicClient(groups, "a"), _ClassicClient(groups, "b", cooperative=True)
+    for c in (a, b):
+        c.generation, c.owned = g.generation, halves[c.name]
+        assert groups.commit_error("g", c.name, g.generation) == ErrorCode.NONE   # the same generation commits
+    clients: list[_Client | _ClassicClient] = [a, b]
+    d = _Client(groups, "d")
+    d.beat(1.0, join=True)
+    clients.append(d)
+    for step in range(8):   # each heartbeats in turn: the classic ones are told to rejoin
+        for c in clients:
+            c.beat(2.0 + step / 10)
+            _no_partition_twice(groups)
+            _nobody_reads_twice(clients)
+    assert cg.state() == "Stable" and sorted(len(c.owned) for c in clients) == [4, 4, 4]
+    assert groups.commit_error("g", "a", a.generation - 1) == ErrorCode.ILLEGAL_GENERATION
+    assert groups.heartbeat("g", "a", a.generation, 3.0, PARTS).error == ErrorCode.UNKNOWN_MEMBER_ID
+    # the classic ones leave (restarted as consumer-protocol members): a plain consumer group
+    assert groups.classic_leave("g", ["a", "b", "nobody"]) == [ErrorCode.NONE] * 2 + [ErrorCode.UNKNOWN_MEMBER_ID]
+    d.beat(3.0)
+    d.beat(3.0)
+    assert len(d.owned) == 12 and all(m.classic is None for m in cg.members.values())
+    # downgrade: only classic members left after the consumer-protocol one goes
+    e = _ClassicClient(groups, "e")
+    e.join(4.0)
+    d.beat(4.1)
+    e.beat(4.2)
+    groups.heartbeat("g", d.member_id, -1, 4.3, PARTS)
+    back = migration.to_classic(cg, 5.0)
+    assert back.protocol_type == "consumer" and set(back.members) == {"e"} and back.generation == cg.epoch
+    assert embedded.assigned(back.members["e"].assignment) == cg.members["e"].assigned
+    snap = consumer.restore("g", json.loads(json.dumps(consumer.snapshot(cg))), 6.0)
+    restored, before = snap.members["e"].classic, cg.members["e"].classic
+    assert restored is not None and before is not None and restored.protocols == before.protocols
+
+
+def test_classic_members_in_a_consumer_group_churn_without_sharing_a_partition() -> None:
+    rng = random.Random(11)
+    groups = ConsumerGroups(session_s=1000)
+    clients: list[_Client | _ClassicClient] = []
+    now = 0.0
+    for step in range(400):
+        now += 0.1
+        if rng.random() < 0.05 or not clients:
+            if clients and rng.random() < 0.6:
+                c = _ClassicClient(groups, f"k{step}", cooperative=rng.random() < 0.5)
+                c.join(now)
+                clients.append(c)
+            else:
+                clients.append(_Client(groups, f"c{step}"))
+                clients[-1].beat(now, join=True)
+        elif rng.random() < 0.03 and len(clients) > 1:
+            gone = clients.pop(rng.randrange(len(clients)))
+            if isinstance(gone, _ClassicClient):
+                groups.classic_leave("g", [gone.member_id])
+            else:
+                groups.heartbeat("g", gone.member_id, -1, now, PARTS)
+        else:
+            rng.choice(clients).beat(now)
+        _no_partition_twice(groups)
+        _nobody_reads_twice(clients)
+    for _ in range(8):
+        for c in clients:
+            c.beat(now)
+            _nobody_reads_twice(clients)
+    assert frozenset().union(*(c.owned for c in clients)) == {("t", p) for p in range(12)}
+
+
+def test_a_classic_member_that_does_not_rejoin_in_time_is_removed() -> None:
+    groups = ConsumerGroups(session_s=100)
+    d = _Client(groups, "d")
+    d.beat(0.0, join=True)
+    k = _ClassicClient(groups, "k")
+    k.join(0.1)
+    d.beat(0.2)   # gives up half: k's, at its next heartbeat
+    d.beat(0.2)
+    assert groups.classic_heartbeat("g", "k", k.generation, 0.3) == ErrorCode.REBALANCE_IN_PROGRESS
+    assert groups.expire("g", 5.0) == []
+    assert groups.expire("g", 5.4) == ["k"]   # no JoinGroup within its rebalance timeout (5 s)
+
+
+def test_transactional_commits_and_fetches_check_the_member() -> None:
+    groups = ConsumerGroups()
+    a = _Client(groups, "a")
+    a.beat(0.0, join=True)
+    a.beat(0.0)
+    assert groups.txn_commit_error("g", a.member_id, a.epoch) == ErrorCode.NONE
+    assert groups.txn_commit_error("g", a.member_id, a.epoch + 3) == ErrorCode.ILLEGAL_GENERATION   # a zombie
+    assert groups.txn_commit_error("g", "gone", a.epoch) == ErrorCode.UNKNOWN_MEMBER_ID
+    assert groups.fetch_error("g", a.member_id, a.epoch) == ErrorCode.NONE
+    assert groups.fetch_error("g", a.member_id, a.epoch + 3) == ErrorCode.STALE_MEMBER_EPOCH
+    assert groups.fetch_error("g", None, -1) == ErrorCode.NONE   # an admin's
+    kg = ClassicGroups(initial_delay_s=0.0)
+    _, (first,) = _join(kg, "", 0.0)
+    k = first.member_id
+    kg.sync("g", k, 1, 0.0, [(k, b"all")])
+    assert kg.txn_commit_error("g", k, 1) == ErrorCode.NONE
+    assert kg.txn_commit_error("g", k, 0) == ErrorCode.ILLEGAL_GENERATION
+    assert kg.txn_commit_error("g", "gone", 1) == ErrorCode.UNKNOWN_MEMBER_ID
+    assert kg.txn_commit_error("g", "", -1) == ErrorCode.NONE   # an older producer's: no member named
+
+
+def test_a_regex_subscription_follows_the_topics_it_matches() -> None:
+    groups = ConsumerGroups()
+    parts = {"orders-eu": 2, "orders-us": 2, "audit": 2}
+    for bad in ("orders-(", "(a+)+b", "a.*a.*a.*a.*b", "(o)\\1"):   # unparsed, or slow to match, or not RE2
+        assert groups.heartbeat("g", "", 0, 0.0, parts, regex=bad).error == ErrorCode.INVALID_REGULAR_EXPRESSION
+    b = groups.heartbeat("g", "", 0, 0.0, parts, regex="^orders-.*", owned=frozenset())
+    assert b.error == ErrorCode.NONE and b.assignment == {(t, p) for t in ("orders-eu", "orders-us") for p in (0, 1)}
+    grown = {**parts, "orders-asia": 1}
+    groups.refresh("g", grown)   # a matching topic created: a new target
+    b = groups.heartbeat("g", b.member_id, b.epoch, 1.0, grown, owned=b.assignment)
+    assert b.assignment is not None and ("orders-asia", 0) in b.assignment and ("audit", 0) not in b.assignment
+    back = consumer.restore("g", json.loads(json.dumps(consumer.snapshot(groups.groups["g"]))), 2.0)
+    assert back.members[b.member_id].regex == "^orders-.*"

@@ -7,11 +7,13 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from kafka.protocol.consumer.metadata import ConsumerProtocolSubscription
 
 from memq.broker.coordinator import coordinator_of
 from memq.broker.group.service import GroupCoordinator
 from memq.broker.group.store import MemoryGroupStore, Offsets
 from memq.config import GroupConfig
+from memq.kafka_api import embedded
 from memq.format.metadata import BrokerMetadata, ClusterMetadata, StorageMetadata, TopicMetadata
 from memq.kafka_api.protocol import ErrorCode
 from tests.support.clock import FakeClock
@@ -94,6 +96,41 @@ def test_classic_joins_wait_for_their_phase() -> None:
             assert await coordinator.leave("g", [joined.member_id]) == (ErrorCode.NONE, [ErrorCode.UNKNOWN_MEMBER_ID])
         finally:
             await coordinator.close()
+
+    asyncio.run(run())
+
+
+@pytest.mark.parametrize("policy", ["bidirectional", "disabled"])
+def test_a_classic_group_becomes_a_consumer_group_as_members_upgrade(policy: str) -> None:
+    async def run() -> None:
+        config = GroupConfig(initial_rebalance_delay_ms=0, tick_ms=10, migration_policy=policy)
+        coordinator = GroupCoordinator(config, MemoryGroupStore(), FakeClock(), "b1", lambda: _meta("b1"))
+        subscription = bytes(ConsumerProtocolSubscription(version=0, topics=["t"], user_data=None).encode())
+        kw = dict(protocol_type="consumer", protocols=(("range", subscription),), session_timeout_s=10.0,
+                  rebalance_timeout_s=5.0, client_id="c", client_host="h", instance_id=None,
+                  require_known_member=False)
+        first = await coordinator.join("g", "", **kw)
+        every = frozenset(("t", p) for p in range(12))
+        await coordinator.sync("g", first.member_id, 1, [(first.member_id, embedded.assignment(every, 0))])
+        beat = await coordinator.heartbeat("g", "", 0, topics=("t",))
+        if policy == "disabled":
+            assert beat.error == ErrorCode.GROUP_ID_NOT_FOUND and (await coordinator.describe("g")).kind == "classic"
+            return
+        assert beat.error == ErrorCode.NONE and beat.assignment == frozenset()   # all still the classic member's
+        assert (await coordinator.describe("g")).kind == "consumer"
+        assert await coordinator.classic_heartbeat("g", first.member_id, 1) == ErrorCode.REBALANCE_IN_PROGRESS
+        again = await coordinator.join("g", first.member_id, **kw)   # eager: it gave everything up
+        assert again.error == ErrorCode.NONE and again.leader == "" and again.members == ()
+        sync = await coordinator.sync("g", first.member_id, again.generation, [])
+        assert sync.protocol == "range" and len(embedded.assigned(sync.assignment)) == 6
+        assert await coordinator.commit("g", first.member_id, again.generation, {("t", 0): (3, "")}) == ErrorCode.NONE
+        assert await coordinator.commit("g", first.member_id, 1, {("t", 0): (3, "")}) == ErrorCode.ILLEGAL_GENERATION
+        beat = await coordinator.heartbeat("g", beat.member_id, beat.epoch, owned=frozenset())
+        assert beat.assignment is not None and beat.assignment == every - embedded.assigned(sync.assignment)
+        # its last consumer-protocol member gone, the group is classic again and rebalances
+        await coordinator.heartbeat("g", beat.member_id, -1)
+        d = await coordinator.describe("g")
+        assert (d.kind, d.state) == ("classic", "PreparingRebalance")
 
     asyncio.run(run())
 

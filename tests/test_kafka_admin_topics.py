@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
-import struct
 import subprocess
 import uuid
 from collections.abc import Iterator
@@ -29,6 +27,7 @@ from kafka.admin import ConfigResource as KpResource
 from kafka.admin import ConfigResourceType as KpResourceType
 from kafka.protocol import admin as kp
 from tests.support.cli import memq
+from tests.support.kafka_frames import Wire
 
 from memq.client.cluster import fetch_metadata
 from memq.config import BrokerConfig, TopicConfig
@@ -215,32 +214,6 @@ def test_kafkajs_admin_creates_a_topic_and_describes_its_configs(gc: GovernedClu
 
 
 # --- every version served, in its own shape ------------------------------------------------
-
-
-class Wire:
-    """Requests of kafka-python's codec at a chosen version over one connection."""
-
-    def __init__(self, address: str) -> None:
-        host, port = address.rsplit(":", 1)
-        self.sock = socket.create_connection((host, int(port)), timeout=60)
-        self.correlation = 0
-
-    def call(self, request: Any, response_cls: Any, version: int) -> Any:
-        self.correlation += 1
-        request.with_header(correlation_id=self.correlation, client_id="memq-test")
-        self.sock.sendall(request.encode(version=version, header=True, framed=True))
-        size = struct.unpack(">i", self._read(4))[0]
-        got = response_cls.decode(self._read(size), version=version, header=True)
-        assert got.header.correlation_id == self.correlation
-        return got
-
-    def _read(self, n: int) -> bytes:
-        out = b""
-        while len(out) < n:
-            chunk = self.sock.recv(n - len(out))
-            assert chunk, "connection closed"
-            out += chunk
-        return out
 
 
 def test_every_version_answers_in_its_shape(gc: GovernedCluster) -> None:

@@ -1,8 +1,9 @@
 """Kafka clients' groups through memq's listener on the real dev cluster (moto S3, tansu), with
 confluent-kafka: Kafka's admin tools delete them (DeleteGroups), with security on the ACLs
 decide, over SASL/PLAIN, who may read a topic and who may use, see or delete a group, the audit
-counts what a group committed, and offsets committed through the relay memq used before are
-taken over."""
+counts what a group committed, offsets committed through the relay memq used before are
+taken over, a classic group becomes a consumer group as its members upgrade, live, and a
+consumer-protocol member subscribes by regular expression."""
 
 from __future__ import annotations
 
@@ -12,19 +13,22 @@ import subprocess
 import sys
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
-from confluent_kafka import ConsumerGroupTopicPartitions
+from confluent_kafka import ConsumerGroupTopicPartitions, ConsumerGroupType
 from confluent_kafka.admin import AdminClient
+from kafka.protocol.consumer.group import OffsetFetchRequest, OffsetFetchResponse
 from bench._group_member import member_log
 from tests.support.audit import audit_config
 from tests.support.cli import memq
 from tests.support.cluster import running_broker, topic_config
 from tests.support.kafka_clients import broker_thread, kafka_produce, rows
+from tests.support.kafka_frames import Wire
 from tests.support.waiting import async_wait_for
 from tests.support.security import ALICE, ALICE_ENTRY, BOB, BOB_ENTRY
 
@@ -33,6 +37,7 @@ from memq.audit.dashboard import AuditService
 from memq.config import BrokerConfig, SecurityConfig
 from memq.devcluster import DevCluster
 from memq.kafka_api.groups import mapped_group
+from memq.kafka_api.protocol import ErrorCode
 from memq.security.tokens import new_token
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
@@ -284,3 +289,112 @@ async def test_a_sigkilled_static_member_restarted_has_its_partitions_back_at_on
                 p.terminate()
             for p in (a, b):
                 await asyncio.to_thread(p.wait, 20)
+
+
+async def test_a_classic_group_becomes_a_consumer_group_as_its_members_upgrade(
+        devcluster: DevCluster, unique_name: Callable[[str], str], tmp_path: Path) -> None:
+    """KIP-848's online migration: two classic confluent-kafka members read a 4-partition topic
+    with a commit after each batch; a `group.protocol=consumer` member joins (the group becomes
+    a consumer group, the classic members stay, the server's assignor deciding their partitions),
+    then the classic ones are restarted as consumer-protocol members. Every record is read, none
+    twice after an acknowledged commit, and ListGroups reports the group's type as consumer."""
+    topic = unique_name("kupgrade")
+    config = dataclasses.replace(devcluster.config(topics=[topic_config(topic, read_partitions=4, batch_ms=20)]),
+                                 broker=BrokerConfig(kafka_port=0))
+    group = f"g-{uuid.uuid4().hex[:6]}"
+    async with running_broker(config) as broker:
+        procs: dict[str, subprocess.Popen[bytes]] = {}
+        sent = 0
+
+        def member(name: str, protocol: str) -> None:
+            procs[name] = subprocess.Popen([sys.executable, "-m", "bench._group_member", broker.kafka_address, topic,
+                                            group, protocol, str(tmp_path / f"{name}.log")],
+                                           cwd=Path(__file__).parent.parent)
+
+        async def stop(name: str) -> None:
+            procs[name].terminate()
+            await asyncio.to_thread(procs[name].wait, 20)
+
+        def read() -> list[tuple[int, int]]:
+            return [r for name in procs for r in member_log(tmp_path / f"{name}.log").read]
+
+        async def produce_and_read(tag: str) -> None:
+            nonlocal sent
+            await asyncio.to_thread(kafka_produce, broker.kafka_address, topic, rows(200, tag), acks="all")
+            sent += 200
+            await async_wait_for(lambda: len(set(read())) == sent, timeout_s=30, what=f"the {tag} records read")
+
+        try:
+            member("a", "classic")
+            member("b", "classic")
+            await produce_and_read("classic")
+            member("c", "consumer")
+
+            def settled(classic: int) -> bool:   # a consumer group of 3, `classic` of them classic, all reading
+                g = broker.group_coordinator.consumer.groups.get(group)
+                return g is not None and g.state() == "Stable" and len(g.members) == 3 \
+                    and sum(m.classic is not None for m in g.members.values()) == classic \
+                    and all(m.assigned for m in g.members.values())
+
+            await async_wait_for(lambda: settled(2), timeout_s=30,
+                                 what="the classic members reading in a consumer group")
+            await produce_and_read("mixed")
+            for old, new in (("a", "a2"), ("b", "b2")):   # restarted with the consumer protocol
+                await stop(old)
+                member(new, "consumer")
+            await async_wait_for(lambda: settled(0), timeout_s=30, what="a plain consumer group of 3")
+            await produce_and_read("upgraded")
+            g = broker.group_coordinator.consumer.groups[group]
+            # OffsetFetch v9 checks a member's epoch, as Kafka does
+            m = next(iter(g.members.values()))
+            wire = await asyncio.to_thread(Wire, broker.kafka_address)
+            for epoch, error in ((m.epoch + 5, ErrorCode.STALE_MEMBER_EPOCH), (m.epoch, ErrorCode.NONE)):
+                ask = OffsetFetchRequest(groups=[OffsetFetchRequest.OffsetFetchRequestGroup(
+                    group_id=group, member_id=m.member_id, member_epoch=epoch, topics=None)], require_stable=False)
+                got = await asyncio.to_thread(wire.call, ask, OffsetFetchResponse, 9)
+                assert got.groups[0].error_code == error
+            admin = AdminClient({"bootstrap.servers": broker.kafka_address})
+            listed = await asyncio.to_thread(lambda: admin.list_consumer_groups(
+                types={ConsumerGroupType.CONSUMER}, request_timeout=10).result(20))
+            assert group in {x.group_id for x in listed.valid}
+        finally:   # waited off the event loop: a closing member talks to this process's broker
+            for p in procs.values():
+                p.terminate()
+            for p in procs.values():
+                await asyncio.to_thread(p.wait, 20)
+        got = read()
+        assert len(set(got)) == sent
+        twice = {r for r, n in Counter(got).items() if n > 1}
+        uncommitted = {r for name in procs for r in member_log(tmp_path / f"{name}.log").uncommitted}
+        assert twice <= uncommitted, f"read twice though committed: {sorted(twice - uncommitted)[:10]}"
+
+
+async def test_a_consumer_protocol_member_subscribes_by_regex(
+        devcluster: DevCluster, unique_name: Callable[[str], str]) -> None:
+    """librdkafka's `^prefix.*` subscription with `group.protocol=consumer` (ConsumerGroupHeartbeat
+    v1's SubscribedTopicRegex, resolved by the coordinator): it reads the matching topics, not the other."""
+    prefix = unique_name("rx")
+    topics = [f"{prefix}-a", f"{prefix}-b", f"other-{prefix}"]
+    config = dataclasses.replace(
+        devcluster.config(topics=[topic_config(t, read_partitions=2, batch_ms=20) for t in topics]),
+        broker=BrokerConfig(kafka_port=0))
+    async with running_broker(config) as broker:
+        for t in topics:
+            await asyncio.to_thread(kafka_produce, broker.kafka_address, t, rows(20, t), acks="all")
+
+        def read() -> Counter[str]:
+            c = Consumer({"bootstrap.servers": broker.kafka_address, "group.id": f"g-{uuid.uuid4().hex[:6]}",
+                          "group.protocol": "consumer", "auto.offset.reset": "earliest", "fetch.wait.max.ms": 100})
+            got: Counter[str] = Counter()
+            try:
+                c.subscribe([f"^{prefix}-.*"])
+                deadline = time.monotonic() + 30
+                while sum(got.values()) < 40:
+                    assert time.monotonic() < deadline, f"read {dict(got)}"
+                    got.update(m.topic() for m in c.consume(100, 0.2) if m.error() is None)
+                got.update(m.topic() for m in c.consume(100, 1.0) if m.error() is None)   # nothing else comes
+            finally:
+                c.close()
+            return got
+
+        assert await asyncio.to_thread(read) == {topics[0]: 20, topics[1]: 20}

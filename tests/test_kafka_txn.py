@@ -2,7 +2,7 @@
 commit A, abort B, commit C with confluent-kafka, kafka-python, aiokafka and kafkajs producers,
 read by all four read_committed (A and C exactly, never B); a second producer with the same
 transactional id fences the first; a vanished producer's transaction aborts after its
-transaction.timeout.ms; a consume-transform-produce worker SIGKILLed mid-transaction is
+transaction.timeout.ms; a zombie group member's offsets are refused (ILLEGAL_GENERATION); a consume-transform-produce worker SIGKILLed mid-transaction is
 finished by a second with every input transformed exactly once; a broker SIGKILLed between the
 records and EndTxn leaves the transaction all or nothing."""
 
@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka import TopicPartition as ATopicPartition
-from confluent_kafka import KafkaError, KafkaException, Producer
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from tests.support.kafka_clients import read_committed
 from kafka import KafkaConsumer, KafkaProducer
 from kafka import TopicPartition as KTopicPartition
@@ -187,6 +187,41 @@ def test_a_vanished_producers_transaction_aborts_after_its_timeout(cluster: Clus
     with pytest.raises(KafkaException):
         p.commit_transaction(TIMEOUT_S)
     assert read_committed(cluster.address, topic, partitions=PARTITIONS) == []
+
+
+def test_a_zombie_members_offsets_are_refused_in_its_transaction(cluster: Cluster) -> None:
+    """A worker's group metadata taken before the group moved to a new generation: its
+    TxnOffsetCommit is ILLEGAL_GENERATION (the transaction must abort), the live one's commits."""
+    topic, group = cluster.topic(), f"g-{uuid.uuid4().hex[:6]}"
+    conf = {"bootstrap.servers": cluster.address, "group.id": group, "enable.auto.commit": False,
+            "session.timeout.ms": 6000, "heartbeat.interval.ms": 200}
+    first, second = Consumer(conf), Consumer(conf)
+    try:
+        first.subscribe([topic])
+        deadline = time.monotonic() + TIMEOUT_S
+        while not first.assignment():
+            assert time.monotonic() < deadline, "never assigned"
+            first.poll(0.1)
+        zombie = first.consumer_group_metadata()
+        second.subscribe([topic])   # a rebalance: a new generation for both
+        while not (second.assignment() and first.assignment()):
+            assert time.monotonic() < deadline, "never rebalanced"
+            first.poll(0.1)
+            second.poll(0.1)
+        p = _producer(cluster.address, f"z-{uuid.uuid4().hex[:6]}")
+        p.begin_transaction()
+        with pytest.raises(KafkaException) as refused:
+            p.send_offsets_to_transaction([TopicPartition(topic, 0, 5)], zombie, TIMEOUT_S)
+        assert refused.value.args[0].code() == KafkaError.ILLEGAL_GENERATION
+        p.abort_transaction(TIMEOUT_S)
+        p.begin_transaction()
+        p.send_offsets_to_transaction([TopicPartition(topic, 0, 5)], first.consumer_group_metadata(), TIMEOUT_S)
+        p.commit_transaction(TIMEOUT_S)
+        [tp] = first.committed([TopicPartition(topic, 0)], TIMEOUT_S)
+        assert tp.offset == 5
+    finally:
+        first.close()
+        second.close()
 
 
 def test_consume_transform_produce_survives_a_killed_worker_exactly_once(cluster: Cluster) -> None:

@@ -22,7 +22,7 @@ class HeartbeatRequest:
     rack_id: str | None
     rebalance_timeout_ms: int                     # -1: unchanged
     topics: tuple[str, ...] | None                # None: unchanged since the last heartbeat
-    regex: str | None                             # v1; memq refuses regex subscriptions
+    regex: str | None                             # v1; None: unchanged, "": none
     assignor: str | None
     owned: IdAssignment | None                    # None: unchanged since the last heartbeat
 
@@ -92,6 +92,7 @@ class DescribedMember:
     client_id: str
     client_host: str
     topics: tuple[str, ...]
+    regex: str | None
     assignment: NamedAssignment
     target: NamedAssignment
 
@@ -128,7 +129,7 @@ def encode_describe(correlation_id: int, groups: list[DescribedGroup]) -> bytes:
             w.string(m.client_id).string(m.client_host).count(len(m.topics))
             for t in m.topics:
                 w.string(t)
-            w.string(None)   # no regex subscriptions
+            w.string(m.regex)
             _named(w, m.assignment)
             _named(w, m.target)
             w.tags()

@@ -7,8 +7,10 @@ themselves; the real-client tests (confluent-kafka, kcat) check the same paths e
 from __future__ import annotations
 
 import gzip
+import socket
 import struct
 from collections.abc import Sequence
+from typing import Any
 
 import cramjam
 import zstandard
@@ -130,3 +132,29 @@ def group_bodies(group: str, topic: str) -> dict[tuple[int, int], bytes]:
         (15, 4): struct.pack(">i", 1) + _str(group) + b"\x00",
         (16, 2): b"",
     }
+
+
+class Wire:
+    """Requests of kafka-python's codec at a chosen version over one connection."""
+
+    def __init__(self, address: str) -> None:
+        host, port = address.rsplit(":", 1)
+        self.sock = socket.create_connection((host, int(port)), timeout=60)
+        self.correlation = 0
+
+    def call(self, request: Any, response_cls: Any, version: int) -> Any:
+        self.correlation += 1
+        request.with_header(correlation_id=self.correlation, client_id="memq-test")
+        self.sock.sendall(request.encode(version=version, header=True, framed=True))
+        size = struct.unpack(">i", self._read(4))[0]
+        got = response_cls.decode(self._read(size), version=version, header=True)
+        assert got.header.correlation_id == self.correlation
+        return got
+
+    def _read(self, n: int) -> bytes:
+        out = b""
+        while len(out) < n:
+            chunk = self.sock.recv(n - len(out))
+            assert chunk, "connection closed"
+            out += chunk
+        return out

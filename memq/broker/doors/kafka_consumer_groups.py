@@ -2,6 +2,8 @@
 served by memq's group coordinator (`memq.broker.group`), which assigns the partitions itself
 (`uniform` or `range`, as the member asks) and hands them over by revoking first. The codec is
 `memq.kafka_api.consumer_protocol`; partitions travel by topic id (`metadata_flex.topic_id`).
+A subscription by regular expression (v1's SubscribedTopicRegex, librdkafka's `^prefix.*`) is
+resolved by the coordinator against the cluster's topics, again whenever they change.
 A group's calls go to its coordinator (`coordinator_of`); elsewhere they are NOT_COORDINATOR.
 ACLs as Kafka's: `consume` on the group to be a member, `describe` to describe it.
 """
@@ -33,18 +35,13 @@ async def _heartbeat(conn: Conn, h: RequestHeader, req: HeartbeatRequest) -> byt
         return encode_heartbeat(h.correlation_id, ErrorCode.GROUP_AUTHORIZATION_FAILED,
                                 f"principal {conn.principal} may not consume group {req.group_id!r}", None, -1,
                                 interval, None)
-    if req.regex:
-        log.info("Kafka ConsumerGroupHeartbeat of %r from %s: subscription by regex %r refused", req.group_id,
-                 conn.peer, req.regex)
-        return encode_heartbeat(h.correlation_id, ErrorCode.INVALID_REQUEST,
-                                "memq does not subscribe by regular expression: name the topics", None, -1,
-                                interval, None)
     cluster = core.metadata().cluster
     names = {topic_id(cluster, t): t for t in core.metadata().topics}
     owned = None if req.owned is None else frozenset(
         (names[tid], p) for tid, ps in req.owned.items() if tid in names for p in ps)
     beat = await core.group_coordinator.heartbeat(
-        req.group_id, req.member_id, req.member_epoch, topics=req.topics, owned=owned, assignor=req.assignor,
+        req.group_id, req.member_id, req.member_epoch, topics=req.topics, regex=req.regex, owned=owned,
+        assignor=req.assignor,
         rebalance_timeout_s=req.rebalance_timeout_ms / 1000 if req.rebalance_timeout_ms > 0 else None,
         instance_id=req.instance_id, rack=req.rack_id, client_id=h.client_id or "", client_host=str(conn.peer))
     if beat.error:
@@ -82,7 +79,7 @@ async def _describe(conn: Conn, h: RequestHeader, groups: list[str]) -> bytes:
             continue
         out.append(DescribedGroup(g, ErrorCode.NONE, None, d.state, d.epoch, d.assignment_epoch, d.assignor,
                                   tuple(DescribedMember(m.member_id, m.instance_id, m.rack, m.epoch, m.client_id,
-                                                        m.client_host, m.topics, _named(cluster, m.assigned),
+                                                        m.client_host, m.topics, m.regex, _named(cluster, m.assigned),
                                                         _named(cluster, m.target)) for m in d.members)))
     return encode_describe(h.correlation_id, out)
 

@@ -176,12 +176,18 @@ def _audit(st: GroupState, group: str, offsets: Offsets, before: dict[tuple[str,
         task.add_done_callback(st.auditing.discard)
 
 
-async def _fetch_one(st: GroupState, group: str, asked: list[tuple[str, list[int]]] | None
+async def _fetch_one(st: GroupState, group: str, asked: list[tuple[str, list[int]]] | None,
+                     member: tuple[str | None, int] = (None, -1)
                      ) -> tuple[ErrorCode, list[tuple[str, list[tuple[int, int, str]]]]]:
     """A group's offsets: (error, [(topic, [(partition, offset, metadata)])]) for the asked topics
-    (None: every committed one); -1 where nothing is committed."""
+    (None: every committed one); -1 where nothing is committed. `member`: (id, epoch) of a v9+
+    fetch, checked against the group (STALE_MEMBER_EPOCH)."""
     if not st.may(Operation.DESCRIBE, group):
         return ErrorCode.GROUP_AUTHORIZATION_FAILED, []
+    if member != (None, -1):
+        refused = await st.coordinator.fetch_error(group, *member)
+        if refused:
+            return refused, []
     stored = await st.coordinator.offsets(group)
     if isinstance(stored, ErrorCode):
         return stored, []
@@ -199,7 +205,8 @@ async def _fetch(st: GroupState, h: RequestHeader, req: Any) -> bytes:
         groups = []
         for g in req.groups:
             asked = None if g.topics is None else [(t.name, list(t.partition_indexes)) for t in g.topics]
-            error, topics = await _fetch_one(st, g.group_id, asked)
+            member = (g.member_id, g.member_epoch) if v >= 9 else (None, -1)
+            error, topics = await _fetch_one(st, g.group_id, asked, member)
             groups.append(_FetchGroup(group_id=g.group_id, error_code=error, topics=[
                 _FetchGroupTopic(name=t, partitions=[_FetchGroupPartition(
                     partition_index=p, committed_offset=o, committed_leader_epoch=-1, metadata=md, error_code=0)

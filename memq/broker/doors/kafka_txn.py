@@ -6,7 +6,9 @@ random producer id, epoch 0 (see `mapping.PRODUCER_ID_BITS`). Each call with a t
 but TxnOffsetCommit is the coordinator's (`memq.broker.coordinator`, a hash of the
 transactional id over the brokers with a Kafka listener; FindCoordinator key_type 1 names it,
 `kafka_groups`): another broker answers NOT_COORDINATOR and the client finds it again.
-TxnOffsetCommit goes to the group's coordinator, which any broker is: every broker serves it. The state (producer id,
+TxnOffsetCommit goes to the group's coordinator (FindCoordinator key type 0), which checks the member and its
+generation or member epoch as it arrives (a zombie member's is ILLEGAL_GENERATION or UNKNOWN_MEMBER_ID, Kafka's
+codes) and stashes the offsets in the transaction's state, whichever broker that is. The state (producer id,
 epoch, partitions, stashed offsets) is the broker's `Transactions` service
 (`memq.broker.txn.service`); this module only maps Kafka's messages onto it, through
 kafka-python's codec of Kafka's schemas (`memq.kafka_api.messages`), and the service's
@@ -163,8 +165,12 @@ async def _txn_offset_commit(conn: Conn, h: RequestHeader, req: Any) -> bytes:
     elif not conn.core.guard.allowed_group(conn.principal, Operation.CONSUME, req.group_id):
         code = refused(conn, "TxnOffsetCommit", req.transactional_id, ErrorCode.GROUP_AUTHORIZATION_FAILED,
                        f"principal {conn.principal} may not consume as group {req.group_id!r}")
+    elif (fenced := await conn.core.group_coordinator.txn_commit_error(req.group_id, offsets.member_id,
+                                                                       offsets.generation)):
+        code = refused(conn, "TxnOffsetCommit", req.transactional_id, fenced,
+                       f"member {offsets.member_id!r} at generation {offsets.generation} of group {req.group_id!r}")
     else:
-        # sent to the group's coordinator, not the transaction's: any broker serves it
+        # sent to the group's coordinator, not the transaction's: the group's checks are there
         why = await conn.core.txns.stash_offsets(
             req.transactional_id, ProducerIds(req.producer_id, req.producer_epoch), req.group_id, offsets)
         code = ErrorCode.NONE if why is None else refusal(conn, h, "TxnOffsetCommit", req.transactional_id, why)

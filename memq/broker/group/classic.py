@@ -210,6 +210,30 @@ class ClassicGroups:
         # leader assigns (the commit might be of a partition already moving)
         return ErrorCode.REBALANCE_IN_PROGRESS if g.state == "CompletingRebalance" else ErrorCode.NONE
 
+    def adopt(self, g: ClassicGroup, now: float) -> None:
+        """A group that was a consumer group (`migration.to_classic`): its members join again."""
+        self.groups[g.group_id] = g
+        self._prepare(g, now)
+
+    def release(self, group_id: str) -> list[Answer]:
+        """The group handed over to the consumer protocol: REBALANCE_IN_PROGRESS to every member
+        waiting in a join or a sync, which joins again (as Kafka does)."""
+        g = self.groups.pop(group_id, None)
+        self.changed.discard(group_id)
+        if g is None:
+            return []
+        return [Answer(k, JoinAnswer(ErrorCode.REBALANCE_IN_PROGRESS, member_id=k) if m.joining
+                       else SyncAnswer(ErrorCode.REBALANCE_IN_PROGRESS))
+                for k, m in g.members.items() if m.joining or m.syncing]
+
+    def txn_commit_error(self, group_id: str, member_id: str, generation: int) -> ErrorCode:
+        """Why a TxnOffsetCommit is refused: a member's at another generation (a zombie's) or of
+        no member (ILLEGAL_GENERATION, UNKNOWN_MEMBER_ID); as Kafka, one with no member and no
+        generation (an older producer's) is taken in any state, and none waits for the leader."""
+        if generation < 0 and not member_id:
+            return ErrorCode.NONE
+        return self._member_error(self.groups.get(group_id), member_id, generation) or ErrorCode.NONE
+
     def tick(self, group_id: str, now: float) -> list[Answer]:
         """Sessions expired and a join phase ended if due: the answers that became due."""
         g = self.groups.get(group_id)
@@ -245,8 +269,8 @@ class ClassicGroups:
         if g.leader not in g.members:
             g.leader = next(iter(g.members))
         g.state = "CompletingRebalance"
-        for m in g.members.values():
-            m.joining, m.seen, m.assignment = False, now, b""
+        for m in g.members.values():   # each keeps its assignment until the leader's: what it may still own
+            m.joining, m.seen = False, now
             due.append(Answer(m.member_id, self._join_answer(g, m)))
         self.changed.add(g.group_id)
         return due

@@ -10,6 +10,12 @@ another broker claimed the group drops it here: the caller answers NOT_COORDINAT
 client finds the coordinator again. A group whose coordinator is another broker now (brokers
 came or went) is dropped the same way on its next call.
 
+A group changes protocol with members in it as Kafka 4's does (`migration`, under `[group]
+migration_policy`): a classic group becomes a consumer group when a consumer-protocol member
+joins, and classic members are then served by the consumer group (`consumer`), their JoinGroup,
+SyncGroup and Heartbeat answered from its state; it turns classic again when only classic
+members are left.
+
 A group seen for the first time takes over the offsets committed through the relay to the
 notification Kafka before memq coordinated groups (`legacy`, read once: the migration path).
 
@@ -21,19 +27,22 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from memq.clock import Clock
 from memq.config import GroupConfig
-from memq.errors import MemqError, StateFencedError
+from memq.errors import MemqError, ProtocolError, StateFencedError
 from memq.format.metadata import ClusterMetadata
+from memq.kafka_api import embedded
 from memq.kafka_api.protocol import ErrorCode
 
 from ..coordinator import not_coordinator
-from . import classic, consumer
+from . import classic, consumer, migration
 from .classic import Answer, ClassicGroups, JoinAnswer, Protocols, SyncAnswer
 from .consumer import Beat, ConsumerGroups
+from .migration import MigrationPolicy
 from .store import GroupStore, Offsets
 
 log = logging.getLogger(__name__)
@@ -62,6 +71,7 @@ class Member:
     epoch: int = -1                                   # consumer groups
     rack: str | None = None
     topics: tuple[str, ...] = ()
+    regex: str | None = None
     assigned: frozenset[tuple[str, int]] = frozenset()
     target: frozenset[tuple[str, int]] = frozenset()
     metadata: bytes = b""                             # classic groups: the chosen protocol's
@@ -95,6 +105,7 @@ class GroupCoordinator:
         self._legacy = legacy
         self.consumer = ConsumerGroups(session_s=config.session_timeout_ms / 1000)
         self.classic = ClassicGroups(initial_delay_s=config.initial_rebalance_delay_ms / 1000)
+        self.policy = MigrationPolicy(config.migration_policy)
         self._held: dict[str, Held] = {}
         self._claiming: dict[str, asyncio.Future[Held]] = {}
         self._waiting: dict[tuple[str, str], asyncio.Future[JoinAnswer | SyncAnswer]] = {}
@@ -114,8 +125,8 @@ class GroupCoordinator:
     # --- KIP-848 consumer groups -------------------------------------------------------------
 
     async def heartbeat(self, group: str, member_id: str, epoch: int, *, topics: tuple[str, ...] | None = None,
-                        owned: frozenset[tuple[str, int]] | None = None, assignor: str | None = None,
-                        rebalance_timeout_s: float | None = None, instance_id: str | None = None,
+                        regex: str | None = None, owned: frozenset[tuple[str, int]] | None = None,
+                        assignor: str | None = None, rebalance_timeout_s: float | None = None, instance_id: str | None = None,
                         rack: str | None = None, client_id: str = "", client_host: str = "") -> Beat:
         """A ConsumerGroupHeartbeat (None: unchanged since the member's previous one)."""
         held = await self._hold(group)
@@ -123,14 +134,13 @@ class GroupCoordinator:
             return Beat(held)
         async with held.lock:
             if held.kind == CLASSIC and self._classic_members(group):
-                return Beat(ErrorCode.GROUP_ID_NOT_FOUND, message=f"{group!r} is a classic group with members")
+                refused = self._upgrade(group, held)
+                if refused is not None:
+                    return Beat(ErrorCode.GROUP_ID_NOT_FOUND, message=refused)
             before = self.consumer.groups.get(group)
-            partitions = self._partitions()
-            if self._seen.get(group) != partitions:   # topics or their partitions changed: a new target
-                self.consumer.refresh(group, partitions)
-                self._seen[group] = partitions
+            partitions = self._refresh(group)
             beat = self.consumer.heartbeat(
-                group, member_id, epoch, self._clock.monotonic(), partitions, topics=topics, owned=owned,
+                group, member_id, epoch, self._clock.monotonic(), partitions, topics=topics, regex=regex, owned=owned,
                 assignor=assignor, rebalance_timeout_s=rebalance_timeout_s, instance_id=instance_id, rack=rack,
                 client_id=client_id, client_host=client_host)
             if before is None and beat.error:   # a refused first call creates no group
@@ -141,8 +151,45 @@ class GroupCoordinator:
                 held.kind = CONSUMER
                 self.classic.groups.pop(group, None)
                 self.consumer.changed.add(group)
+            self._downgrade(group, held)
             error = await self._persist(group, held)
         return Beat(error) if error else beat
+
+    def _upgrade(self, group: str, held: Held) -> str | None:
+        """The classic group, which has members, made a consumer group (a consumer-protocol
+        member joins it); why not, if the policy or its members' protocol does not allow it."""
+        if not self.policy.upgrades:
+            return f"{group!r} is a classic group with members (migration policy {self.policy.value!r})"
+        try:
+            cg = migration.to_consumer(self.classic.groups[group], self._clock.monotonic())
+        except ProtocolError as e:
+            return f"{group!r} is a classic group that cannot become a consumer group: {e}"
+        self._deliver(group, self.classic.release(group))
+        self.consumer.groups[group] = cg
+        self.consumer.changed.add(group)
+        held.kind = CONSUMER
+        log.info("group %r: a classic group of %d members becomes a consumer group", group, len(cg.members))
+        return None
+
+    def _downgrade(self, group: str, held: Held) -> None:
+        """The consumer group made a classic one again if only classic members are left in it."""
+        cg = self.consumer.groups.get(group)
+        if (held.kind != CONSUMER or cg is None or not cg.members or not self.policy.downgrades
+                or any(m.classic is None for m in cg.members.values())):
+            return
+        self.classic.adopt(migration.to_classic(cg, self._clock.monotonic()), self._clock.monotonic())
+        del self.consumer.groups[group]
+        self.consumer.changed.discard(group)
+        held.kind = CLASSIC
+        log.info("group %r: only classic members left, a classic group again", group)
+
+    def _refresh(self, group: str) -> Mapping[str, int]:
+        """The cluster's partitions, and a new target for the consumer group if they changed."""
+        partitions = self._partitions()
+        if self._seen.get(group) != partitions:
+            self.consumer.refresh(group, partitions)
+            self._seen[group] = partitions
+        return partitions
 
     # --- classic groups ----------------------------------------------------------------------
 
@@ -154,7 +201,11 @@ class GroupCoordinator:
             return JoinAnswer(held, member_id=member_id)
         async with held.lock:
             if held.kind == CONSUMER and self._consumer_members(group):
-                return JoinAnswer(ErrorCode.INCONSISTENT_GROUP_PROTOCOL, member_id=member_id)
+                joined = self._join_consumer_group(
+                    group, member_id, protocol_type, protocols, session_timeout_s, rebalance_timeout_s, client_id,
+                    client_host, instance_id, require_known_member)
+                error = await self._persist(group, held)
+                return JoinAnswer(error, member_id=member_id) if error else joined
             answer, due = self.classic.join(
                 group, member_id, self._clock.monotonic(), protocol_type=protocol_type, protocols=protocols,
                 session_timeout_s=session_timeout_s, rebalance_timeout_s=rebalance_timeout_s, client_id=client_id,
@@ -175,12 +226,37 @@ class GroupCoordinator:
         assert isinstance(result, JoinAnswer)
         return result
 
+    def _join_consumer_group(self, group: str, member_id: str, protocol_type: str, protocols: Protocols,
+                             session_timeout_s: float, rebalance_timeout_s: float, client_id: str, client_host: str,
+                             instance_id: str | None, require_known_member: bool) -> JoinAnswer:
+        """A classic member's JoinGroup to a consumer group: answered at once, as a follower (no
+        leader assigns: the group's assignor does)."""
+        if protocol_type != "consumer" or not protocols:
+            return JoinAnswer(ErrorCode.INCONSISTENT_GROUP_PROTOCOL, member_id=member_id)
+        try:
+            sub = embedded.subscription(protocols[0][1])
+        except ProtocolError:
+            return JoinAnswer(ErrorCode.INCONSISTENT_GROUP_PROTOCOL, member_id=member_id)
+        if not member_id:
+            member_id = f"{client_id or 'member'}-{uuid.uuid4()}"
+            if require_known_member:   # v4+: it joins again with this id
+                return JoinAnswer(ErrorCode.MEMBER_ID_REQUIRED, member_id=member_id)
+        beat = self.consumer.classic_join(
+            group, member_id, self._clock.monotonic(), self._refresh(group), topics=sub.topics, owned=sub.owned,
+            protocols=protocols, session_timeout_s=session_timeout_s, rebalance_timeout_s=rebalance_timeout_s,
+            instance_id=instance_id, rack=sub.rack, client_id=client_id, client_host=client_host)
+        if beat.error:
+            return JoinAnswer(beat.error, member_id=member_id)
+        return JoinAnswer(ErrorCode.NONE, beat.epoch, protocols[0][0], "", beat.member_id, (), "consumer")
+
     async def sync(self, group: str, member_id: str, generation: int, assignments: Sequence[tuple[str, bytes]]
                    ) -> SyncAnswer:
         held = await self._hold(group)
         if isinstance(held, ErrorCode):
             return SyncAnswer(held)
         async with held.lock:
+            if held.kind == CONSUMER and group in self.consumer.groups:
+                return await self._sync_consumer_group(group, held, member_id, generation)
             answer, due = self.classic.sync(group, member_id, generation, self._clock.monotonic(), assignments)
             waiting = self._wait(group, member_id) if answer is None else None
             error = await self._persist(group, held)
@@ -194,11 +270,26 @@ class GroupCoordinator:
         assert isinstance(result, SyncAnswer)
         return result
 
+    async def _sync_consumer_group(self, group: str, held: Held, member_id: str, generation: int) -> SyncAnswer:
+        """A classic member's SyncGroup in a consumer group: its assignment in its embedded
+        protocol's version."""
+        error, tps = self.consumer.classic_sync(group, member_id, generation, self._clock.monotonic())
+        stored = await self._persist(group, held)
+        if error or stored:
+            return SyncAnswer(stored or error)
+        c = self.consumer.groups[group].members[member_id].classic
+        assert c is not None
+        name, metadata = c.protocols[0]
+        return SyncAnswer(ErrorCode.NONE, embedded.assignment(tps, embedded.version(metadata)), name, "consumer")
+
     async def classic_heartbeat(self, group: str, member_id: str, generation: int) -> ErrorCode:
         held = await self._hold(group)
         if isinstance(held, ErrorCode):
             return held
         async with held.lock:
+            if held.kind == CONSUMER and group in self.consumer.groups:
+                error = self.consumer.classic_heartbeat(group, member_id, generation, self._clock.monotonic())
+                return await self._persist(group, held) or error
             error, due = self.classic.heartbeat(group, member_id, generation, self._clock.monotonic())
             stored = await self._persist(group, held)
             self._deliver(group, due)
@@ -209,6 +300,10 @@ class GroupCoordinator:
         if isinstance(held, ErrorCode):
             return held, []
         async with held.lock:
+            if held.kind == CONSUMER and group in self.consumer.groups:
+                errors = self.consumer.classic_leave(group, list(member_ids))
+                self._downgrade(group, held)
+                return await self._persist(group, held) or ErrorCode.NONE, errors
             errors, due = self.classic.leave(group, member_ids, self._clock.monotonic())
             stored = await self._persist(group, held)
             self._deliver(group, due)
@@ -232,6 +327,31 @@ class GroupCoordinator:
             if error or not offsets:
                 return error or ErrorCode.NONE
             return await self._store_offsets(group, held, offsets)
+
+    async def txn_commit_error(self, group: str, member_id: str, generation: int) -> ErrorCode:
+        """Why a TxnOffsetCommit of `group`'s offsets by `member_id` at `generation` (its member
+        epoch in a consumer group) is refused, checked when it arrives as Kafka does: a zombie
+        member's is ILLEGAL_GENERATION or UNKNOWN_MEMBER_ID; NOT_COORDINATOR elsewhere."""
+        held = await self._hold(group)
+        if isinstance(held, ErrorCode):
+            return held
+        async with held.lock:
+            if held.kind == CONSUMER and group in self.consumer.groups:
+                return self.consumer.txn_commit_error(group, member_id, generation)
+            if held.kind == CLASSIC and group in self.classic.groups:
+                return self.classic.txn_commit_error(group, member_id, generation)
+            return ErrorCode.NONE if generation < 0 else ErrorCode.ILLEGAL_GENERATION
+
+    async def fetch_error(self, group: str, member_id: str | None, epoch: int) -> ErrorCode:
+        """Why an OffsetFetch v9+ by `member_id` at `epoch` is refused (STALE_MEMBER_EPOCH,
+        UNKNOWN_MEMBER_ID: a consumer group's member checked as Kafka does; a classic group's
+        fetches are not)."""
+        held = await self._hold(group)
+        if isinstance(held, ErrorCode):
+            return held
+        if held.kind == CONSUMER and group in self.consumer.groups:
+            return self.consumer.fetch_error(group, member_id, epoch)
+        return ErrorCode.NONE
 
     async def offsets(self, group: str) -> Offsets | ErrorCode:
         """The group's committed offsets (an OffsetFetch), as stored: a transaction's commit,
@@ -290,7 +410,8 @@ class GroupCoordinator:
         cg = self.consumer.groups.get(group)
         if held.kind == CONSUMER and cg is not None:
             members = tuple(Member(m.member_id, m.client_id, m.client_host, m.instance_id, m.epoch, m.rack, m.topics,
-                                   m.assigned, cg.target.get(k, frozenset())) for k, m in cg.members.items())
+                                   m.regex, m.assigned, cg.target.get(k, frozenset()))
+                            for k, m in cg.members.items())
             return Description(group, ErrorCode.NONE, CONSUMER, cg.state(), "consumer", "", cg.epoch,
                                cg.assignment_epoch, cg.assignor(), members)
         kg = self.classic.groups.get(group)
@@ -430,7 +551,8 @@ class GroupCoordinator:
                             continue
                         now = self._clock.monotonic()
                         due = self.classic.tick(group, now)
-                        self.consumer.expire(group, now)
+                        if self.consumer.expire(group, now):
+                            self._downgrade(group, held)
                         error = await self._persist(group, held)
                         self._deliver(group, due)
                     if error:
@@ -451,4 +573,5 @@ class GroupCoordinator:
 
     def _subscribed(self, group: str) -> set[str]:
         cg = self.consumer.groups.get(group)
-        return {t for m in cg.members.values() for t in m.topics} if cg else set()
+        partitions = self._partitions()
+        return {t for m in cg.members.values() for t in m.subscribed(partitions)} if cg else set()
