@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from hypothesis import settings
 
 from memq.config import MemqConfig
 from memq.devcluster import DevCluster
@@ -19,6 +20,11 @@ from tests.support.kafkajs import kafkajs  # noqa: F401  (kafkajs installed with
 #: run) compiles with C1 only: a test's Spark work is short, and C2's compiling doubled a JVM's CPU
 #: (about 25 s against 12 s for a session's start and first queries) on cores the suite shares.
 os.environ.setdefault("SPARK_SUBMIT_OPTS", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
+
+#: Property tests check results, not speed: a first example that imports or compiles, or a busy
+#: machine, took 0.55 s against Hypothesis' 200 ms deadline and failed a correct test.
+settings.register_profile("memq", deadline=None)
+settings.load_profile("memq")
 
 
 @pytest.fixture(scope="session")

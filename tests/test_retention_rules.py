@@ -96,7 +96,7 @@ async def test_file_handler_deletes_in_bulk_and_lists_every_attempt(tmp_path: Pa
     try:
         locs = [await storage.put_batch("t", b"x" * 10, first_request_id=i, timestamp_ms=NOW + i, broker_id="b1")
                 for i in range(5)]
-        retried = locs[0].key.replace("-a0", "-a1")      # a superseded attempt: hidden from readers
+        retried = locs[0].key.removesuffix("-a0") + "-a1"      # a superseded attempt: hidden from readers
         (tmp_path / retried).write_bytes(b"y")
         assert len(await storage.list_topic("t", 0, 10**13)) == 5
         assert len(await storage.list_topic("t", 0, 10**13, all_attempts=True)) == 6
