@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import datetime as dt
+import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -98,10 +99,11 @@ def test_the_source_reads_committed_transactions_only(spark: SparkSession, runni
     assert sorted(bytes(r.value) for r in df.select("value").collect()) == sorted(a + c)
 
 
-def test_dense_offsets_are_the_record_offsets_kafka_clients_read(spark: SparkSession, running: Running) -> None:
+def test_dense_offsets_are_the_record_offsets_kafka_clients_read(spark: SparkSession, running: Running,
+                                                                 tmp_path: Path) -> None:
     """A dense 3-partition topic written by a Kafka producer to the partitions it names: Spark's
     `offset` column is each record's Kafka offset, and `startingOffsets`/`endingOffsets` in
-    record offsets cut inside parts."""
+    record offsets cut inside parts; a stream's offsets are record offsets too."""
     topic = running.add_topic(partitions=3, offsets="dense")
     p = Producer({"bootstrap.servers": running.broker.kafka_address, "linger.ms": 20, "acks": "all"})
     for i in range(150):
@@ -120,15 +122,27 @@ def test_dense_offsets_are_the_record_offsets_kafka_clients_read(spark: SparkSes
     finally:
         c.close()
 
-    def read(**options: str) -> list[tuple[int, int, bytes]]:
-        reader = spark.read.format("memq").option("memq.broker", running.broker.url).option("topic", topic)
-        for k, v in {"s3.accessKeyId": running.config.s3.access_key_id or "",
-                     "s3.secretAccessKey": running.config.s3.secret_access_key or "", **options}.items():
-            reader = reader.option(k, v)
-        return sorted((r.partition, r.offset, bytes(r.value))
-                      for r in reader.load().select("partition", "offset", "value").collect())
+    options = {"memq.broker": running.broker.url, "topic": topic,
+               "s3.accessKeyId": running.config.s3.access_key_id or "",
+               "s3.secretAccessKey": running.config.s3.secret_access_key or ""}
+
+    def read(**more: str) -> list[tuple[int, int, bytes]]:
+        df = spark.read.format("memq").options(**options, **more).load()
+        return sorted((r.partition, r.offset, bytes(r.value)) for r in df.select("partition", "offset", "value").collect())
 
     assert read() == sorted(kafka) and {o for q, o, _ in kafka if q == 0} == set(range(50))
     # from record 20 of partition 0 (inside a part), 5 to 30 of partition 2 (its end inside one too)
     assert read(startingOffsets='{"0": 20, "1": -1, "2": 5}', endingOffsets='{"0": -1, "1": -1, "2": 30}') == \
         sorted(r for r in kafka if (r[0] == 0 and r[1] >= 20) or (r[0] == 2 and 5 <= r[1] < 30))
+    # a stream from record 20 of partition 0, 70 records a micro-batch (the first ends inside parts): it
+    # ends at each partition's record count
+    stream = spark.readStream.format("memq").options(**options, startingOffsets='{"0": 20, "1": 0, "2": 0}',
+                                                     maxOffsetsPerTrigger="70").load()
+    name = f"dense_{topic.replace('-', '_')}"
+    query = (stream.select("partition", "offset", "value").writeStream.format("memory").queryName(name)
+             .option("checkpointLocation", str(tmp_path / "ckpt")).trigger(availableNow=True).start())
+    assert query.awaitTermination(60) and query.exception() is None
+    assert [json.loads(q["sources"][0]["endOffset"]) for q in query.recentProgress][-2:] == \
+        [{"0": 43, "1": 23, "2": 24}, {"0": 50, "1": 50, "2": 50}]
+    assert sorted((r.partition, r.offset, bytes(r.value)) for r in spark.table(name).collect()) == \
+        sorted(r for r in kafka if r[0] != 0 or r[1] >= 20)

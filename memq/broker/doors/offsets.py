@@ -47,10 +47,17 @@ class OffsetsDoor:
         if meta is None or not 0 <= partition < meta.read_partitions:
             return _error(404, f"topic {topic} partition {partition} is unknown to broker {core.broker_id}")
         try:
-            # a note asked is counted to, should this broker's tail not have seen it yet
-            scheme = await core.logs.bases.scheme(meta, partition, asked + 1 if by_note else None)
-            note, index = (asked, 0) if by_note else scheme.position_of(asked)
-            base = scheme.start_of(note) if by_note else asked - index
+            scheme = await core.logs.bases.scheme(meta, partition)
+            if by_note:
+                note = asked
+                try:
+                    base = scheme.start_of(note)
+                except OffsetUnknownError:   # past the end this broker's tail saw: count to Kafka's
+                    high = (await core.reads.watermarks(meta.notification_topic, partition))[1]
+                    base = (await core.logs.bases.scheme(meta, partition, min(note, high))).start_of(note)
+            else:
+                note, index = scheme.position_of(asked)
+                base = asked - index
         except (OffsetUnknownError, InvalidInputError) as e:
             return _error(409, str(e))
         except MemqError as e:
