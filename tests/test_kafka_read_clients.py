@@ -34,8 +34,9 @@ from tests.support.kafka_clients import (Row, Running, as_rows, broker_thread, k
                                          rows)
 
 from memq.client.consumer import Consumer as MemqConsumer
+from memq.client.producer import Producer as MemqProducer
 from memq.client.placement import key_partition
-from memq.config import BrokerConfig, MemqConfig, TopicConfig
+from memq.config import BrokerConfig, MemqConfig, ProducerConfig, TopicConfig
 from memq.devcluster import DevCluster
 from memq.format import LogMessage
 
@@ -475,6 +476,19 @@ def test_memqs_consumer_seeks_commits_and_positions_in_record_offsets_on_a_dense
             got += [(r.offset, r.value) for r in mc.poll(0.5)]
         assert got == ones[cut:]
         assert mc.commit() == {1: ones[-1][0] + 1} == mc.committed([1])
+    # a transaction commits a Consumer's position in record offsets too (here the memq part's first record)
+    first_memq, other, txn_group = ones[cut - 1][0], running.add_topic(partitions=1), group()
+
+    async def commit_in_transaction() -> None:
+        async with MemqProducer(ProducerConfig(brokers=running.broker.url, linger_ms=5),
+                                transactional_id=f"t-{txn_group}") as p:
+            await p.begin()
+            await p.send_offsets(txn_group, {chosen.topic: {1: first_memq}})
+            await p.send(other, b"with-offsets")
+            await p.commit()
+    asyncio.run_coroutine_threadsafe(commit_in_transaction(), running.loop).result(60)
+    with MemqConsumer(asked_of(running), chosen.topic, group_id=txn_group, subscribe=False) as mc:
+        assert mc.committed([1]) == {1: first_memq}
 
 
 def test_kafkajs_reads_each_record_from_its_chosen_partition(running: Running, chosen: Chosen, kafkajs: Path) -> None:
