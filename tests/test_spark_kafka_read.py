@@ -131,6 +131,8 @@ def test_dense_offsets_are_the_record_offsets_kafka_clients_read(spark: SparkSes
         return sorted((r.partition, r.offset, bytes(r.value)) for r in df.select("partition", "offset", "value").collect())
 
     assert read() == sorted(kafka) and {o for q, o, _ in kafka if q == 0} == set(range(50))
+    pushed = spark.read.format("memq").options(**options).load().filter("partition = 1 AND offset BETWEEN 20 AND 39")
+    assert sorted(r.offset for r in pushed.select("offset").collect()) == list(range(20, 40))
     # from record 20 of partition 0 (inside a part), 5 to 30 of partition 2 (its end inside one too)
     assert read(startingOffsets='{"0": 20, "1": -1, "2": 5}', endingOffsets='{"0": -1, "1": -1, "2": 30}') == \
         sorted(r for r in kafka if (r[0] == 0 and r[1] >= 20) or (r[0] == 2 and 5 <= r[1] < 30))

@@ -177,8 +177,9 @@ class Consumer:
                         if pointers is not None and "compact" in resolved.topic.cleanup_policy else None)
         self._lookup: KeyLookup | None = None
         self._deserialize = _deserializing(value_deserializer, key_deserializer)
-        # a dense topic's record offsets (None: sparse, offsets are notification offsets)
-        self._dense = topic_offsets(resolved, cc.broker_read_timeout_ms / 1000)
+        # a dense topic's record offsets (None: sparse, offsets are notification offsets); a broker's
+        # first answer for a partition may count it cold: Kafka's timeout, not a part read's
+        self._dense = topic_offsets(resolved, config.kafka.request_timeout_ms / 1000)
         self._cuts: dict[int, tuple[int, int]] = {}   # partition -> (note, index) a seek to a record moved it to
         if subscribe:
             self._notify.subscribe(on_assign=self._on_assign, on_revoke=self._on_revoke)
