@@ -12,6 +12,14 @@ catch-up is the same read, each value decoded (`Notification.from_bytes`, as a t
 counted into `PartitionBases` (`catchup_vs_read`: read s over catch-up s). Figures in seconds
 per million parts.
 
+Reader lookup: memq's Consumer and the Spark driver ask a broker (`GET /v1/offsets`) for one
+checkpoint per partition they start or move on, then count the notifications they read. A broker
+(in this process, its own loop thread) serves a dense topic of `LOOKUP_PARTS` parts; `rounds`
+lookups by notification and by record offset, ms each. The alternative a reader could take alone
+is the broker's cold path: read the checkpoints from ZooKeeper and count, on average, half of
+`CHECKPOINT_EVERY` notifications from Kafka (this run's catch-up and ZooKeeper figures);
+`lookup_vs_self_count` is that ms over the lookup's.
+
 Checkpoint store: `rounds` writes then reads of one partition's checkpoints (`CHECKPOINTS_KEPT`
 entries, `encode_checkpoints`) to ZooKeeper (kazoo set/get) and to S3 (moto: PUT/GET), ms per
 call; the ratio `zk_vs_s3` is S3's write+read ms over ZooKeeper's.
@@ -19,7 +27,10 @@ call; the ratio `zk_vs_s3` is S3's write+read ms over ZooKeeper's.
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import random
+import threading
 import time
 import uuid
 
@@ -28,12 +39,17 @@ from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from kazoo.client import KazooClient
 
+from memq.broker.server import Broker
+from memq.client.dense_offsets import BrokerOffsets
+from memq.client.producer import Producer as MemqProducer
+from memq.config import BrokerConfig, TopicConfig
 from memq.devcluster import DevCluster
 from memq.format.notification import NOTIFICATION_VERSION, Notification
-from memq.log.dense import CHECKPOINTS_KEPT, Checkpoint, DenseScheme, PartitionBases, encode_checkpoints
+from memq.log.dense import CHECKPOINT_EVERY, CHECKPOINTS_KEPT, Checkpoint, DenseScheme, PartitionBases, encode_checkpoints
 from memq.log.model import SPARSE
 
 LOOKUPS = 200_000
+LOOKUP_PARTS = 200
 
 
 def _scheme(notes: int, seed: int = 5) -> tuple[DenseScheme, list[int]]:
@@ -121,6 +137,42 @@ def catch_up(dc: DevCluster, parts: int) -> dict:
     return fig
 
 
+def reader_lookup(dc: DevCluster, rounds: int) -> dict:
+    config = dataclasses.replace(dc.config(cluster="benchoffsets"), broker=BrokerConfig(kafka_port=0))
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    broker = Broker(config)
+    topic = TopicConfig(name="bench-dense", read_partitions=1, batch_ms=5, offsets="dense")
+
+    async def start_and_write() -> None:
+        await broker.start()
+        await broker.add_topic(topic)
+        async with MemqProducer(dataclasses.replace(config.producer, brokers=broker.url, linger_ms=1)) as p:
+            for i in range(LOOKUP_PARTS):   # one Message acked at a time: about a part each
+                await (await p.send_many(topic.name, [b"r%d-%d" % (i, j) for j in range(1 + i % 7)]))
+
+    try:
+        asyncio.run_coroutine_threadsafe(start_and_write(), loop).result(120)
+        brokers = BrokerOffsets((broker.url,))
+        end = brokers.checkpoint(topic.name, 0, offset=1 << 40)   # past the end: the next notification
+        rnd = random.Random(3)
+        t0 = time.perf_counter()
+        for i in range(rounds):
+            if i % 2:
+                brokers.checkpoint(topic.name, 0, note=rnd.randrange(end.note + 1))
+            else:
+                brokers.checkpoint(topic.name, 0, offset=rnd.randrange(end.base + 1))
+        lookup_ms = (time.perf_counter() - t0) * 1e3 / rounds
+    finally:
+        asyncio.run_coroutine_threadsafe(broker.stop(), loop).result(60)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
+    fig = {"lookup_parts": end.note, "lookup_records": end.base, "lookup_ms": lookup_ms}
+    print(f"reader lookup: {fig}", flush=True)
+    return fig
+
+
 def checkpoint_store(dc: DevCluster, rounds: int) -> dict:
     blob = encode_checkpoints([Checkpoint(i * 4096, i * 4096 * 1000) for i in range(CHECKPOINTS_KEPT)])
     zk = KazooClient(hosts=dc.zk_hosts)
@@ -152,8 +204,11 @@ def run(quick: bool) -> dict:
     with DevCluster() as dc:
         catch = catch_up(dc, 100_000 if quick else 1_000_000)
         store = checkpoint_store(dc, 50 if quick else 300)
-    return {"ratios": {"vs_sparse_to_part": look["sparse_to_part_ns"] / look["dense_to_part_ns"],
+        lookup = reader_lookup(dc, 200 if quick else 2000)
+    # a reader alone: one ZooKeeper read (about half a write+read) and half a checkpoint interval counted
+    self_count_ms = store["zk_write_read_ms"] / 2 + catch["catchup_s_per_million"] * CHECKPOINT_EVERY / 2 / 1e3
+    return {"ratios": {"lookup_vs_self_count": self_count_ms / lookup["lookup_ms"],"vs_sparse_to_part": look["sparse_to_part_ns"] / look["dense_to_part_ns"],
                        "vs_sparse_to_offset": look["sparse_to_offset_ns"] / look["dense_to_offset_ns"],
                        "catchup_vs_read": catch["read_s_per_million"] / catch["catchup_s_per_million"],
                        "zk_vs_s3": store["s3_write_read_ms"] / store["zk_write_read_ms"]},
-            **look, **catch, **store}
+            "self_count_ms": self_count_ms, **look, **catch, **store, **lookup}

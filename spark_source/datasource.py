@@ -25,8 +25,10 @@ from pyspark.sql.datasource import (
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
 from pyspark.sql.types import StructType
 
+from memq.client.dense_offsets import CountedOffsets
 from memq.compaction.manifest import Manifest
 from spark_source.compacted import Prefixes, earliest, read_ranges
+from spark_source.dense import dense_ranges, driver_offsets, record_offsets
 from spark_source.options import EARLIEST, LATEST, OffsetSpec, SourceOptions, parse_options
 from spark_source.plan import OPEN_END, Bounds, MemqPartition, NotificationLog, list_objects, plan_tasks, split
 from spark_source.read import read_partition
@@ -89,13 +91,14 @@ class MemqBatchReader(DataSourceReader):
             return list(split([refs], opts.min_partitions))
         nlog = NotificationLog(opts)
         prefixes = Prefixes(opts)
+        dense = driver_offsets(opts)
         try:
             lows = nlog.lows()
-            manifests = prefixes.manifests([p for p in lows if bounds.partitions is None or p in bounds.partitions])
+            wanted = [p for p in lows if bounds.partitions is None or p in bounds.partitions]
+            manifests = prefixes.manifests(wanted)
+            firsts = earliest({p: lows[p] for p in wanted}, manifests)
             ranges: dict[int, tuple[int, int | None]] = {}
-            for p, low in earliest(lows, manifests).items():
-                if bounds.partitions is not None and p not in bounds.partitions:
-                    continue
+            for p, low in record_offsets(dense, firsts).items():
                 # resolved against an open end: "latest" (or past it) reads to the end the read finds
                 start = opts.starting.resolve(p, low, OPEN_END, default=EARLIEST) if opts.starting else low
                 end = opts.ending.resolve(p, low, OPEN_END, default=LATEST)
@@ -105,7 +108,8 @@ class MemqBatchReader(DataSourceReader):
                     end = min(end, bounds.max_offset + 1)
                 if start < min(end, OPEN_END):
                     ranges[p] = (start, None if end >= OPEN_END else end)
-            groups = read_ranges(nlog, ranges, lows, manifests)
+            groups = (read_ranges(nlog, ranges, lows, manifests) if dense is None
+                      else dense_ranges(nlog, dense, ranges, lows))
         finally:
             prefixes.close()
             nlog.close()
@@ -191,11 +195,13 @@ def rate_limit(start: dict[int, int], latest: dict[int, int], max_offsets: int) 
 
 
 class MemqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
-    """Offsets are `{"<read partition>": next notification offset}`.
+    """Offsets are `{"<read partition>": next notification offset}`, on a dense topic
+    `{"<partition>": next record offset}` (Kafka's).
 
     `maxOffsetsPerTrigger` caps the notifications (= batch objects, not messages) per
-    micro-batch. Kafka is only touched on the driver, lazily: Spark also pickles this
-    reader to executors, which only call `read`.
+    micro-batch, on a dense topic the records (as Kafka's source does). Kafka and brokers are
+    only asked on the driver, lazily: Spark also pickles this reader to executors, which only
+    call `read`.
     """
 
     def __init__(self, opts: SourceOptions) -> None:
@@ -203,6 +209,14 @@ class MemqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._nlog: NotificationLog | None = None
         self._prefixes: Prefixes | None = None
         self._target: dict[int, int] | None = None
+        self._dense: CountedOffsets | None = None
+
+    @property
+    def dense(self) -> CountedOffsets | None:
+        """A dense topic's counted offsets (None: sparse)."""
+        if self._dense is None:
+            self._dense = driver_offsets(self.opts)
+        return self._dense
 
     @property
     def nlog(self) -> NotificationLog:
@@ -225,14 +239,16 @@ class MemqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         marks = self.nlog.watermarks()
         if self.opts.starting is None and self.opts.starting_timestamp_ms is not None:
             found = self.nlog.offsets_for_times(self.opts.starting_timestamp_ms)
-            return {str(p): found.get(p, high) if found.get(p, -1) >= 0 else high
-                    for p, (_, high) in marks.items()}
+            notes = {p: found.get(p, high) if found.get(p, -1) >= 0 else high for p, (_, high) in marks.items()}
+            return {str(p): o for p, o in record_offsets(self.dense, notes).items()}
         spec = self.opts.starting or OffsetSpec("latest")
-        starts = earliest({p: low for p, (low, _) in marks.items()}, self.prefixes.manifests(list(marks)))
-        return {str(p): spec.resolve(p, starts[p], high, default=EARLIEST) for p, (_, high) in marks.items()}
+        starts = record_offsets(self.dense, earliest({p: low for p, (low, _) in marks.items()},
+                                                     self.prefixes.manifests(list(marks))))
+        highs = record_offsets(self.dense, {p: high for p, (_, high) in marks.items()})
+        return {str(p): spec.resolve(p, starts[p], highs[p], default=EARLIEST) for p in marks}
 
     def _latest(self) -> dict[int, int]:
-        return self.nlog.highs()
+        return record_offsets(self.dense, self.nlog.highs())
 
     def prepareForTriggerAvailableNow(self) -> None:
         self._target = self._latest()
@@ -243,7 +259,7 @@ class MemqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
         latest = self._target if self._target is not None else self._latest()
-        lows = earliest(*self._lows()) if set(map(str, latest)) - set(start) else {}
+        lows = record_offsets(self.dense, earliest(*self._lows())) if set(map(str, latest)) - set(start) else {}
         begin = {p: int(start[str(p)]) if str(p) in start else lows[p] for p in latest}
         latest = {p: max(latest[p], begin[p]) for p in latest}
         if isinstance(limit, ReadMaxRows):
@@ -259,10 +275,12 @@ class MemqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         ranges: dict[int, tuple[int, int | None]] = {}
         for key, stop in end.items():
             p = int(key)
-            begin = int(start.get(key, starts.get(p, 0)))
+            begin = int(start[key]) if key in start else record_offsets(self.dense, {p: starts.get(p, 0)})[p]
             if begin < stop:
                 ranges[p] = (begin, int(stop))
-        groups = read_ranges(self.nlog, ranges, {p: lows.get(p, 0) for p in ranges}, manifests, exact=True)
+        kept = {p: lows.get(p, 0) for p in ranges}
+        groups = (read_ranges(self.nlog, ranges, kept, manifests, exact=True) if self.dense is None
+                  else dense_ranges(self.nlog, self.dense, ranges, kept, exact=True))
         return list(plan_tasks((g for _, g in sorted(groups.items())), self.opts.min_partitions,
                                self.opts.drop_duplicates))
 

@@ -19,6 +19,7 @@ from spark_source.iceberg import (
     TableSync,
     open_catalog,
 )
+from spark_source.dense import driver_offsets, record_offsets
 from spark_source.options import parse_options
 from spark_source.plan import NotificationLog
 
@@ -31,8 +32,8 @@ class TableStatus:
     last_commit_ms: int | None
     schema_version: int | None            # typed syncs: the newest subject version merged
     dead_letters: int
-    end_offsets: dict[int, int]           # read partition → next notification offset not in the table
-    lag_notifications: int                # notifications the topic has past end_offsets
+    end_offsets: dict[int, int]           # read partition → next offset not in the table (the source's offsets)
+    lag_notifications: int                # notifications (a dense topic: records) the topic has past end_offsets
     lag_s: float | None                   # now - the newest committed message timestamp, while lagging (else 0)
 
     def to_json(self) -> str:
@@ -70,9 +71,10 @@ def status_of(table: Table, sync_id: str, highs: Mapping[int, int], now_ms: int)
 def table_status(spec: TableSync, now_ms: int) -> TableStatus:
     """`spec`'s table status, asking the topic's notification log for its high watermarks."""
     table = open_catalog(spec.catalog).load_table(spec.table)
-    nlog = NotificationLog(parse_options({**spec.source, "topic": spec.topic}))
+    opts = parse_options({**spec.source, "topic": spec.topic})
+    nlog = NotificationLog(opts)
     try:
-        highs = nlog.highs()
+        highs = record_offsets(driver_offsets(opts), nlog.highs())   # in the offsets the table's ends are in
     finally:
         nlog.close()
     return status_of(table, spec.id, highs, now_ms)

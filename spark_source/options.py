@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Literal, Mapping
 
 from memq.config import ClusterConfig, KafkaConfig, MemqConfig, S3Config, StorageConfig, TopicConfig, load_config
-from memq.client.cluster import resolve_topic
+from memq.client.cluster import ResolvedTopic, broker_urls, resolve_topic
 from memq.errors import BrokerUnavailableError, ConfigError
 from spark_source.registry import read_schema
 from spark_source.typed_values import ReadSchema
@@ -89,6 +89,8 @@ class SourceOptions:
     drop_duplicates: bool = True
     columns: tuple[str, ...] = ()           # the read schema's columns (a user-given schema); () = all
     compacted: bool | None = None           # the topic's cleanup_policy compacts (None: unknown, no metadata)
+    dense: bool = False                     # the topic's offsets are record numbers (TopicConfig.offsets)
+    brokers: tuple[str, ...] = ()           # broker URLs the driver asks where a dense topic's offsets stand
     typed: ReadSchema | None = None         # valueFormat=registry: values decoded into the merged schema
     on_error: Literal["fail", "null", "skip"] = "fail"   # a value that does not decode (typed reads)
 
@@ -154,9 +156,9 @@ def parse_offsets(name: str, raw: str | None, topic: str, *, allow_earliest: boo
     return OffsetSpec("json", tuple(sorted(pairs)))
 
 
-def _connection(options: Mapping[str, str], topic: str) -> tuple[MemqConfig, str, str, bool | None]:
+def _connection(options: Mapping[str, str], topic: str) -> tuple[MemqConfig, str, str, bool | None, ResolvedTopic]:
     """The MemqConfig, notification topic, storage group ("" when not shared or not known
-    from brokers) and whether the topic is compacted (None: not known), by memq's one
+    from brokers), whether the topic is compacted (None: not known) and the topic as resolved, by memq's one
     precedence rule (`memq.client.cluster`): these options > the broker's metadata > the config file (`memq.config`, else $MEMQ_CONFIG like the CLI's `--config`)."""
     path = options.get("memq.config") or os.environ.get("MEMQ_CONFIG")
     config = load_config(path, env={}) if path else MemqConfig()
@@ -202,7 +204,7 @@ def _connection(options: Mapping[str, str], topic: str) -> tuple[MemqConfig, str
         _require_credentials(config.s3)
     compacted = None if resolved.source == "default" else "compact" in resolved.topic.cleanup_policy
     return (config, notification_topic, resolved.topic.storage_group if resolved.source == "metadata" else "",
-            compacted)
+            compacted, resolved)
 
 
 def _require_credentials(s3: S3Config) -> None:
@@ -233,7 +235,7 @@ def parse_options(options: Mapping[str, str]) -> SourceOptions:
     mode = str(opts.get("mode", "notifications")).lower()
     if mode not in ("notifications", "s3list"):
         raise ConfigError(f"option mode: {mode!r} is not notifications or s3list")
-    config, notification_topic, group, compacted = _connection(opts, topic)
+    config, notification_topic, group, compacted, resolved = _connection(opts, topic)
     if mode == "s3list" and group:
         raise ConfigError(f"option mode=s3list: topic {topic} is stored in storage group {group!r}, whose "
                           f"objects hold parts of several topics that only its notifications tell apart; "
@@ -275,6 +277,9 @@ def parse_options(options: Mapping[str, str]) -> SourceOptions:
         push_filters=_bool(opts, "pushFilters", True),
         drop_duplicates=_bool(opts, "dropDuplicates", True),
         compacted=compacted,
+        dense=resolved.topic.offsets == "dense",
+        brokers=tuple(b.url for b in resolved.brokers if b.url) or tuple(broker_urls(str(opts.get("memq.broker") or "")))
+        or tuple(broker_urls(config.producer.brokers)),
         typed=typed,
         on_error=on_error,  # type: ignore[arg-type]
     )

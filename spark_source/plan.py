@@ -58,6 +58,16 @@ class BatchRef:
     created_ms: int = 0         # when the broker created the batch (0 if unknown: s3list)
     start: int = 0              # where the batch starts in its object (a part of a shared object)
     kafka_range: tuple[int, int] | None = None   # a compacted part: its survivors of Kafka offsets [lo, hi)
+    records: int = 0            # the records the notification counts
+    base: int | None = None     # a dense topic: the offset of the batch's record 0 (rows: base + index)
+    span: tuple[int, int] | None = None   # a dense topic: the record offsets [lo, hi) its rows are cut to
+
+    @property
+    def offsets(self) -> tuple[int, int] | None:
+        """The first and last `offset` column value of its rows (None in s3list mode)."""
+        if self.offset is None:
+            return None
+        return (self.offset, self.offset) if self.base is None else (self.base, self.base + self.records - 1)
 
 
 @dataclass(frozen=True)
@@ -75,9 +85,10 @@ class Bounds:
         if ref.partition is not None:
             if self.partitions is not None and ref.partition not in self.partitions:
                 return False
-            if self.min_offset is not None and ref.offset is not None and ref.offset < self.min_offset:
+            offsets = ref.offsets
+            if self.min_offset is not None and offsets is not None and offsets[1] < self.min_offset:
                 return False
-            if self.max_offset is not None and ref.offset is not None and ref.offset > self.max_offset:
+            if self.max_offset is not None and offsets is not None and offsets[0] > self.max_offset:
                 return False
         if self.start_ms is not None and ref.max_timestamp_ms is not None and ref.max_timestamp_ms < self.start_ms:
             return False
@@ -277,7 +288,7 @@ class NotificationLog:
 def _batch_ref(rec: NotificationRecord) -> BatchRef:
     n = rec.notification
     return BatchRef(rec.partition, rec.offset, ObjectLocation(n.bucket, n.key), n.size, n.min_timestamp_ms,
-                    n.max_timestamp_ms, n.crc32c, n.created_ms, n.offset)
+                    n.max_timestamp_ms, n.crc32c, n.created_ms, n.offset, records=n.logmessage_count)
 
 
 def list_objects(opts: SourceOptions, start_ms: int | None, end_ms: int | None) -> list[BatchRef]:

@@ -8,6 +8,7 @@ import logging
 from functools import partial
 from typing import Any, Callable, Iterator, Sequence
 
+import numpy as np
 import pyarrow as pa
 from pyspark.sql.pandas.types import to_arrow_schema
 
@@ -39,10 +40,14 @@ def _arrow(opts: SourceOptions, schema: pa.Schema, ref: BatchRef, bounds: Bounds
             (bounds.end_ms is not None and header.min_timestamp_ms >= bounds.end_ms):
         return None
     keep = None if seen is None else [not seen.seen(h.producer_id, h.epoch, h.sequence) for h, _ in messages]
-    ctx = BatchContext(opts.topic, ref.partition, ref.offset, ref.location.bucket, ref.location.key)
+    ctx = BatchContext(opts.topic, ref.partition, ref.offset, ref.location.bucket, ref.location.key, base=ref.base)
+    rows = None
+    if ref.base is not None and ref.span is not None:   # a dense range's first or last part: cut to its offsets
+        offsets = ref.base + np.arange(sum(len(m) for _, m in messages), dtype=np.int64)
+        rows = (offsets >= ref.span[0]) & (offsets < ref.span[1])
     if opts.typed is None:
-        return to_record_batch(ctx, messages, bounds.start_ms, bounds.end_ms, keep, schema)
-    raw = to_record_batch(ctx, messages, bounds.start_ms, bounds.end_ms, keep, raw_columns(schema))
+        return to_record_batch(ctx, messages, bounds.start_ms, bounds.end_ms, keep, schema, rows)
+    raw = to_record_batch(ctx, messages, bounds.start_ms, bounds.end_ms, keep, raw_columns(schema), rows)
     return typed_batch(opts, opts.typed, raw, schema)
 
 

@@ -30,7 +30,7 @@ SCHEMA = StructType([
     StructField("value", BinaryType()),
     StructField("topic", StringType()),
     StructField("partition", IntegerType()),   # read partition; null in s3list mode
-    StructField("offset", LongType()),         # notification offset; null in s3list mode
+    StructField("offset", LongType()),         # notification offset (dense topics: the record's); null in s3list
     StructField("index", IntegerType()),       # position of the LogMessage in its batch
     StructField("timestamp", TimestampType()),
     StructField("headers", ArrayType(StructType([
@@ -58,7 +58,8 @@ _LOG_FIELD = {"key": "key", "value": "value", "timestamp": "timestamp_ms", "head
 @dataclass(frozen=True, slots=True)
 class BatchContext:
     """The per-object columns: where the batch came from. A compacted part's rows each have
-    their own `offset` and `index`: those of their original Kafka offset (`kafka_offsets`)."""
+    their own `offset` and `index`: those of their original Kafka offset (`kafka_offsets`). On a
+    dense topic a row's `offset` is its record offset, `base` + its index."""
 
     topic: str
     partition: int | None
@@ -66,6 +67,7 @@ class BatchContext:
     bucket: str
     key: str
     kafka_offsets: np.ndarray | None = None
+    base: int | None = None
 
 
 def log_fields(schema: pa.Schema, timed: bool) -> frozenset[str]:
@@ -143,7 +145,8 @@ def to_record_batch(ctx: BatchContext, messages: Sequence[tuple[MessageHeader, C
         "partition": lambda: pa.nulls(n, pa.int32()) if ctx.partition is None
         else pa.array(np.full(n, ctx.partition, np.int32)),
         "offset": lambda: pa.nulls(n, pa.int64()) if ctx.offset is None else pa.array(
-            np.full(n, ctx.offset, np.int64) if ctx.kafka_offsets is None else ctx.kafka_offsets >> PART_RECORD_BITS),
+            ctx.kafka_offsets >> PART_RECORD_BITS if ctx.kafka_offsets is not None
+            else np.full(n, ctx.offset, np.int64) if ctx.base is None else ctx.base + np.arange(n, dtype=np.int64)),
         "index": lambda: pa.array(np.arange(n, dtype=np.int32) if ctx.kafka_offsets is None
                                   else (ctx.kafka_offsets & (MAX_PART_LOGMESSAGES - 1)).astype(np.int32)),
         "timestamp": lambda: pc.multiply(log_column("timestamp_ms"), 1000).cast(ARROW_SCHEMA.field("timestamp").type),

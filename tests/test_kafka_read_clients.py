@@ -34,8 +34,9 @@ from tests.support.kafka_clients import (Row, Running, as_rows, broker_thread, k
                                          rows)
 
 from memq.client.consumer import Consumer as MemqConsumer
+from memq.client.producer import Producer as MemqProducer
 from memq.client.placement import key_partition
-from memq.config import BrokerConfig, TopicConfig
+from memq.config import BrokerConfig, MemqConfig, ProducerConfig, TopicConfig
 from memq.devcluster import DevCluster
 from memq.format import LogMessage
 
@@ -440,12 +441,54 @@ def test_librdkafka_kafka_python_aiokafka_and_memqs_consumer_read_each_record_fr
             await ac.stop()
     check_chosen(chosen, check_dense(asyncio.run(aio())))
 
-    with MemqConsumer(running.config, chosen.topic, group_id=group()) as mc:
-        got: list[tuple[int, bytes]] = []
+    # memq's Consumer, told the topic by the broker, gives each record the offset Kafka clients read
+    with MemqConsumer(asked_of(running), chosen.topic, group_id=group()) as mc:
+        got: list[tuple[int, int, bytes]] = []
         deadline = time.monotonic() + READ_TIMEOUT_S
         while len(got) < n and time.monotonic() < deadline:
-            got += [(r.partition, r.value) for r in mc.poll(0.5)]
-    check_chosen(chosen, got)
+            got += [(r.partition, r.offset, r.value) for r in mc.poll(0.5)]
+    assert sorted(got) == sorted(read)
+    check_chosen(chosen, check_dense(got))
+
+
+def asked_of(running: Running) -> MemqConfig:
+    """`running`'s config with its broker named: clients learn the topics (and their offsets) from it."""
+    return dataclasses.replace(running.config, producer=dataclasses.replace(running.config.producer,
+                                                                            brokers=running.broker.url))
+
+
+def test_memqs_consumer_seeks_commits_and_positions_in_record_offsets_on_a_dense_topic(
+        running: Running, chosen: Chosen) -> None:
+    """A seek to a record offset in the middle of a part starts there; position, commit and
+    committed answer record offsets (the notification Kafka keeps the part's position)."""
+    read = librdkafka_read(running.broker.kafka_address, chosen.topic, len(chosen.where) + 5)
+    ones = sorted((o, v) for p, o, v in read if p == 1)
+    # memq's Producer sent its keyed records 100 a Message: its second one on partition 1 is inside a part
+    cut = [v.startswith(b"memq-") for _, v in ones].index(True) + 1
+    middle = ones[cut][0]
+    with MemqConsumer(asked_of(running), chosen.topic, group_id=group(), subscribe=False) as mc:
+        mc._notify.assign({1: 0})   # type: ignore[attr-defined]
+        mc.seek(1, middle)
+        assert mc.position()[1] == middle
+        got: list[tuple[int, bytes]] = []
+        deadline = time.monotonic() + READ_TIMEOUT_S
+        while len(got) < len(ones) - cut and time.monotonic() < deadline:
+            got += [(r.offset, r.value) for r in mc.poll(0.5)]
+        assert got == ones[cut:]
+        assert mc.commit() == {1: ones[-1][0] + 1} == mc.committed([1])
+    # a transaction commits a Consumer's position in record offsets too (here the memq part's first record)
+    first_memq, other, txn_group = ones[cut - 1][0], running.add_topic(partitions=1), group()
+
+    async def commit_in_transaction() -> None:
+        async with MemqProducer(ProducerConfig(brokers=running.broker.url, linger_ms=5),
+                                transactional_id=f"t-{txn_group}") as p:
+            await p.begin()
+            await p.send_offsets(txn_group, {chosen.topic: {1: first_memq}})
+            await p.send(other, b"with-offsets")
+            await p.commit()
+    asyncio.run_coroutine_threadsafe(commit_in_transaction(), running.loop).result(60)
+    with MemqConsumer(asked_of(running), chosen.topic, group_id=txn_group, subscribe=False) as mc:
+        assert mc.committed([1]) == {1: first_memq}
 
 
 def test_kafkajs_reads_each_record_from_its_chosen_partition(running: Running, chosen: Chosen, kafkajs: Path) -> None:

@@ -197,3 +197,37 @@ async def test_compaction_numbers_what_it_takes_from_the_manifests_tail_else_fro
     compactor.base_of = None
     with pytest.raises(OffsetUnknownError, match="expired"):
         await compactor.dense_bases(cfg, 0, old, 5, [note(9, 2)])
+
+
+class _Broker:
+    """A broker's `/v1/offsets` over the full count of COUNTS, counting the questions."""
+
+    def __init__(self) -> None:
+        self.full = _scheme()
+        self.asked: list[dict[str, int | None]] = []
+
+    def checkpoint(self, topic: str, partition: int, *, note: int | None = None, offset: int | None = None) -> Checkpoint:
+        self.asked.append({"note": note, "offset": offset})
+        if note is not None:
+            return Checkpoint(note, self.full.start_of(note))
+        assert offset is not None
+        at, index = self.full.position_of(offset)
+        return Checkpoint(at, offset - index)
+
+
+def test_a_reader_counts_from_one_checkpoint_and_asks_again_only_where_it_moved() -> None:
+    """memq's Consumer and the Spark driver (`CountedOffsets`): one question where a partition's
+    reading starts, then the notifications read give every base; a run that does not follow (a
+    seek) starts from a new checkpoint; offsets it did not count are asked for."""
+    from memq.client.dense_offsets import CountedOffsets
+
+    broker = _Broker()
+    counted = CountedOffsets("t", broker)   # type: ignore[arg-type]
+    counted.count(0, [(2, 5), (3, 1)])
+    counted.count(0, [(4, 4)])
+    assert [counted.offset_of(0, n, i) for n, i in ((2, 0), (2, 4), (3, 0), (4, 3), (5, 0))] == [3, 7, 8, 12, 13]
+    assert broker.asked == [{"note": 2, "offset": None}]
+    assert counted.position_of(0, 9) == (4, 0) and len(broker.asked) == 1
+    assert counted.offset_of(0, 0, 1) == 1 and counted.position_of(0, 2) == (0, 2)   # before its count: asked
+    counted.count(0, [(1, 0)])          # a run before the counted ones (a seek back): from a new checkpoint
+    assert counted.offset_of(0, 2) == 3 and broker.asked[-1] == {"note": 1, "offset": None}

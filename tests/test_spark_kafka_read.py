@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 from tests.support.kafka_clients import Row, Running, as_rows, broker_thread, rows
 
 from memq.client.producer import Producer as MemqProducer
@@ -23,6 +23,9 @@ from memq.devcluster import DevCluster
 pytest.importorskip("pyspark")
 from pyspark.sql import SparkSession  # noqa: E402
 from pyspark.sql import types as T  # noqa: E402
+from pyspark.sql.streaming.datasource import ReadMaxRows  # noqa: E402
+from spark_source.datasource import MemqStreamReader  # noqa: E402
+from spark_source.options import parse_options  # noqa: E402
 
 
 pytestmark = [pytest.mark.spark, pytest.mark.integration, pytest.mark.timeout(300)]
@@ -96,3 +99,57 @@ def test_the_source_reads_committed_transactions_only(spark: SparkSession, runni
           .option("s3.accessKeyId", config.s3.access_key_id or "")
           .option("s3.secretAccessKey", config.s3.secret_access_key or "").load())
     assert sorted(bytes(r.value) for r in df.select("value").collect()) == sorted(a + c)
+
+
+def test_dense_offsets_are_the_record_offsets_kafka_clients_read(spark: SparkSession, running: Running) -> None:
+    """A dense 3-partition topic written by a Kafka producer to the partitions it names: Spark's
+    `offset` column is each record's Kafka offset, and `startingOffsets`/`endingOffsets` in
+    record offsets cut inside parts; a stream's offsets are record offsets too."""
+    topic = running.add_topic(partitions=3, offsets="dense")
+    p = Producer({"bootstrap.servers": running.broker.kafka_address, "linger.ms": 20, "acks": "all"})
+    for i in range(150):
+        p.produce(topic, b"v%d" % i, partition=i % 3)
+        if i % 50 == 49:
+            p.flush(30)   # several parts per partition
+    assert p.flush(30) == 0
+    c = Consumer({"bootstrap.servers": running.broker.kafka_address, "group.id": "unused",
+                  "enable.auto.commit": False, "fetch.wait.max.ms": 200})
+    kafka: list[tuple[int, int, bytes]] = []
+    try:
+        c.assign([TopicPartition(topic, q, OFFSET_BEGINNING) for q in range(3)])
+        deadline = time.monotonic() + 60
+        while len(kafka) < 150 and time.monotonic() < deadline:
+            kafka += [(m.partition(), m.offset(), m.value()) for m in c.consume(1000, 0.5) if m.error() is None]
+    finally:
+        c.close()
+
+    options = {"memq.broker": running.broker.url, "topic": topic,
+               "s3.accessKeyId": running.config.s3.access_key_id or "",
+               "s3.secretAccessKey": running.config.s3.secret_access_key or ""}
+
+    def read(**more: str) -> list[tuple[int, int, bytes]]:
+        df = spark.read.format("memq").options(**options, **more).load()
+        return sorted((r.partition, r.offset, bytes(r.value)) for r in df.select("partition", "offset", "value").collect())
+
+    assert read() == sorted(kafka) and {o for q, o, _ in kafka if q == 0} == set(range(50))
+    pushed = spark.read.format("memq").options(**options).load().filter("partition = 1 AND offset BETWEEN 20 AND 39")
+    assert sorted(r.offset for r in pushed.select("offset").collect()) == list(range(20, 40))
+    # from record 20 of partition 0 (inside a part), 5 to 30 of partition 2 (its end inside one too)
+    assert read(startingOffsets='{"0": 20, "1": -1, "2": 5}', endingOffsets='{"0": -1, "1": -1, "2": 30}') == \
+        sorted(r for r in kafka if (r[0] == 0 and r[1] >= 20) or (r[0] == 2 and 5 <= r[1] < 30))
+    # a stream's offsets (its checkpoints) from record 20 of partition 0, 70 records a micro-batch: the first ends
+    # inside parts, the last at each partition's record count (the reader's calls as Spark makes them, in-process)
+    stream = MemqStreamReader(parse_options({**options, "startingOffsets": '{"0": 20, "1": 0, "2": 0}'}))
+    try:
+        start, ends, streamed = stream.initialOffset(), [], []
+        stream.prepareForTriggerAvailableNow()
+        while (end := stream.latestOffset(start, ReadMaxRows(70))) != start:
+            ends.append(end)
+            for task in stream.partitions(start, end):
+                for batch in stream.read(task):
+                    streamed += zip(*(batch.column(c).to_pylist() for c in ("partition", "offset", "value")))
+            start = end
+    finally:
+        stream.stop()
+    assert ends == [{"0": 43, "1": 23, "2": 24}, {"0": 50, "1": 50, "2": 50}]
+    assert sorted(streamed) == sorted(r for r in kafka if r[0] != 0 or r[1] >= 20)

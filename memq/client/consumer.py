@@ -47,6 +47,7 @@ from memq.client.by_key import KeyLookup, KeyValue
 from memq.client.commits import Committer
 from memq.client.compacted import PartRead, Prefix
 from memq.client.consumer_record import ConsumerRecord, DecodedBatch, batch_pointer, build_records, trim
+from memq.client.dense_offsets import topic_offsets
 from memq.client.handover import ConsumedSink, Handover
 from memq.client.metrics import ConsumerMetrics
 from memq.client.position_policy import PositionPolicy, RangeCheck
@@ -177,6 +178,10 @@ class Consumer:
                         if pointers is not None and "compact" in resolved.topic.cleanup_policy else None)
         self._lookup: KeyLookup | None = None
         self._deserialize = _deserializing(value_deserializer, key_deserializer)
+        # a dense topic's record offsets (None: sparse, offsets are notification offsets); a broker's
+        # first answer for a partition may count it cold: Kafka's timeout, not a part read's
+        self._dense = topic_offsets(resolved, config.kafka.request_timeout_ms / 1000)
+        self._cuts: dict[int, tuple[int, int]] = {}   # partition -> (note, index) a seek to a record moved it to
         if subscribe:
             self._notify.subscribe(on_assign=self._on_assign, on_revoke=self._on_revoke)
 
@@ -245,7 +250,7 @@ class Consumer:
         for reset in self._ranges.resets(self._notify):
             self.metrics.offset_resets += 1
             self.metrics.expired += reset.expired
-            self.seek(reset.partition, reset.target)
+            self._seek(reset.partition, reset.target)
         self._prefetch.start()
         if not self._prefetch.wants_notifications():
             return
@@ -255,6 +260,9 @@ class Consumer:
         if polled:
             polled += self._notify.poll(0.0, max_records=2 * self._fetch_concurrency)
         records: Sequence[Queued] = polled if self._prefix is None else self._enter_prefixes(self._prefix, polled)
+        if self._dense is not None:
+            for p in {r.partition for r in polled}:
+                self._dense.count(p, ((r.offset, r.notification.logmessage_count) for r in polled if r.partition == p))
         for r in records:
             self._offsets.fetched(r.partition, r.offset)
         self._prefetch.add(records)
@@ -306,13 +314,21 @@ class Consumer:
                 f"before the partition's log start {plog.first_note}",
                 topic=self.topic, partition=rec.partition, offset=rec.offset))
             return gone
-        build = partial(build_records, self.topic, rec)
-        skip = plog.skip(rec.offset)
+        base = None if self._dense is None else self._dense.offset_of(rec.partition, rec.offset)
+        build = partial(build_records, self.topic, rec, base=base)
+        skip = max(plog.skip(rec.offset), self._cut(rec.partition, rec.offset))
         return self._reader.submit(batch_pointer(self.topic, rec),
                                    (lambda decoded: trim(build(decoded), skip)) if skip else build)
 
+    def _cut(self, partition: int, note: int) -> int:
+        """Records of the part at `note` before where a seek to a record offset moved `partition`."""
+        cut = self._cuts.get(partition)
+        return cut[1] if cut is not None and cut[0] == note else 0
+
     def _finish(self, f: Fetch) -> None:
         """`f` is fully handed over (or skipped): its offset may be committed."""
+        if self._cut(f.rec.partition, f.rec.offset):
+            del self._cuts[f.rec.partition]
         self._offsets.finished(f.rec.partition, f.rec.offset)
         self._prefetch.done(f)
         self.metrics.batches += 1
@@ -323,18 +339,29 @@ class Consumer:
     def commit(self, asynchronous: bool = False) -> dict[int, int]:
         """Commit every fully handed batch; returns the committed {partition: next offset}."""
         self._check_open()
-        return self._committer.commit(asynchronous)
+        return self._offsets_of(self._committer.commit(asynchronous))
 
     def committed(self, partitions: Iterable[int] | None = None) -> dict[int, int | None]:
         self._check_open()
-        return self._notify.committed(list(self.assignment() if partitions is None else partitions))
+        found = self._notify.committed(list(self.assignment() if partitions is None else partitions))
+        return {p: None if o is None else self._offset_of(p, o) for p, o in found.items()}
 
     def position(self) -> dict[int, int]:
-        """Per assigned partition, the notification offset of the next batch to be handed over."""
+        """Per assigned partition, the offset of the next batch to be handed over (on a dense
+        topic, of its next record)."""
         self._check_open()
         cur = self._handover.current
         pending = [*([(cur.rec.partition, cur.rec.offset)] if cur else []), *self._prefetch.pending()]
-        return self._offsets.position(self._notify.position(), self.assignment(), pending)
+        return self._offsets_of(self._offsets.position(self._notify.position(), self.assignment(), pending))
+
+    def _offset_of(self, partition: int, note: int) -> int:
+        """The offset the application sees for the position at notification `note`: `note` on a
+        sparse topic, the record offset there (past a seek's cut inside the part) on a dense one.
+        The notification Kafka keeps positions: a commit stores `note` either way."""
+        return note if self._dense is None else self._dense.offset_of(partition, note, self._cut(partition, note))
+
+    def _offsets_of(self, notes: Mapping[int, int]) -> dict[int, int]:
+        return {p: self._offset_of(p, o) for p, o in notes.items()}
 
     @property
     def buffered_bytes(self) -> int:
@@ -346,9 +373,22 @@ class Consumer:
         return sorted(self._notify.assignment())
 
     def seek(self, partition: int, offset: int) -> None:
-        """Continue `partition` at notification `offset`; drops what was fetched ahead for it.
+        """Continue `partition` at `offset`: a notification offset, or on a dense topic a record
+        offset (its part is read from that record on); drops what was fetched ahead for it.
         De-duplication starts afresh: records read again after a seek are wanted again."""
         self._check_open()
+        if self._dense is None:
+            self._seek(partition, offset)
+            return
+        note, index = self._dense.position_of(partition, offset)
+        self._seek(partition, note)
+        if index:
+            self._cuts[partition] = (note, index)
+
+    def _seek(self, partition: int, offset: int) -> None:
+        """Continue `partition` at notification `offset`."""
+        self._check_open()
+        self._cuts.pop(partition, None)
         self._ranges.discard({partition})          # the application chose where to read
         self._handover.clear_dedup()
         self._drop({partition})
@@ -359,13 +399,13 @@ class Consumer:
 
     def seek_to_beginning(self, partitions: Iterable[int] | None = None) -> None:
         for p in self.assignment() if partitions is None else partitions:
-            self.seek(p, dataclasses.replace(self._logs.partition(p), low=self._notify.watermarks(p)[0]).first_note)
+            self._seek(p, dataclasses.replace(self._logs.partition(p), low=self._notify.watermarks(p)[0]).first_note)
             if self._prefix is not None:
                 self._begin.add(p)
 
     def seek_to_end(self, partitions: Iterable[int] | None = None) -> None:
         for p in self.assignment() if partitions is None else partitions:
-            self.seek(p, self._notify.watermarks(p)[1])
+            self._seek(p, self._notify.watermarks(p)[1])
 
     def seek_to_timestamp(self, timestamp_ms: int) -> dict[int, int]:
         """Seek every assigned partition to the first batch notified at or after `timestamp_ms`
@@ -376,8 +416,8 @@ class Consumer:
         for p in self.assignment():
             o = found.get(p, -1)
             targets[p] = o if o is not None and o >= 0 else self._notify.watermarks(p)[1]
-            self.seek(p, targets[p])
-        return targets
+            self._seek(p, targets[p])
+        return self._offsets_of(targets)
 
     def _drop(self, partitions: set[int]) -> None:
         """Forget fetched-ahead and current batches of `partitions` (seek, revocation)."""
@@ -402,6 +442,8 @@ class Consumer:
         self._drop(mine)
         self._offsets.forget(mine)
         self._ranges.discard(mine)
+        for p in mine:
+            self._cuts.pop(p, None)
         self._fresh.difference_update(mine)
         if self._user_on_revoke is not None:
             self._user_on_revoke(partitions)

@@ -31,7 +31,7 @@ class ConsumerRecord(NamedTuple):
     message_id: bytes | None
     topic: str
     partition: int                 # read partition = notification topic partition
-    offset: int                    # notification offset (the batch)
+    offset: int                    # notification offset (the batch); on a dense topic, the record's offset
     index: int   # type: ignore[assignment]  # LogMessage index inside the batch; shadows tuple.index (public name)
     producer_id: int
     epoch: int
@@ -56,6 +56,7 @@ class MessageRecords:
     first: int                     # the batch index of logs[0]
     head: tuple[str, int, int]     # topic, partition, offset
     tail: tuple[int, int, int, ObjectLocation]   # producer id, epoch, sequence, location
+    base: int | None = None        # a dense topic's offset of the batch's record 0: offsets are base + index
 
     def __len__(self) -> int:
         return len(self.logs)
@@ -66,11 +67,12 @@ class MessageRecords:
     def chunks(self) -> Iterator[list[ConsumerRecord]]:
         """The records in order, `RECORD_CHUNK` at a time: LogMessage + position tuples,
         concatenated and re-typed in C."""
-        logs, (topic, partition, offset), (pid, epoch, seq, loc) = self.logs, self.head, self.tail
+        logs, (topic, partition, offset), (pid, epoch, seq, loc), base = self.logs, self.head, self.tail, self.base
         for start in range(0, len(logs), RECORD_CHUNK):
             at = self.first + start
-            tails = [(topic, partition, offset, i, pid, epoch, seq, loc)
-                     for i in range(at, at + min(RECORD_CHUNK, len(logs) - start))]
+            indexes = range(at, at + min(RECORD_CHUNK, len(logs) - start))
+            tails = ([(topic, partition, offset, i, pid, epoch, seq, loc) for i in indexes] if base is None
+                     else [(topic, partition, base + i, i, pid, epoch, seq, loc) for i in indexes])
             yield list(map(_tuple_new, repeat(ConsumerRecord), map(add, logs[start:start + RECORD_CHUNK], tails)))
 
 
@@ -85,15 +87,16 @@ def batch_pointer(topic: str, rec: NotificationRecord) -> BatchPointer:
                         n.offset, n.created_ms, n.broker_id)
 
 
-def build_records(topic: str, rec: NotificationRecord, decoded: Decoded) -> DecodedBatch:
-    """Each Message's records, to be made ConsumerRecords as they are handed over (`MessageRecords`)."""
+def build_records(topic: str, rec: NotificationRecord, decoded: Decoded, base: int | None = None) -> DecodedBatch:
+    """Each Message's records, to be made ConsumerRecords as they are handed over (`MessageRecords`);
+    `base`: a dense topic's offset of the batch's first record (None: offsets are the notification's)."""
     n = rec.notification
     head, loc = (topic, rec.partition, rec.offset), ObjectLocation(n.bucket, n.key)
     _, messages = decoded
     out: DecodedBatch = []
     first = 0
     for h, logs in messages:
-        out.append((h, MessageRecords(logs, first, head, (h.producer_id, h.epoch, h.sequence, loc))))
+        out.append((h, MessageRecords(logs, first, head, (h.producer_id, h.epoch, h.sequence, loc), base)))
         first += len(logs)
     return out
 

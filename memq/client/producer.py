@@ -381,7 +381,7 @@ class Producer:
 
     async def send_offsets(self, group: str, offsets: Mapping[str, Mapping[int, int]]) -> None:
         """Commit memq Consumer group `group`'s positions with the open transaction: per topic,
-        {read partition: next notification offset} (a Consumer's `position()` after handling
+        {read partition: next offset} (a Consumer's `position()` after handling
         everything its polls returned). They become the group's committed offsets if, and when,
         the transaction commits."""
         await self._transaction().offsets(group, offsets)

@@ -116,7 +116,7 @@ class Transaction:
         self._failure = self._failure or str(error)
 
     async def offsets(self, group: str, offsets: Mapping[str, Mapping[int, int]]) -> None:
-        """Commit a memq Consumer group's next notification offsets per topic and read partition
+        """Commit a memq Consumer group's next offsets (`Consumer.position()`) per topic and read partition
         with the transaction."""
         self._expect(TxnPhase.OPEN, "send_offsets")
         for topic, parts in offsets.items():

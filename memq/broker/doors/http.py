@@ -1,5 +1,6 @@
 """The broker's HTTP door: `/v1/produce` (WebSocket upgrade), `/v1/metadata[?topic=NAME...]`,
-`/v1/read` (parts for memq's Consumer, `doors.read`), `/healthz`, `/metrics`.
+`/v1/read` (parts for memq's Consumer, `doors.read`),
+`/v1/offsets` (dense offsets for readers outside a broker, `doors.offsets`), `/healthz`, `/metrics`.
 
 Behind the Guard's middleware (memq.broker.guard) when security is on. The produce
 connections it opened are its own: `shutdown` lets their queued acks go out, then closes them.
@@ -16,6 +17,7 @@ from memq.format.wire import BUNDLE_SUBPROTOCOL
 
 from ..guard import PRINCIPAL_KEY
 from ..seam import BrokerCore
+from .offsets import OffsetsDoor
 from .read import ReadDoor
 from .websocket import ProduceConnection
 
@@ -29,6 +31,7 @@ class HttpDoor:
                         web.get("/healthz", self._healthz), web.get("/health", self._healthz),
                         web.get("/metrics", self._prometheus)])
         ReadDoor(core, app)
+        OffsetsDoor(core, app)
 
     async def shutdown(self, timeout_s: float) -> None:
         """Let each produce connection's queued acks go out (within `timeout_s`), then close it."""

@@ -19,6 +19,7 @@ memq's Consumer commits notification offsets under its own group id.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 
 from memq.errors import MemqError, StorageError
 from memq.format.message import MessageHeader
@@ -93,13 +94,23 @@ async def _answer(core: BrokerCore, principal: str | None, peer: str, call: TxnC
                        f"principal {principal} may not consume group {call.group!r}")
         outcome = await txns.add_offsets(txn, ids, call.group)
         if outcome is None:
-            offsets = {(call.topic, p): (o, "") for p, o in call.offsets}
+            offsets = {(call.topic, p): (o, "") for p, o in await _positions(core, call.topic, call.offsets)}
             outcome = await txns.stash_offsets(txn, ids, call.group, GroupOffsets(offsets=offsets, native=True))
     else:
         outcome = await txns.end(txn, ids, call.commit)
     if isinstance(outcome, TxnRefusal):
         return refused(call.request_id, outcome, what, peer)
     return Ack(call.request_id, True)
+
+
+async def _positions(core: BrokerCore, topic: str, offsets: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
+    """A memq Consumer's next offsets as the notification Kafka keeps them: notification offsets
+    as given, or on a dense topic its record offsets' notifications (`Consumer.position()` gives a
+    part's first record; one inside a part commits the part, read again from its start)."""
+    meta = core.metadata().topics.get(topic)
+    if meta is None or meta.offsets != "dense":
+        return list(offsets)
+    return [(p, (await core.logs.bases.scheme(meta, p)).position_of(o)[0]) for p, o in offsets]
 
 
 def _denied(call: TxnCall, principal: str | None, op: Operation, topic: str, peer: str) -> Ack:
