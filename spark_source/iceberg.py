@@ -198,7 +198,7 @@ def batch_writer(spec: TableSync, catalog: Catalog, read: ReadSchema | None = No
 
     def write(df: DataFrame, batch_id: int) -> None:
         collected = df.select(*COLLECTED) if read is not None else rows(df, spec.value_schema)
-        schema, _ = table_rows(arrow_schema(collected), read)
+        schema = table_rows(arrow_schema(collected), read)
         table = load_or_create(catalog, spec.table, schema, spec.partition_by)
         if batch_id in committed_batches(table, spec.id):
             log.info("table %s: batch %d of %s is already committed (a replay): skipped", spec.table, batch_id,
@@ -207,7 +207,8 @@ def batch_writer(spec: TableSync, catalog: Catalog, read: ReadSchema | None = No
         props = {SYNC_ID: spec.id, BATCH_ID: str(batch_id)}
         if read is not None:
             evolve_table(table, read, schema)
-            dlq[:] = dlq or [load_or_create(catalog, spec.dlq, DLQ_SCHEMA, spec.partition_by)]
+            if not dlq:
+                dlq.append(load_or_create(catalog, spec.dlq, DLQ_SCHEMA, spec.partition_by))
         check_compatible(table, schema)
         written = write_files(collected, batch_id, table, dlq[0] if dlq else None, read, step)
         if step is not None:

@@ -89,12 +89,9 @@ def arrow_schema(df: DataFrame) -> pa.Schema:
                       else f for f in schema])
 
 
-def table_rows(schema: pa.Schema, read: ReadSchema | None) -> tuple[pa.Schema, pa.Schema | None]:
-    """The schemas of the table's rows and of the dead letters (None: not typed) of a batch of `schema`."""
-    if read is None:
-        return schema, None
-    rows, letters = split_typed(schema.empty_table(), read)
-    return rows.schema, letters.schema
+def table_rows(schema: pa.Schema, read: ReadSchema | None) -> pa.Schema:
+    """The schema of the table's rows from a batch of `schema` (a typed read's: split as a task splits it)."""
+    return schema if read is None else split_typed(schema.empty_table(), read)[0].schema
 
 
 def check_compatible(table: Table, rows: pa.Schema) -> None:
