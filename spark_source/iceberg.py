@@ -1,5 +1,6 @@
 """A memq topic as an Apache Iceberg table: a Spark Structured Streaming job from format("memq")
-into a table written with pyiceberg, partitioned by the hour of the message timestamp.
+into a table written with pyiceberg, partitioned by the hour of the message timestamp. The
+executors write each micro-batch's data files, the driver commits them (`iceberg_write`).
 
     from spark_source import local_session
     from spark_source.iceberg import TableSync, sync_topic
@@ -9,7 +10,8 @@ into a table written with pyiceberg, partitioned by the hour of the message time
 Exactly once across restarts: every micro-batch is one Iceberg append whose snapshot summary
 records the sync's id, Spark's batch id and the batch's end offsets. Spark replays the last
 batch after a crash (its commit log is written after the sink returns); a batch whose id a
-snapshot of this sync already holds is skipped, so a replay adds nothing. The Spark
+snapshot of this sync already holds is skipped before any file is written, so a replay adds
+nothing, and the files of a batch killed before its commit are in no snapshot. The Spark
 checkpoint says where to resume; Iceberg's atomic commit says what is already in.
 """
 
@@ -22,7 +24,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.compute as pc
 from pyiceberg.catalog import Catalog, load_catalog
 from pyiceberg.exceptions import NoSuchTableError
 from pyiceberg.io.pyarrow import schema_to_pyarrow
@@ -37,7 +38,8 @@ from pyspark.sql.streaming import StreamingQuery
 
 from memq.config import MemqConfig
 from memq.errors import ConfigError
-from spark_source.iceberg_typed import COLLECTED, DLQ_SCHEMA, evolve_table, split_typed
+from spark_source.iceberg_typed import COLLECTED, DLQ_SCHEMA, evolve_table
+from spark_source.iceberg_write import Step, arrow_schema, check_compatible, commit, table_rows, write_files
 from spark_source.options import parse_options
 from spark_source.typed_values import ReadSchema
 
@@ -169,14 +171,6 @@ def rows(df: DataFrame, value_schema: str | None) -> DataFrame:
     return df.select(*kept, parsed.alias("_v")).select(*kept, "_v.*")
 
 
-def to_arrow(df: DataFrame) -> pa.Table:
-    """Spark's Arrow with timestamps as UTC microseconds (Iceberg's timestamptz)."""
-    table = df.toArrow()
-    fields = [pa.field(f.name, pa.timestamp("us", tz="UTC"), f.nullable) if pa.types.is_timestamp(f.type) else f
-              for f in table.schema]
-    return table.cast(pa.schema(fields))
-
-
 def load_or_create(catalog: Catalog, name: str, schema: pa.Schema, partition_by: str = "hour") -> Table:
     """The table, created on first use, partitioned by `partition_by` (PARTITIONS) of the timestamp."""
     try:
@@ -195,62 +189,55 @@ def load_or_create(catalog: Catalog, name: str, schema: pa.Schema, partition_by:
 
 
 def batch_writer(spec: TableSync, catalog: Catalog, read: ReadSchema | None = None,
-                 after_commit: Callable[[int], None] | None = None) -> Callable[[DataFrame, int], None]:
-    """The foreachBatch function: one idempotent Iceberg append per micro-batch (a typed sync's
-    dead letters first, as one idempotent append to `<table>_dlq`). `read`: a typed sync's read
-    schema. `after_commit(batch_id)` runs once the append is committed (tests use it to crash there)."""
+                 step: Step | None = None) -> Callable[[DataFrame, int], None]:
+    """The foreachBatch function: the executors write the batch's data files (`write_files`), the
+    driver commits them in one idempotent Iceberg append (a typed sync's dead letters first, as
+    one idempotent append to `<table>_dlq`). `read`: a typed sync's read schema. `step`: a test
+    hook called at each step of a batch (`iceberg_write.Step`)."""
+    dlq: list[Table] = []   # loaded once per query: only this sync's appends change its metadata
 
     def write(df: DataFrame, batch_id: int) -> None:
-        letters = None
-        if read is None:
-            data = to_arrow(rows(df, spec.value_schema))
-        else:
-            data, letters = split_typed(to_arrow(df.select(*COLLECTED)), read)
-        table = load_or_create(catalog, spec.table, data.schema, spec.partition_by)
+        collected = df.select(*COLLECTED) if read is not None else rows(df, spec.value_schema)
+        schema = table_rows(arrow_schema(collected), read)
+        table = load_or_create(catalog, spec.table, schema, spec.partition_by)
         if batch_id in committed_batches(table, spec.id):
             log.info("table %s: batch %d of %s is already committed (a replay): skipped", spec.table, batch_id,
                      spec.id)
             return
         props = {SYNC_ID: spec.id, BATCH_ID: str(batch_id)}
-        if read is not None and letters is not None:
-            evolve_table(table, read, data.schema)
-            dlq = load_or_create(catalog, spec.dlq, DLQ_SCHEMA, spec.partition_by) if letters.num_rows else None
-            if dlq is not None and batch_id not in committed_batches(dlq, spec.id):
-                dlq.append(letters, snapshot_properties={**props, END_OFFSETS: "{}"})
-                log.warning("table %s: batch %d: %d records to %s", spec.table, batch_id, letters.num_rows, spec.dlq)
-            props[DEAD_LETTERS] = str(letters.num_rows)
+        if read is not None:
+            evolve_table(table, read, schema)
+            if not dlq:
+                dlq.append(load_or_create(catalog, spec.dlq, DLQ_SCHEMA, spec.partition_by))
+        check_compatible(table, schema)
+        written = write_files(collected, batch_id, table, dlq[0] if dlq else None, read, step)
+        if step is not None:
+            step("commit", batch_id)
+        if read is not None:
+            if written.letter_files and batch_id not in committed_batches(dlq[0], spec.id):
+                commit(dlq[0], written.letter_files, {**props, END_OFFSETS: "{}"})
+                log.warning("table %s: batch %d: %d records to %s", spec.table, batch_id, written.letters, spec.dlq)
+            props[DEAD_LETTERS] = str(written.letters)
             props[SCHEMA_VERSION] = str(max((read.version_of[i] for i in read.writers), default=0))
-        placed = data.select(["partition", "offset", "timestamp"])
-        if letters is not None:
-            placed = pa.concat_tables([placed, letters.select(["partition", "offset", "timestamp"])])
-        ends = _end_offsets(placed)
-        newest = pc.max(placed.column("timestamp")).as_py() if placed.num_rows else None
-        if newest is not None:
-            props[NEWEST_MS] = str(int(newest.timestamp() * 1000))
-        table.append(data, snapshot_properties={**props, END_OFFSETS: json.dumps(ends, sort_keys=True)})
-        log.info("table %s: batch %d committed, %d rows, end offsets %s", spec.table, batch_id, data.num_rows, ends)
-        if after_commit is not None:
-            after_commit(batch_id)
+        if written.newest_ms is not None:
+            props[NEWEST_MS] = str(written.newest_ms)
+        commit(table, written.files, {**props, END_OFFSETS: json.dumps(written.ends, sort_keys=True)})
+        log.info("table %s: batch %d committed, %d files, end offsets %s", spec.table, batch_id,
+                 len(written.files), written.ends)
+        if step is not None:
+            step("committed", batch_id)
 
     return write
 
 
-def _end_offsets(data: pa.Table) -> dict[str, int]:
-    if not data.num_rows:
-        return {}
-    grouped = data.group_by("partition").aggregate([("offset", "max")])
-    return {str(p): o + 1 for p, o in zip(grouped["partition"].to_pylist(), grouped["offset_max"].to_pylist())
-            if p is not None and o is not None}
-
-
-def sync_topic(spark: SparkSession, spec: TableSync,
-               after_commit: Callable[[int], None] | None = None) -> StreamingQuery:
-    """Start the streaming job (format("memq") → Iceberg); returns the running query."""
+def sync_topic(spark: SparkSession, spec: TableSync, step: Step | None = None) -> StreamingQuery:
+    """Start the streaming job (format("memq") → Iceberg); returns the running query. `step`: a
+    test hook (`batch_writer`)."""
     catalog = open_catalog(spec.catalog)
     options = spec.options()
     read = parse_options(options).typed if spec.typed else None   # the driver's read schema, evolving the table
     stream = spark.readStream.format("memq").options(**options).load()
-    writer = (stream.writeStream.foreachBatch(batch_writer(spec, catalog, read, after_commit))
+    writer = (stream.writeStream.foreachBatch(batch_writer(spec, catalog, read, step))
               .option("checkpointLocation", spec.checkpoint).queryName(f"memq-table-{spec.table}"))
     writer = writer.trigger(availableNow=True) if spec.trigger_s is None else \
         writer.trigger(processingTime=f"{spec.trigger_s} seconds")

@@ -5,9 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import os
-import signal
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -32,6 +29,7 @@ from memq.notify import TopicAdmin
 from memq.storage import make_storage
 from memq.storage.metrics import group_label
 from tests.support.cluster import write_batches
+from tests.support.killed import kill_at_marker
 
 
 class Crash(Exception):
@@ -280,7 +278,7 @@ def test_the_brokers_compactor_runs_the_share_it_is_told_and_counts_its_s3_reque
 #: A compaction in its own process that stops at one step (argv: config, step, marker file) and
 #: waits there to be SIGKILLed: a real crash, not an exception the runner could see.
 _KILLED_RUN = """
-import asyncio, sys, time
+import asyncio, os, sys, time
 from pathlib import Path
 from prometheus_client import CollectorRegistry
 from memq.compaction.manifest import ManifestPointers
@@ -291,7 +289,7 @@ from memq.governor.registry import Registry
 config = load_config(sys.argv[1], env={})
 def step(name):
     if name == sys.argv[2]:
-        Path(sys.argv[3]).write_text(name)
+        Path(sys.argv[3]).write_text(str(os.getpgid(0)))
         time.sleep(600)
 with Registry(config.zookeeper, config.cluster.name) as registry:
     compactor = Compactor(config, ManifestPointers(registry), CollectorRegistry(), step=step)
@@ -304,19 +302,7 @@ def _kill_at(config: MemqConfig, cfg: TopicConfig, step: str, where: Path) -> No
     path = where / f"{step}.toml"
     path.write_text(config_toml(dataclasses.replace(config, topics=(cfg,))))
     marker = where / f"{step}.reached"
-    proc = subprocess.Popen([sys.executable, "-c", _KILLED_RUN, str(path), step, str(marker)])
-    try:
-        deadline = time.monotonic() + 60
-        while not marker.exists():
-            assert proc.poll() is None, f"the compaction exited ({proc.returncode}) before {step}"
-            assert time.monotonic() < deadline, f"the compaction did not reach {step}"
-            time.sleep(0.05)
-        os.kill(proc.pid, signal.SIGKILL)
-        assert proc.wait(10) == -signal.SIGKILL
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(10)
+    kill_at_marker([sys.executable, "-c", _KILLED_RUN, str(path), step, str(marker)], marker, timeout_s=60)
 
 
 def test_a_sigkilled_compaction_at_each_step_leaves_old_or_new_then_a_rerun_the_same_state(

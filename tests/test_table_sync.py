@@ -1,10 +1,12 @@
-"""A memq topic synced into an Iceberg table (pyiceberg, SQLite catalog) by a Spark streaming job:
-exactly the topic's rows, partitioned by hour, and exactly once across a crash between the
-Iceberg commit and Spark's own commit."""
+"""A memq topic synced into an Iceberg table (pyiceberg, SQLite catalog) by a Spark streaming job
+whose executors write the data files: exactly the topic's rows, partitioned by hour, and exactly
+once across a crash between the Iceberg commit and Spark's own commit, and across a SIGKILL of
+the whole job at each step of a batch."""
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import uuid
 from pathlib import Path
@@ -18,6 +20,8 @@ from memq.config import MemqConfig
 from memq.devcluster import DevCluster
 from memq.devcluster.broker_process import config_toml
 from memq.format import LogMessage
+from tests.support.killed import kill_at_marker
+from tests.support.spark import connection
 
 pytest.importorskip("pyspark")
 pytest.importorskip("pyiceberg")
@@ -47,19 +51,12 @@ def config(devcluster: DevCluster) -> MemqConfig:
     return devcluster.config(cluster="tabletest")
 
 
-def source(config: MemqConfig) -> dict[str, str]:
-    return {"kafka.bootstrap.servers": config.kafka.bootstrap_servers, "cluster": config.cluster.name,
-            "s3.endpoint": config.s3.endpoint_url or "", "s3.bucket": config.s3.bucket,
-            "s3.region": config.s3.region, "s3.accessKeyId": config.s3.access_key_id or "",
-            "s3.secretAccessKey": config.s3.secret_access_key or ""}
-
-
 def test_topic_becomes_an_hour_partitioned_table_on_memqs_s3_with_json_columns(
         spark: SparkSession, config: MemqConfig, tmp_path: Path) -> None:
     topic = f"tbl-{uuid.uuid4().hex[:8]}"
     write(config, topic, 0, 500)
     spec = TableSync(topic=topic, table=f"memq.{topic.replace('-', '_')}", checkpoint=str(tmp_path / "ck"),
-                     catalog=default_catalog(config, str(tmp_path)), source=source(config),
+                     catalog=default_catalog(config, str(tmp_path)), source=connection(config),
                      value_schema="id INT, name STRING")
     query = sync_topic(spark, spec)
     assert query.awaitTermination(180) is not False and query.exception() is None
@@ -88,13 +85,13 @@ def test_a_crash_after_the_iceberg_commit_and_a_restart_still_give_exactly_n_row
     spec = TableSync(topic=topic, table="memq.crashy", checkpoint=str(tmp_path / "ck"),
                      catalog={"type": "sql", "uri": f"sqlite:///{tmp_path}/catalog.db",
                               "warehouse": f"file://{tmp_path}/warehouse"},
-                     source={**source(config), "maxOffsetsPerTrigger": "3"})
+                     source={**connection(config), "maxOffsetsPerTrigger": "3"})
 
-    def crash_after_second(batch_id: int) -> None:   # committed to Iceberg, not to Spark's log
-        if batch_id == 1:
+    def crash_after_second(step: str, batch_id: int) -> None:   # committed to Iceberg, not to Spark's log
+        if step == "committed" and batch_id == 1:
             raise RuntimeError("crash between the Iceberg commit and Spark's commit")
 
-    first = sync_topic(spark, spec, after_commit=crash_after_second)
+    first = sync_topic(spark, spec, step=crash_after_second)
     with pytest.raises(StreamingQueryException, match="crash between"):
         first.awaitTermination(180)
     table = open_catalog(spec.catalog).load_table(spec.table)
@@ -123,3 +120,53 @@ def test_cli_table_sync_available_now(spark: SparkSession, config: MemqConfig, t
     assert spark.range(2).count() == 2   # the caller's session still runs
     table = open_catalog(default_catalog(config, str(tmp_path / "tables"))).load_table("memq.cli_t")
     assert table.scan().to_arrow().num_rows == 120
+
+
+#: A table sync in its own process (argv: the TableSync as JSON, a step, the marker file) that
+#: stops at that step of its first batch (`iceberg_write.Step`) and waits there to be SIGKILLed with its
+#: JVM and Python workers. The step's arguments are bound as defaults: the hook runs in the tasks.
+_KILLED_SYNC = """
+import json, os, sys, time
+from pathlib import Path
+from spark_source import local_session
+from spark_source.iceberg import TableSync, sync_topic
+
+def step(name, batch_id, at=sys.argv[2], marker=sys.argv[3]):
+    if name == at:
+        Path(marker).write_text(str(os.getpgid(0)))
+        time.sleep(600)
+spark = local_session("memq-killed-sync", conf={"spark.sql.shuffle.partitions": "2"})
+sync_topic(spark, TableSync(**json.loads(sys.argv[1])), step=step).awaitTermination()
+"""
+
+
+def data_files(warehouse: Path) -> set[str]:
+    return {f"file://{p}" for p in warehouse.rglob("*.parquet")}
+
+
+@pytest.mark.parametrize("step", [pytest.param(s, marks=[] if s == "written" else [pytest.mark.slow])
+                                  for s in ("write", "written", "commit", "committed")])
+def test_a_sync_sigkilled_at_a_step_of_a_batch_then_rerun_holds_each_row_once(
+        spark: SparkSession, config: MemqConfig, tmp_path: Path, step: str) -> None:
+    """Killed in a task before or after it wrote its data files, or on the driver before or after
+    the commit: the rerun commits each row once; the killed batch's files are orphans, never committed."""
+    topic = f"tblk-{uuid.uuid4().hex[:8]}"
+    write(config, topic, 0, 200)
+    spec = TableSync(topic=topic, table="memq.killed", checkpoint=str(tmp_path / "ck"),
+                     catalog={"type": "sql", "uri": f"sqlite:///{tmp_path}/catalog.db",
+                              "warehouse": f"file://{tmp_path}/warehouse"}, source=connection(config))
+    marker = tmp_path / f"{step}.reached"
+    kill_at_marker([sys.executable, "-c", _KILLED_SYNC, json.dumps(dataclasses.asdict(spec)), step, str(marker)],
+                   marker, timeout_s=180)
+    table = open_catalog(spec.catalog).load_table(spec.table)
+    assert list(committed_batches(table, spec.id)) == ([0] if step == "committed" else [])
+    committed = {t.file.file_path for t in table.scan().plan_files()}
+    orphans = data_files(tmp_path / "warehouse") - committed
+    assert bool(orphans) == (step in ("written", "commit"))      # written by the killed batch, in no snapshot
+
+    again = sync_topic(spark, spec)                                # the same checkpoint: Spark replays batch 0
+    assert again.awaitTermination(180) is not False and again.exception() is None
+    table.refresh()
+    keys = table.scan(selected_fields=("key",)).to_arrow()["key"].to_pylist()
+    assert sorted(keys) == [b"k%06d" % i for i in range(200)]     # rows == produced, no duplicates
+    assert not orphans & {t.file.file_path for t in table.scan().plan_files()}
