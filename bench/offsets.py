@@ -1,4 +1,4 @@
-"""Dense offsets (`memq.log.dense`): the cost of an offset lookup and of a cold broker's catch-up.
+"""Dense offsets (`memq.kafka_api.dense`): the cost of an offset lookup and of a cold broker's catch-up.
 
 Lookup: one partition of `notes` notifications (record counts drawn 1-2000, as parts of small
 and large batches), 200k random records mapped offset -> (notification, index) (a Fetch, a
@@ -45,7 +45,7 @@ from memq.client.producer import Producer as MemqProducer
 from memq.config import BrokerConfig, TopicConfig
 from memq.devcluster import DevCluster
 from memq.format.notification import NOTIFICATION_VERSION, Notification
-from memq.log.dense import CHECKPOINT_EVERY, CHECKPOINTS_KEPT, Checkpoint, DenseScheme, PartitionBases, encode_checkpoints
+from memq.kafka_api.dense import CHECKPOINT_EVERY, CHECKPOINTS_KEPT, Checkpoint, DenseScheme, PartitionBases, encode_checkpoints
 from memq.log.model import SPARSE
 
 LOOKUPS = 200_000

@@ -256,7 +256,7 @@ class TopicConfig:
     # (name, value) so Kafka's tools read back what they set (memq.kafka_api.topic_configs.INERT)
     kafka_inert: tuple[tuple[str, str], ...] = ()
     # Kafka offsets of its records (memq.log): "dense" numbers a partition's records 0, 1, 2, ...
-    # (memq.log.dense); "sparse", notification offset << 24 | index (memq.kafka_api.offsets), is
+    # (memq.kafka_api.dense); "sparse", notification offset << 24 | index (memq.kafka_api.offsets), is
     # what topics stored before the setting existed read as. Fixed at creation: offsets once given stay.
     offsets: Literal["sparse", "dense"] = "sparse"
 

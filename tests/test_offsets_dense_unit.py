@@ -1,4 +1,4 @@
-"""Dense offsets (`memq.log.dense`), without I/O: a running count over the notification log,
+"""Dense offsets (`memq.kafka_api.dense`), without I/O: a running count over the notification log,
 checkpoints that spare a cold reader the scan from 0, the partition log model over them, and the
 broker's counting (`memq.broker.bases`) over a notification log in memory."""
 
@@ -18,7 +18,7 @@ from memq.compaction.run import CompactionReads, Compactor, Store
 from memq.config import MemqConfig, TopicConfig
 from memq.errors import CorruptDataError, InvalidInputError, OffsetUnknownError
 from memq.format.metadata import TopicMetadata
-from memq.log.dense import (CHECKPOINT_EVERY, CHECKPOINTS_KEPT, Checkpoint, DenseScheme, PartitionBases,
+from memq.kafka_api.dense import (CHECKPOINT_EVERY, CHECKPOINTS_KEPT, Checkpoint, DenseScheme, PartitionBases,
                             decode_checkpoints, encode_checkpoints, kept, nearest)
 from memq.log.model import SPARSE, PartitionLog, moved_start, stored_start
 from memq.notify.consumer import NotificationRecord

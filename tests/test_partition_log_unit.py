@@ -6,7 +6,7 @@ from __future__ import annotations
 from memq.compaction.manifest import Manifest
 from memq.compaction.parts import PartRef
 from memq.kafka_api.offsets import end_offset, first_offset, kafka_offset
-from memq.log.dense import Checkpoint, DenseScheme, PartitionBases
+from memq.kafka_api.dense import Checkpoint, DenseScheme, PartitionBases
 from memq.log.model import PartitionLog, Segments, Tail, moved_start
 
 

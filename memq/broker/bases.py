@@ -1,4 +1,4 @@
-"""Dense offsets on the broker: each dense partition's bases (`memq.log.dense`), counted from its
+"""Dense offsets on the broker: each dense partition's bases (`memq.kafka_api.dense`), counted from its
 notification log over the read path, checkpointed where the cluster keeps its state.
 
 A partition is counted once per broker (the first time a reader asks), from the oldest stored
@@ -20,7 +20,7 @@ from typing import Protocol
 from memq.compaction.manifest import Manifest
 from memq.errors import MemqError, OffsetUnknownError
 from memq.format.metadata import TopicMetadata
-from memq.log.dense import CHECKPOINT_EVERY, Checkpoint, DenseScheme, PartitionBases, kept
+from memq.kafka_api.dense import CHECKPOINT_EVERY, Checkpoint, DenseScheme, PartitionBases, kept
 from memq.log.model import SPARSE, OffsetScheme
 from memq.notify.consumer import NotificationRecord
 

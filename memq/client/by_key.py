@@ -26,7 +26,7 @@ from memq.compaction.parts import Survivor, plain_survivors
 from memq.compaction.read import PartReader
 from memq.errors import ConsumerError
 from memq.kafka_api.offsets import first_offset
-from memq.log.dense import Checkpoint, PartitionBases
+from memq.kafka_api.dense import Checkpoint, PartitionBases
 from memq.log.model import PartitionLog
 from memq.notify import NotificationConsumer, NotificationRecord
 from memq.storage import ObjectLocation

@@ -1,6 +1,6 @@
 """Dense offsets for readers outside a broker (memq's Consumer, the Spark driver).
 
-A dense topic's record offset is its notification's base plus its index (`memq.log.dense`). A
+A dense topic's record offset is its notification's base plus its index (`memq.kafka_api.dense`). A
 reader that follows the notifications knows their record counts, so it needs one base to count
 from: it asks a broker (`GET /v1/offsets`, `memq.broker.doors.offsets`) for a checkpoint where it
 starts or moves, then counts forward over the notifications it reads with the same
@@ -19,7 +19,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from memq.errors import AuthorizationError, BrokerUnavailableError, OffsetUnknownError, UnknownTopicError
-from memq.log.dense import Checkpoint, DenseScheme, PartitionBases
+from memq.kafka_api.dense import Checkpoint, DenseScheme, PartitionBases
 
 from ._auth import NO_AUTH, BrokerAuth
 from .cluster import ResolvedTopic, broker_urls

@@ -94,7 +94,7 @@ class Manifest:
 
     @property
     def dense(self) -> bool:
-        """Whether its parts hold dense offsets (record numbers, `memq.log.dense`)."""
+        """Whether its parts hold dense offsets (record numbers, `memq.kafka_api.dense`)."""
         return self.dense_tail is not None
 
     @property

@@ -40,7 +40,7 @@ from memq.format.codec import Compressors
 from memq.format.notification import Notification
 from memq.kafka_api.offsets import first_offset
 from memq.kafka_api.records import framing_codec
-from memq.log.dense import Checkpoint, PartitionBases
+from memq.kafka_api.dense import Checkpoint, PartitionBases
 from memq.notify.consumer import NotificationConsumer, NotificationRecord
 from memq.storage import make_storage
 from memq.storage.base import Chunks, ObjectLocation

@@ -36,7 +36,7 @@ from kazoo.protocol.states import EventType, KazooState, WatchedEvent
 
 from memq.config import TopicConfig, ZooKeeperConfig, build
 from memq.errors import ConfigError, CoordinationError, LeadershipLostError, UnknownTopicError
-from memq.log.dense import Checkpoint, decode_checkpoints, encode_checkpoints, kept
+from memq.kafka_api.dense import Checkpoint, decode_checkpoints, encode_checkpoints, kept
 
 from .assignment import BrokerInfo
 from .znode_cache import ZnodeCache
@@ -375,7 +375,7 @@ class Registry:
             raise CoordinationError(f"ZooKeeper {bases}: {type(e).__name__} {e}") from None
 
     def offset_checkpoints(self, topic: str, partition: int) -> tuple[Checkpoint, ...]:
-        """A dense topic's partition's stored checkpoints (`memq.log.dense`), oldest first."""
+        """A dense topic's partition's stored checkpoints (`memq.kafka_api.dense`), oldest first."""
         return decode_checkpoints(self._get(f"{self.offset_bases_path}/{topic}/{partition}") or b"")
 
     def save_offset_checkpoint(self, topic: str, partition: int, new: Checkpoint, low: int) -> None:

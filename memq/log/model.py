@@ -21,7 +21,7 @@ commit, so the last stable offset is the high watermark.
 
 The offset scheme (a record's offset <-> its notification offset and index) is used here through
 one seam, `OffsetScheme` (`SPARSE`: `memq.kafka_api.offsets`, or a partition's dense
-`memq.log.dense.DenseScheme`); every answer below goes through `PartitionLog.scheme`.
+`memq.kafka_api.dense.DenseScheme`); every answer below goes through `PartitionLog.scheme`.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ HIGH_WATERMARK = -1
 class OffsetScheme(Protocol):
     """How a record's offset relates to where it is: the one seam the model uses for it.
     `SPARSE` (`notification offset << 24 | index`, gaps between parts) or a partition's
-    `memq.log.dense.DenseScheme` (consecutive record numbers)."""
+    `memq.kafka_api.dense.DenseScheme` (consecutive record numbers)."""
 
     def offset_of(self, note: int, index: int) -> int:
         """The offset of record `index` of the part announced at notification `note`."""

@@ -4,7 +4,7 @@
 `?topic=T&partition=P&note=N` answers `{"note": N, "base": B}`: notification N's records start at
 offset B. `?topic=T&partition=P&offset=O` answers the same for the notification holding record O
 (O - B is its index there; past the end, the next notification). That is a checkpoint
-(`memq.log.dense.Checkpoint`) a reader counts forward from with the notifications it reads itself,
+(`memq.kafka_api.dense.Checkpoint`) a reader counts forward from with the notifications it reads itself,
 so it asks once per partition it starts or moves on, never per notification. The broker answers
 through its partition's counted bases (`memq.broker.bases`), the ones its Kafka door serves: one
 count, one arithmetic for every reader. Reading needs the `consume` ACL on T, as `/v1/read` does.
