@@ -1,5 +1,5 @@
 """A consumer-group member as its own process (`python -m bench._group_member BOOTSTRAP TOPIC
-GROUP PROTOCOL LOG [INSTANCE_ID]`), so a benchmark or a test can SIGKILL it: it reads, logs what it read,
+GROUP PROTOCOL LOG [INSTANCE_ID [SESSION_MS]]`), so a benchmark or a test can SIGKILL it: it reads, logs what it read,
 commits after each batch and logs "C" once the commit is acknowledged; SIGTERM closes it (it
 leaves the group). `group.protocol` is PROTOCOL (`consumer`: KIP-848, `classic`).
 
@@ -65,7 +65,8 @@ def member_log(path: Path) -> MemberLog:
     return out
 
 
-def main(bootstrap: str, topic: str, group: str, protocol: str, log_path: str, instance_id: str = "") -> None:
+def main(bootstrap: str, topic: str, group: str, protocol: str, log_path: str, instance_id: str = "",
+         session_ms: str = "") -> None:
     stop: list[int] = []
     signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
     conf = {"bootstrap.servers": bootstrap, "group.id": group, "group.protocol": protocol,
@@ -75,6 +76,8 @@ def main(bootstrap: str, topic: str, group: str, protocol: str, log_path: str, i
         conf |= {"session.timeout.ms": 6000, "heartbeat.interval.ms": 500}
     if instance_id:   # a static member: a restart takes its place back, so its session may be long
         conf |= {"group.instance.id": instance_id, "session.timeout.ms": 30_000}
+    if session_ms:   # e.g. librdkafka's default (45 s), as an application leaves it
+        conf["session.timeout.ms"] = int(session_ms)
     c = Consumer(conf)
     with open(log_path, "a", buffering=1) as out:
         owned: set[int] = set()
@@ -108,4 +111,4 @@ def main(bootstrap: str, topic: str, group: str, protocol: str, log_path: str, i
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:7])
+    main(*sys.argv[1:8])

@@ -445,6 +445,10 @@ class GroupConfig:
     heartbeat_interval_ms: int = setting(1_000, ge=1)        # group.consumer.heartbeat.interval.ms
     initial_rebalance_delay_ms: int = setting(300, ge=0)     # group.initial.rebalance.delay.ms (classic)
     tick_ms: int = setting(100, ge=1)                        # how often timeouts are checked
+    # A member that does not speak again this long after the connection it spoke on closed (its
+    # process killed) leaves then, not at the end of its session; static members keep their
+    # session. Longer than the members' heartbeat interval; 0: sessions only.
+    disconnect_grace_ms: int = setting(5_000, ge=0)
     # group.consumer.migration.policy: whether a group with members changes protocol as they do
     # (upgrade: a classic group to a consumer group when a consumer-protocol member joins;
     # downgrade: back when its last consumer-protocol member leaves); Kafka 4's default

@@ -448,3 +448,32 @@ def test_a_regex_subscription_follows_the_topics_it_matches() -> None:
     assert b.assignment is not None and ("orders-asia", 0) in b.assignment and ("audit", 0) not in b.assignment
     back = consumer.restore("g", json.loads(json.dumps(consumer.snapshot(groups.groups["g"]))), 2.0)
     assert back.members[b.member_id].regex == "^orders-.*"
+
+
+def test_a_member_whose_connection_closed_leaves_after_the_grace_unless_it_speaks_again() -> None:
+    groups = ConsumerGroups(session_s=45)
+    a, b = _Client(groups, "a"), _Client(groups, "b")
+    a.beat(0.0, join=True)
+    b.beat(0.0, join=True)
+    _settle(groups, [a, b], 0.0)
+    groups.cut_session("g", a.member_id, 1.0, 5.0)   # a's process killed: its connection closed
+    groups.cut_session("g", b.member_id, 1.0, 5.0)   # b's connection dropped, and it comes back
+    b.beat(3.0)
+    groups.cut_session("g", b.member_id, 100.0, 60.0)   # never later than its session
+    assert groups.expire("g", 5.9) == []
+    assert groups.expire("g", 6.1) == [a.member_id]      # 5 s after the close, not 45 s after its last beat
+    _settle(groups, [b], 6.1)
+
+    kg = ClassicGroups(initial_delay_s=0.0)
+    _, (first,) = _join(kg, "", 0.0)
+    kg.sync("g", first.member_id, 1, 0.0, [(first.member_id, b"all")])
+    kg.cut_session("g", first.member_id, 1.0, 5.0)
+    assert kg.tick("g", 5.9) == [] and first.member_id in kg.groups["g"].members
+    kg.tick("g", 6.1)
+    assert kg.groups["g"].state == "Empty"
+    # a static member keeps its whole session: its restart takes its place back
+    kw = dict(protocol_type="consumer", session_timeout_s=10.0, rebalance_timeout_s=5.0)
+    _, (static,) = kg.join("s", "", 0.0, protocols=(("range", b"a"),), instance_id="app-1", **kw)
+    kg.cut_session("s", static.member_id, 1.0, 1.0)
+    kg.tick("s", 5.0)
+    assert static.member_id in kg.groups["s"].members

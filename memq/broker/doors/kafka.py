@@ -183,6 +183,13 @@ class KafkaConnection:
             self._metrics.connections.dec()
             if self._session is not None:
                 self._guard.end_session(self._session)
+            for st in list(self._states.values()):   # a family's state may act on the close (Conn.state)
+                closed = getattr(st, "closed", None)
+                if closed is not None:
+                    try:
+                        await closed()
+                    except Exception:
+                        log.exception("Kafka connection from %s: a family's close failed", self._peer)
             try:   # let the responses already due go out (each bounded by its request's timeout)
                 async with asyncio.timeout(WRITE_TIMEOUT_S + MAX_ACK_WAIT_S):
                     if not writer_task.done():

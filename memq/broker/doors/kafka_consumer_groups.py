@@ -23,7 +23,7 @@ from memq.kafka_api.protocol import ApiKey, ErrorCode, Reader, RequestHeader
 from memq.security.acl import Operation
 
 from ..group.service import CONSUMER
-from .kafka_family import Conn, Family, Response
+from .kafka_family import Conn, Family, GroupMembers, Response
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +44,8 @@ async def _heartbeat(conn: Conn, h: RequestHeader, req: HeartbeatRequest) -> byt
         assignor=req.assignor,
         rebalance_timeout_s=req.rebalance_timeout_ms / 1000 if req.rebalance_timeout_ms > 0 else None,
         instance_id=req.instance_id, rack=req.rack_id, client_id=h.client_id or "", client_host=str(conn.peer))
+    if beat.member_id:
+        conn.state(GroupMembers).members.add((req.group_id, beat.member_id))
     if beat.error:
         log.info("Kafka ConsumerGroupHeartbeat of %r member %s epoch %d from %s: %s", req.group_id, req.member_id,
                  req.member_epoch, conn.peer, beat.error.name)

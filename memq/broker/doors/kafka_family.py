@@ -9,7 +9,8 @@ family is one module and one line in the table.
 `serve` runs in the connection's read loop, in request order: a family that waits (a long
 poll, a relay, ZooKeeper) returns a future and the loop reads on; its answers still go out in
 request order. What the admin families share (who asks, the cluster admin, refusals and their
-log lines) is `AdminCall`, here; what any two families share of the broker is the core's
+log lines) is `AdminCall`, here, and so is what the two group families note on a connection
+(`GroupMembers`); what any two families share of the broker is the core's
 (`BrokerCore`), of Kafka's protocol `memq.kafka_api`'s: a family module imports no other.
 """
 
@@ -63,7 +64,8 @@ class Conn(Protocol):
         """The guard's record of this authenticated connection (None with security off)."""
 
     def state(self, kind: Callable[[Conn], S]) -> S:
-        """This connection's state of a family (`kind(conn)` made on first use, then the same)."""
+        """This connection's state of a family (`kind(conn)` made on first use, then the same; its
+        `async closed()`, if it has one, is awaited when the connection ends)."""
 
     def close(self, why: str) -> None:
         """Close the connection now, `why` in the log (an answer that cannot be given in its API's shape)."""
@@ -82,6 +84,19 @@ class Family:
     serve: Serve
     before_auth: bool = False                 # served before SASL authentication (SASL itself)
 
+
+
+class GroupMembers:
+    """The consumer-group members (group, member id) that spoke on one connection, through either
+    group family (classic or KIP-848): when it closes, the coordinator cuts their sessions short
+    (`GroupCoordinator.disconnected`), so a killed member's partitions move in seconds."""
+
+    def __init__(self, conn: Conn) -> None:
+        self._coordinator = conn.core.group_coordinator
+        self.members: set[tuple[str, str]] = set()
+
+    async def closed(self) -> None:
+        await self._coordinator.disconnected(self.members)
 
 
 class AdminCall:

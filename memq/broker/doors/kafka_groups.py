@@ -38,7 +38,7 @@ from ..consumer_group_audit import GroupAudit
 from ..coordinator import coordinator_of
 from ..group.service import Description, GroupCoordinator
 from ..group.store import Offsets
-from .kafka_family import Conn, Family, Response
+from .kafka_family import Conn, Family, GroupMembers, Response
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +89,8 @@ async def _join(st: GroupState, h: RequestHeader, req: Any) -> bytes:
         rebalance_timeout_s=(req.rebalance_timeout_ms if v >= 1 else req.session_timeout_ms) / 1000,
         client_id=h.client_id or "", client_host=str(st.conn.peer),
         instance_id=req.group_instance_id if v >= 5 else None, require_known_member=v >= 4)
+    if a.member_id:
+        st.conn.state(GroupMembers).members.add((req.group_id, a.member_id))
     return encode_response(h, JoinGroupResponse(
         throttle_time_ms=0, error_code=a.error, generation_id=a.generation, protocol_type=a.protocol_type,
         protocol_name=a.protocol if a.protocol is not None or v >= 7 else "", leader=a.leader, skip_assignment=False,
@@ -108,6 +110,7 @@ async def _sync(st: GroupState, h: RequestHeader, req: Any) -> bytes:
 async def _heartbeat(st: GroupState, h: RequestHeader, req: Any) -> bytes:
     error = ErrorCode.GROUP_AUTHORIZATION_FAILED
     if st.may(Operation.CONSUME, req.group_id):
+        st.conn.state(GroupMembers).members.add((req.group_id, req.member_id))
         error = await st.coordinator.classic_heartbeat(req.group_id, req.member_id, req.generation_id)
     return encode_response(h, HeartbeatResponse(throttle_time_ms=0, error_code=error))
 

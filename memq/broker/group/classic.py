@@ -234,6 +234,14 @@ class ClassicGroups:
             return ErrorCode.NONE
         return self._member_error(self.groups.get(group_id), member_id, generation) or ErrorCode.NONE
 
+    def cut_session(self, group_id: str, member_id: str, now: float, grace_s: float) -> None:
+        """`member_id`'s connection closed: its session ends `grace_s` from now unless it speaks
+        again (or sooner, as it was); a static member's is left whole (its restart takes its place)."""
+        g = self.groups.get(group_id)
+        m = None if g is None else g.members.get(member_id)
+        if m is not None and m.instance_id is None:
+            m.seen = min(m.seen, now + grace_s - m.session_timeout_s)
+
     def tick(self, group_id: str, now: float) -> list[Answer]:
         """Sessions expired and a join phase ended if due: the answers that became due."""
         g = self.groups.get(group_id)

@@ -205,6 +205,13 @@ class ConsumerGroups:
             return Beat(ErrorCode.NONE, m.member_id, m.epoch, m.assigned)
         return Beat(ErrorCode.NONE, m.member_id, m.epoch)
 
+    def cut_session(self, group_id: str, member_id: str, now: float, grace_s: float) -> None:
+        """As `ClassicGroups.cut_session`, for a member of a consumer group (of either protocol)."""
+        g = self.groups.get(group_id)
+        m = None if g is None else g.members.get(member_id)
+        if m is not None and m.instance_id is None:
+            m.seen = min(m.seen, now + grace_s - (m.classic.session_timeout_s if m.classic else self.session_s))
+
     def expire(self, group_id: str, now: float) -> list[str]:
         """Remove the members of `group_id` past their session, or past their rebalance timeout
         with partitions still to revoke; the removed member ids."""

@@ -28,7 +28,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from memq.clock import Clock
@@ -294,6 +294,20 @@ class GroupCoordinator:
             stored = await self._persist(group, held)
             self._deliver(group, due)
         return stored or error
+
+    async def disconnected(self, members: Iterable[tuple[str, str]]) -> None:
+        """The connection these (group, member id)s spoke on closed. A member that speaks again
+        within `disconnect_grace_ms` (on a new connection) keeps its place; one that does not (its
+        process killed) leaves then, so its partitions move in seconds instead of a session."""
+        grace = self.config.disconnect_grace_ms / 1000
+        for group, member_id in members if grace > 0 else ():
+            held = self._held.get(group)
+            if held is None:
+                continue
+            async with held.lock:
+                now = self._clock.monotonic()
+                self.consumer.cut_session(group, member_id, now, grace)
+                self.classic.cut_session(group, member_id, now, grace)
 
     async def leave(self, group: str, member_ids: Sequence[str]) -> tuple[ErrorCode, list[ErrorCode]]:
         held = await self._hold(group)
