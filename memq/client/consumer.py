@@ -169,7 +169,6 @@ class Consumer:
             open_probe=lambda group: NotificationConsumer(config.kafka, kafka_topic, group_id=group))
         self._user_on_assign, self._user_on_revoke = on_assign, on_revoke
         self._config, self._kafka_topic, self._read_partitions = config, kafka_topic, resolved.topic.read_partitions
-        self._dense = resolved.topic.offsets == "dense"
         self._earliest = cc.auto_offset_reset == "earliest"
         self._fresh: set[int] = set()        # assigned, nothing read yet: where does it start?
         self._begin: set[int] = set()        # sought to the beginning: a compacted prefix's, if any
@@ -241,7 +240,7 @@ class Consumer:
         if self._lookup is None:
             notes = NotificationConsumer(self._config.kafka, self._kafka_topic, group_id=f"{self.group_id}-get")
             self._lookup = KeyLookup(self.topic, self._read_partitions, notes, self._reader.fetch_loop, self._pointers,
-                                     dense=self._dense)
+                                     dense=self._dense is not None)
         return self._lookup.get(key, timeout)
 
     def _top_up(self, wait_s: float) -> None:
