@@ -1,4 +1,4 @@
-"""A real Faust application on memq (moto S3, tansu, ZooKeeper, a governed broker's Kafka listener):
+"""A real Faust application on memq (moto S3, tansu, ZooKeeper, two governed brokers with listeners):
 an agent counts each key of a 2-partition topic into a Table whose changelog Faust creates
 itself (a compacted topic, through CreateTopics). The worker is SIGKILLed after its first half
 of the records, memq compacts the changelog (keeping Faust's codec: none, which aiokafka reads
@@ -42,7 +42,7 @@ COMMITTED_S = 45.0   # a restarted worker rejoins (the killed one's 6 s session)
 
 @pytest.fixture(scope="module")
 def address(devcluster: DevCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    with GovernedCluster(tmp_path_factory.mktemp("faust"), brokers=1, servers=devcluster,
+    with GovernedCluster(tmp_path_factory.mktemp("faust"), brokers=2, servers=devcluster,
                          cluster=f"faust{uuid.uuid4().hex[:6]}", broker=BrokerConfig(kafka_port=0)) as gc:
         yield fetch_metadata(gc.broker("b1").url, 10.0).brokers[0].kafka_address
 
