@@ -1,6 +1,7 @@
 """`memq table status`: where a table sync stands, from its snapshot summaries and the topic's
 notification log: rows, last commit, the subject version its read schema reached, dead letters,
-and its lag behind the topic in notifications (batch objects) and in time."""
+and its lag behind the topic in the topic's offsets (records on a dense topic, notifications, i.e.
+batch objects, on a sparse one) and in time."""
 
 from __future__ import annotations
 
@@ -33,15 +34,18 @@ class TableStatus:
     schema_version: int | None            # typed syncs: the newest subject version merged
     dead_letters: int
     end_offsets: dict[int, int]           # read partition → next offset not in the table (the source's offsets)
-    lag_notifications: int                # notifications (a dense topic: records) the topic has past end_offsets
+    lag: int                              # the topic's offsets past end_offsets, in `lag_unit`
+    lag_unit: str                         # "records" (a dense topic) or "notifications" (a sparse one)
     lag_s: float | None                   # now - the newest committed message timestamp, while lagging (else 0)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
 
 
-def status_of(table: Table, sync_id: str, highs: Mapping[int, int], now_ms: int) -> TableStatus:
-    """The status of `sync_id`'s commits to `table`, against the topic's high watermarks `highs`."""
+def status_of(table: Table, sync_id: str, highs: Mapping[int, int], now_ms: int, *,
+              dense: bool = False) -> TableStatus:
+    """The status of `sync_id`'s commits to `table`, against the topic's high watermarks `highs`
+    (record offsets if `dense`, else notification offsets)."""
     ends: dict[int, int] = {}
     batches = dead = 0
     version: int | None = None
@@ -65,7 +69,7 @@ def status_of(table: Table, sync_id: str, highs: Mapping[int, int], now_ms: int)
     lag = sum(max(0, high - ends.get(p, 0)) for p, high in highs.items())
     lag_s = 0.0 if lag == 0 else None if newest_ms is None else max(0.0, (now_ms - newest_ms) / 1000)
     return TableStatus(".".join(table.name()), rows, batches, last_ms, version, dead,
-                       ends, lag, lag_s)
+                       ends, lag, "records" if dense else "notifications", lag_s)
 
 
 def table_status(spec: TableSync, now_ms: int) -> TableStatus:
@@ -73,8 +77,9 @@ def table_status(spec: TableSync, now_ms: int) -> TableStatus:
     table = open_catalog(spec.catalog).load_table(spec.table)
     opts = parse_options({**spec.source, "topic": spec.topic})
     nlog = NotificationLog(opts)
+    offsets = driver_offsets(opts)
     try:
-        highs = record_offsets(driver_offsets(opts), nlog.highs())   # in the offsets the table's ends are in
+        highs = record_offsets(offsets, nlog.highs())   # in the offsets the table's ends are in
     finally:
         nlog.close()
-    return status_of(table, spec.id, highs, now_ms)
+    return status_of(table, spec.id, highs, now_ms, dense=offsets is not None)

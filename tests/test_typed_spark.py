@@ -192,5 +192,5 @@ def test_a_topic_through_every_version_becomes_one_evolving_table_with_bad_recor
                                         "--json", *(f"--catalog-prop={k}={v}" for k, v in spec.catalog.items())])
     assert run.exit_code == 0, run.output
     status = json.loads(run.stdout)
-    assert (status["rows"], status["dead_letters"], status["schema_version"], status["lag_notifications"],
-            status["lag_s"]) == (len(VERSIONS), 3, 6, 0, 0.0)
+    assert (status["rows"], status["dead_letters"], status["schema_version"], status["lag"],
+            status["lag_unit"], status["lag_s"]) == (len(VERSIONS), 3, 6, 0, "notifications", 0.0)

@@ -107,7 +107,7 @@ def status(ctx: click.Context, topic: str, table_name: str, directory: str, cata
     lag_time = "?" if now.lag_s is None else f"{now.lag_s:.1f} s"
     click.echo(f"{now.table}: {now.rows} rows in {now.batches} batches, last commit {last}, "
                f"schema version {now.schema_version if now.schema_version is not None else '-'}, "
-               f"{now.dead_letters} dead letters, lag {now.lag_notifications} notifications ({lag_time})")
+               f"{now.dead_letters} dead letters, lag {now.lag} {now.lag_unit} ({lag_time})")
 
 
 def _spec(ctx: click.Context, topic: str, table_name: str, directory: str, catalog_props: tuple[str, ...],
