@@ -65,18 +65,30 @@ def unique_name(request: pytest.FixtureRequest) -> Callable[[str], str]:
     return make
 
 
-#: The files whose tests use the `spark` fixture: one xdist worker runs them all (`pytest_xdist_make_scheduler`),
-#: so the suite starts one Spark JVM and warms one set of Python workers instead of one per worker, and no
-#: two Spark sessions compete for the two cores. Name a new file here when it uses `spark`.
-SPARK_FILES = frozenset({"test_spark_source.py", "test_table_sync.py", "test_spark_write.py", "test_kafka_produce.py",
-                         "test_shared_objects.py", "test_typed_spark.py", "test_spark_kafka_read.py",
-                         "test_security_describe.py", "test_discovery.py", "test_long_stall.py"})
+#: The tests that use the `spark` fixture, by file (all its tests) or by test: one xdist worker runs
+#: them all (`pytest_xdist_make_scheduler`), so the suite starts one Spark JVM and warms one set of
+#: Python workers instead of one per worker, and no two Spark sessions compete for the two cores.
+#: A file with one Spark test among many names that test alone, so its other tests go elsewhere.
+#: Collection fails on a test that uses `spark` and is not named here.
+SPARK_FILES = frozenset({"test_spark_source.py", "test_table_sync.py", "test_spark_write.py", "test_shared_objects.py",
+                         "test_typed_spark.py", "test_spark_kafka_read.py", "test_security_describe.py",
+                         "test_discovery.py"})
+SPARK_TESTS = frozenset({"test_kafka_produce.py::test_spark_reads_what_a_kafka_producer_wrote",
+                         "test_long_stall.py::test_a_kafka_frozen_past_the_notify_timeout_delivers_no_duplicates"})
+
+
+def _in_spark_unit(nodeid: str) -> bool:
+    """Whether the test `nodeid` (as xdist names it, path::name[params]) runs on the Spark worker."""
+    path, _, name = nodeid.partition("::")
+    file = path.rsplit("/", 1)[-1]
+    return file in SPARK_FILES or f"{file}::{name.split('[')[0]}" in SPARK_TESTS
+
 
 #: The files that take longest (a run's `--junitxml` times summed per file), handed out first: xdist's
 #: loadfile gives out whole files, by default those with most tests first, which left the one-test
 #: `memq dev` files to run alone at the end. The Spark files come first as one unit of work (the
 #: largest); a file not named keeps its place; name a new file here when it takes a minute or more.
-LONGEST_FIRST = (*sorted(SPARK_FILES),
+LONGEST_FIRST = (*sorted(SPARK_FILES), "test_kafka_produce.py",
                  "test_cli.py", "test_governor_cluster.py", "test_cli_first_hour.py", "test_consumer.py",
                  "test_compaction_run.py", "test_compaction_read.py", "test_storage.py", "test_kafka_txn.py",
                  "test_cost_cluster.py", "test_security_kafka_listener.py", "test_schema_producer.py",
@@ -84,19 +96,23 @@ LONGEST_FIRST = (*sorted(SPARK_FILES),
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    stray = [item.nodeid for item in items if "spark" in getattr(item, "fixturenames", ()) and
+             not _in_spark_unit(item.nodeid)]
+    if stray:
+        raise pytest.UsageError(f"tests using the spark fixture, not named in conftest's SPARK_FILES or "
+                                f"SPARK_TESTS (one worker runs them all): {', '.join(stray)}")
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))   # stable: a file's tests keep their order
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """xdist's loadfile, with the Spark files as one unit of work (see SPARK_FILES)."""
+    """xdist's loadfile, with the Spark tests as one unit of work (see SPARK_FILES)."""
     from xdist.scheduler import LoadFileScheduling
 
     class SparkTogether(LoadFileScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            file = super()._split_scope(nodeid)
-            return "spark" if file.rsplit("/", 1)[-1] in SPARK_FILES else file
+            return "spark" if _in_spark_unit(nodeid) else super()._split_scope(nodeid)
 
     return SparkTogether(config, log)
 
