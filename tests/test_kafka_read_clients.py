@@ -350,6 +350,7 @@ def chosen(running: Running) -> Chosen:
         order.append(value)
         if i == CHOSEN_PARTITIONS - 1:
             p.flush(30)   # each partition's first part: its broker starts counting the partition
+            _counted(running.broker.kafka_address, topic)
     assert p.flush(30) == 0
     keyed = [LogMessage(b"memq-%d" % i, b"key-%d" % (i % 23), (), 1_700_000_000_000 + i) for i in range(120)]
     memq_produce(running, topic, keyed)
@@ -357,6 +358,18 @@ def chosen(running: Running) -> Chosen:
     order += [r.value for r in keyed]
     memq_produce(running, topic, [LogMessage(b"memq-nokey-%d" % i, None, (), 1_700_000_000_000) for i in range(5)])
     return Chosen(topic, where, order, reported)
+
+
+def _counted(address: str, topic: str) -> None:
+    """Once the broker counted each partition's offsets: a high watermark waits for the count,
+    which a delivery report does not (it answers -1 until then), so the reports after this one
+    know their offsets however loaded the machine is."""
+    c = Consumer({"bootstrap.servers": address, "group.id": "unused"})
+    try:
+        for partition in range(CHOSEN_PARTITIONS):
+            c.get_watermark_offsets(TopicPartition(topic, partition), timeout=30)
+    finally:
+        c.close()
 
 
 def check_chosen(c: Chosen, got: list[tuple[int, bytes]]) -> None:

@@ -1,27 +1,42 @@
-"""The `memq` command. Each command group lives in its own module and is registered below."""
+"""The `memq` command. Each command group lives in its own module, named in COMMANDS below."""
 
 from __future__ import annotations
+
+import importlib
 
 import click
 
 from memq import __version__
 from memq.cli._common import CliState, MemqGroup
-from memq.cli.audit import audit
-from memq.cli.broker import broker
-from memq.cli.consume import consume
-from memq.cli.cost import cost
-from memq.cli.dev import dev
-from memq.cli.get import get
-from memq.cli.governor import governor
-from memq.cli.produce import produce
-from memq.cli.schema import schema
-from memq.cli.security import acl, token
-from memq.cli.status import status
-from memq.cli.table import table
-from memq.cli.topic import topic
+
+#: Command name -> "module:attribute". A command's module is imported when it runs (or when help
+#: lists the commands): every `memq` process and every broker started through it paid about a
+#: second of CPU importing all of them (aiohttp, boto3, the clients) before doing anything.
+COMMANDS = {
+    "dev": "memq.cli.dev:dev", "topic": "memq.cli.topic:topic", "produce": "memq.cli.produce:produce",
+    "consume": "memq.cli.consume:consume", "schema": "memq.cli.schema:schema", "get": "memq.cli.get:get",
+    "broker": "memq.cli.broker:broker", "status": "memq.cli.status:status",
+    "governor": "memq.cli.governor:governor", "audit": "memq.cli.audit:audit", "table": "memq.cli.table:table",
+    "cost": "memq.cli.cost:cost", "token": "memq.cli.security:token", "acl": "memq.cli.security:acl",
+}
 
 
-@click.group(cls=MemqGroup, context_settings={"help_option_names": ["-h", "--help"]})
+class LazyGroup(MemqGroup):
+    """memq's top-level group: its commands are imported on first use."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return list(COMMANDS)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        target = COMMANDS.get(cmd_name)
+        if target is None:
+            return None
+        module, _, attr = target.partition(":")
+        command: click.Command = getattr(importlib.import_module(module), attr)
+        return command
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), envvar="MEMQ_CONFIG",
               help="TOML config file (also MEMQ_CONFIG); MEMQ_SECTION_FIELD variables override it.")
 @click.version_option(__version__, prog_name="memq")
@@ -29,19 +44,3 @@ from memq.cli.topic import topic
 def main(ctx: click.Context, config_path: str | None) -> None:
     """memq: batches on S3, pointers on Kafka. Start with `memq dev`."""
     ctx.obj = CliState(config_path)
-
-
-main.add_command(dev)
-main.add_command(topic)
-main.add_command(produce)
-main.add_command(consume)
-main.add_command(schema)
-main.add_command(get)
-main.add_command(broker)
-main.add_command(status)
-main.add_command(governor)
-main.add_command(audit)
-main.add_command(table)
-main.add_command(cost)
-main.add_command(token)
-main.add_command(acl)

@@ -67,6 +67,7 @@ class BrokerProcess:
         self.broker_id = config.broker.broker_id
         self.launcher = tuple(launcher)
         self.url = ""
+        self._launched_url = ""
         self._proc: ManagedProcess | None = None
 
     @property
@@ -80,23 +81,35 @@ class BrokerProcess:
 
     def start(self, timeout_s: float = 30.0) -> BrokerProcess:
         """Start on a free port (a new one if the chosen port was taken meanwhile)."""
+        return self.launch().ready(timeout_s)
+
+    def launch(self) -> BrokerProcess:
+        """Spawn the process without waiting for it (`ready` waits): brokers launched together
+        import and start at the same time. Call from the thread that outlives it: the kernel
+        kills a child when the thread that spawned it exits (PR_SET_PDEATHSIG)."""
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        port = self.config.broker.port or free_port()
+        broker = dataclasses.replace(self.config.broker, port=port, advertised_url=self.config.broker.advertised_url)
+        path = self.run_dir / f"broker-{self.broker_id}.toml"
+        path.write_text(config_toml(dataclasses.replace(self.config, broker=broker)))
+        scheme = "https" if self.config.security.tls_cert_file else "http"
+        self._launched_url = broker.advertised_url or f"{scheme}://{broker.host}:{port}"
+        argv = [*self.launcher, sys.executable, "-m", "memq.broker", "--config", str(path)]
+        self._proc = spawn(f"broker-{self.broker_id}", argv, log_path=self.run_dir / f"broker-{self.broker_id}.log")
+        return self
+
+    def ready(self, timeout_s: float = 30.0) -> BrokerProcess:
+        """Once the launched broker answers /healthz; launched again on another free port when it
+        exited (its port was taken meanwhile), up to PORT_ATTEMPTS launches."""
         trust = probe_trust(self.config)
-        for _ in range(PORT_ATTEMPTS):
-            port = self.config.broker.port or free_port()
-            broker = dataclasses.replace(self.config.broker, port=port,
-                                         advertised_url=self.config.broker.advertised_url)
-            path = self.run_dir / f"broker-{self.broker_id}.toml"
-            path.write_text(config_toml(dataclasses.replace(self.config, broker=broker)))
-            scheme = "https" if self.config.security.tls_cert_file else "http"
-            url = broker.advertised_url or f"{scheme}://{broker.host}:{port}"
-            argv = [*self.launcher, sys.executable, "-m", "memq.broker", "--config", str(path)]
-            self._proc = spawn(f"broker-{self.broker_id}", argv, log_path=self.run_dir / f"broker-{self.broker_id}.log")
-            if wait_ready(self._proc, lambda: _healthy(url, trust), timeout_s):
+        for attempt in range(1, PORT_ATTEMPTS + 1):
+            url = self._launched_url
+            if self._proc is not None and wait_ready(self._proc, lambda: _healthy(url, trust), timeout_s):
                 self.url = url
                 return self
-            if self.config.broker.port:
+            if self.config.broker.port or attempt == PORT_ATTEMPTS:
                 break
+            self.launch()
         log = self._proc.log_tail() if self._proc else ""
         raise DevClusterError(f"broker {self.broker_id} did not start; log:\n{log}")
 

@@ -115,8 +115,10 @@ class GovernedCluster:
             if self._security is not None:
                 self._base = self._security.brokers(self._base)
             self._registry = Registry(zk, self.cluster).start()
-            for _ in range(self._initial):
-                self._start_broker(self._next_id())
+            # launched together, then awaited: a start is mostly its interpreter's imports
+            brokers = [self._broker(f"b{i + 1}").launch() for i in range(self._initial)]
+            for broker in brokers:
+                broker.ready(self.ready_timeout_s)
             self.wait_registered()
             self.governor()
         except BaseException:
@@ -197,6 +199,10 @@ class GovernedCluster:
             raise DevClusterError(f"no broker {broker_id!r} (have {sorted(self.brokers)})") from None
 
     def _start_broker(self, broker_id: str, port: int | None = None) -> BrokerProcess:
+        return self._broker(broker_id, port).start(self.ready_timeout_s)
+
+    def _broker(self, broker_id: str, port: int | None = None) -> BrokerProcess:
+        """`broker_id`'s process, not started yet, in `brokers` (its config: placement, rack, port)."""
         where = self._placement(broker_id)
         rack = RACKS[(int(broker_id[1:]) - 1) % len(RACKS)]
         settings = dataclasses.replace(self._template, broker_id=broker_id, rack=rack, host=where.host,
@@ -204,7 +210,7 @@ class GovernedCluster:
         proc = BrokerProcess(dataclasses.replace(self.base, broker=settings, group=self._group), self.run_dir / "brokers",
                              launcher=where.launcher)
         self.brokers[broker_id] = proc
-        return proc.start(self.ready_timeout_s)
+        return proc
 
     def add_broker(self) -> str:
         """One more broker (next id, next rack); its id once it is registered."""
