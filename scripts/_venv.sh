@@ -1,6 +1,11 @@
 # Sourced by dev.sh and test.sh: create (or reuse) .venv and install memq with the given extras.
 # Reinstalls only when pyproject.toml changed since the last install of those extras.
 
+# Python keeps compiled modules (and pytest its rewritten test modules) only where it may write
+# them: an environment with PYTHONDONTWRITEBYTECODE set made every broker, `memq` command and Spark
+# worker compile memq from source again (about a third of a CLI-heavy test's CPU).
+unset PYTHONDONTWRITEBYTECODE
+
 ensure_venv() {
     local extras="$1"
     if ! command -v python3 >/dev/null; then
