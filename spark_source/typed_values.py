@@ -136,7 +136,8 @@ def _proto_value(f: Any, value: Any) -> Any:
 def decode_values(read: ReadSchema, values: pa.Array) -> Decoded:
     """`values` (binary, framed) as the read schema's struct column, with each one's schema id
     and error. Rows are grouped by schema id; a flat Avro writer's group is one compiled walk
-    (`avro_walk`), any other group a decoder call per value and one Arrow conversion."""
+    (`avro_walk`: primitives and nested records), any other group a decoder call per value and one
+    Arrow conversion."""
     n = len(values)
     typ = read.arrow()
     offsets = np.frombuffer(values.buffers()[1], np.int32)[values.offset:values.offset + n + 1].astype(np.int64)
@@ -189,10 +190,25 @@ def _walked(read: ReadSchema, w: Writer, plan: FlatPlan, data: pa.Buffer, starts
     fields, ok = walk(plan, memoryview(data), starts, ends)
     for i in rows[~ok].tolist():
         errors[i] = f"schema id {w.schema_id}: does not decode: not a record of its schema"
-    by_merged = {w.renames.names[name]: arr for name, arr in fields.items() if name in w.renames.names}
-    typ = read.arrow()
-    arrays = [by_merged[f.name].cast(f.type) if f.name in by_merged else pa.nulls(len(rows), f.type) for f in typ]
-    return pa.StructArray.from_arrays(arrays, fields=list(typ), mask=pa.array(~ok))
+    return _conformed(fields, w.renames, read.arrow(), len(rows), pa.array(~ok))
+
+
+def _conformed(fields: Mapping[str, pa.Array], plan: Renames, typ: pa.StructType, n: int,
+               mask: pa.BooleanArray) -> pa.StructArray:
+    """A record's walked columns (by the writer's names) as `typ`, the merged struct: renamed,
+    cast to its wider types, nested records likewise, a column the writer lacks null."""
+    by_merged = {plan.names[name]: (name, arr) for name, arr in fields.items() if name in plan.names}
+    arrays = []
+    for f in typ:
+        if f.name not in by_merged:
+            arrays.append(pa.nulls(n, f.type))
+            continue
+        name, arr = by_merged[f.name]
+        if isinstance(arr, pa.StructArray) and isinstance(f.type, pa.StructType) and name in plan.nested:
+            arr = _conformed({arr.type.field(i).name: arr.field(i) for i in range(arr.type.num_fields)},
+                             plan.nested[name][1], f.type, n, arr.is_null())
+        arrays.append(arr if arr.type == f.type else arr.cast(f.type))
+    return pa.StructArray.from_arrays(arrays, fields=list(typ), mask=mask)
 
 
 def _decoded(read: ReadSchema, w: Writer, payloads: list[bytes], rows: np.ndarray,
