@@ -19,6 +19,7 @@ from typing import Any
 import fastavro
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
 from spark_source.avro_walk import FlatPlan, flat_plan, walk
@@ -151,7 +152,7 @@ def decode_values(read: ReadSchema, values: pa.Array) -> Decoded:
     at = starts[framed]
     ids[framed] = (buf[at + 1].astype(np.int64) << 24 | buf[at + 2].astype(np.int64) << 16
                    | buf[at + 3].astype(np.int64) << 8 | buf[at + 4].astype(np.int64))
-    errors: list[str | None] = [None] * n
+    errors: dict[int, str] = {}        # row → why it failed: built per failure, not per row
     for i in np.nonzero(present & ~framed)[0].tolist():
         errors[i] = "not framed: no magic byte 0 and schema id"
     groups: list[tuple[np.ndarray, pa.StructArray]] = []
@@ -172,7 +173,19 @@ def decode_values(read: ReadSchema, values: pa.Array) -> Decoded:
         groups.append((rows, column))
     column = _placed(groups, n, typ)
     schema_ids = pa.array(ids, mask=~framed).cast(pa.int32())
-    return Decoded(column, schema_ids, pa.array(errors, type=pa.string()))
+    return Decoded(column, schema_ids, _error_column(errors, n))
+
+
+def _error_column(errors: Mapping[int, str], n: int) -> pa.StringArray:
+    """The `error` column: null but at the rows that failed."""
+    column = pa.nulls(n, pa.string())
+    if errors:
+        rows = sorted(errors)
+        mask = np.zeros(n, np.bool_)
+        mask[rows] = True
+        column = pc.replace_with_mask(column, pa.array(mask), pa.array([errors[i] for i in rows], pa.string()))
+    assert isinstance(column, pa.StringArray)
+    return column
 
 
 _PLANS: dict[tuple[str, int], FlatPlan | None] = {}
@@ -186,7 +199,7 @@ def _flat(subject: str, w: Writer) -> FlatPlan | None:
 
 
 def _walked(read: ReadSchema, w: Writer, plan: FlatPlan, data: pa.Buffer, starts: np.ndarray, ends: np.ndarray,
-            rows: np.ndarray, errors: list[str | None]) -> pa.StructArray:
+            rows: np.ndarray, errors: dict[int, str]) -> pa.StructArray:
     fields, ok = walk(plan, memoryview(data), starts, ends)
     for i in rows[~ok].tolist():
         errors[i] = f"schema id {w.schema_id}: does not decode: not a record of its schema"
@@ -212,7 +225,7 @@ def _conformed(fields: Mapping[str, pa.Array], plan: Renames, typ: pa.StructType
 
 
 def _decoded(read: ReadSchema, w: Writer, payloads: list[bytes], rows: np.ndarray,
-             errors: list[str | None]) -> pa.StructArray:
+             errors: dict[int, str]) -> pa.StructArray:
     decode = _decoder(read.subject, w)
     records: list[dict[str, Any] | None] = []
     for i, payload in zip(rows.tolist(), payloads):
@@ -248,7 +261,7 @@ def _placed(groups: list[tuple[np.ndarray, pa.StructArray]], n: int, typ: pa.Str
 
 
 def _row_by_row(records: list[dict[str, Any] | None], typ: pa.DataType, rows: np.ndarray,
-                errors: list[str | None]) -> pa.Array:
+                errors: dict[int, str]) -> pa.Array:
     out = []
     for i, record in zip(rows.tolist(), records):
         try:
