@@ -1,11 +1,15 @@
-"""Flat Avro records decoded by one compiled walk per batch, no Python object per record.
+"""Avro records of primitives and nested records decoded by one compiled walk per batch, no
+Python object per record.
 
-A writer schema whose fields are all primitives (boolean, int, long, float, double, string,
-bytes), each possibly in a union with null, is walked by numba over every value of a batch at
-once: numbers land in numpy columns, strings and bytes as spans of the values' buffer, gathered
-into Arrow arrays (`memq.format.spans`). A value the walk cannot read (past its end, bytes left
-over, a union branch the schema lacks, an int out of range) is marked, never guessed. Other
-schemas (nested records, arrays, maps, enums, logical types) take fastavro's reader.
+A writer schema whose fields are primitives (boolean, int, long, float, double, string, bytes)
+or records of them (at any depth, declared inline), each possibly in a union with null, is
+walked by numba over every value of a batch at once: the record is laid out as slots in the
+order Avro writes them (a nested record is a slot followed by its fields' slots), numbers land
+in numpy columns, strings and bytes as spans of the values' buffer, gathered into Arrow arrays
+(`memq.format.spans`), and nested records become struct arrays over their fields' columns. A
+value the walk cannot read (past its end, bytes left over, a union branch the schema lacks, an
+int out of range) is marked, never guessed. Other schemas (arrays, maps, enums, logical types,
+records named again by reference) take fastavro's reader.
 """
 
 from __future__ import annotations
@@ -21,40 +25,62 @@ from numba import njit
 from memq.format.spans import Spans, binary_array_parts, byte_array
 
 KINDS = {"boolean": 0, "int": 1, "long": 2, "float": 3, "double": 4, "string": 5, "bytes": 6}
+RECORD = 7           # a nested record's slot: its fields' slots follow it
 _ARROW = {0: pa.bool_(), 1: pa.int32(), 2: pa.int64(), 3: pa.float32(), 4: pa.float64(), 5: pa.string(),
           6: pa.binary()}
 
 
 @dataclass(frozen=True)
 class FlatPlan:
-    """A flat record's fields in order: their kind (KINDS) and the union branch of null (-1: none)."""
+    """A record's slots in the order Avro writes them: each one's field name, kind (KINDS or
+    RECORD), the union branch of null (-1: none) and, for a RECORD, how many slots its fields
+    take (its nested records' included)."""
 
     names: tuple[str, ...]
     kinds: np.ndarray          # int8
     null_branch: np.ndarray    # int8
+    inner: np.ndarray          # int64
 
 
 def flat_plan(text: str) -> FlatPlan | None:
-    """The walk's plan of an Avro schema, or None when it is not a record of primitive fields."""
+    """The walk's plan of an Avro schema, or None when it is not a record of primitives and
+    inline records."""
     raw = json.loads(text)
     if not isinstance(raw, dict) or raw.get("type") != "record":
         return None
-    names, kinds, nulls = [], [], []
-    for f in raw["fields"]:
+    names: list[str] = []
+    kinds: list[int] = []
+    nulls: list[int] = []
+    inner: list[int] = []
+    return FlatPlan(tuple(names), np.array(kinds, np.int8), np.array(nulls, np.int8), np.array(inner, np.int64)) \
+        if _slots(raw, names, kinds, nulls, inner) else None
+
+
+def _slots(record: dict, names: list[str], kinds: list[int], nulls: list[int], inner: list[int]) -> bool:
+    """Append `record`'s fields' slots; False if a field is of a type the walk does not read."""
+    for f in record["fields"]:
         t, null = f["type"], -1
         if isinstance(t, list):
             if len(t) != 2 or "null" not in t:
-                return None
+                return False
             null = t.index("null")
             t = t[1 - null]
         if isinstance(t, dict) and set(t) == {"type"}:
             t = t["type"]
-        if not isinstance(t, str) or t not in KINDS:
-            return None
+        at = len(names)
         names.append(f["name"])
-        kinds.append(KINDS[t])
         nulls.append(null)
-    return FlatPlan(tuple(names), np.array(kinds, np.int8), np.array(nulls, np.int8))
+        inner.append(0)
+        if isinstance(t, dict) and t.get("type") == "record":
+            kinds.append(RECORD)
+            if not _slots(t, names, kinds, nulls, inner):
+                return False
+            inner[at] = len(names) - at - 1
+        elif isinstance(t, str) and t in KINDS:
+            kinds.append(KINDS[t])
+        else:
+            return False
+    return True
 
 
 @njit(cache=True, nogil=True)
@@ -74,7 +100,7 @@ def _varint(data: np.ndarray, pos: int, end: int) -> tuple[int, int, bool]:   # 
 
 @njit(cache=True, nogil=True)
 def _walk(data: np.ndarray, starts: np.ndarray, ends: np.ndarray, kinds: np.ndarray, null_branch: np.ndarray,
-          ints: np.ndarray, floats: np.ndarray, span_start: np.ndarray, span_len: np.ndarray,
+          inner: np.ndarray, ints: np.ndarray, floats: np.ndarray, span_start: np.ndarray, span_len: np.ndarray,
           valid: np.ndarray, ok: np.ndarray) -> None:   # pragma: no cover - compiled
     scratch = np.zeros(8, np.uint8)
     f32 = scratch[:4].view(np.float32)
@@ -83,7 +109,8 @@ def _walk(data: np.ndarray, starts: np.ndarray, ends: np.ndarray, kinds: np.ndar
         pos = starts[i]
         end = ends[i]
         good = True
-        for j in range(len(kinds)):
+        j = 0
+        while j < len(kinds):
             span_len[i, j] = -1
             valid[i, j] = False
             if null_branch[j] >= 0:
@@ -92,9 +119,15 @@ def _walk(data: np.ndarray, starts: np.ndarray, ends: np.ndarray, kinds: np.ndar
                     good = False
                     break
                 if branch == null_branch[j]:
+                    for d in range(j + 1, j + 1 + inner[j]):   # a null record's fields: null too
+                        span_len[i, d] = -1
+                        valid[i, d] = False
+                    j += 1 + inner[j]
                     continue
             k = kinds[j]
-            if k == 0:
+            if k == 7:
+                pass                   # a record: its fields are the next slots
+            elif k == 0:
                 if pos >= end or data[pos] > 1:
                     good = False
                     break
@@ -124,6 +157,7 @@ def _walk(data: np.ndarray, starts: np.ndarray, ends: np.ndarray, kinds: np.ndar
                 span_len[i, j] = n
                 pos += n
             valid[i, j] = True
+            j += 1
         if good and pos != end:
             good = False
         ok[i] = good
@@ -146,12 +180,14 @@ def walk(plan: FlatPlan, data: bytes | memoryview, starts: np.ndarray, ends: np.
     valid = np.zeros((n, f), np.bool_)
     ok = np.zeros(n, np.bool_)
     buf = byte_array(data)
-    _walk(buf, starts.astype(np.int64), ends.astype(np.int64), plan.kinds, plan.null_branch, ints, floats,
+    _walk(buf, starts.astype(np.int64), ends.astype(np.int64), plan.kinds, plan.null_branch, plan.inner, ints, floats,
           span_start, span_len, valid, ok)
     walked_ok = int(ok.sum())
-    out: dict[str, pa.Array] = {}
-    for j, (name, kind) in enumerate(zip(plan.names, plan.kinds.tolist())):
+    leaves: dict[int, pa.Array] = {}
+    for j, kind in enumerate(plan.kinds.tolist()):
         mask = ~valid[:, j]
+        if kind == RECORD:
+            continue
         if kind in (5, 6):
             arr = binary_array_parts([(Spans(np.ascontiguousarray(span_start[:, j]),
                                              np.ascontiguousarray(span_len[:, j])), data)], _ARROW[kind])
@@ -161,11 +197,29 @@ def walk(plan: FlatPlan, data: bytes | memoryview, starts: np.ndarray, ends: np.
             arr = pa.array(floats[:, j].astype(np.float32 if kind == 3 else np.float64), mask=mask)
         else:
             arr = pa.array(ints[:, j], mask=mask).cast(_ARROW[kind])
-        out[name] = arr
+        leaves[j] = arr
+    out = _level(plan, leaves, valid, 0, len(plan.kinds))
     if not ok.all() and ok.sum() != walked_ok:   # a string marked its record not read: null it everywhere
         keep = pa.array(ok)
         out = {name: pc.if_else(keep, arr, pa.nulls(n, arr.type)) for name, arr in out.items()}
     return out, ok
+
+
+def _level(plan: FlatPlan, leaves: dict[int, pa.Array], valid: np.ndarray, j: int, stop: int) -> dict[str, pa.Array]:
+    """The columns of the record whose slots are [j, stop), by field name: a nested record a
+    struct of its fields' columns, null where its slot was not read."""
+    out: dict[str, pa.Array] = {}
+    while j < stop:
+        if plan.kinds[j] == RECORD:
+            end = j + 1 + int(plan.inner[j])
+            fields = _level(plan, leaves, valid, j + 1, end)
+            out[plan.names[j]] = pa.StructArray.from_arrays(list(fields.values()), names=list(fields),
+                                                            mask=pa.array(~valid[:, j]))
+            j = end
+        else:
+            out[plan.names[j]] = leaves[j]
+            j += 1
+    return out
 
 
 def _utf8(arr: pa.Array, ok: np.ndarray) -> pa.Array:

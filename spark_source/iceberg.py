@@ -36,6 +36,17 @@ from pyspark.sql import types as T
 from pyspark.sql.pandas.types import from_arrow_schema
 from pyspark.sql.streaming import StreamingQuery
 
+from memq.audit.table_board import TableReporter
+from memq.audit.tables import (
+    BATCH_ID,
+    DEAD_LETTERS,
+    END_OFFSETS,
+    NEWEST_MS,
+    SCHEMA_VERSION,
+    SYNC_ID,
+    Committed,
+    committed,
+)
 from memq.config import MemqConfig
 from memq.errors import ConfigError
 from spark_source.iceberg_typed import COLLECTED, DLQ_SCHEMA, evolve_table
@@ -45,12 +56,6 @@ from spark_source.typed_values import ReadSchema
 
 log = logging.getLogger("memq.table")
 
-SYNC_ID = "memq.sync-id"
-BATCH_ID = "memq.batch-id"
-END_OFFSETS = "memq.end-offsets"
-DEAD_LETTERS = "memq.dead-letters"        # a typed sync's batch: how many records went to <table>_dlq
-NEWEST_MS = "memq.newest-timestamp-ms"    # the newest message timestamp a batch committed (lag in time)
-SCHEMA_VERSION = "memq.schema-version"    # a typed sync's batch: the newest subject version its read schema merged
 # `partition_by` → the transform of the message timestamp a new table is partitioned by (none: unpartitioned)
 PARTITIONS: Mapping[str, Callable[[], Transform[Any, Any]] | None] = {
     "hour": HourTransform, "day": DayTransform, "month": MonthTransform, "none": None}
@@ -188,12 +193,23 @@ def load_or_create(catalog: Catalog, name: str, schema: pa.Schema, partition_by:
     return table
 
 
+def sync_committed(table: Table, spec: TableSync, *, dense: bool) -> Committed:
+    """What `spec`'s commits to `table` add up to, from its snapshot summaries."""
+    current = table.current_snapshot()
+    rows = int(current.summary["total-records"] or 0) if current is not None and current.summary else 0
+    snaps = [(s.timestamp_ms, s.summary.additional_properties) for s in table.metadata.snapshots
+             if s.summary is not None]
+    return committed(snaps, rows, sync_id=spec.id, topic=spec.topic, table=spec.table, dense=dense)
+
+
 def batch_writer(spec: TableSync, catalog: Catalog, read: ReadSchema | None = None,
-                 step: Step | None = None) -> Callable[[DataFrame, int], None]:
+                 step: Step | None = None,
+                 report: Callable[[Table], None] | None = None) -> Callable[[DataFrame, int], None]:
     """The foreachBatch function: the executors write the batch's data files (`write_files`), the
     driver commits them in one idempotent Iceberg append (a typed sync's dead letters first, as
     one idempotent append to `<table>_dlq`). `read`: a typed sync's read schema. `step`: a test
-    hook called at each step of a batch (`iceberg_write.Step`)."""
+    hook called at each step of a batch (`iceberg_write.Step`). `report`: told the table after
+    each commit (the dashboard's `TableReporter`)."""
     dlq: list[Table] = []   # loaded once per query: only this sync's appends change its metadata
 
     def write(df: DataFrame, batch_id: int) -> None:
@@ -224,6 +240,8 @@ def batch_writer(spec: TableSync, catalog: Catalog, read: ReadSchema | None = No
         commit(table, written.files, {**props, END_OFFSETS: json.dumps(written.ends, sort_keys=True)})
         log.info("table %s: batch %d committed, %d files, end offsets %s", spec.table, batch_id,
                  len(written.files), written.ends)
+        if report is not None:
+            report(table)
         if step is not None:
             step("committed", batch_id)
 
@@ -235,9 +253,17 @@ def sync_topic(spark: SparkSession, spec: TableSync, step: Step | None = None) -
     test hook (`batch_writer`)."""
     catalog = open_catalog(spec.catalog)
     options = spec.options()
-    read = parse_options(options).typed if spec.typed else None   # the driver's read schema, evolving the table
+    opts = parse_options(options)
+    read = opts.typed if spec.typed else None   # the driver's read schema, evolving the table
+    report = None
+    if opts.config.audit.enabled:   # the dashboard's table panel, beside the audit's
+        reporter = TableReporter(opts.config)
+
+        def report(table: Table) -> None:
+            reporter.report(sync_committed(table, spec, dense=opts.dense))
+
     stream = spark.readStream.format("memq").options(**options).load()
-    writer = (stream.writeStream.foreachBatch(batch_writer(spec, catalog, read, step))
+    writer = (stream.writeStream.foreachBatch(batch_writer(spec, catalog, read, step, report))
               .option("checkpointLocation", spec.checkpoint).queryName(f"memq-table-{spec.table}"))
     writer = writer.trigger(availableNow=True) if spec.trigger_s is None else \
         writer.trigger(processingTime=f"{spec.trigger_s} seconds")

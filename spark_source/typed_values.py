@@ -19,6 +19,7 @@ from typing import Any
 import fastavro
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
 from spark_source.avro_walk import FlatPlan, flat_plan, walk
@@ -136,7 +137,8 @@ def _proto_value(f: Any, value: Any) -> Any:
 def decode_values(read: ReadSchema, values: pa.Array) -> Decoded:
     """`values` (binary, framed) as the read schema's struct column, with each one's schema id
     and error. Rows are grouped by schema id; a flat Avro writer's group is one compiled walk
-    (`avro_walk`), any other group a decoder call per value and one Arrow conversion."""
+    (`avro_walk`: primitives and nested records), any other group a decoder call per value and one
+    Arrow conversion."""
     n = len(values)
     typ = read.arrow()
     offsets = np.frombuffer(values.buffers()[1], np.int32)[values.offset:values.offset + n + 1].astype(np.int64)
@@ -150,7 +152,7 @@ def decode_values(read: ReadSchema, values: pa.Array) -> Decoded:
     at = starts[framed]
     ids[framed] = (buf[at + 1].astype(np.int64) << 24 | buf[at + 2].astype(np.int64) << 16
                    | buf[at + 3].astype(np.int64) << 8 | buf[at + 4].astype(np.int64))
-    errors: list[str | None] = [None] * n
+    errors: dict[int, str] = {}        # row → why it failed: built per failure, not per row
     for i in np.nonzero(present & ~framed)[0].tolist():
         errors[i] = "not framed: no magic byte 0 and schema id"
     groups: list[tuple[np.ndarray, pa.StructArray]] = []
@@ -171,7 +173,19 @@ def decode_values(read: ReadSchema, values: pa.Array) -> Decoded:
         groups.append((rows, column))
     column = _placed(groups, n, typ)
     schema_ids = pa.array(ids, mask=~framed).cast(pa.int32())
-    return Decoded(column, schema_ids, pa.array(errors, type=pa.string()))
+    return Decoded(column, schema_ids, _error_column(errors, n))
+
+
+def _error_column(errors: Mapping[int, str], n: int) -> pa.StringArray:
+    """The `error` column: null but at the rows that failed."""
+    column = pa.nulls(n, pa.string())
+    if errors:
+        rows = sorted(errors)
+        mask = np.zeros(n, np.bool_)
+        mask[rows] = True
+        column = pc.replace_with_mask(column, pa.array(mask), pa.array([errors[i] for i in rows], pa.string()))
+    assert isinstance(column, pa.StringArray)
+    return column
 
 
 _PLANS: dict[tuple[str, int], FlatPlan | None] = {}
@@ -185,18 +199,33 @@ def _flat(subject: str, w: Writer) -> FlatPlan | None:
 
 
 def _walked(read: ReadSchema, w: Writer, plan: FlatPlan, data: pa.Buffer, starts: np.ndarray, ends: np.ndarray,
-            rows: np.ndarray, errors: list[str | None]) -> pa.StructArray:
+            rows: np.ndarray, errors: dict[int, str]) -> pa.StructArray:
     fields, ok = walk(plan, memoryview(data), starts, ends)
     for i in rows[~ok].tolist():
         errors[i] = f"schema id {w.schema_id}: does not decode: not a record of its schema"
-    by_merged = {w.renames.names[name]: arr for name, arr in fields.items() if name in w.renames.names}
-    typ = read.arrow()
-    arrays = [by_merged[f.name].cast(f.type) if f.name in by_merged else pa.nulls(len(rows), f.type) for f in typ]
-    return pa.StructArray.from_arrays(arrays, fields=list(typ), mask=pa.array(~ok))
+    return _conformed(fields, w.renames, read.arrow(), len(rows), pa.array(~ok))
+
+
+def _conformed(fields: Mapping[str, pa.Array], plan: Renames, typ: pa.StructType, n: int,
+               mask: pa.BooleanArray) -> pa.StructArray:
+    """A record's walked columns (by the writer's names) as `typ`, the merged struct: renamed,
+    cast to its wider types, nested records likewise, a column the writer lacks null."""
+    by_merged = {plan.names[name]: (name, arr) for name, arr in fields.items() if name in plan.names}
+    arrays = []
+    for f in typ:
+        if f.name not in by_merged:
+            arrays.append(pa.nulls(n, f.type))
+            continue
+        name, arr = by_merged[f.name]
+        if isinstance(arr, pa.StructArray) and isinstance(f.type, pa.StructType) and name in plan.nested:
+            arr = _conformed({arr.type.field(i).name: arr.field(i) for i in range(arr.type.num_fields)},
+                             plan.nested[name][1], f.type, n, arr.is_null())
+        arrays.append(arr if arr.type == f.type else arr.cast(f.type))
+    return pa.StructArray.from_arrays(arrays, fields=list(typ), mask=mask)
 
 
 def _decoded(read: ReadSchema, w: Writer, payloads: list[bytes], rows: np.ndarray,
-             errors: list[str | None]) -> pa.StructArray:
+             errors: dict[int, str]) -> pa.StructArray:
     decode = _decoder(read.subject, w)
     records: list[dict[str, Any] | None] = []
     for i, payload in zip(rows.tolist(), payloads):
@@ -232,7 +261,7 @@ def _placed(groups: list[tuple[np.ndarray, pa.StructArray]], n: int, typ: pa.Str
 
 
 def _row_by_row(records: list[dict[str, Any] | None], typ: pa.DataType, rows: np.ndarray,
-                errors: list[str | None]) -> pa.Array:
+                errors: dict[int, str]) -> pa.Array:
     out = []
     for i, record in zip(rows.tolist(), records):
         try:

@@ -149,7 +149,7 @@ def test_the_compiled_walk_reads_flat_records_and_marks_every_kind_of_bad_one() 
         {"name": "f", "type": "float"}, {"name": "d", "type": "double"}, {"name": "s", "type": ["null", "string"]},
         {"name": "y", "type": "bytes"}]}
     plan = flat_plan(json.dumps(schema))
-    assert plan is not None and flat_plan(VERSIONS[6]) is None          # a nested record: fastavro's reader
+    assert plan is not None
     parsed = fastavro.parse_schema(schema)
 
     def encode(record: dict) -> bytes:
@@ -170,3 +170,31 @@ def test_the_compiled_walk_reads_flat_records_and_marks_every_kind_of_bad_one() 
     got = [{k: fields[k][i].as_py() for k in fields} for i in range(4)]
     assert got == [{**r, "f": pytest.approx(r["f"]), "d": pytest.approx(r["d"])} for r in good]
     assert all(fields[k][i].as_py() is None for k in fields for i in range(4, 9))
+
+
+def test_nested_records_are_walked_into_structs_null_where_the_record_is() -> None:
+    inner = {"type": "record", "name": "In", "fields": [{"name": "x", "type": "long"},
+                                                        {"name": "s", "type": ["null", "string"]}]}
+    schema = {"type": "record", "name": "N", "fields": [
+        {"name": "id", "type": "int"},
+        {"name": "opt", "type": ["null", {"type": "record", "name": "Mid", "fields": [
+            {"name": "deep", "type": inner}, {"name": "f", "type": "double"}]}]},
+        {"name": "tail", "type": "string"}]}
+    plan = flat_plan(json.dumps(schema))
+    assert plan is not None and plan.names == ("id", "opt", "deep", "x", "s", "f", "tail")
+    assert flat_plan(VERSIONS[6]) is not None                             # the subject's nested version too
+    assert flat_plan(json.dumps({**schema, "fields": [{"name": "e", "type": "In"}]})) is None   # a named reference
+    parsed = fastavro.parse_schema(schema)
+    records = [{"id": i, "opt": None if i % 3 == 0 else {"deep": {"x": -i, "s": None if i % 2 else f"s{i}"},
+                                                         "f": i / 4}, "tail": f"t{i}"} for i in range(7)]
+    data = []
+    for r in records:
+        buf = io.BytesIO()
+        fastavro.schemaless_writer(buf, parsed, r)
+        data.append(buf.getvalue())
+    data.append(data[1][:-2])                                             # cut inside the nested record's tail
+    offsets = np.cumsum([0] + [len(d) for d in data])
+    fields, ok = walk(plan, b"".join(data), offsets[:-1], offsets[1:])
+    assert ok.tolist() == [True] * 7 + [False]
+    assert pa.StructArray.from_arrays(list(fields.values()), names=list(fields)).to_pylist() == \
+        records + [{"id": None, "opt": None, "tail": None}]

@@ -2,7 +2,8 @@
 registry): a topic whose producer goes through six Avro versions (add, delete, rename by alias,
 int→long, a nested record), then an incompatible version and undecodable values, read by Spark
 as typed columns (batch and streaming) with exact rows per version, and synced into one Iceberg
-table that evolves with it (read back by pyiceberg and by Spark), bad records in its _dlq, a
+table that evolves with it (read back by pyiceberg and by Spark, its status shown by `memq table status`
+and the dashboard), bad records in its _dlq, a
 running sync stopping on a newer schema id before committing. One Spark session."""
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import dataclasses
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -19,6 +21,7 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
+from memq.audit.dashboard import AuditThread
 from memq.cli import main as memq_cli
 from memq.client.producer import Producer
 from memq.client.schemas import SchemaClient
@@ -194,3 +197,12 @@ def test_a_topic_through_every_version_becomes_one_evolving_table_with_bad_recor
     status = json.loads(run.stdout)
     assert (status["rows"], status["dead_letters"], status["schema_version"], status["lag"],
             status["lag_unit"], status["lag_s"]) == (len(VERSIONS), 3, 6, 0, "notifications", 0.0)
+
+    audit = dataclasses.replace(cluster.config, audit=AuditConfig(db_path=str(tmp_path / "audit.db")))
+    with AuditThread(audit, port=0) as dashboard:                    # what the sync reported, beside its lag now
+        with urllib.request.urlopen(f"{dashboard.url}api/tables", timeout=60) as resp:
+            shown = {r["table"]: r for r in json.load(resp)["tables"]}
+    assert {k: shown[spec.table][k] for k in ("rows", "dead_letters", "schema_version", "lag", "lag_unit", "lag_s",
+                                              "topic", "error")} == \
+        {"rows": len(VERSIONS), "dead_letters": 3, "schema_version": 6, "lag": 0, "lag_unit": "notifications",
+         "lag_s": 0.0, "topic": name, "error": None}

@@ -4,7 +4,8 @@ Routes: `/` (the page, `static/index.html` + `static/dashboard.js`, charts by th
 uPlot), `/api/summary` (one row per topic and group, worst first), `/api/series` (per-window
 figures of one topic, the charts' data), `/api/cost` (each topic's monthly cost, as `memq cost`
 shows it, read from the brokers), `/api/schemas` (each topic's schemas in the registry and the
-records its checks refused, dead-lettered or warned of: `schema_panel`), `/metrics` (Prometheus, the same figures),
+records its checks refused, dead-lettered or warned of: `schema_panel`), `/api/tables` (each
+table sync's rows, schema version, last commit, dead letters and lag: `table_board`), `/metrics` (Prometheus, the same figures),
 `/healthz`. Everything is computed from the books on request, under the auditor's lock.
 """
 
@@ -25,6 +26,7 @@ from prometheus_client.registry import Collector
 from memq.audit.auditor import Auditor
 from memq.audit.books import BOOKS_MS, LIVE_MS, Books, GroupSummary
 from memq.audit.schema_panel import schema_panel
+from memq.audit.table_board import TableBoard
 from memq.config import MemqConfig
 from memq.cost import report, usage
 from memq.client._auth import BrokerAuth
@@ -34,6 +36,7 @@ from memq.errors import InvalidInputError, MemqError
 STATIC = Path(__file__).parent / "static"
 _SIZES = {"10": LIVE_MS, "60": BOOKS_MS}
 AUDITOR_KEY = web.AppKey("auditor", Auditor)
+TABLES_KEY = web.AppKey("tables", TableBoard)
 _COST_TIMEOUT_S = 3.0
 
 
@@ -182,6 +185,15 @@ async def _schemas(request: web.Request) -> web.Response:
         return web.json_response({"error": str(e)})
 
 
+async def _tables(request: web.Request) -> web.Response:
+    """Each table sync's latest report and its lag now (`table_board`)."""
+    try:
+        return web.json_response(await asyncio.get_running_loop().run_in_executor(
+            None, request.app[TABLES_KEY].panel, _now_ms()))
+    except MemqError as e:   # Kafka did not answer: the panel says so
+        return web.json_response({"error": str(e)})
+
+
 async def _health(request: web.Request) -> web.Response:
     auditor = request.app[AUDITOR_KEY]
     return web.Response(status=200 if auditor.running else 503,
@@ -199,11 +211,18 @@ def make_app(auditor: Auditor) -> web.Application:
 
     app = web.Application()
     app[AUDITOR_KEY] = auditor
+    app[TABLES_KEY] = TableBoard(auditor.config)
+
+    async def close_tables(app: web.Application) -> None:
+        await asyncio.get_running_loop().run_in_executor(None, app[TABLES_KEY].close)
+
+    app.on_cleanup.append(close_tables)
     app.router.add_get("/", _index)
     app.router.add_get("/api/summary", _summary)
     app.router.add_get("/api/series", _series)
     app.router.add_get("/api/cost", _cost)
     app.router.add_get("/api/schemas", _schemas)
+    app.router.add_get("/api/tables", _tables)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/healthz", _health)
     app.router.add_static("/static/", STATIC)

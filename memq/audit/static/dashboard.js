@@ -250,6 +250,26 @@ async function refreshSchemas() {
   }));
 }
 
+// The tables panel: /api/tables (each table sync's last report, its lag against its topic now).
+async function refreshTables() {
+  const res = await fetch("/api/tables");
+  const body = await res.json();
+  document.getElementById("tables-error").textContent = body.error || "";
+  if (body.error) return;
+  const now = Date.now();
+  document.querySelector("#tables tbody").replaceChildren(...body.tables.map((t) => {
+    const tr = document.createElement("tr");
+    const ago = t.last_commit_ms === null ? "never" : `${fmt((now - t.last_commit_ms) / 1000)} s ago`;
+    const lag = t.lag === null ? cell("?", "lag") : cell(`${fmt(t.lag)} ${t.lag_unit}`, t.lag > 0 ? "lag bad" : "lag");
+    if (t.error) lag.title = t.error;
+    tr.append(cell(t.table, "name"), cell(t.topic, "name"), cell(fmt(t.rows)),
+      cell(t.schema_version === null ? "–" : `v${t.schema_version}`), cell(ago),
+      cell(fmt(t.dead_letters), t.dead_letters > 0 ? "dlq bad" : "dlq"), lag,
+      cell(t.lag_s === null ? "?" : fmt(t.lag_s, 1)));
+    return tr;
+  }));
+}
+
 document.getElementById("size").addEventListener("change", refresh);
 refresh();
 setInterval(refresh, REFRESH_MS);
@@ -258,6 +278,10 @@ setInterval(() => refreshCost().catch((e) => {
   document.getElementById("cost-error").textContent = String(e);
 }), COST_REFRESH_MS);
 refreshSchemas().catch((e) => { document.getElementById("schemas-error").textContent = String(e); });
+refreshTables().catch((e) => { document.getElementById("tables-error").textContent = String(e); });
+setInterval(() => refreshTables().catch((e) => {
+  document.getElementById("tables-error").textContent = String(e);
+}), COST_REFRESH_MS);
 setInterval(() => refreshSchemas().catch((e) => {
   document.getElementById("schemas-error").textContent = String(e);
 }), COST_REFRESH_MS);
