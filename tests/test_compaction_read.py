@@ -17,11 +17,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from confluent_kafka import Consumer as KafkaConsumer
-from confluent_kafka import KafkaError, Producer as KafkaProducer, TopicPartition
+from confluent_kafka import KafkaError, Producer as KafkaProducer
 from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic
 from prometheus_client import CollectorRegistry
 from tests.support.cli import memq
+from tests.support.kafka_clients import read_to_end
 
 from memq.client.consumer import Consumer
 from memq.client.placement import key_partition
@@ -193,27 +193,10 @@ def test_a_dense_compacted_topic_keeps_each_records_offset_across_compaction(gc:
 
 
 def _kafka_read(gc: GovernedCluster, topic: str, offset: int,
-                partition: int = 0) -> list[tuple[int, bytes, bytes | None]]:
+                partition: int = 0) -> list[tuple[int, bytes | None, bytes | None]]:
     """(offset, key, value) of `partition` from `offset` to its end, read by confluent-kafka."""
-    consumer = KafkaConsumer({"bootstrap.servers": _bootstrap(gc), "group.id": f"g-{uuid.uuid4().hex[:6]}",
-                              "auto.offset.reset": "error", "enable.partition.eof": True,
-                              "max.partition.fetch.bytes": 256})   # a batch larger than it still comes (KIP-74)
-    try:
-        consumer.assign([TopicPartition(topic, partition, offset)])
-        got: list[tuple[int, bytes, bytes | None]] = []
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            m = consumer.poll(1.0)
-            if m is None:
-                continue
-            if m.error():
-                assert m.error().code() == KafkaError._PARTITION_EOF, m.error()
-                return got
-            got.append((m.offset(), m.key(), m.value()))
-        raise AssertionError(f"{topic}[{partition}]: no end of partition after {got[-3:]}: the high watermark "
-                             "is past the last record a reader gets")
-    finally:
-        consumer.close()
+    return read_to_end(_bootstrap(gc), topic, offset, partition,   # a batch larger than it still comes (KIP-74)
+                       **{"max.partition.fetch.bytes": 256})
 
 
 def _memq_read(consumer: Consumer, count: int) -> list[tuple[int, int, bytes | None, bytes | None]]:

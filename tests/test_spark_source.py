@@ -360,7 +360,7 @@ def test_a_compacted_topic_reads_each_keys_latest_value_then_the_tail(spark: Spa
     and startingOffsets/endingOffsets inside the prefix cut it there."""
     from prometheus_client import CollectorRegistry
     from tests.support.cluster import write_batches
-    from tests.support.kafka_clients import broker_thread
+    from tests.support.kafka_clients import broker_thread, read_to_end
 
     from memq.compaction.manifest import ManifestPointers
     from memq.compaction.run import Compactor
@@ -417,7 +417,7 @@ def test_a_compacted_topic_reads_each_keys_latest_value_then_the_tail(spark: Spa
         assert rows(startingOffsets=json.dumps(at_tail)) == tail
         if inside is not None:                                                   # from a record inside a part
             assert rows(startingOffsets=json.dumps(inside)) == prefix[25:] + tail
-            assert [(o, k, v) for o, _, k, v in prefix + tail] == _kafka_read(running.broker.kafka_address, cfg.name)
+            assert [(o, k, v) for o, _, k, v in prefix + tail] == read_to_end(running.broker.kafka_address, cfg.name, 0)
         latest = {k: v for _, _, k, v in rows()}
         assert len(latest) == 52 and latest[b"k00"] is None and latest[b"k47"] == b"d47" and latest[b"k20"] == b"b20"
 
@@ -432,26 +432,3 @@ def test_a_compacted_topic_reads_each_keys_latest_value_then_the_tail(spark: Spa
 
 
 Row = tuple[int, int, bytes, bytes | None]
-
-
-def _kafka_read(address: str, topic: str) -> list[tuple[int, bytes, bytes | None]]:
-    """(offset, key, value) of partition 0 from its start to its end, read by confluent-kafka."""
-    from confluent_kafka import Consumer, KafkaError, TopicPartition
-
-    consumer = Consumer({"bootstrap.servers": address, "group.id": f"g-{uuid.uuid4().hex[:6]}",
-                         "enable.partition.eof": True})
-    try:
-        consumer.assign([TopicPartition(topic, 0, 0)])
-        got: list[tuple[int, bytes, bytes | None]] = []
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            m = consumer.poll(1.0)
-            if m is None:
-                continue
-            if m.error():
-                assert m.error().code() == KafkaError._PARTITION_EOF, m.error()
-                return got
-            got.append((m.offset(), m.key(), m.value()))
-        raise AssertionError(f"{topic}: no end of partition after {got[-3:]}")
-    finally:
-        consumer.close()
