@@ -205,6 +205,10 @@ class ClusterConfig:
 
 SUBJECT_NAME_STRATEGIES = ("TopicNameStrategy", "RecordNameStrategy", "TopicRecordNameStrategy")
 
+#: The offsets of a topic whose stored settings do not state them (a ZooKeeper topic written before
+#: the setting existed): sparse, the offsets its records were read at, whatever a new topic's default.
+UNSTATED_OFFSETS: Literal["sparse"] = "sparse"
+
 
 @dataclass(frozen=True)
 class TopicConfig:
@@ -255,10 +259,11 @@ class TopicConfig:
     # Kafka settings that have no effect on memq (segment.ms, min.insync.replicas, ...), kept as
     # (name, value) so Kafka's tools read back what they set (memq.kafka_api.topic_configs.INERT)
     kafka_inert: tuple[tuple[str, str], ...] = ()
-    # Kafka offsets of its records (memq.log): "dense" numbers a partition's records 0, 1, 2, ...
-    # (memq.kafka_api.dense); "sparse", notification offset << 24 | index (memq.kafka_api.offsets), is
-    # what topics stored before the setting existed read as. Fixed at creation: offsets once given stay.
-    offsets: Literal["sparse", "dense"] = "sparse"
+    # Kafka offsets of its records (memq.log): "dense" (the default) numbers a partition's records
+    # 0, 1, 2, ... (memq.kafka_api.dense); "sparse", notification offset << 24 | index
+    # (memq.kafka_api.offsets), is what a topic stored before the setting existed reads as
+    # (UNSTATED_OFFSETS). Fixed at creation: offsets once given stay.
+    offsets: Literal["sparse", "dense"] = "dense"
 
     def __post_init__(self) -> None:
         check_choice(self, "kafka_compression", f"topic {self.name}")

@@ -6,11 +6,14 @@ partition's manifest pointer in ZooKeeper (uncached: once per plan) and the mani
 (this is Spark's feed of the partition log model, `memq.log.model`); the model then turns a range
 of notifications [start, stop) into its segments: the parts holding survivors of offsets
 [start's first, min(stop, end)'s first) and, past `end`, the plain notifications. Reading from
-earliest (the model's `start_note`) so gives each key's latest value plus the tail. A part is
-decoded by compaction's one decoder (`memq.compaction.parts.decode_part`), as memq's Consumer
-decodes it, and its survivors made columns here. A survivor's row keeps
-the columns a plain read gives it: `offset` its notification offset, `index` its place in that
-notification's part (both from its original Kafka offset), a tombstone's `value` null.
+earliest (the model's `start_note`) so gives each key's latest value plus the tail. On a dense
+topic the range is of record offsets, entered by offset as a broker's Fetch does
+(`spark_source.dense`). A part is decoded by compaction's one decoder
+(`memq.compaction.parts.decode_part`), as memq's Consumer decodes it, and its survivors made
+columns here. A survivor's row keeps the columns a plain read gives it: `offset` its notification
+offset, `index` its place in that notification's part (both from its original Kafka offset; on a
+dense topic `offset` is that record offset, `index` its place among the part's survivors), a
+tombstone's `value` null.
 
 Ranges read from different manifests (a stream's micro-batches while compaction runs) still
 give every key's latest value: a key's latest record survives every later compaction.
@@ -85,17 +88,24 @@ def earliest(lows: Mapping[int, int], manifests: Mapping[int, Manifest]) -> dict
     return {p: PartitionLog(manifests.get(p), low=low).start_note for p, low in lows.items()}
 
 
-def _refs(plog: PartitionLog, segments: Segments, partition: int, start: int) -> list[BatchRef]:
-    lo = plog.scheme.start_of(start)
-    return [BatchRef(partition, seg.first_note, seg.part.location, seg.part.size, seg.part.min_timestamp_ms,
-                     seg.part.max_timestamp_ms, seg.part.crc32c, kafka_range=(lo, seg.stop))
-            for seg in segments.parts]
+def prefix_refs(segments: Segments, partition: int, lo: int, hi: int | None = None, *,
+                dense: bool = False) -> list[BatchRef]:
+    """The compacted parts of `segments`, each to read its survivors of Kafka offsets [lo, hi)
+    (hi None: its segment's stop); on a dense topic the same span is the rows' `offset` range."""
+    refs = []
+    for seg in segments.parts:
+        stop = seg.stop if hi is None else min(seg.stop, hi)
+        if seg.start < stop:
+            refs.append(BatchRef(partition, seg.first_note, seg.part.location, seg.part.size, seg.part.min_timestamp_ms,
+                                 seg.part.max_timestamp_ms, seg.part.crc32c, kafka_range=(lo, stop),
+                                 span=(lo, stop) if dense else None))
+    return refs
 
 
 def part_refs(m: Manifest, partition: int, start: int, stop: int) -> list[BatchRef]:
     """The parts of `m` holding survivors of notifications [start, stop) (stop <= m.end), in order."""
     plog = PartitionLog(m)
-    return _refs(plog, plog.segments_from_note(start, stop), partition, start)
+    return prefix_refs(plog.segments_from_note(start, stop), partition, plog.scheme.start_of(start))
 
 
 def read_ranges(nlog: NotificationLog, ranges: Mapping[int, tuple[int, int | None]], lows: Mapping[int, int],
@@ -107,10 +117,10 @@ def read_ranges(nlog: NotificationLog, ranges: Mapping[int, tuple[int, int | Non
     prefix: dict[int, list[BatchRef]] = {}
     plain: dict[int, tuple[int, int | None]] = {}
     for p, (start, stop) in ranges.items():
-        plog = PartitionLog(manifests.get(p), low=lows[p]).by_notes(nlog.opts.topic, p)
+        plog = PartitionLog(manifests.get(p), low=lows[p])
         segments = plog.segments_from_note(start, stop)
         if segments.in_prefix:
-            prefix[p] = _refs(plog, segments, p, start)
+            prefix[p] = prefix_refs(segments, p, plog.scheme.start_of(start))
         if segments.tail is not None:
             plain[p] = (nlog.check_start(p, segments.tail.note, plog.first_note), stop)
     groups = nlog.read(plain, exact=exact)
@@ -164,5 +174,6 @@ def part_rows(opts: SourceOptions, schema: pa.Schema, ref: BatchRef, start_ms: i
     _, messages = decoded
     lo, hi = ref.kafka_range
     offsets = np.concatenate([c.offsets for _, c in messages]) if messages else np.empty(0, np.int64)
-    ctx = BatchContext(opts.topic, ref.partition, ref.offset, ref.location.bucket, ref.location.key, offsets)
+    ctx = BatchContext(opts.topic, ref.partition, ref.offset, ref.location.bucket, ref.location.key, offsets,
+                       dense=opts.dense)
     return to_record_batch(ctx, messages, start_ms, end_ms, schema=schema, rows=(offsets >= lo) & (offsets < hi))

@@ -27,8 +27,8 @@ from pyspark.sql.types import StructType
 
 from memq.client.dense_offsets import CountedOffsets
 from memq.compaction.manifest import Manifest
-from spark_source.compacted import Prefixes, earliest, read_ranges
-from spark_source.dense import dense_ranges, driver_offsets, record_offsets
+from spark_source.compacted import Prefixes, read_ranges
+from spark_source.dense import dense_ranges, driver_offsets, first_offsets, record_offsets
 from spark_source.options import EARLIEST, LATEST, OffsetSpec, SourceOptions, parse_options
 from spark_source.plan import OPEN_END, Bounds, MemqPartition, NotificationLog, list_objects, plan_tasks, split
 from spark_source.read import read_partition
@@ -96,9 +96,8 @@ class MemqBatchReader(DataSourceReader):
             lows = nlog.lows()
             wanted = [p for p in lows if bounds.partitions is None or p in bounds.partitions]
             manifests = prefixes.manifests(wanted)
-            firsts = earliest({p: lows[p] for p in wanted}, manifests)
             ranges: dict[int, tuple[int, int | None]] = {}
-            for p, low in record_offsets(dense, firsts).items():
+            for p, low in first_offsets(dense, {p: lows[p] for p in wanted}, manifests).items():
                 # resolved against an open end: "latest" (or past it) reads to the end the read finds
                 start = opts.starting.resolve(p, low, OPEN_END, default=EARLIEST) if opts.starting else low
                 end = opts.ending.resolve(p, low, OPEN_END, default=LATEST)
@@ -109,7 +108,7 @@ class MemqBatchReader(DataSourceReader):
                 if start < min(end, OPEN_END):
                     ranges[p] = (start, None if end >= OPEN_END else end)
             groups = (read_ranges(nlog, ranges, lows, manifests) if dense is None
-                      else dense_ranges(nlog, dense, ranges, lows))
+                      else dense_ranges(nlog, dense, ranges, lows, manifests))
         finally:
             prefixes.close()
             nlog.close()
@@ -242,8 +241,8 @@ class MemqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             notes = {p: found.get(p, high) if found.get(p, -1) >= 0 else high for p, (_, high) in marks.items()}
             return {str(p): o for p, o in record_offsets(self.dense, notes).items()}
         spec = self.opts.starting or OffsetSpec("latest")
-        starts = record_offsets(self.dense, earliest({p: low for p, (low, _) in marks.items()},
-                                                     self.prefixes.manifests(list(marks))))
+        starts = first_offsets(self.dense, {p: low for p, (low, _) in marks.items()},
+                               self.prefixes.manifests(list(marks)))
         highs = record_offsets(self.dense, {p: high for p, (_, high) in marks.items()})
         return {str(p): spec.resolve(p, starts[p], highs[p], default=EARLIEST) for p in marks}
 
@@ -259,7 +258,7 @@ class MemqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
         latest = self._target if self._target is not None else self._latest()
-        lows = record_offsets(self.dense, earliest(*self._lows())) if set(map(str, latest)) - set(start) else {}
+        lows = first_offsets(self.dense, *self._lows()) if set(map(str, latest)) - set(start) else {}
         begin = {p: int(start[str(p)]) if str(p) in start else lows[p] for p in latest}
         latest = {p: max(latest[p], begin[p]) for p in latest}
         if isinstance(limit, ReadMaxRows):
@@ -271,16 +270,15 @@ class MemqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def partitions(self, start: dict, end: dict) -> List[InputPartition]:
         lows, manifests = self._lows()
-        starts = earliest(lows, manifests)
         ranges: dict[int, tuple[int, int | None]] = {}
         for key, stop in end.items():
             p = int(key)
-            begin = int(start[key]) if key in start else record_offsets(self.dense, {p: starts.get(p, 0)})[p]
+            begin = int(start[key]) if key in start else first_offsets(self.dense, {p: lows.get(p, 0)}, manifests)[p]
             if begin < stop:
                 ranges[p] = (begin, int(stop))
         kept = {p: lows.get(p, 0) for p in ranges}
         groups = (read_ranges(self.nlog, ranges, kept, manifests, exact=True) if self.dense is None
-                  else dense_ranges(self.nlog, self.dense, ranges, kept, exact=True))
+                  else dense_ranges(self.nlog, self.dense, ranges, kept, manifests, exact=True))
         return list(plan_tasks((g for _, g in sorted(groups.items())), self.opts.min_partitions,
                                self.opts.drop_duplicates))
 

@@ -64,10 +64,13 @@ class BatchRef:
 
     @property
     def offsets(self) -> tuple[int, int] | None:
-        """The first and last `offset` column value of its rows (None in s3list mode)."""
+        """The first and last `offset` column value of its rows (None in s3list mode; a dense
+        compacted part, with a span and no base: its span's)."""
         if self.offset is None:
             return None
-        return (self.offset, self.offset) if self.base is None else (self.base, self.base + self.records - 1)
+        if self.base is None:
+            return (self.offset, self.offset) if self.span is None else (self.span[0], self.span[1] - 1)
+        return (self.base, self.base + self.records - 1)
 
 
 @dataclass(frozen=True)

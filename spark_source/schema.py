@@ -58,8 +58,9 @@ _LOG_FIELD = {"key": "key", "value": "value", "timestamp": "timestamp_ms", "head
 @dataclass(frozen=True, slots=True)
 class BatchContext:
     """The per-object columns: where the batch came from. A compacted part's rows each have
-    their own `offset` and `index`: those of their original Kafka offset (`kafka_offsets`). On a
-    dense topic a row's `offset` is its record offset, `base` + its index."""
+    their own `offset` and `index`: those of their original Kafka offset (`kafka_offsets`; on a
+    dense topic, `dense`, the offset itself, the index its place among the part's survivors). On a
+    dense topic a plain batch's row's `offset` is its record offset, `base` + its index."""
 
     topic: str
     partition: int | None
@@ -68,6 +69,7 @@ class BatchContext:
     key: str
     kafka_offsets: np.ndarray | None = None
     base: int | None = None
+    dense: bool = False
 
 
 def log_fields(schema: pa.Schema, timed: bool) -> frozenset[str]:
@@ -145,9 +147,9 @@ def to_record_batch(ctx: BatchContext, messages: Sequence[tuple[MessageHeader, C
         "partition": lambda: pa.nulls(n, pa.int32()) if ctx.partition is None
         else pa.array(np.full(n, ctx.partition, np.int32)),
         "offset": lambda: pa.nulls(n, pa.int64()) if ctx.offset is None else pa.array(
-            ctx.kafka_offsets >> PART_RECORD_BITS if ctx.kafka_offsets is not None
+            (ctx.kafka_offsets if ctx.dense else ctx.kafka_offsets >> PART_RECORD_BITS) if ctx.kafka_offsets is not None
             else np.full(n, ctx.offset, np.int64) if ctx.base is None else ctx.base + np.arange(n, dtype=np.int64)),
-        "index": lambda: pa.array(np.arange(n, dtype=np.int32) if ctx.kafka_offsets is None
+        "index": lambda: pa.array(np.arange(n, dtype=np.int32) if ctx.kafka_offsets is None or ctx.dense
                                   else (ctx.kafka_offsets & (MAX_PART_LOGMESSAGES - 1)).astype(np.int32)),
         "timestamp": lambda: pc.multiply(log_column("timestamp_ms"), 1000).cast(ARROW_SCHEMA.field("timestamp").type),
         "headers": lambda: log_column("headers"),

@@ -118,7 +118,18 @@ def test_without_brokers_the_config_file_decides() -> None:
     config = MemqConfig(topics=(TopicConfig("events", read_partitions=2),))
     r = resolve_topic(config, "events")
     assert r.config is config and r.topic == TopicMetadata("events", "memq.dev.events", 2, retention_ms=7 * 86_400_000,
-                                                                    storage_group="shared")
+                                                                    storage_group="shared", offsets="dense")
+    # a topic neither a broker nor the config file describes: its offsets are unstated, read as positions
+    assert resolve_topic(config, "unlisted").topic.offsets == "sparse"
+
+
+def test_a_topics_offsets_are_written_when_dense_and_read_sparse_when_unstated() -> None:
+    """Sparse is left out of the document, as brokers from before dense offsets left the field
+    out: a topic without it reads sparse whatever a new topic's default; dense is written."""
+    dense = dataclasses.replace(MD, topics={"events": dataclasses.replace(MD.topics["events"], offsets="dense")})
+    assert dense.to_dict()["topics"]["events"]["offsets"] == "dense" and ClusterMetadata.from_dict(dense.to_dict()) == dense
+    assert "offsets" not in MD.to_dict()["topics"]["events"]
+    assert ClusterMetadata.from_dict(MD.to_dict()).topics["events"].offsets == "sparse"
 
 
 def test_unreachable_brokers_fail_only_when_named_explicitly() -> None:

@@ -17,11 +17,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from confluent_kafka import Consumer as KafkaConsumer
-from confluent_kafka import KafkaError, Producer as KafkaProducer, TopicPartition
+from confluent_kafka import KafkaError, Producer as KafkaProducer
 from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic
 from prometheus_client import CollectorRegistry
 from tests.support.cli import memq
+from tests.support.kafka_clients import read_to_end
 
 from memq.client.consumer import Consumer
 from memq.client.placement import key_partition
@@ -31,7 +31,7 @@ from memq.compaction.run import Compactor
 from memq.config import BrokerConfig, TopicConfig
 from memq.devcluster import DevCluster, GovernedCluster
 from memq.devcluster.governed import FAST_GOVERNOR
-from memq.errors import ConsumerError, InvalidInputError, KeyRequiredError
+from memq.errors import InvalidInputError, KeyRequiredError
 from memq.format.kafka_records import KafkaCodec, peek_kafka_batch
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
@@ -68,11 +68,12 @@ def _created(gc: GovernedCluster, prefix: str, partitions: int, **settings: str)
     return topic, cfg
 
 
-@pytest.fixture(scope="module")
-def compacted(gc: GovernedCluster) -> tuple[str, dict[bytes, bytes]]:
+def _written_and_compacted(gc: GovernedCluster, offsets: str) -> tuple[str, TopicConfig, KafkaProducer,
+                                                                      dict[bytes, bytes]]:
     """A compacted topic (made by Kafka's CreateTopics under Kafka's names) written by a Kafka
-    producer, key k0 deleted long enough ago to be dropped, then compacted: (topic, live values)."""
-    topic, cfg = _created(gc, "cp", 1, offsets="sparse")
+    producer, key k0 deleted long enough ago to be dropped, then compacted: (topic, its settings,
+    the producer, live values)."""
+    topic, cfg = _created(gc, "cp", 1, offsets=offsets)
     assert cfg.cleanup_policy == "compact" and cfg.delete_retention_ms == 500
     assert cfg.storage_group == ""          # objects of its own, which compaction can release
     latest: dict[bytes, bytes] = {}
@@ -96,7 +97,45 @@ def compacted(gc: GovernedCluster) -> tuple[str, dict[bytes, bytes]]:
         return {peek_kafka_batch(b).codec for p in outcome.manifest.parts async for b in compactor.parts.batches_from(p, 0)}
     assert asyncio.run(codecs()) == {KafkaCodec.LZ4}
     asyncio.run(compactor.close())
+    return topic, cfg, producer, latest
+
+
+@pytest.fixture(scope="module")
+def compacted(gc: GovernedCluster) -> tuple[str, dict[bytes, bytes]]:
+    """A sparse compacted topic: (topic, live values)."""
+    topic, _, _, latest = _written_and_compacted(gc, "sparse")
     return topic, latest
+
+
+#: The dense topic's tails: the first compacted in a second run (a second part), the second left plain.
+TAILS = ((b"t", 3), (b"u", 3))
+
+
+@pytest.fixture(scope="module")
+def compacted_dense(gc: GovernedCluster) -> tuple[str, dict[bytes, bytes]]:
+    """A dense compacted topic, then a tail compacted into a second part, then a plain tail:
+    (topic, live values)."""
+    topic, cfg, producer, latest = _written_and_compacted(gc, "dense")
+    for n, (prefix, count) in enumerate(TAILS):
+        for i in range(count):
+            producer.produce(topic, key=prefix + b"%d" % i, value=b"%s-tail%d" % (prefix, i))
+            latest[prefix + b"%d" % i] = b"%s-tail%d" % (prefix, i)
+        assert producer.flush(30) == 0
+        if n == 0:
+            compactor = Compactor(gc.base, ManifestPointers(gc.registry), CollectorRegistry())
+            outcome = asyncio.run(compactor.partition(cfg, 0, force=True))
+            asyncio.run(compactor.close())
+            assert outcome.manifest is not None and len(outcome.manifest.parts) == 2
+            assert outcome.manifest.tail_offset == ROUNDS * KEYS + count
+    return topic, latest
+
+
+def _dense_records(latest: dict[bytes, bytes]) -> list[tuple[int, bytes, bytes]]:
+    """(offset, key, value) the dense topic's readers get: each key's latest record at the record
+    number it was written at (the last round's, k0's tombstone dropped), then the tails'."""
+    last = [((ROUNDS - 1) * KEYS + k, b"k%d" % k) for k in range(1, KEYS)]
+    tails = list(enumerate((prefix + b"%d" % i for prefix, count in TAILS for i in range(count)), ROUNDS * KEYS))
+    return [(o, k, latest[k]) for o, k in last + tails]
 
 
 def _bootstrap(gc: GovernedCluster) -> str:
@@ -120,8 +159,7 @@ def test_a_dense_compacted_topic_keeps_each_records_offset_across_compaction(gc:
     """Kafka's contract on a compacted topic: after compaction each key's latest value is read at
     the offset it was written at (a record number: dense offsets), with gaps where records were
     removed, and the records written after it follow at consecutive offsets; `Consumer.get` answers
-    a key with the same offset. memq's Consumer, which counts in notifications, refuses the dense
-    prefix with the reason rather than misplace records."""
+    a key with the same offset."""
     topic, cfg = _created(gc, "cpd", 1)
     assert cfg.offsets == "dense"                       # what Kafka's CreateTopics makes by default
     producer = KafkaProducer({"bootstrap.servers": _bootstrap(gc), "acks": "all", "linger.ms": 5})
@@ -152,57 +190,78 @@ def test_a_dense_compacted_topic_keeps_each_records_offset_across_compaction(gc:
     asyncio.run(compactor.close())
     assert again.manifest is not None and again.manifest.tail_offset == ROUNDS * KEYS + 3
     assert _kafka_read(gc, topic, 0) == survivors + tail
-    with Consumer(gc.config(), topic, group_id=f"m-{uuid.uuid4().hex[:6]}",
-                  pointers=ManifestPointers(gc.registry)) as consumer:
-        with pytest.raises(ConsumerError, match="dense offsets"):
-            for _ in range(10):
-                consumer.poll(1.0)
 
 
 def _kafka_read(gc: GovernedCluster, topic: str, offset: int,
-                partition: int = 0) -> list[tuple[int, bytes, bytes | None]]:
+                partition: int = 0) -> list[tuple[int, bytes | None, bytes | None]]:
     """(offset, key, value) of `partition` from `offset` to its end, read by confluent-kafka."""
-    consumer = KafkaConsumer({"bootstrap.servers": _bootstrap(gc), "group.id": f"g-{uuid.uuid4().hex[:6]}",
-                              "auto.offset.reset": "error", "enable.partition.eof": True,
-                              "max.partition.fetch.bytes": 256})   # a batch larger than it still comes (KIP-74)
-    try:
-        consumer.assign([TopicPartition(topic, partition, offset)])
-        got: list[tuple[int, bytes, bytes | None]] = []
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            m = consumer.poll(1.0)
-            if m is None:
-                continue
-            if m.error():
-                assert m.error().code() == KafkaError._PARTITION_EOF, m.error()
-                return got
-            got.append((m.offset(), m.key(), m.value()))
-        raise AssertionError(f"{topic}[{partition}]: no end of partition after {got[-3:]}: the high watermark "
-                             "is past the last record a reader gets")
-    finally:
-        consumer.close()
+    return read_to_end(_bootstrap(gc), topic, offset, partition,   # a batch larger than it still comes (KIP-74)
+                       **{"max.partition.fetch.bytes": 256})
 
 
-def test_memq_consumer_from_earliest_reads_the_compacted_prefix(
-        gc: GovernedCluster, compacted: tuple[str, dict[bytes, bytes]], tmp_path: Path) -> None:
-    topic, latest = compacted
-    with Consumer(gc.config(), topic, group_id=f"m-{uuid.uuid4().hex[:6]}",
-                  pointers=ManifestPointers(gc.registry)) as consumer:
-        got = []
-        deadline = time.monotonic() + 60
-        while len(got) < len(latest) and time.monotonic() < deadline:
-            got += [(r.offset, r.index, r.key, r.value) for r in consumer.poll(1.0)]
+def _memq_read(consumer: Consumer, count: int) -> list[tuple[int, int, bytes | None, bytes | None]]:
+    """(offset, index, key, value) of `count` records polled (then one poll more: none must come)."""
+    got: list[tuple[int, int, bytes | None, bytes | None]] = []
+    deadline = time.monotonic() + 60
+    while len(got) < count and time.monotonic() < deadline:
         got += [(r.offset, r.index, r.key, r.value) for r in consumer.poll(1.0)]
-        assert consumer.commit() == {0: ROUNDS}                   # past the prefix: its end
+    return got + [(r.offset, r.index, r.key, r.value) for r in consumer.poll(1.0)]
+
+
+@pytest.mark.parametrize("offsets", ["sparse", "dense"])
+def test_memq_consumer_from_earliest_reads_the_compacted_prefix(
+        gc: GovernedCluster, offsets: str, request: pytest.FixtureRequest, tmp_path: Path) -> None:
+    """From earliest memq's Consumer reads each key's latest value, then the tail. On a dense topic
+    it reads each record at the offset Kafka clients read (the survivors' record numbers, gaps
+    where compaction removed records), and a position committed or sought inside the prefix
+    resumes there, as a Kafka client's does."""
+    topic, latest = request.getfixturevalue("compacted" if offsets == "sparse" else "compacted_dense")
+    pointers = ManifestPointers(gc.registry)
+    with Consumer(gc.config(), topic, group_id=f"m-{uuid.uuid4().hex[:6]}", pointers=pointers) as consumer:
+        got = _memq_read(consumer, len(latest))
+        end = consumer.commit()
+        assert end == consumer.committed()
     places = [(o, i) for o, i, _, _ in got]
     assert places == sorted(set(places))
     assert {k: v for _, _, k, v in got} == latest and len(got) == len(latest)
+    if offsets == "sparse":
+        assert end == {0: ROUNDS}                                # past the prefix: its end
+    else:
+        records = _dense_records(latest)
+        assert [(o, k, v) for o, _, k, v in got] == records == _kafka_read(gc, topic, 0)
+        assert end == {0: records[-1][0] + 1}                    # after the last record, as Kafka's lag counts
+        _dense_positions_inside_the_prefix(gc, topic, records)
 
     out = memq("consume", topic, "--from-beginning", "--keys", "--idle-timeout", "2", "-g", f"c-{uuid.uuid4().hex[:6]}",
                config=gc.write_client_config(tmp_path / "client.toml"))
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
     assert dict(line.split(b"\t") for line in lines) == latest and len(lines) == len(latest)
+
+
+def _dense_positions_inside_the_prefix(gc: GovernedCluster, topic: str, records: list[tuple[int, bytes, bytes]]
+                                      ) -> None:
+    """A group that read the first compacted part commits the record offset after it, inside the
+    prefix; a consumer of that group resumes there; a seek into the prefix starts at its record."""
+    group, pointers = f"m-{uuid.uuid4().hex[:6]}", ManifestPointers(gc.registry)
+    first_part = KEYS - 1                                        # the first run's survivors, k0 dropped
+    with Consumer(gc.config(), topic, group_id=group, pointers=pointers) as consumer:
+        got = []
+        deadline = time.monotonic() + 60
+        while len(got) < first_part and time.monotonic() < deadline:
+            got += [(r.offset, r.key, r.value) for r in consumer.poll(1.0)]
+        assert got == records[:first_part]
+        inside = records[first_part][0]                          # the second part's first record
+        assert consumer.commit() == {0: inside} == consumer.committed()
+    with Consumer(gc.config(), topic, group_id=group, pointers=pointers) as consumer:
+        assert consumer.committed([0]) == {0: inside}
+        assert [(o, k, v) for o, _, k, v in _memq_read(consumer, len(records) - first_part)] == records[first_part:]
+    with Consumer(gc.config(), topic, group_id=f"m-{uuid.uuid4().hex[:6]}", pointers=pointers,
+                  subscribe=False) as consumer:
+        consumer._notify.assign({0: 0})   # type: ignore[attr-defined]
+        consumer.seek(0, records[5][0])
+        assert [(o, k, v) for o, _, k, v in _memq_read(consumer, len(records) - 5)] == records[5:]
+        assert _kafka_read(gc, topic, records[5][0]) == records[5:]
 
 
 def test_get_answers_latest_value_no_such_key_and_deleted(

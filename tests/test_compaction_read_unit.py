@@ -18,7 +18,7 @@ from memq.kafka_api import topic_configs as tc
 from memq.kafka_api.compacted import keyless_records, place_batch
 from memq.kafka_api.offsets import first_offset, kafka_offset
 from memq.kafka_api.topic_configs import AlterOp
-from memq.log.model import SPARSE, PartSegment
+from memq.log.model import PartSegment
 from memq.storage import ObjectLocation
 
 CLUSTER = "c1"
@@ -106,8 +106,22 @@ def test_the_consumer_hands_a_parts_survivors_over_in_runs_of_one_notification_f
     part = enc.ref(ObjectLocation("b", "p"))
     read = PartRead(1, PartSegment(part, kafka_offset(2, 1), first_offset(4), 2, 3))
     assert (read.offset, read.size, read.timestamp_ms) == (3, enc.size, 7)
-    runs = _decoded("t", read, SPARSE, obj)
+    runs = _decoded("t", read, False, obj)
     assert [(r.head, r.first, [v for v, *_ in r.logs]) for _, r in runs] == [
         (("t", 1, 2), 1, [b"v1"]), (("t", 1, 2), 3, [b"v2"]), (("t", 1, 3), 0, [b"v3", b"v4"])]
     assert [h.sequence for h, _ in runs] == [kafka_offset(2, 1), kafka_offset(2, 3), kafka_offset(3, 0)]
     assert len({h.producer_id for h, _ in runs}) == 1 and runs[0][0].producer_id != 0   # partition 1's id
+
+
+def test_a_dense_parts_survivors_are_handed_over_at_their_record_offsets() -> None:
+    """On a dense topic a survivor's offset is its record offset, its index its place among the
+    part's survivors; a run is a stretch of consecutive offsets, whatever its notifications."""
+    offsets = [40, 41, 43, 44, 45]
+    enc = encode_part([Survivor(o, 7, b"k%d" % i, b"v%d" % i) for i, o in enumerate(offsets)], broker_id="t",
+                      created_ms=1)
+    obj = b"".join(bytes(c) for c in enc.chunks)[:enc.size]
+    read = PartRead(0, PartSegment(enc.ref(ObjectLocation("b", "p")), 41, 50, 2, 3))
+    runs = _decoded("t", read, True, obj)
+    assert [[(r.offset, r.index, r.value) for r in records] for _, records in runs] == [
+        [(41, 1, b"v1")], [(43, 2, b"v2"), (44, 3, b"v3"), (45, 4, b"v4")]]
+    assert [h.sequence for h, _ in runs] == [41, 43]

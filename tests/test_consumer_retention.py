@@ -98,7 +98,8 @@ def retained_topic(objects: dict[str, bytes], published_ms: int) -> tuple[Consum
     rs = [dataclasses.replace(batch(f"k{i}", [(1, i, recs(str(i)))], i, objects), timestamp_ms=published_ms)
           for i in range(3)]
     del objects["k1"]                                     # deleted by the retention janitor
-    config = MemqConfig(topics=(TopicConfig("t", retention_ms=60_000),))   # the resolver reads the retention here
+    # the resolver reads the retention here; sparse: no broker tells where dense offsets stand
+    config = MemqConfig(topics=(TopicConfig("t", retention_ms=60_000, offsets="sparse"),))
     notes = FakeNotifications(rs)
     c = Consumer(config, "t", notifications=notes, reader=BatchReader(config, 2, source=lambda: MemorySource(objects)))
     return c, notes

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 from typing import Any
 
 import pytest
@@ -109,9 +110,22 @@ def test_replacement_returns_unlisted_settings_to_defaults() -> None:
     assert cfg == TopicConfig(name="t", retention_ms=9000)
     with pytest.raises(ConfigError, match="read-only"):
         tc.replacement(cur, [("memq.notification.topic", "elsewhere")], CLUSTER)
-    dense = TopicConfig(name="t", offsets="dense", batch_ms=40)     # offsets are set at creation and kept
-    assert tc.altered(dense, tc.replacement(dense, [], CLUSTER)) == TopicConfig(name="t", offsets="dense")
-    assert tc.incremental(dense, [("memq.offsets", AlterOp.DELETE, None)], CLUSTER) == {}
+    sparse = TopicConfig(name="t", offsets="sparse", batch_ms=40)     # offsets are set at creation and kept
+    assert tc.altered(sparse, tc.replacement(sparse, [], CLUSTER)) == TopicConfig(name="t", offsets="sparse")
+    assert tc.incremental(sparse, [("memq.offsets", AlterOp.DELETE, None)], CLUSTER) == {}
+
+
+def test_new_topics_are_dense_and_a_topic_stored_before_the_setting_stays_sparse() -> None:
+    """Dense offsets are memq's default; a topic znode written before the setting existed has no
+    `offsets` and reads sparse (its records keep the offsets they were read at); one written
+    since states its offsets, whichever they are."""
+    assert TopicConfig(name="t").offsets == "dense"
+    old = json.loads(topic_to_json(TopicConfig(name="t", batch_ms=40)))
+    del old["offsets"]
+    assert topic_from_json(json.dumps(old).encode(), "t") == TopicConfig(name="t", batch_ms=40, offsets="sparse")
+    for offsets in ("dense", "sparse"):
+        cfg = TopicConfig(name="t", offsets=offsets)
+        assert json.loads(topic_to_json(cfg))["offsets"] == offsets and topic_from_json(topic_to_json(cfg), "t") == cfg
 
 
 def test_altered_checks_as_memq_does_and_names_the_kafka_setting() -> None:

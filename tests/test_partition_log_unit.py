@@ -141,9 +141,22 @@ def test_a_dense_prefix_is_read_by_its_offsets_without_the_counts_of_its_notific
     log = PartitionLog(m, low=7, high=9, last_end=50, scheme=DenseScheme(bases))
     assert log.log_start == 3 and log.high_watermark == 50
     segs = log.segments(10)
-    assert [(s.part.key, s.start, s.stop, s.last_note) for s in segs.parts] == [("d1", 20, 35, 5)]
+    assert [(s.part.key, s.start, s.stop, s.first_note, s.last_note) for s in segs.parts] == [("d1", 20, 35, 5, 5)]
     assert segs.tail == Tail(6, 0) and log.in_prefix(34) and not log.in_prefix(35)
     assert log.segments(41) == Segments((), Tail(7, 1))
     assert PartitionLog(m, low=7, high=6).high_watermark == 32       # an empty tail: after the last survivor
     assert Manifest.from_json(m.to_json(), "m").tail_offset == 35
     assert b"dense_tail" not in M.to_json()                           # a sparse manifest as before
+
+
+def test_a_dense_prefix_hands_its_parts_over_at_their_survivors_notifications() -> None:
+    """With the prefix's notifications counted (memq's Consumer, Spark), a part hands over as its
+    last survivor's notification, so a commit after it resumes at the next part's survivors."""
+    bases = PartitionBases(Checkpoint(0, 0))
+    bases.add([(0, 5), (1, 5), (2, 10), (3, 5), (4, 10), (5, 0)])   # notification 6 starts at 35
+    m = Manifest("t", 0, 6, 1, 1, (_part("d0", 3, 9), _part("d1", 20, 31)), dense_tail=35)
+    log = PartitionLog(m, scheme=DenseScheme(bases))
+    assert [(s.part.key, s.start, s.first_note, s.last_note) for s in log.segments(0).parts] == [
+        ("d0", 3, 0, 1), ("d1", 20, 3, 5)]
+    assert [(s.part.key, s.start, s.first_note) for s in log.segments(log.scheme.start_of(2)).parts] == [
+        ("d1", 20, 3)]

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import Iterator
+from typing import Literal
 
 import pytest
 
@@ -30,9 +31,9 @@ def cluster(devcluster: DevCluster, tmp_path_factory: pytest.TempPathFactory) ->
         yield gc
 
 
-def _topic(gc: GovernedCluster, name: str) -> str:
+def _topic(gc: GovernedCluster, name: str, offsets: Literal["sparse", "dense"] = "dense") -> str:
     topic = f"{name}-{uuid.uuid4().hex[:6]}"
-    gc.create_topic(TopicConfig(topic, read_partitions=2, batch_ms=50), brokers=2)
+    gc.create_topic(TopicConfig(topic, read_partitions=2, batch_ms=50, offsets=offsets), brokers=2)
     return topic
 
 
@@ -108,9 +109,11 @@ def test_a_second_producer_of_the_id_fences_the_first_and_aborts_its_transaction
 def test_a_consumer_groups_offsets_commit_with_the_transaction_and_not_with_an_abort(
         cluster: GovernedCluster) -> None:
     """send_offsets: a memq Consumer group's notification offsets commit when the transaction
-    commits (under the group's own id, where the Consumer reads them), never when it aborts."""
+    commits (under the group's own id, where the Consumer reads them), never when it aborts. (A
+    sparse topic: its offsets are notification offsets; a dense topic's record offsets are
+    tested in test_kafka_read_clients.)"""
     config = cluster.config()
-    topic = _topic(cluster, "offsets")
+    topic = _topic(cluster, "offsets", offsets="sparse")
     group = f"g-{topic}"
 
     async def offsets() -> None:

@@ -81,8 +81,10 @@ async def produce(url: str, values: dict[str, list[bytes]], flushed: tuple[str, 
 @pytest.fixture(scope="module")
 def written(devcluster: DevCluster) -> Written:
     cluster = f"sh{uuid.uuid4().hex[:8]}"
-    topics = [TopicConfig(t, read_partitions=2, batch_ms=60_000, storage_group="g") for t in SHARED]
-    topics += [TopicConfig(t, read_partitions=1, batch_ms=60_000, storage_group=g) for t, g in OWN.items()]
+    # sparse: read back with Kafka and S3 alone, after the broker stopped (a dense topic's reader asks one)
+    topics = [TopicConfig(t, read_partitions=2, batch_ms=60_000, storage_group="g", offsets="sparse") for t in SHARED]
+    topics += [TopicConfig(t, read_partitions=1, batch_ms=60_000, storage_group=g, offsets="sparse")
+               for t, g in OWN.items()]
     config = devcluster.config(cluster=cluster, topics=topics)
     values = {t: [b"%s-%05d" % (t.encode(), i) for i in range(300 * (n + 1))] for n, t in enumerate([*SHARED, *OWN])}
     with running(config) as (url, run):

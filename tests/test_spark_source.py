@@ -7,8 +7,10 @@ so every row's partition, offset and object are known exactly.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import datetime as dt
+import json
 import random
 import struct
 import threading
@@ -349,21 +351,25 @@ def test_real_producer_and_broker_discovery(spark: SparkSession, config: MemqCon
     assert consumed is None or (consumed.records, consumed.value_bytes) == (n, sum(map(len, values)))
 
 
+@pytest.mark.parametrize("offsets", ["sparse", "dense"])
 def test_a_compacted_topic_reads_each_keys_latest_value_then_the_tail(spark: SparkSession, config: MemqConfig,
-                                                                      tmp_path: Path) -> None:
+                                                                      offsets: str, tmp_path: Path) -> None:
     """The compacted prefix (the parts the manifest lists) below its end, the plain tail after:
-    rows keep the partition, offset and index of the record as produced; a tombstone reads null."""
+    rows keep the partition, offset and index of the record as produced; a tombstone reads null.
+    On a dense topic the offsets are record numbers, those a Kafka client reads through a broker,
+    and startingOffsets/endingOffsets inside the prefix cut it there."""
     from prometheus_client import CollectorRegistry
     from tests.support.cluster import write_batches
+    from tests.support.kafka_clients import broker_thread, read_to_end
 
     from memq.compaction.manifest import ManifestPointers
     from memq.compaction.run import Compactor
-    from memq.config import TopicConfig
+    from memq.config import BrokerConfig, TopicConfig
     from memq.governor.registry import Registry
     from memq.notify import TopicAdmin
 
     cfg = TopicConfig(f"spark-cp-{uuid.uuid4().hex[:8]}", read_partitions=1, cleanup_policy="compact",
-                      delete_retention_ms=3_600_000, min_cleanable_dirty_ratio=0.0)
+                      delete_retention_ms=3_600_000, min_cleanable_dirty_ratio=0.0, offsets=offsets)
     TopicAdmin(config.kafka).create_topic(cfg.notification_topic_for(config.cluster.name), 1)
 
     now = int(time.time() * 1000)       # tombstones stay delete_retention_ms past their timestamp
@@ -379,30 +385,50 @@ def test_a_compacted_topic_reads_each_keys_latest_value_then_the_tail(spark: Spa
     assert done.result == "swapped" and done.manifest is not None and done.manifest.end == 3
     write_batches(config, cfg.name, [batch(3, range(45, 52), lambda k: b"d%d" % k)])      # the plain tail
 
-    def rows(**options: str) -> list[tuple[int, int, bytes, bytes | None]]:
-        df = read(spark, config, cfg.name, **{"zookeeper.hosts": config.zookeeper.hosts}, **options)
-        got = df.select("partition", "offset", "index", "key", "value").collect()
-        assert {r.partition for r in got} <= {0}
-        return sorted((r.offset, r["index"], r.key, r.value) for r in got)
-
-    def want(n: int, keys: range, value: Callable[[int], bytes | None], first: int = 0
-             ) -> list[tuple[int, int, bytes, bytes | None]]:
+    def want(n: int, keys: range, value: Callable[[int], bytes | None], first: int = 0) -> list[Row]:
         return [(n, k - first, b"k%02d" % k, value(k)) for k in keys]
     prefix = (want(0, range(30, 50), lambda k: b"a%d" % k) + want(1, range(10, 30), lambda k: b"b%d" % k)
               + want(2, range(10), lambda k: None if k == 0 else b"c%d" % k))
     tail = want(3, range(45, 52), lambda k: b"d%d" % k, first=45)
-    assert rows() == prefix + tail
-    assert rows(startingOffsets='{"0": 1}') == prefix[20:] + tail           # from a compacted-away position
-    assert rows(endingOffsets='{"0": 2}') == prefix[:40]                    # a range wholly in the prefix
-    assert rows(startingOffsets='{"0": 3}') == tail
-    latest = {k: v for _, _, k, v in rows()}
-    assert len(latest) == 52 and latest[b"k00"] is None and latest[b"k47"] == b"d47" and latest[b"k20"] == b"b20"
+    if offsets == "dense":   # record numbers: notifications of 50, 30, 10 and 7 records from offset 0, 50, 80, 90;
+        bases = (0, 50, 80, 90)   # a survivor's index is its place among its part's survivors
+        prefix = [(bases[n] + int(key[1:]), i, key, v) for i, (n, _, key, v) in enumerate(prefix)]
+        tail = [(bases[n] + i, i, key, v) for n, i, key, v in tail]
+    cases = ({"0": 1}, {"0": 2}, {"0": 3}, None) if offsets == "sparse" else ({"0": 55}, {"0": 80}, {"0": 90}, {"0": 65})
+    with contextlib.ExitStack() as stack:
+        options = {"zookeeper.hosts": config.zookeeper.hosts}
+        if offsets == "dense":   # a broker tells where record offsets stand (and serves Kafka clients the prefix)
+            zookeeper = dataclasses.replace(config.zookeeper, enabled=True)
+            running = stack.enter_context(broker_thread(dataclasses.replace(config, broker=BrokerConfig(kafka_port=0),
+                                                                            zookeeper=zookeeper)))
+            asyncio.run_coroutine_threadsafe(running.broker.add_topic(cfg), running.loop).result(30)
+            options["memq.broker"] = running.broker.url
 
-    out = tmp_path / "stream"
-    stream = (spark.readStream.format("memq").options(**connection(config)).option("topic", cfg.name)
-              .option("zookeeper.hosts", config.zookeeper.hosts).option("startingOffsets", "earliest").load())
-    query = (stream.select("offset", "index", "key").writeStream.format("parquet").option("path", str(out))
-             .option("checkpointLocation", str(tmp_path / "ckpt")).trigger(availableNow=True).start())
-    assert query.awaitTermination(120) and query.exception() is None
-    assert sorted((r.offset, r["index"], r.key) for r in spark.read.parquet(str(out)).collect()) == \
-        [(o, i, k) for o, i, k, _ in prefix + tail]
+        def rows(**more: str) -> list[Row]:
+            df = read(spark, config, cfg.name, **options, **more)
+            got = df.select("partition", "offset", "index", "key", "value").collect()
+            assert {r.partition for r in got} <= {0}
+            return sorted((r.offset, r["index"], r.key, r.value) for r in got)
+
+        assert rows() == prefix + tail
+        removed, stop, at_tail, inside = cases
+        assert rows(startingOffsets=json.dumps(removed)) == prefix[20:] + tail   # from a compacted-away position
+        assert rows(endingOffsets=json.dumps(stop)) == prefix[:40]              # a range wholly in the prefix
+        assert rows(startingOffsets=json.dumps(at_tail)) == tail
+        if inside is not None:                                                   # from a record inside a part
+            assert rows(startingOffsets=json.dumps(inside)) == prefix[25:] + tail
+            assert [(o, k, v) for o, _, k, v in prefix + tail] == read_to_end(running.broker.kafka_address, cfg.name, 0)
+        latest = {k: v for _, _, k, v in rows()}
+        assert len(latest) == 52 and latest[b"k00"] is None and latest[b"k47"] == b"d47" and latest[b"k20"] == b"b20"
+
+        out = tmp_path / "stream"
+        stream = (spark.readStream.format("memq").options(**connection(config)).option("topic", cfg.name)
+                  .options(**options).option("startingOffsets", "earliest").load())
+        query = (stream.select("offset", "index", "key").writeStream.format("parquet").option("path", str(out))
+                 .option("checkpointLocation", str(tmp_path / "ckpt")).trigger(availableNow=True).start())
+        assert query.awaitTermination(120) and query.exception() is None
+        assert sorted((r.offset, r["index"], r.key) for r in spark.read.parquet(str(out)).collect()) == \
+            [(o, i, k) for o, i, k, _ in prefix + tail]
+
+
+Row = tuple[int, int, bytes, bytes | None]

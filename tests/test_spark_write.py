@@ -39,7 +39,8 @@ def cluster(devcluster: DevCluster, tmp_path_factory: pytest.TempPathFactory) ->
     config = devcluster.config(cluster=f"w{suffix}", topics=[TopicConfig(t, batch_ms=50, read_partitions=2)
                                                              for t in TOPICS])
     with BrokerProcess(config, tmp_path_factory.mktemp("sink-broker")) as broker:
-        yield config, broker.url
+        # the readers name the broker: it tells them where the topics' (dense) offsets stand
+        yield dataclasses.replace(config, producer=dataclasses.replace(config.producer, brokers=broker.url)), broker.url
 
 
 def consume(config: MemqConfig, topic: str, expect: int, *, dedup: bool = True) -> list:

@@ -33,7 +33,7 @@ from typing import Literal
 
 import aiohttp
 
-from memq.config import ClusterConfig, MemqConfig, StorageConfig, TopicConfig
+from memq.config import UNSTATED_OFFSETS, ClusterConfig, MemqConfig, StorageConfig, TopicConfig
 from memq.errors import AuthorizationError, BrokerUnavailableError, ConfigError, FormatError, UnknownTopicError
 from memq.format.metadata import BrokerMetadata, ClusterMetadata, TopicMetadata
 
@@ -133,9 +133,10 @@ class ResolvedTopic:
 def resolve(config: MemqConfig, topic: str, metadata: ClusterMetadata | None) -> ResolvedTopic:
     """Merge broker metadata over the config file (pure: the precedence rule in one place)."""
     configured = next((t for t in config.topics if t.name == topic), None)
-    if metadata is None:
+    if metadata is None:   # a topic neither described nor configured: its offsets unstated, read as positions
         cluster = config.cluster.name
-        return ResolvedTopic(config, _from_config(configured or TopicConfig(name=topic), cluster),
+        unstated = TopicConfig(name=topic, offsets=UNSTATED_OFFSETS)
+        return ResolvedTopic(config, _from_config(configured or unstated, cluster),
                              "config" if configured is not None and configured.notification_topic else "default")
     st = metadata.storage
     if st.kind not in ("s3", "file"):

@@ -173,13 +173,13 @@ class Consumer:
         self._fresh: set[int] = set()        # assigned, nothing read yet: where does it start?
         self._begin: set[int] = set()        # sought to the beginning: a compacted prefix's, if any
         self._pointers = pointers
-        self._prefix = (Prefix(topic, pointers, self._reader.fetch_loop, self._logs)
-                        if pointers is not None and "compact" in resolved.topic.cleanup_policy else None)
-        self._lookup: KeyLookup | None = None
-        self._deserialize = _deserializing(value_deserializer, key_deserializer)
         # a dense topic's record offsets (None: sparse, offsets are notification offsets); a broker's
         # first answer for a partition may count it cold: Kafka's timeout, not a part read's
         self._dense = topic_offsets(resolved, config.kafka.request_timeout_ms / 1000)
+        self._prefix = (Prefix(topic, pointers, self._reader.fetch_loop, self._logs, offsets=self._dense)
+                        if pointers is not None and "compact" in resolved.topic.cleanup_policy else None)
+        self._lookup: KeyLookup | None = None
+        self._deserialize = _deserializing(value_deserializer, key_deserializer)
         self._cuts: dict[int, tuple[int, int]] = {}   # partition -> (note, index) a seek to a record moved it to
         if subscribe:
             self._notify.subscribe(on_assign=self._on_assign, on_revoke=self._on_revoke)
@@ -268,23 +268,22 @@ class Consumer:
 
     def _enter_prefixes(self, prefix: Prefix, records: list[NotificationRecord]) -> list[Queued]:
         """A partition whose next notification lies below its compacted end reads its compacted
-        parts from there instead, then the plain tail at `end` (its Kafka position moves there).
-        A partition new to this consumer with no committed position starts at the prefix's
-        beginning under auto_offset_reset = earliest (the notifications below `end` may be gone)."""
+        parts from there instead (from a seek's record inside it), then the plain tail at `end`
+        (its Kafka position moves there). A partition new to this consumer with no committed
+        position starts at the prefix's beginning under auto_offset_reset = earliest (the
+        notifications below `end` may be gone)."""
         out: list[Queued] = []
         moved: set[int] = set()
         for r in records:
             if r.partition in moved:
                 continue   # read again from where the Kafka position moved
-            note = r.offset
-            if r.partition in self._begin:
-                note = 0
-            elif r.partition in self._fresh and self._earliest \
-                    and self._notify.committed([r.partition]).get(r.partition) is None:
-                note = 0
+            note, index = r.offset, self._cut(r.partition, r.offset)
+            if r.partition in self._begin or (r.partition in self._fresh and self._earliest
+                                              and self._notify.committed([r.partition]).get(r.partition) is None):
+                note = index = 0
             self._begin.discard(r.partition)
             self._fresh.discard(r.partition)
-            entered = prefix.enter(r.partition, note)
+            entered = prefix.enter(r.partition, note, index)
             if entered is None:
                 out.append(r)
                 continue

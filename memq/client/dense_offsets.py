@@ -118,9 +118,34 @@ class CountedOffsets:
         at = self._brokers.checkpoint(self.topic, partition, offset=offset)
         return at.note, offset - at.base
 
+    def scheme(self, partition: int) -> CountedScheme:
+        """`partition`'s offsets as the partition log model's `OffsetScheme` (`memq.log.model`)."""
+        return CountedScheme(self, partition)
+
     def forget(self, partitions: Iterable[int]) -> None:
         for p in partitions:
             self._schemes.pop(p, None)
+
+
+@dataclass(frozen=True, slots=True)
+class CountedScheme:
+    """One partition of `CountedOffsets` as an `OffsetScheme`: a compacted prefix is entered by
+    record offset and its survivors placed in notifications through it, as a broker's Fetch does."""
+
+    offsets: CountedOffsets
+    partition: int
+
+    def offset_of(self, note: int, index: int) -> int:
+        return self.offsets.offset_of(self.partition, note, index)
+
+    def position_of(self, offset: int) -> tuple[int, int]:
+        return self.offsets.position_of(self.partition, offset)
+
+    def start_of(self, note: int) -> int:
+        return self.offsets.offset_of(self.partition, note)
+
+    def end_of(self, note: int, count: int) -> int:
+        return self.offsets.offset_of(self.partition, note, max(count, 0))
 
 
 def topic_offsets(resolved: ResolvedTopic, timeout_s: float) -> CountedOffsets | None:

@@ -42,7 +42,9 @@ class TopicMetadata:
     log_start: tuple[tuple[int, int], ...] = ()   # (partition, Kafka offset) DeleteRecords moved it to:
                                                   # readers get nothing before it (as expired)
     cleanup_policy: str = "delete"       # "compact" in it: producers refuse records without a key
-    offsets: str = "sparse"              # "dense": Kafka offsets are record numbers (TopicConfig.offsets)
+    offsets: str = "sparse"              # "dense": Kafka offsets are record numbers (TopicConfig.offsets);
+                                         # a document without the field (sparse is left out, as brokers
+                                         # from before dense offsets left it) reads sparse
 
 
 @dataclass(frozen=True, slots=True)

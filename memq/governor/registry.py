@@ -34,7 +34,7 @@ from kazoo.exceptions import (BadVersionError, KazooException, NodeExistsError,
                               NoNodeError, RolledBackError)
 from kazoo.protocol.states import EventType, KazooState, WatchedEvent
 
-from memq.config import TopicConfig, ZooKeeperConfig, build
+from memq.config import UNSTATED_OFFSETS, TopicConfig, ZooKeeperConfig, build
 from memq.errors import ConfigError, CoordinationError, LeadershipLostError, UnknownTopicError
 from memq.kafka_api.dense import Checkpoint, decode_checkpoints, encode_checkpoints, kept
 
@@ -73,6 +73,7 @@ def topic_from_json(data: bytes, where: str) -> TopicConfig:
         raise CoordinationError(f"{where}: topic config is not JSON: {e}") from None
     if not isinstance(values, dict):
         raise CoordinationError(f"{where}: topic config must be a JSON object")
+    values.setdefault("offsets", UNSTATED_OFFSETS)   # stored before dense offsets: it keeps its sparse ones
     try:
         cfg: TopicConfig = build(TopicConfig, values, where)
     except ConfigError as e:

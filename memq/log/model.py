@@ -32,7 +32,7 @@ from typing import Protocol
 
 from memq.compaction.manifest import Manifest
 from memq.compaction.parts import PartRef
-from memq.errors import ConsumerError, OffsetUnknownError
+from memq.errors import OffsetUnknownError
 from memq.kafka_api import offsets as sparse
 
 #: DeleteRecords' offset meaning "up to the high watermark".
@@ -110,7 +110,7 @@ class PartSegment:
     part: PartRef
     start: int
     stop: int
-    first_note: int     # the notification the first survivor read was announced in (a dense prefix: its last)
+    first_note: int     # the notification the first survivor read was announced in
     last_note: int      # the position a reader hands it over as: its last survivor's notification
                         # (the prefix's last part: end - 1, so a commit after it is `end`)
 
@@ -186,16 +186,6 @@ class PartitionLog:
 
     # --- the same, by notification (memq's Consumer and Spark count positions in notifications) --
 
-    def by_notes(self, topic: str, partition: int) -> PartitionLog:
-        """This log, for a reader counting positions in notifications; ConsumerError when its
-        compacted prefix holds dense offsets, which such a reader cannot map to notifications
-        (their counts are the broker's) rather than hand records over at wrong positions."""
-        if self.manifest is not None and self.manifest.dense:
-            raise ConsumerError(f"topic {topic} read partition {partition}: its compacted prefix holds dense offsets "
-                                "(record numbers), which memq's Consumer and Spark do not map to notification positions "
-                                "yet: read it with a Kafka client, or create the topic with offsets = sparse")
-        return self
-
     @property
     def first_note(self) -> int:
         """The first notification with records at or after the start (retention's `low` or the
@@ -266,8 +256,10 @@ class PartitionLog:
         after `offset` (never before DeleteRecords' start), then the plain notifications from the
         prefix's end; past it (or without a prefix), the plain notifications from `offset`'s.
 
-        A dense prefix's survivors are not mapped to notifications (their counts before the
-        prefix's end may be gone): its segments hand over as the prefix's last notification."""
+        A segment's notifications are its survivors' (`scheme.position_of`); a dense survivor whose
+        notification's count is gone (retention took it) hands over as the one before the first
+        retained (at most the prefix's last), as a sparse one there does once Kafka resets a
+        position before it."""
         m = self.manifest
         if m is None or not self.in_prefix(offset):
             at, index = self.scheme.position_of(offset)
@@ -277,7 +269,10 @@ class PartitionLog:
         chosen = [p for p in m.parts_from(lo) if p.first_offset < hi]
 
         def note(o: int) -> int:
-            return m.end - 1 if m.dense else self.scheme.position_of(o)[0]
+            try:
+                return self.scheme.position_of(o)[0]
+            except OffsetUnknownError:
+                return min(max(self.low - 1, 0), m.end - 1)
         parts = tuple(PartSegment(p, max(lo, p.first_offset), hi, note(max(lo, p.first_offset)),
                                   m.end - 1 if i == len(chosen) - 1 else note(p.last_offset))
                       for i, p in enumerate(chosen))
@@ -304,3 +299,8 @@ class TopicLogs:
         if plog is None:
             plog = self._logs[partition] = PartitionLog(moved=self._moved.get(partition, 0), scheme=self._scheme)
         return plog
+
+    def in_scheme(self, partition: int, scheme: OffsetScheme) -> PartitionLog:
+        """The partition's log in `scheme`'s offsets (a dense topic's, as its reader counts them),
+        its DeleteRecords start placed there (`moved_start`)."""
+        return PartitionLog(moved=moved_start(self._moved.items(), partition, scheme), scheme=scheme)

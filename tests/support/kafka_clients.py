@@ -116,3 +116,28 @@ def read_committed(address: str, topic: str, *, partitions: int, settle_s: float
     finally:
         c.close()
     raise AssertionError(f"read_committed of {topic} did not reach its end (got {len(got)})")
+
+
+def read_to_end(address: str, topic: str, offset: int, partition: int = 0,
+                **conf: object) -> list[tuple[int, bytes | None, bytes | None]]:
+    """(offset, key, value) of `partition` from `offset` to its end (Kafka's end of partition),
+    read by confluent-kafka; AssertionError when no end comes within a minute (the high watermark
+    past the last record a reader gets)."""
+    consumer = Consumer({"bootstrap.servers": address, "group.id": f"g-{uuid.uuid4().hex[:6]}",
+                         "auto.offset.reset": "error", "enable.partition.eof": True, **conf})
+    try:
+        consumer.assign([TopicPartition(topic, partition, offset)])
+        got: list[tuple[int, bytes | None, bytes | None]] = []
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            m = consumer.poll(1.0)
+            if m is None:
+                continue
+            if m.error():
+                assert m.error().code() == KafkaError._PARTITION_EOF, m.error()
+                return got
+            got.append((m.offset(), m.key(), m.value()))
+        raise AssertionError(f"{topic}[{partition}]: no end of partition after {got[-3:]}: the high watermark "
+                             "is past the last record a reader gets")
+    finally:
+        consumer.close()

@@ -6,9 +6,9 @@ notification topic), with the same checks, and `admin` on the topic (TOPIC_AUTHO
 otherwise, before anything is read, so a refusal reveals nothing).
 
 - CreateTopics: the partitions are the topic's read partitions (-1: the config file's entry for
-  that name, else memq's default); configs are `topic_configs` names. A topic not in the config
-  file has dense offsets unless the request says `memq.offsets=sparse` (Kafka applications count
-  on record numbers; `memq topic create` keeps sparse for now). Any replication factor
+  that name, else memq's default); configs are `topic_configs` names. A topic has dense offsets
+  (memq's default, what Kafka applications count on) unless the request says `memq.offsets=sparse`
+  or the config file's entry does. Any replication factor
   (-1 or >= 1) is taken, and the answer (v5+) says 1, as Metadata lists each partition's leader as
   its only replica: S3 replicates the data, not brokers. Replica assignments are refused
   (INVALID_REPLICA_ASSIGNMENT: the governor places topics). The answer comes once the governor
@@ -102,14 +102,13 @@ class TopicsCall(AdminCall):
 
     def _base(self, name: str) -> TopicConfig:
         """A new topic's settings before its configs: the config file's entry for it, else memq's
-        defaults with dense offsets (Kafka's: record numbers, what Kafka applications count on;
-        `memq topic create` keeps sparse until memq's Consumer reads record offsets)."""
+        defaults (dense offsets: record numbers, what Kafka applications count on)."""
         if len(name) > MAX_NAME_LENGTH:
             raise Refused(ErrorCode.INVALID_TOPIC_EXCEPTION, f"topic name of {len(name)} characters: at most "
                                                              f"{MAX_NAME_LENGTH}")
         try:
             return (next((t for t in self.core.config.topics if t.name == name), None)
-                    or TopicConfig(name=name, offsets="dense"))
+                    or TopicConfig(name=name))
         except ConfigError as e:
             raise Refused(ErrorCode.INVALID_TOPIC_EXCEPTION, str(e)) from None
 
