@@ -232,8 +232,10 @@ def test_memq_consumer_from_earliest_reads_the_compacted_prefix(
         assert end == {0: records[-1][0] + 1}                    # after the last record, as Kafka's lag counts
         _dense_positions_inside_the_prefix(gc, topic, records)
 
-    out = memq("consume", topic, "--from-beginning", "--keys", "--idle-timeout", "2", "-g", f"c-{uuid.uuid4().hex[:6]}",
-               config=gc.write_client_config(tmp_path / "client.toml"))
+    # stops at the prefix's count (a first read of the prefix may take seconds on a loaded machine;
+    # an idle timeout of 2 s ended it with nothing read); a key missing or read twice fails below
+    out = memq("consume", topic, "--from-beginning", "--keys", "-n", str(len(latest)), "--idle-timeout", "30",
+               "-g", f"c-{uuid.uuid4().hex[:6]}", config=gc.write_client_config(tmp_path / "client.toml"))
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
     assert dict(line.split(b"\t") for line in lines) == latest and len(lines) == len(latest)
