@@ -339,7 +339,8 @@ def test_real_producer_and_broker_discovery(spark: SparkSession, config: MemqCon
               .option("s3.secretAccessKey", config.s3.secret_access_key or "").load())
         rows = df.select("key", "value", "headers", "partition").collect()
         projected = read_schema(spark, broker_config, topic, "key binary, value binary").collect()
-        consumed = read_memq(broker_config, topic, n) if codec == "arrow" else None
+        reader = dataclasses.replace(broker_config, producer=ProducerConfig(brokers=url))   # where offsets stand
+        consumed = read_memq(reader, topic, n) if codec == "arrow" else None
     finally:
         asyncio.run_coroutine_threadsafe(broker.stop(), loop).result(60)
         loop.call_soon_threadsafe(loop.stop)

@@ -96,6 +96,9 @@ async def fetch(core: BrokerCore, principal: str | None, req: FetchRequest, peer
             if refused is not None:
                 out.error = refused
                 continue
+            if p.offset < 0:   # no log has it: answered without counting the partition
+                out.error = ErrorCode.OFFSET_OUT_OF_RANGE
+                continue
             t = meta.topics[topic]
             try:
                 plog = await core.logs.started(t, p.index)
@@ -103,9 +106,7 @@ async def fetch(core: BrokerCore, principal: str | None, req: FetchRequest, peer
                 out.error = ErrorCode.KAFKA_STORAGE_ERROR
                 log.warning("Kafka fetch of %s[%d] from %s: %s", topic, p.index, peer, e)
                 continue
-            if p.offset < 0:
-                out.error = ErrorCode.OFFSET_OUT_OF_RANGE
-            elif plog.before_start(p.offset):
+            if plog.before_start(p.offset):
                 out.error, out.log_start = ErrorCode.OFFSET_OUT_OF_RANGE, plog.moved
                 log.info("Kafka fetch of %s[%d] at %d from %s: before the log start %d (DeleteRecords)",
                          topic, p.index, p.offset, peer, plog.moved)
