@@ -21,12 +21,10 @@ from typing import Any
 
 import pytest
 from aiokafka import AIOKafkaProducer
-from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, KafkaError, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from memq.client.cluster import fetch_metadata
-from memq.config import BrokerConfig
-from memq.devcluster import DevCluster, GovernedCluster
+from memq.devcluster import DevCluster
+from tests.support.stream_apps import kafka_cluster, lag, read_to_end
 
 pytest.importorskip("faust", reason="faust-streaming is not installed (the `test` extra brings it)")
 
@@ -42,9 +40,8 @@ COMMITTED_S = 45.0   # a restarted worker rejoins (the killed one's 6 s session)
 
 @pytest.fixture(scope="module")
 def address(devcluster: DevCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    with GovernedCluster(tmp_path_factory.mktemp("faust"), brokers=2, servers=devcluster,
-                         cluster=f"faust{uuid.uuid4().hex[:6]}", broker=BrokerConfig(kafka_port=0)) as gc:
-        yield fetch_metadata(gc.broker("b1").url, 10.0).brokers[0].kafka_address
+    with kafka_cluster(devcluster, tmp_path_factory.mktemp("faust"), "faust") as addr:
+        yield addr
 
 
 def inputs(start: int) -> list[tuple[str, str]]:
@@ -89,42 +86,11 @@ class Worker:
         self.proc.wait(30)
 
 
-def lag(address: str, group: str, topic: str) -> list[int]:
-    parts = [TopicPartition(topic, p) for p in range(2)]
-    admin = AdminClient({"bootstrap.servers": address})
-    done = admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions(group, parts)])[group].result(30)
-    c = Consumer({"bootstrap.servers": address, "group.id": group})
-    try:
-        return [c.get_watermark_offsets(tp, timeout=20)[1] - tp.offset for tp in done.topic_partitions]
-    finally:
-        c.close()
-
-
 def changelog(address: str, topic: str) -> tuple[dict[str, int], int]:
     """Each key's latest count in the changelog, read from earliest as a restoring worker reads it,
     and how many records were read (fewer than the updates once compaction has run)."""
-    c = Consumer({"bootstrap.servers": address, "group.id": f"read-{uuid.uuid4().hex[:6]}",
-                  "enable.partition.eof": True, "isolation.level": "read_committed"})
-    c.assign([TopicPartition(topic, p, 0) for p in range(2)])
-    latest: dict[str, int] = {}
-    read = 0
-    at_end: set[int] = set()
-    deadline = time.monotonic() + 30
-    try:
-        while len(at_end) < 2:
-            assert time.monotonic() < deadline, f"{topic}: read {read} records, at the end of {at_end}"
-            m = c.poll(0.5)
-            if m is None:
-                continue
-            if m.error():
-                assert m.error().code() == KafkaError._PARTITION_EOF, m.error()
-                at_end.add(m.partition())
-                continue
-            latest[json.loads(m.key())] = json.loads(m.value())
-            read += 1
-    finally:
-        c.close()
-    return latest, read
+    records = read_to_end(address, topic, 2)
+    return {json.loads(k): json.loads(v) for _, k, v in records}, len(records)   # type: ignore[arg-type]
 
 
 def compacted(address: str, topic: str) -> Counter[str]:

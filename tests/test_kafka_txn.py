@@ -160,6 +160,22 @@ def test_read_committed_sees_committed_transactions_of_every_client_never_aborte
     assert sorted(bytes.fromhex(r[0]).decode() for r in rows) == want
 
 
+def test_a_transactions_pipelined_requests_are_read_in_the_order_sent(cluster: Cluster) -> None:
+    """librdkafka keeps several Produce requests of a partition in flight: their PUTs finish in any
+    order, but the commit publishes them in the order they were sent (a Quix application's counts
+    of a key once came out 53, 55, 54)."""
+    topic = cluster.topic(1, offsets="dense")
+    p = _producer(cluster.address, f"o-{uuid.uuid4().hex[:6]}", **{"linger.ms": 0, "batch.num.messages": 1})
+    values = [f"v{i}" for i in range(200)]
+    p.begin_transaction()
+    for v in values:
+        p.produce(topic, v.encode(), partition=0)
+        p.poll(0)
+    assert p.flush(TIMEOUT_S) == 0
+    p.commit_transaction(TIMEOUT_S)
+    assert read_committed(cluster.address, topic, partitions=1) == values
+
+
 def test_a_second_producer_with_the_same_id_fences_the_first(cluster: Cluster) -> None:
     topic = cluster.topic()
     txn_id = f"fence-{uuid.uuid4().hex[:6]}"

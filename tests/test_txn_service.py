@@ -331,3 +331,54 @@ async def test_the_audit_hears_committed_messages_as_produced_and_aborted_ones_a
     assert await rig.txns.end("tx", ids, commit=False) is None
     assert len(rig.audit.produced_rows) == 2 and rig.audit.aborted_rows == [("t", 5)]
     assert rig.metric("memq_txn_aborted_records_total") == 5
+
+
+async def test_pipelined_produces_of_a_partition_become_pending_in_the_order_they_came() -> None:
+    """A Kafka producer pipelines its requests: their PUTs overlap and may finish in any order,
+    but each one's pending entry waits for the previous one's (`after`), so the commit publishes
+    the partition's records in the order the producer sent them (Quix's outputs came out swapped)."""
+    class FirstSlow(CountingTicket):
+        def __init__(self) -> None:
+            super().__init__()
+            self.release = asyncio.Event()
+
+        async def store_apart(self, messages: list[memoryview], headers: list[MessageHeader]) -> Pending:
+            self.stored += 1
+            name = f"o{self.stored}"
+            if self.stored == 1:
+                await self.release.wait()
+            return ("memq.c.t", note(name))
+
+    rig = Rig()
+    ids = await begun(rig)
+    ticket = FirstSlow()
+    first = asyncio.ensure_future(rig.txns.store_pending("tx", ids, ticket, 0, [], []))
+    second = asyncio.ensure_future(rig.txns.store_pending("tx", ids, ticket, 0, [], [], after=first))
+    for _ in range(200):   # the second's PUT is done, its entry waits for the first's
+        await asyncio.sleep(0.005)
+        if ticket.stored == 2:
+            break
+    await asyncio.sleep(0.05)
+    assert ticket.stored == 2 and not second.done() and rig.store.pending("tx") == []
+    ticket.release.set()
+    assert await first is None and await second is None
+    assert await rig.txns.end("tx", ids, commit=True) is None
+    assert [n.key for _, n in rig.publisher.published] == ["o1", "o2"]
+
+
+async def test_the_scan_leaves_an_id_another_broker_coordinates_though_it_stashed_its_offsets() -> None:
+    """TxnOffsetCommit goes to the group's coordinator, which opens the id there too: its scan must
+    not finish the coordinator's commit under way (published twice: Quix's outputs doubled)."""
+    rig = Rig()
+    ids = await begun(rig)
+    group_side = Rig(rig.store)   # the group's coordinator: its TxnOffsetCommit
+    assert await rig.txns.add_offsets("tx", ids, "g") is None
+    assert await group_side.txns.stash_offsets("tx", ids, "g", GroupOffsets(1, "m", None, {("t", 0): (5, "")})) is None
+    assert await rig.produce("tx", ids, "k") is None
+    rig.publisher.failing = True
+    await rig.txns.end("tx", ids, commit=True)   # decided; the coordinator carries it out
+    assert await group_side.txns.scan(lambda _: False) == 0
+    assert group_side.publisher.published == [] and group_side.txns.open == set()
+    rig.publisher.failing = False
+    assert await rig.txns.scan(lambda _: True) == 1
+    assert [n.key for _, n in rig.publisher.published] == ["k"]

@@ -84,6 +84,9 @@ class ProduceState:
         self.awaiting: dict[str, Ticket] = {}
         unit = conn.core.config.broker.kafka_idle_seal_bytes
         self.seal_credit = SealCredit(unit, IDLE_SEAL_BANK * unit)
+        # per (transactional id, topic, partition): the latest transactional produce still being
+        # stored, which the next one's pending entry waits for (`Transactions.store_pending`)
+        self.txn_last: dict[tuple[str, str, int], asyncio.Future[PartitionResult]] = {}
 
     def idle_seal(self) -> None:
         """Seal the awaited topics' batches the connection's credit allows (`idle_seal`)."""
@@ -204,7 +207,7 @@ async def _append(conn: Conn, st: ProduceState, topic: str, part: PartitionData,
             return PartitionResult(part.index)
         batches = kept
     if txn_id is not None:
-        return _txn_store(conn, txn_id, topic, part.index, admitted, batches)
+        return _txn_store(conn, st, txn_id, topic, part.index, admitted, batches)
     loop = asyncio.get_running_loop()
     futures: list[Appended] = []
     audited = conn.audit if level is not AckLevel.NONE else None
@@ -233,12 +236,14 @@ async def _append(conn: Conn, st: ProduceState, topic: str, part: PartitionData,
     return futures
 
 
-def _txn_store(conn: Conn, txn_id: str, topic: str, index: int, admitted: Ticket,
+def _txn_store(conn: Conn, st: ProduceState, txn_id: str, topic: str, index: int, admitted: Ticket,
                batches: list[tuple[memoryview, KafkaBatchHeader]]) -> Outcome:
     """Store a transaction's batches of one partition as their own object, unpublished: a
     pending entry of the transaction until EndTxn (`Transactions.produce`). Its answer comes
     once both are durable (`Transactions.store_pending`: check, one PUT, the pending entry); the
-    base offset is unknown (negative) until the commit publishes it."""
+    base offset is unknown (negative) until the commit publishes it. Pipelined requests of a
+    partition are stored at once but become pending entries in the order they came, as the
+    commit publishes them (a partition's records in the order the producer sent them)."""
     pid, epoch = batches[0][1].producer_id, batches[0][1].producer_epoch
     if any((kh.producer_id, kh.producer_epoch) != (pid, epoch) for _, kh in batches):
         return PartitionResult(index, ErrorCode.INVALID_REQUEST, message="batches of several producers")
@@ -249,14 +254,23 @@ def _txn_store(conn: Conn, txn_id: str, topic: str, index: int, admitted: Ticket
         messages.append(memoryview(msg))
         headers.append(header)
     count = sum(kh.count for _, kh in batches)
-    return asyncio.ensure_future(
-        _txn_stored(conn, txn_id, ProducerIds(pid, epoch), admitted, index, messages, headers, count))
+    key = (txn_id, topic, index)
+    stored = asyncio.ensure_future(_txn_stored(conn, txn_id, ProducerIds(pid, epoch), admitted, index, messages,
+                                               headers, count, st.txn_last.get(key)))
+    st.txn_last[key] = stored
+
+    def done(f: asyncio.Future[PartitionResult]) -> None:
+        if st.txn_last.get(key) is f:
+            del st.txn_last[key]
+    stored.add_done_callback(done)
+    return stored
 
 
 async def _txn_stored(conn: Conn, txn_id: str, ids: ProducerIds, admitted: Ticket, index: int,
-                      messages: list[memoryview], headers: list[MessageHeader], count: int) -> PartitionResult:
+                      messages: list[memoryview], headers: list[MessageHeader], count: int,
+                      after: asyncio.Future[PartitionResult] | None) -> PartitionResult:
     try:
-        why = await conn.core.txns.store_pending(txn_id, ids, admitted, index, messages, headers)
+        why = await conn.core.txns.store_pending(txn_id, ids, admitted, index, messages, headers, after=after)
     except MemqError as e:   # storage failing: retriable, and a retry's same ids make it harmless
         log.warning("Kafka transactional produce to %s[%d] for %r from %s: %s", admitted.config.name, index,
                     txn_id, conn.peer, e)

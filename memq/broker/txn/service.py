@@ -35,7 +35,7 @@ import logging
 import secrets
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterable, Sequence
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from prometheus_client import CollectorRegistry
 
@@ -293,18 +293,23 @@ class Transactions:
 
     async def store_pending(self, txn_id: str, ids: ProducerIds, ticket: Storer, partition: int,
                             messages: list[memoryview], headers: list[MessageHeader], *,
-                            audit: bool = True) -> TxnRefusal | None:
+                            audit: bool = True, after: asyncio.Future[Any] | None = None) -> TxnRefusal | None:
         """The whole transactional produce of one request-partition (every door's):
         `check_produce`, the Messages stored as one object (`ticket.store_apart`: one PUT),
         `add_pending` naming them for the audit with `audit` (a Kafka client has no audit emitter:
         the coordinator reports them at the commit; memq's Producer reports its own). None: ack it
         (its offset unknown until the commit). A StorageError from the PUT propagates (the door
-        answers it as any failed store)."""
+        answers it as any failed store). `after`: the same producer's previous produce of this
+        partition, still under way: the PUTs overlap, but this entry is added once that one is
+        done, so a commit publishes the batches in the order they were sent (pipelined requests'
+        PUTs finish in any order)."""
         topic = ticket.config.name
         refused = await self.check_produce(txn_id, ids, topic, partition)
         if refused is not None:
             return refused
         pending = await ticket.store_apart(messages, headers)
+        if after is not None and not after.done():
+            await asyncio.wait([after])   # its outcome is its own request's answer
         audited = [Audited(topic, h.producer_id, h.epoch, h.sequence, h.count, h.body_crc32c, h.created_ms)
                    for h in headers if audit]
         return await self.add_pending(txn_id, ids, topic, partition, [pending], audited, ticket.partition)
@@ -354,8 +359,11 @@ class Transactions:
 
     async def scan(self, mine: Callable[[str], bool], *, full: bool = False) -> int:
         """One pass (at most SCAN_BATCH ids): finish the Prepare* and abort the timed-out
-        transactions of the ids begun here (`full`: of every id in the store that `mine`, and
-        delete those unused for `id_expiration_ms`); how many it finished, aborted or deleted.
+        transactions of the ids begun here that `mine` (`full`: of every id in the store that
+        `mine`, and delete those unused for `id_expiration_ms`); how many it finished, aborted or
+        deleted. Only the coordinator tends an id: another broker finishing a commit the
+        coordinator is carrying out publishes it twice, which readers drop only within the
+        dedup window (`kafka_api.dedup`), not a whole transaction of more parts.
         MemqError when the store cannot be listed."""
         if full:
             ids = [i for i in await asyncio.to_thread(self.store.ids) if mine(i)]
@@ -363,7 +371,8 @@ class Transactions:
                 self._cursor = 0
             batch = ids[self._cursor:self._cursor + SCAN_BATCH]
             self._cursor += len(batch)
-        else:
+        else:   # a group's coordinator stashing a TxnOffsetCommit opens the id here too: not ours to finish
+            self.open -= {i for i in self.open if not mine(i)}
             batch = sorted(self.open)[:SCAN_BATCH]
         tended = 0
         for txn_id in batch:
