@@ -14,6 +14,7 @@ import os
 import signal
 import sys
 import time
+import urllib.error
 import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
@@ -91,8 +92,14 @@ class GovCluster:
         os.kill(self.brokers[bid].proc.pid, sig)
 
     def hosted(self, bid: str) -> list[str]:
-        with urllib.request.urlopen(self.brokers[bid].url + "/healthz", timeout=5) as r:
-            return list(json.load(r)["topics"])
+        """Topics `bid` hosts; none while it is still starting (/healthz answers 503 until ready)."""
+        try:
+            with urllib.request.urlopen(self.brokers[bid].url + "/healthz", timeout=5) as r:
+                return list(json.load(r)["topics"])
+        except urllib.error.HTTPError as e:
+            if e.code == 503:
+                return []
+            raise
 
     def metadata(self, bid: str) -> dict:
         with urllib.request.urlopen(self.brokers[bid].url + "/v1/metadata", timeout=5) as r:
