@@ -65,9 +65,10 @@ def unique_name(request: pytest.FixtureRequest) -> Callable[[str], str]:
     return make
 
 
-#: The tests that use the `spark` fixture, by file (all its tests) or by test: one xdist worker runs
-#: them all (`pytest_xdist_make_scheduler`), so the suite starts one Spark JVM and warms one set of
-#: Python workers instead of one per worker, and no two Spark sessions compete for the two cores.
+#: The tests that use the `spark` fixture, by file (all its tests) or by test, in two units of work: each
+#: unit runs on one xdist worker (`pytest_xdist_make_scheduler`), which starts one Spark JVM and warms
+#: one set of Python workers for it, instead of one per worker. One unit alone was the suite's longest
+#: worker by minutes; the units are balanced by the files' times (about 5 min each on two busy cores).
 #: A file with one Spark test among many names that test alone, so its other tests go elsewhere.
 #: Collection fails on a test that uses `spark` and is not named here.
 SPARK_FILES = frozenset({"test_spark_source.py", "test_table_sync.py", "test_spark_write.py", "test_shared_objects.py",
@@ -75,18 +76,23 @@ SPARK_FILES = frozenset({"test_spark_source.py", "test_table_sync.py", "test_spa
                          "test_discovery.py"})
 SPARK_TESTS = frozenset({"test_kafka_produce.py::test_spark_reads_what_a_kafka_producer_wrote",
                          "test_long_stall.py::test_a_kafka_frozen_past_the_notify_timeout_delivers_no_duplicates"})
+#: The first unit's files; the rest of SPARK_FILES and SPARK_TESTS make the second.
+SPARK_FIRST_UNIT = frozenset({"test_spark_source.py", "test_typed_spark.py", "test_discovery.py",
+                              "test_security_describe.py"})
 
 
-def _in_spark_unit(nodeid: str) -> bool:
-    """Whether the test `nodeid` (as xdist names it, path::name[params]) runs on the Spark worker."""
+def _spark_unit(nodeid: str) -> str | None:
+    """The Spark unit of work the test `nodeid` (as xdist names it, path::name[params]) is in, if any."""
     path, _, name = nodeid.partition("::")
     file = path.rsplit("/", 1)[-1]
-    return file in SPARK_FILES or f"{file}::{name.split('[')[0]}" in SPARK_TESTS
+    if file not in SPARK_FILES and f"{file}::{name.split('[')[0]}" not in SPARK_TESTS:
+        return None
+    return "spark-1" if file in SPARK_FIRST_UNIT else "spark-2"
 
 
 #: The files that take longest (a run's `--junitxml` times summed per file), handed out first: xdist's
 #: loadfile gives out whole files, by default those with most tests first, which left the one-test
-#: `memq dev` files to run alone at the end. The Spark files come first as one unit of work (the
+#: `memq dev` files to run alone at the end. The Spark files come first as two units of work (the
 #: largest); a file not named keeps its place; name a new file here when it takes a minute or more.
 LONGEST_FIRST = (*sorted(SPARK_FILES), "test_kafka_produce.py",
                  "test_cli.py", "test_governor_cluster.py", "test_cli_first_hour.py", "test_consumer.py",
@@ -97,24 +103,24 @@ LONGEST_FIRST = (*sorted(SPARK_FILES), "test_kafka_produce.py",
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     stray = [item.nodeid for item in items if "spark" in getattr(item, "fixturenames", ()) and
-             not _in_spark_unit(item.nodeid)]
+             _spark_unit(item.nodeid) is None]
     if stray:
         raise pytest.UsageError(f"tests using the spark fixture, not named in conftest's SPARK_FILES or "
-                                f"SPARK_TESTS (one worker runs them all): {', '.join(stray)}")
+                                f"SPARK_TESTS (the Spark workers run them): {', '.join(stray)}")
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))   # stable: a file's tests keep their order
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """xdist's loadfile, with the Spark tests as one unit of work (see SPARK_FILES)."""
+    """xdist's loadfile, with the Spark tests as two units of work (see SPARK_FILES)."""
     from xdist.scheduler import LoadFileScheduling
 
-    class SparkTogether(LoadFileScheduling):
+    class SparkUnits(LoadFileScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            return "spark" if _in_spark_unit(nodeid) else super()._split_scope(nodeid)
+            return _spark_unit(nodeid) or super()._split_scope(nodeid)
 
-    return SparkTogether(config, log)
+    return SparkUnits(config, log)
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -110,7 +110,7 @@ def test_a_replayed_micro_batch_is_delivered_once(spark: SparkSession, cluster: 
                   .option("cluster", config.cluster.name).option("s3.endpoint", config.s3.endpoint_url)
                   .option("s3.bucket", config.s3.bucket).option("s3.accessKeyId", config.s3.access_key_id)
                   .option("s3.secretAccessKey", config.s3.secret_access_key).option("topic", source)
-                  .option("startingOffsets", "earliest").option("maxOffsetsPerTrigger", "4").load())
+                  .option("startingOffsets", "earliest").option("maxOffsetsPerTrigger", "5").load())
         query = (stream.select("value").writeStream.format("memq").option("memq.broker", url)
                  .option("topic", "sink-s").option("checkpointLocation", str(checkpoint))
                  .trigger(availableNow=True).start())

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import faulthandler
 import importlib
+import signal
 
 import click
 
@@ -43,4 +45,6 @@ class LazyGroup(MemqGroup):
 @click.pass_context
 def main(ctx: click.Context, config_path: str | None) -> None:
     """memq: batches on S3, pointers on Kafka. Start with `memq dev`."""
+    # `kill -USR1 <pid>` prints every thread's stack to stderr: what a command that does not end is doing.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     ctx.obj = CliState(config_path)

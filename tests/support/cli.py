@@ -51,7 +51,7 @@ def consume_until(config: Path, topic: str, wanted: set[str], timeout_s: float =
 
         def why() -> str:
             stderr.seek(0)
-            return stderr.read().decode(errors="replace")[-3000:]
+            return stderr.read().decode(errors="replace")[-12000:]
         values: list[str] = []
         try:
             deadline = time.monotonic() + timeout_s
@@ -61,7 +61,13 @@ def consume_until(config: Path, topic: str, wanted: set[str], timeout_s: float =
                     f"wanted {wanted} not consumed (exit {proc.poll()}); memq consume said:\n{why()}"
                 values.append(proc.stdout.readline().decode().rstrip("\n"))
             proc.send_signal(signal.SIGINT)
-            assert proc.wait(30) == 0, why()
+            try:   # read on to the end: demo traffic that fills the pipe would block its writes forever
+                proc.communicate(timeout=60)
+                assert proc.returncode == 0, why()
+            except subprocess.TimeoutExpired:
+                proc.send_signal(signal.SIGUSR1)     # memq prints its threads' stacks
+                time.sleep(1)
+                raise AssertionError(f"memq consume did not end 60 s after Ctrl-C; it said:\n{why()}") from None
         finally:
             if proc.poll() is None:
                 proc.kill()
