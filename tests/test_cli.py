@@ -277,3 +277,25 @@ def _try_lines_run_from_a_shell(tried: list[str]) -> None:
                        env=clean)
     assert r.returncode == 0, (consume, r.stderr.decode())
     assert re.search(rb"(?m)^%d messages from demo" % wanted, r.stderr), r.stderr
+
+
+def test_ctrl_c_asks_memq_consume_to_stop_between_records_and_a_second_interrupts() -> None:
+    from memq.cli.consume import _stop_on_signals
+
+    before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    try:
+        stop = _stop_on_signals()
+        os.kill(os.getpid(), signal.SIGINT)
+        deadline = time.monotonic() + 5
+        while not stop.is_set() and time.monotonic() < deadline:   # the handler runs between bytecodes
+            time.sleep(0.01)
+        assert stop.is_set()
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(1)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)      # a background job's: stays ignored
+        _stop_on_signals()
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, before[0])
+        signal.signal(signal.SIGTERM, before[1])

@@ -58,7 +58,7 @@ def consume(ctx: click.Context, topic: str, group: str | None, from_beginning: b
     out = sys.stdout.buffer
     seen = 0
     start = time.monotonic()
-    stop = _stop_on_sigterm()
+    stop = _stop_on_signals()
     # A live line only on a terminal: elsewhere its last frame has no newline and the summary
     # would be glued to it.
     show_live = count_only and err.is_terminal
@@ -121,11 +121,20 @@ def _pointers(config: MemqConfig, cleanup_policy: str) -> Iterator[ManifestPoint
         registry.close()
 
 
-def _stop_on_sigterm() -> threading.Event:
-    """An event SIGTERM sets: the loop then ends between records, commits what it delivered
-    and prints its summary (exit 0), instead of dying mid-batch with 143."""
+def _stop_on_signals() -> threading.Event:
+    """An event SIGTERM or Ctrl-C sets: the loop then ends between records, commits what it
+    delivered and prints its summary (exit 0), instead of dying mid-batch. Ctrl-C is a flag the
+    loop checks, not an exception raised wherever it lands: under load, one that came while the
+    Kafka client polled did not end the command, which read on. A second Ctrl-C interrupts at
+    once; a Ctrl-C the parent ignores (a background job) stays ignored."""
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        def on_ctrl_c(*_: object) -> None:
+            if stop.is_set():
+                raise KeyboardInterrupt
+            stop.set()
+        signal.signal(signal.SIGINT, on_ctrl_c)
     return stop
 
 
