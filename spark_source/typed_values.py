@@ -20,8 +20,10 @@ import fastavro
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.json as pa_json
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
+from memq.format.spans import Spans, binary_array_parts
 from spark_source.avro_walk import FlatPlan, flat_plan, walk
 from spark_source.typed_schema import MergedStruct, Renames, arrow_type, rename, repeated
 
@@ -134,11 +136,13 @@ def _proto_value(f: Any, value: Any) -> Any:
     return value
 
 
-def decode_values(read: ReadSchema, values: pa.Array) -> Decoded:
+def decode_values(read: ReadSchema, values: pa.Array, per_record: bool = False) -> Decoded:
     """`values` (binary, framed) as the read schema's struct column, with each one's schema id
     and error. Rows are grouped by schema id; a flat Avro writer's group is one compiled walk
-    (`avro_walk`: primitives and nested records), any other group a decoder call per value and one
-    Arrow conversion."""
+    (`avro_walk`: primitives and nested records), a JSON writer's one `pyarrow.json` read when
+    that is exactly what the per-record path gives (`_json_lines`), any other group a decoder call
+    per value and one Arrow conversion. `per_record`: every group value by value, the reference
+    the whole-batch paths are held to."""
     n = len(values)
     typ = read.arrow()
     offsets = np.frombuffer(values.buffers()[1], np.int32)[values.offset:values.offset + n + 1].astype(np.int64)
@@ -167,9 +171,12 @@ def decode_values(read: ReadSchema, values: pa.Array) -> Decoded:
             for i in rows.tolist():
                 errors[i] = message
             continue
-        plan = _flat(read.subject, writer)
+        plan = None if per_record else _flat(read.subject, writer)
         column = _walked(read, writer, plan, data, starts[rows] + 5, ends[rows], rows, errors) if plan is not None \
-            else _decoded(read, writer, [values[i].as_py()[5:] for i in rows.tolist()], rows, errors)
+            else None if per_record or writer.kind != "JSON" or not writer.renames.identity() \
+            else _json_lines(typ, data, starts[rows] + 5, ends[rows])
+        if column is None:
+            column = _decoded(read, writer, [values[i].as_py()[5:] for i in rows.tolist()], rows, errors)
         groups.append((rows, column))
     column = _placed(groups, n, typ)
     schema_ids = pa.array(ids, mask=~framed).cast(pa.int32())
@@ -222,6 +229,59 @@ def _conformed(fields: Mapping[str, pa.Array], plan: Renames, typ: pa.StructType
                              plan.nested[name][1], f.type, n, arr.is_null())
         arrays.append(arr if arr.type == f.type else arr.cast(f.type))
     return pa.StructArray.from_arrays(arrays, fields=list(typ), mask=mask)
+
+
+# An integer literal of 16 digits or more: Python's json makes it an int, which a double column
+# refuses past 2**53 (the per-record path's error), where pyarrow.json reads a double.
+_LONG_INTEGER = r"(^|[^0-9.eE])-?[0-9]{16,}([^0-9.eE]|$)"
+
+
+def _json_lines(typ: pa.StructType, data: pa.Buffer, starts: np.ndarray, ends: np.ndarray) -> pa.StructArray | None:
+    """The JSON objects at [starts, ends) of `data` read as `typ` by one `pyarrow.json` call over
+    them joined by newlines, or None where that could differ from the per-record path (json.loads,
+    then `pa.array`), which then reads them and names the bad ones: a type pyarrow.json would read
+    otherwise, a payload that is not one line starting with `{` and ending with `}` (so each
+    yields at least one row, and exactly one when the rows are as many as the payloads), bytes
+    that are not UTF-8, a long integer literal where a double column is, or any failure."""
+    if not _json_readable(typ):
+        return None
+    buf = np.frombuffer(data, np.uint8)
+    if not ((ends - starts >= 2).all() and (buf[starts] == 0x7B).all() and (buf[ends - 1] == 0x7D).all()):
+        return None
+    payloads = binary_array_parts([(Spans(starts, ends - starts), data)], pa.string())
+    body = np.frombuffer(payloads.buffers()[2], np.uint8)
+    if ((body == 0x0A) | (body == 0x0D)).any():
+        return None
+    try:
+        payloads.validate(full=True)
+        if _has_double(typ) and pc.any(pc.match_substring_regex(payloads, _LONG_INTEGER)).as_py():
+            return None
+        lines = np.insert(body, np.frombuffer(payloads.buffers()[1], np.int32)[1:], 0x0A)
+        table = pa_json.read_json(
+            pa.BufferReader(pa.py_buffer(lines)),
+            read_options=pa_json.ReadOptions(use_threads=False, block_size=max(len(lines), 1 << 20)),
+            parse_options=pa_json.ParseOptions(explicit_schema=pa.schema(list(typ)),
+                                               unexpected_field_behavior="ignore"))
+    except pa.ArrowException:
+        return None
+    if table.num_rows != len(starts):
+        return None
+    return pa.StructArray.from_arrays([c.combine_chunks() for c in table.columns], fields=list(typ))
+
+
+def _json_readable(t: pa.DataType) -> bool:
+    """Whether pyarrow.json reads `t` as the per-record path does (the types JSON Schemas make but maps)."""
+    if pa.types.is_struct(t):
+        return all(_json_readable(f.type) for f in t)
+    if pa.types.is_list(t):
+        return _json_readable(t.value_type)
+    return t in (pa.bool_(), pa.int64(), pa.float64(), pa.string())
+
+
+def _has_double(t: pa.DataType) -> bool:
+    if pa.types.is_struct(t):
+        return any(_has_double(f.type) for f in t)
+    return _has_double(t.value_type) if pa.types.is_list(t) else t == pa.float64()
 
 
 def _decoded(read: ReadSchema, w: Writer, payloads: list[bytes], rows: np.ndarray,
