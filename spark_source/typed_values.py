@@ -1,9 +1,11 @@
 """Framed values (Confluent's framing: magic 0, schema id, payload) of one batch object decoded
 into one Arrow struct column of the read schema, in the executors.
 
-Each value is decoded with the schema its id names (fastavro's compiled reader for Avro, protobuf's
-for Protobuf, json for JSON), renamed into the merged columns (`typed_schema.rename`), and the
-whole batch becomes Arrow in one conversion. A value that does not decode is never dropped here:
+Each schema id's values are decoded together: by a compiled walk over the whole group (Avro
+records and proto3 messages of scalars and nested records), one pyarrow.json read (JSON), or
+else value by value with the schema its id names (fastavro's reader for Avro, protobuf's for
+Protobuf, json for JSON), renamed into the merged columns (`typed_schema.rename`) and converted
+to Arrow in one call. A value that does not decode is never dropped here:
 its row gets a null value and the reason in `error` (the reader's `onError` decides the rest).
 """
 
@@ -24,7 +26,9 @@ import pyarrow.json as pa_json
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
 from memq.format.spans import Spans, binary_array_parts
+from spark_source import proto_walk
 from spark_source.avro_walk import FlatPlan, flat_plan, walk
+from spark_source.proto_walk import ProtoPlan
 from spark_source.typed_schema import MergedStruct, Renames, arrow_type, rename, repeated
 
 
@@ -97,11 +101,7 @@ def _make(w: Writer) -> Callable[[bytes], Any]:
                 raise ValueError("not a JSON object")
             return record if plan is None else rename(record, plan)
         return as_json
-    fdp = descriptor_pb2.FileDescriptorProto()
-    fdp.ParseFromString(base64.standard_b64decode(w.text))
-    pool = descriptor_pool.DescriptorPool()
-    pool.Add(fdp)
-    cls = message_factory.GetMessageClass(next(iter(pool.FindFileByName(fdp.name).message_types_by_name.values())))
+    cls = message_factory.GetMessageClass(_proto_message(w)[0])
 
     def protobuf(payload: bytes) -> Any:
         if payload[:1] != b"\0":
@@ -109,6 +109,15 @@ def _make(w: Writer) -> Callable[[bytes], Any]:
         record = _proto_dict(cls.FromString(payload[1:]))
         return record if plan is None else rename(record, plan)
     return protobuf
+
+
+def _proto_message(w: Writer) -> tuple[Any, str]:
+    """A Protobuf writer's message descriptor (its file's first message) and its file's syntax."""
+    fdp = descriptor_pb2.FileDescriptorProto()
+    fdp.ParseFromString(base64.standard_b64decode(w.text))
+    pool = descriptor_pool.DescriptorPool()
+    pool.Add(fdp)
+    return next(iter(pool.FindFileByName(fdp.name).message_types_by_name.values())), fdp.syntax
 
 
 def _proto_dict(message: Any) -> dict[str, Any]:
@@ -138,11 +147,8 @@ def _proto_value(f: Any, value: Any) -> Any:
 
 def decode_values(read: ReadSchema, values: pa.Array, per_record: bool = False) -> Decoded:
     """`values` (binary, framed) as the read schema's struct column, with each one's schema id
-    and error. Rows are grouped by schema id; a flat Avro writer's group is one compiled walk
-    (`avro_walk`: primitives and nested records), a JSON writer's one `pyarrow.json` read when
-    that is exactly what the per-record path gives (`_json_lines`), any other group a decoder call
-    per value and one Arrow conversion. `per_record`: every group value by value, the reference
-    the whole-batch paths are held to."""
+    and error. Rows are grouped by schema id (`_group`). `per_record`: every group value by
+    value, the reference the whole-batch paths are held to."""
     n = len(values)
     typ = read.arrow()
     offsets = np.frombuffer(values.buffers()[1], np.int32)[values.offset:values.offset + n + 1].astype(np.int64)
@@ -171,13 +177,7 @@ def decode_values(read: ReadSchema, values: pa.Array, per_record: bool = False) 
             for i in rows.tolist():
                 errors[i] = message
             continue
-        plan = None if per_record else _flat(read.subject, writer)
-        column = _walked(read, writer, plan, data, starts[rows] + 5, ends[rows], rows, errors) if plan is not None \
-            else None if per_record or writer.kind != "JSON" or not writer.renames.identity() \
-            else _json_lines(typ, data, starts[rows] + 5, ends[rows])
-        if column is None:
-            column = _decoded(read, writer, [values[i].as_py()[5:] for i in rows.tolist()], rows, errors)
-        groups.append((rows, column))
+        groups += _group(read, writer, values, data, starts[rows] + 5, ends[rows], rows, errors, per_record)
     column = _placed(groups, n, typ)
     schema_ids = pa.array(ids, mask=~framed).cast(pa.int32())
     return Decoded(column, schema_ids, _error_column(errors, n))
@@ -195,13 +195,41 @@ def _error_column(errors: Mapping[int, str], n: int) -> pa.StringArray:
     return column
 
 
-_PLANS: dict[tuple[str, int], FlatPlan | None] = {}
+def _group(read: ReadSchema, w: Writer, values: pa.Array, data: pa.Buffer, starts: np.ndarray, ends: np.ndarray,
+           rows: np.ndarray, errors: dict[int, str], per_record: bool) -> list[tuple[np.ndarray, pa.StructArray]]:
+    """One schema id's rows (payloads at [starts, ends) of `data`) as (rows, struct column)
+    parts: an Avro record of primitives and nested records by one compiled walk (`avro_walk`), a
+    proto3 message of scalars and nested messages likewise (`proto_walk`: the values it does not
+    read by protobuf), a JSON writer's by one pyarrow.json read where that is exactly what the
+    per-record path gives (`_json_lines`), any other a decoder call per value and one Arrow
+    conversion."""
+    def by_record(subset: np.ndarray) -> pa.StructArray:
+        return _decoded(read, w, [values[i].as_py()[5:] for i in subset.tolist()], subset, errors)
+
+    plan = None if per_record else _plan(read.subject, w)
+    if isinstance(plan, FlatPlan):
+        return [(rows, _walked(read, w, plan, data, starts, ends, rows, errors))]
+    if isinstance(plan, ProtoPlan):
+        fields, ok = proto_walk.walk(plan, memoryview(data), starts, ends)
+        column = _conformed(fields, w.renames, read.arrow(), len(rows), pa.array(~ok))
+        if ok.all():
+            return [(rows, column)]
+        parts = [(rows[~ok], by_record(rows[~ok]))]
+        return parts + [(rows[ok], column.filter(pa.array(ok)))] if ok.any() else parts
+    column = _json_lines(read.arrow(), data, starts, ends) if not per_record and w.kind == "JSON" \
+        and w.renames.identity() else None
+    return [(rows, column if column is not None else by_record(rows))]
 
 
-def _flat(subject: str, w: Writer) -> FlatPlan | None:
+_PLANS: dict[tuple[str, int], FlatPlan | ProtoPlan | None] = {}
+
+
+def _plan(subject: str, w: Writer) -> FlatPlan | ProtoPlan | None:
+    """The compiled walk's plan of a writer's values, if they have one (per Python worker)."""
     key = (subject, w.schema_id)
     if key not in _PLANS:
-        _PLANS[key] = flat_plan(w.text) if w.kind == "AVRO" and not w.named else None
+        _PLANS[key] = flat_plan(w.text) if w.kind == "AVRO" and not w.named else \
+            proto_walk.proto_plan(*_proto_message(w)) if w.kind == "PROTOBUF" else None
     return _PLANS[key]
 
 
