@@ -171,7 +171,7 @@ def _defaults(slot: int, first: np.ndarray, sibling: np.ndarray, ops: np.ndarray
 
 
 @njit(cache=True, nogil=True)
-def _walk(data: np.ndarray, starts: np.ndarray, ends: np.ndarray, ops: np.ndarray, numbers: np.ndarray,
+def _walk(data: np.ndarray, starts: np.ndarray, ends: np.ndarray, kinds: np.ndarray, ops: np.ndarray, numbers: np.ndarray,
           first: np.ndarray, sibling: np.ndarray, oneof: np.ndarray, oneofs: int, depth: int, wire_of: np.ndarray,
           ints: np.ndarray, floats: np.ndarray, span_start: np.ndarray, span_len: np.ndarray, valid: np.ndarray,
           ok: np.ndarray) -> None:   # pragma: no cover - compiled
@@ -236,6 +236,9 @@ def _walk(data: np.ndarray, starts: np.ndarray, ends: np.ndarray, ops: np.ndarra
                     stack_slot[level] = c
                     stack_end[level] = pos + n
                 else:
+                    if kinds[c] == STRING and span_start[i, c] != 0:
+                        good = False     # a string given again: protobuf checks each one's UTF-8, `columns` the last
+                        break
                     span_start[i, c] = pos
                     span_len[i, c] = n
                     pos += n
@@ -287,7 +290,7 @@ def walk(plan: ProtoPlan, data: bytes | memoryview, starts: np.ndarray, ends: np
     byte) as Arrow arrays by field name, and which were read (one not read is null in every
     field)."""
     w = Walked.empty(len(starts), len(plan.ops))
-    _walk(byte_array(data), starts.astype(np.int64), ends.astype(np.int64), plan.ops, plan.numbers, plan.first,
+    _walk(byte_array(data), starts.astype(np.int64), ends.astype(np.int64), plan.kinds, plan.ops, plan.numbers, plan.first,
           plan.sibling, plan.oneof, plan.oneofs, plan.depth, _WIRE, w.ints, w.floats, w.span_start, w.span_len,
           w.valid, w.ok)
     leaves: dict[int, Leaf] = {j: _named(names) for j, names in plan.enums.items()}

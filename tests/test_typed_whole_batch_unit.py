@@ -252,7 +252,8 @@ def test_protobuf_values_the_walk_does_not_read_are_decoded_by_protobuf_with_tod
             payload = b"".join(reversed([f.SerializeToString() for f in _fields(classes[v], payload)]))
         values.append(_framed(v, payload))
     values += [b"\0\0\0\0\x01\x01\x08\x01",          # a message index other than the first
-               _framed(1, bytes([0x7a, 2, 0xff, 0xfe])), _framed(1, bytes([0x0b, 0x0c])),   # bad UTF-8; a group
+               _framed(1, bytes([0x72, 2, 0xff, 0xfe])), _framed(1, bytes([0x0b, 0x0c])),   # bad UTF-8; a group
+               _framed(1, bytes([0x72, 2, 0xff, 0xfe, 0x72, 1, 0x41])),  # bad UTF-8, then a good string
                _framed(1, b"\x08\x80\x80\x80\x80\x10"),  # an int32 given past 32 bits: protobuf truncates it
                _framed(1, b"\x40\x05"),                  # fixed32 f32 as a varint: protobuf keeps it as unknown
                b"plain", None, b"\0\0\0\0\x07\0"]
