@@ -159,10 +159,6 @@ def _walk(data: np.ndarray, starts: np.ndarray, ends: np.ndarray, kinds: np.ndar
         if good and pos != end:
             good = False
         ok[i] = good
-        if not good:
-            for j in range(len(kinds)):
-                valid[i, j] = False
-                span_len[i, j] = -1
 
 
 def walk(plan: FlatPlan, data: bytes | memoryview, starts: np.ndarray, ends: np.ndarray) -> tuple[

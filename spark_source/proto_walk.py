@@ -278,10 +278,6 @@ def _walk(data: np.ndarray, starts: np.ndarray, ends: np.ndarray, kinds: np.ndar
                 ints[i, c] = v
             pos += width
         ok[i] = good
-        if not good:
-            for j in range(len(ops)):
-                valid[i, j] = False
-                span_len[i, j] = -1
 
 
 def walk(plan: ProtoPlan, data: bytes | memoryview, starts: np.ndarray, ends: np.ndarray) -> tuple[

@@ -30,7 +30,7 @@ Leaf = Callable[[np.ndarray, np.ndarray], pa.Array]
 @dataclass(frozen=True)
 class Walked:
     """Per record (row) and slot (column): its number, span (length -1: none), whether set;
-    per record whether it was read (`ok`)."""
+    per record whether it was read (`ok`: a record not read is null whatever its slots hold)."""
 
     ints: np.ndarray           # int64
     floats: np.ndarray         # float64
@@ -52,6 +52,9 @@ def columns(names: tuple[str, ...], kinds: np.ndarray, inner: np.ndarray, walked
     record not read in `walked.ok`, and a record not read is null in every column."""
     n = len(walked.ok)
     walked_ok = int(walked.ok.sum())
+    if walked_ok != n:          # a record not read: whatever the walk set before it stopped is not a value
+        walked.valid[~walked.ok] = False
+        walked.span_len[~walked.ok] = -1
     built: dict[int, pa.Array] = {}
     for j, kind in enumerate(kinds.tolist()):
         mask = ~walked.valid[:, j]
