@@ -14,6 +14,7 @@ from __future__ import annotations
 import base64
 import io
 import json
+import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -270,7 +271,8 @@ def _json_lines(typ: pa.StructType, data: pa.Buffer, starts: np.ndarray, ends: n
     then `pa.array`), which then reads them and names the bad ones: a type pyarrow.json would read
     otherwise, a payload that is not one line starting with `{` and ending with `}` (so each
     yields at least one row, and exactly one when the rows are as many as the payloads), bytes
-    that are not UTF-8, a long integer literal where a double column is, or any failure."""
+    that are not UTF-8, nesting deep enough to exhaust json.loads' recursion, a long integer
+    literal where a double column is, or any failure."""
     if not _json_readable(typ):
         return None
     buf = np.frombuffer(data, np.uint8)
@@ -278,13 +280,19 @@ def _json_lines(typ: pa.StructType, data: pa.Buffer, starts: np.ndarray, ends: n
         return None
     payloads = binary_array_parts([(Spans(starts, ends - starts), data)], pa.string())
     body = np.frombuffer(payloads.buffers()[2], np.uint8)
+    offsets = np.frombuffer(payloads.buffers()[1], np.int32)[:len(starts) + 1]
     if ((body == 0x0A) | (body == 0x0D)).any():
         return None
+    deep = sys.getrecursionlimit() // 2           # json.loads may run out of stack there, pyarrow.json does not
+    if (ends - starts).max() >= deep:             # a payload's `[` and `{` are at least its depth of nesting
+        opening = (body == 0x5B) | (body == 0x7B)
+        if (np.add.reduceat(opening, offsets[:-1], dtype=np.int64) >= deep).any():
+            return None
     try:
         payloads.validate(full=True)
         if _has_double(typ) and pc.any(pc.match_substring_regex(payloads, _LONG_INTEGER)).as_py():
             return None
-        lines = np.insert(body, np.frombuffer(payloads.buffers()[1], np.int32)[1:], 0x0A)
+        lines = np.insert(body, offsets[1:], 0x0A)
         table = pa_json.read_json(
             pa.BufferReader(pa.py_buffer(lines)),
             read_options=pa_json.ReadOptions(use_threads=False, block_size=max(len(lines), 1 << 20)),

@@ -81,6 +81,7 @@ def test_json_values_of_two_versions_are_read_in_one_call_as_the_per_record_path
     b'{\n"id": 1}',                            # valid JSON over two lines
     b'{"name": "\xff"}', b'{"name": "\\ud800"}', b'{"score": -Infinity}', b'{"score": 1e999}', b'{"id": 1e2}',
     b'{"id": 1,}', b'{"tags": ["a", 1]}', b'{"visits": [{"lat": "x"}]}',
+    b'{"deep": ' + b"[" * 5000 + b"]" * 5000 + b"}",   # json.loads runs out of stack, pyarrow.json reads it
 ])
 def test_json_a_value_pyarrow_json_could_read_otherwise_falls_back_and_every_row_agrees(bad: bytes) -> None:
     good = [_json(1, {"id": i, "name": "x", "score": 0.1 * i}) for i in range(3)]
