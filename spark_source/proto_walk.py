@@ -114,11 +114,13 @@ def proto_plan(message: Any, syntax: str) -> ProtoPlan | None:
 
 
 @njit(cache=True, nogil=True)
-def _uvarint(data: np.ndarray, pos: int, end: int) -> tuple[int, int]:   # pragma: no cover - compiled
+def _uvarint(data: np.ndarray, pos: int, end: int, most: int = 10) -> tuple[int, int]:   # pragma: no cover - compiled
     """(the varint's 64 bits, next position); position -1 if it does not end by `end` or within
-    10 bytes, or its 10th byte holds more than the 64th bit."""
+    `most` bytes (protobuf's parser takes tags and lengths in 5, values in 10), or its 10th
+    byte holds more than the 64th bit."""
     result = 0
     shift = 0
+    end = min(end, pos + most)
     while pos < end:
         b = data[pos]
         pos += 1
@@ -139,7 +141,7 @@ def _skip(data: np.ndarray, pos: int, end: int, wire: int) -> int:   # pragma: n
         _, pos = _uvarint(data, pos, end)
         return pos
     if wire == 2:
-        n, pos = _uvarint(data, pos, end)
+        n, pos = _uvarint(data, pos, end, 5)
         return -1 if pos < 0 or n < 0 or n > end - pos else pos + n
     width = 8 if wire == 1 else 4 if wire == 5 else -1
     return -1 if width < 0 or width > end - pos else pos + width
@@ -200,7 +202,7 @@ def _walk(data: np.ndarray, starts: np.ndarray, ends: np.ndarray, kinds: np.ndar
                     break
                 level -= 1
                 continue
-            tag, pos = _uvarint(data, pos, end)
+            tag, pos = _uvarint(data, pos, end, 5)
             if pos < 0 or tag < 8 or tag > 0xFFFFFFFF:
                 good = False
                 break
@@ -224,7 +226,7 @@ def _walk(data: np.ndarray, starts: np.ndarray, ends: np.ndarray, kinds: np.ndar
                     break
                 member[g] = c
             if wire == 2:
-                n, pos = _uvarint(data, pos, end)
+                n, pos = _uvarint(data, pos, end, 5)
                 if pos < 0 or n < 0 or n > end - pos:
                     good = False
                     break

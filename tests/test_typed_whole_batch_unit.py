@@ -257,10 +257,48 @@ def test_protobuf_values_the_walk_does_not_read_are_decoded_by_protobuf_with_tod
                _framed(1, bytes([0x72, 2, 0xff, 0xfe, 0x72, 1, 0x41])),  # bad UTF-8, then a good string
                _framed(1, b"\x08\x80\x80\x80\x80\x10"),  # an int32 given past 32 bits: protobuf truncates it
                _framed(1, b"\x40\x05"),                  # fixed32 f32 as a varint: protobuf keeps it as unknown
+               _framed(1, b"\x90\x80\x80\x80\x80\x00\x05"),  # a tag in 6 bytes: protobuf refuses it
+               _framed(1, b"\x72\x83\x80\x80\x80\x80\x00abc"),  # a length in 7 bytes: likewise
                b"plain", None, b"\0\0\0\0\x07\0"]
     got = _same(read, values)
     errors = [e for e in got.error.to_pylist() if e is not None]
     assert any("does not fit the read schema" in e for e in errors) and any("DecodeError" in e for e in errors)
+
+
+def test_protobuf_random_wire_tokens_agree_with_protobuf() -> None:
+    """Fields of every number and wire type, nested, over-long varints, cut short: whatever the
+    walk reads it reads as protobuf does, and the rest gets protobuf's own answer."""
+    read, _ = _proto_read()
+    rng = random.Random(5)
+
+    def varint(v: int, padding: int = 0) -> bytes:
+        v &= (1 << 64) - 1
+        out = bytearray()
+        while v >= 0x80:
+            out.append(v & 0x7F | 0x80)
+            v >>= 7
+        out.append(v)
+        for _ in range(padding):            # the same value in more bytes
+            out[-1] |= 0x80
+            out.append(0)
+        return bytes(out)
+
+    def token(depth: int) -> bytes:
+        number = rng.choice([*range(1, 22), 99, 0, 2**29 - 1])
+        wire = rng.choice([0, 0, 1, 2, 2, 5, 3, 4, 6])
+        body = varint(rng.choice([0, 1, 2, -1, 2**31, 2**32, 2**63, -2**31, rng.randrange(2**64)]),
+                      rng.choice([0] * 10 + [1, 3])) if wire == 0 else rng.randbytes({1: 8, 5: 4}.get(wire, 0))
+        if wire == 2:
+            inner = b"".join(token(depth + 1) for _ in range(rng.randint(0, 3))) if depth < 3 and rng.random() < 0.5 \
+                else rng.choice([b"", b"abc", "é".encode(), b"\xff", rng.randbytes(3)])
+            body = varint(len(inner), rng.choice([0] * 10 + [1, 5])) + inner
+        out = varint(number << 3 | wire, rng.choice([0] * 20 + [1, 4, 5])) + body
+        return out[:rng.randrange(len(out) + 1)] if rng.random() < 0.03 else out
+
+    values = [_framed(rng.choice([1, 2]), b"".join(token(0) for _ in range(rng.randint(0, 6)))) for _ in range(3000)]
+    for at in range(0, len(values), 500):
+        got = _same(read, values[at:at + 500])
+        assert 0 < got.error.null_count < 500      # both kinds in every chunk
 
 
 def _fields(cls: Any, payload: bytes) -> list[Any]:
