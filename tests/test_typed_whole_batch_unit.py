@@ -1,7 +1,7 @@
 """Typed reads' whole-batch decoders held to the per-record path, without servers: JSON Schema
-values read by one pyarrow.json call, Protobuf messages by a compiled walk; each must give exactly the struct column, schema ids and
-errors that decoding value by value gives (`decode_values(..., per_record=True)`), bad values
-mixed in included."""
+values read by one pyarrow.json call, Protobuf messages by a compiled walk; each must give
+exactly the struct column, schema ids and errors that decoding value by value gives
+(`decode_values(..., per_record=True)`), bad values mixed in included."""
 
 from __future__ import annotations
 
