@@ -38,6 +38,9 @@ swung 6x from run to run.
 The typed case (`bench/_spark_typed.py`): the same number of rows as Avro values framed with a
 registered schema, read with `valueFormat=registry` into typed columns, against a Parquet copy of
 the same typed rows (`typed_vs_parquet`, goal >= 0.5; quick: `task_typed_vs_parquet_file`).
+Quick mode also reads the same rows as Protobuf and as JSON Schema values, through the
+whole-batch decoders against the per-record path they replace, run once
+(`task_typed_protobuf_vs_per_record`, `task_typed_json_vs_per_record`).
 """
 
 from __future__ import annotations
@@ -243,12 +246,16 @@ def _consumer(config: MemqConfig, topic: str, n: int, runs: list[tuple[float, in
 
 
 def _quick(config: MemqConfig, options: dict[Codec, dict[str, str]], topics: dict[Codec, str], n: int,
-           value_bytes: int, typed: dict[str, str]) -> dict:
+           value_bytes: int, typed_formats: dict[str, dict[str, str]]) -> dict:
     task_runs: dict[Codec, list[tuple[float, int, int]]] = {codec: [] for codec in topics}
     parquet_runs: list[tuple[float, int, int]] = []
     consumer_runs: list[tuple[float, int, int]] = []
     typed_runs: list[tuple[float, int, int]] = []
     typed_parquet_runs: list[tuple[float, int, int]] = []
+    typed = typed_formats["AVRO"]
+    others = {fmt: opts for fmt, opts in typed_formats.items() if fmt != "AVRO"}
+    other_runs: dict[str, list[tuple[float, int, int]]] = {fmt: [] for fmt in others}
+    per_record_runs: dict[str, list[tuple[float, int, int]]] = {fmt: [] for fmt in others}
     parquet = tempfile.mkdtemp(prefix="memq-bench-parquet-")
     try:
         for _ in range(3):   # best of three: the first run of each also pays this process's warm-up
@@ -268,6 +275,15 @@ def _quick(config: MemqConfig, options: dict[Codec, dict[str, str]], topics: dic
             typed_parquet_runs.append(spark_typed.parquet_file_read(f"{parquet}-typed.parquet"))
             print(f"spark tasks in-process (typed Avro values): {rows} rows in {secs:.2f} CPU s; pyarrow on their "
                   f"Parquet copy {typed_parquet_runs[-1][0]:.2f} CPU s", flush=True)
+            for fmt, opts in others.items():
+                secs, rows, ids, _ = spark_typed.tasks_read(opts)
+                other_runs[fmt].append((secs, rows, ids))
+                print(f"spark tasks in-process (typed {fmt} values): {rows} rows in {secs:.2f} CPU s", flush=True)
+        for fmt, opts in others.items():   # the per-record path they replace: slower, and steadier; once
+            secs, rows, ids, _ = spark_typed.tasks_read(opts, per_record=True)
+            per_record_runs[fmt].append((secs, rows, ids))
+            print(f"spark tasks in-process (typed {fmt} values, value by value): {rows} rows in {secs:.2f} CPU s",
+                  flush=True)
         cpu = time.process_time()
         c = read_memq(config, topics[Codec.ZSTD], n, timeout_s=300)
         consumer_runs.append((time.process_time() - cpu, c.records, c.value_bytes))
@@ -281,11 +297,17 @@ def _quick(config: MemqConfig, options: dict[Codec, dict[str, str]], topics: dic
     ids = n * (n - 1) // 2
     typed_time = _best(typed_runs, n, ids, "typed tasks")
     typed_p_time = _best(typed_parquet_runs, n, ids, "typed parquet")
+    other = {fmt.lower(): _best(runs, n, ids, f"typed {fmt} tasks") for fmt, runs in other_runs.items()}
+    per_record = {fmt.lower(): _best(runs, n, ids, f"typed {fmt} tasks value by value")
+                  for fmt, runs in per_record_runs.items()}
     return {"ratios": {f"task_{NAMES[c]}_vs_parquet_file": round(p_time / t[c], 3) for c in t}
             | {"task_zstd_vs_consumer": round(c_time / t[Codec.ZSTD], 3),
-               "task_typed_vs_parquet_file": round(typed_p_time / typed_time, 3)},
+               "task_typed_vs_parquet_file": round(typed_p_time / typed_time, 3)}
+            | {f"task_typed_{f}_vs_per_record": round(per_record[f] / other[f], 3) for f in other},
             "messages": n, **{f"task_{NAMES[c]}_cpu_s": round(t[c], 3) for c in t},
             "task_typed_cpu_s": round(typed_time, 3), "typed_parquet_file_cpu_s": round(typed_p_time, 3),
+            **{f"task_typed_{f}_cpu_s": round(other[f], 3) for f in other},
+            **{f"task_typed_{f}_per_record_cpu_s": round(per_record[f], 3) for f in per_record},
             "parquet_file_cpu_s": round(p_time, 3), "consumer_cpu_s": round(c_time, 3)}
 
 
@@ -390,7 +412,7 @@ def run(quick: bool = False, master: str = "local[2]") -> dict:
                       "s3.bucket": config.s3.bucket, "s3.accessKeyId": config.s3.access_key_id or "",
                       "s3.secretAccessKey": config.s3.secret_access_key or ""}
         options = {codec: {"topic": topic, **connection} for codec, topic in topics.items()}
-        with typed_topic(config, connection, n, per_batch) as typed:
+        with typed_topic(config, connection, n, per_batch, ("AVRO", "PROTOBUF", "JSON") if quick else ("AVRO",)) as typed:
             if quick:
                 return _quick(config, options, topics, n, value_bytes, typed)
-            return _full(config, options, topics, n, value_bytes, master, typed)
+            return _full(config, options, topics, n, value_bytes, master, typed["AVRO"])

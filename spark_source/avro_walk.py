@@ -5,8 +5,8 @@ A writer schema whose fields are primitives (boolean, int, long, float, double, 
 or records of them (at any depth, declared inline), each possibly in a union with null, is
 walked by numba over every value of a batch at once: the record is laid out as slots in the
 order Avro writes them (a nested record is a slot followed by its fields' slots), numbers land
-in numpy columns, strings and bytes as spans of the values' buffer, gathered into Arrow arrays
-(`memq.format.spans`), and nested records become struct arrays over their fields' columns. A
+in numpy columns, strings and bytes as spans of the values' buffer, which `walk_columns` turns
+into Arrow arrays (nested records struct arrays over their fields' columns). A
 value the walk cannot read (past its end, bytes left over, a union branch the schema lacks, an
 int out of range) is marked, never guessed. Other schemas (arrays, maps, enums, logical types,
 records named again by reference) take fastavro's reader.
@@ -19,15 +19,13 @@ from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 from numba import njit
 
-from memq.format.spans import Spans, binary_array_parts, byte_array
+from memq.format.spans import byte_array
+from spark_source.walk_columns import BOOL, BYTES, DOUBLE, FLOAT, INT, LONG, RECORD, STRING, Walked, columns
 
-KINDS = {"boolean": 0, "int": 1, "long": 2, "float": 3, "double": 4, "string": 5, "bytes": 6}
-RECORD = 7           # a nested record's slot: its fields' slots follow it
-_ARROW = {0: pa.bool_(), 1: pa.int32(), 2: pa.int64(), 3: pa.float32(), 4: pa.float64(), 5: pa.string(),
-          6: pa.binary()}
+KINDS = {"boolean": BOOL, "int": INT, "long": LONG, "float": FLOAT, "double": DOUBLE, "string": STRING,
+         "bytes": BYTES}
 
 
 @dataclass(frozen=True)
@@ -161,10 +159,6 @@ def _walk(data: np.ndarray, starts: np.ndarray, ends: np.ndarray, kinds: np.ndar
         if good and pos != end:
             good = False
         ok[i] = good
-        if not good:
-            for j in range(len(kinds)):
-                valid[i, j] = False
-                span_len[i, j] = -1
 
 
 def walk(plan: FlatPlan, data: bytes | memoryview, starts: np.ndarray, ends: np.ndarray) -> tuple[
@@ -172,69 +166,7 @@ def walk(plan: FlatPlan, data: bytes | memoryview, starts: np.ndarray, ends: np.
     """The fields of the records at [starts, ends) of `data` as Arrow arrays (by field name), and
     which records were read (a record not read is null in every field). A string that is not
     UTF-8 marks its record not read."""
-    n, f = len(starts), len(plan.kinds)
-    ints = np.zeros((n, f), np.int64)
-    floats = np.zeros((n, f), np.float64)
-    span_start = np.zeros((n, f), np.int64)
-    span_len = np.full((n, f), -1, np.int64)
-    valid = np.zeros((n, f), np.bool_)
-    ok = np.zeros(n, np.bool_)
-    buf = byte_array(data)
-    _walk(buf, starts.astype(np.int64), ends.astype(np.int64), plan.kinds, plan.null_branch, plan.inner, ints, floats,
-          span_start, span_len, valid, ok)
-    walked_ok = int(ok.sum())
-    leaves: dict[int, pa.Array] = {}
-    for j, kind in enumerate(plan.kinds.tolist()):
-        mask = ~valid[:, j]
-        if kind == RECORD:
-            continue
-        if kind in (5, 6):
-            arr = binary_array_parts([(Spans(np.ascontiguousarray(span_start[:, j]),
-                                             np.ascontiguousarray(span_len[:, j])), data)], _ARROW[kind])
-            if kind == 5:
-                arr = _utf8(arr, ok)
-        elif kind in (3, 4):
-            arr = pa.array(floats[:, j].astype(np.float32 if kind == 3 else np.float64), mask=mask)
-        else:
-            arr = pa.array(ints[:, j], mask=mask).cast(_ARROW[kind])
-        leaves[j] = arr
-    out = _level(plan, leaves, valid, 0, len(plan.kinds))
-    if not ok.all() and ok.sum() != walked_ok:   # a string marked its record not read: null it everywhere
-        keep = pa.array(ok)
-        out = {name: pc.if_else(keep, arr, pa.nulls(n, arr.type)) for name, arr in out.items()}
-    return out, ok
-
-
-def _level(plan: FlatPlan, leaves: dict[int, pa.Array], valid: np.ndarray, j: int, stop: int) -> dict[str, pa.Array]:
-    """The columns of the record whose slots are [j, stop), by field name: a nested record a
-    struct of its fields' columns, null where its slot was not read."""
-    out: dict[str, pa.Array] = {}
-    while j < stop:
-        if plan.kinds[j] == RECORD:
-            end = j + 1 + int(plan.inner[j])
-            fields = _level(plan, leaves, valid, j + 1, end)
-            out[plan.names[j]] = pa.StructArray.from_arrays(list(fields.values()), names=list(fields),
-                                                            mask=pa.array(~valid[:, j]))
-            j = end
-        else:
-            out[plan.names[j]] = leaves[j]
-            j += 1
-    return out
-
-
-def _utf8(arr: pa.Array, ok: np.ndarray) -> pa.Array:
-    """`arr` if it is valid UTF-8; else its bad items' records are marked not read in `ok`."""
-    try:
-        arr.validate(full=True)
-        return arr
-    except pa.ArrowInvalid:
-        pass
-    items = arr.cast(pa.binary()).to_pylist()
-    fixed = []
-    for i, item in enumerate(items):
-        try:
-            fixed.append(None if item is None else item.decode("utf-8"))
-        except UnicodeDecodeError:
-            ok[i] = False
-            fixed.append(None)
-    return pa.array(fixed, pa.string())
+    w = Walked.empty(len(starts), len(plan.kinds))
+    _walk(byte_array(data), starts.astype(np.int64), ends.astype(np.int64), plan.kinds, plan.null_branch, plan.inner,
+          w.ints, w.floats, w.span_start, w.span_len, w.valid, w.ok)
+    return columns(plan.names, plan.kinds, plan.inner, w, data), w.ok

@@ -1,9 +1,11 @@
 """Framed values (Confluent's framing: magic 0, schema id, payload) of one batch object decoded
 into one Arrow struct column of the read schema, in the executors.
 
-Each value is decoded with the schema its id names (fastavro's compiled reader for Avro, protobuf's
-for Protobuf, json for JSON), renamed into the merged columns (`typed_schema.rename`), and the
-whole batch becomes Arrow in one conversion. A value that does not decode is never dropped here:
+Each schema id's values are decoded together: by a compiled walk over the whole group (Avro
+records and proto3 messages of scalars and nested records), one pyarrow.json read (JSON), or
+else value by value with the schema its id names (fastavro's reader for Avro, protobuf's for
+Protobuf, json for JSON), renamed into the merged columns (`typed_schema.rename`) and converted
+to Arrow in one call. A value that does not decode is never dropped here:
 its row gets a null value and the reason in `error` (the reader's `onError` decides the rest).
 """
 
@@ -12,6 +14,7 @@ from __future__ import annotations
 import base64
 import io
 import json
+import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -20,9 +23,13 @@ import fastavro
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.json as pa_json
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
+from memq.format.spans import Spans, binary_array_parts
+from spark_source import proto_walk
 from spark_source.avro_walk import FlatPlan, flat_plan, walk
+from spark_source.proto_walk import ProtoPlan
 from spark_source.typed_schema import MergedStruct, Renames, arrow_type, rename, repeated
 
 
@@ -95,11 +102,7 @@ def _make(w: Writer) -> Callable[[bytes], Any]:
                 raise ValueError("not a JSON object")
             return record if plan is None else rename(record, plan)
         return as_json
-    fdp = descriptor_pb2.FileDescriptorProto()
-    fdp.ParseFromString(base64.standard_b64decode(w.text))
-    pool = descriptor_pool.DescriptorPool()
-    pool.Add(fdp)
-    cls = message_factory.GetMessageClass(next(iter(pool.FindFileByName(fdp.name).message_types_by_name.values())))
+    cls = message_factory.GetMessageClass(_proto_message(w)[0])
 
     def protobuf(payload: bytes) -> Any:
         if payload[:1] != b"\0":
@@ -107,6 +110,15 @@ def _make(w: Writer) -> Callable[[bytes], Any]:
         record = _proto_dict(cls.FromString(payload[1:]))
         return record if plan is None else rename(record, plan)
     return protobuf
+
+
+def _proto_message(w: Writer) -> tuple[Any, str]:
+    """A Protobuf writer's message descriptor (its file's first message) and its file's syntax."""
+    fdp = descriptor_pb2.FileDescriptorProto()
+    fdp.ParseFromString(base64.standard_b64decode(w.text))
+    pool = descriptor_pool.DescriptorPool()
+    pool.Add(fdp)
+    return next(iter(pool.FindFileByName(fdp.name).message_types_by_name.values())), fdp.syntax
 
 
 def _proto_dict(message: Any) -> dict[str, Any]:
@@ -134,11 +146,10 @@ def _proto_value(f: Any, value: Any) -> Any:
     return value
 
 
-def decode_values(read: ReadSchema, values: pa.Array) -> Decoded:
+def decode_values(read: ReadSchema, values: pa.Array, per_record: bool = False) -> Decoded:
     """`values` (binary, framed) as the read schema's struct column, with each one's schema id
-    and error. Rows are grouped by schema id; a flat Avro writer's group is one compiled walk
-    (`avro_walk`: primitives and nested records), any other group a decoder call per value and one
-    Arrow conversion."""
+    and error. Rows are grouped by schema id (`_group`). `per_record`: every group value by
+    value, the reference the whole-batch paths are held to."""
     n = len(values)
     typ = read.arrow()
     offsets = np.frombuffer(values.buffers()[1], np.int32)[values.offset:values.offset + n + 1].astype(np.int64)
@@ -167,10 +178,7 @@ def decode_values(read: ReadSchema, values: pa.Array) -> Decoded:
             for i in rows.tolist():
                 errors[i] = message
             continue
-        plan = _flat(read.subject, writer)
-        column = _walked(read, writer, plan, data, starts[rows] + 5, ends[rows], rows, errors) if plan is not None \
-            else _decoded(read, writer, [values[i].as_py()[5:] for i in rows.tolist()], rows, errors)
-        groups.append((rows, column))
+        groups += _group(read, writer, values, data, starts[rows] + 5, ends[rows], rows, errors, per_record)
     column = _placed(groups, n, typ)
     schema_ids = pa.array(ids, mask=~framed).cast(pa.int32())
     return Decoded(column, schema_ids, _error_column(errors, n))
@@ -188,13 +196,41 @@ def _error_column(errors: Mapping[int, str], n: int) -> pa.StringArray:
     return column
 
 
-_PLANS: dict[tuple[str, int], FlatPlan | None] = {}
+def _group(read: ReadSchema, w: Writer, values: pa.Array, data: pa.Buffer, starts: np.ndarray, ends: np.ndarray,
+           rows: np.ndarray, errors: dict[int, str], per_record: bool) -> list[tuple[np.ndarray, pa.StructArray]]:
+    """One schema id's rows (payloads at [starts, ends) of `data`) as (rows, struct column)
+    parts: an Avro record of primitives and nested records by one compiled walk (`avro_walk`), a
+    proto3 message of scalars and nested messages likewise (`proto_walk`: the values it does not
+    read by protobuf), a JSON writer's by one pyarrow.json read where that is exactly what the
+    per-record path gives (`_json_lines`), any other a decoder call per value and one Arrow
+    conversion."""
+    def by_record(subset: np.ndarray) -> pa.StructArray:
+        return _decoded(read, w, [values[i].as_py()[5:] for i in subset.tolist()], subset, errors)
+
+    plan = None if per_record else _plan(read.subject, w)
+    if isinstance(plan, FlatPlan):
+        return [(rows, _walked(read, w, plan, data, starts, ends, rows, errors))]
+    if isinstance(plan, ProtoPlan):
+        fields, ok = proto_walk.walk(plan, memoryview(data), starts, ends)
+        column = _conformed(fields, w.renames, read.arrow(), len(rows), pa.array(~ok))
+        if ok.all():
+            return [(rows, column)]
+        parts = [(rows[~ok], by_record(rows[~ok]))]
+        return parts + [(rows[ok], column.filter(pa.array(ok)))] if ok.any() else parts
+    column = _json_lines(read.arrow(), data, starts, ends) if not per_record and w.kind == "JSON" \
+        and w.renames.identity() else None
+    return [(rows, column if column is not None else by_record(rows))]
 
 
-def _flat(subject: str, w: Writer) -> FlatPlan | None:
+_PLANS: dict[tuple[str, int], FlatPlan | ProtoPlan | None] = {}
+
+
+def _plan(subject: str, w: Writer) -> FlatPlan | ProtoPlan | None:
+    """The compiled walk's plan of a writer's values, if they have one (per Python worker)."""
     key = (subject, w.schema_id)
     if key not in _PLANS:
-        _PLANS[key] = flat_plan(w.text) if w.kind == "AVRO" and not w.named else None
+        _PLANS[key] = flat_plan(w.text) if w.kind == "AVRO" and not w.named else \
+            proto_walk.proto_plan(*_proto_message(w)) if w.kind == "PROTOBUF" else None
     return _PLANS[key]
 
 
@@ -222,6 +258,66 @@ def _conformed(fields: Mapping[str, pa.Array], plan: Renames, typ: pa.StructType
                              plan.nested[name][1], f.type, n, arr.is_null())
         arrays.append(arr if arr.type == f.type else arr.cast(f.type))
     return pa.StructArray.from_arrays(arrays, fields=list(typ), mask=mask)
+
+
+# An integer literal of 16 digits or more: Python's json makes it an int, which a double column
+# refuses past 2**53 (the per-record path's error), where pyarrow.json reads a double.
+_LONG_INTEGER = r"(^|[^0-9.eE])-?[0-9]{16,}([^0-9.eE]|$)"
+
+
+def _json_lines(typ: pa.StructType, data: pa.Buffer, starts: np.ndarray, ends: np.ndarray) -> pa.StructArray | None:
+    """The JSON objects at [starts, ends) of `data` read as `typ` by one `pyarrow.json` call over
+    them joined by newlines, or None where that could differ from the per-record path (json.loads,
+    then `pa.array`), which then reads them and names the bad ones: a type pyarrow.json would read
+    otherwise, a payload that is not one line starting with `{` and ending with `}` (so each
+    yields at least one row, and exactly one when the rows are as many as the payloads), bytes
+    that are not UTF-8, nesting deep enough to exhaust json.loads' recursion, a long integer
+    literal where a double column is, or any failure."""
+    if not _json_readable(typ):
+        return None
+    buf = np.frombuffer(data, np.uint8)
+    if not ((ends - starts >= 2).all() and (buf[starts] == 0x7B).all() and (buf[ends - 1] == 0x7D).all()):
+        return None
+    payloads = binary_array_parts([(Spans(starts, ends - starts), data)], pa.string())
+    body = np.frombuffer(payloads.buffers()[2], np.uint8)
+    offsets = np.frombuffer(payloads.buffers()[1], np.int32)[:len(starts) + 1]
+    if ((body == 0x0A) | (body == 0x0D)).any():
+        return None
+    deep = sys.getrecursionlimit() // 2           # json.loads may run out of stack there, pyarrow.json does not
+    if (ends - starts).max() >= deep:             # a payload's `[` and `{` are at least its depth of nesting
+        opening = (body == 0x5B) | (body == 0x7B)
+        if (np.add.reduceat(opening, offsets[:-1], dtype=np.int64) >= deep).any():
+            return None
+    try:
+        payloads.validate(full=True)
+        if _has_double(typ) and pc.any(pc.match_substring_regex(payloads, _LONG_INTEGER)).as_py():
+            return None
+        lines = np.insert(body, offsets[1:], 0x0A)
+        table = pa_json.read_json(
+            pa.BufferReader(pa.py_buffer(lines)),
+            read_options=pa_json.ReadOptions(use_threads=False, block_size=max(len(lines), 1 << 20)),
+            parse_options=pa_json.ParseOptions(explicit_schema=pa.schema(list(typ)),
+                                               unexpected_field_behavior="ignore"))
+    except pa.ArrowException:
+        return None
+    if table.num_rows != len(starts):
+        return None
+    return pa.StructArray.from_arrays([c.combine_chunks() for c in table.columns], fields=list(typ))
+
+
+def _json_readable(t: pa.DataType) -> bool:
+    """Whether pyarrow.json reads `t` as the per-record path does (the types JSON Schemas make but maps)."""
+    if pa.types.is_struct(t):
+        return all(_json_readable(f.type) for f in t)
+    if pa.types.is_list(t):
+        return _json_readable(t.value_type)
+    return t in (pa.bool_(), pa.int64(), pa.float64(), pa.string())
+
+
+def _has_double(t: pa.DataType) -> bool:
+    if pa.types.is_struct(t):
+        return any(_has_double(f.type) for f in t)
+    return _has_double(t.value_type) if pa.types.is_list(t) else t == pa.float64()
 
 
 def _decoded(read: ReadSchema, w: Writer, payloads: list[bytes], rows: np.ndarray,

@@ -3,8 +3,9 @@
 numba compiles a kernel on its first call in a process and caches it beside the module for
 the next; in a fresh checkout every Spark worker and test process starting before the cache
 exists compiled them again (3-8 s each, seen as ~+1 min of the suite). Decoding one small
-object of every span-backed codec here, and walking one Avro payload (the brokers' check) and
-one flat Avro record (typed reads), compiles each kernel once and writes the cache.
+object of every span-backed codec here, and walking one Avro payload (the brokers' check),
+one flat Avro record and one Protobuf message (typed reads), compiles each kernel once and
+writes the cache.
 """
 
 from __future__ import annotations
@@ -47,4 +48,16 @@ def warm() -> None:
     plan = flat_plan(json.dumps({"type": "record", "name": "W", "fields": [{"name": "n", "type": "long"}]}))
     assert plan is not None   # typed reads' walk of flat Avro records (spark_source.avro_walk)
     walk(plan, b"\x02", np.array([0]), np.array([1]))
+
+    from google.protobuf import descriptor_pb2, descriptor_pool
+
+    from spark_source import proto_walk   # typed reads' walk of proto3 messages
+    fdp = descriptor_pb2.FileDescriptorProto(name="warm.proto", package="warm", syntax="proto3")
+    fdp.message_type.add(name="W").field.add(name="n", number=1, type=descriptor_pb2.FieldDescriptorProto.TYPE_INT64,
+                                             label=descriptor_pb2.FieldDescriptorProto.LABEL_OPTIONAL)
+    pool = descriptor_pool.DescriptorPool()
+    pool.Add(fdp)
+    proto = proto_walk.proto_plan(pool.FindMessageTypeByName("warm.W"), "proto3")
+    assert proto is not None
+    proto_walk.walk(proto, b"\0\x08\x01", np.array([0]), np.array([3]))
 
