@@ -283,7 +283,9 @@ def test_ctrl_c_asks_memq_consume_to_stop_between_records_and_a_second_interrupt
     from memq.cli.consume import _stop_on_signals
 
     before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    blocked = signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT])
     try:
+        signal.signal(signal.SIGINT, signal.default_int_handler)   # a terminal's (the test process may differ)
         stop = _stop_on_signals()
         os.kill(os.getpid(), signal.SIGINT)
         deadline = time.monotonic() + 5
@@ -299,3 +301,4 @@ def test_ctrl_c_asks_memq_consume_to_stop_between_records_and_a_second_interrupt
     finally:
         signal.signal(signal.SIGINT, before[0])
         signal.signal(signal.SIGTERM, before[1])
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)

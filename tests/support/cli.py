@@ -41,13 +41,21 @@ def processes_under(run_dir: Path) -> list[int]:
     return found
 
 
+def _ctrl_c_as_from_a_terminal() -> None:
+    """In the child before exec: SIGINT handled by default and not blocked, as a terminal's
+    command gets it. A test process may ignore or block it (a library it ran did), and a child
+    inherits both, so a Ctrl-C sent to it would never arrive."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT])
+
+
 def consume_until(config: Path, topic: str, wanted: set[str], timeout_s: float = 60) -> list[str]:
     """Run `memq consume` (demo traffic never goes idle) until `wanted` lines came, then
     Ctrl-C it, which must end it cleanly."""
     with tempfile.TemporaryFile() as stderr:   # a file, not a pipe: nobody reads it until the end
         proc = subprocess.Popen([MEMQ, "--config", str(config), "consume", topic, "--group",
                                  f"check-{uuid.uuid4().hex[:6]}", "--from-beginning"],
-                                stdout=subprocess.PIPE, stderr=stderr)
+                                stdout=subprocess.PIPE, stderr=stderr, preexec_fn=_ctrl_c_as_from_a_terminal)
 
         def why() -> str:
             stderr.seek(0)
