@@ -123,10 +123,9 @@ def _pointers(config: MemqConfig, cleanup_policy: str) -> Iterator[ManifestPoint
 
 def _stop_on_signals() -> threading.Event:
     """An event SIGTERM or Ctrl-C sets: the loop then ends between records, commits what it
-    delivered and prints its summary (exit 0), instead of dying mid-batch. Ctrl-C is a flag the
-    loop checks, not an exception raised wherever it lands: under load, one that came while the
-    Kafka client polled did not end the command, which read on. A second Ctrl-C interrupts at
-    once; a Ctrl-C the parent ignores (a background job) stays ignored."""
+    delivered and prints its summary (exit 0), instead of dying mid-batch or mid-line. A second
+    Ctrl-C interrupts at once. A Ctrl-C the parent ignores stays ignored, as Unix asks (a
+    non-interactive shell's background job starts so): such a consume ends on SIGTERM."""
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     if signal.getsignal(signal.SIGINT) is signal.default_int_handler:

@@ -43,8 +43,8 @@ def processes_under(run_dir: Path) -> list[int]:
 
 def _ctrl_c_as_from_a_terminal() -> None:
     """In the child before exec: SIGINT handled by default and not blocked, as a terminal's
-    command gets it. A test process may ignore or block it (a library it ran did), and a child
-    inherits both, so a Ctrl-C sent to it would never arrive."""
+    command gets it. The suite may run with SIGINT ignored (a background job of a
+    non-interactive shell), a child inherits that, and a Ctrl-C sent to it would never arrive."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT])
 
