@@ -67,8 +67,8 @@ def unique_name(request: pytest.FixtureRequest) -> Callable[[str], str]:
 
 #: The tests that use the `spark` fixture, by file (all its tests) or by test, in two units of work: each
 #: unit runs on one xdist worker (`pytest_xdist_make_scheduler`), which starts one Spark JVM and warms
-#: one set of Python workers for it, instead of one per worker. One unit alone was the suite's longest
-#: worker by minutes; the units are balanced by the files' times (about 5 min each on two busy cores).
+#: one set of Python workers for it, instead of one per worker. One unit alone (~10 min of tests) would
+#: be the longest of four workers; the units are balanced by the files' times (~5 min each, 2 cores).
 #: A file with one Spark test among many names that test alone, so its other tests go elsewhere.
 #: Collection fails on a test that uses `spark` and is not named here.
 SPARK_FILES = frozenset({"test_spark_source.py", "test_table_sync.py", "test_spark_write.py", "test_shared_objects.py",
